@@ -1,0 +1,12 @@
+# Dependencies, all from Debian packages (scripts/deps installs them).
+include(GNUInstallDirs)
+set(THREADS_PREFER_PTHREAD_FLAG ON)
+find_package(Threads REQUIRED)
+find_package(fmt REQUIRED)
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+if(TESSEL_BUILD_TESTS)
+  find_package(Catch2 2 REQUIRED)
+endif()
+if(TESSEL_BUILD_BENCHMARKS)
+  find_package(benchmark REQUIRED)
+endif()

@@ -1,0 +1,28 @@
+# Build options, all prefixed TESSEL_.
+include(CheckLanguage)
+option(TESSEL_BUILD_TESTS "Build the test suite" ON)
+option(TESSEL_BUILD_BENCHMARKS "Build tessel-bench (Google Benchmark)" ON)
+option(TESSEL_SANITIZE_ADDRESS "Build with AddressSanitizer + UndefinedBehaviorSanitizer" OFF)
+option(TESSEL_SANITIZE_THREAD "Build with ThreadSanitizer" OFF)
+
+# CUDA defaults to ON only where a CUDA compiler is found.
+check_language(CUDA)
+if(CMAKE_CUDA_COMPILER)
+  set(_tessel_cuda_default ON)
+else()
+  set(_tessel_cuda_default OFF)
+endif()
+option(TESSEL_WITH_CUDA "Build the CUDA + NCCL backend" ${_tessel_cuda_default})
+
+set(TESSEL_WARNINGS -Wall -Wextra)
+if(TESSEL_SANITIZE_ADDRESS AND TESSEL_SANITIZE_THREAD)
+  message(FATAL_ERROR "TESSEL_SANITIZE_ADDRESS and TESSEL_SANITIZE_THREAD are exclusive")
+endif()
+if(TESSEL_SANITIZE_ADDRESS)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+if(TESSEL_SANITIZE_THREAD)
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+endif()

@@ -1,0 +1,40 @@
+// tessel/runtime/kernels.hpp — the CPU reference kernels: one per OpKind, on dense
+// row-major buffers of *local* shapes. The partitioned executor and the unpartitioned
+// reference executor call the same kernels, so a difference between them is a partitioning
+// bug, never a kernel difference.
+//
+// Ops whose result depends on global positions (Embedding with a vocab-sharded table,
+// CausalMask with sharded query/key dims) read `in_offsets`: the global coordinates of the
+// first element of each operand's local block (all zero when unsharded).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessel/common.hpp"
+#include "tessel/graph.hpp"
+
+namespace tessel {
+
+struct KernelArgs {
+  OpKind kind = OpKind::Input;
+  const OpAttrs* attrs = nullptr;  // attrs of the (local) op: shapes already local
+  std::vector<const void*> in;
+  std::vector<Shape> in_shapes;
+  std::vector<DType> in_dtypes;
+  std::vector<std::vector<int64_t>> in_offsets;  // per operand; empty = all zeros
+  void* out = nullptr;
+  Shape out_shape;
+  DType out_dtype = DType::f32;
+  int num_threads = 1;  // threads the kernel may use (Eigen thread pool where it pays)
+};
+
+// Runs the kernel for args.kind. Throws RuntimeError for an unsupported dtype combination
+// or a kind with no kernel (Input has none). Supports f32 everywhere, i32 for ids/labels,
+// and bf16/f16 by computing in f32.
+void run_cpu_kernel(const KernelArgs& args);
+
+// True when run_cpu_kernel has a kernel for `kind` (every kind but Input).
+bool has_cpu_kernel(OpKind kind);
+
+}  // namespace tessel

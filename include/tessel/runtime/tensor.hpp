@@ -1,0 +1,49 @@
+// tessel/runtime/tensor.hpp — a dense row-major host tensor (global inputs/outputs and the
+// CPU backend's buffers).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tessel/common.hpp"
+
+namespace tessel {
+
+class HostTensor {
+ public:
+  HostTensor() = default;
+  HostTensor(DType dtype, Shape shape)
+      : dtype_(dtype), shape_(std::move(shape)),
+        data_(static_cast<std::size_t>(num_elements(shape_)) * dtype_size(dtype_)) {}
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t numel() const { return num_elements(shape_); }
+  std::size_t bytes() const { return data_.size(); }
+  void* data() { return data_.data(); }
+  const void* data() const { return data_.data(); }
+  template <class T> T* as() { return reinterpret_cast<T*>(data_.data()); }
+  template <class T> const T* as() const { return reinterpret_cast<const T*>(data_.data()); }
+
+  // Fills every element with NaN (float types) or INT32_MIN (i32): an unwritten element is
+  // then caught by comparisons.
+  void poison();
+  // Element i converted to double (any dtype).
+  double get(int64_t i) const;
+  void set(int64_t i, double v);
+
+ private:
+  DType dtype_ = DType::f32;
+  Shape shape_;
+  std::vector<std::byte> data_;  // operator new aligns to alignof(max_align_t) >= 16
+};
+
+// bf16 / f16 <-> f32 conversions (round to nearest even).
+float bf16_to_f32(uint16_t v);
+uint16_t f32_to_bf16(float v);
+float f16_to_f32(uint16_t v);
+uint16_t f32_to_f16(float v);
+
+}  // namespace tessel

@@ -1,0 +1,98 @@
+// Cost model: α–β per collective with ring factors, roofline per op.
+#include "tessel/cost.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "tessel/common.hpp"
+
+namespace tessel {
+
+const char* collective_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::AllGather: return "all-gather";
+    case CollectiveKind::AllReduce: return "all-reduce";
+    case CollectiveKind::ReduceScatter: return "reduce-scatter";
+    case CollectiveKind::AllToAll: return "all-to-all";
+    case CollectiveKind::CollectivePermute: return "collective-permute";
+  }
+  return "?";
+}
+
+LinkSpec CostModel::link(const std::vector<std::string>& axes) const {
+  if (axes.empty()) return default_link;
+  LinkSpec out{0, 0};
+  bool first = true;
+  for (const auto& a : axes) {
+    auto it = links.find(a);
+    LinkSpec l = it == links.end() ? default_link : it->second;
+    out.alpha_s = std::max(out.alpha_s, l.alpha_s);
+    out.bandwidth = first ? l.bandwidth : std::min(out.bandwidth, l.bandwidth);
+    first = false;
+  }
+  return out;
+}
+
+double CostModel::ring_factor(CollectiveKind k, int64_t n) {
+  if (n <= 1) return 0;
+  double f = static_cast<double>(n - 1) / static_cast<double>(n);
+  switch (k) {
+    case CollectiveKind::AllReduce: return 2 * f;
+    case CollectiveKind::CollectivePermute: return 1;
+    default: return f;
+  }
+}
+
+double CostModel::collective_seconds(CollectiveKind k, const Mesh& mesh,
+                                     const std::vector<std::string>& axes, int64_t bytes) const {
+  int64_t n = k == CollectiveKind::CollectivePermute ? 2 : mesh.axes_size(axes);
+  if (n <= 1 && k != CollectiveKind::CollectivePermute) return 0;
+  LinkSpec l = link(axes);
+  return l.alpha_s + static_cast<double>(bytes) * ring_factor(k, n) / l.bandwidth;
+}
+
+double CostModel::op_seconds(double flops, double bytes) const {
+  return std::max(flops / flops_per_s, bytes / memory_bandwidth);
+}
+
+void CostModel::parse_links(std::string_view spec) {
+  // axis=key:value,key:value;axis=...
+  std::size_t b = 0;
+  while (b < spec.size()) {
+    std::size_t e = spec.find(';', b);
+    std::string part(spec.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b));
+    b = e == std::string_view::npos ? spec.size() : e + 1;
+    if (part.empty()) continue;
+    auto eq = part.find('=');
+    if (eq == std::string::npos)
+      throw Error(fmt::format("link spec '{}': expected axis=bw:<bytes/s>,alpha:<seconds>", part));
+    std::string axis = part.substr(0, eq);
+    LinkSpec l = default_link;
+    std::string rest = part.substr(eq + 1);
+    std::size_t c = 0;
+    while (c < rest.size()) {
+      std::size_t ce = rest.find(',', c);
+      std::string kv = rest.substr(c, ce == std::string::npos ? std::string::npos : ce - c);
+      c = ce == std::string::npos ? rest.size() : ce + 1;
+      auto colon = kv.find(':');
+      if (colon == std::string::npos)
+        throw Error(fmt::format("link spec '{}': expected key:value, got '{}'", part, kv));
+      std::string key = kv.substr(0, colon);
+      double val = 0;
+      try {
+        val = std::stod(kv.substr(colon + 1));
+      } catch (const std::exception&) {
+        throw Error(fmt::format("link spec '{}': '{}' is not a number", part, kv.substr(colon + 1)));
+      }
+      if (val <= 0 && key == "bw") throw Error(fmt::format("link spec '{}': bw must be > 0", part));
+      if (key == "bw") l.bandwidth = val;
+      else if (key == "alpha") l.alpha_s = val;
+      else throw Error(fmt::format("link spec '{}': unknown key '{}' (bw, alpha)", part, key));
+    }
+    links[axis] = l;
+  }
+}
+
+}  // namespace tessel

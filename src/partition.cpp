@@ -1,0 +1,353 @@
+// SPMD partitioner: per op, pick the factor sharding, reshard operands, emit the local op.
+#include "tessel/partition.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "tessel/ops.hpp"
+#include "tessel/reshard.hpp"
+
+namespace tessel {
+namespace {
+
+using Axes = std::vector<std::string>;
+
+bool is_prefix(const Axes& a, const Axes& b) {
+  return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+struct Partitioner {
+  const Graph& g;
+  const Mesh& mesh;
+  const PropagationResult& prop;
+  const PartitionOptions& opts;
+  Program prog;
+  std::vector<int> phys;                           // graph value -> local value holding it
+  std::map<std::pair<int, std::string>, int> cache;  // (local, target layout) -> local
+  std::map<int, int> name_count;
+
+  int new_value(int graph_value, Sharding s, DType dtype, const Shape& global) {
+    LocalValue lv;
+    int& n = name_count[graph_value];
+    lv.name = graph_value >= 0 ? g.values[graph_value].name : std::string("tmp");
+    if (n > 0 || graph_value < 0) lv.name += fmt::format(".{}", n);
+    ++n;
+    lv.global_shape = global;
+    lv.dtype = dtype;
+    lv.shape = s.local_shape(mesh, global);
+    lv.sharding = std::move(s);
+    lv.graph_value = graph_value;
+    prog.values.push_back(std::move(lv));
+    return static_cast<int>(prog.values.size()) - 1;
+  }
+
+  int reshard(int local, const Sharding& target, int graph_op, const std::string& why) {
+    const LocalValue src = prog.values[local];
+    if (src.sharding.same_layout(target)) return local;
+    std::string key = target.closed_copy().to_string();
+    auto it = cache.find({local, key});
+    if (it != cache.end()) return it->second;
+    ReshardPlan plan = plan_reshard(mesh, src.global_shape, src.dtype, src.sharding, target, opts.cost);
+    int cur = local;
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      const ReshardStep& st = plan.steps[i];
+      Instr in;
+      in.kind = st.kind;
+      in.collective = st.collective;
+      in.axes = st.axes;
+      in.dim = st.dim;
+      in.dim2 = st.dim2;
+      in.pairs = st.pairs;
+      in.bytes = st.bytes;
+      in.seconds = st.seconds;
+      in.in = {cur};
+      in.graph_op = graph_op;
+      in.note = i == 0 ? fmt::format("reshard {} -> {} {}", src.sharding.to_string(),
+                                     target.to_string(), why)
+                       : std::string();
+      in.out = new_value(src.graph_value, st.after, src.dtype, src.global_shape);
+      cur = in.out;
+      prog.instrs.push_back(std::move(in));
+    }
+    // An empty plan (equivalent layouts): relabel without moving data.
+    if (plan.steps.empty()) {
+      Instr in;
+      in.kind = InstrKind::ShardSlice;  // a no-op slice over no axes
+      in.dim = 0;
+      in.in = {cur};
+      in.graph_op = graph_op;
+      in.note = "relabel (same data on every device)";
+      in.out = new_value(src.graph_value, target, src.dtype, src.global_shape);
+      cur = in.out;
+      prog.instrs.push_back(std::move(in));
+    }
+    cache[{local, key}] = cur;
+    return cur;
+  }
+
+  double bytes_of(int graph_value) const {
+    const Value& v = g.values[graph_value];
+    return static_cast<double>(num_elements(v.shape)) * static_cast<double>(dtype_size(v.dtype));
+  }
+
+  void emit_kernel(int graph_op, OpKind kind, OpAttrs attrs, std::vector<int> in, int out) {
+    Instr ins;
+    ins.kind = InstrKind::Kernel;
+    ins.op = kind;
+    ins.in = std::move(in);
+    ins.out = out;
+    std::vector<Shape> shapes;
+    double bytes = static_cast<double>(prog.values[out].bytes());
+    for (int v : ins.in) {
+      shapes.push_back(prog.values[v].shape);
+      bytes += static_cast<double>(prog.values[v].bytes());
+    }
+    ins.flops = op_def(kind).flops(attrs, shapes, prog.values[out].shape);
+    ins.seconds = opts.cost.op_seconds(ins.flops, bytes);
+    ins.attrs = std::move(attrs);
+    ins.graph_op = graph_op;
+    prog.instrs.push_back(std::move(ins));
+  }
+
+  Axes mesh_order(Axes axes) const {
+    std::sort(axes.begin(), axes.end(), [&](const std::string& a, const std::string& b) {
+      return mesh.axis_index(a) < mesh.axis_index(b);
+    });
+    axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+    return axes;
+  }
+
+  // Factor sharding for an op: per factor the mesh axes it is split over.
+  std::vector<Axes> choose_factors(const Op& op, const OpRule& rule, bool result_first) {
+    std::size_t nf = rule.factors.size();
+    std::vector<Axes> fs(nf);
+    std::vector<double> weight(nf, -1);  // priority of the factor's source (higher wins axes)
+    // 1. Result factors from the result's propagated sharding.
+    if (result_first) {
+      auto rproj = project_onto_factors(mesh, rule.result, rule.factors, prop.shardings[op.output]);
+      for (std::size_t f = 0; f < nf; ++f)
+        if (!rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
+          fs[f] = rproj[f];
+          weight[f] = 1e300;
+        }
+    }
+    // 2. Other factors from the operands' current layouts, larger operands first.
+    std::vector<std::size_t> order(op.inputs.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return bytes_of(op.inputs[a]) > bytes_of(op.inputs[b]);
+    });
+    for (std::size_t i : order) {
+      const Sharding& s = prog.values[phys[op.inputs[i]]].sharding;
+      auto proj = project_onto_factors(mesh, rule.operands[i], rule.factors, s);
+      for (std::size_t f = 0; f < nf; ++f) {
+        if (rule.factors[f].kind == FactorKind::Replicated || proj[f].empty()) continue;
+        if (weight[f] >= 1e300) continue;
+        if (fs[f].empty() || (is_prefix(fs[f], proj[f]) && proj[f].size() > fs[f].size())) {
+          fs[f] = proj[f];
+          weight[f] = std::max(weight[f], bytes_of(op.inputs[i]));
+        }
+      }
+    }
+    if (!result_first) {
+      // Then the result's wishes for factors the operands left free.
+      auto rproj = project_onto_factors(mesh, rule.result, rule.factors, prop.shardings[op.output]);
+      for (std::size_t f = 0; f < nf; ++f)
+        if (fs[f].empty() && !rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
+          fs[f] = rproj[f];
+          weight[f] = 0;
+        }
+    }
+    // 3. An axis used by two factors goes to the factor with the heavier source.
+    std::vector<std::size_t> forder(nf);
+    for (std::size_t f = 0; f < nf; ++f) forder[f] = f;
+    std::stable_sort(forder.begin(), forder.end(), [&](std::size_t a, std::size_t b) {
+      return weight[a] > weight[b];
+    });
+    std::set<std::string> taken;
+    for (std::size_t f : forder) {
+      for (std::size_t i = 0; i < fs[f].size(); ++i)
+        if (taken.count(fs[f][i])) {
+          fs[f].resize(i);
+          break;
+        }
+      taken.insert(fs[f].begin(), fs[f].end());
+    }
+    // 4. Realizability: a minor factor of a dim cannot be split unless the major ones are
+    //    fully split.
+    for (int pass = 0; pass < 4; ++pass) {
+      auto fix = [&](const std::vector<DimFactors>& dims) {
+        for (const auto& d : dims) {
+          bool full = true;
+          for (int f : d) {
+            if (!full) fs[f].clear();
+            if (mesh.axes_size(fs[f]) != rule.factors[f].size) full = false;
+          }
+        }
+      };
+      for (const auto& o : rule.operands) fix(o);
+      fix(rule.result);
+    }
+    return fs;
+  }
+
+  // Estimated communication seconds of a factor sharding: operand reshards plus the
+  // reshard of the result to its propagated layout (partial operands assumed reduced).
+  double comm_estimate(const Op& op, const OpRule& rule, const std::vector<Axes>& fs) {
+    double t = 0;
+    for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+      int v = op.inputs[i];
+      const LocalValue& lv = prog.values[phys[v]];
+      Sharding req = Sharding::replicated(static_cast<int>(g.values[v].shape.size()));
+      for (std::size_t d = 0; d < rule.operands[i].size(); ++d)
+        req.dims[d].axes = compose_dim(mesh, rule.operands[i][d], rule.factors, fs);
+      t += plan_reshard(mesh, lv.global_shape, lv.dtype, lv.sharding, req, opts.cost).seconds;
+    }
+    const Value& outv = g.values[op.output];
+    Sharding rs = Sharding::replicated(static_cast<int>(outv.shape.size()));
+    for (std::size_t d = 0; d < rule.result.size(); ++d)
+      rs.dims[d].axes = compose_dim(mesh, rule.result[d], rule.factors, fs);
+    Axes partial;
+    for (std::size_t f = 0; f < fs.size(); ++f)
+      if (rule.factors[f].kind == FactorKind::Reduction) partial.insert(partial.end(), fs[f].begin(), fs[f].end());
+    rs.partial = mesh_order(partial);
+    t += plan_reshard(mesh, outv.shape, outv.dtype, rs,
+                      prop.shardings[op.output].closed_copy().without_partial(), opts.cost).seconds;
+    return t;
+  }
+
+  void op(int oi) {
+    const Op& op = g.ops[oi];
+    const Value& outv = g.values[op.output];
+    if (op.kind == OpKind::Input) {
+      int l = new_value(op.output, prop.shardings[op.output].closed_copy(), outv.dtype, outv.shape);
+      prog.inputs.push_back(l);
+      phys[op.output] = l;
+      return;
+    }
+    if (op.kind == OpKind::Constant) {
+      int l = new_value(op.output, prop.shardings[op.output].closed_copy(), outv.dtype, outv.shape);
+      OpAttrs a = op.attrs;
+      a.shape = prog.values[l].shape;
+      emit_kernel(oi, op.kind, std::move(a), {}, l);
+      phys[op.output] = l;
+      return;
+    }
+    if (op.kind == OpKind::ShardingConstraint) {
+      phys[op.output] = reshard(phys[op.inputs[0]], prop.shardings[op.output].closed_copy(), oi,
+                                fmt::format("for {}", g.describe_op(oi)));
+      return;
+    }
+    OpRule rule = op_rule(g, op);
+    std::size_t nf = rule.factors.size();
+    // Two candidate factor shardings: the result's layout first (compute where the value is
+    // wanted), or the operands' layouts first (keep operands in place; the result may come
+    // out partial or differently tiled and is resharded for its consumers). The cost model
+    // picks the cheaper; ties go to the result-first candidate.
+    std::vector<Axes> fs = choose_factors(op, rule, true);
+    std::vector<Axes> alt = choose_factors(op, rule, false);
+    if (alt != fs && comm_estimate(op, rule, alt) < comm_estimate(op, rule, fs) - 1e-12) fs = alt;
+    Axes op_axes;
+    for (const auto& a : fs) op_axes.insert(op_axes.end(), a.begin(), a.end());
+    auto disjoint = [&](const Axes& p) {
+      for (const auto& a : p)
+        if (std::find(op_axes.begin(), op_axes.end(), a) != op_axes.end()) return false;
+      return true;
+    };
+    // 5. Which partial operands may stay partial.
+    std::vector<bool> keep(op.inputs.size(), false);
+    PartialFlow flow = op_def(op.kind).partial_flow;
+    if (flow == PartialFlow::Multilinear) {
+      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+        const auto& p = prog.values[phys[op.inputs[i]]].sharding.partial;
+        if (!p.empty() && disjoint(p)) {
+          keep[i] = true;
+          break;
+        }
+      }
+    } else if (flow == PartialFlow::Additive) {
+      Axes first = mesh_order(prog.values[phys[op.inputs[0]]].sharding.partial);
+      bool all = !first.empty() && disjoint(first);
+      for (int v : op.inputs) all = all && mesh_order(prog.values[phys[v]].sharding.partial) == first;
+      if (all) keep.assign(op.inputs.size(), true);
+    }
+    // 6. Reshard operands to what the factor sharding needs.
+    std::vector<int> ins;
+    Axes kept_partial;
+    for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+      int v = op.inputs[i];
+      Sharding req = Sharding::replicated(static_cast<int>(g.values[v].shape.size()));
+      for (std::size_t d = 0; d < rule.operands[i].size(); ++d)
+        req.dims[d].axes = compose_dim(mesh, rule.operands[i][d], rule.factors, fs);
+      if (keep[i]) {
+        req.partial = prog.values[phys[v]].sharding.partial;
+        kept_partial.insert(kept_partial.end(), req.partial.begin(), req.partial.end());
+      }
+      ins.push_back(reshard(phys[v], req, oi, fmt::format("for operand {} of {}", i, g.describe_op(oi))));
+    }
+    // 7. The local result.
+    Sharding rs = Sharding::replicated(static_cast<int>(outv.shape.size()));
+    for (std::size_t d = 0; d < rule.result.size(); ++d)
+      rs.dims[d].axes = compose_dim(mesh, rule.result[d], rule.factors, fs);
+    Axes partial = kept_partial;
+    int64_t mean_scale = 1;
+    for (std::size_t f = 0; f < nf; ++f)
+      if (rule.factors[f].kind == FactorKind::Reduction && !fs[f].empty()) {
+        partial.insert(partial.end(), fs[f].begin(), fs[f].end());
+        mean_scale *= mesh.axes_size(fs[f]);
+      }
+    rs.partial = mesh_order(partial);
+    int out = new_value(op.output, rs, outv.dtype, outv.shape);
+    OpAttrs a = op.attrs;
+    const Shape& lout = prog.values[out].shape;
+    if (op.kind == OpKind::Reshape || op.kind == OpKind::Broadcast) a.shape = lout;
+    if (op.kind == OpKind::Slice)
+      for (std::size_t d = 0; d < lout.size(); ++d)
+        if (!rs.dims[d].axes.empty()) {
+          a.starts[d] = 0;
+          a.limits[d] = lout[d];
+        }
+    emit_kernel(oi, op.kind, std::move(a), ins, out);
+    // A mean over a split dim: each device divided by its local extent; scale by 1/k so
+    // the partial sum over the k shards is the global mean.
+    if (op.kind == OpKind::ReduceMean && mean_scale > 1) {
+      int c = new_value(-1, Sharding::replicated(0), outv.dtype, {});
+      OpAttrs ca;
+      ca.scalar = 1.0 / static_cast<double>(mean_scale);
+      ca.dtype = outv.dtype;
+      emit_kernel(oi, OpKind::Constant, ca, {}, c);
+      int scaled = new_value(op.output, rs, outv.dtype, outv.shape);
+      emit_kernel(oi, OpKind::Mul, {}, {out, c}, scaled);
+      out = scaled;
+    }
+    phys[op.output] = out;
+  }
+
+  Program run() {
+    prog.mesh = mesh;
+    phys.assign(g.values.size(), -1);
+    for (std::size_t i = 0; i < g.ops.size(); ++i) op(static_cast<int>(i));
+    for (int v : g.outputs) {
+      Sharding want = prop.shardings[v].closed_copy().without_partial();
+      prog.outputs.push_back(reshard(phys[v], want, -1, fmt::format("for output %{}", g.values[v].name)));
+    }
+    return std::move(prog);
+  }
+};
+
+}  // namespace
+
+Program partition(const Graph& g, const Mesh& mesh, const PropagationResult& prop,
+                  const PartitionOptions& opts) {
+  if (prop.shardings.size() != g.values.size())
+    throw PartitionError("partition: the propagation result does not belong to this graph");
+  for (std::size_t v = 0; v < g.values.size(); ++v)
+    prop.shardings[v].validate(mesh, g.values[v].shape, g.describe(static_cast<int>(v)));
+  Partitioner p{g, mesh, prop, opts, {}, {}, {}, {}};
+  return p.run();
+}
+
+}  // namespace tessel

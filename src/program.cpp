@@ -1,0 +1,140 @@
+// Program: the per-device SPMD instruction list, its summary and its text form.
+#include "tessel/program.hpp"
+
+#include <fmt/format.h>
+
+#include "tessel/ops.hpp"
+
+namespace tessel {
+
+std::string CollectiveSummary::line() const {
+  return fmt::format("collectives: all-gather={} all-reduce={} reduce-scatter={} all-to-all={} "
+                     "collective-permute={} bytes={}", all_gather, all_reduce, reduce_scatter,
+                     all_to_all, collective_permute, bytes);
+}
+
+CollectiveSummary Program::summary() const {
+  CollectiveSummary s;
+  for (const Instr& in : instrs) {
+    if (in.kind != InstrKind::Collective) continue;
+    switch (in.collective) {
+      case CollectiveKind::AllGather: ++s.all_gather; break;
+      case CollectiveKind::AllReduce: ++s.all_reduce; break;
+      case CollectiveKind::ReduceScatter: ++s.reduce_scatter; break;
+      case CollectiveKind::AllToAll: ++s.all_to_all; break;
+      case CollectiveKind::CollectivePermute: ++s.collective_permute; break;
+    }
+    s.bytes += in.bytes;
+  }
+  return s;
+}
+
+double Program::total_flops() const {
+  double f = 0;
+  for (const Instr& in : instrs) f += in.flops;
+  return f;
+}
+
+double Program::comm_seconds() const {
+  double t = 0;
+  for (const Instr& in : instrs)
+    if (in.kind == InstrKind::Collective) t += in.seconds;
+  return t;
+}
+
+double Program::compute_seconds(const CostModel& cost) const {
+  double t = 0;
+  for (const Instr& in : instrs) {
+    if (in.kind != InstrKind::Kernel) continue;
+    double bytes = static_cast<double>(values[in.out].bytes());
+    for (int v : in.in) bytes += static_cast<double>(values[v].bytes());
+    t += cost.op_seconds(in.flops, bytes);
+  }
+  return t;
+}
+
+std::vector<int> Program::last_use() const {
+  std::vector<int> last(values.size(), -1);
+  for (std::size_t i = 0; i < instrs.size(); ++i)
+    for (int v : instrs[i].in) last[v] = static_cast<int>(i);
+  for (int v : outputs) last[v] = static_cast<int>(instrs.size());
+  return last;
+}
+
+namespace {
+std::string attrs_str(const Instr& in) {
+  const OpAttrs& a = in.attrs;
+  switch (in.op) {
+    case OpKind::Einsum: return fmt::format(" eq=\"{}\"", a.equation);
+    case OpKind::ReduceSum: case OpKind::ReduceMax: case OpKind::ReduceMean:
+      return fmt::format(" dims=[{}]{}", fmt::join(a.dims, ","), a.keepdims ? " keepdims=true" : "");
+    case OpKind::Transpose: return fmt::format(" perm=[{}]", fmt::join(a.dims, ","));
+    case OpKind::Reshape: case OpKind::Broadcast: return fmt::format(" shape={}", shape_str(a.shape));
+    case OpKind::Slice:
+      return fmt::format(" starts=[{}] limits=[{}]", fmt::join(a.starts, ","), fmt::join(a.limits, ","));
+    case OpKind::Concat: case OpKind::Softmax: return fmt::format(" axis={}", a.axis);
+    case OpKind::LayerNorm: return fmt::format(" eps={}", a.eps);
+    case OpKind::Constant: return fmt::format(" value={}", a.scalar);
+    default: return "";
+  }
+}
+}  // namespace
+
+std::string Program::to_string(int64_t device) const {
+  std::string out;
+  out += fmt::format("# SPMD program on mesh {} ({} devices)", mesh.to_string(), mesh.num_devices());
+  if (device >= 0) {
+    auto c = mesh.coords(device);
+    std::vector<std::string> cs;
+    for (int i = 0; i < mesh.rank(); ++i) cs.push_back(fmt::format("{}={}", mesh.axes()[i].name, c[i]));
+    out += fmt::format(", shown for device {} {{{}}}", device, join(cs, ", "));
+  }
+  out += "\n";
+  auto vname = [&](int v) { return "%" + values[v].name; };
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const LocalValue& v = values[inputs[i]];
+    out += fmt::format("{} = input {} sharding={}  # global {}\n", vname(inputs[i]),
+                       type_str(v.dtype, v.shape), v.sharding.to_string(),
+                       type_str(v.dtype, v.global_shape));
+  }
+  for (const Instr& in : instrs) {
+    const LocalValue& o = values[in.out];
+    std::vector<std::string> args;
+    for (int v : in.in) args.push_back(vname(v));
+    std::string line;
+    if (in.kind == InstrKind::Kernel) {
+      line = fmt::format("{} = {}({}){} : {}", vname(in.out), op_name(in.op), join(args, ", "),
+                         attrs_str(in), type_str(o.dtype, o.shape));
+    } else if (in.kind == InstrKind::ShardSlice) {
+      line = fmt::format("{} = shard_slice({}) dim={} axes={{{}}} : {}", vname(in.out),
+                         join(args, ", "), in.dim, join(in.axes, ", "), type_str(o.dtype, o.shape));
+    } else {
+      std::string extra;
+      if (in.collective == CollectiveKind::AllGather || in.collective == CollectiveKind::ReduceScatter)
+        extra = fmt::format(" dim={}", in.dim);
+      if (in.collective == CollectiveKind::AllToAll)
+        extra = fmt::format(" split_dim={} concat_dim={}", in.dim, in.dim2);
+      std::string group;
+      if (in.collective == CollectiveKind::CollectivePermute) {
+        std::vector<std::string> ps;
+        for (auto& p : in.pairs) ps.push_back(fmt::format("{}->{}", p.first, p.second));
+        group = " pairs=[" + join(ps, ",") + "]";
+      } else {
+        group = fmt::format(" axes={{{}}}", join(in.axes, ", "));
+        if (device >= 0) group += fmt::format(" group=[{}]", fmt::join(mesh.group(device, in.axes), ","));
+      }
+      line = fmt::format("{} = {}({}){}{} bytes={} : {}", vname(in.out), collective_name(in.collective),
+                         join(args, ", "), group, extra, in.bytes, type_str(o.dtype, o.shape));
+    }
+    out += line;
+    out += fmt::format("  # {}", o.sharding.to_string());
+    if (!in.note.empty()) out += "; " + in.note;
+    out += "\n";
+  }
+  std::vector<std::string> outs;
+  for (int v : outputs) outs.push_back(vname(v));
+  out += "output " + join(outs, ", ") + "\n";
+  return out;
+}
+
+}  // namespace tessel

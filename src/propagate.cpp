@@ -1,0 +1,261 @@
+// Sharding propagation through factor rules, to a fixed point (policy in propagate.hpp).
+#include "tessel/propagate.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <set>
+
+#include "tessel/ops.hpp"
+
+namespace tessel {
+
+std::vector<std::vector<std::string>> project_onto_factors(const Mesh& mesh,
+                                                           const std::vector<DimFactors>& dims,
+                                                           const std::vector<Factor>& factors,
+                                                           const Sharding& s) {
+  std::vector<std::vector<std::string>> out(factors.size());
+  for (std::size_t d = 0; d < dims.size() && d < s.dims.size(); ++d) {
+    const auto& axes = s.dims[d].axes;
+    std::size_t idx = 0;
+    for (int f : dims[d]) {
+      int64_t prod = 1;
+      while (idx < axes.size() && factors[f].size % (prod * mesh.axis_size(axes[idx])) == 0) {
+        prod *= mesh.axis_size(axes[idx]);
+        out[f].push_back(axes[idx]);
+        ++idx;
+      }
+      if (prod != factors[f].size) break;  // a minor factor cannot be split now
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> compose_dim(const Mesh& mesh, const DimFactors& dim,
+                                     const std::vector<Factor>& factors,
+                                     const std::vector<std::vector<std::string>>& fs) {
+  std::vector<std::string> axes;
+  for (int f : dim) {
+    axes.insert(axes.end(), fs[f].begin(), fs[f].end());
+    if (mesh.axes_size(fs[f]) != factors[f].size) break;
+  }
+  return axes;
+}
+
+namespace {
+
+bool is_prefix(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+struct Propagator {
+  const Graph& g;
+  const Mesh& mesh;
+  PropagationResult& res;
+  std::vector<bool> annotated;
+
+  double bytes(int v) const {
+    return static_cast<double>(num_elements(g.values[v].shape)) *
+           static_cast<double>(dtype_size(g.values[v].dtype));
+  }
+  // Larger tensor first; ties: lower value id.
+  bool larger(int a, int b) const {
+    double ba = bytes(a), bb = bytes(b);
+    if (ba != bb) return ba > bb;
+    return a < b;
+  }
+
+  // One op, in round p. Returns true when a value changed.
+  bool step(int op_index, int round) {
+    const Op& op = g.ops[op_index];
+    if (op.kind == OpKind::Input || op.kind == OpKind::Constant) return false;
+    OpRule rule = op_rule(g, op);
+    std::vector<int> tensors = op.inputs;
+    tensors.push_back(op.output);
+    std::vector<const std::vector<DimFactors>*> tdims;
+    for (std::size_t i = 0; i < op.inputs.size(); ++i) tdims.push_back(&rule.operands[i]);
+    tdims.push_back(&rule.result);
+
+    std::size_t nf = rule.factors.size();
+    std::vector<std::vector<std::string>> chosen(nf);
+    std::vector<int> source(nf, -1), source_dim(nf, -1);
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      int v = tensors[t];
+      if (res.source_priority[v] > round) continue;  // not active in this round
+      auto proj = project_onto_factors(mesh, *tdims[t], rule.factors, res.shardings[v]);
+      for (std::size_t f = 0; f < nf; ++f) {
+        if (rule.factors[f].kind == FactorKind::Replicated || proj[f].empty()) continue;
+        if (source[f] < 0 || is_prefix(chosen[f], proj[f])) {
+          if (source[f] >= 0 && chosen[f] == proj[f]) continue;
+          chosen[f] = proj[f];
+        } else if (is_prefix(proj[f], chosen[f])) {
+          continue;
+        } else if (larger(v, source[f])) {
+          res.decisions.push_back(fmt::format(
+              "{} factor '{}': {} of %{} wins over {} of %{} (larger tensor stays put)",
+              g.describe_op(op_index), rule.factors[f].name, fmt::join(proj[f], ","),
+              g.values[v].name, fmt::join(chosen[f], ","), g.values[source[f]].name));
+          chosen[f] = proj[f];
+        } else {
+          continue;
+        }
+        source[f] = v;
+        // the dim of v that holds factor f
+        for (std::size_t d = 0; d < tdims[t]->size(); ++d)
+          if (std::find((*tdims[t])[d].begin(), (*tdims[t])[d].end(), static_cast<int>(f)) !=
+              (*tdims[t])[d].end())
+            source_dim[f] = static_cast<int>(d);
+      }
+    }
+    // An axis claimed by two factors goes to the one whose source tensor is larger.
+    std::vector<int> order(nf);
+    for (std::size_t f = 0; f < nf; ++f) order[f] = static_cast<int>(f);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      if (source[a] < 0 || source[b] < 0) return source[a] >= 0 && source[b] < 0;
+      if (source[a] == source[b]) return false;
+      return larger(source[a], source[b]);
+    });
+    std::set<std::string> taken;
+    for (int f : order) {
+      auto& axes = chosen[f];
+      for (std::size_t i = 0; i < axes.size(); ++i)
+        if (taken.count(axes[i])) {
+          res.decisions.push_back(fmt::format(
+              "{} factor '{}': axis '{}' already used by another factor; truncated",
+              g.describe_op(op_index), rule.factors[f].name, axes[i]));
+          axes.resize(i);
+          break;
+        }
+      taken.insert(axes.begin(), axes.end());
+    }
+    // Write back to open dims that the factor shardings extend.
+    bool changed = false;
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      int v = tensors[t];
+      Sharding& s = res.shardings[v];
+      for (std::size_t d = 0; d < tdims[t]->size(); ++d) {
+        if (s.dims[d].closed) continue;
+        auto want = compose_dim(mesh, (*tdims[t])[d], rule.factors, chosen);
+        const auto& cur = s.dims[d].axes;
+        if (want.size() <= cur.size() || !is_prefix(cur, want)) continue;
+        // Truncate at an axis the tensor already uses on another dim.
+        std::vector<std::string> ext = cur;
+        for (std::size_t i = cur.size(); i < want.size(); ++i) {
+          if (s.dim_of_axis(want[i]) >= 0 || s.uses_axis(want[i])) break;
+          ext.push_back(want[i]);
+        }
+        if (ext.size() == cur.size()) continue;
+        if (g.values[v].shape[d] % mesh.axes_size(ext) != 0) continue;
+        s.dims[d].axes = ext;
+        // provenance: the factor that contributed the last axis
+        int contributing = -1;
+        for (int f : (*tdims[t])[d])
+          if (!chosen[f].empty() && std::find(chosen[f].begin(), chosen[f].end(), ext.back()) != chosen[f].end())
+            contributing = f;
+        DimProvenance pv;
+        pv.op = op_index;
+        pv.round = round;
+        if (contributing >= 0 && source[contributing] >= 0) {
+          pv.from_value = source[contributing];
+          int sd = source_dim[contributing];
+          if (sd >= 0 && sd < static_cast<int>(res.why[pv.from_value].size()))
+            pv.origin = res.why[pv.from_value][sd].origin;
+        }
+        res.why[v][d] = pv;
+        res.source_priority[v] = std::min(res.source_priority[v], round);
+        changed = true;
+      }
+    }
+    return changed;
+  }
+};
+
+}  // namespace
+
+PropagationResult propagate(const Graph& g, const Mesh& mesh, const PropagationOptions& opts) {
+  PropagationResult res;
+  std::size_t nv = g.values.size();
+  res.shardings.resize(nv);
+  res.why.resize(nv);
+  res.source_priority.assign(nv, INT_MAX);
+  for (std::size_t v = 0; v < nv; ++v) {
+    res.shardings[v] = Sharding::open(static_cast<int>(g.values[v].shape.size()));
+    res.why[v].assign(g.values[v].shape.size(), DimProvenance{});
+  }
+  std::set<int> rounds;
+  auto seed = [&](int v, const Sharding& s, int priority, const std::string& what) {
+    s.validate(mesh, g.values[v].shape, what);
+    if (!s.partial.empty())
+      throw ShardingError(fmt::format("{}: sharding {} is partial; annotate materialized "
+                                      "layouts only", what, s.to_string()));
+    res.shardings[v] = s;
+    res.source_priority[v] = priority;
+    for (std::size_t d = 0; d < s.dims.size(); ++d) {
+      DimProvenance pv;
+      pv.origin = v;
+      pv.round = priority;
+      res.why[v][d] = pv;
+    }
+    rounds.insert(priority);
+  };
+  for (const auto& [v, ann] : g.annotations)
+    seed(v, ann.sharding, ann.priority, fmt::format("annotation on {}", g.describe(v)));
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    if (op.kind == OpKind::ShardingConstraint)
+      seed(op.output, op.attrs.sharding->closed_copy(), op.attrs.priority,
+           fmt::format("sharding_constraint {}", g.describe(op.output)));
+  }
+  Propagator pr{g, mesh, res, {}};
+  int passes = 0;
+  for (int round : rounds) {
+    bool changed = true;
+    while (changed) {
+      if (++passes > opts.max_passes)
+        throw PartitionError(fmt::format("sharding propagation did not converge in {} passes; "
+                                         "this is a bug in tessel, please report the graph",
+                                         opts.max_passes));
+      changed = false;
+      for (std::size_t i = 0; i < g.ops.size(); ++i) changed |= pr.step(static_cast<int>(i), round);
+      for (std::size_t i = g.ops.size(); i-- > 0;) changed |= pr.step(static_cast<int>(i), round);
+    }
+  }
+  res.passes = passes;
+  return res;
+}
+
+std::string PropagationResult::explain(const Graph& g, int value) const {
+  std::string out = fmt::format("%{} : {} {}\n", g.values[value].name,
+                                type_str(g.values[value].dtype, g.values[value].shape),
+                                shardings[value].to_string());
+  for (std::size_t d = 0; d < why[value].size(); ++d) {
+    const DimProvenance& pv = why[value][d];
+    const auto& axes = shardings[value].dims[d].axes;
+    std::string axes_s = axes.empty() ? "replicated" : "{" + join(axes, ", ") + "}";
+    if (pv.op < 0 && pv.origin == value) {
+      auto it = g.annotations.find(value);
+      int prio = it != g.annotations.end() ? it->second.priority : pv.round;
+      out += fmt::format("  dim {}: {} — user annotation (priority {})\n", d, axes_s, prio);
+    } else if (pv.op < 0) {
+      out += fmt::format("  dim {}: {} — no annotation reaches this dim\n", d, axes_s);
+    } else {
+      std::string chain;
+      int v = pv.from_value;
+      int guard = 0;
+      std::size_t dd = d;
+      (void)dd;
+      chain = fmt::format("from %{} through {}", v >= 0 ? g.values[v].name : "?",
+                          g.describe_op(pv.op));
+      std::string origin = pv.origin >= 0
+                               ? fmt::format("; derives from the annotation on %{}",
+                                             g.values[pv.origin].name)
+                               : std::string();
+      out += fmt::format("  dim {}: {} — {}{} (round {})\n", d, axes_s, chain, origin, pv.round);
+      (void)guard;
+    }
+  }
+  return out;
+}
+
+}  // namespace tessel

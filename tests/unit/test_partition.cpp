@@ -1,0 +1,130 @@
+// Propagation and partitioning on graphs built with the builder.
+#include <catch2/catch.hpp>
+
+#include "tessel/graph.hpp"
+#include "tessel/ops.hpp"
+#include "tessel/partition.hpp"
+#include "tessel/propagate.hpp"
+
+using namespace tessel;
+
+namespace {
+struct Mlp {
+  Graph g;
+  Tensor x, w1, w2, h, y;
+  Mlp() {
+    x = input(g, "x", DType::f32, {8, 16, 32});
+    w1 = input(g, "w1", DType::f32, {32, 64});
+    w2 = input(g, "w2", DType::f32, {64, 32});
+    h = gelu(einsum("bsd,df->bsf", x, w1)).named("h");
+    y = einsum("bsf,fd->bsd", h, w2).named("y");
+    g.mark_output(y);
+  }
+};
+}  // namespace
+
+TEST_CASE("partition: Megatron MLP needs exactly one all-reduce", "[partition]") {
+  Mlp m;
+  m.g.annotate(m.x, Sharding::of({{"data"}, {}, {}}));
+  m.g.annotate(m.w1, Sharding::of({{}, {"model"}}));
+  m.g.annotate(m.w2, Sharding::of({{"model"}, {}}));
+  Mesh mesh = Mesh::parse("data=2,model=4");
+  auto prop = propagate(m.g, mesh);
+  REQUIRE(prop.shardings[m.h.id].same_layout(Sharding::of({{"data"}, {}, {"model"}})));
+  REQUIRE(prop.shardings[m.y.id].same_layout(Sharding::of({{"data"}, {}, {}})));
+  Program p = partition(m.g, mesh, prop);
+  auto s = p.summary();
+  REQUIRE(s.all_reduce == 1);
+  REQUIRE(s.all_gather == 0);
+  REQUIRE(s.bytes == 4 * 16 * 32 * 4);
+  REQUIRE(p.values[p.inputs[1]].shape == Shape{32, 16});
+}
+
+TEST_CASE("partition: data parallel MLP has no collective", "[partition]") {
+  Mlp m;
+  m.g.annotate(m.x, Sharding::of({{"data"}, {}, {}}));
+  m.g.annotate(m.w1, Sharding::of({{}, {}}));
+  m.g.annotate(m.w2, Sharding::of({{}, {}}));
+  Mesh mesh = Mesh::parse("data=8");
+  Program p = partition(m.g, mesh, propagate(m.g, mesh));
+  REQUIRE(p.summary().line() ==
+          "collectives: all-gather=0 all-reduce=0 reduce-scatter=0 all-to-all=0 collective-permute=0 bytes=0");
+}
+
+TEST_CASE("partition: a replicated output forces a gather, a sharded one a reduce-scatter", "[partition]") {
+  Mlp m;
+  m.g.annotate(m.w1, Sharding::of({{}, {"model"}}));
+  m.g.annotate(m.w2, Sharding::of({{"model"}, {}}));
+  m.g.annotate(m.y, Sharding::of({{}, {}, {"model"}}));
+  Mesh mesh = Mesh::parse("model=4");
+  Program p = partition(m.g, mesh, propagate(m.g, mesh));
+  auto s = p.summary();
+  REQUIRE(s.reduce_scatter == 1);
+  REQUIRE(s.all_reduce == 0);
+}
+
+TEST_CASE("propagation: priorities decide conflicts", "[propagate]") {
+  Graph g;
+  auto x = input(g, "x", DType::f32, {8, 8});
+  auto y = tanh(x).named("y");
+  auto z = exp(y).named("z");
+  g.mark_output(z);
+  g.annotate(x, Sharding::of({{"a"}, {}}), 1);
+  g.annotate(z, Sharding::of({{}, {"a"}}), 0);
+  Mesh mesh = Mesh::parse("a=4");
+  auto prop = propagate(g, mesh);
+  // z (priority 0) claims y first.
+  REQUIRE(prop.shardings[y.id].same_layout(Sharding::of({{}, {"a"}})));
+  Program p = partition(g, mesh, prop);
+  REQUIRE(p.summary().all_to_all == 1);
+  REQUIRE(prop.explain(g, y.id).find("annotation on %z") != std::string::npos);
+}
+
+TEST_CASE("propagation: reshape splitting a sharded dim needs no communication", "[propagate]") {
+  Graph g;
+  auto x = input(g, "x", DType::f32, {2, 4, 64});
+  auto r = reshape(x, {2, 4, 8, 8});
+  g.mark_output(r);
+  g.annotate(x, Sharding::of({{}, {}, {"model"}}));
+  Mesh mesh = Mesh::parse("model=4");
+  auto prop = propagate(g, mesh);
+  REQUIRE(prop.shardings[r.id].same_layout(Sharding::of({{}, {}, {"model"}, {}})));
+  REQUIRE(partition(g, mesh, prop).summary().bytes == 0);
+}
+
+TEST_CASE("rules: every op kind has a rule, a shape function and a name", "[ops]") {
+  for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k) {
+    const OpDef& d = op_def(static_cast<OpKind>(k));
+    REQUIRE(static_cast<int>(d.kind) == k);
+    REQUIRE(d.rule != nullptr);
+    REQUIRE(d.infer != nullptr);
+    REQUIRE(op_kind_from_name(d.name) == static_cast<OpKind>(k));
+  }
+}
+
+TEST_CASE("rules: einsum factors and reshape decomposition", "[ops]") {
+  Graph g;
+  auto a = input(g, "a", DType::f32, {2, 3, 4});
+  auto b = input(g, "b", DType::f32, {4, 5});
+  auto c = einsum("bsd,df->bsf", a, b);
+  REQUIRE(op_rule(g, g.ops[c.value().producer]).to_string() == "(b,s,d),(d,f) -> (b,s,f) reduction{d}");
+  auto r = reshape(input(g, "r", DType::f32, {6, 4}), {4, 6});
+  REQUIRE(op_rule(g, g.ops[r.value().producer]).to_string() == "(f0,f0) -> (f0,f0) replicated{f0}");
+  auto r2 = reshape(input(g, "r2", DType::f32, {2, 12, 5}), {2, 3, 4, 5});
+  REQUIRE(op_rule(g, g.ops[r2.value().producer]).to_string() == "(f0,f1*f2,f3) -> (f0,f1,f2,f3)");
+}
+
+TEST_CASE("errors: shape errors name op, operands and shapes", "[errors]") {
+  Graph g;
+  auto a = input(g, "a", DType::f32, {2, 3});
+  auto b = input(g, "b", DType::f32, {4, 5});
+  REQUIRE_THROWS_WITH(einsum("ij,jk->ik", a, b),
+                      Catch::Contains("einsum(%a: f32[2,3], %b: f32[4,5])") && Catch::Contains("letter 'j'"));
+  REQUIRE_THROWS_WITH(add(a, b), Catch::Contains("do not broadcast"));
+  REQUIRE_THROWS_WITH(reshape(a, {7}), Catch::Contains("cannot reshape [2,3]"));
+  REQUIRE_THROWS_AS(einsum("ij->iz", a), ShapeError);
+  REQUIRE_THROWS_WITH(g.annotate(a, Sharding::of({{"x"}})), Catch::Contains("rank 2"));
+  Mesh mesh = Mesh::parse("x=4");
+  g.annotate(a, Sharding::of({{"x"}, {}}));
+  REQUIRE_THROWS_WITH(propagate(g, mesh), Catch::Contains("%a") && Catch::Contains("not divisible"));
+}

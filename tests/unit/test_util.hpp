@@ -1,0 +1,80 @@
+// Helpers shared by the tests: seeds (TESSEL_SEED overrides; printed by each test) and
+// random meshes, shapes and shardings.
+#pragma once
+
+#include <chrono>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tessel/mesh.hpp"
+#include "tessel/sharding.hpp"
+
+namespace tessel_test {
+
+inline uint64_t seed() {
+  if (const char* s = std::getenv("TESSEL_SEED")) return std::strtoull(s, nullptr, 10);
+  return static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
+}
+
+// Number of cases for property tests: TESSEL_CASES overrides the default.
+inline int cases(int dflt) {
+  if (const char* s = std::getenv("TESSEL_CASES")) return std::atoi(s);
+  return dflt;
+}
+
+// 1–8 devices, 1–3 axes.
+inline tessel::Mesh random_mesh(std::mt19937_64& rng) {
+  static const std::vector<std::vector<int64_t>> shapes = {
+      {1}, {2}, {4}, {8}, {2, 2}, {2, 4}, {4, 2}, {1, 4}, {2, 2, 2}, {2, 1, 2}, {3}, {3, 2}, {1, 2, 4}};
+  const auto& s = shapes[rng() % shapes.size()];
+  static const char* names[] = {"x", "y", "z"};
+  std::vector<tessel::MeshAxis> axes;
+  for (std::size_t i = 0; i < s.size(); ++i) axes.push_back({names[i], s[i]});
+  return tessel::Mesh(axes);
+}
+
+// A random sharding for a random shape of rank 1–3 that it divides. Each axis goes to a
+// random dim, is left unused, or (when allow_partial) becomes a partial axis.
+inline tessel::Sharding random_sharding(std::mt19937_64& rng, const tessel::Mesh& mesh,
+                                        tessel::Shape& shape, bool allow_partial, int rank = -1) {
+  if (rank < 0) rank = 1 + static_cast<int>(rng() % 3);
+  tessel::Sharding s = tessel::Sharding::replicated(rank);
+  std::vector<std::string> axes;
+  for (const auto& a : mesh.axes()) axes.push_back(a.name);
+  std::shuffle(axes.begin(), axes.end(), rng);
+  for (const auto& a : axes) {
+    int choice = static_cast<int>(rng() % (rank + (allow_partial ? 2 : 1)));
+    if (choice < rank) s.dims[choice].axes.push_back(a);
+    else if (choice == rank + 1) s.partial.push_back(a);
+  }
+  if (shape.empty()) {
+    shape.resize(static_cast<std::size_t>(rank));
+    for (int d = 0; d < rank; ++d) shape[d] = mesh.axes_size(s.dims[d].axes) * (1 + static_cast<int64_t>(rng() % 3));
+  }
+  return s;
+}
+
+// A random sharding valid for a given shape (axes whose sizes do not divide are skipped).
+inline tessel::Sharding random_sharding_for(std::mt19937_64& rng, const tessel::Mesh& mesh,
+                                            const tessel::Shape& shape, bool allow_partial) {
+  int rank = static_cast<int>(shape.size());
+  tessel::Sharding s = tessel::Sharding::replicated(rank);
+  std::vector<std::string> axes;
+  for (const auto& a : mesh.axes()) axes.push_back(a.name);
+  std::shuffle(axes.begin(), axes.end(), rng);
+  for (const auto& a : axes) {
+    int choice = static_cast<int>(rng() % (rank + (allow_partial ? 2 : 1)));
+    if (choice < rank) {
+      auto trial = s.dims[choice].axes;
+      trial.push_back(a);
+      if (shape[choice] % mesh.axes_size(trial) == 0) s.dims[choice].axes = trial;
+    } else if (choice == rank + 1) {
+      s.partial.push_back(a);
+    }
+  }
+  return s;
+}
+
+}  // namespace tessel_test
