@@ -19,6 +19,9 @@ Tensor Tensor::named(std::string name) const {
   value();
   if (graph->find(name) >= 0 && graph->find(name) != id)
     throw Error(fmt::format("value name '%{}' is already used: names must be unique", name));
+  graph->find(name);  // sync the index
+  graph->names_.erase(graph->values[static_cast<std::size_t>(id)].name);
+  graph->names_[name] = id;
   graph->values[static_cast<std::size_t>(id)].name = std::move(name);
   return *this;
 }
@@ -31,9 +34,14 @@ std::string Graph::fresh_name() {
 }
 
 int Graph::find(std::string_view name) const {
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (values[i].name == name) return static_cast<int>(i);
-  return -1;
+  // The name index is kept by add_input/add_op/Tensor::named; it is rebuilt when values
+  // were added another way.
+  if (names_.size() != values.size()) {
+    names_.clear();
+    for (std::size_t i = 0; i < values.size(); ++i) names_[values[i].name] = static_cast<int>(i);
+  }
+  auto it = names_.find(std::string(name));
+  return it == names_.end() ? -1 : it->second;
 }
 
 std::string Graph::describe(int v) const {
@@ -66,6 +74,8 @@ Tensor Graph::add_input(std::string name, DType dtype, Shape shape) {
   op.kind = OpKind::Input;
   op.attrs.dtype = dtype;
   op.output = static_cast<int>(values.size());
+  find(name);  // sync the index before adding
+  names_[name] = static_cast<int>(values.size());
   values.push_back(Value{std::move(name), std::move(shape), dtype, static_cast<int>(ops.size())});
   ops.push_back(std::move(op));
   inputs.push_back(static_cast<int>(values.size()) - 1);
@@ -108,6 +118,15 @@ Tensor Graph::add_op(OpKind kind, std::vector<int> in, OpAttrs attrs, std::strin
   Shape out;
   DType dt = DType::f32;
   def.infer(attrs, ins, out, dt);
+  // Guard against element counts that overflow (e.g. an outer product of huge dims).
+  {
+    int64_t n = 1;
+    for (int64_t d : out) {
+      if (d < 0 || (d > 0 && n > (int64_t{1} << 62) / d))
+        throw ShapeError(fmt::format("{}: result shape {} is too large", def.name, shape_str(out)));
+      n *= d;
+    }
+  }
   if (name.empty()) name = fresh_name();
   if (find(name) >= 0)
     throw Error(fmt::format("{}: value name '%{}' is already used: names must be unique",
@@ -117,6 +136,7 @@ Tensor Graph::add_op(OpKind kind, std::vector<int> in, OpAttrs attrs, std::strin
   op.inputs = std::move(in);
   op.attrs = std::move(attrs);
   op.output = static_cast<int>(values.size());
+  names_[name] = static_cast<int>(values.size());
   values.push_back(Value{std::move(name), out, dt, static_cast<int>(ops.size())});
   ops.push_back(std::move(op));
   return Tensor{this, static_cast<int>(values.size()) - 1};

@@ -27,6 +27,9 @@ Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids) : axes_(std:
     if (a.size < 1)
       throw MeshError(fmt::format("mesh axis '{}' has size {}: sizes must be >= 1", a.name,
                                   a.size));
+    if (a.size > (int64_t{1} << 24) / num_devices_)
+      throw MeshError(fmt::format("mesh axis '{}' of size {} makes the mesh larger than {} "
+                                  "devices", a.name, a.size, int64_t{1} << 24));
     num_devices_ *= a.size;
   }
   if (device_ids.empty()) {
@@ -36,6 +39,8 @@ Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids) : axes_(std:
     if (static_cast<int64_t>(device_ids.size()) != num_devices_)
       throw MeshError(fmt::format("mesh {} has {} devices but {} device ids were given",
                                   to_string(), num_devices_, device_ids.size()));
+    for (int id : device_ids)
+      if (id < 0) throw MeshError(fmt::format("mesh {}: device id {} is negative", to_string(), id));
     std::set<int> ids(device_ids.begin(), device_ids.end());
     if (ids.size() != device_ids.size())
       throw MeshError(fmt::format("mesh {}: device ids must be distinct", to_string()));

@@ -45,10 +45,7 @@ std::vector<DimFactors> broadcast_dims(const Shape& operand, const Shape& out) {
   std::vector<DimFactors> dims(operand.size());
   std::size_t off = out.size() - operand.size();
   for (std::size_t d = 0; d < operand.size(); ++d) {
-    if (operand[d] == out[d + off] && !(operand[d] == 1 && out[d + off] == 1))
-      dims[d] = {static_cast<int>(d + off)};
-    else if (operand[d] == out[d + off])
-      dims[d] = {static_cast<int>(d + off)};
+    if (operand[d] == out[d + off]) dims[d] = {static_cast<int>(d + off)};
   }
   return dims;
 }
@@ -182,6 +179,8 @@ void infer_broadcast(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
   const Shape& s = in[0]->shape;
   if (s.size() > a.shape.size())
     shape_fail("broadcast", in, fmt::format("cannot broadcast rank {} to shape {}", s.size(), shape_str(a.shape)));
+  for (int64_t d : a.shape)
+    if (d < 1) shape_fail("broadcast", in, fmt::format("target shape {} has a dim < 1", shape_str(a.shape)));
   std::size_t off = a.shape.size() - s.size();
   for (std::size_t d = 0; d < s.size(); ++d)
     if (s[d] != 1 && s[d] != a.shape[d + off])

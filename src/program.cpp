@@ -105,6 +105,9 @@ std::string Program::to_string(int64_t device) const {
     if (in.kind == InstrKind::Kernel) {
       line = fmt::format("{} = {}({}){} : {}", vname(in.out), op_name(in.op), join(args, ", "),
                          attrs_str(in), type_str(o.dtype, o.shape));
+    } else if (in.kind == InstrKind::ShardSlice && in.axes.empty()) {
+      line = fmt::format("{} = relabel({}) : {}", vname(in.out), join(args, ", "),
+                         type_str(o.dtype, o.shape));
     } else if (in.kind == InstrKind::ShardSlice) {
       line = fmt::format("{} = shard_slice({}) dim={} axes={{{}}} : {}", vname(in.out),
                          join(args, ", "), in.dim, join(in.axes, ", "), type_str(o.dtype, o.shape));

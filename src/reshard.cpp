@@ -32,6 +32,16 @@ struct Builder {
     return num_elements(s.local_shape(mesh, global)) * static_cast<int64_t>(dtype_size(dtype));
   }
   void push(ReshardStep st) {
+    // A collective over a group of one device moves nothing: it only relabels the layout
+    // (e.g. an axis of size 1 moving between dims), so it becomes a free local step.
+    if (st.kind == InstrKind::Collective && st.collective != CollectiveKind::CollectivePermute &&
+        mesh.axes_size(st.axes) == 1) {
+      st.kind = InstrKind::ShardSlice;
+      st.axes.clear();
+      st.dim = 0;
+      st.dim2 = -1;
+      st.bytes = 0;
+    }
     if (st.kind == InstrKind::Collective)
       st.seconds = st.collective == CollectiveKind::CollectivePermute
                        ? cost.link(st.axes).alpha_s +

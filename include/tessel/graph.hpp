@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "tessel/common.hpp"
@@ -121,7 +122,8 @@ class Graph {
   void mark_output(Tensor t);
 
   Tensor tensor(int id) { return Tensor{this, id}; }
-  int find(std::string_view name) const;  // -1 when absent
+  // Value id by name, -1 when absent. Rename values through Tensor::named.
+  int find(std::string_view name) const;
   // "%h (f32[8,128,2048], result of op #3 einsum)" — used in error messages.
   std::string describe(int value) const;
   // Op names used in messages: "op #3 einsum".
@@ -130,8 +132,10 @@ class Graph {
   std::vector<std::vector<int>> users() const;
 
  private:
+  friend struct Tensor;
   std::string fresh_name();
   int next_name_ = 0;
+  mutable std::unordered_map<std::string, int> names_;  // name index for find()
 };
 
 // ---- builder: free functions, ggml style ---------------------------------------------

@@ -1,0 +1,46 @@
+// tessel/models/gpt.hpp — a GPT-2-style decoder as a tessel graph, with the Megatron
+// data × model layout given only by annotations on inputs and weights:
+//   tokens/labels [B, S]         {data}, {}
+//   wq/wk/wv [D, H, Dh]          heads over model (column split)
+//   wo [H, Dh, D]                heads over model (row split: the output is a partial sum)
+//   w1 [D, F], b1 [F]            F over model;  w2 [F, D] F over model (row split)
+//   wte [V, D], wpe [S, D], layer-norm parameters: replicated
+// Forward: token + position embedding, L blocks of pre-norm causal self-attention and GELU
+// MLP with residuals, final layer norm, tied LM head (logits = x · wteᵀ), mean
+// cross-entropy loss over all positions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessel/graph.hpp"
+
+namespace tessel {
+
+struct GptConfig {
+  int64_t batch = 8;
+  int64_t seq = 64;
+  int64_t d_model = 128;
+  int64_t heads = 4;
+  int64_t layers = 2;
+  int64_t vocab = 512;
+  int64_t ffn_mult = 4;
+  DType dtype = DType::f32;
+  bool annotate = true;  // Megatron layout annotations (data × model)
+  std::string data_axis = "data";
+  std::string model_axis = "model";
+};
+
+struct GptGraph {
+  Graph graph;
+  Tensor tokens, labels;
+  Tensor loss;            // scalar mean cross-entropy
+  std::vector<Tensor> weights;
+  int64_t params = 0;     // number of parameters
+};
+
+// Throws ShapeError when the config is inconsistent (d_model not divisible by heads, ...).
+GptGraph build_gpt(const GptConfig& cfg);
+
+}  // namespace tessel

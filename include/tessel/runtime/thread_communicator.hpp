@@ -1,0 +1,86 @@
+// tessel/runtime/thread_communicator.hpp — the in-process communicator of the CPU backend.
+//
+// Every device of a mesh is one thread of one process. A ThreadWorld is created once for the
+// mesh and shared by all device threads; each thread asks it for the Communicator of its own
+// axis groups. Collectives move each byte once: members publish their buffer pointers in the
+// group's shared slots, meet at a barrier, and each copies (or reduces) straight from its
+// peers' buffers into its own — no staging buffer and no ring of hops (see
+// docs/runtime-communicator.md).
+//
+// Failure: ThreadWorld::abort(reason) marks the world failed; every thread blocked in any
+// collective of the world, and every later call, throws RuntimeError naming the reason. The
+// executor calls it when a kernel throws on one device so that the others stop instead of
+// hanging. A mismatch between members (different sizes, kinds or roots for the same call)
+// and an optional timeout abort the world too.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessel/common.hpp"
+#include "tessel/mesh.hpp"
+#include "tessel/runtime/communicator.hpp"
+
+namespace tessel {
+
+struct ThreadWorldOptions {
+  // > 0: a member that waits longer than this for its peers aborts the world with a
+  // RuntimeError naming the collective, the group and the ranks that have not arrived.
+  // 0 (the default): wait forever (until abort()).
+  double timeout_seconds = 0.0;
+  // Busy-wait iterations before blocking on a condition variable. -1: automatic (spin only
+  // when the machine has at least as many hardware threads as the mesh has devices;
+  // spinning with more threads than cores only steals time from the peers being waited on).
+  int spin_iterations = -1;
+};
+
+namespace detail {
+struct ThreadGroupState;
+}
+
+class ThreadWorld {
+ public:
+  explicit ThreadWorld(const Mesh& mesh, ThreadWorldOptions options = {});
+  ~ThreadWorld();
+  ThreadWorld(const ThreadWorld&) = delete;
+  ThreadWorld& operator=(const ThreadWorld&) = delete;
+
+  const Mesh& mesh() const { return mesh_; }
+  const ThreadWorldOptions& options() const { return options_; }
+
+  // The communicator of device `position` for its axis group mesh.group(position, axes):
+  // rank = index in that group, size = group size. Thread-safe; the shared state of a group
+  // is created on first request. The communicator must not outlive the world. Throws
+  // MeshError for an unknown axis or a position out of range, RuntimeError when aborted.
+  std::unique_ptr<Communicator> communicator(int64_t position,
+                                             const std::vector<std::string>& axes);
+
+  // Marks the world failed (the first reason wins) and wakes every blocked member.
+  void abort(std::string reason);
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // The reason given to the first abort(); empty while not aborted.
+  std::string abort_reason() const;
+
+  // Internal: throws RuntimeError when aborted (used by the communicators).
+  void check_not_aborted(const char* what) const;
+
+ private:
+  Mesh mesh_;
+  ThreadWorldOptions options_;
+  int spin_iterations_ = 0;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mutex_;  // guards groups_ and reason_
+  std::string reason_;
+  // Keyed by (axes in the order given, members in rank order).
+  std::map<std::pair<std::vector<std::string>, std::vector<int64_t>>,
+           std::shared_ptr<detail::ThreadGroupState>>
+      groups_;
+};
+
+}  // namespace tessel

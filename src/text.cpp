@@ -1,0 +1,966 @@
+// src/text.cpp — the text form of a Graph (docs/ir.md): a line-oriented recursive-descent
+// parser and the matching printer.
+//
+// The parser reads one statement per line with a small lazy lexer, so the first mistake on
+// a line is the one reported, at its exact column. Graph construction goes through the
+// builder (Graph::add_input / add_op / annotate), which owns every shape rule: the parser
+// only checks the syntax, names and attribute sets, and re-reports builder errors at the
+// op's position. The printer emits exactly what the parser reads, with the shortest
+// decimal form of each double that reads back to the same bits, so print → parse → print
+// is the identity on the text and parse(print(g)) rebuilds g.
+#include "tessel/text.hpp"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <optional>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+
+#include "tessel/ops.hpp"
+
+namespace tessel {
+namespace {
+
+// ---- characters, names, dtypes ------------------------------------------------------------
+
+bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_ident_start(char c) { return is_alpha(c) || c == '_'; }
+bool is_ident_char(char c) { return is_alpha(c) || is_digit(c) || c == '_'; }
+// Characters of a bare value name after '%' (anything else is written %"quoted").
+bool is_name_char(char c) { return is_ident_char(c) || c == '.' || c == '-'; }
+
+struct DTypeName {
+  DType dtype;
+  const char* name;
+};
+constexpr DTypeName kDTypes[] = {
+    {DType::f32, "f32"}, {DType::bf16, "bf16"}, {DType::f16, "f16"}, {DType::i32, "i32"}};
+
+const char* dtype_text(DType t) {
+  for (const auto& d : kDTypes)
+    if (d.dtype == t) return d.name;
+  return "?";
+}
+
+std::string ints_text(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+std::string type_text(DType t, const Shape& s) { return dtype_text(t) + ints_text(s); }
+
+// Shortest decimal form that reads back to the same double ("0.5", "1e-05", "inf").
+std::string double_text(double d) { return fmt::format("{}", d); }
+
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+          out += fmt::format("\\x{:02x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
+        else
+          out += c;
+    }
+  }
+  return out + "\"";
+}
+
+bool is_bare_name(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!is_name_char(c)) return false;
+  return true;
+}
+
+std::string value_ref(std::string_view name) {
+  return "%" + (is_bare_name(name) ? std::string(name) : quote(name));
+}
+
+std::string sharding_text(const Sharding& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.dims.size(); ++i) {
+    if (i) out += ", ";
+    out += '{';
+    const DimSharding& d = s.dims[i];
+    for (std::size_t j = 0; j < d.axes.size(); ++j) {
+      if (j) out += ", ";
+      out += d.axes[j];
+    }
+    if (!d.closed) out += d.axes.empty() ? "?" : ", ?";
+    out += '}';
+  }
+  out += ']';
+  if (!s.partial.empty()) {
+    out += " partial{";
+    for (std::size_t j = 0; j < s.partial.size(); ++j) {
+      if (j) out += ", ";
+      out += s.partial[j];
+    }
+    out += '}';
+  }
+  return out;
+}
+
+// Printable form of a source line for error messages: control bytes become '?', so the
+// message stays one readable line and the caret stays aligned.
+std::string echo_line(std::string_view line) {
+  std::string out(line);
+  for (char& c : out)
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) c = '?';
+  return out;
+}
+
+// ---- attributes each op takes -------------------------------------------------------------
+
+struct AttrSpec {
+  const char* key;
+  bool required;
+};
+
+std::vector<AttrSpec> attr_specs(OpKind k) {
+  switch (k) {
+    case OpKind::Constant: return {{"value", true}};
+    case OpKind::Einsum: return {{"eq", true}};
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMean: return {{"dims", true}, {"keepdims", false}};
+    case OpKind::Transpose: return {{"perm", true}};
+    case OpKind::Reshape:
+    case OpKind::Broadcast: return {{"shape", true}};
+    case OpKind::Slice: return {{"starts", true}, {"limits", true}};
+    case OpKind::Concat: return {{"axis", true}};
+    case OpKind::Softmax: return {{"axis", false}};
+    case OpKind::LayerNorm: return {{"eps", false}};
+    case OpKind::ShardingConstraint: return {{"sharding", true}, {"priority", false}};
+    default: return {};
+  }
+}
+
+// " (did you mean 'gelu'?)" for a near miss of an op name, else "".
+std::string suggest_op(std::string_view name) {
+  auto distance = [](std::string_view a, std::string_view b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diag = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        std::size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  };
+  if (name.size() > 64) return "";
+  std::string best;
+  std::size_t best_d = 3;  // suggest only within 2 edits
+  for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k) {
+    const char* n = op_def(static_cast<OpKind>(k)).name;
+    std::size_t d = distance(name, n);
+    if (d < best_d) {
+      best_d = d;
+      best = n;
+    }
+  }
+  return best.empty() ? "" : fmt::format(" (did you mean '{}'?)", best);
+}
+
+// ---- lexer + parser -----------------------------------------------------------------------
+
+enum class TK { End, Ident, Value, Number, String, Punct };
+
+struct Token {
+  TK kind = TK::End;
+  std::string text;  // decoded text for String and quoted Value names
+  int col = 1;       // 1-based byte column
+};
+
+std::string describe(const Token& t) {
+  auto clip = [](const std::string& s) {
+    return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+  };
+  switch (t.kind) {
+    case TK::End: return "end of line";
+    case TK::String: return "string " + quote(clip(t.text));
+    case TK::Value: return "'" + value_ref(clip(t.text)) + "'";
+    default: return "'" + echo_line(clip(t.text)) + "'";
+  }
+}
+
+class Parser {
+ public:
+  Parser(std::string_view text, std::string_view filename) : text_(text), file_(filename) {}
+
+  Graph run() {
+    std::size_t start = 0;
+    while (start <= text_.size()) {
+      std::size_t nl = text_.find('\n', start);
+      std::size_t end = nl == std::string_view::npos ? text_.size() : nl;
+      line_ = text_.substr(start, end - start);
+      if (!line_.empty() && line_.back() == '\r') line_.remove_suffix(1);
+      ++lineno_;
+      pos_ = 0;
+      ahead_.clear();
+      statement();
+      if (nl == std::string_view::npos) break;
+      start = nl + 1;
+    }
+    return std::move(g_);
+  }
+
+ private:
+  std::string_view text_, file_, line_;
+  int lineno_ = 0;
+  std::size_t pos_ = 0;
+  std::vector<Token> ahead_;
+  Graph g_;
+  struct Definition {
+    int id, line, col;
+  };
+  std::unordered_map<std::string, Definition> defined_;  // value name -> where defined
+  int mesh_line_ = 0;
+  bool seen_value_ = false;
+
+  [[noreturn]] void fail(int col, const std::string& msg) const {
+    std::string caret;
+    for (int i = 0; i + 1 < col; ++i)
+      caret += (static_cast<std::size_t>(i) < line_.size() && line_[i] == '\t') ? '\t' : ' ';
+    throw ParseError(fmt::format("{}:{}:{}: {}\n  {}\n  {}^", file_, lineno_, col, msg,
+                                 echo_line(line_), caret));
+  }
+
+  // -- lexer --
+  int col_of(std::size_t p) const {
+    return p >= static_cast<std::size_t>(std::numeric_limits<int>::max())
+               ? std::numeric_limits<int>::max()
+               : static_cast<int>(p) + 1;
+  }
+
+  char at(std::size_t p) const { return p < line_.size() ? line_[p] : '\0'; }
+
+  // Reads a "..." literal starting at pos_ (the opening quote); returns the decoded text.
+  std::string lex_string() {
+    const int col = col_of(pos_);
+    std::string out;
+    ++pos_;
+    while (true) {
+      if (pos_ >= line_.size()) fail(col, "unterminated string (missing closing '\"')");
+      char c = line_[pos_++];
+      if (c == '"') return out;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (pos_ >= line_.size()) fail(col, "unterminated string (missing closing '\"')");
+      char e = line_[pos_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case 'x': {
+          auto hex = [](char h) -> int {
+            if (is_digit(h)) return h - '0';
+            if (h >= 'a' && h <= 'f') return h - 'a' + 10;
+            if (h >= 'A' && h <= 'F') return h - 'A' + 10;
+            return -1;
+          };
+          int hi = hex(at(pos_)), lo = hex(at(pos_ + 1));
+          if (hi < 0 || lo < 0) fail(col_of(pos_ - 2), "expected two hex digits after \\x");
+          out += static_cast<char>(hi * 16 + lo);
+          pos_ += 2;
+          break;
+        }
+        default:
+          fail(col_of(pos_ - 2),
+               fmt::format("unknown escape '\\{}' in string", echo_line(std::string(1, e))));
+      }
+    }
+  }
+
+  Token lex() {
+    while (pos_ < line_.size() &&
+           (line_[pos_] == ' ' || line_[pos_] == '\t' || line_[pos_] == '\v' ||
+            line_[pos_] == '\f' || line_[pos_] == '\r'))
+      ++pos_;
+    Token t;
+    t.col = col_of(pos_);
+    if (pos_ >= line_.size() || line_[pos_] == '#') {
+      t.kind = TK::End;
+      return t;
+    }
+    const std::size_t start = pos_;
+    const char c = line_[pos_];
+    if (is_ident_start(c)) {
+      while (pos_ < line_.size() && is_ident_char(line_[pos_])) ++pos_;
+      t.kind = TK::Ident;
+      t.text = std::string(line_.substr(start, pos_ - start));
+      return t;
+    }
+    if (c == '%') {
+      ++pos_;
+      t.kind = TK::Value;
+      if (at(pos_) == '"') {
+        t.text = lex_string();
+        if (t.text.empty()) fail(t.col, "a value name must not be empty");
+        return t;
+      }
+      std::size_t s = pos_;
+      while (pos_ < line_.size() && is_name_char(line_[pos_])) ++pos_;
+      if (pos_ == s) fail(t.col, "expected a value name after '%'");
+      t.text = std::string(line_.substr(s, pos_ - s));
+      return t;
+    }
+    if (c == '"') {
+      t.kind = TK::String;
+      t.text = lex_string();
+      return t;
+    }
+    const char n = at(pos_ + 1);
+    if (is_digit(c) ||
+        ((c == '-' || c == '+' || c == '.') && (is_digit(n) || n == '.' || is_alpha(n)))) {
+      ++pos_;
+      while (pos_ < line_.size()) {
+        char d = line_[pos_];
+        char prev = line_[pos_ - 1];
+        if (is_ident_char(d) || d == '.' ||
+            ((d == '+' || d == '-') && (prev == 'e' || prev == 'E')))
+          ++pos_;
+        else
+          break;
+      }
+      t.kind = TK::Number;
+      t.text = std::string(line_.substr(start, pos_ - start));
+      return t;
+    }
+    if (std::strchr("=,[]{}():?", c) != nullptr) {
+      ++pos_;
+      t.kind = TK::Punct;
+      t.text = std::string(1, c);
+      return t;
+    }
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
+      fail(t.col, fmt::format("unexpected byte 0x{:02x}",
+                              static_cast<unsigned>(static_cast<unsigned char>(c))));
+    fail(t.col, fmt::format("unexpected character '{}'", c));
+  }
+
+  const Token& peek(std::size_t k = 0) {
+    while (ahead_.size() <= k) ahead_.push_back(lex());
+    return ahead_[k];
+  }
+  Token next() {
+    peek();
+    Token t = std::move(ahead_.front());
+    ahead_.erase(ahead_.begin());
+    return t;
+  }
+  static bool is_punct(const Token& t, char c) {
+    return t.kind == TK::Punct && t.text.size() == 1 && t.text[0] == c;
+  }
+  static bool is_ident(const Token& t, std::string_view s) {
+    return t.kind == TK::Ident && t.text == s;
+  }
+  bool accept(char c) {
+    if (!is_punct(peek(), c)) return false;
+    next();
+    return true;
+  }
+  Token expect(char c, std::string_view context) {
+    Token t = next();
+    if (!is_punct(t, c))
+      fail(t.col, fmt::format("expected '{}' {}, got {}", c, context, describe(t)));
+    return t;
+  }
+  void expect_end(std::string_view what) {
+    const Token& t = peek();
+    if (t.kind != TK::End)
+      fail(t.col, fmt::format("expected end of line after {}, got {}", what, describe(t)));
+  }
+
+  // -- literals --
+  int64_t to_int(const Token& t, std::string_view what) {
+    if (t.kind != TK::Number)
+      fail(t.col, fmt::format("expected an integer ({}), got {}", what, describe(t)));
+    std::string_view s = t.text;
+    if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc::result_out_of_range)
+      fail(t.col, fmt::format("integer {} is out of range ({})", t.text, what));
+    if (ec != std::errc() || p != s.data() + s.size())
+      fail(t.col, fmt::format("expected an integer ({}), got {}", what, describe(t)));
+    return v;
+  }
+  int64_t parse_int(std::string_view what) { return to_int(next(), what); }
+  int parse_int32(std::string_view what) {
+    Token t = next();
+    int64_t v = to_int(t, what);
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+      fail(t.col, fmt::format("integer {} is out of range ({})", t.text, what));
+    return static_cast<int>(v);
+  }
+
+  double parse_double(std::string_view what) {
+    Token t = next();
+    if (t.kind != TK::Number && t.kind != TK::Ident)
+      fail(t.col, fmt::format("expected a number ({}), got {}", what, describe(t)));
+    std::string_view s = t.text;
+    if (!s.empty() && s[0] == '+') s.remove_prefix(1);
+    double v = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc::result_out_of_range) {
+      // Underflow to a subnormal or zero still has a well-defined nearest double.
+      std::string z(s);
+      char* endp = nullptr;
+      v = std::strtod(z.c_str(), &endp);
+      if (endp != z.c_str() + z.size() || std::abs(v) > 1.0)
+        fail(t.col, fmt::format("number {} is out of range ({})", t.text, what));
+      return v;
+    }
+    if (ec != std::errc() || p != s.data() + s.size())
+      fail(t.col, fmt::format("expected a number ({}), got {}", what, describe(t)));
+    return v;
+  }
+
+  bool parse_bool(std::string_view what) {
+    Token t = next();
+    if (is_ident(t, "true")) return true;
+    if (is_ident(t, "false")) return false;
+    fail(t.col, fmt::format("expected true or false ({}), got {}", what, describe(t)));
+  }
+
+  // [1, 2, 3]; with `dims` the entries are tensor dimensions: >= 0, product within int64.
+  std::vector<int64_t> parse_int_list(std::string_view what, bool dims) {
+    expect('[', fmt::format("to start the {} list", what));
+    std::vector<int64_t> out;
+    if (accept(']')) return out;
+    int64_t product = 1;
+    while (true) {
+      Token t = next();
+      int64_t v = to_int(t, what);
+      if (dims && v < 0)
+        fail(t.col, fmt::format("expected a non-negative dimension, got {}", v));
+      int64_t a = v < 0 ? (v == std::numeric_limits<int64_t>::min() ? -1 : -v) : v;
+      if (a < 0 || (a != 0 && product > std::numeric_limits<int64_t>::max() / a))
+        fail(t.col, fmt::format("shape is too large: its element count overflows int64"));
+      if (a != 0) product *= a;
+      out.push_back(v);
+      Token c = next();
+      if (is_punct(c, ',')) continue;
+      if (is_punct(c, ']')) break;
+      fail(c.col, fmt::format("expected ',' or ']' in the {} list, got {}", what, describe(c)));
+    }
+    return out;
+  }
+
+  // f32[8,128]
+  void parse_type(DType& dtype, Shape& shape, std::string_view context) {
+    Token t = next();
+    bool found = false;
+    if (t.kind == TK::Ident) {
+      for (const auto& d : kDTypes)
+        if (t.text == d.name) {
+          dtype = d.dtype;
+          found = true;
+        }
+    }
+    if (!found)
+      fail(t.col, fmt::format("expected a type like f32[8,128] {} (dtypes: f32, bf16, f16, "
+                              "i32), got {}",
+                              context, describe(t)));
+    shape = parse_int_list("shape", /*dims=*/true);
+  }
+
+  // [{data}, {}, {model, ?}] partial{x}
+  Sharding parse_sharding() {
+    Token open = next();
+    if (!is_punct(open, '['))
+      fail(open.col,
+           fmt::format("expected a sharding like [{{data}}, {{}}], got {}", describe(open)));
+    std::vector<DimSharding> dims;
+    std::map<std::string, int> used;  // axis -> column of first use
+    auto use = [&](const Token& a) {
+      auto [it, fresh] = used.emplace(a.text, a.col);
+      if (!fresh)
+        fail(a.col, fmt::format("mesh axis '{}' is used twice in the sharding", a.text));
+    };
+    if (!accept(']')) {
+      while (true) {
+        Token lb = next();
+        if (!is_punct(lb, '{'))
+          fail(lb.col, fmt::format("expected '{{' to start a dim sharding like {{data}} or "
+                                   "{{}}, got {}",
+                                   describe(lb)));
+        DimSharding d;
+        if (!accept('}')) {
+          while (true) {
+            Token a = next();
+            if (is_punct(a, '?')) {
+              d.closed = false;
+              Token c = next();
+              if (!is_punct(c, '}'))
+                fail(c.col, fmt::format("expected '}}' after '?' (the open marker comes "
+                                        "last in a dim), got {}",
+                                        describe(c)));
+              break;
+            }
+            if (a.kind != TK::Ident)
+              fail(a.col, fmt::format("expected a mesh axis name or '?' in the dim "
+                                      "sharding, got {}",
+                                      describe(a)));
+            use(a);
+            d.axes.push_back(a.text);
+            Token c = next();
+            if (is_punct(c, ',')) continue;
+            if (is_punct(c, '}')) break;
+            fail(c.col, fmt::format("expected ',' or '}}' in the dim sharding, got {}",
+                                    describe(c)));
+          }
+        }
+        dims.push_back(std::move(d));
+        Token c = next();
+        if (is_punct(c, ',')) continue;
+        if (is_punct(c, ']')) break;
+        fail(c.col, fmt::format("expected ',' or ']' in the sharding, got {}", describe(c)));
+      }
+    }
+    Sharding s(std::move(dims));
+    if (is_ident(peek(), "partial")) {
+      next();
+      expect('{', "after 'partial'");
+      if (!accept('}')) {
+        while (true) {
+          Token a = next();
+          if (a.kind != TK::Ident)
+            fail(a.col, fmt::format("expected a mesh axis name in partial{{...}}, got {}",
+                                    describe(a)));
+          use(a);
+          s.partial.push_back(a.text);
+          Token c = next();
+          if (is_punct(c, ',')) continue;
+          if (is_punct(c, '}')) break;
+          fail(c.col, fmt::format("expected ',' or '}}' in partial{{...}}, got {}",
+                                  describe(c)));
+        }
+      }
+    }
+    return s;
+  }
+
+  int lookup(const Token& t) {
+    if (t.kind != TK::Value)
+      fail(t.col, fmt::format("expected a value '%name', got {}", describe(t)));
+    auto it = defined_.find(t.text);
+    if (it == defined_.end()) fail(t.col, fmt::format("undefined value {}", value_ref(t.text)));
+    return it->second.id;
+  }
+
+  // Checks a sharding against the value's type and, when declared, the mesh.
+  void check_sharding(const Sharding& s, int col, const Shape& shape, std::string_view what) {
+    if (static_cast<std::size_t>(s.rank()) != shape.size())
+      fail(col, fmt::format("sharding {} has {} dims but {} has rank {} ({})", sharding_text(s),
+                            s.rank(), what, shape.size(), ints_text(shape)));
+    if (g_.mesh) {
+      try {
+        s.validate(*g_.mesh, shape, what);
+      } catch (const Error& e) {
+        fail(col, e.what());
+      }
+    }
+  }
+
+  // -- statements --
+  void statement() {
+    const Token t = peek();
+    if (t.kind == TK::End) return;
+    if (is_ident(t, "mesh")) return mesh_statement();
+    if (is_ident(t, "output")) return output_statement();
+    if (t.kind == TK::Value) return definition();
+    fail(t.col, fmt::format("expected a statement ('%name = op(...)', 'output %name' or "
+                            "'mesh axis=size, ...'), got {}",
+                            describe(t)));
+  }
+
+  void mesh_statement() {
+    Token kw = next();
+    if (mesh_line_) fail(kw.col, fmt::format("mesh declared twice (first on line {})", mesh_line_));
+    if (seen_value_) fail(kw.col, "the mesh must be declared before the first value");
+    const bool brace = accept('{');
+    std::vector<MeshAxis> axes;
+    while (true) {
+      const Token t = peek();  // a copy: peek(1) below may reallocate the lookahead
+      if (t.kind == TK::End || (brace && is_punct(t, '}'))) break;
+      if (is_ident(t, "devices") && is_punct(peek(1), '=') && is_punct(peek(2), '[')) break;
+      if (!axes.empty() && is_punct(t, ',')) next();
+      Token name = next();
+      if (name.kind != TK::Ident)
+        fail(name.col, fmt::format("expected a mesh axis 'name=size', got {}", describe(name)));
+      expect('=', fmt::format("after mesh axis name '{}'", name.text));
+      MeshAxis axis;
+      axis.name = name.text;
+      axis.size = parse_int(fmt::format("size of mesh axis '{}'", name.text));
+      axes.push_back(std::move(axis));
+    }
+    if (brace) expect('}', "to close the mesh");
+    std::vector<int> devices;
+    bool has_devices = false;
+    if (is_ident(peek(), "devices")) {
+      next();
+      expect('=', "after 'devices'");
+      for (int64_t d : parse_int_list("device id", false)) {
+        if (d < 0 || d > std::numeric_limits<int>::max())
+          fail(kw.col, fmt::format("device id {} is out of range", d));
+        devices.push_back(static_cast<int>(d));
+      }
+      has_devices = true;
+    }
+    expect_end("the mesh");
+    // Mesh allocates one entry per device: refuse absurd sizes before it multiplies them.
+    constexpr int64_t kMaxDevices = int64_t{1} << 24;
+    int64_t total = 1;
+    for (const MeshAxis& a : axes) {
+      if (a.size >= 1 && total > kMaxDevices / a.size)
+        fail(kw.col, fmt::format("mesh has more than {} devices", kMaxDevices));
+      if (a.size >= 1) total *= a.size;
+    }
+    try {
+      if (axes.empty() && !has_devices)
+        g_.mesh = Mesh();
+      else
+        g_.mesh = Mesh(std::move(axes), std::move(devices));
+    } catch (const Error& e) {
+      fail(kw.col, e.what());
+    }
+    mesh_line_ = lineno_;
+  }
+
+  void output_statement() {
+    next();
+    do {
+      int id = lookup(next());
+      g_.mark_output(g_.tensor(id));
+    } while (accept(','));
+    expect_end("the outputs");
+  }
+
+  void definition() {
+    Token nt = next();
+    const std::string name = nt.text;
+    if (auto it = defined_.find(name); it != defined_.end())
+      fail(nt.col, fmt::format("duplicate definition of {} (first defined at {}:{}:{})",
+                               value_ref(name), file_, it->second.line, it->second.col));
+    expect('=', fmt::format("after {}", value_ref(name)));
+    Token ot = next();
+    if (ot.kind != TK::Ident)
+      fail(ot.col, fmt::format("expected an op name after '=', got {}", describe(ot)));
+    std::optional<OpKind> kind_opt = op_kind_from_name(ot.text);
+    if (!kind_opt || *kind_opt == OpKind::kCount)
+      fail(ot.col, fmt::format("unknown op '{}'{}", ot.text, suggest_op(ot.text)));
+    const OpKind kind = *kind_opt;
+    const std::string opname = ot.text;
+    seen_value_ = true;
+
+    OpAttrs attrs;
+    std::vector<int> operands;
+    DType dtype = DType::f32;
+    Shape shape;
+    const bool leaf = kind == OpKind::Input || kind == OpKind::Constant;
+    if (leaf) {
+      if (is_punct(peek(), '('))
+        fail(peek().col, fmt::format("{} takes no operands; write '{} = {} f32[8,16]{}'",
+                                     opname, value_ref(name), opname,
+                                     kind == OpKind::Constant ? " value=1" : ""));
+      parse_type(dtype, shape, fmt::format("after '{}'", opname));
+    } else {
+      expect('(', fmt::format("after op name '{}'", opname));
+      if (!accept(')')) {
+        while (true) {
+          operands.push_back(lookup(next()));
+          Token c = next();
+          if (is_punct(c, ',')) continue;
+          if (is_punct(c, ')')) break;
+          fail(c.col, fmt::format("expected ',' or ')' in the operands of {}, got {}", opname,
+                                  describe(c)));
+        }
+      }
+      const OpDef& def = op_def(kind);
+      const int n = static_cast<int>(operands.size());
+      if (n < def.min_inputs || (def.max_inputs >= 0 && n > def.max_inputs)) {
+        std::string want =
+            def.max_inputs < 0 ? fmt::format("at least {}", def.min_inputs)
+            : def.min_inputs == def.max_inputs
+                ? fmt::format("{}", def.min_inputs)
+                : fmt::format("{} to {}", def.min_inputs, def.max_inputs);
+        fail(ot.col, fmt::format("{} takes {} operand{}, got {}", opname, want,
+                                 def.max_inputs == 1 ? "" : "s", n));
+      }
+    }
+
+    // Attributes and the optional ": type" check, in any order.
+    const std::vector<AttrSpec> specs = attr_specs(kind);
+    std::map<std::string, int> seen;  // key -> column
+    bool has_declared = false;
+    int declared_col = 0;
+    DType declared_dtype = DType::f32;
+    Shape declared_shape;
+    std::optional<Sharding> annotation;
+    int annotation_col = 0, priority = 0;
+    const bool constraint = kind == OpKind::ShardingConstraint;
+    while (true) {
+      const Token t = peek();
+      if (t.kind == TK::End) break;
+      if (is_punct(t, ':')) {
+        if (leaf)
+          fail(t.col, fmt::format("the type of {} goes right after '{}', not after ':'",
+                                  opname, opname));
+        if (has_declared) fail(t.col, "the result type is given twice");
+        next();
+        declared_col = peek().col;
+        parse_type(declared_dtype, declared_shape, "after ':'");
+        has_declared = true;
+        continue;
+      }
+      if (t.kind != TK::Ident)
+        fail(t.col, fmt::format("expected an attribute 'name=value'{} or end of line, got {}",
+                                leaf ? "" : ", ': type'", describe(t)));
+      Token key = next();
+      bool allowed = key.text == "sharding" || key.text == "priority";
+      for (const auto& s : specs) allowed = allowed || key.text == s.key;
+      if (!allowed) {
+        std::vector<std::string> names;
+        for (const auto& s : specs) names.push_back(s.key);
+        if (!constraint) {
+          names.push_back("sharding");
+          names.push_back("priority");
+        }
+        std::string list;
+        for (std::size_t i = 0; i < names.size(); ++i) list += (i ? ", " : "") + names[i];
+        fail(key.col, fmt::format("{} has no attribute '{}' (it takes: {})", opname, key.text,
+                                  list));
+      }
+      if (!seen.emplace(key.text, key.col).second)
+        fail(key.col, fmt::format("attribute '{}' is given twice", key.text));
+      expect('=', fmt::format("after attribute name '{}'", key.text));
+      const std::string& k = key.text;
+      if (k == "eq") {
+        Token s = next();
+        if (s.kind != TK::String)
+          fail(s.col, fmt::format("expected an einsum equation string like "
+                                  "\"bsd,df->bsf\", got {}",
+                                  describe(s)));
+        attrs.equation = s.text;
+      } else if (k == "dims") {
+        attrs.dims = parse_int_list("dims", false);
+      } else if (k == "perm") {
+        attrs.dims = parse_int_list("perm", false);
+      } else if (k == "shape") {
+        attrs.shape = parse_int_list("shape", true);
+      } else if (k == "starts") {
+        attrs.starts = parse_int_list("starts", false);
+      } else if (k == "limits") {
+        attrs.limits = parse_int_list("limits", false);
+      } else if (k == "keepdims") {
+        attrs.keepdims = parse_bool("keepdims");
+      } else if (k == "axis") {
+        attrs.axis = parse_int("axis");
+      } else if (k == "eps") {
+        attrs.eps = parse_double("eps");
+      } else if (k == "value") {
+        attrs.scalar = parse_double("constant value");
+      } else if (k == "sharding") {
+        annotation_col = peek().col;
+        annotation = parse_sharding();
+      } else if (k == "priority") {
+        priority = parse_int32("priority");
+      }
+    }
+    for (const auto& s : specs)
+      if (s.required && !seen.count(s.key))
+        fail(ot.col, fmt::format("{} requires attribute '{}'", opname, s.key));
+    if (seen.count("priority") && !annotation)
+      fail(seen["priority"], "'priority' needs a 'sharding' on the same line");
+
+    if (constraint) {
+      // sharding= / priority= are the op's own attributes here.
+      const std::string what = fmt::format("sharding_constraint {}", value_ref(name));
+      check_sharding(*annotation, annotation_col, g_.values[operands[0]].shape, what);
+      attrs.sharding = std::move(annotation);
+      attrs.priority = priority;
+      annotation.reset();
+    }
+
+    int id = -1;
+    try {
+      if (kind == OpKind::Input) {
+        id = g_.add_input(name, dtype, shape).id;
+      } else {
+        if (kind == OpKind::Constant) {
+          attrs.dtype = dtype;
+          attrs.shape = shape;
+        }
+        id = g_.add_op(kind, operands, attrs, name).id;
+      }
+    } catch (const Error& e) {
+      fail(ot.col, e.what());
+    }
+    if (id < 0 || static_cast<std::size_t>(id) >= g_.values.size())
+      fail(ot.col, fmt::format("internal error: the builder returned no value for {}",
+                               value_ref(name)));
+    const Value& v = g_.values[id];
+    if (has_declared && (v.dtype != declared_dtype || v.shape != declared_shape))
+      fail(declared_col,
+           fmt::format("type mismatch for {}: the text says {} but {} infers {}",
+                       value_ref(name), type_text(declared_dtype, declared_shape), opname,
+                       type_text(v.dtype, v.shape)));
+    if (annotation) {
+      check_sharding(*annotation, annotation_col, v.shape, value_ref(name));
+      try {
+        g_.annotate(id, std::move(*annotation), priority);
+      } catch (const Error& e) {
+        fail(annotation_col, e.what());
+      }
+    }
+    defined_.emplace(name, Definition{id, lineno_, nt.col});
+  }
+};
+
+// ---- printer ------------------------------------------------------------------------------
+
+std::string ref(const Graph& g, int id) {
+  if (id < 0 || static_cast<std::size_t>(id) >= g.values.size())
+    return fmt::format("%\"<invalid value {}>\"", id);
+  return value_ref(g.values[id].name);
+}
+
+std::string attrs_text(const Op& op) {
+  const OpAttrs& a = op.attrs;
+  switch (op.kind) {
+    case OpKind::Einsum: return " eq=" + quote(a.equation);
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMean:
+      return " dims=" + ints_text(a.dims) + (a.keepdims ? " keepdims=true" : "");
+    case OpKind::Transpose: return " perm=" + ints_text(a.dims);
+    case OpKind::Reshape:
+    case OpKind::Broadcast: return " shape=" + ints_text(a.shape);
+    case OpKind::Slice: return " starts=" + ints_text(a.starts) + " limits=" + ints_text(a.limits);
+    case OpKind::Concat:
+    case OpKind::Softmax: return fmt::format(" axis={}", a.axis);
+    case OpKind::LayerNorm: return " eps=" + double_text(a.eps);
+    case OpKind::ShardingConstraint: {
+      std::string s;
+      if (a.sharding) s += " sharding=" + sharding_text(*a.sharding);
+      if (a.priority != 0) s += fmt::format(" priority={}", a.priority);
+      return s;
+    }
+    default: return "";
+  }
+}
+
+}  // namespace
+
+Graph parse_graph(std::string_view text, std::string_view filename) {
+  return Parser(text, filename).run();
+}
+
+Graph parse_graph_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ParseError(fmt::format("{}: cannot open file: {}", path, std::strerror(errno)));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw ParseError(fmt::format("{}: cannot read file", path));
+  return parse_graph(text, path);
+}
+
+std::string print_graph(const Graph& g, const PrintOptions& opts) {
+  std::string out;
+  if (g.mesh) {
+    const Mesh& m = *g.mesh;
+    out += "mesh ";
+    if (m.axes().empty()) out += "{}";
+    for (std::size_t i = 0; i < m.axes().size(); ++i)
+      out += fmt::format("{}{}={}", i ? ", " : "", m.axes()[i].name, m.axes()[i].size);
+    const auto& ids = m.device_ids();
+    bool identity = true;
+    for (std::size_t i = 0; i < ids.size(); ++i) identity = identity && ids[i] == static_cast<int>(i);
+    if (!identity) {
+      out += " devices=[";
+      for (std::size_t i = 0; i < ids.size(); ++i) out += fmt::format("{}{}", i ? "," : "", ids[i]);
+      out += "]";
+    }
+    out += '\n';
+  }
+  for (const Op& op : g.ops) {
+    std::string line = ref(g, op.output) + " = ";
+    const bool valid = op.output >= 0 && static_cast<std::size_t>(op.output) < g.values.size();
+    const Value* v = valid ? &g.values[op.output] : nullptr;
+    const std::string type = v ? type_text(v->dtype, v->shape) : std::string("f32[]");
+    const char* name = op_def(op.kind).name;
+    if (op.kind == OpKind::Input) {
+      line += fmt::format("{} {}", name, type);
+    } else if (op.kind == OpKind::Constant) {
+      line += fmt::format("{} {} value={}", name, type, double_text(op.attrs.scalar));
+    } else {
+      line += name;
+      line += '(';
+      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+        if (i) line += ", ";
+        line += ref(g, op.inputs[i]);
+      }
+      line += ')';
+      line += attrs_text(op);
+    }
+    if (op.kind != OpKind::ShardingConstraint) {
+      if (auto it = g.annotations.find(op.output); it != g.annotations.end()) {
+        line += " sharding=" + sharding_text(it->second.sharding);
+        if (it->second.priority != 0) line += fmt::format(" priority={}", it->second.priority);
+      }
+    }
+    if (opts.types && op.kind != OpKind::Input && op.kind != OpKind::Constant)
+      line += " : " + type;
+    if (opts.comment) {
+      std::string c = opts.comment(op.output);
+      if (!c.empty()) {
+        for (char& ch : c)
+          if (ch == '\n' || ch == '\r') ch = ' ';
+        line += "  # " + c;
+      }
+    }
+    out += line;
+    out += '\n';
+  }
+  if (!g.outputs.empty()) {
+    out += "output ";
+    for (std::size_t i = 0; i < g.outputs.size(); ++i) {
+      if (i) out += ", ";
+      out += ref(g, g.outputs[i]);
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+}  // namespace tessel

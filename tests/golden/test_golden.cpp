@@ -1,0 +1,108 @@
+// Golden tests: each tests/golden/NAME.tsl is parsed, propagated and partitioned; the
+// rendering (shardings, per-device program, collectives line) must equal NAME.expected.
+// Regenerate with TESSEL_UPDATE_GOLDEN=1 after an intended change, and review the diff.
+// Each file also has hard assertions on its collectives, so a regenerated file cannot
+// silently accept a regression.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "tessel/partition.hpp"
+#include "tessel/propagate.hpp"
+#include "tessel/text.hpp"
+
+using namespace tessel;
+
+namespace {
+
+struct Result {
+  Graph g;
+  PropagationResult prop;
+  Program prog;
+  std::string text;
+};
+
+Result render(const std::string& name) {
+  Result r;
+  std::string path = std::string(TESSEL_SOURCE_DIR) + "/tests/golden/" + name + ".tsl";
+  r.g = parse_graph_file(path);
+  REQUIRE(r.g.mesh.has_value());
+  r.prop = propagate(r.g, *r.g.mesh);
+  r.prog = partition(r.g, *r.g.mesh, r.prop);
+  PrintOptions po;
+  po.comment = [&](int v) { return r.prop.shardings[v].to_string(); };
+  r.text = "== shardings\n" + print_graph(r.g, po) + "== program\n" + r.prog.to_string(0) +
+           r.prog.summary().line() + "\n";
+  std::string expected_path = std::string(TESSEL_SOURCE_DIR) + "/tests/golden/" + name + ".expected";
+  if (std::getenv("TESSEL_UPDATE_GOLDEN")) {
+    std::ofstream(expected_path) << r.text;
+  }
+  std::ifstream in(expected_path);
+  INFO("golden file " << expected_path << " (set TESSEL_UPDATE_GOLDEN=1 to regenerate)");
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  CHECK(r.text == ss.str());
+  return r;
+}
+
+const Sharding& sharding_of(const Result& r, const char* value) {
+  int v = r.g.find(value);
+  REQUIRE(v >= 0);
+  return r.prop.shardings[v];
+}
+
+}  // namespace
+
+TEST_CASE("golden: data-parallel MLP has no collective in the forward pass", "[golden]") {
+  Result r = render("dp_mlp");
+  CHECK(r.prog.summary().line() ==
+        "collectives: all-gather=0 all-reduce=0 reduce-scatter=0 all-to-all=0 collective-permute=0 bytes=0");
+  CHECK(sharding_of(r, "a").same_layout(Sharding::parse("[{data}, {}, {}]")));
+}
+
+TEST_CASE("golden: Megatron MLP has exactly one all-reduce and no all-gather", "[golden]") {
+  Result r = render("megatron_mlp");
+  auto s = r.prog.summary();
+  CHECK(s.all_reduce == 1);
+  CHECK(s.all_gather == 0);
+  CHECK(s.all_to_all + s.collective_permute + s.reduce_scatter == 0);
+  CHECK(sharding_of(r, "a").same_layout(Sharding::parse("[{data}, {}, {model}]")));
+  CHECK(s.bytes == 4 * 128 * 512 * 4);
+}
+
+TEST_CASE("golden: attention with heads over model", "[golden]") {
+  Result r = render("attention_heads");
+  auto s = r.prog.summary();
+  CHECK(s.all_reduce == 1);
+  CHECK(s.all_gather + s.all_to_all + s.collective_permute + s.reduce_scatter == 0);
+  CHECK(sharding_of(r, "p").same_layout(Sharding::parse("[{}, {model}, {}, {}]")));
+}
+
+TEST_CASE("golden: 2-D mesh transformer block", "[golden]") {
+  Result r = render("transformer_block_2d");
+  auto s = r.prog.summary();
+  CHECK(s.all_reduce == 2);
+  CHECK(s.all_gather + s.all_to_all + s.collective_permute + s.reduce_scatter == 0);
+  for (const Instr& in : r.prog.instrs)
+    if (in.kind == InstrKind::Collective) CHECK(in.axes == std::vector<std::string>{"model"});
+  CHECK(sharding_of(r, "a").same_layout(Sharding::parse("[{data}, {}, {model}]")));
+  CHECK(sharding_of(r, "y").same_layout(Sharding::parse("[{data}, {}, {}]")));
+}
+
+TEST_CASE("golden: conflicting annotations are resolved by priority", "[golden]") {
+  Result r = render("priority_conflict");
+  CHECK(sharding_of(r, "y").same_layout(Sharding::parse("[{}, {a}]")));
+  auto s = r.prog.summary();
+  CHECK(s.all_to_all == 1);
+  CHECK(s.all_gather + s.all_reduce + s.collective_permute + s.reduce_scatter == 0);
+}
+
+TEST_CASE("golden: reshape splitting a sharded dim needs no communication", "[golden]") {
+  Result r = render("reshape_split");
+  CHECK(sharding_of(r, "r").same_layout(Sharding::parse("[{data}, {}, {model}, {}]")));
+  CHECK(r.prog.summary().bytes == 0);
+  CHECK(r.prog.summary().all_to_all == 0);
+}
