@@ -14,7 +14,12 @@ else()
 endif()
 option(TESSEL_WITH_CUDA "Build the CUDA + NCCL backend" ${_tessel_cuda_default})
 
+option(TESSEL_NATIVE "Compile for the build machine's CPU (-march=native): Eigen then uses AVX/FMA" ON)
+
 set(TESSEL_WARNINGS -Wall -Wextra)
+if(TESSEL_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+endif()
 if(TESSEL_SANITIZE_ADDRESS AND TESSEL_SANITIZE_THREAD)
   message(FATAL_ERROR "TESSEL_SANITIZE_ADDRESS and TESSEL_SANITIZE_THREAD are exclusive")
 endif()

@@ -2,6 +2,7 @@
 // read), the Eigen kernels, and eager streams/events.
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/tensor.hpp"
@@ -11,13 +12,31 @@ namespace {
 
 class CpuBuffer final : public Buffer {
  public:
-  explicit CpuBuffer(std::size_t bytes) : data_(new std::byte[bytes == 0 ? 1 : bytes]), bytes_(bytes) {}
+  explicit CpuBuffer(std::size_t bytes)
+      : data_(static_cast<std::byte*>(::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kBufferAlignment)))),
+        bytes_(bytes) {}
   void* data() override { return data_.get(); }
   const void* data() const override { return data_.get(); }
   std::size_t bytes() const override { return bytes_; }
 
  private:
-  std::unique_ptr<std::byte[]> data_;
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t(kBufferAlignment)); }
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  std::size_t bytes_;
+};
+
+// A non-owning view of caller memory (inputs are only read by kernels).
+class HostView final : public Buffer {
+ public:
+  HostView(const void* p, std::size_t bytes) : p_(const_cast<void*>(p)), bytes_(bytes) {}
+  void* data() override { return p_; }
+  const void* data() const override { return p_; }
+  std::size_t bytes() const override { return bytes_; }
+
+ private:
+  void* p_;
   std::size_t bytes_;
 };
 
@@ -38,6 +57,9 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads) : threads_(threads < 1 ? 1 : threads) {}
   std::string name() const override { return "cpu"; }
   std::unique_ptr<Buffer> allocate(std::size_t bytes) override { return std::make_unique<CpuBuffer>(bytes); }
+  std::unique_ptr<Buffer> wrap_host(const void* host, std::size_t bytes) override {
+    return std::make_unique<HostView>(host, bytes);
+  }
   void copy_from_host(Buffer& dst, const void* src, std::size_t bytes, Stream&) override {
     if (bytes) std::memcpy(dst.data(), src, bytes);
   }

@@ -38,6 +38,10 @@
 namespace tessel {
 namespace {
 
+// Kernel temporaries are 64-byte aligned like every buffer (see tensor.hpp): vectorised
+// loops then split work the same way whatever the call, so results are bit-reproducible.
+using FVec = std::vector<float, AlignedAllocator<float>>;
+
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // ---- errors and argument checks ------------------------------------------------------------
@@ -108,7 +112,7 @@ std::vector<int64_t> contiguous_strides(const Shape& s) {
 
 // Pointer to operand i as f32: the buffer itself for f32, a converted copy in `buf` for
 // bf16/f16. i32 operands are an error for float ops.
-const float* in_f32(const KernelArgs& a, std::size_t i, std::vector<float>& buf) {
+const float* in_f32(const KernelArgs& a, std::size_t i, FVec& buf) {
   const DType t = a.in_dtypes[i];
   const int64_t n = num_elements(a.in_shapes[i]);
   switch (t) {
@@ -132,7 +136,7 @@ const float* in_f32(const KernelArgs& a, std::size_t i, std::vector<float>& buf)
 
 // Where to write an f32 result: the output buffer itself, or `buf` for bf16/f16 (then
 // finish_out converts it).
-float* out_f32(const KernelArgs& a, std::vector<float>& buf) {
+float* out_f32(const KernelArgs& a, FVec& buf) {
   switch (a.out_dtype) {
     case DType::f32: return static_cast<float*>(a.out);
     case DType::bf16:
@@ -142,7 +146,7 @@ float* out_f32(const KernelArgs& a, std::vector<float>& buf) {
   fail(a, "result is i32 but this op produces a float type");
 }
 
-void finish_out(const KernelArgs& a, const std::vector<float>& buf) {
+void finish_out(const KernelArgs& a, const FVec& buf) {
   const int64_t n = num_elements(a.out_shape);
   if (a.out_dtype == DType::bf16) {
     uint16_t* p = static_cast<uint16_t*>(a.out);
@@ -488,7 +492,7 @@ void k_einsum(const KernelArgs& a) {
     return st;
   };
 
-  std::vector<float> buf0, buf1, obuf;
+  FVec buf0, buf1, obuf;
   float* out = out_f32(a, obuf);
   const int64_t out_n = num_elements(a.out_shape);
 
@@ -529,10 +533,10 @@ void k_einsum(const KernelArgs& a) {
 
   // Brings an operand into [batch, free, contract] (or [batch, contract, free]: then
   // `trans`), summing out letters only it has. No copy when it already is in either order.
-  std::vector<float> ta_buf, tb_buf;
+  FVec ta_buf, tb_buf;
   auto prepare = [&](const float* x, const std::string& sub, const Shape& shp,
                      const std::string& sum, const std::string& seq_n, const std::string& seq_t,
-                     std::vector<float>& tmp, bool& trans) -> const float* {
+                     FVec& tmp, bool& trans) -> const float* {
     trans = false;
     if (sum.empty()) {
       if (sub == seq_n) return x;
@@ -561,7 +565,7 @@ void k_einsum(const KernelArgs& a) {
   const std::string seq_c = batch + free_a + free_b;
   bool trans_c = false;
   float* pc = out;
-  std::vector<float> c_buf;
+  FVec c_buf;
   if (sr != seq_c && sr == batch + free_b + free_a) {
     trans_c = true;
   } else if (sr != seq_c) {
@@ -603,7 +607,7 @@ void k_unary(const KernelArgs& a) {
     }
     return;
   }
-  std::vector<float> ib, ob;
+  FVec ib, ob;
   const float* px = in_f32(a, 0, ib);
   float* py = out_f32(a, ob);
   Eigen::Map<const Eigen::ArrayXf> x(px, n);
@@ -725,7 +729,7 @@ void k_binary(const KernelArgs& a) {
     with_binary_op<int32_t>(a, [&](auto op) { binary_loop<int32_t>(a, x, y, o, op); });
     return;
   }
-  std::vector<float> b0, b1, ob;
+  FVec b0, b1, ob;
   const float* x = in_f32(a, 0, b0);
   const float* y = in_f32(a, 1, b1);
   float* o = out_f32(a, ob);
@@ -768,7 +772,7 @@ void k_reduce(const KernelArgs& a) {
     else fail(a, "reduce_mean needs a float type");
     return;
   }
-  std::vector<float> ib, ob;
+  FVec ib, ob;
   const float* x = in_f32(a, 0, ib);
   float* y = out_f32(a, ob);
   if (a.kind == OpKind::ReduceMax) {
@@ -925,7 +929,7 @@ void k_softmax(const KernelArgs& a) {
   for (int64_t d = 0; d < axis; ++d) outer *= s[d];
   for (std::size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
   const int64_t len = s[axis];
-  std::vector<float> ib, ob;
+  FVec ib, ob;
   const float* x = in_f32(a, 0, ib);
   float* y = out_f32(a, ob);
   if (len > 0 && num_elements(s) > 0) {
@@ -943,7 +947,7 @@ void k_softmax(const KernelArgs& a) {
       }
     } else {
       // Axis not last: sweep whole [inner] rows at a time so accesses stay contiguous.
-      std::vector<float> mx(static_cast<std::size_t>(inner)), sum(static_cast<std::size_t>(inner));
+      FVec mx(static_cast<std::size_t>(inner)), sum(static_cast<std::size_t>(inner));
       for (int64_t o = 0; o < outer; ++o) {
         const float* xb = x + o * len * inner;
         float* yb = y + o * len * inner;
@@ -975,7 +979,7 @@ void k_layer_norm(const KernelArgs& a) {
   const int64_t D = s.back();
   if (num_elements(a.in_shapes[1]) != D || num_elements(a.in_shapes[2]) != D)
     fail(a, "gamma and beta must have " + std::to_string(D) + " elements (the last dim)");
-  std::vector<float> b0, b1, b2, ob;
+  FVec b0, b1, b2, ob;
   const float* x = in_f32(a, 0, b0);
   const float* g = in_f32(a, 1, b1);
   const float* be = in_f32(a, 2, b2);
@@ -1038,7 +1042,7 @@ void k_cross_entropy(const KernelArgs& a) {
   if (a.out_shape != prefix) fail(a, "the result shape must be the labels shape");
   const int64_t V = ls.back();
   const int64_t off = a.in_offsets.size() > 0 && !a.in_offsets[0].empty() ? a.in_offsets[0].back() : 0;
-  std::vector<float> b0, ob;
+  FVec b0, ob;
   const float* x = in_f32(a, 0, b0);
   const int32_t* labels = static_cast<const int32_t*>(a.in[1]);
   float* y = out_f32(a, ob);

@@ -205,8 +205,16 @@ struct DeviceExecutor {
     buf.resize(p.values.size());
     for (std::size_t i = 0; i < p.inputs.size(); ++i) {
       int v = p.inputs[i];
-      Buffer& b = alloc(v);
-      be.copy_from_host(b, inputs[i]->data(), inputs[i]->bytes(), *stream);
+      // Inputs are read in place when the device can read host memory; they count towards
+      // the device's peak bytes either way.
+      if (auto view = be.wrap_host(inputs[i]->data(), inputs[i]->bytes())) {
+        buf[v] = std::move(view);
+        live += static_cast<int64_t>(inputs[i]->bytes());
+        peak = std::max(peak, live);
+      } else {
+        Buffer& b = alloc(v);
+        be.copy_from_host(b, inputs[i]->data(), inputs[i]->bytes(), *stream);
+      }
     }
     for (std::size_t i = 0; i < p.instrs.size(); ++i) {
       const Instr& in = p.instrs[i];

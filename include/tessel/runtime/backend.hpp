@@ -44,6 +44,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual std::unique_ptr<Buffer> allocate(std::size_t bytes) = 0;
+  // A read-only view of host memory usable as a device buffer without a copy, when the
+  // device can read host memory directly (CPU); nullptr otherwise (the caller copies).
+  virtual std::unique_ptr<Buffer> wrap_host(const void* host, std::size_t bytes) = 0;
   virtual void copy_from_host(Buffer& dst, const void* src, std::size_t bytes, Stream& s) = 0;
   virtual void copy_to_host(void* dst, const Buffer& src, std::size_t bytes, Stream& s) = 0;
   // Device-to-device copy (offsets in bytes).

@@ -5,11 +5,34 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "tessel/common.hpp"
 
 namespace tessel {
+
+// Every buffer tessel allocates is aligned to 64 bytes (a cache line, and the widest SIMD
+// vector). This is not only for speed: vectorised kernels peel unaligned heads with scalar
+// code, so equal inputs at different alignments could give results that differ in the last
+// bit — and replicas of one value on different devices must agree bit for bit.
+constexpr std::size_t kBufferAlignment = 64;
+
+template <class T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(kBufferAlignment)));
+  }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(kBufferAlignment)); }
+  template <class U>
+  bool operator==(const AlignedAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const AlignedAllocator<U>&) const { return false; }
+};
 
 class HostTensor {
  public:
@@ -37,7 +60,7 @@ class HostTensor {
  private:
   DType dtype_ = DType::f32;
   Shape shape_;
-  std::vector<std::byte> data_;  // operator new aligns to alignof(max_align_t) >= 16
+  std::vector<std::byte, AlignedAllocator<std::byte>> data_;
 };
 
 // bf16 / f16 <-> f32 conversions (round to nearest even).
