@@ -86,6 +86,13 @@ int run(int argc, char** argv) {
     throw tessel::Error(fmt::format("--device {} is outside mesh {} ({} devices)", device,
                                     mesh.to_string(), mesh.num_devices()));
   g.mesh = mesh;
+  tessel::PartitionOptions popts;
+  if (!links.empty()) {
+    popts.cost.parse_links(links);
+    for (const auto& kv : popts.cost.links)
+      if (!mesh.has_axis(kv.first))
+        throw tessel::Error(fmt::format("--links: axis '{}' is not in mesh {}", kv.first, mesh.to_string()));
+  }
   if (dump_after == "parse") {
     std::fputs(tessel::print_graph(g).c_str(), stdout);
     return 0;
@@ -103,8 +110,6 @@ int run(int argc, char** argv) {
     for (const auto& d : prop.decisions) fmt::print("decision: {}\n", d);
   }
   if (dump_after == "propagate") return 0;
-  tessel::PartitionOptions popts;
-  if (!links.empty()) popts.cost.parse_links(links);
   tessel::Program prog = tessel::partition(g, mesh, prop, popts);
   fmt::print("== program\n");
   std::fputs(prog.to_string(device).c_str(), stdout);

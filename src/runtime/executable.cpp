@@ -34,6 +34,9 @@ std::vector<HostTensor> Executable::scatter(std::size_t input, const HostTensor&
   if (input >= program_.inputs.size())
     throw RuntimeError(fmt::format("scatter: input #{} does not exist ({} inputs)", input, program_.inputs.size()));
   const LocalValue& lv = program_.values[program_.inputs[input]];
+  if (global.dtype() != lv.dtype || global.shape() != lv.global_shape)
+    throw RuntimeError(fmt::format("scatter: input #{} %{} expects {} but got {}", input, lv.name,
+                                   type_str(lv.dtype, lv.global_shape), type_str(global.dtype(), global.shape())));
   std::vector<HostTensor> out;
   out.reserve(static_cast<std::size_t>(mesh_.num_devices()));
   for (int64_t d = 0; d < mesh_.num_devices(); ++d) {
@@ -51,6 +54,11 @@ HostTensor Executable::gather(std::size_t output, const std::vector<HostTensor>&
   const LocalValue& lv = program_.values[program_.outputs[output]];
   if (static_cast<int64_t>(shards.size()) != mesh_.num_devices())
     throw RuntimeError(fmt::format("gather: {} shards for {} devices", shards.size(), mesh_.num_devices()));
+  for (int64_t d = 0; d < mesh_.num_devices(); ++d)
+    if (shards[d].dtype() != lv.dtype || shards[d].shape() != lv.shape)
+      throw RuntimeError(fmt::format("gather: output #{} %{} with sharding {} expects local shards {} "
+                                     "but device {} gave {}", output, lv.name, lv.sharding.to_string(),
+                                     type_str(lv.dtype, lv.shape), d, type_str(shards[d].dtype(), shards[d].shape())));
   HostTensor g(lv.dtype, lv.global_shape);
   g.poison();
   std::vector<bool> done(static_cast<std::size_t>(mesh_.num_devices()), false);

@@ -5,6 +5,7 @@
 #include "tessel/ops.hpp"
 #include "tessel/partition.hpp"
 #include "tessel/propagate.hpp"
+#include "tessel/runtime/kernels.hpp"
 
 using namespace tessel;
 
@@ -92,13 +93,14 @@ TEST_CASE("propagation: reshape splitting a sharded dim needs no communication",
   REQUIRE(partition(g, mesh, prop).summary().bytes == 0);
 }
 
-TEST_CASE("rules: every op kind has a rule, a shape function and a name", "[ops]") {
+TEST_CASE("rules: every op kind has a rule, a shape function, a name and a CPU kernel", "[ops]") {
   for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k) {
     const OpDef& d = op_def(static_cast<OpKind>(k));
     REQUIRE(static_cast<int>(d.kind) == k);
     REQUIRE(d.rule != nullptr);
     REQUIRE(d.infer != nullptr);
     REQUIRE(op_kind_from_name(d.name) == static_cast<OpKind>(k));
+    if (static_cast<OpKind>(k) != OpKind::Input) REQUIRE(has_cpu_kernel(static_cast<OpKind>(k)));
   }
 }
 
