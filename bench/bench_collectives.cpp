@@ -1,6 +1,6 @@
 // bench_collectives.cpp — bandwidth of the in-process thread communicator, nccl-tests style.
 //
-// BM_Collective/<kind>/<bytes>: one collective over an 8-device world (one thread per
+// BM_Collective/<kind>/<bytes>[/devices:2]: one collective over an 8-device (or 2-device) world (one thread per
 // device, all devices in one group). <bytes> is the "size" of nccl-tests for that
 // collective, and the counters are defined exactly as there (doc/PERFORMANCE.md of
 // nccl-tests), in GB/s = 1e9 bytes/s:
@@ -130,9 +130,11 @@ class DevicePool {
   std::string error_;
 };
 
-DevicePool& pool() {
-  static DevicePool p(kDevices);  // benchmark-only; the library itself has no globals
-  return p;
+DevicePool& pool(int n) {
+  // benchmark-only; the library itself has no globals
+  static DevicePool p8(kDevices);
+  static DevicePool p2(2);
+  return n == 2 ? p2 : p8;
 }
 
 enum class Kind { AllGather, ReduceScatter, AllReduce, AllToAll, Permute };
@@ -159,8 +161,8 @@ double bus_factor(Kind k, int n) {
   return 1.0;
 }
 
-void bm_collective(benchmark::State& state, Kind kind, std::size_t size) {
-  DevicePool& p = pool();
+void bm_collective(benchmark::State& state, Kind kind, std::size_t size, int devices) {
+  DevicePool& p = pool(devices);
   const int n = p.size();
   p.reserve(size);
   const std::size_t block = size / static_cast<std::size_t>(n);  // bytes per rank block
@@ -230,7 +232,14 @@ const bool kRegistered = [] {
     for (int64_t s : sizes) {
       benchmark::RegisterBenchmark(
           (std::string("BM_Collective/") + kind_name(k) + "/" + std::to_string(s)).c_str(),
-          bm_collective, k, static_cast<std::size_t>(s))
+          bm_collective, k, static_cast<std::size_t>(s), kDevices)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+      // The same on 2 devices: one device thread per core of a 2-core machine, where a
+      // one-copy collective can reach memcpy bandwidth per device.
+      benchmark::RegisterBenchmark(
+          (std::string("BM_Collective/") + kind_name(k) + "/" + std::to_string(s) + "/devices:2").c_str(),
+          bm_collective, k, static_cast<std::size_t>(s), 2)
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }

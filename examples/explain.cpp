@@ -114,6 +114,10 @@ int run(int argc, char** argv) {
   fmt::print("== program\n");
   std::fputs(prog.to_string(device).c_str(), stdout);
   auto s = prog.summary();
+  if (!prog.warnings.empty()) {
+    fmt::print("== warnings\n");
+    for (const auto& w : prog.warnings) fmt::print("warning: {}\n", w);
+  }
   fmt::print("== cost per device (cost model: {:.0f} GFLOP/s, default link {:.1f} GB/s, alpha {:.1f} us)\n",
              popts.cost.flops_per_s / 1e9, popts.cost.default_link.bandwidth / 1e9,
              popts.cost.default_link.alpha_s * 1e6);

@@ -51,6 +51,11 @@ struct Partitioner {
     auto it = cache.find({local, key});
     if (it != cache.end()) return it->second;
     ReshardPlan plan = plan_reshard(mesh, src.global_shape, src.dtype, src.sharding, target, opts.cost);
+    for (const ReshardStep& st : plan.steps)
+      if (st.kind == InstrKind::Collective && st.collective == CollectiveKind::AllGather)
+        prog.warnings.push_back(fmt::format(
+            "%{} is all-gathered over {{{}}} ({} bytes per device) {}: {} -> {}", src.name,
+            join(st.axes, ", "), st.bytes, why, src.sharding.to_string(), target.to_string()));
     int cur = local;
     for (std::size_t i = 0; i < plan.steps.size(); ++i) {
       const ReshardStep& st = plan.steps[i];

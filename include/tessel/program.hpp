@@ -67,6 +67,10 @@ struct Program {
   std::vector<Instr> instrs;
   std::vector<int> inputs;   // local value per graph input (graph.inputs order)
   std::vector<int> outputs;  // local value per graph output (graph.outputs order)
+  // Communication the user may not expect, said out loud: every all-gather (tessel never
+  // rematerializes a value silently) and every value replicated because an op needs a
+  // factor whole. Printed by tessel-explain.
+  std::vector<std::string> warnings;
 
   CollectiveSummary summary() const;
   double total_flops() const;

@@ -130,3 +130,17 @@ TEST_CASE("errors: shape errors name op, operands and shapes", "[errors]") {
   g.annotate(a, Sharding::of({{"x"}, {}}));
   REQUIRE_THROWS_WITH(propagate(g, mesh), Catch::Contains("%a") && Catch::Contains("not divisible"));
 }
+
+TEST_CASE("partition: every all-gather is reported as a warning", "[partition]") {
+  Graph g;
+  auto x = input(g, "x", DType::f32, {8, 16});
+  g.annotate(x, Sharding::of({{"data"}, {"model"}}));
+  auto y = softmax(x, 1);
+  g.mark_output(y);
+  Mesh mesh = Mesh::parse("data=2,model=4");
+  Program p = partition(g, mesh, propagate(g, mesh));
+  REQUIRE(p.summary().all_gather == 1);
+  REQUIRE(p.warnings.size() == 1);
+  REQUIRE(p.warnings[0].find("%x is all-gathered over {model}") != std::string::npos);
+  REQUIRE(p.warnings[0].find("softmax") != std::string::npos);
+}
