@@ -118,6 +118,13 @@ uint32_t expected_reduce(DType dt, ReduceOp op, uint64_t seed, const std::vector
 }
 
 constexpr unsigned char kPoison = 0xA5;
+
+// memset(nullptr, c, 0) is undefined behaviour (UBSan: nonnull argument), and an empty
+// vector's data() may be null: count-0 collectives are part of the test.
+template <class T>
+void poison_fill(std::vector<T>& v) {
+  if (!v.empty()) std::memset(v.data(), kPoison, v.size() * sizeof(T));
+}
 uint32_t poison_bits(DType dt) { return esize(dt) == 4 ? 0xA5A5A5A5u : 0xA5A5u; }
 
 std::string axes_str(const std::vector<std::string>& axes) {
@@ -217,7 +224,7 @@ struct Suite {
     const DType dt = DType::i32;
     const std::size_t n_ = static_cast<std::size_t>(n());
     std::vector<int32_t> recv(n_ * cnt + 1);
-    std::memset(recv.data(), kPoison, recv.size() * 4);
+    poison_fill(recv);
     std::vector<int32_t> send(cnt + 1);
     int32_t* sp = send.data();
     if (in_place) sp = recv.data() + r() * cnt;
@@ -235,7 +242,7 @@ struct Suite {
   void reduce_scatter(DType dt, ReduceOp op, std::size_t cnt, bool in_place) {
     const std::size_t es = esize(dt), n_ = static_cast<std::size_t>(n());
     std::vector<char> send(n_ * cnt * es), recv_buf((cnt + 1) * es);
-    std::memset(recv_buf.data(), kPoison, recv_buf.size());
+    poison_fill(recv_buf);
     fill(dt, send.data(), n_ * cnt, seed, members[r()], tag);
     char* rp = in_place ? send.data() + r() * cnt * es : recv_buf.data();
     c.reduce_scatter(send.data(), rp, cnt, dt, op);
@@ -255,7 +262,7 @@ struct Suite {
   void all_reduce(DType dt, ReduceOp op, std::size_t cnt, bool in_place) {
     const std::size_t es = esize(dt);
     std::vector<char> send(cnt * es + 1), recv_buf((cnt + 1) * es);
-    std::memset(recv_buf.data(), kPoison, recv_buf.size());
+    poison_fill(recv_buf);
     fill(dt, send.data(), cnt, seed, members[r()], tag);
     char* rp = in_place ? send.data() : recv_buf.data();
     c.all_reduce(send.data(), rp, cnt, dt, op);
@@ -276,7 +283,7 @@ struct Suite {
     const DType dt = DType::i32;
     const std::size_t n_ = static_cast<std::size_t>(n());
     std::vector<int32_t> send(n_ * cnt), recv_buf(n_ * cnt);
-    std::memset(recv_buf.data(), kPoison, recv_buf.size() * 4);
+    poison_fill(recv_buf);
     fill(dt, send.data(), n_ * cnt, seed, members[r()], tag);
     int32_t* rp = in_place ? send.data() : recv_buf.data();
     c.all_to_all(send.data(), rp, cnt * 4);
@@ -296,7 +303,7 @@ struct Suite {
       from = rk - shift >= 0 ? rk - shift : -1;
     }
     std::vector<int32_t> send(cnt), recv_buf(cnt);
-    std::memset(recv_buf.data(), kPoison, recv_buf.size() * 4);
+    poison_fill(recv_buf);
     fill(dt, send.data(), cnt, seed, members[rk], tag);
     int32_t* rp = in_place ? send.data() : recv_buf.data();
     c.collective_permute(send.data(), to, rp, from, cnt * 4);
@@ -312,7 +319,7 @@ struct Suite {
   void broadcast(int root, std::size_t cnt) {
     const DType dt = DType::f32;
     std::vector<float> buf(cnt);
-    std::memset(buf.data(), kPoison, buf.size() * 4);
+    poison_fill(buf);
     if (r() == root) fill(dt, buf.data(), cnt, seed, members[root], tag);
     c.broadcast(buf.data(), cnt * 4, root);
     check("broadcast root " + std::to_string(root), dt, buf.data(), cnt,
@@ -328,7 +335,7 @@ struct Suite {
     if (peer < n()) {
       std::vector<int32_t> out(cnt), in(cnt);
       for (int dir = 0; dir < 2; ++dir) {
-        std::memset(in.data(), kPoison, in.size() * 4);
+        poison_fill(in);
         const bool sender = (rk % 2 == 0) == (dir == 0);
         if (sender) {
           fill(dt, out.data(), cnt, seed, members[rk], tag + dir);

@@ -1,0 +1,66 @@
+# The install test, run as `cmake -P` by CTest (see install_test.cmake):
+#   1. cmake --install <TESSEL_BUILD_DIR> --prefix <WORK_DIR>/prefix   (fresh prefix)
+#   2. configure tests/install/consumer with CMAKE_PREFIX_PATH=<WORK_DIR>/prefix
+#   3. build it and run it (it compares a partitioned Megatron MLP against the reference)
+# Any failing step fails the test with the step's output.
+foreach(v TESSEL_BUILD_DIR CONSUMER_SOURCE_DIR WORK_DIR GENERATOR)
+  if(NOT DEFINED ${v} OR "${${v}}" STREQUAL "")
+    message(FATAL_ERROR "run_install_test.cmake: -D${v}=... is required")
+  endif()
+endforeach()
+if(NOT CONFIG)
+  set(CONFIG Release)
+endif()
+
+function(step name)
+  message(STATUS "install test: ${name}: ${ARGN}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "install test: ${name} failed (${rc})\n${out}\n${err}")
+  endif()
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+set(prefix ${WORK_DIR}/prefix)
+set(consumer_build ${WORK_DIR}/consumer-build)
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+step(install ${CMAKE_COMMAND} --install ${TESSEL_BUILD_DIR} --prefix ${prefix} --config ${CONFIG})
+foreach(f include/tessel/graph.hpp include/tessel/executable.hpp include/tessel/runtime/reference.hpp)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "install test: ${prefix}/${f} was not installed")
+  endif()
+endforeach()
+file(GLOB_RECURSE _cfg ${prefix}/*/tesselConfig.cmake)
+file(GLOB_RECURSE _lib ${prefix}/*/libtessel.a ${prefix}/*/libtessel.so)
+if(NOT _cfg OR NOT _lib)
+  message(FATAL_ERROR "install test: no tesselConfig.cmake or libtessel under ${prefix}")
+endif()
+
+set(configure_args -S ${CONSUMER_SOURCE_DIR} -B ${consumer_build} -G ${GENERATOR}
+    -DCMAKE_BUILD_TYPE=${CONFIG} -DCMAKE_PREFIX_PATH=${prefix}
+    # Only the fresh prefix (and the system) may provide tessel, never a registry entry.
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF)
+if(MAKE_PROGRAM)
+  list(APPEND configure_args -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM})
+endif()
+if(CXX_COMPILER)
+  list(APPEND configure_args -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+endif()
+if(CONSUMER_FLAGS)
+  list(APPEND configure_args "-DCMAKE_CXX_FLAGS=${CONSUMER_FLAGS}"
+       "-DCMAKE_EXE_LINKER_FLAGS=${CONSUMER_FLAGS}")
+endif()
+step(configure ${CMAKE_COMMAND} ${configure_args})
+step(build ${CMAKE_COMMAND} --build ${consumer_build} --config ${CONFIG})
+
+set(exe ${consumer_build}/consumer)
+if(NOT EXISTS ${exe} AND EXISTS ${consumer_build}/${CONFIG}/consumer)
+  set(exe ${consumer_build}/${CONFIG}/consumer)
+endif()
+step(run ${exe})
+message("${step_output}")
+if(NOT step_output MATCHES "collectives: all-gather=[0-9]+ all-reduce=[0-9]+")
+  message(FATAL_ERROR "install test: the consumer printed no collectives summary line")
+endif()
