@@ -334,7 +334,14 @@ struct Partitioner {
   Program run() {
     prog.mesh = mesh;
     phys.assign(g.values.size(), -1);
-    for (std::size_t i = 0; i < g.ops.size(); ++i) op(static_cast<int>(i));
+    // Ops whose results reach no output are not emitted (inputs always are).
+    std::vector<bool> needed(g.values.size(), false);
+    for (int v : g.outputs) needed[v] = true;
+    for (std::size_t i = g.ops.size(); i-- > 0;)
+      if (needed[g.ops[i].output])
+        for (int v : g.ops[i].inputs) needed[v] = true;
+    for (std::size_t i = 0; i < g.ops.size(); ++i)
+      if (g.ops[i].kind == OpKind::Input || needed[g.ops[i].output]) op(static_cast<int>(i));
     for (int v : g.outputs) {
       Sharding want = prop.shardings[v].closed_copy().without_partial();
       prog.outputs.push_back(reshard(phys[v], want, -1, fmt::format("for output %{}", g.values[v].name)));

@@ -618,9 +618,13 @@ void k_unary(const KernelArgs& a) {
     case OpKind::Log: y = x.log(); break;
     case OpKind::Tanh: y = x.tanh(); break;
     case OpKind::Gelu: {
-      // GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-      const float c = 0.7978845608028654f;
-      y = 0.5f * x * (1.0f + (c * (x + 0.044715f * x.cube())).tanh());
+      // GPT-2's tanh approximation: 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3),
+      // computed as x / (1 + exp(-2z)) — the same function (1 + tanh z = 2 sigmoid 2z)
+      // without the cancellation in 1 + tanh(z) for z << 0, where the f32 tanh form keeps
+      // only a few significant bits (x = -4.5 gives 1 + tanh = 2.3e-6, one ulp of 1 is 2.6%
+      // of it). Extremes are exact: x -> -inf gives -0, x -> +inf gives x.
+      const float c2 = 2.0f * 0.7978845608028654f;
+      y = x / (1.0f + (-c2 * (x + 0.044715f * x.cube())).exp());
       break;
     }
     case OpKind::Relu: y = (x > 0.0f).select(x, 0.0f); break;

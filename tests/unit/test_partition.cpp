@@ -144,3 +144,18 @@ TEST_CASE("partition: every all-gather is reported as a warning", "[partition]")
   REQUIRE(p.warnings[0].find("%x is all-gathered over {model}") != std::string::npos);
   REQUIRE(p.warnings[0].find("softmax") != std::string::npos);
 }
+
+TEST_CASE("partition: ops that reach no output are not emitted", "[partition]") {
+  Graph g;
+  auto x = input(g, "x", DType::f32, {8, 8});
+  auto w = input(g, "w", DType::f32, {8, 8});
+  g.annotate(x, Sharding::of({{"a"}, {}}));
+  auto unused = einsum("ij,jk->ik", x, w).named("unused");
+  auto y = tanh(x);
+  g.mark_output(y);
+  Mesh mesh = Mesh::parse("a=2");
+  Program p = partition(g, mesh, propagate(g, mesh));
+  REQUIRE(p.instrs.size() == 1);
+  REQUIRE(p.inputs.size() == 2);
+  for (const auto& v : p.values) REQUIRE(v.graph_value != unused.id);
+}
