@@ -9,7 +9,19 @@
 
 namespace tessel {
 
-CompareResult compare(const HostTensor& got, const HostTensor& want) {
+double max_abs(const std::vector<HostTensor>& tensors) {
+  double m = 0;
+  for (const HostTensor& t : tensors) {
+    if (t.dtype() == DType::i32) continue;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      double v = t.get(i);
+      if (std::isfinite(v)) m = std::max(m, std::fabs(v));
+    }
+  }
+  return m;
+}
+
+CompareResult compare(const HostTensor& got, const HostTensor& want, double scale_floor) {
   CompareResult r;
   if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
     r.shape_mismatch = true;
@@ -22,7 +34,7 @@ CompareResult compare(const HostTensor& got, const HostTensor& want) {
     double w = want.get(i);
     if (std::isfinite(w)) scale = std::max(scale, std::fabs(w));
   }
-  const double denom = std::max(scale, std::numeric_limits<double>::min());
+  const double denom = std::max({scale, scale_floor, std::numeric_limits<double>::min()});
   for (int64_t i = 0; i < n; ++i) {
     double g = got.get(i), w = want.get(i);
     double err;

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessel/runtime/tensor.hpp"
 
@@ -24,6 +25,13 @@ struct CompareResult {
   std::string to_string() const;
 };
 
-CompareResult compare(const HostTensor& got, const HostTensor& want);
+// `scale_floor` raises the denominator: max(max_i |want_i|, scale_floor). Property tests
+// pass the largest input magnitude: a result that cancels to far below the magnitude of
+// its inputs (a sum of signed terms that nearly vanishes) carries the absolute rounding
+// error of those inputs' scale, and is judged against that scale.
+CompareResult compare(const HostTensor& got, const HostTensor& want, double scale_floor = 0);
+
+// Largest finite |element| over the floating-point tensors (i32 tensors are skipped).
+double max_abs(const std::vector<HostTensor>& tensors);
 
 }  // namespace tessel
