@@ -240,19 +240,14 @@ std::string PropagationResult::explain(const Graph& g, int value) const {
     } else if (pv.op < 0) {
       out += fmt::format("  dim {}: {} — no annotation reaches this dim\n", d, axes_s);
     } else {
-      std::string chain;
       int v = pv.from_value;
-      int guard = 0;
-      std::size_t dd = d;
-      (void)dd;
-      chain = fmt::format("from %{} through {}", v >= 0 ? g.values[v].name : "?",
+      std::string chain = fmt::format("from %{} through {}", v >= 0 ? g.values[v].name : "?",
                           g.describe_op(pv.op));
       std::string origin = pv.origin >= 0
                                ? fmt::format("; derives from the annotation on %{}",
                                              g.values[pv.origin].name)
                                : std::string();
       out += fmt::format("  dim {}: {} — {}{} (round {})\n", d, axes_s, chain, origin, pv.round);
-      (void)guard;
     }
   }
   return out;
