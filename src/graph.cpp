@@ -82,14 +82,6 @@ Tensor Graph::add_input(std::string name, DType dtype, Shape shape) {
   return Tensor{this, static_cast<int>(values.size()) - 1};
 }
 
-namespace {
-int64_t normalize_axis(int64_t axis, std::size_t rank, const char* op) {
-  int64_t r = static_cast<int64_t>(rank);
-  if (axis < -r || axis >= r)
-    throw ShapeError(fmt::format("{}: axis {} is out of range for rank {}", op, axis, rank));
-  return axis < 0 ? axis + r : axis;
-}
-}  // namespace
 
 Tensor Graph::add_op(OpKind kind, std::vector<int> in, OpAttrs attrs, std::string name) {
   const OpDef& def = op_def(kind);
@@ -106,15 +98,8 @@ Tensor Graph::add_op(OpKind kind, std::vector<int> in, OpAttrs attrs, std::strin
       throw Error(fmt::format("{}: operand id {} is not a value of this graph", def.name, v));
     ins.push_back(&values[static_cast<std::size_t>(v)]);
   }
-  // Normalize negative axes so the attrs are canonical.
-  std::size_t rank0 = ins.empty() ? 0 : ins[0]->shape.size();
-  if (kind == OpKind::Softmax || kind == OpKind::Concat)
-    attrs.axis = normalize_axis(attrs.axis, rank0, def.name);
-  if (kind == OpKind::ReduceSum || kind == OpKind::ReduceMax || kind == OpKind::ReduceMean ||
-      kind == OpKind::Transpose) {
-    for (auto& d : attrs.dims) d = normalize_axis(d, rank0, def.name);
-    if (kind != OpKind::Transpose) std::sort(attrs.dims.begin(), attrs.dims.end());
-  }
+  // Canonical attributes (negative axes made positive, reduced dims sorted).
+  if (def.normalize) def.normalize(attrs, ins);
   Shape out;
   DType dt = DType::f32;
   def.infer(attrs, ins, out, dt);
@@ -142,7 +127,13 @@ Tensor Graph::add_op(OpKind kind, std::vector<int> in, OpAttrs attrs, std::strin
   return Tensor{this, static_cast<int>(values.size()) - 1};
 }
 
-void Graph::annotate(Tensor t, Sharding s, int priority) { annotate(t.id, std::move(s), priority); }
+void Graph::annotate(Tensor t, Sharding s, int priority) {
+  t.value();
+  if (t.graph != this)
+    throw Error(fmt::format("annotate: tensor %{} belongs to another graph; annotate it on the "
+                            "graph that built it", t.name()));
+  annotate(t.id, std::move(s), priority);
+}
 
 void Graph::annotate(int v, Sharding s, int priority) {
   if (v < 0 || v >= static_cast<int>(values.size()))
@@ -163,133 +154,6 @@ void Graph::mark_output(Tensor t) {
   t.value();
   if (t.graph != this) throw Error("mark_output: tensor belongs to another graph");
   outputs.push_back(t.id);
-}
-
-// ---- builder ----
-namespace {
-Graph& graph_of(Tensor t) {
-  t.value();
-  return *t.graph;
-}
-Graph& graph_of(Tensor a, Tensor b) {
-  a.value();
-  b.value();
-  if (a.graph != b.graph) throw Error("operands belong to different graphs");
-  return *a.graph;
-}
-Tensor unary(OpKind k, Tensor x) { return graph_of(x).add_op(k, {x.id}, {}); }
-Tensor binary(OpKind k, Tensor a, Tensor b) { return graph_of(a, b).add_op(k, {a.id, b.id}, {}); }
-Tensor reduce(OpKind k, Tensor x, std::vector<int64_t> dims, bool keepdims) {
-  OpAttrs a;
-  a.dims = std::move(dims);
-  a.keepdims = keepdims;
-  return graph_of(x).add_op(k, {x.id}, std::move(a));
-}
-}  // namespace
-
-Tensor input(Graph& g, std::string name, DType dtype, Shape shape) {
-  return g.add_input(std::move(name), dtype, std::move(shape));
-}
-Tensor constant(Graph& g, double value, DType dtype, Shape shape) {
-  OpAttrs a;
-  a.scalar = value;
-  a.dtype = dtype;
-  a.shape = std::move(shape);
-  return g.add_op(OpKind::Constant, {}, std::move(a));
-}
-Tensor einsum(std::string_view eq, Tensor a, Tensor b) {
-  OpAttrs at;
-  at.equation = std::string(eq);
-  return graph_of(a, b).add_op(OpKind::Einsum, {a.id, b.id}, std::move(at));
-}
-Tensor einsum(std::string_view eq, Tensor a) {
-  OpAttrs at;
-  at.equation = std::string(eq);
-  return graph_of(a).add_op(OpKind::Einsum, {a.id}, std::move(at));
-}
-Tensor matmul(Tensor a, Tensor b) {
-  if (a.rank() < 2 || a.rank() > 8 || b.rank() != 2)
-    throw ShapeError(fmt::format("matmul(%{}: {}, %{}: {}): expects [..., m, k] x [k, n]",
-                                 a.name(), shape_str(a.shape()), b.name(), shape_str(b.shape())));
-  std::string lhs = std::string("abcdefgh").substr(0, static_cast<std::size_t>(a.rank() - 1));
-  return einsum(lhs + "k,kn->" + lhs + "n", a, b);
-}
-Tensor neg(Tensor x) { return unary(OpKind::Neg, x); }
-Tensor exp(Tensor x) { return unary(OpKind::Exp, x); }
-Tensor log(Tensor x) { return unary(OpKind::Log, x); }
-Tensor tanh(Tensor x) { return unary(OpKind::Tanh, x); }
-Tensor gelu(Tensor x) { return unary(OpKind::Gelu, x); }
-Tensor relu(Tensor x) { return unary(OpKind::Relu, x); }
-Tensor sqrt(Tensor x) { return unary(OpKind::Sqrt, x); }
-Tensor rsqrt(Tensor x) { return unary(OpKind::Rsqrt, x); }
-Tensor add(Tensor a, Tensor b) { return binary(OpKind::Add, a, b); }
-Tensor sub(Tensor a, Tensor b) { return binary(OpKind::Sub, a, b); }
-Tensor mul(Tensor a, Tensor b) { return binary(OpKind::Mul, a, b); }
-Tensor div(Tensor a, Tensor b) { return binary(OpKind::Div, a, b); }
-Tensor maximum(Tensor a, Tensor b) { return binary(OpKind::Max, a, b); }
-Tensor add(Tensor a, double b) { return add(a, constant(graph_of(a), b, a.dtype())); }
-Tensor mul(Tensor a, double b) { return mul(a, constant(graph_of(a), b, a.dtype())); }
-Tensor operator+(Tensor a, Tensor b) { return add(a, b); }
-Tensor operator-(Tensor a, Tensor b) { return sub(a, b); }
-Tensor operator*(Tensor a, Tensor b) { return mul(a, b); }
-Tensor operator/(Tensor a, Tensor b) { return div(a, b); }
-Tensor operator*(Tensor a, double b) { return mul(a, b); }
-Tensor operator+(Tensor a, double b) { return add(a, b); }
-Tensor reduce_sum(Tensor x, std::vector<int64_t> d, bool k) { return reduce(OpKind::ReduceSum, x, std::move(d), k); }
-Tensor reduce_max(Tensor x, std::vector<int64_t> d, bool k) { return reduce(OpKind::ReduceMax, x, std::move(d), k); }
-Tensor reduce_mean(Tensor x, std::vector<int64_t> d, bool k) { return reduce(OpKind::ReduceMean, x, std::move(d), k); }
-Tensor reshape(Tensor x, Shape shape) {
-  OpAttrs a;
-  a.shape = std::move(shape);
-  return graph_of(x).add_op(OpKind::Reshape, {x.id}, std::move(a));
-}
-Tensor transpose(Tensor x, std::vector<int64_t> perm) {
-  OpAttrs a;
-  a.dims = std::move(perm);
-  return graph_of(x).add_op(OpKind::Transpose, {x.id}, std::move(a));
-}
-Tensor broadcast_to(Tensor x, Shape shape) {
-  OpAttrs a;
-  a.shape = std::move(shape);
-  return graph_of(x).add_op(OpKind::Broadcast, {x.id}, std::move(a));
-}
-Tensor slice(Tensor x, std::vector<int64_t> starts, std::vector<int64_t> limits) {
-  OpAttrs a;
-  a.starts = std::move(starts);
-  a.limits = std::move(limits);
-  return graph_of(x).add_op(OpKind::Slice, {x.id}, std::move(a));
-}
-Tensor concat(const std::vector<Tensor>& xs, int64_t axis) {
-  if (xs.empty()) throw ShapeError("concat: needs at least one operand");
-  std::vector<int> ids;
-  for (const Tensor& t : xs) {
-    if (graph_of(t, xs[0]).values.empty()) break;
-    ids.push_back(t.id);
-  }
-  OpAttrs a;
-  a.axis = axis;
-  return graph_of(xs[0]).add_op(OpKind::Concat, std::move(ids), std::move(a));
-}
-Tensor softmax(Tensor x, int64_t axis) {
-  OpAttrs a;
-  a.axis = axis;
-  return graph_of(x).add_op(OpKind::Softmax, {x.id}, std::move(a));
-}
-Tensor layer_norm(Tensor x, Tensor gamma, Tensor beta, double eps) {
-  OpAttrs a;
-  a.eps = eps;
-  graph_of(x, gamma);
-  graph_of(x, beta);
-  return graph_of(x).add_op(OpKind::LayerNorm, {x.id, gamma.id, beta.id}, std::move(a));
-}
-Tensor embedding(Tensor table, Tensor ids) { return binary(OpKind::Embedding, table, ids); }
-Tensor cross_entropy(Tensor logits, Tensor labels) { return binary(OpKind::CrossEntropy, logits, labels); }
-Tensor causal_mask(Tensor x) { return unary(OpKind::CausalMask, x); }
-Tensor shard(Tensor x, Sharding s, int priority) {
-  OpAttrs a;
-  a.sharding = std::move(s);
-  a.priority = priority;
-  return graph_of(x).add_op(OpKind::ShardingConstraint, {x.id}, std::move(a));
 }
 
 }  // namespace tessel

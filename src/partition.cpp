@@ -105,12 +105,14 @@ struct Partitioner {
     ins.in = std::move(in);
     ins.out = out;
     std::vector<Shape> shapes;
-    double bytes = static_cast<double>(prog.values[out].bytes());
+    std::vector<DType> dtypes;
     for (int v : ins.in) {
       shapes.push_back(prog.values[v].shape);
-      bytes += static_cast<double>(prog.values[v].bytes());
+      dtypes.push_back(prog.values[v].dtype);
     }
-    ins.flops = op_def(kind).flops(attrs, shapes, prog.values[out].shape);
+    const LocalValue& o = prog.values[out];
+    ins.flops = op_def(kind).flops(attrs, shapes, o.shape);
+    const double bytes = op_bytes(kind, attrs, shapes, dtypes, o.shape, o.dtype);
     ins.seconds = opts.cost.op_seconds(ins.flops, bytes);
     ins.attrs = std::move(attrs);
     ins.graph_op = graph_op;
@@ -236,7 +238,9 @@ struct Partitioner {
     if (op.kind == OpKind::Constant) {
       int l = new_value(op.output, prop.shardings[op.output].closed_copy(), outv.dtype, outv.shape);
       OpAttrs a = op.attrs;
-      a.shape = prog.values[l].shape;
+      const LocalValue& lv = prog.values[l];
+      const std::vector<Shape> none;
+      op_def(op.kind).localize(a, LocalizeArgs{none, outv.shape, none, lv.shape, lv.sharding});
       emit_kernel(oi, op.kind, std::move(a), {}, l);
       phys[op.output] = l;
       return;
@@ -307,14 +311,14 @@ struct Partitioner {
     rs.partial = mesh_order(partial);
     int out = new_value(op.output, rs, outv.dtype, outv.shape);
     OpAttrs a = op.attrs;
-    const Shape& lout = prog.values[out].shape;
-    if (op.kind == OpKind::Reshape || op.kind == OpKind::Broadcast) a.shape = lout;
-    if (op.kind == OpKind::Slice)
-      for (std::size_t d = 0; d < lout.size(); ++d)
-        if (!rs.dims[d].axes.empty()) {
-          a.starts[d] = 0;
-          a.limits[d] = lout[d];
-        }
+    if (const LocalizeFn localize = op_def(op.kind).localize) {
+      std::vector<Shape> gin, lin;
+      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+        gin.push_back(g.values[op.inputs[i]].shape);
+        lin.push_back(prog.values[ins[i]].shape);
+      }
+      localize(a, LocalizeArgs{gin, outv.shape, lin, prog.values[out].shape, rs});
+    }
     emit_kernel(oi, op.kind, std::move(a), ins, out);
     // A mean over a split dim: each device divided by its local extent; scale by 1/k so
     // the partial sum over the k shards is the global mean.

@@ -61,24 +61,6 @@ std::vector<int> Program::last_use() const {
   return last;
 }
 
-namespace {
-std::string attrs_str(const Instr& in) {
-  const OpAttrs& a = in.attrs;
-  switch (in.op) {
-    case OpKind::Einsum: return fmt::format(" eq=\"{}\"", a.equation);
-    case OpKind::ReduceSum: case OpKind::ReduceMax: case OpKind::ReduceMean:
-      return fmt::format(" dims=[{}]{}", fmt::join(a.dims, ","), a.keepdims ? " keepdims=true" : "");
-    case OpKind::Transpose: return fmt::format(" perm=[{}]", fmt::join(a.dims, ","));
-    case OpKind::Reshape: case OpKind::Broadcast: return fmt::format(" shape={}", shape_str(a.shape));
-    case OpKind::Slice:
-      return fmt::format(" starts=[{}] limits=[{}]", fmt::join(a.starts, ","), fmt::join(a.limits, ","));
-    case OpKind::Concat: case OpKind::Softmax: return fmt::format(" axis={}", a.axis);
-    case OpKind::LayerNorm: return fmt::format(" eps={}", a.eps);
-    case OpKind::Constant: return fmt::format(" value={}", a.scalar);
-    default: return "";
-  }
-}
-}  // namespace
 
 std::string Program::to_string(int64_t device) const {
   std::string out;
@@ -104,7 +86,7 @@ std::string Program::to_string(int64_t device) const {
     std::string line;
     if (in.kind == InstrKind::Kernel) {
       line = fmt::format("{} = {}({}){} : {}", vname(in.out), op_name(in.op), join(args, ", "),
-                         attrs_str(in), type_str(o.dtype, o.shape));
+                         attrs_text(in.op, in.attrs), type_str(o.dtype, o.shape));
     } else if (in.kind == InstrKind::ShardSlice && in.axes.empty()) {
       line = fmt::format("{} = relabel({}) : {}", vname(in.out), join(args, ", "),
                          type_str(o.dtype, o.shape));

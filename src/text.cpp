@@ -64,27 +64,8 @@ std::string ints_text(const std::vector<int64_t>& v) {
 
 std::string type_text(DType t, const Shape& s) { return dtype_text(t) + ints_text(s); }
 
-// Shortest decimal form that reads back to the same double ("0.5", "1e-05", "inf").
-std::string double_text(double d) { return fmt::format("{}", d); }
 
-std::string quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
-          out += fmt::format("\\x{:02x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        else
-          out += c;
-    }
-  }
-  return out + "\"";
-}
+std::string quote(std::string_view s) { return quote_text(s); }
 
 bool is_bare_name(std::string_view s) {
   if (s.empty()) return false;
@@ -129,32 +110,6 @@ std::string echo_line(std::string_view line) {
   for (char& c : out)
     if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) c = '?';
   return out;
-}
-
-// ---- attributes each op takes -------------------------------------------------------------
-
-struct AttrSpec {
-  const char* key;
-  bool required;
-};
-
-std::vector<AttrSpec> attr_specs(OpKind k) {
-  switch (k) {
-    case OpKind::Constant: return {{"value", true}};
-    case OpKind::Einsum: return {{"eq", true}};
-    case OpKind::ReduceSum:
-    case OpKind::ReduceMax:
-    case OpKind::ReduceMean: return {{"dims", true}, {"keepdims", false}};
-    case OpKind::Transpose: return {{"perm", true}};
-    case OpKind::Reshape:
-    case OpKind::Broadcast: return {{"shape", true}};
-    case OpKind::Slice: return {{"starts", true}, {"limits", true}};
-    case OpKind::Concat: return {{"axis", true}};
-    case OpKind::Softmax: return {{"axis", false}};
-    case OpKind::LayerNorm: return {{"eps", false}};
-    case OpKind::ShardingConstraint: return {{"sharding", true}, {"priority", false}};
-    default: return {};
-  }
 }
 
 // " (did you mean 'gelu'?)" for a near miss of an op name, else "".
@@ -477,6 +432,39 @@ class Parser {
     return out;
   }
 
+  // One attribute value, in the syntax of its field (ops.hpp: attr_value_text prints it).
+  void parse_attr(const AttrSpec& spec, OpAttrs& a) {
+    switch (spec.field) {
+      case AttrField::Equation: {
+        Token s = next();
+        if (s.kind != TK::String)
+          fail(s.col, fmt::format("expected an einsum equation string like \"bsd,df->bsf\", "
+                                  "got {}", describe(s)));
+        a.equation = s.text;
+        return;
+      }
+      case AttrField::Dims: a.dims = parse_int_list(spec.key, false); return;
+      case AttrField::Shape: a.shape = parse_int_list(spec.key, true); return;
+      case AttrField::Starts: a.starts = parse_int_list(spec.key, false); return;
+      case AttrField::Limits: a.limits = parse_int_list(spec.key, false); return;
+      case AttrField::Axis: a.axis = parse_int(spec.key); return;
+      case AttrField::Depth: a.depth = parse_int(spec.key); return;
+      case AttrField::Scalar: a.scalar = parse_double(spec.key); return;
+      case AttrField::Eps: a.eps = parse_double(spec.key); return;
+      case AttrField::Keepdims: a.keepdims = parse_bool(spec.key); return;
+      case AttrField::DType: {
+        Token t = next();
+        for (const auto& d : kDTypes)
+          if (t.kind == TK::Ident && t.text == d.name) {
+            a.dtype = d.dtype;
+            return;
+          }
+        fail(t.col, fmt::format("expected a dtype for '{}' (f32, bf16, f16, i32), got {}",
+                                spec.key, describe(t)));
+      }
+    }
+  }
+
   // f32[8,128]
   void parse_type(DType& dtype, Shape& shape, std::string_view context) {
     Token t = next();
@@ -721,7 +709,7 @@ class Parser {
     }
 
     // Attributes and the optional ": type" check, in any order.
-    const std::vector<AttrSpec> specs = attr_specs(kind);
+    const std::vector<AttrSpec>& specs = op_def(kind).attrs;
     std::map<std::string, int> seen;  // key -> column
     bool has_declared = false;
     int declared_col = 0;
@@ -766,36 +754,16 @@ class Parser {
         fail(key.col, fmt::format("attribute '{}' is given twice", key.text));
       expect('=', fmt::format("after attribute name '{}'", key.text));
       const std::string& k = key.text;
-      if (k == "eq") {
-        Token s = next();
-        if (s.kind != TK::String)
-          fail(s.col, fmt::format("expected an einsum equation string like "
-                                  "\"bsd,df->bsf\", got {}",
-                                  describe(s)));
-        attrs.equation = s.text;
-      } else if (k == "dims") {
-        attrs.dims = parse_int_list("dims", false);
-      } else if (k == "perm") {
-        attrs.dims = parse_int_list("perm", false);
-      } else if (k == "shape") {
-        attrs.shape = parse_int_list("shape", true);
-      } else if (k == "starts") {
-        attrs.starts = parse_int_list("starts", false);
-      } else if (k == "limits") {
-        attrs.limits = parse_int_list("limits", false);
-      } else if (k == "keepdims") {
-        attrs.keepdims = parse_bool("keepdims");
-      } else if (k == "axis") {
-        attrs.axis = parse_int("axis");
-      } else if (k == "eps") {
-        attrs.eps = parse_double("eps");
-      } else if (k == "value") {
-        attrs.scalar = parse_double("constant value");
-      } else if (k == "sharding") {
+      if (k == "sharding") {
         annotation_col = peek().col;
         annotation = parse_sharding();
       } else if (k == "priority") {
         priority = parse_int32("priority");
+      } else {
+        const AttrSpec* spec = nullptr;
+        for (const auto& s : specs)
+          if (k == s.key) spec = &s;
+        parse_attr(*spec, attrs);
       }
     }
     for (const auto& s : specs)
@@ -856,31 +824,6 @@ std::string ref(const Graph& g, int id) {
   return value_ref(g.values[id].name);
 }
 
-std::string attrs_text(const Op& op) {
-  const OpAttrs& a = op.attrs;
-  switch (op.kind) {
-    case OpKind::Einsum: return " eq=" + quote(a.equation);
-    case OpKind::ReduceSum:
-    case OpKind::ReduceMax:
-    case OpKind::ReduceMean:
-      return " dims=" + ints_text(a.dims) + (a.keepdims ? " keepdims=true" : "");
-    case OpKind::Transpose: return " perm=" + ints_text(a.dims);
-    case OpKind::Reshape:
-    case OpKind::Broadcast: return " shape=" + ints_text(a.shape);
-    case OpKind::Slice: return " starts=" + ints_text(a.starts) + " limits=" + ints_text(a.limits);
-    case OpKind::Concat:
-    case OpKind::Softmax: return fmt::format(" axis={}", a.axis);
-    case OpKind::LayerNorm: return " eps=" + double_text(a.eps);
-    case OpKind::ShardingConstraint: {
-      std::string s;
-      if (a.sharding) s += " sharding=" + sharding_text(*a.sharding);
-      if (a.priority != 0) s += fmt::format(" priority={}", a.priority);
-      return s;
-    }
-    default: return "";
-  }
-}
-
 }  // namespace
 
 Graph parse_graph(std::string_view text, std::string_view filename) {
@@ -922,7 +865,7 @@ std::string print_graph(const Graph& g, const PrintOptions& opts) {
     if (op.kind == OpKind::Input) {
       line += fmt::format("{} {}", name, type);
     } else if (op.kind == OpKind::Constant) {
-      line += fmt::format("{} {} value={}", name, type, double_text(op.attrs.scalar));
+      line += fmt::format("{} {}{}", name, type, attrs_text(op.kind, op.attrs));
     } else {
       line += name;
       line += '(';
@@ -931,7 +874,11 @@ std::string print_graph(const Graph& g, const PrintOptions& opts) {
         line += ref(g, op.inputs[i]);
       }
       line += ')';
-      line += attrs_text(op);
+      line += attrs_text(op.kind, op.attrs);
+      if (op.kind == OpKind::ShardingConstraint) {
+        if (op.attrs.sharding) line += " sharding=" + sharding_text(*op.attrs.sharding);
+        if (op.attrs.priority != 0) line += fmt::format(" priority={}", op.attrs.priority);
+      }
     }
     if (op.kind != OpKind::ShardingConstraint) {
       if (auto it = g.annotations.find(op.output); it != g.annotations.end()) {

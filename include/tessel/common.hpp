@@ -40,6 +40,9 @@ class ParseError : public Error { public: using Error::Error; };
 class PartitionError : public Error { public: using Error::Error; };
 class RuntimeError : public Error { public: using Error::Error; };
 
+// A double-quoted string with \" \\ \n \t \r and \xNN escapes (the text forms' string syntax).
+std::string quote_text(std::string_view s);
+
 // Joins items with a separator using operator<< style to_string conversions.
 std::string join(const std::vector<std::string>& items, std::string_view sep);
 

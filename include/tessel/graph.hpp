@@ -22,49 +22,19 @@
 
 #include "tessel/common.hpp"
 #include "tessel/mesh.hpp"
+#include "tessel/op_attrs.hpp"
+#include "tessel/op_list.hpp"
 #include "tessel/sharding.hpp"
 
 namespace tessel {
 
-// Every op kind of the graph. Adding one means: an entry here, one OpDef in src/ops.cpp
-// (name, shape function, sharding rule, flops) and one reference kernel in the runtime.
+// Every op kind of the graph, generated from the registry's list (op_list.hpp); what each
+// op is and does lives in its registry entry (ops.hpp, src/ops/).
 enum class OpKind {
-  Input,
-  Constant,  // scalar value broadcast to attrs.shape (usually [])
-  Einsum,
-  // unary elementwise
-  Neg, Exp, Log, Tanh, Gelu, Relu, Sqrt, Rsqrt,
-  // binary elementwise with numpy broadcasting
-  Add, Sub, Mul, Div, Max,
-  // reductions over attrs.dims (attrs.keepdims)
-  ReduceSum, ReduceMax, ReduceMean,
-  Reshape,     // to attrs.shape
-  Transpose,   // result dim i = operand dim attrs.dims[i]
-  Broadcast,   // numpy broadcast_to(attrs.shape)
-  Slice,       // [attrs.starts, attrs.limits) per dim
-  Concat,      // along attrs.axis
-  Softmax,     // along attrs.axis
-  LayerNorm,   // (x, gamma, beta) over the last dim, attrs.eps
-  Embedding,   // (table [V, D], ids i32 [...]) -> [..., D]
-  CrossEntropy,  // (logits [..., V], labels i32 [...]) -> f32 [...] per-position loss
-  CausalMask,  // x [..., Q, K] with x[q, k] = -inf where k > q (global positions)
-  ShardingConstraint,  // identity whose result has attrs.sharding (JAX with_sharding_constraint)
+#define TESSEL_OP_KIND_ENUM(k) k,
+  TESSEL_OP_KINDS(TESSEL_OP_KIND_ENUM)
+#undef TESSEL_OP_KIND_ENUM
   kCount
-};
-
-struct OpAttrs {
-  std::string equation;          // Einsum
-  std::vector<int64_t> dims;     // Reduce*: reduced dims; Transpose: permutation
-  Shape shape;                   // Reshape / Broadcast / Constant target shape
-  std::vector<int64_t> starts;   // Slice
-  std::vector<int64_t> limits;   // Slice
-  int64_t axis = -1;             // Concat / Softmax (normalized to >= 0)
-  double scalar = 0.0;           // Constant
-  double eps = 1e-5;             // LayerNorm
-  bool keepdims = false;         // Reduce*
-  std::optional<Sharding> sharding;  // ShardingConstraint
-  int priority = 0;                  // ShardingConstraint
-  DType dtype = DType::f32;          // Constant / Input
 };
 
 struct Value {
@@ -138,51 +108,7 @@ class Graph {
   mutable std::unordered_map<std::string, int> names_;  // name index for find()
 };
 
-// ---- builder: free functions, ggml style ---------------------------------------------
-Tensor input(Graph& g, std::string name, DType dtype, Shape shape);
-// Scalar (or filled) constant; broadcasts against any shape in binary ops.
-Tensor constant(Graph& g, double value, DType dtype = DType::f32, Shape shape = {});
-Tensor einsum(std::string_view equation, Tensor a, Tensor b);
-Tensor einsum(std::string_view equation, Tensor a);
-Tensor matmul(Tensor a, Tensor b);  // [..., m, k] x [k, n]
-
-Tensor neg(Tensor x);
-Tensor exp(Tensor x);
-Tensor log(Tensor x);
-Tensor tanh(Tensor x);
-Tensor gelu(Tensor x);  // tanh approximation (GPT-2)
-Tensor relu(Tensor x);
-Tensor sqrt(Tensor x);
-Tensor rsqrt(Tensor x);
-
-Tensor add(Tensor a, Tensor b);
-Tensor sub(Tensor a, Tensor b);
-Tensor mul(Tensor a, Tensor b);
-Tensor div(Tensor a, Tensor b);
-Tensor maximum(Tensor a, Tensor b);
-Tensor add(Tensor a, double b);
-Tensor mul(Tensor a, double b);
-Tensor operator+(Tensor a, Tensor b);
-Tensor operator-(Tensor a, Tensor b);
-Tensor operator*(Tensor a, Tensor b);
-Tensor operator/(Tensor a, Tensor b);
-Tensor operator*(Tensor a, double b);
-Tensor operator+(Tensor a, double b);
-
-Tensor reduce_sum(Tensor x, std::vector<int64_t> dims, bool keepdims = false);
-Tensor reduce_max(Tensor x, std::vector<int64_t> dims, bool keepdims = false);
-Tensor reduce_mean(Tensor x, std::vector<int64_t> dims, bool keepdims = false);
-Tensor reshape(Tensor x, Shape shape);
-Tensor transpose(Tensor x, std::vector<int64_t> perm);
-Tensor broadcast_to(Tensor x, Shape shape);
-Tensor slice(Tensor x, std::vector<int64_t> starts, std::vector<int64_t> limits);
-Tensor concat(const std::vector<Tensor>& xs, int64_t axis);
-Tensor softmax(Tensor x, int64_t axis = -1);
-Tensor layer_norm(Tensor x, Tensor gamma, Tensor beta, double eps = 1e-5);
-Tensor embedding(Tensor table, Tensor ids);
-Tensor cross_entropy(Tensor logits, Tensor labels);
-Tensor causal_mask(Tensor x);
-// JAX's with_sharding_constraint: identity whose result must have `s`.
-Tensor shard(Tensor x, Sharding s, int priority = 0);
-
 }  // namespace tessel
+
+// The builder functions (einsum, add, softmax, ...) are declared with the registry.
+#include "tessel/builders.hpp"

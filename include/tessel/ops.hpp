@@ -1,5 +1,13 @@
-// tessel/ops.hpp — the op table: for every OpKind its name, shape function, sharding rule
-// and flops. The same rule drives propagation, partitioning and the cost model.
+// tessel/ops.hpp — the op registry: everything tessel knows about an op, in one entry.
+//
+// An op exists in exactly one place: its OpDef (src/ops/*.cpp) says its name, attribute
+// schema (which drives parsing, printing and validating its attributes), shape function,
+// sharding rule, flops and bytes, how partial sums flow through it, how its attributes change
+// when the op is localised to a device's block, whether its kernel reads global positions, a
+// sample generator for the property tests, and its vector-Jacobian product (a slot the
+// training work fills). Backends register one kernel per op kind (runtime/kernel_table.hpp).
+// Propagation, partitioning, the cost model, the text forms and the property tests all read
+// the registry and nothing else. docs/adding-an-op.md is the walkthrough.
 //
 // A sharding rule (Shardy's idea) maps every dim of every operand and of the result onto
 // *factors*. An einsum letter is a factor; an elementwise op has one factor per result dim;
@@ -10,13 +18,17 @@
 // sliced dims): its operands are gathered on it.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tessel/common.hpp"
 #include "tessel/graph.hpp"
+#include "tessel/op_attrs.hpp"
 
 namespace tessel {
 
@@ -50,31 +62,108 @@ enum class PartialFlow {
   Additive,     // all operands partial over the same axes (add, sub, concat)
 };
 
-struct OpDef {
-  OpKind kind;
-  const char* name;  // text-form name, e.g. "einsum", "layer_norm"
-  int min_inputs;
-  int max_inputs;    // -1: variadic
-  // Infers the result type. Throws ShapeError naming the op, operands and shapes.
-  void (*infer)(const OpAttrs& attrs, const std::vector<const Value*>& in, Shape& out,
-                DType& out_dtype);
-  // Sharding rule for these operand/result shapes (global or local).
-  OpRule (*rule)(const OpAttrs& attrs, const std::vector<Shape>& in, const Shape& out);
-  // Floating-point operations for these shapes (global or local).
-  double (*flops)(const OpAttrs& attrs, const std::vector<Shape>& in, const Shape& out);
-  // How a partial (unreduced-sum) operand may flow through the op without being reduced
-  // first; the result is then partial over the same axes.
-  PartialFlow partial_flow;
+// What localize() sees: the op's global and local (one device's block) shapes.
+struct LocalizeArgs {
+  const std::vector<Shape>& global_in;
+  const Shape& global_out;
+  const std::vector<Shape>& local_in;
+  const Shape& local_out;
+  const Sharding& out_sharding;  // the local result's layout (may be partial)
 };
 
+// Random draws for an op's sample generator (the property tests' op builder).
+struct SampleGen {
+  std::mt19937_64& rng;
+  // A random layout for a value of this shape on the test's mesh (set by the test).
+  std::function<Sharding(const Shape&)> random_sharding;
+
+  int64_t below(int64_t n) { return n <= 0 ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(n)); }
+  int64_t pick(std::initializer_list<int64_t> xs) {
+    return *(xs.begin() + below(static_cast<int64_t>(xs.size())));
+  }
+  int64_t dim() { return pick({2, 4, 6, 8, 12, 16}); }
+  int rank() { return 1 + static_cast<int>(below(3)); }
+  Shape shape(int rank) {
+    Shape s;
+    for (int i = 0; i < rank; ++i) s.push_back(dim());
+    return s;
+  }
+  bool coin(double p = 0.5) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
+  // A fresh graph input "in<k>".
+  Tensor input(Graph& g, Shape s, DType t = DType::f32);
+};
+
+// What an op's vector-Jacobian product sees: the forward op, its operands and result as
+// handles of the graph being differentiated, and the gradient of the result. It returns one
+// gradient per operand (an invalid Tensor where the operand gets none, e.g. integer ids).
+struct VjpArgs {
+  Graph& graph;
+  const Op& op;
+  std::vector<Tensor> inputs;
+  Tensor output;
+  Tensor grad_output;
+};
+
+using InferFn = void (*)(const OpAttrs& attrs, const std::vector<const Value*>& in, Shape& out,
+                         DType& out_dtype);
+using RuleFn = OpRule (*)(const OpAttrs& attrs, const std::vector<Shape>& in, const Shape& out);
+using FlopsFn = double (*)(const OpAttrs& attrs, const std::vector<Shape>& in, const Shape& out);
+using BytesFn = double (*)(const OpAttrs& attrs, const std::vector<Shape>& in,
+                           const std::vector<DType>& in_dtypes, const Shape& out, DType out_dtype);
+using NormalizeFn = void (*)(OpAttrs& attrs, const std::vector<const Value*>& in);
+using LocalizeFn = void (*)(OpAttrs& attrs, const LocalizeArgs& x);
+using SampleFn = Tensor (*)(Graph& g, SampleGen& r);
+using VjpFn = std::vector<Tensor> (*)(const VjpArgs& x);
+
+struct OpDef {
+  OpKind kind = OpKind::kCount;
+  const char* name = nullptr;  // text-form name, e.g. "einsum", "layer_norm"
+  int min_inputs = 0;
+  int max_inputs = 0;          // -1: variadic
+  std::vector<AttrSpec> attrs;  // attribute schema (text keys, fields, required)
+  // Makes attributes canonical before inference (negative axes → positive, sorted dims).
+  // Throws ShapeError. Optional.
+  NormalizeFn normalize = nullptr;
+  // Infers the result type. Throws ShapeError naming the op, operands and shapes.
+  InferFn infer = nullptr;
+  // Sharding rule for these operand/result shapes (global or local).
+  RuleFn rule = nullptr;
+  // Floating-point operations for these shapes (global or local).
+  FlopsFn flops = nullptr;
+  // Bytes moved through memory; nullptr: every operand read once, the result written once.
+  BytesFn bytes = nullptr;
+  // How a partial (unreduced-sum) operand may flow through the op without being reduced
+  // first; the result is then partial over the same axes.
+  PartialFlow partial_flow = PartialFlow::None;
+  // Rewrites attributes that name global extents for a device's block (reshape's shape,
+  // slice bounds). nullptr: the attributes hold for any block.
+  LocalizeFn localize = nullptr;
+  // The kernel reads the global position of its blocks (KernelArgs::in_offsets/out_offset).
+  bool needs_offsets = false;
+  // Builds a small random graph around one op of this kind (property tests). Returns the
+  // op's result. nullptr: the kind is not sampled (Input).
+  SampleFn sample = nullptr;
+  // Vector-Jacobian product; nullptr until the op is differentiable.
+  VjpFn vjp = nullptr;
+};
+
+// The registry entry of a kind. Throws Error for a value outside the enum (e.g. a cast int).
 const OpDef& op_def(OpKind kind);
 const char* op_name(OpKind kind);
 std::optional<OpKind> op_kind_from_name(std::string_view name);
-bool is_unary_elementwise(OpKind k);
-bool is_binary_elementwise(OpKind k);
+// Every kind in enum order (Input first).
+std::vector<OpKind> all_op_kinds();
 
 // Rule for a concrete op of a graph (shapes from the graph).
 OpRule op_rule(const Graph& g, const Op& op);
+// Bytes an op moves (OpDef::bytes or the read-once/write-once default).
+double op_bytes(OpKind kind, const OpAttrs& attrs, const std::vector<Shape>& in,
+                const std::vector<DType>& in_dtypes, const Shape& out, DType out_dtype);
+// The schema-driven text of an op's attributes, " key=value ..." (graphs and programs);
+// Input, Constant type/value and ShardingConstraint's sharding are printed by their callers.
+std::string attrs_text(OpKind kind, const OpAttrs& attrs);
+// One attribute value in the text syntax of its field.
+std::string attr_value_text(AttrField f, const OpAttrs& attrs);
 
 // Parsed einsum equation: operand subscripts and result subscripts.
 struct EinsumSpec {

@@ -1103,50 +1103,35 @@ void k_causal_mask(const KernelArgs& a) {
 
 }  // namespace
 
-bool has_cpu_kernel(OpKind kind) {
-  return kind != OpKind::Input && static_cast<int>(kind) >= 0 && kind < OpKind::kCount;
+const KernelTable<CpuKernelFn>& cpu_kernel_table() {
+  static const KernelTable<CpuKernelFn> t = [] {
+    KernelTable<CpuKernelFn> k("cpu");
+    k.add(OpKind::Constant, k_constant);
+    k.add(OpKind::Einsum, k_einsum);
+    for (OpKind u : {OpKind::Neg, OpKind::Exp, OpKind::Log, OpKind::Tanh, OpKind::Gelu,
+                     OpKind::Relu, OpKind::Sqrt, OpKind::Rsqrt})
+      k.add(u, k_unary);
+    for (OpKind b : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Max})
+      k.add(b, k_binary);
+    for (OpKind r : {OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMean}) k.add(r, k_reduce);
+    k.add(OpKind::Reshape, k_copy);
+    k.add(OpKind::ShardingConstraint, k_copy);
+    k.add(OpKind::Transpose, k_transpose);
+    k.add(OpKind::Broadcast, k_broadcast);
+    k.add(OpKind::Slice, k_slice);
+    k.add(OpKind::Concat, k_concat);
+    k.add(OpKind::Softmax, k_softmax);
+    k.add(OpKind::LayerNorm, k_layer_norm);
+    k.add(OpKind::Embedding, k_embedding);
+    k.add(OpKind::CrossEntropy, k_cross_entropy);
+    k.add(OpKind::CausalMask, k_causal_mask);
+    return k;
+  }();
+  return t;
 }
 
-void run_cpu_kernel(const KernelArgs& args) {
-  if (!has_cpu_kernel(args.kind)) {
-    if (args.kind == OpKind::Input)
-      throw RuntimeError("cpu kernel: op kind input has no kernel (inputs are bound by the executor)");
-    throw RuntimeError("cpu kernel: unknown op kind " + std::to_string(static_cast<int>(args.kind)));
-  }
-  switch (args.kind) {
-    case OpKind::Constant: k_constant(args); return;
-    case OpKind::Einsum: k_einsum(args); return;
-    case OpKind::Neg:
-    case OpKind::Exp:
-    case OpKind::Log:
-    case OpKind::Tanh:
-    case OpKind::Gelu:
-    case OpKind::Relu:
-    case OpKind::Sqrt:
-    case OpKind::Rsqrt: k_unary(args); return;
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Div:
-    case OpKind::Max: k_binary(args); return;
-    case OpKind::ReduceSum:
-    case OpKind::ReduceMax:
-    case OpKind::ReduceMean: k_reduce(args); return;
-    case OpKind::Reshape:
-    case OpKind::ShardingConstraint: k_copy(args); return;
-    case OpKind::Transpose: k_transpose(args); return;
-    case OpKind::Broadcast: k_broadcast(args); return;
-    case OpKind::Slice: k_slice(args); return;
-    case OpKind::Concat: k_concat(args); return;
-    case OpKind::Softmax: k_softmax(args); return;
-    case OpKind::LayerNorm: k_layer_norm(args); return;
-    case OpKind::Embedding: k_embedding(args); return;
-    case OpKind::CrossEntropy: k_cross_entropy(args); return;
-    case OpKind::CausalMask: k_causal_mask(args); return;
-    case OpKind::Input:
-    case OpKind::kCount: break;
-  }
-  throw RuntimeError("cpu kernel: unhandled op kind " + std::to_string(static_cast<int>(args.kind)));
-}
+bool has_cpu_kernel(OpKind kind) { return cpu_kernel_table().has(kind); }
+
+void run_cpu_kernel(const KernelArgs& args) { cpu_kernel_table().get(args.kind)(args); }
 
 }  // namespace tessel

@@ -79,8 +79,7 @@ struct DeviceExecutor {
     KernelArgs a;
     a.kind = in.op;
     a.attrs = &in.attrs;
-    bool needs_offsets = in.op == OpKind::Embedding || in.op == OpKind::CausalMask ||
-                         in.op == OpKind::CrossEntropy;
+    const bool needs_offsets = op_def(in.op).needs_offsets;
     for (int v : in.in) {
       const LocalValue& lv = p.values[v];
       a.in.push_back(buf[v]->data());

@@ -282,7 +282,8 @@ TEST_CASE("text: unusual names, scalars and meshes round-trip", "[text]") {
   g.annotate(a, Sharding::of({{"y", "x"}}));
   for (double v : {0.0, -0.0, 1e300, -2.5e-308, 5e-324, 1.0 / 3.0, 123456789.125})
     g.mark_output(add(a, constant(g, v, DType::f16, {})));
-  g.mark_output(constant(g, std::numeric_limits<double>::infinity(), DType::i32, {2}));
+  g.mark_output(constant(g, -2147483648.0, DType::i32, {2}));
+  g.mark_output(constant(g, std::numeric_limits<double>::infinity(), DType::f32, {2}));
   g.mark_output(constant(g, -std::numeric_limits<double>::infinity(), DType::f32, {}));
   g.mark_output(constant(g, std::numeric_limits<double>::quiet_NaN(), DType::f32, {}));
   check_round_trip(g);
@@ -295,6 +296,21 @@ TEST_CASE("text: unusual names, scalars and meshes round-trip", "[text]") {
   one.mesh = Mesh();
   CHECK(print_graph(one) == "mesh {}\n");
   check_round_trip(one);
+}
+
+TEST_CASE("text: an i32 constant must hold an i32", "[text]") {
+  for (const char* v : {"nan", "inf", "-inf", "0.5", "2147483648", "-2147483649"}) {
+    INFO("value=" << v);
+    try {
+      parse_graph(std::string("%c = constant i32[2] value=") + v + "\noutput %c\n", "c.tsl");
+      FAIL("accepted");
+    } catch (const ParseError& e) {
+      CHECK(std::string(e.what()).find("is not an i32") != std::string::npos);
+    }
+  }
+  CHECK_NOTHROW(parse_graph("%c = constant i32[2] value=-2147483648\noutput %c\n"));
+  Graph g;
+  CHECK_THROWS_AS(constant(g, std::numeric_limits<double>::quiet_NaN(), DType::i32), ShapeError);
 }
 
 TEST_CASE("text: sharding text agrees with Sharding::to_string", "[text]") {
@@ -479,7 +495,7 @@ TEST_CASE("text: random mutations either parse or throw tessel::Error", "[text][
       kAllOps,
       "mesh {x=2, y=2} devices=[3,1,2,0]\n"
       "%\"a b\\\"c\\x01\" = input f16[4,2] sharding=[{y, x}, {?}] priority=7\n"
-      "%k.1 = constant f16[] value=-inf\n%k-2 = constant i32[2] value=nan\n"
+      "%k.1 = constant f16[] value=-inf\n%k-2 = constant i32[2] value=-7\n"
       "%s = add(%\"a b\\\"c\\x01\", %k.1) : f16[4,2]\n"
       "%t = sharding_constraint(%s) sharding=[{x}, {}] partial{y} priority=1\n"
       "%u = einsum(%t) eq=\"ij->j\" sharding=[{?}]\n"

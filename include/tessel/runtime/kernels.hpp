@@ -13,6 +13,7 @@
 
 #include "tessel/common.hpp"
 #include "tessel/graph.hpp"
+#include "tessel/runtime/kernel_table.hpp"
 
 namespace tessel {
 
@@ -29,12 +30,16 @@ struct KernelArgs {
   int num_threads = 1;  // threads the kernel may use (Eigen thread pool where it pays)
 };
 
+using CpuKernelFn = void (*)(const KernelArgs&);
+// The CPU backend's kernels, one per op kind (every kind but Input).
+const KernelTable<CpuKernelFn>& cpu_kernel_table();
+
 // Runs the kernel for args.kind. Throws RuntimeError for an unsupported dtype combination
 // or a kind with no kernel (Input has none). Supports f32 everywhere, i32 for ids/labels,
 // and bf16/f16 by computing in f32.
 void run_cpu_kernel(const KernelArgs& args);
 
-// True when run_cpu_kernel has a kernel for `kind` (every kind but Input).
+// True when the CPU backend has a kernel for `kind` (every kind but Input).
 bool has_cpu_kernel(OpKind kind);
 
 }  // namespace tessel

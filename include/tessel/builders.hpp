@@ -1,0 +1,61 @@
+// tessel/builders.hpp — the builder functions of the graph (ggml style), part of the op
+// registry: each is defined beside its op's entry in src/ops/. Every builder checks shapes
+// and dtypes at once (ShapeError naming the op, operands and shapes) and records the op.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessel/graph.hpp"
+
+namespace tessel {
+
+// ---- builder: free functions, ggml style ---------------------------------------------
+Tensor input(Graph& g, std::string name, DType dtype, Shape shape);
+// Scalar (or filled) constant; broadcasts against any shape in binary ops.
+Tensor constant(Graph& g, double value, DType dtype = DType::f32, Shape shape = {});
+Tensor einsum(std::string_view equation, Tensor a, Tensor b);
+Tensor einsum(std::string_view equation, Tensor a);
+Tensor matmul(Tensor a, Tensor b);  // [..., m, k] x [k, n]
+
+Tensor neg(Tensor x);
+Tensor exp(Tensor x);
+Tensor log(Tensor x);
+Tensor tanh(Tensor x);
+Tensor gelu(Tensor x);  // tanh approximation (GPT-2)
+Tensor relu(Tensor x);
+Tensor sqrt(Tensor x);
+Tensor rsqrt(Tensor x);
+
+Tensor add(Tensor a, Tensor b);
+Tensor sub(Tensor a, Tensor b);
+Tensor mul(Tensor a, Tensor b);
+Tensor div(Tensor a, Tensor b);
+Tensor maximum(Tensor a, Tensor b);
+Tensor add(Tensor a, double b);
+Tensor mul(Tensor a, double b);
+Tensor operator+(Tensor a, Tensor b);
+Tensor operator-(Tensor a, Tensor b);
+Tensor operator*(Tensor a, Tensor b);
+Tensor operator/(Tensor a, Tensor b);
+Tensor operator*(Tensor a, double b);
+Tensor operator+(Tensor a, double b);
+
+Tensor reduce_sum(Tensor x, std::vector<int64_t> dims, bool keepdims = false);
+Tensor reduce_max(Tensor x, std::vector<int64_t> dims, bool keepdims = false);
+Tensor reduce_mean(Tensor x, std::vector<int64_t> dims, bool keepdims = false);
+Tensor reshape(Tensor x, Shape shape);
+Tensor transpose(Tensor x, std::vector<int64_t> perm);
+Tensor broadcast_to(Tensor x, Shape shape);
+Tensor slice(Tensor x, std::vector<int64_t> starts, std::vector<int64_t> limits);
+Tensor concat(const std::vector<Tensor>& xs, int64_t axis);
+Tensor softmax(Tensor x, int64_t axis = -1);
+Tensor layer_norm(Tensor x, Tensor gamma, Tensor beta, double eps = 1e-5);
+Tensor embedding(Tensor table, Tensor ids);
+Tensor cross_entropy(Tensor logits, Tensor labels);
+Tensor causal_mask(Tensor x);
+// JAX's with_sharding_constraint: identity whose result must have `s`.
+Tensor shard(Tensor x, Sharding s, int priority = 0);
+
+}  // namespace tessel

@@ -1,0 +1,142 @@
+// src/ops/elementwise.cpp — registry entries of the elementwise ops: unary math and binary
+// arithmetic with numpy broadcasting. One factor per result dim; a broadcast size-1 operand
+// dim has no factor (it stays whole on every device).
+#include "op_helpers.hpp"
+
+namespace tessel {
+namespace ops_detail {
+namespace {
+
+void infer_unary_any(const char* op, const Ins& in, Shape& out, DType& dt, bool float_only) {
+  if (float_only && !is_float(in[0]->dtype))
+    shape_fail(op, in, "needs a floating-point operand; got i32 (cast it first)");
+  out = in[0]->shape;
+  dt = in[0]->dtype;
+}
+
+// One shape function per op, so the error names the op.
+#define TESSEL_UNARY_INFER(fn, opname, float_only)                                  \
+  void fn(const OpAttrs&, const Ins& in, Shape& out, DType& dt) {                    \
+    infer_unary_any(opname, in, out, dt, float_only);                                \
+  }
+TESSEL_UNARY_INFER(infer_neg, "neg", false)
+TESSEL_UNARY_INFER(infer_exp, "exp", true)
+TESSEL_UNARY_INFER(infer_log, "log", true)
+TESSEL_UNARY_INFER(infer_tanh, "tanh", true)
+TESSEL_UNARY_INFER(infer_gelu, "gelu", true)
+TESSEL_UNARY_INFER(infer_relu, "relu", false)
+TESSEL_UNARY_INFER(infer_sqrt, "sqrt", true)
+TESSEL_UNARY_INFER(infer_rsqrt, "rsqrt", true)
+#undef TESSEL_UNARY_INFER
+
+void infer_binary_any(const char* op, const Ins& in, Shape& out, DType& dt) {
+  out = broadcast_shapes(op, in, in[0]->shape, in[1]->shape);
+  dt = common_dtype(op, in);
+}
+#define TESSEL_BINARY_INFER(fn, opname) \
+  void fn(const OpAttrs&, const Ins& in, Shape& out, DType& dt) { infer_binary_any(opname, in, out, dt); }
+TESSEL_BINARY_INFER(infer_add, "add")
+TESSEL_BINARY_INFER(infer_sub, "sub")
+TESSEL_BINARY_INFER(infer_mul, "mul")
+TESSEL_BINARY_INFER(infer_div, "div")
+TESSEL_BINARY_INFER(infer_max, "max")
+#undef TESSEL_BINARY_INFER
+
+// x of a random shape; positive for ops defined on positives only.
+Tensor sample_unary_of(Graph& g, SampleGen& r, OpKind k, bool positive_only) {
+  Tensor x = r.input(g, r.shape(r.rank()));
+  if (positive_only) x = positive(x);
+  return build(k, {x});
+}
+Tensor sample_neg(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Neg, false); }
+Tensor sample_exp(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Exp, false); }
+Tensor sample_log(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Log, true); }
+Tensor sample_tanh(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Tanh, false); }
+Tensor sample_gelu(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Gelu, false); }
+Tensor sample_relu(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Relu, false); }
+Tensor sample_sqrt(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Sqrt, true); }
+Tensor sample_rsqrt(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Rsqrt, true); }
+
+// Two operands of broadcast-compatible random shapes (some leading dims dropped, some set to
+// 1), in a random order; the second positive for div.
+std::pair<Tensor, Tensor> sample_binary_operands(Graph& g, SampleGen& r, bool positive_rhs) {
+  Shape a = r.shape(r.rank());
+  Shape b = a;
+  if (r.coin()) {
+    std::size_t drop = static_cast<std::size_t>(r.below(static_cast<int64_t>(a.size()) + 1));
+    b.erase(b.begin(), b.begin() + static_cast<long>(drop));
+    for (auto& d : b)
+      if (r.coin(0.3)) d = 1;
+  }
+  Tensor ta = r.input(g, a), tb = r.input(g, b);
+  if (r.coin(0.3)) std::swap(ta, tb);
+  if (positive_rhs) tb = positive(tb);
+  return {ta, tb};
+}
+Tensor sample_binary_of(Graph& g, SampleGen& r, OpKind k) {
+  auto [a, b] = sample_binary_operands(g, r, k == OpKind::Div);
+  return build(k, {a, b});
+}
+Tensor sample_add(Graph& g, SampleGen& r) { return sample_binary_of(g, r, OpKind::Add); }
+Tensor sample_sub(Graph& g, SampleGen& r) { return sample_binary_of(g, r, OpKind::Sub); }
+Tensor sample_mul(Graph& g, SampleGen& r) { return sample_binary_of(g, r, OpKind::Mul); }
+Tensor sample_div(Graph& g, SampleGen& r) { return sample_binary_of(g, r, OpKind::Div); }
+Tensor sample_max(Graph& g, SampleGen& r) { return sample_binary_of(g, r, OpKind::Max); }
+
+OpDef unary(OpKind k, const char* name, InferFn infer, FlopsFn flops, PartialFlow pf, SampleFn s) {
+  OpDef d = entry(k, name, 1, 1, infer, rule_unary, flops, s);
+  d.partial_flow = pf;
+  return d;
+}
+
+OpDef binary(OpKind k, const char* name, InferFn infer, PartialFlow pf, SampleFn s) {
+  OpDef d = entry(k, name, 2, 2, infer, rule_elementwise, flops_out, s);
+  d.partial_flow = pf;
+  return d;
+}
+
+}  // namespace
+
+void register_elementwise_ops(std::vector<OpDef>& t) {
+  using PF = PartialFlow;
+  put(t, unary(OpKind::Neg, "neg", infer_neg, flops_out, PF::Multilinear, sample_neg));
+  put(t, unary(OpKind::Exp, "exp", infer_exp, flops_out4, PF::None, sample_exp));
+  put(t, unary(OpKind::Log, "log", infer_log, flops_out4, PF::None, sample_log));
+  put(t, unary(OpKind::Tanh, "tanh", infer_tanh, flops_out4, PF::None, sample_tanh));
+  put(t, unary(OpKind::Gelu, "gelu", infer_gelu, flops_out4, PF::None, sample_gelu));
+  put(t, unary(OpKind::Relu, "relu", infer_relu, flops_out, PF::None, sample_relu));
+  put(t, unary(OpKind::Sqrt, "sqrt", infer_sqrt, flops_out4, PF::None, sample_sqrt));
+  put(t, unary(OpKind::Rsqrt, "rsqrt", infer_rsqrt, flops_out4, PF::None, sample_rsqrt));
+  put(t, binary(OpKind::Add, "add", infer_add, PF::Additive, sample_add));
+  put(t, binary(OpKind::Sub, "sub", infer_sub, PF::Additive, sample_sub));
+  put(t, binary(OpKind::Mul, "mul", infer_mul, PF::Multilinear, sample_mul));
+  put(t, binary(OpKind::Div, "div", infer_div, PF::None, sample_div));
+  put(t, binary(OpKind::Max, "max", infer_max, PF::None, sample_max));
+}
+
+}  // namespace ops_detail
+
+using ops_detail::build;
+Tensor neg(Tensor x) { return build(OpKind::Neg, {x}); }
+Tensor exp(Tensor x) { return build(OpKind::Exp, {x}); }
+Tensor log(Tensor x) { return build(OpKind::Log, {x}); }
+Tensor tanh(Tensor x) { return build(OpKind::Tanh, {x}); }
+Tensor gelu(Tensor x) { return build(OpKind::Gelu, {x}); }
+Tensor relu(Tensor x) { return build(OpKind::Relu, {x}); }
+Tensor sqrt(Tensor x) { return build(OpKind::Sqrt, {x}); }
+Tensor rsqrt(Tensor x) { return build(OpKind::Rsqrt, {x}); }
+Tensor add(Tensor a, Tensor b) { return build(OpKind::Add, {a, b}); }
+Tensor sub(Tensor a, Tensor b) { return build(OpKind::Sub, {a, b}); }
+Tensor mul(Tensor a, Tensor b) { return build(OpKind::Mul, {a, b}); }
+Tensor div(Tensor a, Tensor b) { return build(OpKind::Div, {a, b}); }
+Tensor maximum(Tensor a, Tensor b) { return build(OpKind::Max, {a, b}); }
+Tensor add(Tensor a, double b) { return add(a, constant(ops_detail::graph_of(a), b, a.dtype())); }
+Tensor mul(Tensor a, double b) { return mul(a, constant(ops_detail::graph_of(a), b, a.dtype())); }
+Tensor operator+(Tensor a, Tensor b) { return add(a, b); }
+Tensor operator-(Tensor a, Tensor b) { return sub(a, b); }
+Tensor operator*(Tensor a, Tensor b) { return mul(a, b); }
+Tensor operator/(Tensor a, Tensor b) { return div(a, b); }
+Tensor operator*(Tensor a, double b) { return mul(a, b); }
+Tensor operator+(Tensor a, double b) { return add(a, b); }
+
+}  // namespace tessel

@@ -1,0 +1,192 @@
+// src/ops/nn.cpp — registry entries of the neural-network ops: softmax, layer_norm,
+// embedding (Megatron's vocab-parallel lookup when the table is row-sharded), cross_entropy
+// and causal_mask. Their kernels read global positions where a block's place matters.
+#include <limits>
+
+#include "op_helpers.hpp"
+
+namespace tessel {
+namespace ops_detail {
+namespace {
+
+double flops_in5(const OpAttrs&, const Shapes& in, const Shape&) { return 5 * elems(in[0]); }
+double flops_in8(const OpAttrs&, const Shapes& in, const Shape&) { return 8 * elems(in[0]); }
+
+// ---- softmax ----
+void normalize_axis0(OpAttrs& a, const Ins& in) {
+  a.axis = normalize_axis(a.axis, in.empty() ? 0 : in[0]->shape.size(), "softmax");
+}
+void infer_softmax(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  if (a.axis < 0 || a.axis >= static_cast<int64_t>(in[0]->shape.size()))
+    shape_fail("softmax", in, fmt::format("axis {} is out of range", a.axis));
+  if (!is_float(in[0]->dtype)) shape_fail("softmax", in, "needs a floating-point operand");
+  out = in[0]->shape;
+  dt = in[0]->dtype;
+}
+OpRule rule_softmax(const OpAttrs& a, const Shapes&, const Shape& out) {
+  OpRule r = identity_rule(out, 1);
+  r.factors[a.axis].kind = FactorKind::Replicated;
+  return r;
+}
+Tensor sample_softmax(Graph& g, SampleGen& r) {
+  Shape s = r.shape(r.rank());
+  return softmax(r.input(g, s), r.below(static_cast<int64_t>(s.size())));
+}
+
+// ---- layer_norm ----
+void infer_layer_norm(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  const Shape& x = in[0]->shape;
+  if (x.empty()) shape_fail("layer_norm", in, "operand must have rank >= 1");
+  for (int i = 1; i <= 2; ++i)
+    if (in[i]->shape != Shape{x.back()})
+      shape_fail("layer_norm", in, fmt::format("gamma and beta must have shape [{}] (the last dim "
+                                               "of x)", x.back()));
+  if (!is_float(in[0]->dtype)) shape_fail("layer_norm", in, "needs floating-point x");
+  if (!(a.eps >= 0) || a.eps == std::numeric_limits<double>::infinity())
+    shape_fail("layer_norm", in, fmt::format("eps={} must be a finite number >= 0", a.eps));
+  out = x;
+  dt = in[0]->dtype;
+}
+OpRule rule_layer_norm(const OpAttrs&, const Shapes&, const Shape& out) {
+  OpRule r = identity_rule(out, 1);
+  int last = static_cast<int>(out.size()) - 1;
+  r.factors[last].kind = FactorKind::Replicated;
+  r.operands.push_back({{last}});
+  r.operands.push_back({{last}});
+  return r;
+}
+Tensor sample_layer_norm(Graph& g, SampleGen& r) {
+  Shape s = r.shape(1 + r.rank());
+  return layer_norm(r.input(g, s), r.input(g, {s.back()}), r.input(g, {s.back()}));
+}
+
+// ---- embedding ----
+void infer_embedding(const OpAttrs&, const Ins& in, Shape& out, DType& dt) {
+  if (in[0]->shape.size() != 2) shape_fail("embedding", in, "the table must be [rows, features]");
+  if (in[1]->dtype != DType::i32) shape_fail("embedding", in, "ids must be i32");
+  out = in[1]->shape;
+  out.push_back(in[0]->shape[1]);
+  dt = in[0]->dtype;
+}
+// Factors: ids dims..., D (features), V (rows; a reduction: a row-sharded table yields a
+// partial sum where each device contributes the rows it owns — Megatron's vocab-parallel
+// embedding).
+OpRule rule_embedding(const OpAttrs&, const Shapes& in, const Shape& out) {
+  OpRule r = identity_rule(out, 0);
+  int D = static_cast<int>(out.size()) - 1;
+  r.factors.push_back({"vocab", in[0][0], FactorKind::Reduction});
+  int V = static_cast<int>(r.factors.size()) - 1;
+  r.operands.push_back({{V}, {D}});
+  std::vector<DimFactors> ids;
+  for (int d = 0; d < D; ++d) ids.push_back({d});
+  r.operands.push_back(std::move(ids));
+  return r;
+}
+// Reads the ids and one table row per id, writes the result.
+double bytes_gather_rows(const OpAttrs&, const Shapes& in, const std::vector<DType>& dts,
+                         const Shape& out, DType out_dt) {
+  double ids = elems(in[1]) * static_cast<double>(dtype_size(dts.size() > 1 ? dts[1] : DType::i32));
+  return ids + 2 * elems(out) * static_cast<double>(dtype_size(out_dt));
+}
+Tensor sample_embedding(Graph& g, SampleGen& r) {
+  int64_t v = r.dim() * 2, d = r.dim();
+  Shape ids = r.shape(1 + static_cast<int>(r.below(2)));
+  return embedding(r.input(g, {v, d}), r.input(g, ids, DType::i32));
+}
+
+// ---- cross_entropy ----
+void infer_cross_entropy(const OpAttrs&, const Ins& in, Shape& out, DType& dt) {
+  const Shape& l = in[0]->shape;
+  if (l.empty()) shape_fail("cross_entropy", in, "logits must have rank >= 1 ([..., classes])");
+  if (in[1]->dtype != DType::i32) shape_fail("cross_entropy", in, "labels must be i32");
+  Shape want(l.begin(), l.end() - 1);
+  if (in[1]->shape != want)
+    shape_fail("cross_entropy", in, fmt::format("labels must have shape {} (logits without the "
+                                                "class dim)", shape_str(want)));
+  if (!is_float(in[0]->dtype)) shape_fail("cross_entropy", in, "logits must be floating-point");
+  out = want;
+  dt = DType::f32;
+}
+OpRule rule_cross_entropy(const OpAttrs&, const Shapes& in, const Shape& out) {
+  OpRule r = identity_rule(out, 0);
+  r.factors.push_back({"classes", in[0].back(), FactorKind::Replicated});
+  int C = static_cast<int>(r.factors.size()) - 1;
+  std::vector<DimFactors> logits, labels;
+  for (std::size_t d = 0; d < out.size(); ++d) {
+    logits.push_back({static_cast<int>(d)});
+    labels.push_back({static_cast<int>(d)});
+  }
+  logits.push_back({C});
+  r.operands.push_back(std::move(logits));
+  r.operands.push_back(std::move(labels));
+  return r;
+}
+Tensor sample_cross_entropy(Graph& g, SampleGen& r) {
+  Shape lead = r.shape(1 + static_cast<int>(r.below(2)));
+  Shape logits = lead;
+  logits.push_back(r.dim());
+  return cross_entropy(r.input(g, logits), r.input(g, lead, DType::i32));
+}
+
+// ---- causal_mask ----
+void infer_causal_mask(const OpAttrs&, const Ins& in, Shape& out, DType& dt) {
+  if (in[0]->shape.size() < 2) shape_fail("causal_mask", in, "operand must be [..., queries, keys]");
+  if (!is_float(in[0]->dtype)) shape_fail("causal_mask", in, "needs a floating-point operand");
+  out = in[0]->shape;
+  dt = in[0]->dtype;
+}
+Tensor sample_causal_mask(Graph& g, SampleGen& r) {
+  Shape s = r.shape(2 + static_cast<int>(r.below(2)));
+  s[s.size() - 2] = s.back();
+  return causal_mask(r.input(g, s));
+}
+
+}  // namespace
+
+void register_nn_ops(std::vector<OpDef>& t) {
+  OpDef sm = entry(OpKind::Softmax, "softmax", 1, 1, infer_softmax, rule_softmax, flops_in5,
+                   sample_softmax);
+  sm.attrs = {{"axis", AttrField::Axis, false}};
+  sm.normalize = normalize_axis0;
+  put(t, std::move(sm));
+
+  OpDef ln = entry(OpKind::LayerNorm, "layer_norm", 3, 3, infer_layer_norm, rule_layer_norm,
+                   flops_in8, sample_layer_norm);
+  ln.attrs = {{"eps", AttrField::Eps, false}};
+  put(t, std::move(ln));
+
+  OpDef em = entry(OpKind::Embedding, "embedding", 2, 2, infer_embedding, rule_embedding,
+                   flops_zero, sample_embedding);
+  em.bytes = bytes_gather_rows;
+  em.needs_offsets = true;
+  put(t, std::move(em));
+
+  OpDef ce = entry(OpKind::CrossEntropy, "cross_entropy", 2, 2, infer_cross_entropy,
+                   rule_cross_entropy, flops_in5, sample_cross_entropy);
+  ce.needs_offsets = true;
+  put(t, std::move(ce));
+
+  OpDef cm = entry(OpKind::CausalMask, "causal_mask", 1, 1, infer_causal_mask, rule_unary,
+                   flops_out, sample_causal_mask);
+  cm.needs_offsets = true;
+  put(t, std::move(cm));
+}
+
+}  // namespace ops_detail
+
+using ops_detail::build;
+Tensor softmax(Tensor x, int64_t axis) {
+  OpAttrs a;
+  a.axis = axis;
+  return build(OpKind::Softmax, {x}, std::move(a));
+}
+Tensor layer_norm(Tensor x, Tensor gamma, Tensor beta, double eps) {
+  OpAttrs a;
+  a.eps = eps;
+  return build(OpKind::LayerNorm, {x, gamma, beta}, std::move(a));
+}
+Tensor embedding(Tensor table, Tensor ids) { return build(OpKind::Embedding, {table, ids}); }
+Tensor cross_entropy(Tensor logits, Tensor labels) { return build(OpKind::CrossEntropy, {logits, labels}); }
+Tensor causal_mask(Tensor x) { return build(OpKind::CausalMask, {x}); }
+
+}  // namespace tessel
