@@ -27,6 +27,8 @@ Tensor gelu(Tensor x);  // tanh approximation (GPT-2)
 Tensor relu(Tensor x);
 Tensor sqrt(Tensor x);
 Tensor rsqrt(Tensor x);
+Tensor sigmoid(Tensor x);  // 1 / (1 + exp(-x))
+Tensor silu(Tensor x);     // x * sigmoid(x) (SiLU / swish)
 
 Tensor add(Tensor a, Tensor b);
 Tensor sub(Tensor a, Tensor b);

@@ -25,4 +25,5 @@
   X(Embedding)          /* (table [V, D], ids i32 [...]) -> [..., D]                     */   \
   X(CrossEntropy)       /* (logits [..., V], labels i32 [...]) -> f32 [...]              */   \
   X(CausalMask)         /* x [..., Q, K]: -inf where k > q (global positions)            */   \
-  X(ShardingConstraint) /* identity whose result has attrs.sharding                      */
+  X(ShardingConstraint) /* identity whose result has attrs.sharding                      */   \
+  X(Sigmoid) X(Silu)    /* unary float: 1/(1+e^-x), x/(1+e^-x)                           */

@@ -27,6 +27,8 @@ TESSEL_UNARY_INFER(infer_gelu, "gelu", true)
 TESSEL_UNARY_INFER(infer_relu, "relu", false)
 TESSEL_UNARY_INFER(infer_sqrt, "sqrt", true)
 TESSEL_UNARY_INFER(infer_rsqrt, "rsqrt", true)
+TESSEL_UNARY_INFER(infer_sigmoid, "sigmoid", true)
+TESSEL_UNARY_INFER(infer_silu, "silu", true)
 #undef TESSEL_UNARY_INFER
 
 void infer_binary_any(const char* op, const Ins& in, Shape& out, DType& dt) {
@@ -56,6 +58,8 @@ Tensor sample_gelu(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind
 Tensor sample_relu(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Relu, false); }
 Tensor sample_sqrt(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Sqrt, true); }
 Tensor sample_rsqrt(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Rsqrt, true); }
+Tensor sample_sigmoid(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Sigmoid, false); }
+Tensor sample_silu(Graph& g, SampleGen& r) { return sample_unary_of(g, r, OpKind::Silu, false); }
 
 // Two operands of broadcast-compatible random shapes (some leading dims dropped, some set to
 // 1), in a random order; the second positive for div.
@@ -107,6 +111,8 @@ void register_elementwise_ops(std::vector<OpDef>& t) {
   put(t, unary(OpKind::Relu, "relu", infer_relu, flops_out, PF::None, sample_relu));
   put(t, unary(OpKind::Sqrt, "sqrt", infer_sqrt, flops_out4, PF::None, sample_sqrt));
   put(t, unary(OpKind::Rsqrt, "rsqrt", infer_rsqrt, flops_out4, PF::None, sample_rsqrt));
+  put(t, unary(OpKind::Sigmoid, "sigmoid", infer_sigmoid, flops_out4, PF::None, sample_sigmoid));
+  put(t, unary(OpKind::Silu, "silu", infer_silu, flops_out4, PF::None, sample_silu));
   put(t, binary(OpKind::Add, "add", infer_add, PF::Additive, sample_add));
   put(t, binary(OpKind::Sub, "sub", infer_sub, PF::Additive, sample_sub));
   put(t, binary(OpKind::Mul, "mul", infer_mul, PF::Multilinear, sample_mul));
@@ -125,6 +131,8 @@ Tensor gelu(Tensor x) { return build(OpKind::Gelu, {x}); }
 Tensor relu(Tensor x) { return build(OpKind::Relu, {x}); }
 Tensor sqrt(Tensor x) { return build(OpKind::Sqrt, {x}); }
 Tensor rsqrt(Tensor x) { return build(OpKind::Rsqrt, {x}); }
+Tensor sigmoid(Tensor x) { return build(OpKind::Sigmoid, {x}); }
+Tensor silu(Tensor x) { return build(OpKind::Silu, {x}); }
 Tensor add(Tensor a, Tensor b) { return build(OpKind::Add, {a, b}); }
 Tensor sub(Tensor a, Tensor b) { return build(OpKind::Sub, {a, b}); }
 Tensor mul(Tensor a, Tensor b) { return build(OpKind::Mul, {a, b}); }

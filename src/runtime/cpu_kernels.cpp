@@ -630,6 +630,9 @@ void k_unary(const KernelArgs& a) {
     case OpKind::Relu: y = (x > 0.0f).select(x, 0.0f); break;
     case OpKind::Sqrt: y = x.sqrt(); break;
     case OpKind::Rsqrt: y = x.rsqrt(); break;
+    // exp(-x) overflows to inf for x << 0, giving exactly 0 (sigmoid) and -0 (silu).
+    case OpKind::Sigmoid: y = 1.0f / (1.0f + (-x).exp()); break;
+    case OpKind::Silu: y = x / (1.0f + (-x).exp()); break;
     default: fail(a, "not a unary op");
   }
   finish_out(a, ob);
@@ -1109,7 +1112,7 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::Constant, k_constant);
     k.add(OpKind::Einsum, k_einsum);
     for (OpKind u : {OpKind::Neg, OpKind::Exp, OpKind::Log, OpKind::Tanh, OpKind::Gelu,
-                     OpKind::Relu, OpKind::Sqrt, OpKind::Rsqrt})
+                     OpKind::Relu, OpKind::Sqrt, OpKind::Rsqrt, OpKind::Sigmoid, OpKind::Silu})
       k.add(u, k_unary);
     for (OpKind b : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Max})
       k.add(b, k_binary);

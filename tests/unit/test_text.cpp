@@ -147,6 +147,8 @@ mesh data=2, model=4
 %cm = causal_mask(%scores) sharding=[{data}, {?}, {}]
 %sc = sharding_constraint(%ln) sharding=[{data}, {?}, {model, ?}] priority=2
 %g2 = gelu(%sc) sharding=[{data}, {}, {model}] priority=3
+%sg = sigmoid(%h)
+%si = silu(%sg)
 output %ce, %cm
 output %g2
 )";
