@@ -30,6 +30,20 @@ Tensor rsqrt(Tensor x);
 Tensor sigmoid(Tensor x);  // 1 / (1 + exp(-x))
 Tensor silu(Tensor x);     // x * sigmoid(x) (SiLU / swish)
 
+// Converts to `dtype`. Float -> i32 truncates toward zero, saturates at the i32 range and
+// maps NaN to 0; i32 -> float rounds to nearest; between floats rounds to nearest even.
+Tensor cast(Tensor x, DType dtype);
+// Comparisons with numpy broadcasting; operands of one dtype; the result is i32 1 (true) or
+// 0 (false). NaN compares unequal to everything (ne is 1, the others 0).
+Tensor eq(Tensor a, Tensor b);
+Tensor ne(Tensor a, Tensor b);
+Tensor lt(Tensor a, Tensor b);
+Tensor le(Tensor a, Tensor b);
+Tensor gt(Tensor a, Tensor b);
+Tensor ge(Tensor a, Tensor b);
+// a where cond != 0, else b (cond i32; a and b of one dtype; the three broadcast).
+Tensor where(Tensor cond, Tensor a, Tensor b);
+
 Tensor add(Tensor a, Tensor b);
 Tensor sub(Tensor a, Tensor b);
 Tensor mul(Tensor a, Tensor b);

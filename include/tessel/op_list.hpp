@@ -26,4 +26,7 @@
   X(CrossEntropy)       /* (logits [..., V], labels i32 [...]) -> f32 [...]              */   \
   X(CausalMask)         /* x [..., Q, K]: -inf where k > q (global positions)            */   \
   X(ShardingConstraint) /* identity whose result has attrs.sharding                      */   \
-  X(Sigmoid) X(Silu)    /* unary float: 1/(1+e^-x), x/(1+e^-x)                           */
+  X(Sigmoid) X(Silu)    /* unary float: 1/(1+e^-x), x/(1+e^-x)                           */   \
+  X(Cast)               /* to attrs.dtype (float->i32: truncate, saturate, NaN -> 0)     */   \
+  X(Eq) X(Ne) X(Lt) X(Le) X(Gt) X(Ge) /* comparisons with broadcasting: i32 1 or 0     */   \
+  X(Where)              /* (cond i32, a, b): a where cond != 0, else b; broadcasting     */

@@ -44,6 +44,43 @@ TESSEL_BINARY_INFER(infer_div, "div")
 TESSEL_BINARY_INFER(infer_max, "max")
 #undef TESSEL_BINARY_INFER
 
+// ---- cast ----
+void infer_cast(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  const int d = static_cast<int>(a.dtype);
+  if (d < 0 || d > static_cast<int>(DType::i32))
+    shape_fail("cast", in, fmt::format("target dtype #{} is not a dtype of tessel", d));
+  out = in[0]->shape;
+  dt = a.dtype;
+}
+
+// ---- comparisons and where ----
+void infer_compare_any(const char* op, const Ins& in, Shape& out, DType& dt) {
+  out = broadcast_shapes(op, in, in[0]->shape, in[1]->shape);
+  common_dtype(op, in);
+  dt = DType::i32;
+}
+#define TESSEL_COMPARE_INFER(fn, opname) \
+  void fn(const OpAttrs&, const Ins& in, Shape& out, DType& dt) { infer_compare_any(opname, in, out, dt); }
+TESSEL_COMPARE_INFER(infer_eq, "eq")
+TESSEL_COMPARE_INFER(infer_ne, "ne")
+TESSEL_COMPARE_INFER(infer_lt, "lt")
+TESSEL_COMPARE_INFER(infer_le, "le")
+TESSEL_COMPARE_INFER(infer_gt, "gt")
+TESSEL_COMPARE_INFER(infer_ge, "ge")
+#undef TESSEL_COMPARE_INFER
+
+void infer_where(const OpAttrs&, const Ins& in, Shape& out, DType& dt) {
+  if (in[0]->dtype != DType::i32)
+    shape_fail("where", in, "the condition must be i32 (a comparison's result, or 0/1 values)");
+  const Shape ab = broadcast_shapes("where", in, in[1]->shape, in[2]->shape);
+  out = broadcast_shapes("where", in, in[0]->shape, ab);
+  if (in[1]->dtype != in[2]->dtype)
+    shape_fail("where", in, fmt::format("the two branches must have the same dtype ({} vs {}); "
+                                        "insert a cast", dtype_name(in[1]->dtype),
+                                        dtype_name(in[2]->dtype)));
+  dt = in[1]->dtype;
+}
+
 // x of a random shape; positive for ops defined on positives only.
 Tensor sample_unary_of(Graph& g, SampleGen& r, OpKind k, bool positive_only) {
   Tensor x = r.input(g, r.shape(r.rank()));
@@ -87,6 +124,35 @@ Tensor sample_mul(Graph& g, SampleGen& r) { return sample_binary_of(g, r, OpKind
 Tensor sample_div(Graph& g, SampleGen& r) { return sample_binary_of(g, r, OpKind::Div); }
 Tensor sample_max(Graph& g, SampleGen& r) { return sample_binary_of(g, r, OpKind::Max); }
 
+Tensor sample_cast(Graph& g, SampleGen& r) {
+  // f32 -> {bf16, f16, i32} and back; scaled so the i32 cast sees values beyond +-1.
+  Tensor x = mul(r.input(g, r.shape(r.rank())), 40.0);
+  const DType to = static_cast<DType>(1 + r.below(3));
+  Tensor y = cast(x, to);
+  return r.coin() ? cast(y, DType::f32) : y;
+}
+
+Tensor sample_compare(Graph& g, SampleGen& r, OpKind k) {
+  auto [a, b] = sample_binary_operands(g, r, false);
+  return build(k, {a, b});
+}
+Tensor sample_eq(Graph& g, SampleGen& r) {
+  // Equality of floats drawn at random is almost never true: compare a value with itself too.
+  auto [a, b] = sample_binary_operands(g, r, false);
+  return r.coin() ? eq(a, a) : eq(a, b);
+}
+Tensor sample_ne(Graph& g, SampleGen& r) { return sample_compare(g, r, OpKind::Ne); }
+Tensor sample_lt(Graph& g, SampleGen& r) { return sample_compare(g, r, OpKind::Lt); }
+Tensor sample_le(Graph& g, SampleGen& r) { return sample_compare(g, r, OpKind::Le); }
+Tensor sample_gt(Graph& g, SampleGen& r) { return sample_compare(g, r, OpKind::Gt); }
+Tensor sample_ge(Graph& g, SampleGen& r) { return sample_compare(g, r, OpKind::Ge); }
+
+Tensor sample_where(Graph& g, SampleGen& r) {
+  auto [a, b] = sample_binary_operands(g, r, false);
+  Tensor c = r.coin() ? gt(a, b) : lt(r.input(g, a.shape()), constant(g, 0.0));
+  return where(c, a, b);
+}
+
 OpDef unary(OpKind k, const char* name, InferFn infer, FlopsFn flops, PartialFlow pf, SampleFn s) {
   OpDef d = entry(k, name, 1, 1, infer, rule_unary, flops, s);
   d.partial_flow = pf;
@@ -113,6 +179,16 @@ void register_elementwise_ops(std::vector<OpDef>& t) {
   put(t, unary(OpKind::Rsqrt, "rsqrt", infer_rsqrt, flops_out4, PF::None, sample_rsqrt));
   put(t, unary(OpKind::Sigmoid, "sigmoid", infer_sigmoid, flops_out4, PF::None, sample_sigmoid));
   put(t, unary(OpKind::Silu, "silu", infer_silu, flops_out4, PF::None, sample_silu));
+  OpDef c = entry(OpKind::Cast, "cast", 1, 1, infer_cast, rule_unary, flops_out, sample_cast);
+  c.attrs = {{"dtype", AttrField::DType}};
+  put(t, std::move(c));
+  put(t, binary(OpKind::Eq, "eq", infer_eq, PF::None, sample_eq));
+  put(t, binary(OpKind::Ne, "ne", infer_ne, PF::None, sample_ne));
+  put(t, binary(OpKind::Lt, "lt", infer_lt, PF::None, sample_lt));
+  put(t, binary(OpKind::Le, "le", infer_le, PF::None, sample_le));
+  put(t, binary(OpKind::Gt, "gt", infer_gt, PF::None, sample_gt));
+  put(t, binary(OpKind::Ge, "ge", infer_ge, PF::None, sample_ge));
+  put(t, entry(OpKind::Where, "where", 3, 3, infer_where, rule_elementwise, flops_out, sample_where));
   put(t, binary(OpKind::Add, "add", infer_add, PF::Additive, sample_add));
   put(t, binary(OpKind::Sub, "sub", infer_sub, PF::Additive, sample_sub));
   put(t, binary(OpKind::Mul, "mul", infer_mul, PF::Multilinear, sample_mul));
@@ -133,6 +209,18 @@ Tensor sqrt(Tensor x) { return build(OpKind::Sqrt, {x}); }
 Tensor rsqrt(Tensor x) { return build(OpKind::Rsqrt, {x}); }
 Tensor sigmoid(Tensor x) { return build(OpKind::Sigmoid, {x}); }
 Tensor silu(Tensor x) { return build(OpKind::Silu, {x}); }
+Tensor cast(Tensor x, DType dtype) {
+  OpAttrs a;
+  a.dtype = dtype;
+  return build(OpKind::Cast, {x}, std::move(a));
+}
+Tensor eq(Tensor a, Tensor b) { return build(OpKind::Eq, {a, b}); }
+Tensor ne(Tensor a, Tensor b) { return build(OpKind::Ne, {a, b}); }
+Tensor lt(Tensor a, Tensor b) { return build(OpKind::Lt, {a, b}); }
+Tensor le(Tensor a, Tensor b) { return build(OpKind::Le, {a, b}); }
+Tensor gt(Tensor a, Tensor b) { return build(OpKind::Gt, {a, b}); }
+Tensor ge(Tensor a, Tensor b) { return build(OpKind::Ge, {a, b}); }
+Tensor where(Tensor cond, Tensor a, Tensor b) { return build(OpKind::Where, {cond, a, b}); }
 Tensor add(Tensor a, Tensor b) { return build(OpKind::Add, {a, b}); }
 Tensor sub(Tensor a, Tensor b) { return build(OpKind::Sub, {a, b}); }
 Tensor mul(Tensor a, Tensor b) { return build(OpKind::Mul, {a, b}); }

@@ -1104,6 +1104,108 @@ void k_causal_mask(const KernelArgs& a) {
   }
 }
 
+// ---- cast, comparisons, where -------------------------------------------------------------
+
+// Float -> i32 as documented in builders.hpp: truncate, saturate, NaN -> 0 (no UB for any
+// input, unlike a plain static_cast).
+int32_t f32_to_i32_sat(float v) {
+  if (v != v) return 0;
+  if (v >= 2147483648.0f) return std::numeric_limits<int32_t>::max();
+  if (v <= -2147483648.0f) return std::numeric_limits<int32_t>::min();
+  return static_cast<int32_t>(v);
+}
+
+void k_cast(const KernelArgs& a) {
+  check_arity(a, 1, 1);
+  const int64_t n = num_elements(a.out_shape);
+  if (num_elements(a.in_shapes[0]) != n) fail(a, "operand and result sizes differ");
+  const DType from = a.in_dtypes[0], to = a.out_dtype;
+  if (from == to) {
+    if (n > 0) std::memcpy(a.out, a.in[0], static_cast<std::size_t>(n) * dtype_size(to));
+    return;
+  }
+  if (from == DType::i32) {  // i32 -> float: through double, one rounding to f32
+    const int32_t* x = static_cast<const int32_t*>(a.in[0]);
+    FVec ob;
+    float* y = out_f32(a, ob);
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i]);
+    finish_out(a, ob);
+    return;
+  }
+  FVec ib;
+  const float* x = in_f32(a, 0, ib);
+  if (to == DType::i32) {
+    int32_t* y = static_cast<int32_t*>(a.out);
+    for (int64_t i = 0; i < n; ++i) y[i] = f32_to_i32_sat(x[i]);
+    return;
+  }
+  FVec ob;
+  float* y = out_f32(a, ob);
+  if (y != x) std::memcpy(y, x, static_cast<std::size_t>(n) * sizeof(float));
+  finish_out(a, ob);
+}
+
+template <class T>
+void compare_loop(const KernelArgs& a, const T* x, const T* y, int32_t* out) {
+  const Shape& os = a.out_shape;
+  const auto sx = broadcast_strides(a, a.in_shapes[0], os, "lhs");
+  const auto sy = broadcast_strides(a, a.in_shapes[1], os, "rhs");
+  auto run = [&](auto cmp) {
+    strided_loop<3>(os, {contiguous_strides(os), sx, sy},
+                    [&](const std::array<int64_t, 3>& off, int64_t m, const std::array<int64_t, 3>& s) {
+                      for (int64_t j = 0; j < m; ++j)
+                        out[off[0] + j * s[0]] = cmp(x[off[1] + j * s[1]], y[off[2] + j * s[2]]) ? 1 : 0;
+                    });
+  };
+  switch (a.kind) {
+    case OpKind::Eq: run([](T p, T q) { return p == q; }); break;
+    case OpKind::Ne: run([](T p, T q) { return p != q; }); break;
+    case OpKind::Lt: run([](T p, T q) { return p < q; }); break;
+    case OpKind::Le: run([](T p, T q) { return p <= q; }); break;
+    case OpKind::Gt: run([](T p, T q) { return p > q; }); break;
+    case OpKind::Ge: run([](T p, T q) { return p >= q; }); break;
+    default: fail(a, "not a comparison");
+  }
+}
+
+void k_compare(const KernelArgs& a) {
+  check_arity(a, 2, 2);
+  if (a.out_dtype != DType::i32) fail(a, "a comparison produces i32");
+  int32_t* o = static_cast<int32_t*>(a.out);
+  const bool i0 = a.in_dtypes[0] == DType::i32, i1 = a.in_dtypes[1] == DType::i32;
+  if (i0 != i1) fail(a, "i32 and float operands cannot be mixed");
+  if (i0) {
+    compare_loop<int32_t>(a, static_cast<const int32_t*>(a.in[0]), static_cast<const int32_t*>(a.in[1]), o);
+    return;
+  }
+  FVec b0, b1;
+  compare_loop<float>(a, in_f32(a, 0, b0), in_f32(a, 1, b1), o);
+}
+
+void k_where(const KernelArgs& a) {
+  check_arity(a, 3, 3);
+  if (a.in_dtypes[0] != DType::i32) fail(a, "the condition must be i32");
+  if (a.in_dtypes[1] != a.out_dtype || a.in_dtypes[2] != a.out_dtype)
+    fail(a, "both branches must have the result's dtype");
+  const Shape& os = a.out_shape;
+  const auto sc = broadcast_strides(a, a.in_shapes[0], os, "condition");
+  const auto sx = broadcast_strides(a, a.in_shapes[1], os, "true branch");
+  const auto sy = broadcast_strides(a, a.in_shapes[2], os, "false branch");
+  const int32_t* c = static_cast<const int32_t*>(a.in[0]);
+  by_elem_size(a, a.out_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(a.in[1]);
+    const T* y = static_cast<const T*>(a.in[2]);
+    T* o = static_cast<T*>(a.out);
+    strided_loop<4>(os, {contiguous_strides(os), sc, sx, sy},
+                    [&](const std::array<int64_t, 4>& off, int64_t m, const std::array<int64_t, 4>& s) {
+                      for (int64_t j = 0; j < m; ++j)
+                        o[off[0] + j * s[0]] = c[off[1] + j * s[1]] != 0 ? x[off[2] + j * s[2]]
+                                                                          : y[off[3] + j * s[3]];
+                    });
+  });
+}
+
 }  // namespace
 
 const KernelTable<CpuKernelFn>& cpu_kernel_table() {
@@ -1128,6 +1230,10 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::Embedding, k_embedding);
     k.add(OpKind::CrossEntropy, k_cross_entropy);
     k.add(OpKind::CausalMask, k_causal_mask);
+    k.add(OpKind::Cast, k_cast);
+    for (OpKind c : {OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt, OpKind::Ge})
+      k.add(c, k_compare);
+    k.add(OpKind::Where, k_where);
     return k;
   }();
   return t;

@@ -61,3 +61,82 @@ TEST_CASE("ops: sigmoid and silu", "[ops][kernels]") {
   Graph g;
   CHECK_THROWS_AS(sigmoid(input(g, "i", DType::i32, {2})), ShapeError);
 }
+
+TEST_CASE("ops: cast between f32, bf16, f16 and i32", "[ops][kernels]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  {
+    Graph g;
+    Tensor x = input(g, "x", DType::f32, {9});
+    HostTensor in = tensor_of(DType::f32, {9}, {1.9, -1.9, 0.5, -0.0, 3e9, -3e9, inf, -inf, nan});
+    // Truncation toward zero, saturation at the i32 range, NaN -> 0.
+    check_values(run1(g, cast(x, DType::i32), {in}),
+                 {1, -1, 0, 0, 2147483647, -2147483648.0, 2147483647, -2147483648.0, 0}, 0);
+  }
+  {
+    Graph g;
+    Tensor x = input(g, "x", DType::i32, {4});
+    HostTensor in = tensor_of(DType::i32, {4}, {0, -7, 16777217, -2147483648.0});
+    check_values(run1(g, cast(x, DType::f32), {in}), {0, -7, 16777216, -2147483648.0}, 0);
+  }
+  for (DType to : {DType::bf16, DType::f16}) {
+    Graph g;
+    Tensor x = input(g, "x", DType::f32, {4});
+    Tensor back = cast(cast(x, to), DType::f32);
+    HostTensor in = tensor_of(DType::f32, {4}, {1.0, -2.5, 0.1, 1000.0});
+    check_values(run1(g, back, {in}), {1.0, -2.5, 0.1, 1000.0}, to == DType::bf16 ? 4e-3 : 1e-3);
+  }
+  Graph g;
+  Tensor x = input(g, "x", DType::f32, {2});
+  CHECK(cast(x, DType::f16).dtype() == DType::f16);
+  CHECK_THROWS_AS(cast(x, static_cast<DType>(17)), ShapeError);
+}
+
+TEST_CASE("ops: comparisons broadcast and return i32 0/1; NaN is unordered", "[ops][kernels]") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Graph g;
+  Tensor a = input(g, "a", DType::f32, {2, 3});
+  Tensor b = input(g, "b", DType::f32, {3});
+  std::vector<Tensor> outs = {eq(a, b), ne(a, b), lt(a, b), le(a, b), gt(a, b), ge(a, b)};
+  for (Tensor t : outs) {
+    CHECK(t.dtype() == DType::i32);
+    CHECK(t.shape() == Shape{2, 3});
+    g.mark_output(t);
+  }
+  HostTensor ha = tensor_of(DType::f32, {2, 3}, {1, 2, 3, nan, 5, -1});
+  HostTensor hb = tensor_of(DType::f32, {3}, {1, 5, 0});
+  auto out = run_reference(g, {ha, hb});
+  check_values(out[0], {1, 0, 0, 0, 1, 0}, 0);
+  check_values(out[1], {0, 1, 1, 1, 0, 1}, 0);
+  check_values(out[2], {0, 1, 0, 0, 0, 1}, 0);
+  check_values(out[3], {1, 1, 0, 0, 1, 1}, 0);
+  check_values(out[4], {0, 0, 1, 0, 0, 0}, 0);
+  check_values(out[5], {1, 0, 1, 0, 1, 0}, 0);
+  Graph h;
+  Tensor i = input(h, "i", DType::i32, {3});
+  Tensor f = input(h, "f", DType::f32, {3});
+  try {
+    lt(i, f);
+    FAIL("mixed dtypes accepted");
+  } catch (const ShapeError& e) {
+    CHECK(std::string(e.what()).rfind("lt(", 0) == 0);  // names the op
+  }
+}
+
+TEST_CASE("ops: where selects with broadcasting", "[ops][kernels]") {
+  Graph g;
+  Tensor c = input(g, "c", DType::i32, {2, 1});
+  Tensor a = input(g, "a", DType::f32, {2, 3});
+  Tensor b = input(g, "b", DType::f32, {});
+  Tensor w = where(c, a, b);
+  CHECK(w.shape() == Shape{2, 3});
+  HostTensor hc = tensor_of(DType::i32, {2, 1}, {0, -5});
+  HostTensor ha = tensor_of(DType::f32, {2, 3}, {1, 2, 3, 4, 5, 6});
+  HostTensor hb = tensor_of(DType::f32, {}, {9});
+  check_values(run1(g, w, {hc, ha, hb}), {9, 9, 9, 4, 5, 6}, 0);
+  Graph h;
+  Tensor fc = input(h, "fc", DType::f32, {2});
+  Tensor x = input(h, "x", DType::f32, {2});
+  CHECK_THROWS_AS(where(fc, x, x), ShapeError);
+  CHECK_THROWS_AS(where(cast(fc, DType::i32), x, cast(x, DType::bf16)), ShapeError);
+}

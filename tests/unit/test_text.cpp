@@ -149,6 +149,15 @@ mesh data=2, model=4
 %g2 = gelu(%sc) sharding=[{data}, {}, {model}] priority=3
 %sg = sigmoid(%h)
 %si = silu(%sg)
+%cs = cast(%si) dtype=bf16
+%ci = cast(%ids) dtype=f32
+%q1 = eq(%ids, %lbl)
+%q2 = ne(%h, %h)
+%q3 = lt(%h, %c)
+%q4 = le(%ids, %lbl)
+%q5 = gt(%ids, %lbl)
+%q6 = ge(%h, %h)
+%wh = where(%q3, %h, %si)
 output %ce, %cm
 output %g2
 )";
