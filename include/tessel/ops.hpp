@@ -113,6 +113,7 @@ using BytesFn = double (*)(const OpAttrs& attrs, const std::vector<Shape>& in,
 using NormalizeFn = void (*)(OpAttrs& attrs, const std::vector<const Value*>& in);
 using LocalizeFn = void (*)(OpAttrs& attrs, const LocalizeArgs& x);
 using SampleFn = Tensor (*)(Graph& g, SampleGen& r);
+using IndexBoundFn = int64_t (*)(const OpAttrs& attrs, const std::vector<Shape>& in, int operand);
 using VjpFn = std::vector<Tensor> (*)(const VjpArgs& x);
 
 struct OpDef {
@@ -140,6 +141,10 @@ struct OpDef {
   LocalizeFn localize = nullptr;
   // The kernel reads the global position of its blocks (KernelArgs::in_offsets/out_offset).
   bool needs_offsets = false;
+  // For an op that reads integer indices: the exclusive upper bound of valid values of
+  // operand `operand` (0: not an index operand). Test inputs are drawn inside it
+  // (random_inputs); kernels report values outside it as errors.
+  IndexBoundFn index_bound = nullptr;
   // Builds a small random graph around one op of this kind (property tests). Returns the
   // op's result. nullptr: the kind is not sampled (Input).
   SampleFn sample = nullptr;

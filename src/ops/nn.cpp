@@ -88,6 +88,13 @@ double bytes_gather_rows(const OpAttrs&, const Shapes& in, const std::vector<DTy
   double ids = elems(in[1]) * static_cast<double>(dtype_size(dts.size() > 1 ? dts[1] : DType::i32));
   return ids + 2 * elems(out) * static_cast<double>(dtype_size(out_dt));
 }
+int64_t bound_embedding(const OpAttrs&, const Shapes& in, int operand) {
+  return operand == 1 ? in[0][0] : 0;
+}
+int64_t bound_cross_entropy(const OpAttrs&, const Shapes& in, int operand) {
+  return operand == 1 && !in[0].empty() ? in[0].back() : 0;
+}
+
 Tensor sample_embedding(Graph& g, SampleGen& r) {
   int64_t v = r.dim() * 2, d = r.dim();
   Shape ids = r.shape(1 + static_cast<int>(r.below(2)));
@@ -159,11 +166,13 @@ void register_nn_ops(std::vector<OpDef>& t) {
                    flops_zero, sample_embedding);
   em.bytes = bytes_gather_rows;
   em.needs_offsets = true;
+  em.index_bound = bound_embedding;
   put(t, std::move(em));
 
   OpDef ce = entry(OpKind::CrossEntropy, "cross_entropy", 2, 2, infer_cross_entropy,
                    rule_cross_entropy, flops_in5, sample_cross_entropy);
   ce.needs_offsets = true;
+  ce.index_bound = bound_cross_entropy;
   put(t, std::move(ce));
 
   OpDef cm = entry(OpKind::CausalMask, "causal_mask", 1, 1, infer_causal_mask, rule_unary,

@@ -1030,7 +1030,16 @@ void k_embedding(const KernelArgs& a) {
   const char* table = static_cast<const char*>(a.in[0]);
   char* out = static_cast<char*>(a.out);
   const int64_t n = num_elements(ids_shape);
+  // The global row count: given with the offsets by the executor; the local one for an
+  // unsharded call; unknown (no upper check) for a sharded call that did not give it.
+  const int64_t V_global = !a.in_global_shapes.empty() ? a.in_global_shapes[0].at(0)
+                           : off == 0                   ? V
+                                                        : std::numeric_limits<int64_t>::max();
   for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= V_global)
+      fail(a, "id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                  " is outside the table's rows [0, " + std::to_string(V_global) +
+                  "); check the ids (tessel does not clamp them)");
     const int64_t r = int64_t(ids[i]) - off;
     // A row outside this table shard contributes zeros: the partitioner sums the shards
     // (Megatron's vocab-parallel embedding).

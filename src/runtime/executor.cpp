@@ -85,8 +85,16 @@ struct DeviceExecutor {
       a.in.push_back(buf[v]->data());
       a.in_shapes.push_back(lv.shape);
       a.in_dtypes.push_back(lv.dtype);
-      if (needs_offsets) a.in_offsets.push_back(lv.sharding.local_offset(p.mesh, lv.global_shape, pos));
-      else a.in_offsets.emplace_back();
+      if (needs_offsets) {
+        a.in_offsets.push_back(lv.sharding.local_offset(p.mesh, lv.global_shape, pos));
+        a.in_global_shapes.push_back(lv.global_shape);
+      } else {
+        a.in_offsets.emplace_back();
+      }
+    }
+    if (needs_offsets) {
+      a.out_offset = o.sharding.local_offset(p.mesh, o.global_shape, pos);
+      a.out_global_shape = o.global_shape;
     }
     Buffer& out = alloc(in.out);
     a.out = out.data();

@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 
+#include "tessel/ops.hpp"
 #include "tessel/runtime/kernels.hpp"
 
 namespace tessel {
@@ -119,11 +120,11 @@ int64_t int_bound(const Graph& g, const std::vector<std::vector<int>>& users, in
   if (depth > 64) return 0;
   for (int u : users[v]) {
     const Op& op = g.ops[u];
-    if (op.kind == OpKind::Embedding && op.inputs.size() == 2 && op.inputs[1] == v) {
-      tighten(g.values[op.inputs[0]].shape.at(0));
-    } else if (op.kind == OpKind::CrossEntropy && op.inputs.size() == 2 && op.inputs[1] == v) {
-      const Shape& ls = g.values[op.inputs[0]].shape;
-      if (!ls.empty()) tighten(ls.back());
+    if (const IndexBoundFn ib = op_def(op.kind).index_bound) {
+      std::vector<Shape> shapes;
+      for (int x : op.inputs) shapes.push_back(g.values[x].shape);
+      for (std::size_t i = 0; i < op.inputs.size(); ++i)
+        if (op.inputs[i] == v) tighten(ib(op.attrs, shapes, static_cast<int>(i)));
     } else if (passes_values_through(op.kind)) {
       tighten(int_bound(g, users, op.output, depth + 1));
     }

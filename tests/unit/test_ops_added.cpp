@@ -9,6 +9,7 @@
 #include <random>
 
 #include "tessel/ops.hpp"
+#include "tessel/executable.hpp"
 #include "tessel/runtime/reference.hpp"
 
 using namespace tessel;
@@ -139,4 +140,36 @@ TEST_CASE("ops: where selects with broadcasting", "[ops][kernels]") {
   Tensor x = input(h, "x", DType::f32, {2});
   CHECK_THROWS_AS(where(fc, x, x), ShapeError);
   CHECK_THROWS_AS(where(cast(fc, DType::i32), x, cast(x, DType::bf16)), ShapeError);
+}
+
+TEST_CASE("ops: an out-of-range embedding id is an error, in the reference and partitioned", "[ops][embedding]") {
+  Graph g;
+  Tensor table = input(g, "table", DType::f32, {16, 4});
+  Tensor ids = input(g, "ids", DType::i32, {2, 3});
+  g.mark_output(embedding(table, ids));
+  g.annotate(table, Sharding::parse("[{x}, {}]"));
+  HostTensor t(DType::f32, {16, 4});
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(i));
+  for (double bad : {16.0, -1.0, 1000.0}) {
+    INFO("id " << bad);
+    HostTensor id = tensor_of(DType::i32, {2, 3}, {0, 3, 15, 7, bad, 2});
+    try {
+      run_reference(g, {t, id});
+      FAIL("reference accepted");
+    } catch (const RuntimeError& e) {
+      CHECK(std::string(e.what()).find("outside the table's rows [0, 16)") != std::string::npos);
+    }
+    Executable exe = compile(g, Mesh::parse("x=4"));
+    try {
+      exe.run({t, id});
+      FAIL("partitioned run accepted");
+    } catch (const RuntimeError& e) {
+      CHECK(std::string(e.what()).find("outside the table's rows [0, 16)") != std::string::npos);
+    }
+  }
+  HostTensor ok = tensor_of(DType::i32, {2, 3}, {0, 3, 15, 7, 8, 2});
+  Executable exe = compile(g, Mesh::parse("x=4"));
+  auto got = exe.run({t, ok});
+  auto want = run_reference(g, {t, ok});
+  for (int64_t i = 0; i < want[0].numel(); ++i) CHECK(got[0].get(i) == want[0].get(i));
 }

@@ -4,8 +4,9 @@
 // bug, never a kernel difference.
 //
 // Ops whose result depends on global positions (Embedding with a vocab-sharded table,
-// CausalMask with sharded query/key dims) read `in_offsets`: the global coordinates of the
-// first element of each operand's local block (all zero when unsharded).
+// CausalMask with sharded query/key dims, gather, one_hot, scatter_add) read `in_offsets`
+// (the global coordinates of the first element of each operand's local block, all zero when
+// unsharded), the global shapes, and the result block's offset.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,12 @@ struct KernelArgs {
   std::vector<Shape> in_shapes;
   std::vector<DType> in_dtypes;
   std::vector<std::vector<int64_t>> in_offsets;  // per operand; empty = all zeros
+  // For ops that read positions (OpDef::needs_offsets): the global shape of each operand
+  // (empty = the local shape, i.e. unsharded) and the global position and shape of the
+  // result's block (empty offset = all zeros, shape = the local one).
+  std::vector<Shape> in_global_shapes;
+  std::vector<int64_t> out_offset;
+  Shape out_global_shape;
   void* out = nullptr;
   Shape out_shape;
   DType out_dtype = DType::f32;
