@@ -71,6 +71,16 @@ Tensor layer_norm(Tensor x, Tensor gamma, Tensor beta, double eps = 1e-5);
 Tensor embedding(Tensor table, Tensor ids);
 Tensor cross_entropy(Tensor logits, Tensor labels);
 Tensor causal_mask(Tensor x);
+// [..., depth] with 1 at [..., ids[...]] and 0 elsewhere; an id outside [0, depth) gives an
+// all-zero row (as JAX).
+Tensor one_hot(Tensor ids, int64_t depth, DType dtype = DType::f32);
+// numpy take: table.shape[:axis] + indices.shape + table.shape[axis+1:]; an index outside
+// [0, table.shape[axis]) is an error when the program runs.
+Tensor gather(Tensor table, Tensor indices, int64_t axis = 0);
+// The adjoint of gather: a zero tensor updates.shape[:axis] + [depth] + (the dims after the
+// indices' dims), to which every updates[..., j, ...] is added at row indices[j]. The
+// gradient of embedding(table, ids) is scatter_add(grad, ids, rows, 0).
+Tensor scatter_add(Tensor updates, Tensor indices, int64_t depth, int64_t axis = 0);
 // JAX's with_sharding_constraint: identity whose result must have `s`.
 Tensor shard(Tensor x, Sharding s, int priority = 0);
 

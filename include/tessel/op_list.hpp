@@ -29,4 +29,7 @@
   X(Sigmoid) X(Silu)    /* unary float: 1/(1+e^-x), x/(1+e^-x)                           */   \
   X(Cast)               /* to attrs.dtype (float->i32: truncate, saturate, NaN -> 0)     */   \
   X(Eq) X(Ne) X(Lt) X(Le) X(Gt) X(Ge) /* comparisons with broadcasting: i32 1 or 0     */   \
-  X(Where)              /* (cond i32, a, b): a where cond != 0, else b; broadcasting     */
+  X(Where)              /* (cond i32, a, b): a where cond != 0, else b; broadcasting     */   \
+  X(OneHot)             /* ids i32 [...] -> [..., attrs.depth] of attrs.dtype            */   \
+  X(Gather)             /* (table, indices i32) along attrs.axis (numpy take)            */   \
+  X(ScatterAdd)         /* (updates, indices i32) summed into attrs.depth rows at axis   */

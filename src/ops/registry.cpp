@@ -22,6 +22,7 @@ const std::vector<OpDef>& table() {
     ops_detail::register_reduction_ops(v);
     ops_detail::register_layout_ops(v);
     ops_detail::register_nn_ops(v);
+    ops_detail::register_index_ops(v);
     // Every kind has exactly its own entry, with the functions every pass calls: a missing
     // entry is a programming error in the registry, caught by the first lookup (and by the
     // registry test).

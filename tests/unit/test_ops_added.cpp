@@ -173,3 +173,77 @@ TEST_CASE("ops: an out-of-range embedding id is an error, in the reference and p
   auto want = run_reference(g, {t, ok});
   for (int64_t i = 0; i < want[0].numel(); ++i) CHECK(got[0].get(i) == want[0].get(i));
 }
+
+TEST_CASE("ops: one_hot; out-of-range ids give zero rows", "[ops][kernels]") {
+  Graph g;
+  Tensor ids = input(g, "ids", DType::i32, {4});
+  Tensor oh = one_hot(ids, 3, DType::bf16);
+  CHECK(oh.shape() == Shape{4, 3});
+  CHECK(oh.dtype() == DType::bf16);
+  HostTensor hi = tensor_of(DType::i32, {4}, {2, 0, 3, -1});
+  check_values(run1(g, oh, {hi}), {0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}, 0);
+  CHECK_THROWS_AS(one_hot(ids, 0), ShapeError);
+  CHECK_THROWS_AS(one_hot(input(g, "f", DType::f32, {2}), 4), ShapeError);
+}
+
+TEST_CASE("ops: gather along an axis (numpy take)", "[ops][kernels]") {
+  Graph g;
+  Tensor t = input(g, "t", DType::f32, {2, 3, 2});
+  Tensor ix = input(g, "ix", DType::i32, {2, 2});
+  Tensor out = gather(t, ix, -2);
+  CHECK(out.shape() == Shape{2, 2, 2, 2});
+  std::vector<double> tv;
+  for (int i = 0; i < 12; ++i) tv.push_back(i);
+  HostTensor ht = tensor_of(DType::f32, {2, 3, 2}, tv);
+  HostTensor hix = tensor_of(DType::i32, {2, 2}, {2, 0, 1, 1});
+  // out[p, j0, j1, s] = t[p, ix[j0, j1], s]
+  check_values(run1(g, out, {ht, hix}),
+               {4, 5, 0, 1, 2, 3, 2, 3, 10, 11, 6, 7, 8, 9, 8, 9}, 0);
+  HostTensor bad = tensor_of(DType::i32, {2, 2}, {2, 0, 3, 1});
+  try {
+    run_reference(g, {ht, bad});
+    FAIL("accepted");
+  } catch (const RuntimeError& e) {
+    CHECK(std::string(e.what()).find("index 3 at position 2 is outside [0, 3)") != std::string::npos);
+  }
+}
+
+TEST_CASE("ops: scatter_add is the adjoint of gather", "[ops][kernels]") {
+  Graph g;
+  Tensor u = input(g, "u", DType::f32, {3, 2});
+  Tensor ix = input(g, "ix", DType::i32, {3});
+  Tensor out = scatter_add(u, ix, 4, 0);
+  CHECK(out.shape() == Shape{4, 2});
+  HostTensor hu = tensor_of(DType::f32, {3, 2}, {1, 2, 3, 4, 5, 6});
+  HostTensor hix = tensor_of(DType::i32, {3}, {2, 0, 2});
+  check_values(run1(g, out, {hu, hix}), {3, 4, 0, 0, 6, 8, 0, 0}, 0);
+  HostTensor bad = tensor_of(DType::i32, {3}, {2, 4, 0});
+  CHECK_THROWS_AS(run_reference(g, {hu, bad}), RuntimeError);
+  Graph h;
+  Tensor uu = input(h, "uu", DType::f32, {3, 2});
+  CHECK_THROWS_AS(scatter_add(uu, input(h, "i2", DType::i32, {2}), 4, 0), ShapeError);
+}
+
+TEST_CASE("ops: gather and scatter_add with sharded rows and indices match the reference", "[ops][partition]") {
+  // The table's rows sharded (gather: partial sums) and scatter_add with the indices
+  // sharded over data and the result rows over model: the embedding forward and backward.
+  std::mt19937_64 rng(99);
+  Graph g;
+  Tensor table = input(g, "table", DType::f32, {16, 4});
+  Tensor ids = input(g, "ids", DType::i32, {8});
+  Tensor upd = input(g, "upd", DType::f32, {8, 4});
+  g.mark_output(gather(table, ids, 0));
+  g.mark_output(scatter_add(upd, ids, 16, 0));
+  g.annotate(table, Sharding::parse("[{model}, {}]"));
+  g.annotate(ids, Sharding::parse("[{data}]"));
+  g.annotate(upd, Sharding::parse("[{data}, {}]"));
+  Executable exe = compile(g, Mesh::parse("data=2,model=2"));
+  auto in = random_inputs(g, 5);
+  RunOptions ro;
+  ro.poison = true;
+  auto got = exe.run(in, ro);
+  auto want = run_reference(g, in);
+  for (std::size_t o = 0; o < 2; ++o)
+    for (int64_t i = 0; i < want[o].numel(); ++i)
+      CHECK(std::abs(got[o].get(i) - want[o].get(i)) <= 1e-6 * std::max(1.0, std::abs(want[o].get(i))));
+}

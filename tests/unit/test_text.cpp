@@ -158,6 +158,9 @@ mesh data=2, model=4
 %q5 = gt(%ids, %lbl)
 %q6 = ge(%h, %h)
 %wh = where(%q3, %h, %si)
+%oh = one_hot(%ids) depth=100 dtype=bf16
+%ga = gather(%table, %ids) axis=0
+%sa = scatter_add(%emb, %ids) depth=100 axis=0
 output %ce, %cm
 output %g2
 )";

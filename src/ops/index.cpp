@@ -1,0 +1,192 @@
+// src/ops/index.cpp — registry entries of the ops that index with i32 values: one_hot,
+// gather (numpy take along an axis) and scatter_add (its adjoint: what an embedding's
+// backward needs). Their kernels read global positions, so each works on any block:
+//   gather with the table sharded along `axis`: each device contributes the rows it owns
+//   and the result is a partial sum (Megatron's vocab-parallel lookup, like embedding);
+//   scatter_add with its index dims sharded: each device scatters its updates, the result is
+//   a partial sum (the data-parallel gradient reduction); with the `depth` dim sharded, each
+//   device keeps the rows of its block.
+// Index semantics: one_hot gives an all-zero row for an id outside [0, depth) (as JAX);
+// gather and scatter_add report such an id as an error.
+#include "op_helpers.hpp"
+
+namespace tessel {
+namespace ops_detail {
+namespace {
+
+// ---- one_hot ----
+void infer_one_hot(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  if (in[0]->dtype != DType::i32) shape_fail("one_hot", in, "ids must be i32");
+  if (a.depth < 1) shape_fail("one_hot", in, fmt::format("depth={} must be >= 1", a.depth));
+  out = in[0]->shape;
+  out.push_back(a.depth);
+  dt = a.dtype;
+}
+OpRule rule_one_hot(const OpAttrs&, const Shapes&, const Shape& out) {
+  OpRule r = identity_rule(out, 0);  // ids dims..., classes (a result-only factor)
+  std::vector<DimFactors> ids;
+  for (std::size_t d = 0; d + 1 < out.size(); ++d) ids.push_back({static_cast<int>(d)});
+  r.operands.push_back(std::move(ids));
+  return r;
+}
+Tensor sample_one_hot(Graph& g, SampleGen& r) {
+  // Ids are drawn in [0, 8): depths below 8 also exercise the all-zero rows.
+  Tensor ids = r.input(g, r.shape(r.rank()), DType::i32);
+  return one_hot(ids, r.dim(), r.coin() ? DType::f32 : DType::i32);
+}
+
+// ---- gather ----
+void normalize_gather(OpAttrs& a, const Ins& in) {
+  a.axis = normalize_axis(a.axis, in.empty() ? 0 : in[0]->shape.size(), "gather");
+}
+void infer_gather(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  const Shape& t = in[0]->shape;
+  if (a.axis < 0 || a.axis >= static_cast<int64_t>(t.size()))
+    shape_fail("gather", in, fmt::format("axis {} is out of range for rank {}", a.axis, t.size()));
+  if (in[1]->dtype != DType::i32) shape_fail("gather", in, "indices must be i32");
+  out.assign(t.begin(), t.begin() + a.axis);
+  out.insert(out.end(), in[1]->shape.begin(), in[1]->shape.end());
+  out.insert(out.end(), t.begin() + a.axis + 1, t.end());
+  dt = in[0]->dtype;
+}
+// Factors: table dims (the gathered one a reduction), then the index dims.
+OpRule rule_gather(const OpAttrs& a, const Shapes& in, const Shape&) {
+  OpRule r;
+  const Shape& t = in[0];
+  const Shape& ix = in[1];
+  std::vector<DimFactors> tdims, idims;
+  for (std::size_t d = 0; d < t.size(); ++d) {
+    const bool gathered = static_cast<int64_t>(d) == a.axis;
+    r.factors.push_back({gathered ? "rows" : fmt::format("t{}", d), t[d],
+                         gathered ? FactorKind::Reduction : FactorKind::Pass});
+    tdims.push_back({static_cast<int>(d)});
+  }
+  for (std::size_t d = 0; d < ix.size(); ++d) {
+    r.factors.push_back({fmt::format("i{}", d), ix[d], FactorKind::Pass});
+    idims.push_back({static_cast<int>(t.size() + d)});
+  }
+  for (int64_t d = 0; d < a.axis; ++d) r.result.push_back({static_cast<int>(d)});
+  for (const auto& f : idims) r.result.push_back(f);
+  for (std::size_t d = static_cast<std::size_t>(a.axis) + 1; d < t.size(); ++d) r.result.push_back({static_cast<int>(d)});
+  r.operands.push_back(std::move(tdims));
+  r.operands.push_back(std::move(idims));
+  return r;
+}
+int64_t bound_gather(const OpAttrs& a, const Shapes& in, int operand) {
+  return operand == 1 && a.axis >= 0 && a.axis < static_cast<int64_t>(in[0].size()) ? in[0][a.axis] : 0;
+}
+Tensor sample_gather(Graph& g, SampleGen& r) {
+  Shape t = r.shape(r.rank());
+  int64_t axis = r.below(static_cast<int64_t>(t.size()));
+  Tensor idx = r.input(g, r.shape(1 + static_cast<int>(r.below(2))), DType::i32);
+  return gather(r.input(g, t), idx, axis);
+}
+
+// ---- scatter_add ----
+void normalize_scatter(OpAttrs& a, const Ins& in) {
+  // axis counts dims of the result = updates rank - idx rank + 1.
+  const int64_t rank = in.size() < 2 ? 0
+                       : static_cast<int64_t>(in[0]->shape.size()) - static_cast<int64_t>(in[1]->shape.size()) + 1;
+  a.axis = normalize_axis(a.axis, static_cast<std::size_t>(std::max<int64_t>(rank, 0)), "scatter_add");
+}
+void infer_scatter(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  const Shape& u = in[0]->shape;
+  const Shape& ix = in[1]->shape;
+  if (in[1]->dtype != DType::i32) shape_fail("scatter_add", in, "indices must be i32");
+  if (a.depth < 1) shape_fail("scatter_add", in, fmt::format("depth={} must be >= 1", a.depth));
+  const std::size_t k = ix.size();
+  if (u.size() < k || a.axis < 0 || static_cast<std::size_t>(a.axis) + k > u.size())
+    shape_fail("scatter_add", in, fmt::format("updates must be [dims before axis {}] + indices "
+                                              "shape {} + [dims after]", a.axis, shape_str(ix)));
+  for (std::size_t d = 0; d < k; ++d)
+    if (u[static_cast<std::size_t>(a.axis) + d] != ix[d])
+      shape_fail("scatter_add", in, fmt::format("updates dims {}..{} must equal the indices "
+                                                "shape {}", a.axis, a.axis + static_cast<int64_t>(k) - 1,
+                                                shape_str(ix)));
+  if (!is_float(in[0]->dtype) && in[0]->dtype != DType::i32)
+    shape_fail("scatter_add", in, "updates must be a number type");
+  out.assign(u.begin(), u.begin() + a.axis);
+  out.push_back(a.depth);
+  out.insert(out.end(), u.begin() + a.axis + static_cast<int64_t>(k), u.end());
+  dt = in[0]->dtype;
+}
+// Factors: result dims (the `depth` one only in the result), then the index dims, which are
+// summed over (reductions).
+OpRule rule_scatter(const OpAttrs& a, const Shapes& in, const Shape& out) {
+  OpRule r = identity_rule(out, 0);
+  r.factors[static_cast<std::size_t>(a.axis)].name = "rows";
+  const Shape& ix = in[1];
+  std::vector<DimFactors> udims, idims;
+  for (int64_t d = 0; d < a.axis; ++d) udims.push_back({static_cast<int>(d)});
+  for (std::size_t d = 0; d < ix.size(); ++d) {
+    r.factors.push_back({fmt::format("i{}", d), ix[d], FactorKind::Reduction});
+    udims.push_back({static_cast<int>(r.factors.size()) - 1});
+    idims.push_back({static_cast<int>(r.factors.size()) - 1});
+  }
+  for (std::size_t d = static_cast<std::size_t>(a.axis) + 1; d < out.size(); ++d) udims.push_back({static_cast<int>(d)});
+  r.operands.push_back(std::move(udims));
+  r.operands.push_back(std::move(idims));
+  return r;
+}
+double flops_scatter(const OpAttrs&, const Shapes& in, const Shape&) { return elems(in[0]); }
+int64_t bound_scatter(const OpAttrs& a, const Shapes&, int operand) { return operand == 1 ? a.depth : 0; }
+Tensor sample_scatter(Graph& g, SampleGen& r) {
+  Shape pre = r.shape(static_cast<int>(r.below(2)));
+  Shape ix = r.shape(1 + static_cast<int>(r.below(2)));
+  Shape post = r.shape(static_cast<int>(r.below(2)));
+  Shape u = pre;
+  u.insert(u.end(), ix.begin(), ix.end());
+  u.insert(u.end(), post.begin(), post.end());
+  // Depth at least the ids' draw range [0, 8) when bounded by it, often smaller tables.
+  return scatter_add(r.input(g, u), r.input(g, ix, DType::i32), r.dim(),
+                     static_cast<int64_t>(pre.size()));
+}
+
+}  // namespace
+
+void register_index_ops(std::vector<OpDef>& t) {
+  OpDef oh = entry(OpKind::OneHot, "one_hot", 1, 1, infer_one_hot, rule_one_hot, flops_out,
+                   sample_one_hot);
+  oh.attrs = {{"depth", AttrField::Depth}, {"dtype", AttrField::DType, false, true}};
+  oh.needs_offsets = true;
+  put(t, std::move(oh));
+
+  OpDef ga = entry(OpKind::Gather, "gather", 2, 2, infer_gather, rule_gather, flops_zero,
+                   sample_gather);
+  ga.attrs = {{"axis", AttrField::Axis}};
+  ga.normalize = normalize_gather;
+  ga.needs_offsets = true;
+  ga.index_bound = bound_gather;
+  put(t, std::move(ga));
+
+  OpDef sa = entry(OpKind::ScatterAdd, "scatter_add", 2, 2, infer_scatter, rule_scatter,
+                   flops_scatter, sample_scatter);
+  sa.attrs = {{"depth", AttrField::Depth}, {"axis", AttrField::Axis}};
+  sa.normalize = normalize_scatter;
+  sa.needs_offsets = true;
+  sa.index_bound = bound_scatter;
+  put(t, std::move(sa));
+}
+
+}  // namespace ops_detail
+
+using ops_detail::build;
+Tensor one_hot(Tensor ids, int64_t depth, DType dtype) {
+  OpAttrs a;
+  a.depth = depth;
+  a.dtype = dtype;
+  return build(OpKind::OneHot, {ids}, std::move(a));
+}
+Tensor gather(Tensor table, Tensor indices, int64_t axis) {
+  OpAttrs a;
+  a.axis = axis;
+  return build(OpKind::Gather, {table, indices}, std::move(a));
+}
+Tensor scatter_add(Tensor updates, Tensor indices, int64_t depth, int64_t axis) {
+  OpAttrs a;
+  a.depth = depth;
+  a.axis = axis;
+  return build(OpKind::ScatterAdd, {updates, indices}, std::move(a));
+}
+
+}  // namespace tessel
