@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tessel/executable.hpp"
+#include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/thread_communicator.hpp"
@@ -372,8 +373,9 @@ TEST_CASE("failures: a collective whose peer never arrives times out with a clea
       ts.emplace_back([&, d] {
         try {
           auto c = world.communicator(d, {"model"});
+          auto stream = make_cpu_backend({StreamMode::Eager, 1})->create_stream("test");
           std::vector<float> buf(64, 1.0f);
-          c->all_reduce(buf.data(), buf.data(), buf.size(), DType::f32, ReduceOp::Sum);
+          c->all_reduce(buf.data(), buf.data(), buf.size(), DType::f32, ReduceOp::Sum, *stream);
           errors[d] = "returned without its peer";
         } catch (const RuntimeError& e) {
           errors[d] = std::string("RuntimeError: ") + e.what();
