@@ -300,7 +300,7 @@ const ShardedArray& LoadedExecutable::output(const RunResult& r, const std::stri
   return r.outputs.at(output_index(name));
 }
 
-RunResult LoadedExecutable::run(const std::map<std::string, ShardedArray>& inputs, const RunOptions& opts) {
+RunResult LoadedExecutable::run_named(const std::map<std::string, ShardedArray>& inputs, const RunOptions& opts) {
   std::vector<ShardedArray> ordered(impl_->input_names.size());
   std::vector<bool> given(ordered.size(), false);
   for (const auto& [name, arr] : inputs) {

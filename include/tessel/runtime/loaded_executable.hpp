@@ -103,7 +103,7 @@ class LoadedExecutable {
   // input on a wrong array, and the device and instruction when one fails (all devices are
   // stopped first).
   RunResult run(const std::vector<ShardedArray>& inputs, const RunOptions& opts = {});
-  RunResult run(const std::map<std::string, ShardedArray>& inputs, const RunOptions& opts = {});
+  RunResult run_named(const std::map<std::string, ShardedArray>& inputs, const RunOptions& opts = {});
   // The output of a result by name.
   const ShardedArray& output(const RunResult& result, const std::string& name) const;
 
