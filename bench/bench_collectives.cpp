@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "tessel/mesh.hpp"
+#include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/thread_communicator.hpp"
 
 namespace {
@@ -51,6 +52,9 @@ class DevicePool {
       : n_(n), world_(tessel::Mesh({{"d", n}})), send_(static_cast<std::size_t>(n)),
         recv_(static_cast<std::size_t>(n)) {
     for (int d = 0; d < n; ++d) comms_.push_back(world_.communicator(d, {"d"}));
+    // Eager streams: the collective runs on the device thread that enqueues it (the busbw of
+    // the protocol itself, without a stream worker's hand-off).
+    for (int d = 0; d < n; ++d) streams_.push_back(backend_->create_stream("bench"));
     for (int d = 0; d < n; ++d) threads_.emplace_back([this, d] { loop(d); });
   }
   ~DevicePool() {
@@ -64,6 +68,7 @@ class DevicePool {
 
   int size() const { return n_; }
   Communicator& comm(int d) { return *comms_[static_cast<std::size_t>(d)]; }
+  tessel::Stream& stream(int d) { return *streams_[static_cast<std::size_t>(d)]; }
   char* send(int d) { return send_[static_cast<std::size_t>(d)].data(); }
   char* recv(int d) { return recv_[static_cast<std::size_t>(d)].data(); }
 
@@ -119,6 +124,8 @@ class DevicePool {
   const int n_;
   tessel::ThreadWorld world_;
   std::vector<std::unique_ptr<Communicator>> comms_;
+  std::unique_ptr<tessel::Backend> backend_ = tessel::make_cpu_backend({tessel::StreamMode::Eager, 1});
+  std::vector<std::unique_ptr<tessel::Stream>> streams_;
   std::vector<std::vector<char>> send_, recv_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
@@ -168,22 +175,23 @@ void bm_collective(benchmark::State& state, Kind kind, std::size_t size, int dev
   const std::size_t block = size / static_cast<std::size_t>(n);  // bytes per rank block
   const std::function<void(int)> job = [&](int d) {
     Communicator& c = p.comm(d);
+    tessel::Stream& st = p.stream(d);
     switch (kind) {
       case Kind::AllGather:
-        c.all_gather(p.send(d), p.recv(d), block);
+        c.all_gather(p.send(d), p.recv(d), block, st);
         break;
       case Kind::ReduceScatter:
-        c.reduce_scatter(p.send(d), p.recv(d), block / 4, DType::f32, ReduceOp::Sum);
+        c.reduce_scatter(p.send(d), p.recv(d), block / 4, DType::f32, ReduceOp::Sum, st);
         break;
       case Kind::AllReduce:
-        c.all_reduce(p.send(d), p.recv(d), size / 4, DType::f32, ReduceOp::Sum);
+        c.all_reduce(p.send(d), p.recv(d), size / 4, DType::f32, ReduceOp::Sum, st);
         break;
       case Kind::AllToAll:
-        c.all_to_all(p.send(d), p.recv(d), block);
+        c.all_to_all(p.send(d), p.recv(d), block, st);
         break;
       case Kind::Permute:
         c.collective_permute(p.send(d), (c.rank() + 1) % n, p.recv(d), (c.rank() + n - 1) % n,
-                             size);
+                             size, st);
         break;
     }
   };

@@ -3,13 +3,19 @@
 //   tessel::Executable exe = tessel::compile(graph, tessel::Mesh::parse("data=2,model=4"));
 //   std::vector<tessel::HostTensor> out = exe.run({x, w1, w2});   // global tensors in/out
 //
-// compile() = propagate + partition; run() scatters global host tensors to the devices'
-// shards, executes the SPMD program on every device of the mesh (CPU backend: one thread
-// per device, in-process communicator), and gathers the outputs back. run_sharded() takes
-// and returns per-device shards instead.
+// compile() = propagate + partition, and is pure. run() is a convenience over compile →
+// load → run (runtime/loaded_executable.hpp): on first use (and whenever the runtime or load
+// options in RunOptions change) it makes a ThreadRuntime and loads the program on it, then
+// keeps both; each call copies the global host tensors to the devices' shards, runs, and
+// gathers the outputs back. run_sharded() takes and returns per-device shards instead.
+// Steps that should keep values on the devices use load() and ShardedArrays directly.
+//
+// Thread safety: every member may be called from several threads at once; runs execute
+// one at a time, and last_stats() is the statistics of the last run that finished.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +24,7 @@
 #include "tessel/partition.hpp"
 #include "tessel/program.hpp"
 #include "tessel/propagate.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel {
@@ -25,25 +32,6 @@ namespace tessel {
 struct CompileOptions {
   PropagationOptions propagation;
   PartitionOptions partition;
-};
-
-struct RunOptions {
-  // Fill every buffer with NaN before it is written, and the gathered outputs before the
-  // gather: an element nobody writes then fails every comparison (tests turn this on).
-  bool poison = false;
-  // When gathering outputs, check that all replicas of every block agree bit for bit.
-  bool check_replicas = false;
-  int kernel_threads = 1;  // threads each device's kernels may use
-  // Chrome-trace JSON of every device's kernels and collectives; empty: the TESSEL_TRACE
-  // environment variable, when set, names the file.
-  std::string trace_path;
-  // > 0: a collective waiting longer than this aborts the run with an error naming it.
-  double collective_timeout_s = 0;
-};
-
-struct RunStats {
-  std::vector<int64_t> peak_bytes;  // per device: inputs, live intermediates and scratch
-  double seconds = 0;               // wall time of the device phase
 };
 
 class Executable {
@@ -68,17 +56,20 @@ class Executable {
   HostTensor gather(std::size_t output, const std::vector<HostTensor>& shards,
                     bool check_replicas = false) const;
 
-  const RunStats& last_stats() const { return stats_; }
+  // Statistics of the last run that finished (a copy: runs may happen concurrently).
+  RunStats last_stats() const;
+
+  struct RunCache;  // the runtime and loaded program of the conveniences (internal)
 
  private:
-  std::vector<std::vector<HostTensor>> run_devices(const std::vector<std::vector<const HostTensor*>>& in,
-                                                   const RunOptions& opts);
+  // The loaded program for opts (loading it on first use or when the options changed), with
+  // the cache's lock held by the caller.
+  LoadedExecutable& loaded_for(const RunOptions& opts);
   Graph graph_;
   Mesh mesh_;
   PropagationResult prop_;
   Program program_;
-  std::vector<int> last_use_;
-  RunStats stats_;
+  std::shared_ptr<RunCache> cache_;
 };
 
 Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& opts = {});

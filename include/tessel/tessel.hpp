@@ -15,5 +15,8 @@
 #include "tessel/sharding.hpp"
 #include "tessel/text.hpp"
 #include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
+#include "tessel/runtime/sharded_array.hpp"
 #include "tessel/runtime/tensor.hpp"
+#include "tessel/runtime/thread_runtime.hpp"

@@ -1,14 +1,131 @@
 // The CPU backend: host buffers (not zero-filled: every buffer is written before it is
-// read), the Eigen kernels, and eager streams/events.
+// read), the Eigen kernels, block copies, and CPU streams (a worker thread per stream in async
+// mode, inline in eager mode) with events that are real fences.
+#include <fmt/format.h>
+
 #include <cstring>
 #include <limits>
 #include <new>
+#include <system_error>
 
+#include "cpu_stream.hpp"
 #include "tessel/runtime/backend.hpp"
+#include "tessel/runtime/block_copy.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel {
+
+const char* stream_mode_name(StreamMode m) { return m == StreamMode::Async ? "async" : "eager"; }
+
+namespace detail {
+
+CpuStream::CpuStream(StreamMode mode, std::string name) : mode_(mode), name_(std::move(name)) {
+  if (mode_ == StreamMode::Async) {
+    try {
+      thread_ = std::thread([this] { worker(); });
+    } catch (const std::system_error& e) {
+      throw RuntimeError(fmt::format("cpu backend: cannot start the worker thread of stream '{}': {}",
+                                     name_, e.what()));
+    }
+  }
+}
+
+CpuStream::~CpuStream() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_work_.notify_all();
+    thread_.join();
+  }
+}
+
+void CpuStream::run_task(Task& t) {
+  if (failed_.load(std::memory_order_relaxed) && !t.always) return;
+  try {
+    t.fn();
+  } catch (...) {
+    std::string msg;
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+      msg = "unknown exception";
+    }
+    if (t.label) msg = std::string(t.label) + ": " + msg;
+    std::exception_ptr ep = t.label ? std::make_exception_ptr(RuntimeError(msg)) : std::current_exception();
+    if (mode_ == StreamMode::Eager) std::rethrow_exception(ep);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_) {
+      error_ = ep;
+      error_msg_ = msg;
+    }
+    failed_.store(true, std::memory_order_release);
+  }
+}
+
+void CpuStream::enqueue(std::function<void()> fn, bool always) {
+  Task t{std::move(fn), label_, always};
+  if (mode_ == StreamMode::Eager) {
+    run_task(t);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back(std::move(t));
+    ++enqueued_;
+  }
+  cv_work_.notify_one();
+}
+
+void CpuStream::worker() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (true) {
+    cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and drained
+    Task t = std::move(queue_.front());
+    queue_.pop_front();
+    lk.unlock();
+    run_task(t);
+    t.fn = nullptr;  // destroy captures (e.g. released buffers) before reporting progress
+    lk.lock();
+    ++finished_;
+    if (finished_ == enqueued_) cv_idle_.notify_all();
+  }
+}
+
+void CpuStream::synchronize() {
+  std::exception_ptr err;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_idle_.wait(lk, [&] { return finished_ == enqueued_; });
+    err = error_;
+    error_ = nullptr;
+    error_msg_.clear();
+    failed_.store(false, std::memory_order_release);
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+std::string CpuStream::error_message() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_msg_;
+}
+
+CpuStream& cpu_stream(Stream& s, const char* who) {
+  auto* c = dynamic_cast<CpuStream*>(&s);
+  if (!c) throw RuntimeError(fmt::format("{}: the stream is not a CPU backend stream", who));
+  return *c;
+}
+
+}  // namespace detail
+
 namespace {
+
+using detail::CpuStream;
+using detail::cpu_stream;
 
 class CpuBuffer final : public Buffer {
  public:
@@ -27,89 +144,164 @@ class CpuBuffer final : public Buffer {
   std::size_t bytes_;
 };
 
-// A non-owning view of caller memory (inputs are only read by kernels).
-class HostView final : public Buffer {
- public:
-  HostView(const void* p, std::size_t bytes) : p_(const_cast<void*>(p)), bytes_(bytes) {}
-  void* data() override { return p_; }
-  const void* data() const override { return p_; }
-  std::size_t bytes() const override { return bytes_; }
+// Completion of the records of one event: record k completes when its stream reaches it.
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<uint64_t> recorded{0};  // records made by the host
+  uint64_t completed = 0;             // guarded by mu
+  uint64_t last_failed = 0;           // guarded by mu: the last record whose stream had failed
+  std::string failure;                // guarded by mu
 
- private:
-  void* p_;
-  std::size_t bytes_;
-};
-
-class CpuStream final : public Stream {
- public:
-  void synchronize() override {}
+  // Waits for record `target`; throws when a stream had failed at or after it.
+  void wait_for(uint64_t target) {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return completed >= target; });
+    if (last_failed >= target)
+      throw RuntimeError("waited for an event of a stream that had failed: " + failure);
+  }
 };
 
 class CpuEvent final : public Event {
  public:
-  void record(Stream&) override {}
-  void wait(Stream&) override {}
-  void synchronize() override {}
+  void record(Stream& s) override {
+    CpuStream& cs = cpu_stream(s, "Event::record");
+    const uint64_t k = st_->recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
+    auto st = st_;
+    CpuStream* csp = &cs;
+    cs.enqueue(
+        [st, k, csp] {
+          const bool failed = csp->failed();
+          std::string why = failed ? csp->error_message() : std::string();
+          {
+            std::lock_guard<std::mutex> lk(st->mu);
+            if (k > st->completed) st->completed = k;
+            if (failed) {
+              st->last_failed = k;
+              st->failure = why;
+            }
+          }
+          st->cv.notify_all();
+        },
+        /*always=*/true);
+  }
+  void wait(Stream& s) override {
+    CpuStream& cs = cpu_stream(s, "Event::wait");
+    const uint64_t target = st_->recorded.load(std::memory_order_acquire);
+    if (target == 0) return;
+    auto st = st_;
+    cs.enqueue([st, target] { st->wait_for(target); });
+  }
+  void synchronize() override {
+    const uint64_t target = st_->recorded.load(std::memory_order_acquire);
+    if (target != 0) st_->wait_for(target);
+  }
+
+ private:
+  std::shared_ptr<EventState> st_ = std::make_shared<EventState>();
 };
+
+void poison_now(void* data, std::size_t bytes, DType dtype) {
+  std::size_t n = bytes / dtype_size(dtype);
+  switch (dtype) {
+    case DType::f32: {
+      float* p = static_cast<float*>(data);
+      for (std::size_t i = 0; i < n; ++i) p[i] = std::numeric_limits<float>::quiet_NaN();
+      break;
+    }
+    case DType::i32: {
+      int32_t* p = static_cast<int32_t*>(data);
+      for (std::size_t i = 0; i < n; ++i) p[i] = std::numeric_limits<int32_t>::min();
+      break;
+    }
+    default: {
+      uint16_t* p = static_cast<uint16_t*>(data);
+      uint16_t nan = dtype == DType::bf16 ? 0x7FC0 : 0x7E00;
+      for (std::size_t i = 0; i < n; ++i) p[i] = nan;
+    }
+  }
+}
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : threads_(threads < 1 ? 1 : threads) {}
-  std::string name() const override { return "cpu"; }
-  std::unique_ptr<Buffer> allocate(std::size_t bytes) override { return std::make_unique<CpuBuffer>(bytes); }
-  std::unique_ptr<Buffer> wrap_host(const void* host, std::size_t bytes) override {
-    return std::make_unique<HostView>(host, bytes);
-  }
-  void copy_from_host(Buffer& dst, const void* src, std::size_t bytes, Stream&) override {
-    if (bytes) std::memcpy(dst.data(), src, bytes);
-  }
-  void copy_to_host(void* dst, const Buffer& src, std::size_t bytes, Stream&) override {
-    if (bytes) std::memcpy(dst, src.data(), bytes);
-  }
-  void copy(Buffer& dst, std::size_t doff, const Buffer& src, std::size_t soff, std::size_t bytes, Stream&) override {
-    if (bytes) std::memcpy(static_cast<std::byte*>(dst.data()) + doff,
-                           static_cast<const std::byte*>(src.data()) + soff, bytes);
-  }
-  void poison(Buffer& b, DType dtype, Stream&) override {
-    std::size_t n = b.bytes() / dtype_size(dtype);
-    switch (dtype) {
-      case DType::f32: {
-        float* p = static_cast<float*>(b.data());
-        for (std::size_t i = 0; i < n; ++i) p[i] = std::numeric_limits<float>::quiet_NaN();
-        break;
-      }
-      case DType::i32: {
-        int32_t* p = static_cast<int32_t*>(b.data());
-        for (std::size_t i = 0; i < n; ++i) p[i] = std::numeric_limits<int32_t>::min();
-        break;
-      }
-      default: {
-        uint16_t* p = static_cast<uint16_t*>(b.data());
-        uint16_t nan = dtype == DType::bf16 ? 0x7FC0 : 0x7E00;
-        for (std::size_t i = 0; i < n; ++i) p[i] = nan;
-      }
+  explicit CpuBackend(const CpuBackendOptions& o)
+      : mode_(o.mode), threads_(o.kernel_threads < 1 ? 1 : o.kernel_threads) {}
+  std::string name() const override { return std::string("cpu (") + stream_mode_name(mode_) + ")"; }
+  std::unique_ptr<Buffer> allocate(std::size_t bytes) override {
+    try {
+      return std::make_unique<CpuBuffer>(bytes);
+    } catch (const std::bad_alloc&) {
+      throw RuntimeError(fmt::format("cpu backend: cannot allocate {} bytes", bytes));
     }
   }
-  void run_kernel(const KernelArgs& args, Stream&) override {
-    if (args.num_threads == threads_) {
-      run_cpu_kernel(args);
-    } else {
-      KernelArgs a = args;
-      a.num_threads = threads_;
-      run_cpu_kernel(a);
-    }
+  void release(std::shared_ptr<Buffer> b, Stream& s) override {
+    CpuStream& cs = cpu_stream(s, "release");
+    if (cs.mode() == StreamMode::Eager) return;  // b dies here
+    // The task owns the reference; the worker drops it after the earlier tasks ran.
+    cs.enqueue([b = std::move(b)]() mutable { b.reset(); }, /*always=*/true);
   }
-  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }
+  void copy_from_host(Buffer& dst, const void* src, std::size_t bytes, Stream& s) override {
+    check_bytes("copy_from_host", bytes, dst.bytes());
+    void* d = dst.data();
+    if (bytes) cpu_stream(s, "copy_from_host").enqueue([d, src, bytes] { std::memcpy(d, src, bytes); });
+  }
+  void copy_to_host(void* dst, const Buffer& src, std::size_t bytes, Stream& s) override {
+    check_bytes("copy_to_host", bytes, src.bytes());
+    const void* sp = src.data();
+    if (bytes) cpu_stream(s, "copy_to_host").enqueue([dst, sp, bytes] { std::memcpy(dst, sp, bytes); });
+  }
+  void copy(Buffer& dst, std::size_t doff, const Buffer& src, std::size_t soff, std::size_t bytes,
+            Stream& s) override {
+    check_bytes("copy (destination)", doff + bytes, dst.bytes());
+    check_bytes("copy (source)", soff + bytes, src.bytes());
+    auto* d = static_cast<std::byte*>(dst.data()) + doff;
+    const auto* sp = static_cast<const std::byte*>(src.data()) + soff;
+    if (bytes) cpu_stream(s, "copy").enqueue([d, sp, bytes] { std::memcpy(d, sp, bytes); });
+  }
+  void copy_block(Buffer& dst, const Buffer& src, const BlockCopy& c, Stream& s) override {
+    const std::size_t sb = static_cast<std::size_t>(num_elements(c.src_shape)) * c.elem_bytes;
+    const std::size_t db = static_cast<std::size_t>(num_elements(c.dst_shape)) * c.elem_bytes;
+    check_bytes("copy_block (source)", c.src_byte_offset + sb, src.bytes());
+    check_bytes("copy_block (destination)", c.dst_byte_offset + db, dst.bytes());
+    const auto* sp = static_cast<const std::byte*>(src.data()) + c.src_byte_offset;
+    auto* d = static_cast<std::byte*>(dst.data()) + c.dst_byte_offset;
+    cpu_stream(s, "copy_block").enqueue([sp, d, c] {
+      tessel::copy_block(sp, c.src_shape, c.src_offset, d, c.dst_shape, c.dst_offset, c.block, c.elem_bytes);
+    });
+  }
+  void poison(Buffer& b, DType dtype, Stream& s) override {
+    void* d = b.data();
+    std::size_t bytes = b.bytes();
+    cpu_stream(s, "poison").enqueue([d, bytes, dtype] { poison_now(d, bytes, dtype); });
+  }
+  void run_kernel(const KernelArgs& args, Stream& s) override {
+    CpuStream& cs = cpu_stream(s, "run_kernel");
+    KernelArgs a = args;
+    a.num_threads = threads_;
+    cs.enqueue([a = std::move(a)] { run_cpu_kernel(a); });
+  }
+  void launch_host_func(Stream& s, std::function<void()> fn) override {
+    cpu_stream(s, "launch_host_func").enqueue(std::move(fn), /*always=*/true);
+  }
+  std::unique_ptr<Stream> create_stream(const std::string& name) override {
+    return std::make_unique<CpuStream>(mode_, name);
+  }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
 
  private:
+  static void check_bytes(const char* what, std::size_t need, std::size_t have) {
+    if (need > have)
+      throw RuntimeError(fmt::format("cpu backend: {} of {} bytes exceeds the buffer of {} bytes", what,
+                                     need, have));
+  }
+  StreamMode mode_;
   int threads_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int kernel_threads) {
-  return std::make_unique<CpuBackend>(kernel_threads);
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
 }
 
 }  // namespace tessel

@@ -27,8 +27,12 @@
 // always completes and is never abandoned.
 #include "tessel/runtime/thread_communicator.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <condition_variable>
 #include <cstring>
 #include <limits>
@@ -38,6 +42,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
+
+#include "cpu_stream.hpp"
 
 namespace tessel {
 namespace {
@@ -325,7 +331,67 @@ class ThreadCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return g_->n; }
 
-  void all_gather(const void* send, void* recv, std::size_t bytes) override {
+  // ---- the stream-ordered interface: each call is a task on the caller's CPU stream ----
+
+  void all_gather(const void* send, void* recv, std::size_t bytes, Stream& s) override {
+    submit(s, [=] { do_all_gather(send, recv, bytes); });
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                      Stream& s) override {
+    submit(s, [=] { do_reduce_scatter(send, recv, count, dtype, op); });
+  }
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                  Stream& s) override {
+    submit(s, [=] { do_all_reduce(send, recv, count, dtype, op); });
+  }
+  void all_to_all(const void* send, void* recv, std::size_t bytes, Stream& s) override {
+    submit(s, [=] { do_all_to_all(send, recv, bytes); });
+  }
+  void collective_permute(const void* send, int send_to, void* recv, int recv_from,
+                          std::size_t bytes, Stream& s) override {
+    submit(s, [=] { do_collective_permute(send, send_to, recv, recv_from, bytes); });
+  }
+  void send(const void* buf, std::size_t bytes, int peer, Stream& s) override {
+    if (in_group_) {
+      group_stream(s);
+      group_.push_back(GroupOp{nullptr, buf, bytes, peer});
+      return;
+    }
+    submit(s, [=] { do_send(buf, bytes, peer); });
+  }
+  void recv(void* buf, std::size_t bytes, int peer, Stream& s) override {
+    submit(s, [=] { do_recv(buf, bytes, peer); });
+  }
+  void broadcast(void* buf, std::size_t bytes, int root, Stream& s) override {
+    submit(s, [=] { do_broadcast(buf, bytes, root); });
+  }
+  void barrier(Stream& s) override {
+    submit(s, [=] { do_barrier(); });
+  }
+
+  void group_start() override {
+    if (in_group_)
+      throw RuntimeError("tessel: group_start on " + g_->describe() + " (rank " +
+                         std::to_string(rank_) + "): a group is already open (groups do not nest)");
+    in_group_ = true;
+    group_stream_ = nullptr;
+    group_.clear();
+  }
+
+  void group_end() override {
+    if (!in_group_)
+      throw RuntimeError("tessel: group_end on " + g_->describe() + " (rank " +
+                         std::to_string(rank_) + ") without group_start");
+    in_group_ = false;
+    if (group_.empty()) return;
+    auto ops = std::make_shared<std::vector<GroupOp>>(std::move(group_));
+    group_.clear();
+    detail::cpu_stream(*group_stream_, "thread communicator").enqueue([this, ops] { run_group(*ops); });
+  }
+
+  void abort(const std::string& reason) override { world_->abort(reason); }
+
+  void do_all_gather(const void* send, void* recv, std::size_t bytes) {
     const int n = g_->n;
     char* out = static_cast<char*>(recv);
     const bool in_place = send == out + static_cast<std::size_t>(rank_) * bytes;
@@ -343,8 +409,8 @@ class ThreadCommunicator final : public Communicator {
     meet_done();
   }
 
-  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
-                      ReduceOp op) override {
+  void do_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                         ReduceOp op) {
     const int n = g_->n;
     const std::size_t blk = count * elem_size(dtype);
     const bool in_place =
@@ -363,8 +429,8 @@ class ThreadCommunicator final : public Communicator {
     meet_done();
   }
 
-  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
-                  ReduceOp op) override {
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                     ReduceOp op) {
     const int n = g_->n;
     const std::size_t es = elem_size(dtype);
     if (send != recv && overlaps(send, count * es, recv, count * es))
@@ -394,7 +460,7 @@ class ThreadCommunicator final : public Communicator {
     meet_done();
   }
 
-  void all_to_all(const void* send, void* recv, std::size_t bytes) override {
+  void do_all_to_all(const void* send, void* recv, std::size_t bytes) {
     const int n = g_->n;
     // Peers read block `their rank` of our send while we write our recv: any overlap
     // (including in place) goes through scratch.
@@ -414,8 +480,8 @@ class ThreadCommunicator final : public Communicator {
     meet_done();
   }
 
-  void collective_permute(const void* send, int send_to, void* recv, int recv_from,
-                          std::size_t bytes) override {
+  void do_collective_permute(const void* send, int send_to, void* recv, int recv_from,
+                             std::size_t bytes) {
     const int n = g_->n;
     if (send_to < -1 || send_to >= n || recv_from < -1 || recv_from >= n) {
       fail("collective_permute", "rank " + std::to_string(rank_) + " of " + g_->describe() +
@@ -439,7 +505,9 @@ class ThreadCommunicator final : public Communicator {
     meet_done();
   }
 
-  void send(const void* buf, std::size_t bytes, int peer) override {
+  // A send is two halves: post (publish the buffer) and wait (until the receiver copied
+  // it). A plain send does both; a group posts all its sends before running its receives.
+  void send_post(const void* buf, std::size_t bytes, int peer) {
     check_peer("send", peer);
     auto& g = *g_;
     auto& ch = g.p2p[static_cast<std::size_t>(rank_) * g.n + peer];
@@ -449,12 +517,18 @@ class ThreadCommunicator final : public Communicator {
       lk.unlock();
       fail("send", "two sends from rank " + std::to_string(rank_) + " to rank " +
                        std::to_string(peer) + " of " + g.describe() +
-                       " at once (use one thread per device)");
+                       " at once (use one stream per device and group sends)");
     }
     ch.ptr = buf;
     ch.bytes = bytes;
     ch.state = detail::P2PChannel::Posted;
     g.cv.notify_all();
+  }
+
+  void send_wait(int peer) {
+    auto& g = *g_;
+    auto& ch = g.p2p[static_cast<std::size_t>(rank_) * g.n + peer];
+    std::unique_lock<std::mutex> lk(g.mu);
     const auto deadline = deadline_from_now();
     // Leave early only while the receiver has not taken our buffer.
     auto ready = [&] {
@@ -475,7 +549,12 @@ class ThreadCommunicator final : public Communicator {
     if (!done) throw aborted_error("send");
   }
 
-  void recv(void* buf, std::size_t bytes, int peer) override {
+  void do_send(const void* buf, std::size_t bytes, int peer) {
+    send_post(buf, bytes, peer);
+    send_wait(peer);
+  }
+
+  void do_recv(void* buf, std::size_t bytes, int peer) {
     check_peer("recv", peer);
     auto& g = *g_;
     auto& ch = g.p2p[static_cast<std::size_t>(peer) * g.n + rank_];
@@ -505,7 +584,7 @@ class ThreadCommunicator final : public Communicator {
     g.cv.notify_all();
   }
 
-  void broadcast(void* buf, std::size_t bytes, int root) override {
+  void do_broadcast(void* buf, std::size_t bytes, int root) {
     if (root < 0 || root >= g_->n)
       fail("broadcast", "root " + std::to_string(root) + " is not a rank of " + g_->describe());
     ThreadSlot& s = begin(Kind::Broadcast);
@@ -518,12 +597,66 @@ class ThreadCommunicator final : public Communicator {
     meet_done();
   }
 
-  void barrier() override {
+  void do_barrier() {
     begin(Kind::Barrier);
     meet_and_validate(Kind::Barrier);
   }
 
  private:
+  // One call of a group: a send (fn empty) or any other call (fn).
+  struct GroupOp {
+    std::function<void()> fn;
+    const void* buf = nullptr;
+    std::size_t bytes = 0;
+    int peer = -1;
+  };
+
+  void group_stream(Stream& s) {
+    if (group_stream_ && group_stream_ != &s)
+      throw RuntimeError("tessel: a group on " + g_->describe() + " (rank " + std::to_string(rank_) +
+                         ") mixes streams; enqueue every call of a group on one stream");
+    group_stream_ = &s;
+  }
+
+  void submit(Stream& s, std::function<void()> fn) {
+    if (in_group_) {
+      group_stream(s);
+      group_.push_back(GroupOp{std::move(fn), nullptr, 0, -1});
+      return;
+    }
+    detail::cpu_stream(s, "thread communicator").enqueue(std::move(fn));
+  }
+
+  // Posts every send, runs the other calls in order, then waits for the sends. On an error
+  // the world is aborted first, so that the sends left are withdrawn (or finish being read)
+  // and no peer can read our buffers after we leave.
+  void run_group(std::vector<GroupOp>& ops) {
+    std::vector<int> posted;
+    try {
+      for (const auto& op : ops)
+        if (!op.fn) {
+          send_post(op.buf, op.bytes, op.peer);
+          posted.push_back(op.peer);
+        }
+      for (const auto& op : ops)
+        if (op.fn) op.fn();
+      while (!posted.empty()) {
+        const int peer = posted.back();
+        posted.pop_back();
+        send_wait(peer);
+      }
+    } catch (const std::exception& e) {
+      world_->abort(std::string("tessel: group on ") + g_->describe() + " failed: " + e.what());
+      for (int peer : posted) {
+        try {
+          send_wait(peer);
+        } catch (...) {
+        }
+      }
+      throw;
+    }
+  }
+
   [[noreturn]] void fail(const char* what, const std::string& msg) {
     const std::string full = std::string("tessel: ") + what + ": " + msg;
     world_->abort(full);
@@ -560,9 +693,13 @@ class ThreadCommunicator final : public Communicator {
 
   Clock::time_point deadline_from_now() const {
     const double t = world_->options().timeout_seconds;
-    if (t <= 0) return Clock::time_point::max();
-    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(t));
+    if (!(t > 0) || std::isinf(t)) return Clock::time_point::max();  // 0 or inf: none
+    const auto now = Clock::now();
+    // Convert in double and compare before casting: a deadline past the clock's range (about
+    // 292 years of nanoseconds) would overflow the integer conversion; it means "never".
+    const double left = std::chrono::duration<double>(Clock::time_point::max() - now).count();
+    if (t >= left) return Clock::time_point::max();
+    return now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
   }
 
   // One wait on the group condvar; false when the deadline passed.
@@ -692,12 +829,19 @@ class ThreadCommunicator final : public Communicator {
   int parity_ = 0;
   std::vector<const void*> ptrs_;
   std::vector<char> scratch_;
+  // Host side (the thread that enqueues): the open group, if any.
+  bool in_group_ = false;
+  Stream* group_stream_ = nullptr;
+  std::vector<GroupOp> group_;
 };
 
 }  // namespace
 
 ThreadWorld::ThreadWorld(const Mesh& mesh, ThreadWorldOptions options)
     : mesh_(mesh), options_(options) {
+  if (std::isnan(options_.timeout_seconds) || options_.timeout_seconds < 0)
+    throw RuntimeError(fmt::format("tessel: ThreadWorldOptions::timeout_seconds must be >= 0 "
+                                   "(0 or inf: no timeout), got {}", options_.timeout_seconds));
   if (options_.spin_iterations >= 0) {
     spin_iterations_ = options_.spin_iterations;
   } else {

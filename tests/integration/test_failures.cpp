@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tessel/executable.hpp"
+#include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/thread_communicator.hpp"
@@ -123,8 +124,9 @@ void check_names_owner(const std::string& msg, const std::vector<int64_t>& owner
 
 // Runs exe with the reference and checks every output.
 void check_against_reference(Executable& exe, const std::vector<HostTensor>& inputs,
-                             const std::string& what) {
+                             const std::string& what, StreamMode mode = StreamMode::Async) {
   RunOptions ro;
+  ro.stream_mode = mode;
   ro.poison = true;
   ro.check_replicas = true;
   ro.collective_timeout_s = 120;  // a lost peer fails the run instead of hanging it
@@ -140,8 +142,10 @@ void check_against_reference(Executable& exe, const std::vector<HostTensor>& inp
 
 // A kernel failure on the one device that owns `bad_row`: the run throws promptly, names
 // that device and the op, and the same Executable runs fine afterwards.
-void kernel_failure_case(const std::string& mesh_spec, int64_t bad_row, uint64_t seed) {
-  INFO("mesh " << mesh_spec << " bad row " << bad_row << " seed " << seed);
+void kernel_failure_case(const std::string& mesh_spec, int64_t bad_row, uint64_t seed, StreamMode mode) {
+  INFO("mesh " << mesh_spec << " bad row " << bad_row << " seed " << seed << " streams " << stream_mode_name(mode));
+  RunOptions mode_only;
+  mode_only.stream_mode = mode;
   LossGraph lg(mesh_spec);
   Executable exe = compile(lg.g, lg.mesh);
   auto inputs = lg.inputs(seed);
@@ -153,7 +157,7 @@ void kernel_failure_case(const std::string& mesh_spec, int64_t bad_row, uint64_t
 
   auto t0 = std::chrono::steady_clock::now();
   std::string msg = error_of<RuntimeError>(fmt::format("run with a bad label on {}", mesh_spec),
-                                           [&] { return exe.run(inputs); });
+                                           [&] { return exe.run(inputs, mode_only); });
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(msg);
   check_names_owner(msg, owners);
@@ -164,10 +168,10 @@ void kernel_failure_case(const std::string& mesh_spec, int64_t bad_row, uint64_t
 
   // The same executable is not poisoned by the failure.
   labels.set(bad_index, 1.0);
-  check_against_reference(exe, inputs, fmt::format("rerun on {}", mesh_spec));
+  check_against_reference(exe, inputs, fmt::format("rerun on {}", mesh_spec), mode);
   // ...and fails again, the same way, when given the bad input again.
   labels.set(bad_index, -1.0);
-  std::string msg2 = error_of<RuntimeError>("second bad run", [&] { return exe.run(inputs); });
+  std::string msg2 = error_of<RuntimeError>("second bad run", [&] { return exe.run(inputs, mode_only); });
   check_names_owner(msg2, owners);
   CHECK_THAT(msg2, Catch::Contains("cross_entropy"));
 }
@@ -319,20 +323,23 @@ TEST_CASE("failures: a kernel error on one device stops all devices and names it
           "[integration][failures]") {
   // B = 4: rows 0..1 live on the data=0 devices, rows 2..3 on data=1 (each replicated over
   // model, so both replicas fail; the first in position order is reported).
-  kernel_failure_case("data=2,model=2", 3, 11);
-  kernel_failure_case("data=2,model=2", 0, 12);
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  kernel_failure_case("data=2,model=2", 3, 11, mode);
+  kernel_failure_case("data=2,model=2", 0, 12, mode);
 }
 
 TEST_CASE("failures: a kernel error on one device of 8 stops all devices",
           "[integration][failures]") {
-  kernel_failure_case("data=8", 13, 21);  // rows 12,13 -> device 6
-  kernel_failure_case("data=8", 15, 22);  // the last device
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  kernel_failure_case("data=8", 13, 21, mode);  // rows 12,13 -> device 6
+  kernel_failure_case("data=8", 15, 22, mode);  // the last device
 }
 
 TEST_CASE("failures: a kernel error on one device of 64 stops all devices",
           "[integration][failures]") {
-  kernel_failure_case("data=64", 77, 31);  // rows 76,77 -> device 38
-  kernel_failure_case("data=16,model=4", 3, 32);
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  kernel_failure_case("data=64", 77, 31, mode);  // rows 76,77 -> device 38
+  kernel_failure_case("data=16,model=4", 3, 32, mode);
 }
 
 TEST_CASE("failures: a 64-device mesh runs correctly", "[integration][failures]") {
@@ -350,7 +357,8 @@ output %y, %m
 )", "mlp64.tsl");
   Executable exe = compile(g, *g.mesh);
   REQUIRE(exe.mesh().num_devices() == 64);
-  check_against_reference(exe, random_inputs(g, 64), "64-device MLP");
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  check_against_reference(exe, random_inputs(g, 64), "64-device MLP", mode);
 }
 
 // ---- collective timeout ---------------------------------------------------------------------
@@ -372,8 +380,9 @@ TEST_CASE("failures: a collective whose peer never arrives times out with a clea
       ts.emplace_back([&, d] {
         try {
           auto c = world.communicator(d, {"model"});
+          auto stream = make_cpu_backend({StreamMode::Eager, 1})->create_stream("test");
           std::vector<float> buf(64, 1.0f);
-          c->all_reduce(buf.data(), buf.data(), buf.size(), DType::f32, ReduceOp::Sum);
+          c->all_reduce(buf.data(), buf.data(), buf.size(), DType::f32, ReduceOp::Sum, *stream);
           errors[d] = "returned without its peer";
         } catch (const RuntimeError& e) {
           errors[d] = std::string("RuntimeError: ") + e.what();
@@ -408,8 +417,10 @@ TEST_CASE("failures: run with a collective timeout either succeeds or fails clea
   LossGraph lg("data=8");
   Executable exe = compile(lg.g, lg.mesh);
   auto inputs = lg.inputs(5);
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   for (double t : {1e-9, 1e-6, 1e-4}) {
     RunOptions ro;
+    ro.stream_mode = mode;
     ro.collective_timeout_s = t;
     try {
       guarded(fmt::format("run with collective_timeout_s={}", t), [&] { return exe.run(inputs, ro); });
@@ -420,7 +431,7 @@ TEST_CASE("failures: run with a collective timeout either succeeds or fails clea
       CHECK_THAT(msg, Catch::Contains("all_reduce") || Catch::Contains("all-reduce"));
     }
   }
-  check_against_reference(exe, inputs, "after timeouts");
+  check_against_reference(exe, inputs, "after timeouts", mode);
 }
 
 // ---- compile-time errors ----------------------------------------------------------------------

@@ -12,6 +12,7 @@
 using namespace tessel;
 
 TEST_CASE("models: GPT partitioned == reference on data x model meshes", "[integration][models]") {
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   uint64_t seed = tessel_test::seed();
   INFO("seed " << seed);
   GptConfig cfg;
@@ -30,6 +31,7 @@ TEST_CASE("models: GPT partitioned == reference on data x model meshes", "[integ
     Mesh mesh = Mesh::parse(spec);
     Executable exe = compile(m.graph, mesh);
     RunOptions ro;
+    ro.stream_mode = mode;
     ro.poison = true;
     ro.check_replicas = true;
     auto got = exe.run(inputs, ro);

@@ -90,6 +90,7 @@ struct ChainGen {
 TEST_CASE("property: random multi-op graphs, partitioned == reference", "[integration][property]") {
   uint64_t seed = tessel_test::seed();
   int cases = tessel_test::cases(400);
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   std::mt19937_64 rng(seed);
   for (int c = 0; c < cases; ++c) {
     uint64_t case_seed = rng();
@@ -121,6 +122,8 @@ TEST_CASE("property: random multi-op graphs, partitioned == reference", "[integr
     ro.poison = true;
     ro.check_replicas = true;
     ro.collective_timeout_s = 60;
+    ro.stream_mode = mode;
+    INFO("streams " << stream_mode_name(mode));
     auto got = exe.run(inputs, ro);
     auto want = run_reference(g, inputs);
     CompareResult cmp = compare(got[0], want[0], max_abs(inputs));

@@ -20,12 +20,22 @@
 #include <vector>
 
 #include "tessel/mesh.hpp"
+#include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "tessel/runtime/thread_communicator.hpp"
 
 using namespace tessel;
 
 namespace {
+
+// The calling thread's eager CPU stream: collectives enqueued on it run at once on this
+// thread, so these tests drive the blocking protocol directly (the async streams are tested
+// below and by the executor suites).
+Stream& eager() {
+  thread_local std::unique_ptr<Stream> s =
+      make_cpu_backend({StreamMode::Eager, 1})->create_stream("test thread");
+  return *s;
+}
 
 uint64_t splitmix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -229,7 +239,7 @@ struct Suite {
     int32_t* sp = send.data();
     if (in_place) sp = recv.data() + r() * cnt;
     fill(dt, sp, cnt, seed, members[r()], tag);
-    c.all_gather(sp, recv.data(), cnt * 4);
+    c.all_gather(sp, recv.data(), cnt * 4, eager());
     check(std::string("all_gather") + (in_place ? " in place" : ""), dt, recv.data(), n_ * cnt,
           [&](std::size_t i) { return gen_bits(dt, seed, members[i / cnt], tag, i % cnt); });
     check("all_gather guard", dt, recv.data() + n_ * cnt, 1, [](std::size_t) { return 0xA5A5A5A5u; });
@@ -245,7 +255,7 @@ struct Suite {
     poison_fill(recv_buf);
     fill(dt, send.data(), n_ * cnt, seed, members[r()], tag);
     char* rp = in_place ? send.data() + r() * cnt * es : recv_buf.data();
-    c.reduce_scatter(send.data(), rp, cnt, dt, op);
+    c.reduce_scatter(send.data(), rp, cnt, dt, op, eager());
     check(std::string("reduce_scatter ") + dtype_name(dt) + (op == ReduceOp::Sum ? " sum" : " max") +
               (in_place ? " in place" : ""),
           dt, rp, cnt,
@@ -265,7 +275,7 @@ struct Suite {
     poison_fill(recv_buf);
     fill(dt, send.data(), cnt, seed, members[r()], tag);
     char* rp = in_place ? send.data() : recv_buf.data();
-    c.all_reduce(send.data(), rp, cnt, dt, op);
+    c.all_reduce(send.data(), rp, cnt, dt, op, eager());
     check(std::string("all_reduce ") + dtype_name(dt) + (op == ReduceOp::Sum ? " sum" : " max") +
               (in_place ? " in place" : ""),
           dt, rp, cnt,
@@ -286,7 +296,7 @@ struct Suite {
     poison_fill(recv_buf);
     fill(dt, send.data(), n_ * cnt, seed, members[r()], tag);
     int32_t* rp = in_place ? send.data() : recv_buf.data();
-    c.all_to_all(send.data(), rp, cnt * 4);
+    c.all_to_all(send.data(), rp, cnt * 4, eager());
     check(std::string("all_to_all") + (in_place ? " in place" : ""), dt, rp, n_ * cnt,
           [&](std::size_t i) {
             return gen_bits(dt, seed, members[i / cnt], tag, r() * cnt + i % cnt);
@@ -306,7 +316,7 @@ struct Suite {
     poison_fill(recv_buf);
     fill(dt, send.data(), cnt, seed, members[rk], tag);
     int32_t* rp = in_place ? send.data() : recv_buf.data();
-    c.collective_permute(send.data(), to, rp, from, cnt * 4);
+    c.collective_permute(send.data(), to, rp, from, cnt * 4, eager());
     check("collective_permute shift " + std::to_string(shift) + (partial ? " partial" : "") +
               (in_place ? " in place" : ""),
           dt, rp, cnt, [&](std::size_t k) {
@@ -321,7 +331,7 @@ struct Suite {
     std::vector<float> buf(cnt);
     poison_fill(buf);
     if (r() == root) fill(dt, buf.data(), cnt, seed, members[root], tag);
-    c.broadcast(buf.data(), cnt * 4, root);
+    c.broadcast(buf.data(), cnt * 4, root, eager());
     check("broadcast root " + std::to_string(root), dt, buf.data(), cnt,
           [&](std::size_t k) { return gen_bits(dt, seed, members[root], tag, k); });
     ++tag;
@@ -339,9 +349,9 @@ struct Suite {
         const bool sender = (rk % 2 == 0) == (dir == 0);
         if (sender) {
           fill(dt, out.data(), cnt, seed, members[rk], tag + dir);
-          c.send(out.data(), cnt * 4, peer);
+          c.send(out.data(), cnt * 4, peer, eager());
         } else {
-          c.recv(in.data(), cnt * 4, peer);
+          c.recv(in.data(), cnt * 4, peer, eager());
           check("recv dir " + std::to_string(dir), dt, in.data(), cnt,
                 [&](std::size_t k) { return gen_bits(dt, seed, members[peer], tag + dir, k); });
         }
@@ -370,7 +380,7 @@ struct Suite {
     broadcast(0, 700);
     broadcast(n() - 1, 700);
     send_recv(500);
-    c.barrier();
+    c.barrier(eager());
   }
 };
 
@@ -436,7 +446,7 @@ TEST_CASE("thread communicator: groups of several axis sets used interleaved", "
               it * 10};
       if (it % 3 == 0) s.all_reduce(DType::i32, ReduceOp::Sum, 1, it % 2 == 0);
       if (it % 3 == 1) s.all_gather(2, false);
-      if (it % 3 == 2) comms[which]->barrier();
+      if (it % 3 == 2) comms[which]->barrier(eager());
       if (!e.empty()) return;
     }
   });
@@ -467,15 +477,15 @@ TEST_CASE("thread communicator: abort wakes every blocked device", "[runtime][co
               std::vector<float> buf(64, 1.0f), big(4 * 64);
               if (p == 2) {
                 // Blocked in a point-to-point receive from device 3 (rank 3 of {b}).
-                along_b->recv(buf.data(), buf.size() * 4, 3);
+                along_b->recv(buf.data(), buf.size() * 4, 3, eager());
               } else if (p == 7) {
                 // Blocked in a collective along {a} that device 3 never joins.
-                along_a->all_gather(buf.data(), big.data(), buf.size() * 4);
+                along_a->all_gather(buf.data(), big.data(), buf.size() * 4, eager());
               } else {
                 // Groups {a} without device 3 complete; then block on the whole mesh.
                 along_a->all_reduce(buf.data(), buf.data(), buf.size(), DType::f32,
-                                    ReduceOp::Sum);
-                all->all_reduce(buf.data(), buf.data(), buf.size(), DType::f32, ReduceOp::Sum);
+                                    ReduceOp::Sum, eager());
+                all->all_reduce(buf.data(), buf.data(), buf.size(), DType::f32, ReduceOp::Sum, eager());
               }
               out = "returned normally";
             } catch (const RuntimeError& e) {
@@ -514,11 +524,11 @@ TEST_CASE("thread communicator: calls after abort throw", "[runtime][comm]") {
   world.abort("second reason is ignored");
   CHECK(world.abort_reason() == "stop now");
   std::vector<int32_t> buf(4);
-  CHECK_THROWS_WITH(c0->barrier(), Catch::Contains("stop now"));
-  CHECK_THROWS_AS(c0->all_reduce(buf.data(), buf.data(), 4, DType::i32, ReduceOp::Sum),
+  CHECK_THROWS_WITH(c0->barrier(eager()), Catch::Contains("stop now"));
+  CHECK_THROWS_AS(c0->all_reduce(buf.data(), buf.data(), 4, DType::i32, ReduceOp::Sum, eager()),
                   RuntimeError);
-  CHECK_THROWS_AS(c0->send(buf.data(), 16, 1), RuntimeError);
-  CHECK_THROWS_AS(c0->recv(buf.data(), 16, 1), RuntimeError);
+  CHECK_THROWS_AS(c0->send(buf.data(), 16, 1, eager()), RuntimeError);
+  CHECK_THROWS_AS(c0->recv(buf.data(), 16, 1, eager()), RuntimeError);
 }
 
 TEST_CASE("thread communicator: mismatched calls abort instead of corrupting", "[runtime][comm]") {
@@ -532,7 +542,7 @@ TEST_CASE("thread communicator: mismatched calls abort instead of corrupting", "
         auto c = world.communicator(p, {"a"});
         std::vector<int32_t> send(4), recv(8);
         try {
-          c->all_gather(send.data(), recv.data(), p == 0 ? 8 : 16);
+          c->all_gather(send.data(), recv.data(), p == 0 ? 8 : 16, eager());
         } catch (const RuntimeError& e) {
           what[p] = e.what();
         }
@@ -553,9 +563,9 @@ TEST_CASE("thread communicator: mismatched calls abort instead of corrupting", "
         std::vector<float> buf(4);
         try {
           if (p == 0)
-            c->barrier();
+            c->barrier(eager());
           else
-            c->all_reduce(buf.data(), buf.data(), 4, DType::f32, ReduceOp::Max);
+            c->all_reduce(buf.data(), buf.data(), 4, DType::f32, ReduceOp::Max, eager());
         } catch (const RuntimeError& e) {
           what[p] = e.what();
         }
@@ -569,7 +579,7 @@ TEST_CASE("thread communicator: mismatched calls abort instead of corrupting", "
     ThreadWorld world(mesh, test_options());
     auto c = world.communicator(0, {"a"});
     std::vector<int32_t> buf(4);
-    CHECK_THROWS_AS(c->send(buf.data(), 16, 0), RuntimeError);  // to itself
+    CHECK_THROWS_AS(c->send(buf.data(), 16, 0, eager()), RuntimeError);  // to itself
     CHECK(world.aborted());
   }
 }
@@ -583,7 +593,7 @@ TEST_CASE("thread communicator: timeout names the collective and the missing ran
   // Device 0 enters a barrier over {b} (devices 0, 1); device 1 never comes.
   auto c = world.communicator(0, {"b"});
   try {
-    c->barrier();
+    c->barrier(eager());
     FAIL("barrier returned without its peer");
   } catch (const RuntimeError& e) {
     const std::string w = e.what();
@@ -604,7 +614,7 @@ TEST_CASE("thread communicator: bad arguments", "[runtime][comm]") {
   CHECK(whole->size() == 1);
   CHECK(whole->rank() == 0);
   std::vector<float> a{1, 2, 3}, b(3);
-  whole->all_reduce(a.data(), b.data(), 3, DType::f32, ReduceOp::Sum);
+  whole->all_reduce(a.data(), b.data(), 3, DType::f32, ReduceOp::Sum, eager());
   CHECK(b == a);
   CHECK_FALSE(world.aborted());
 }
@@ -623,8 +633,85 @@ TEST_CASE("thread communicator: 64-device world", "[runtime][comm]") {
     s.all_reduce(DType::bf16, ReduceOp::Sum, 333, true);
     s.all_gather(3, true);
     s.reduce_scatter(DType::f32, ReduceOp::Sum, 17, false);
-    comm->barrier();
+    comm->barrier(eager());
   });
   INFO(first_errors(errs));
   CHECK(errs.empty());
+}
+
+TEST_CASE("thread communicator: collectives on async streams complete at synchronize",
+          "[runtime][comm]") {
+  // Every device enqueues two all-reduces and a barrier on its own async stream and returns
+  // at once; the results are only read after synchronize.
+  const Mesh mesh = Mesh::parse("a=2,b=2");
+  ThreadWorld world(mesh, test_options());
+  auto backend = make_cpu_backend({StreamMode::Async, 1});
+  const int64_t n = mesh.num_devices();
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::vector<float>> bufs(static_cast<std::size_t>(n), std::vector<float>(1000));
+  for (int64_t p = 0; p < n; ++p) {
+    streams.push_back(backend->create_stream("comm"));
+    comms.push_back(world.communicator(p, {"a", "b"}));
+    for (std::size_t i = 0; i < 1000; ++i) bufs[p][i] = static_cast<float>(p + 1);
+  }
+  for (int64_t p = 0; p < n; ++p) {  // one host thread enqueues for every device
+    float* b = bufs[p].data();
+    comms[p]->all_reduce(b, b, 1000, DType::f32, ReduceOp::Sum, *streams[p]);
+    comms[p]->all_reduce(b, b, 1000, DType::f32, ReduceOp::Max, *streams[p]);
+    comms[p]->barrier(*streams[p]);
+  }
+  for (auto& s : streams) s->synchronize();
+  for (int64_t p = 0; p < n; ++p) CHECK(bufs[p][999] == 10.0f);
+}
+
+TEST_CASE("thread communicator: a group of sends and receives in both directions completes",
+          "[runtime][comm]") {
+  // Each rank sends to its neighbour before receiving: one by one this deadlocks (send
+  // waits for the matching receive); as a group every send is posted first.
+  const Mesh mesh = Mesh::parse("a=4");
+  ThreadWorld world(mesh, test_options());
+  auto backend = make_cpu_backend({StreamMode::Async, 1});
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::vector<int32_t>> out(4, std::vector<int32_t>(64)), in(4, std::vector<int32_t>(64, -1));
+  for (int p = 0; p < 4; ++p) {
+    streams.push_back(backend->create_stream("comm"));
+    comms.push_back(world.communicator(p, {"a"}));
+    for (auto& v : out[p]) v = 100 + p;
+  }
+  const bool finished = finishes_within(
+      [&] {
+        for (int p = 0; p < 4; ++p) {
+          Communicator& c = *comms[p];
+          c.group_start();
+          c.send(out[p].data(), 64 * 4, (p + 1) % 4, *streams[p]);
+          c.recv(in[p].data(), 64 * 4, (p + 3) % 4, *streams[p]);
+          c.group_end();
+        }
+        for (auto& s : streams) s->synchronize();
+      },
+      60.0);
+  REQUIRE(finished);
+  for (int p = 0; p < 4; ++p) CHECK(in[p][63] == 100 + (p + 3) % 4);
+  CHECK_THROWS_AS(comms[0]->group_end(), RuntimeError);
+  comms[0]->group_start();
+  CHECK_THROWS_AS(comms[0]->group_start(), RuntimeError);
+}
+
+TEST_CASE("thread communicator: an aborted collective fails its async stream, not the process",
+          "[runtime][comm]") {
+  const Mesh mesh = Mesh::parse("a=2");
+  ThreadWorld world(mesh);  // no timeout: abort alone must unblock
+  auto backend = make_cpu_backend({StreamMode::Async, 1});
+  auto s0 = backend->create_stream("comm 0");
+  auto c0 = world.communicator(0, {"a"});
+  std::vector<float> buf(16, 1.0f);
+  c0->all_reduce(buf.data(), buf.data(), 16, DType::f32, ReduceOp::Sum, *s0);  // peer never comes
+  auto ev = backend->create_event();
+  ev->record(*s0);
+  c0->abort("cancelled by the test");
+  CHECK_THROWS_WITH(s0->synchronize(), Catch::Contains("cancelled by the test"));
+  CHECK_THROWS_WITH(ev->synchronize(), Catch::Contains("failed"));
+  s0->synchronize();  // the error was reported once
 }

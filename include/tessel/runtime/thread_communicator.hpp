@@ -7,6 +7,10 @@
 // peers' buffers into its own — no staging buffer and no ring of hops (see
 // docs/runtime-communicator.md).
 //
+// Stream order: the communicators enqueue each call on the caller's CPU backend stream
+// (make_cpu_backend); the publish/meet/copy protocol runs when the stream's worker reaches it
+// (at once on an eager stream). A communicator must outlive the work enqueued with it.
+//
 // Failure: ThreadWorld::abort(reason) marks the world failed; every thread blocked in any
 // collective of the world, and every later call, throws RuntimeError naming the reason. The
 // executor calls it when a kernel throws on one device so that the others stop instead of
@@ -32,7 +36,9 @@ namespace tessel {
 struct ThreadWorldOptions {
   // > 0: a member that waits longer than this for its peers aborts the world with a
   // RuntimeError naming the collective, the group and the ranks that have not arrived.
-  // 0 (the default): wait forever (until abort()).
+  // 0 (the default) or infinity: wait forever (until abort()); a timeout beyond the clock's
+  // range (centuries) also means forever. NaN or negative: the constructor throws
+  // RuntimeError naming timeout_seconds.
   double timeout_seconds = 0.0;
   // Busy-wait iterations before blocking on a condition variable. -1: automatic (spin only
   // when the machine has at least as many hardware threads as the mesh has devices;

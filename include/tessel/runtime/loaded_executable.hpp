@@ -1,0 +1,125 @@
+// tessel/runtime/loaded_executable.hpp — compile → load → run.
+//
+//   tessel::Executable exe = tessel::compile(graph, mesh);              // pure
+//   tessel::ThreadRuntime rt(mesh.num_devices());                        // devices, threads, streams
+//   tessel::LoadedExecutable prog = tessel::load(exe, rt);               // communicators, events: once
+//   tessel::ShardedArray w = prog.to_device("w", w_host);                 // explicit host -> devices
+//   tessel::RunResult r = prog.run({prog.to_device("x", x_host), w});     // arrays stay on the devices
+//   tessel::HostTensor y = prog.to_host(r.outputs[0]);                    // explicit devices -> host
+//
+// load() does every expensive thing once: one DeviceExecutor per device (kernel arguments,
+// labels and events prepared), and the communicators of every axis group the program's
+// collectives use (as ncclCommSplit would be called at load, never in the step loop). run()
+// only enqueues work on the runtime's persistent device threads and streams.
+//
+// Thread safety: run() may be called from several threads at once; runs of one loaded
+// executable (and of everything loaded on one runtime) execute one at a time, and each run
+// returns its own outputs and statistics. cancel() may be called from any thread: it aborts
+// the run in flight (every device stops, the run throws RuntimeError "cancelled"), and the
+// next run starts on fresh communicators. to_device/to_host may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessel/program.hpp"
+#include "tessel/runtime/sharded_array.hpp"
+#include "tessel/runtime/tensor.hpp"
+#include "tessel/runtime/thread_runtime.hpp"
+
+namespace tessel {
+
+class Executable;
+
+struct LoadOptions {
+  // A collective waiting longer than this for its peers aborts the run with an error naming
+  // it. 0 or infinity: no timeout. NaN or negative: load throws RuntimeError naming
+  // collective_timeout_s.
+  double collective_timeout_s = 0;
+  // Donation, (input name, output name) pairs: the input's buffers are given to the run and
+  // may become the output's (in-place update, as an optimizer step needs); the input array
+  // is deleted by the run. Both must have the same global type and sharding (checked here).
+  // The buffer is reused when the input is dead before the output is written; otherwise the
+  // output gets a fresh buffer and the input's is freed at its last use.
+  std::vector<std::pair<std::string, std::string>> donate;
+};
+
+struct RunOptions {
+  // Fill every buffer with NaN before it is written, and the gathered outputs before the
+  // gather: an element nobody writes then fails every comparison (tests turn this on).
+  bool poison = false;
+  // Chrome-trace JSON of every device's kernels and collectives; empty: the TESSEL_TRACE
+  // environment variable, when set, names the file. The file is opened before the run
+  // starts, so a path that cannot be written fails at once.
+  std::string trace_path;
+  // Only used by the Executable::run / run_sharded conveniences (which load on demand):
+  bool check_replicas = false;     // when gathering outputs, replicas must agree bit for bit
+  int kernel_threads = 1;          // ThreadRuntimeOptions::kernel_threads
+  double collective_timeout_s = 0; // LoadOptions::collective_timeout_s
+  StreamMode stream_mode = StreamMode::Async;  // ThreadRuntimeOptions::stream_mode
+};
+
+struct RunStats {
+  std::vector<int64_t> peak_bytes;  // per device: inputs, live intermediates and scratch
+  double seconds = 0;               // wall time of the device phase
+};
+
+struct RunResult {
+  std::vector<ShardedArray> outputs;  // program output order
+  RunStats stats;
+};
+
+class LoadedExecutable {
+ public:
+  LoadedExecutable(LoadedExecutable&&) noexcept;
+  LoadedExecutable& operator=(LoadedExecutable&&) noexcept;
+  ~LoadedExecutable();
+
+  const Program& program() const;
+  const Mesh& mesh() const;
+  ThreadRuntime& runtime() const;
+
+  const std::vector<std::string>& input_names() const;   // graph input order
+  const std::vector<std::string>& output_names() const;  // graph output order
+  // Throws RuntimeError naming the unknown name and the known ones.
+  std::size_t input_index(const std::string& name) const;
+  std::size_t output_index(const std::string& name) const;
+
+  // Host -> devices: the shards of input `input` (scattered from the global tensor, checking
+  // its type), copied to every device. Returns when the copies are done.
+  ShardedArray to_device(std::size_t input, const HostTensor& global) const;
+  ShardedArray to_device(const std::string& input, const HostTensor& global) const;
+  // Host -> devices from per-device shards (checked against the local type).
+  ShardedArray shards_to_device(std::size_t input, const std::vector<HostTensor>& shards) const;
+  // Devices -> host: the global tensor (check_replicas as in RunOptions), or every shard.
+  HostTensor to_host(const ShardedArray& array, bool check_replicas = false) const;
+  std::vector<HostTensor> shards_to_host(const ShardedArray& array) const;
+
+  // Runs one step. inputs in graph input order (or by name). Throws RuntimeError naming the
+  // input on a wrong array, and the device and instruction when one fails (all devices are
+  // stopped first).
+  RunResult run(const std::vector<ShardedArray>& inputs, const RunOptions& opts = {});
+  RunResult run_named(const std::map<std::string, ShardedArray>& inputs, const RunOptions& opts = {});
+  // The output of a result by name.
+  const ShardedArray& output(const RunResult& result, const std::string& name) const;
+
+  // Aborts the run in flight, if any (true), from any thread.
+  bool cancel(const std::string& reason);
+
+  struct Impl;
+
+ private:
+  explicit LoadedExecutable(std::unique_ptr<Impl> impl);
+  friend LoadedExecutable load(const Executable&, ThreadRuntime&, const LoadOptions&);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Loads `exe` on `runtime` (which must have exe.mesh().num_devices() devices). The runtime
+// must outlive the loaded executable.
+LoadedExecutable load(const Executable& exe, ThreadRuntime& runtime, const LoadOptions& options = {});
+
+}  // namespace tessel

@@ -1,0 +1,70 @@
+// tessel/runtime/sharded_array.hpp — a global tensor that lives on the devices: its global
+// type, its sharding on the mesh, and one buffer per device holding that device's local
+// shard (like JAX's Array). Runs take and return ShardedArrays, so values such as weights
+// stay on the devices between steps; moving data to or from the host is explicit
+// (LoadedExecutable::to_device / to_host).
+//
+// Copies share the buffers (an array is an immutable value). Donating an array to a run
+// (LoadOptions::donate) deletes it: every copy then reports deleted() and refuses to be used
+// again, as in JAX. Not thread-safe against a concurrent donation of the same array.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/common.hpp"
+#include "tessel/mesh.hpp"
+#include "tessel/runtime/backend.hpp"
+#include "tessel/runtime/tensor.hpp"
+#include "tessel/sharding.hpp"
+
+namespace tessel {
+
+class ShardedArray {
+ public:
+  ShardedArray() = default;
+  ShardedArray(std::string name, DType dtype, Shape global_shape, Sharding sharding, Shape local_shape,
+               std::vector<std::shared_ptr<Buffer>> shards);
+
+  const std::string& name() const { return name_; }  // the program value it was made for
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }  // global
+  const Sharding& sharding() const { return sharding_; }
+  const Shape& local_shape() const { return local_shape_; }
+  // Empty (default-constructed) arrays have no storage; donated ones are deleted.
+  bool valid() const { return storage_ && !storage_->deleted; }
+  bool deleted() const { return storage_ && storage_->deleted; }
+  int64_t num_shards() const { return storage_ ? static_cast<int64_t>(storage_->shards.size()) : 0; }
+  // The buffer of device d (throws RuntimeError when the array is empty or deleted).
+  const std::shared_ptr<Buffer>& shard(int64_t device) const;
+  // "f32[8,16] [{data}, {}] (%x, 4 shards)"
+  std::string to_string() const;
+
+  // Internal (donation): takes every shard's buffer out and marks the array deleted.
+  std::vector<std::shared_ptr<Buffer>> take_shards() const;
+
+ private:
+  struct Storage {
+    std::vector<std::shared_ptr<Buffer>> shards;
+    bool deleted = false;
+  };
+  std::string name_;
+  DType dtype_ = DType::f32;
+  Shape shape_;
+  Sharding sharding_;
+  Shape local_shape_;
+  std::shared_ptr<Storage> storage_;
+};
+
+// The local block of every device of `mesh` of a global host tensor (position order).
+std::vector<HostTensor> scatter_host(const Mesh& mesh, const Sharding& sharding, const Shape& local_shape,
+                                     const HostTensor& global);
+// The global tensor from every device's block; `check_replicas`: devices holding the same
+// block must agree bit for bit (RuntimeError naming `name` and both devices otherwise).
+// Elements no device holds stay poisoned.
+HostTensor gather_host(const Mesh& mesh, const Sharding& sharding, DType dtype, const Shape& global_shape,
+                       const std::vector<HostTensor>& shards, bool check_replicas, const std::string& name);
+
+}  // namespace tessel

@@ -1,0 +1,66 @@
+// tessel/runtime/thread_runtime.hpp — the local devices of this process, one thread each.
+//
+// A ThreadRuntime is made once and owns, per device: a persistent device thread (which walks
+// the device's program, enqueuing work), a CPU backend, and three streams: compute,
+// communication and transfer (host <-> device copies). Loading a program on it (load() in
+// loaded_executable.hpp) adds what is program-specific (communicators, events, labels); runs
+// then reuse the threads and streams, so a step pays no thread or stream setup.
+//
+// Threads are real resources: when one cannot be started (a resource limit, a very large
+// mesh) the constructor throws RuntimeError naming the device and the reason, after stopping
+// and joining every thread already started.
+//
+// Thread safety: run_on_devices may be called from several threads; the jobs run one at a
+// time (each job on all devices at once). The streams of a device are used by its thread
+// during a job and by transfers (the transfer stream) from any thread.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "tessel/runtime/backend.hpp"
+
+namespace tessel {
+
+struct ThreadRuntimeOptions {
+  StreamMode stream_mode = StreamMode::Async;
+  int kernel_threads = 1;  // threads each device's kernels may use
+  // For tests: called with the device before its thread is started; an exception it throws
+  // is handled exactly like a failure to start that thread (std::system_error).
+  std::function<void(int64_t device)> before_thread_start;
+};
+
+namespace detail {
+struct RuntimeDevice;
+}
+
+class ThreadRuntime {
+ public:
+  explicit ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options = {});
+  ~ThreadRuntime();  // stops and joins every device thread (no job may be running)
+  ThreadRuntime(const ThreadRuntime&) = delete;
+  ThreadRuntime& operator=(const ThreadRuntime&) = delete;
+
+  int64_t num_devices() const { return static_cast<int64_t>(devices_.size()); }
+  const ThreadRuntimeOptions& options() const { return options_; }
+
+  Backend& backend(int64_t device);
+  Stream& compute_stream(int64_t device);
+  Stream& comm_stream(int64_t device);
+  Stream& transfer_stream(int64_t device);
+
+  // Runs job(device) on every device's thread at once and waits for all of them. Returns
+  // each device's exception (nullptr when it returned normally). Jobs are serialised.
+  std::vector<std::exception_ptr> run_on_devices(const std::function<void(int64_t device)>& job);
+
+ private:
+  ThreadRuntimeOptions options_;
+  std::vector<std::unique_ptr<detail::RuntimeDevice>> devices_;
+  std::mutex job_mutex_;
+};
+
+}  // namespace tessel

@@ -1,0 +1,333 @@
+// Runtime v2: compile -> load -> run over device-resident ShardedArrays on a ThreadRuntime,
+// in both stream modes: correctness against the reference over several steps, names,
+// donation, option validation, device-thread start failures, concurrent runs, cancel, and
+// trace paths checked before the run. Every run goes through `guarded` (a hang fails).
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <limits>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "tessel/executable.hpp"
+#include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/reference.hpp"
+#include "tessel/runtime/thread_communicator.hpp"
+#include "tessel/text.hpp"
+
+using namespace tessel;
+
+namespace {
+
+template <class F>
+auto guarded(const std::string& what, F&& f) -> decltype(f()) {
+  auto fut = std::async(std::launch::async, std::forward<F>(f));
+  if (fut.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    std::fprintf(stderr, "\nFATAL: '%s' did not finish within 120 s (hang or deadlock)\n", what.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  return fut.get();
+}
+
+// Megatron MLP on data=2 x model=2 plus a replicated mean: all-reduces over model and data.
+Graph mlp_graph(const std::string& mesh = "data=2, model=2") {
+  return parse_graph(fmt::format(R"(
+mesh {}
+%x = input f32[8,4,16] sharding=[{{data}}, {{}}, {{}}]
+%w1 = input f32[16,32] sharding=[{{}}, {{model}}]
+%w2 = input f32[32,16] sharding=[{{model}}, {{}}]
+%h = einsum(%x, %w1) eq="bsd,df->bsf"
+%a = gelu(%h)
+%y = einsum(%a, %w2) eq="bsf,fd->bsd"
+%m = reduce_mean(%y) dims=[0,1,2]
+output %y, %m
+)", mesh), "mlp.tsl");
+}
+
+void check_outputs(const std::vector<HostTensor>& got, const std::vector<HostTensor>& want, const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t o = 0; o < got.size(); ++o) {
+    CompareResult c = compare(got[o], want[o]);
+    INFO(what << " output " << o << ": " << c.to_string());
+    CHECK(c.max_rel_err <= 1e-5);
+  }
+}
+
+std::vector<HostTensor> to_host_all(const LoadedExecutable& le, const RunResult& r) {
+  std::vector<HostTensor> out;
+  for (const auto& a : r.outputs) out.push_back(le.to_host(a, /*check_replicas=*/true));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("runtime: load once, run steps over device-resident arrays", "[integration][runtime]") {
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  INFO("streams " << stream_mode_name(mode));
+  Graph g = mlp_graph();
+  Executable exe = compile(g, *g.mesh);
+  ThreadRuntimeOptions ro;
+  ro.stream_mode = mode;
+  ThreadRuntime rt(exe.mesh().num_devices(), ro);
+  LoadedExecutable le = load(exe, rt);
+  CHECK(le.input_names() == std::vector<std::string>{"x", "w1", "w2"});
+  CHECK(le.output_names() == std::vector<std::string>{"y", "m"});
+  auto inputs = random_inputs(g, 7);
+  // Weights go to the devices once; only x changes between steps.
+  ShardedArray w1 = le.to_device("w1", inputs[1]);
+  ShardedArray w2 = le.to_device(2, inputs[2]);
+  CHECK(w1.num_shards() == 4);
+  CHECK(w1.local_shape() == Shape{16, 16});
+  for (int step = 0; step < 3; ++step) {
+    auto step_inputs = random_inputs(g, 100 + static_cast<uint64_t>(step));
+    step_inputs[1] = inputs[1];
+    step_inputs[2] = inputs[2];
+    ShardedArray x = le.to_device("x", step_inputs[0]);
+    RunOptions opts;
+    opts.poison = true;
+    RunResult r = guarded("step", [&] { return le.run({x, w1, w2}, opts); });
+    CHECK(r.stats.peak_bytes.size() == 4);
+    check_outputs(to_host_all(le, r), run_reference(g, step_inputs), fmt::format("step {}", step));
+    CHECK(le.output(r, "m").shape() == Shape{});
+    CHECK(w1.valid());  // not donated: stays on the devices
+  }
+  // By name.
+  RunResult r = guarded("named", [&] {
+    return le.run_named({{"w2", w2}, {"x", le.to_device("x", inputs[0])}, {"w1", w1}});
+  });
+  check_outputs(to_host_all(le, r), run_reference(g, inputs), "named run");
+  // Mistakes are named.
+  CHECK_THROWS_WITH(le.input_index("w3"), Catch::Contains("%w3") && Catch::Contains("%w1"));
+  CHECK_THROWS_WITH(le.run({w1, w1, w2}), Catch::Contains("%x") && Catch::Contains("f32[8,4,16]"));
+  CHECK_THROWS_WITH(le.run({w1, w2}), Catch::Contains("3 inputs"));
+  CHECK_THROWS_WITH(le.to_device("x", inputs[1]), Catch::Contains("%x") && Catch::Contains("f32[16,32]"));
+  ThreadRuntime small(2, ro);
+  CHECK_THROWS_WITH(load(exe, small), Catch::Contains("4 devices") && Catch::Contains("2"));
+}
+
+TEST_CASE("runtime: a donated input's buffer becomes the output", "[integration][runtime]") {
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  INFO("streams " << stream_mode_name(mode));
+  // w is dead after tanh, before w_new is written: its buffer can be reused in place.
+  Graph g = parse_graph(R"(
+mesh data=2, model=2
+%w = input f32[8,16] sharding=[{data}, {model}]
+%t = tanh(%w)
+%w_new = relu(%t)
+output %w_new
+)", "opt.tsl");
+  Executable exe = compile(g, *g.mesh);
+  ThreadRuntimeOptions ro;
+  ro.stream_mode = mode;
+  ThreadRuntime rt(4, ro);
+  LoadOptions lo;
+  lo.donate = {{"w", "w_new"}};
+  LoadedExecutable le = load(exe, rt, lo);
+  auto inputs = random_inputs(g, 3);
+  ShardedArray w = le.to_device("w", inputs[0]);
+  std::vector<const void*> old;
+  for (int64_t d = 0; d < 4; ++d) old.push_back(w.shard(d)->data());
+  ShardedArray alias = w;  // a copy shares the storage: donation deletes both
+  RunResult r = guarded("donating run", [&] { return le.run({w}); });
+  CHECK(w.deleted());
+  CHECK(alias.deleted());
+  for (int64_t d = 0; d < 4; ++d) CHECK(r.outputs[0].shard(d)->data() == old[static_cast<std::size_t>(d)]);
+  check_outputs({le.to_host(r.outputs[0], true)}, run_reference(g, inputs), "donated");
+  CHECK_THROWS_WITH(le.run({w}), Catch::Contains("donated") && Catch::Contains("%w"));
+  // The output feeds the next step (an optimizer loop).
+  const HostTensor w1_host = le.to_host(r.outputs[0]);
+  ShardedArray next = r.outputs[0];
+  RunResult r2 = guarded("second step", [&] { return le.run({next}); });
+  CHECK(r.outputs[0].deleted());  // it was donated through `next`
+  check_outputs({le.to_host(r2.outputs[0])}, run_reference(g, {w1_host}), "step 2");
+  // Donation needs the same type and sharding.
+  Graph g2 = parse_graph(R"(
+mesh data=2, model=2
+%w = input f32[8,16] sharding=[{data}, {model}]
+%s = reduce_sum(%w) dims=[1]
+output %s
+)", "bad.tsl");
+  Executable exe2 = compile(g2, *g2.mesh);
+  LoadOptions bad;
+  bad.donate = {{"w", "s"}};
+  CHECK_THROWS_WITH(load(exe2, rt, bad), Catch::Contains("%w") && Catch::Contains("%s") && Catch::Contains("same"));
+}
+
+TEST_CASE("runtime: collective_timeout_s is validated and inf means no timeout", "[integration][runtime]") {
+  Graph g = mlp_graph();
+  Executable exe = compile(g, *g.mesh);
+  ThreadRuntime rt(4);
+  for (double bad : {std::nan(""), -1.0, -std::numeric_limits<double>::infinity()}) {
+    LoadOptions lo;
+    lo.collective_timeout_s = bad;
+    CHECK_THROWS_WITH(load(exe, rt, lo), Catch::Contains("collective_timeout_s"));
+    RunOptions ro;
+    ro.collective_timeout_s = bad;
+    CHECK_THROWS_WITH(exe.run(random_inputs(g, 1), ro), Catch::Contains("collective_timeout_s"));
+  }
+  ThreadWorldOptions wo;
+  wo.timeout_seconds = std::nan("");
+  CHECK_THROWS_WITH(ThreadWorld(exe.mesh(), wo), Catch::Contains("timeout_seconds"));
+  auto inputs = random_inputs(g, 2);
+  const auto want = run_reference(g, inputs);
+  // Huge values must not overflow the deadline (they used to time out at once).
+  for (double t : {std::numeric_limits<double>::infinity(), 1e300, 1e10, 9.3e9, 1e9}) {
+    RunOptions ro;
+    ro.collective_timeout_s = t;
+    ro.poison = true;
+    check_outputs(guarded("huge timeout", [&] { return exe.run(inputs, ro); }), want, fmt::format("timeout {}", t));
+  }
+}
+
+TEST_CASE("runtime: a device thread that cannot start is an error, not std::terminate", "[integration][runtime]") {
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  ThreadRuntimeOptions ro;
+  ro.stream_mode = mode;
+  std::atomic<int> started{0};
+  ro.before_thread_start = [&](int64_t d) {
+    if (d == 5) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+    ++started;
+  };
+  std::string msg;
+  guarded("failing runtime", [&] {
+    try {
+      ThreadRuntime rt(8, ro);
+    } catch (const RuntimeError& e) {
+      msg = e.what();
+    }
+    return 0;
+  });
+  INFO(msg);
+  CHECK(started == 5);
+  CHECK_THAT(msg, Catch::Contains("device 5 of 8"));
+  CHECK_THAT(msg, Catch::Contains("thread"));
+  CHECK_THAT(msg, Catch::Contains("stopped"));
+  // The process is fine: a runtime without the fault works.
+  ro.before_thread_start = nullptr;
+  ThreadRuntime ok(8, ro);
+  CHECK(ok.num_devices() == 8);
+}
+
+TEST_CASE("runtime: runs from several threads at once are serialised and each gets its own result",
+          "[integration][runtime]") {
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  INFO("streams " << stream_mode_name(mode));
+  Graph g = mlp_graph();
+  Executable exe = compile(g, *g.mesh);
+  ThreadRuntimeOptions ro;
+  ro.stream_mode = mode;
+  ThreadRuntime rt(4, ro);
+  LoadedExecutable le = load(exe, rt);
+  constexpr int kThreads = 4, kRuns = 3;
+  std::vector<std::vector<HostTensor>> in(kThreads), want(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    in[t] = random_inputs(g, 50 + static_cast<uint64_t>(t));
+    want[t] = run_reference(g, in[t]);
+  }
+  std::vector<std::vector<std::vector<HostTensor>>> got(kThreads);
+  std::vector<std::vector<HostTensor>> got_exe(kThreads);
+  guarded("concurrent runs", [&] {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t)
+      ts.emplace_back([&, t] {
+        for (int k = 0; k < kRuns; ++k) {
+          std::vector<ShardedArray> a;
+          for (std::size_t i = 0; i < in[t].size(); ++i) a.push_back(le.to_device(i, in[t][i]));
+          RunResult r = le.run(a);
+          got[t].push_back(to_host_all(le, r));
+        }
+        RunOptions opts;
+        opts.stream_mode = mode;
+        got_exe[t] = exe.run(in[t], opts);  // the convenience too
+        (void)exe.last_stats();
+      });
+    for (auto& th : ts) th.join();
+    return 0;
+  });
+  for (int t = 0; t < kThreads; ++t) {
+    for (const auto& outs : got[t]) check_outputs(outs, want[t], fmt::format("thread {}", t));
+    check_outputs(got_exe[t], want[t], fmt::format("Executable::run on thread {}", t));
+  }
+}
+
+TEST_CASE("runtime: cancel from another thread stops every device", "[integration][runtime]") {
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  INFO("streams " << stream_mode_name(mode));
+  Graph g = mlp_graph("data=4, model=2");
+  Executable exe = compile(g, *g.mesh);
+  ThreadRuntimeOptions ro;
+  ro.stream_mode = mode;
+  ThreadRuntime rt(8, ro);
+  LoadedExecutable le = load(exe, rt);
+  auto inputs = random_inputs(g, 9);
+  const auto want = run_reference(g, inputs);
+  std::vector<ShardedArray> a;
+  for (std::size_t i = 0; i < inputs.size(); ++i) a.push_back(le.to_device(i, inputs[i]));
+  CHECK_FALSE(le.cancel("nothing in flight"));
+  std::atomic<bool> stop{false};
+  int cancelled = 0, completed = 0;
+  guarded("runs under cancel", [&] {
+    std::thread canceller([&] {
+      while (!stop.load()) {
+        le.cancel("test cancel");
+        std::this_thread::yield();
+      }
+    });
+    for (int k = 0; k < 200 && cancelled < 3; ++k) {
+      try {
+        RunResult r = le.run(a);
+        check_outputs(to_host_all(le, r), want, "uncancelled run");
+        ++completed;
+      } catch (const RuntimeError& e) {
+        INFO(e.what());
+        CHECK_THAT(e.what(), Catch::Contains("cancel"));
+        ++cancelled;
+      }
+    }
+    stop = true;
+    canceller.join();
+    return 0;
+  });
+  INFO("cancelled " << cancelled << ", completed " << completed);
+  CHECK(cancelled + completed > 0);
+  // After cancellations the loaded program runs normally on fresh communicators.
+  RunResult r = guarded("after cancel", [&] { return le.run(a); });
+  check_outputs(to_host_all(le, r), want, "after cancel");
+}
+
+TEST_CASE("runtime: a trace_path in a missing folder fails before the run starts", "[integration][runtime]") {
+  Graph g = parse_graph(R"(
+mesh data=2
+%w = input f32[8,4] sharding=[{data}, {}]
+%t = tanh(%w)
+output %t
+)", "trace.tsl");
+  Executable exe = compile(g, *g.mesh);
+  ThreadRuntime rt(2);
+  LoadOptions lo;
+  lo.donate = {{"w", "t"}};
+  LoadedExecutable le = load(exe, rt, lo);
+  auto inputs = random_inputs(g, 1);
+  ShardedArray w = le.to_device("w", inputs[0]);
+  RunOptions ro;
+  ro.trace_path = "/nonexistent-tessel-dir/sub/trace.json";
+  CHECK_THROWS_WITH(le.run({w}, ro), Catch::Contains("/nonexistent-tessel-dir/sub/trace.json") &&
+                                         Catch::Contains("nothing was run"));
+  CHECK(w.valid());  // not donated: the run never started
+  CHECK_THROWS_WITH(exe.run(inputs, ro), Catch::Contains("trace"));
+  // A writable path gets a trace with both streams' events.
+  ro.trace_path = std::string(TESSEL_BINARY_DIR) + "/runtime_trace_test.json";
+  RunResult r = guarded("traced run", [&] { return le.run({w}, ro); });
+  check_outputs({le.to_host(r.outputs[0])}, run_reference(g, inputs), "traced");
+}
