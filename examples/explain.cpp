@@ -128,7 +128,7 @@ int run(int argc, char** argv) {
 
   // ---- --run: partitioned run vs. the unpartitioned reference ----
   if (!seed_given) seed = static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
-  tessel::Executable exe(g, mesh, prop, prog);
+  tessel::Executable exe(g.clone(), mesh, prop, prog);
   std::vector<tessel::HostTensor> inputs = tessel::random_inputs(g, seed);
   tessel::RunOptions ro;
   ro.poison = true;

@@ -10,13 +10,19 @@
 namespace tessel {
 
 const Value& Tensor::value() const {
-  if (!graph || id < 0 || id >= static_cast<int>(graph->values.size()))
-    throw Error("tessel::Tensor: handle does not refer to a value of a graph");
-  return graph->values[static_cast<std::size_t>(id)];
+  if (!anchor) throw Error("tessel::Tensor: a default handle refers to no graph");
+  const Graph* g = anchor->graph;
+  if (!g)
+    throw Error(fmt::format("tessel::Tensor (value #{}): its graph was destroyed or assigned "
+                            "over; keep the Graph alive while its handles are used", id));
+  if (id < 0 || id >= static_cast<int>(g->values.size()))
+    throw Error(fmt::format("tessel::Tensor: value #{} is not a value of its graph", id));
+  return g->values[static_cast<std::size_t>(id)];
 }
 
 Tensor Tensor::named(std::string name) const {
   value();
+  Graph* graph = anchor->graph;
   if (graph->find(name) >= 0 && graph->find(name) != id)
     throw Error(fmt::format("value name '%{}' is already used: names must be unique", name));
   graph->find(name);  // sync the index
@@ -24,6 +30,71 @@ Tensor Tensor::named(std::string name) const {
   graph->names_[name] = id;
   graph->values[static_cast<std::size_t>(id)].name = std::move(name);
   return *this;
+}
+
+Graph::Graph() : anchor_(std::make_shared<GraphAnchor>(GraphAnchor{this})) {}
+
+Graph::~Graph() {
+  if (anchor_) anchor_->graph = nullptr;
+}
+
+Graph::Graph(Graph&& o) noexcept
+    : values(std::move(o.values)), ops(std::move(o.ops)), inputs(std::move(o.inputs)),
+      outputs(std::move(o.outputs)), annotations(std::move(o.annotations)),
+      mesh(std::move(o.mesh)), next_name_(o.next_name_), names_(std::move(o.names_)),
+      anchor_(std::move(o.anchor_)) {
+  anchor_->graph = this;
+  // The moved-from graph is empty and has a fresh identity.
+  o.anchor_ = std::make_shared<GraphAnchor>(GraphAnchor{&o});
+  o.clear_after_move();
+}
+
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this == &o) return *this;
+  anchor_->graph = nullptr;  // handles to what this graph held are now invalid
+  values = std::move(o.values);
+  ops = std::move(o.ops);
+  inputs = std::move(o.inputs);
+  outputs = std::move(o.outputs);
+  annotations = std::move(o.annotations);
+  mesh = std::move(o.mesh);
+  next_name_ = o.next_name_;
+  names_ = std::move(o.names_);
+  anchor_ = std::move(o.anchor_);
+  anchor_->graph = this;
+  o.anchor_ = std::make_shared<GraphAnchor>(GraphAnchor{&o});
+  o.clear_after_move();
+  return *this;
+}
+
+void Graph::clear_after_move() noexcept {
+  values.clear();
+  ops.clear();
+  inputs.clear();
+  outputs.clear();
+  annotations.clear();
+  mesh.reset();
+  next_name_ = 0;
+  names_.clear();
+}
+
+Graph Graph::clone() const {
+  Graph g;
+  g.values = values;
+  g.ops = ops;
+  g.inputs = inputs;
+  g.outputs = outputs;
+  g.annotations = annotations;
+  g.mesh = mesh;
+  g.next_name_ = next_name_;
+  return g;
+}
+
+Tensor Graph::tensor(int id) {
+  if (id < 0 || id >= static_cast<int>(values.size()))
+    throw Error(fmt::format("Graph::tensor: value id {} is not in the graph ({} values)", id,
+                            values.size()));
+  return Tensor{anchor_, id};
 }
 
 std::string Graph::fresh_name() {
@@ -79,7 +150,7 @@ Tensor Graph::add_input(std::string name, DType dtype, Shape shape) {
   values.push_back(Value{std::move(name), std::move(shape), dtype, static_cast<int>(ops.size())});
   ops.push_back(std::move(op));
   inputs.push_back(static_cast<int>(values.size()) - 1);
-  return Tensor{this, static_cast<int>(values.size()) - 1};
+  return Tensor{anchor_, static_cast<int>(values.size()) - 1};
 }
 
 
@@ -124,12 +195,12 @@ Tensor Graph::add_op(OpKind kind, std::vector<int> in, OpAttrs attrs, std::strin
   names_[name] = static_cast<int>(values.size());
   values.push_back(Value{std::move(name), out, dt, static_cast<int>(ops.size())});
   ops.push_back(std::move(op));
-  return Tensor{this, static_cast<int>(values.size()) - 1};
+  return Tensor{anchor_, static_cast<int>(values.size()) - 1};
 }
 
 void Graph::annotate(Tensor t, Sharding s, int priority) {
   t.value();
-  if (t.graph != this)
+  if (t.graph() != this)
     throw Error(fmt::format("annotate: tensor %{} belongs to another graph; annotate it on the "
                             "graph that built it", t.name()));
   annotate(t.id, std::move(s), priority);
@@ -152,7 +223,7 @@ void Graph::annotate(int v, Sharding s, int priority) {
 
 void Graph::mark_output(Tensor t) {
   t.value();
-  if (t.graph != this) throw Error("mark_output: tensor belongs to another graph");
+  if (t.graph() != this) throw Error("mark_output: tensor belongs to another graph");
   outputs.push_back(t.id);
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,10 +60,21 @@ struct Annotation {
 
 class Graph;
 
-// A handle to a value of a graph; cheap to copy.
-struct Tensor {
+// Where a graph lives now. A Graph owns one anchor; moving the graph re-points the anchor at
+// the new object, destroying it nulls it, so handles follow the graph they were built on
+// and never dangle.
+struct GraphAnchor {
   Graph* graph = nullptr;
+};
+
+// A handle to a value of a graph; cheap to copy. It stays valid when its graph is moved (it
+// follows the graph) and fails with a clear Error, never a use-after-free, once the graph is
+// destroyed or assigned over.
+struct Tensor {
+  std::shared_ptr<GraphAnchor> anchor;
   int id = -1;
+  // The graph this handle belongs to (nullptr: a default handle, or its graph is gone).
+  Graph* graph() const { return anchor ? anchor->graph : nullptr; }
   const Value& value() const;
   const Shape& shape() const { return value().shape; }
   DType dtype() const { return value().dtype; }
@@ -72,8 +84,21 @@ struct Tensor {
   Tensor named(std::string name) const;
 };
 
+// Thread safety: a Graph is a plain value; building or reading one from several threads at
+// once needs the caller's own lock. Copying is explicit (clone()): an implicit copy would leave
+// every existing handle on the original, so new ops would silently land there.
 class Graph {
  public:
+  Graph();
+  ~Graph();
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  // A deep copy with its own identity: handles of this graph do not refer to the clone (get
+  // the clone's with clone.tensor(id) or clone.find(name)).
+  Graph clone() const;
+
   std::vector<Value> values;
   std::vector<Op> ops;  // topological order by construction
   std::vector<int> inputs;
@@ -91,7 +116,8 @@ class Graph {
   void annotate(int value, Sharding s, int priority = 0);
   void mark_output(Tensor t);
 
-  Tensor tensor(int id) { return Tensor{this, id}; }
+  // The handle of value `id` (Error when out of range).
+  Tensor tensor(int id);
   // Value id by name, -1 when absent. Rename values through Tensor::named.
   int find(std::string_view name) const;
   // "%h (f32[8,128,2048], result of op #3 einsum)" — used in error messages.
@@ -104,8 +130,10 @@ class Graph {
  private:
   friend struct Tensor;
   std::string fresh_name();
+  void clear_after_move() noexcept;
   int next_name_ = 0;
   mutable std::unordered_map<std::string, int> names_;  // name index for find()
+  std::shared_ptr<GraphAnchor> anchor_;
 };
 
 }  // namespace tessel

@@ -152,7 +152,7 @@ namespace ops_detail {
 
 Graph& graph_of(const Tensor& t) {
   t.value();
-  return *t.graph;
+  return *t.graph();
 }
 
 Graph& graph_of(const std::vector<Tensor>& ts) {
@@ -160,7 +160,7 @@ Graph& graph_of(const std::vector<Tensor>& ts) {
   Graph& g = graph_of(ts[0]);
   for (const Tensor& t : ts) {
     t.value();
-    if (t.graph != &g)
+    if (t.graph() != &g)
       throw Error(fmt::format("operands belong to different graphs (%{} and %{}); build every "
                               "operand of an op in the same Graph", ts[0].name(), t.name()));
   }

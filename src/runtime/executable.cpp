@@ -15,7 +15,7 @@ namespace tessel {
 Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& opts) {
   PropagationResult prop = propagate(graph, mesh, opts.propagation);
   Program prog = partition(graph, mesh, prop, opts.partition);
-  return Executable(graph, mesh, std::move(prop), std::move(prog));
+  return Executable(graph.clone(), mesh, std::move(prop), std::move(prog));
 }
 
 struct Executable::RunCache {
