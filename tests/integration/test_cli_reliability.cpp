@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "run_binary.hpp"
 
@@ -37,4 +38,65 @@ output %q, %r, %c
     CHECK_THAT(r.out, Catch::Contains("output %c: max_rel_err=0 at element 0 (got -2147483648, want -2147483648)"));
   }
   ::unlink(f.c_str());
+}
+
+TEST_CASE("cli: every example binary answers --help with its usage", "[integration][cli]") {
+  for (const char* bin : {"tessel-explain", "gpt", "mlp"}) {
+    for (const char* flag : {"--help", "-h"}) {
+      BinaryResult r = run_binary(bin, {flag});
+      INFO(bin << " " << flag << "\n--- output ---\n" << r.out);
+      CHECK(r.exited);
+      CHECK(r.status == 0);
+      CHECK_THAT(r.out, Catch::Contains("usage:"));
+    }
+  }
+}
+
+TEST_CASE("cli: a bad number for a flag names the flag and exits 2", "[integration][cli]") {
+  const std::string mlp = std::string(TESSEL_SOURCE_DIR) + "/tests/golden/megatron_mlp.tsl";
+  struct Case {
+    const char* bin;
+    std::vector<std::string> args;
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"tessel-explain", {mlp, "--run", "--seed", "x"}, {"--seed", "'x'"}},
+      {"tessel-explain", {mlp, "--run", "--tolerance", "nan"}, {"--tolerance", "finite"}},
+      {"tessel-explain", {mlp, "--links", "model=bw:nan"}, {"--links", "finite"}},
+      {"tessel-explain", {mlp, "--device", "x"}, {"--device"}},
+      {"gpt", {"--batch", "x"}, {"--batch", "'x'"}},
+      {"gpt", {"--iters", "0"}, {"--iters", "out of range"}},
+      {"gpt", {"--seed", "-1"}, {"--seed", "-1"}},
+      {"mlp", {"--seed", "1e3"}, {"--seed", "1e3"}},
+      {"mlp", {"--mesh"}, {"--mesh needs a value"}},
+  };
+  for (const Case& c : cases) {
+    BinaryResult r = run_binary(c.bin, c.args);
+    INFO(c.bin << " --- output ---\n" << r.out);
+    CHECK(r.exited);
+    CHECK(r.status == 2);
+    CHECK_THAT(r.out, Catch::Contains("usage:"));
+    for (const auto& s : c.says) CHECK_THAT(r.out, Catch::Contains(s));
+  }
+}
+
+TEST_CASE("cli: --run of a graph with no output is an error", "[integration][cli]") {
+  const std::string f = temp_file("nooutput.tsl", "mesh x=2\n%a = input f32[4] sharding=[{x}]\n%b = relu(%a)\n");
+  BinaryResult r = run_binary("tessel-explain", {"--run", f});
+  INFO(r.out);
+  CHECK(r.exited);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, Catch::Contains("no output"));
+  CHECK_THAT(r.out, !Catch::Contains("max_rel_err"));
+  ::unlink(f.c_str());
+}
+
+TEST_CASE("cli: --trace into a missing folder fails before the run", "[integration][cli]") {
+  const std::string mlp = std::string(TESSEL_SOURCE_DIR) + "/tests/golden/megatron_mlp.tsl";
+  BinaryResult r = run_binary("tessel-explain", {mlp, "--run", "--trace", "/nonexistent-tessel-dir/t.json"});
+  INFO(r.out);
+  CHECK(r.exited);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, Catch::Contains("/nonexistent-tessel-dir/"));
+  CHECK_THAT(r.out, !Catch::Contains("== run"));
 }
