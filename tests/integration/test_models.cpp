@@ -14,6 +14,7 @@ using namespace tessel;
 TEST_CASE("models: GPT partitioned == reference on data x model meshes", "[integration][models]") {
   uint64_t seed = tessel_test::seed();
   INFO("seed " << seed);
+  tessel_test::announce("models: GPT partitioned == reference on data x model meshes", seed, 7);  // 7 meshes
   GptConfig cfg;
   cfg.batch = 4;
   cfg.seq = 16;

@@ -212,6 +212,7 @@ Tensor build(Graph& g, OpKind k, Gen& r) {
 TEST_CASE("property: partitioned run == reference for every op kind", "[integration][property]") {
   uint64_t seed = tessel_test::seed();
   int cases = tessel_test::cases(2000);
+  tessel_test::announce("property: partitioned run == reference for every op kind", seed, cases);
   std::mt19937_64 rng(seed);
   std::map<OpKind, int> per_kind;
   for (int c = 0; c < cases; ++c) {

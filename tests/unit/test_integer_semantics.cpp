@@ -57,7 +57,7 @@ HostTensor run1(OpKind kind, const std::vector<const HostTensor*>& in, const Sha
 
 }  // namespace
 
-TEST_CASE("i32 add, sub and mul wrap around modulo 2^32", "[kernels][integers]") {
+TEST_CASE("i32 add sub and mul wrap around modulo 2^32", "[kernels][integers]") {
   HostTensor x = i32s({4}, {kMax, kMin, 65536, kMin});
   HostTensor y = i32s({4}, {1, 1, 65536, -1});
   CHECK(values(run1(OpKind::Add, {&x, &y}, {4})) == std::vector<int32_t>{kMin, kMin + 1, 131072, kMax});
@@ -73,7 +73,7 @@ TEST_CASE("i32 add, sub and mul wrap around modulo 2^32", "[kernels][integers]")
   CHECK(values(run1(OpKind::Mul, {&col, &row}, {2, 2})) == std::vector<int32_t>{kMax, -kMax, 2, -2});
 }
 
-TEST_CASE("i32 div truncates; x / 0 = -1 and INT_MIN / -1 = INT_MIN", "[kernels][integers]") {
+TEST_CASE("i32 div truncates toward zero with x / 0 = -1 and INT_MIN / -1 = INT_MIN", "[kernels][integers]") {
   HostTensor x = i32s({7}, {7, -7, 7, 0, kMin, kMin, kMax});
   HostTensor y = i32s({7}, {-2, 2, 0, 0, -1, 0, -1});
   CHECK(values(run1(OpKind::Div, {&x, &y}, {7})) == std::vector<int32_t>{-3, -3, -1, -1, kMin, -1, -kMax});
@@ -108,7 +108,7 @@ TEST_CASE("i32 reduce_sum wraps around whatever the reduced dims", "[kernels][in
   CHECK(values(run1(OpKind::ReduceMax, {&x}, {}, both)) == std::vector<int32_t>{kMax});
 }
 
-TEST_CASE("reference: INT_MIN / -1 in the text form is INT_MIN, x / 0 is -1", "[reference][integers]") {
+TEST_CASE("reference: INT_MIN / -1 in the text form is INT_MIN and x / 0 is -1", "[reference][integers]") {
   const Graph g = parse_graph(R"(
 mesh x=2
 %a = constant i32[4] value=-2147483648
