@@ -27,12 +27,35 @@ if(TESSEL_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
       COMPILE_OPTIONS "-Wno-maybe-uninitialized;-Wno-uninitialized")
   endif()
 endif()
+# libFuzzer targets (fuzz/): clang only. Everything, the library included, is built with
+# coverage instrumentation for libFuzzer and ASan + UBSan (float-cast-overflow too, which
+# GCC's -fsanitize=undefined lacks); use a build directory of its own (scripts/fuzz).
+option(TESSEL_BUILD_FUZZERS "Build the libFuzzer targets in fuzz/ (clang only)" OFF)
+if(TESSEL_BUILD_FUZZERS)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "TESSEL_BUILD_FUZZERS needs clang (libFuzzer): configure with "
+                        "-DCMAKE_CXX_COMPILER=clang++, as scripts/fuzz does")
+  endif()
+  if(TESSEL_SANITIZE_ADDRESS OR TESSEL_SANITIZE_THREAD)
+    message(FATAL_ERROR "TESSEL_BUILD_FUZZERS brings its own sanitizers: leave "
+                        "TESSEL_SANITIZE_ADDRESS and TESSEL_SANITIZE_THREAD off")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined,float-cast-overflow
+                      -fno-sanitize-recover=all -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined,float-cast-overflow)
+endif()
 if(TESSEL_SANITIZE_ADDRESS AND TESSEL_SANITIZE_THREAD)
   message(FATAL_ERROR "TESSEL_SANITIZE_ADDRESS and TESSEL_SANITIZE_THREAD are exclusive")
 endif()
 if(TESSEL_SANITIZE_ADDRESS)
-  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
-  add_link_options(-fsanitize=address,undefined)
+  # float-cast-overflow is part of clang's "undefined" group but not GCC's; name it for
+  # clang (scripts/test-sanitizers builds this mode with clang when it is installed).
+  set(_tessel_ubsan undefined)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    set(_tessel_ubsan undefined,float-cast-overflow)
+  endif()
+  add_compile_options(-fsanitize=address,${_tessel_ubsan} -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,${_tessel_ubsan})
 endif()
 if(TESSEL_SANITIZE_THREAD)
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)

@@ -13,7 +13,8 @@
 //
 // The last line is the collectives summary of one device:
 //   collectives: all-gather=A all-reduce=B reduce-scatter=C all-to-all=D collective-permute=E bytes=F
-// Bad input exits with status 1 (2 for bad usage) and a message; it never crashes.
+// Bad input exits with status 1 (2 for bad usage: tessel::UsageError from tessel/cli.hpp)
+// and a message; it never crashes. --help prints the usage and exits 0.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -21,7 +22,9 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/partition.hpp"
 #include "tessel/runtime/compare.hpp"
@@ -31,50 +34,24 @@
 
 namespace {
 
-void usage() {
-  std::fprintf(stderr,
-               "usage: tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N]\n"
-               "                      [--links SPEC] [--dump-after=parse|propagate|partition]\n"
-               "                      [--run [--seed N] [--tolerance X] [--trace FILE]]\n");
-}
-
 int run(int argc, char** argv) {
-  std::string file, mesh_spec, links, dump_after;
-  bool why = false, do_run = false;
-  uint64_t seed = 0;
-  bool seed_given = false;
-  double tolerance = 1e-5;
-  std::string trace_path;
-  int64_t device = 0;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* name) -> std::string {
-      std::string prefix = std::string(name) + "=";
-      if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
-      if (i + 1 >= argc) throw tessel::Error(fmt::format("{} needs a value", name));
-      return argv[++i];
-    };
-    auto is = [&](const char* name) { return a == name || a.rfind(std::string(name) + "=", 0) == 0; };
-    if (a == "--why") why = true;
-    else if (a == "--run") do_run = true;
-    else if (is("--seed")) { seed = std::stoull(value("--seed")); seed_given = true; }
-    else if (is("--tolerance")) tolerance = std::stod(value("--tolerance"));
-    else if (is("--trace")) trace_path = value("--trace");
-    else if (is("--mesh")) mesh_spec = value("--mesh");
-    else if (is("--links")) links = value("--links");
-    else if (is("--dump-after")) dump_after = value("--dump-after");
-    else if (is("--device")) device = std::stoll(value("--device"));
-    else if (a == "-h" || a == "--help") { usage(); return 0; }
-    else if (!a.empty() && a[0] == '-') { usage(); throw tessel::Error(fmt::format("unknown option '{}'", a)); }
-    else if (file.empty()) file = a;
-    else { usage(); throw tessel::Error(fmt::format("unexpected argument '{}'", a)); }
+  // Argument parsing lives in the library (tessel/cli.hpp) so it is tested and fuzzed.
+  const tessel::cli::ExplainOptions opt =
+      tessel::cli::parse_explain_args(std::vector<std::string>(argv + 1, argv + argc));
+  if (opt.help) {
+    std::fputs(tessel::cli::usage_explain().c_str(), stdout);
+    return 0;
   }
-  if (file.empty()) {
-    usage();
-    return 2;
-  }
-  if (!dump_after.empty() && dump_after != "parse" && dump_after != "propagate" && dump_after != "partition")
-    throw tessel::Error(fmt::format("--dump-after={}: expected parse, propagate or partition", dump_after));
+  const std::string& file = opt.file;
+  const std::string& mesh_spec = opt.mesh;
+  const std::string& links = opt.links;
+  const std::string& dump_after = opt.dump_after;
+  const std::string& trace_path = opt.trace;
+  const bool why = opt.why, do_run = opt.run;
+  uint64_t seed = opt.seed;
+  const bool seed_given = opt.seed_given;
+  const double tolerance = opt.tolerance;
+  const int64_t device = opt.device;
 
   tessel::Graph g = tessel::parse_graph_file(file);
   tessel::Mesh mesh;
@@ -127,6 +104,17 @@ int run(int argc, char** argv) {
   if (!do_run) return 0;
 
   // ---- --run: partitioned run vs. the unpartitioned reference ----
+  if (g.outputs.empty())
+    throw tessel::Error(fmt::format("{}: the graph has no output, so --run would compare nothing; "
+                                    "add a line `output %VALUE`", file));
+  if (!trace_path.empty()) {
+    // Checked before the run, which may be long: a bad path must not lose its results.
+    const std::string dir = trace_path.find('/') == std::string::npos
+                                ? std::string(".")
+                                : trace_path.substr(0, trace_path.rfind('/') + 1);
+    if (std::FILE* probe = std::fopen((dir + "/.").c_str(), "r")) std::fclose(probe);
+    else throw tessel::Error(fmt::format("--trace {}: the folder {} does not exist", trace_path, dir));
+  }
   if (!seed_given) seed = static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
   tessel::Executable exe(g.clone(), mesh, prop, prog);
   std::vector<tessel::HostTensor> inputs = tessel::random_inputs(g, seed);
@@ -157,6 +145,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const tessel::UsageError& e) {
+    std::fprintf(stderr, "tessel-explain: error: %s\n%s", e.what(), tessel::cli::usage_explain().c_str());
+    return 2;
   } catch (const tessel::Error& e) {
     std::fprintf(stderr, "tessel-explain: error: %s\n", e.what());
     return 1;

@@ -18,11 +18,18 @@
 #include <random>
 #include <string>
 
+#include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/reference.hpp"
 
 namespace {
+
+const char* kUsage =
+    "usage: gpt [--mesh data=2,model=4] [--batch 8] [--seq 64] [--d-model 128] [--heads 4]\n"
+    "           [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]\n"
+    "           [--trace FILE] [--print-program]\n"
+    "A GPT-2-style decoder on N virtual CPU devices, checked against one device.\n";
 
 int run(int argc, char** argv) {
   tessel::GptConfig cfg;
@@ -33,22 +40,28 @@ int run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw tessel::Error(fmt::format("{} needs a value", a));
+      if (i + 1 >= argc) throw tessel::UsageError(fmt::format("{} needs a value", a));
       return argv[++i];
     };
+    // A size: a positive integer, bounded so that products of sizes cannot overflow.
+    auto size = [&]() { return tessel::cli::parse_i64(a, next(), 1, int64_t{1} << 24); };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
     if (a == "--mesh") mesh_spec = next();
-    else if (a == "--batch") cfg.batch = std::stoll(next());
-    else if (a == "--seq") cfg.seq = std::stoll(next());
-    else if (a == "--d-model") cfg.d_model = std::stoll(next());
-    else if (a == "--heads") cfg.heads = std::stoll(next());
-    else if (a == "--layers") cfg.layers = std::stoll(next());
-    else if (a == "--vocab") cfg.vocab = std::stoll(next());
-    else if (a == "--iters") iters = std::max(1, std::stoi(next()));
-    else if (a == "--seed") seed = std::stoull(next());
-    else if (a == "--threads") threads = std::max(1, std::stoi(next()));
+    else if (a == "--batch") cfg.batch = size();
+    else if (a == "--seq") cfg.seq = size();
+    else if (a == "--d-model") cfg.d_model = size();
+    else if (a == "--heads") cfg.heads = size();
+    else if (a == "--layers") cfg.layers = size();
+    else if (a == "--vocab") cfg.vocab = size();
+    else if (a == "--iters") iters = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1000000));
+    else if (a == "--seed") seed = tessel::cli::parse_u64(a, next());
+    else if (a == "--threads") threads = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
     else if (a == "--trace") trace = next();
     else if (a == "--print-program") print_program = true;
-    else throw tessel::Error(fmt::format("unknown option '{}' (see the header of examples/gpt.cpp)", a));
+    else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
   }
   tessel::Mesh mesh = tessel::Mesh::parse(mesh_spec);
   if (!mesh.has_axis(cfg.data_axis) || !mesh.has_axis(cfg.model_axis))
@@ -108,6 +121,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const tessel::UsageError& e) {
+    std::fprintf(stderr, "gpt: error: %s\n%s", e.what(), kUsage);
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt: error: %s\n", e.what());
     return 1;

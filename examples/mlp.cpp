@@ -10,9 +10,16 @@
 #include <random>
 #include <string>
 
+#include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
+
+namespace {
+const char* kUsage =
+    "usage: mlp [--mesh data=2,model=4] [--seed N] [--print-program]\n"
+    "The Megatron MLP on N virtual CPU devices, checked against one device.\n";
+}  // namespace
 
 int main(int argc, char** argv) try {
   std::string mesh_spec = "data=2,model=4";
@@ -20,10 +27,18 @@ int main(int argc, char** argv) try {
   bool print_program = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--mesh" && i + 1 < argc) mesh_spec = argv[++i];
-    else if (a == "--seed" && i + 1 < argc) seed = std::stoull(argv[++i]);
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw tessel::UsageError(fmt::format("{} needs a value", a));
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (a == "--mesh") mesh_spec = next();
+    else if (a == "--seed") seed = tessel::cli::parse_u64(a, next());
     else if (a == "--print-program") print_program = true;
-    else throw tessel::Error(fmt::format("unknown option '{}'", a));
+    else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
   }
   using namespace tessel;
   Graph g;
@@ -51,6 +66,9 @@ int main(int argc, char** argv) try {
   fmt::print("mesh {} ({} devices), seed {}: {}\n", mesh.to_string(), mesh.num_devices(), seed, c.to_string());
   fmt::print("{}\n", exe.program().summary().line());
   return c.max_rel_err <= 1e-5 ? 0 : 1;
+} catch (const tessel::UsageError& e) {
+  std::fprintf(stderr, "mlp: error: %s\n%s", e.what(), kUsage);
+  return 2;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "mlp: error: %s\n", e.what());
   return 1;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdlib>
 
 #include "tessel/common.hpp"
 
@@ -69,6 +71,8 @@ void CostModel::parse_links(std::string_view spec) {
     if (eq == std::string::npos)
       throw Error(fmt::format("link spec '{}': expected axis=bw:<bytes/s>,alpha:<seconds>", part));
     std::string axis = part.substr(0, eq);
+    if (axis.empty())
+      throw Error(fmt::format("link spec '{}': the axis name is missing (axis=bw:<bytes/s>)", part));
     LinkSpec l = default_link;
     std::string rest = part.substr(eq + 1);
     std::size_t c = 0;
@@ -80,13 +84,21 @@ void CostModel::parse_links(std::string_view spec) {
       if (colon == std::string::npos)
         throw Error(fmt::format("link spec '{}': expected key:value, got '{}'", part, kv));
       std::string key = kv.substr(0, colon);
-      double val = 0;
-      try {
-        val = std::stod(kv.substr(colon + 1));
-      } catch (const std::exception&) {
-        throw Error(fmt::format("link spec '{}': '{}' is not a number", part, kv.substr(colon + 1)));
-      }
-      if (val <= 0 && key == "bw") throw Error(fmt::format("link spec '{}': bw must be > 0", part));
+      // The whole value must be a finite number: std::stod would accept "nan", "inf" and
+      // "5e9xyz", and a NaN bandwidth printed comm_s=nan.
+      const std::string text = kv.substr(colon + 1);
+      char* end = nullptr;
+      const double val = text.empty() || std::isspace(static_cast<unsigned char>(text[0]))
+                             ? 0.0
+                             : std::strtod(text.c_str(), &end);
+      if (end != text.c_str() + text.size() || text.empty())
+        throw Error(fmt::format("link spec '{}': '{}' is not a number", part, text));
+      if (!std::isfinite(val))
+        throw Error(fmt::format("link spec '{}': {} must be a finite number, got '{}'", part, key, text));
+      if (val <= 0 && key == "bw")
+        throw Error(fmt::format("link spec '{}': bw must be > 0 bytes/s", part));
+      if (val < 0 && key == "alpha")
+        throw Error(fmt::format("link spec '{}': alpha must be >= 0 seconds", part));
       if (key == "bw") l.bandwidth = val;
       else if (key == "alpha") l.alpha_s = val;
       else throw Error(fmt::format("link spec '{}': unknown key '{}' (bw, alpha)", part, key));

@@ -254,11 +254,23 @@ void by_elem_size(const KernelArgs& a, DType t, F&& f) {
 
 // ---- reductions ----------------------------------------------------------------------------
 
+// i32 sums wrap around modulo 2^32 like i32 add (docs/ir.md, "Integer semantics"): they
+// accumulate in uint32, so the result does not depend on the order of the additions (and
+// therefore not on the sharding) and there is no signed-overflow UB.
 struct SumR {
   template <class T> static T identity() { return T(0); }
   template <class T> T operator()(T x, T y) const { return x + y; }
+  int32_t operator()(int32_t x, int32_t y) const {
+    return static_cast<int32_t>(uint32_t(x) + uint32_t(y));
+  }
   template <class T> static T row(const T* p, int64_t n) {
-    return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(p, n).sum();
+    if constexpr (std::is_same_v<T, int32_t>) {
+      uint32_t acc = 0;
+      for (int64_t j = 0; j < n; ++j) acc += static_cast<uint32_t>(p[j]);
+      return static_cast<int32_t>(acc);
+    } else {
+      return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(p, n).sum();
+    }
   }
 };
 
@@ -659,10 +671,37 @@ std::vector<int64_t> broadcast_strides(const KernelArgs& a, const Shape& in, con
   return st;
 }
 
-struct AddF { template <class T> T operator()(T x, T y) const { return x + y; } };
-struct SubF { template <class T> T operator()(T x, T y) const { return x - y; } };
-struct MulF { template <class T> T operator()(T x, T y) const { return x * y; } };
-struct DivF { template <class T> T operator()(T x, T y) const { return x / y; } };
+// Integer semantics (docs/ir.md, "Integer semantics"): i32 add/sub/mul wrap around modulo
+// 2^32 (two's complement), computed in uint32 so there is no signed-overflow UB; i32 div
+// truncates toward zero and follows XLA for the two inputs C++ leaves undefined (x86 traps
+// on both): x / 0 = -1 and INT_MIN / -1 = INT_MIN. Every element gets a value, so a run
+// never stops on data, and the reference and the partitioned run agree element for element.
+inline int32_t wrap_i32(uint32_t u) { return static_cast<int32_t>(u); }
+inline int32_t add_i32(int32_t x, int32_t y) { return wrap_i32(uint32_t(x) + uint32_t(y)); }
+inline int32_t sub_i32(int32_t x, int32_t y) { return wrap_i32(uint32_t(x) - uint32_t(y)); }
+inline int32_t mul_i32(int32_t x, int32_t y) { return wrap_i32(uint32_t(x) * uint32_t(y)); }
+inline int32_t div_i32(int32_t x, int32_t y) {
+  if (y == 0) return -1;
+  if (y == -1) return wrap_i32(0u - uint32_t(x));  // INT_MIN / -1 wraps to INT_MIN
+  return x / y;
+}
+
+struct AddF {
+  template <class T> T operator()(T x, T y) const { return x + y; }
+  int32_t operator()(int32_t x, int32_t y) const { return add_i32(x, y); }
+};
+struct SubF {
+  template <class T> T operator()(T x, T y) const { return x - y; }
+  int32_t operator()(int32_t x, int32_t y) const { return sub_i32(x, y); }
+};
+struct MulF {
+  template <class T> T operator()(T x, T y) const { return x * y; }
+  int32_t operator()(int32_t x, int32_t y) const { return mul_i32(x, y); }
+};
+struct DivF {
+  template <class T> T operator()(T x, T y) const { return x / y; }
+  int32_t operator()(int32_t x, int32_t y) const { return div_i32(x, y); }
+};
 struct MaxF { template <class T> T operator()(T x, T y) const { return (x != x || x > y) ? x : y; } };
 
 template <class T, class Op>
@@ -729,11 +768,6 @@ void k_binary(const KernelArgs& a) {
     const int32_t* x = static_cast<const int32_t*>(a.in[0]);
     const int32_t* y = static_cast<const int32_t*>(a.in[1]);
     int32_t* o = static_cast<int32_t*>(a.out);
-    if (a.kind == OpKind::Div) {
-      const int64_t ny = num_elements(a.in_shapes[1]);
-      for (int64_t i = 0; i < ny; ++i)
-        if (y[i] == 0) fail(a, "i32 division by zero");
-    }
     with_binary_op<int32_t>(a, [&](auto op) { binary_loop<int32_t>(a, x, y, o, op); });
     return;
   }

@@ -476,8 +476,8 @@ TEST_CASE("cli: bad input exits non-zero with a clear message", "[integration][c
 TEST_CASE("cli: random mutations of the golden files never crash tessel-explain",
           "[integration][cli][fuzz]") {
   const uint64_t seed = tessel_test::seed();
-  std::printf("cli mutation test: seed %llu (TESSEL_SEED=%llu reproduces)\n",
-              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  tessel_test::announce("cli: random mutations of the golden files never crash tessel-explain", seed,
+                        tessel_test::cases(100));
   INFO("seed " << seed << " (set TESSEL_SEED to reproduce)");
   std::mt19937_64 rng(seed);
   TempDir tmp;

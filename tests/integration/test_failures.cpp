@@ -262,7 +262,7 @@ TEST_CASE("failures: run_sharded with the wrong number of shards", "[integration
   CHECK_THAT(msg, Catch::Contains("2 inputs"));
 }
 
-TEST_CASE("failures: run_sharded with a wrongly shaped shard names input, sharding and local type",
+TEST_CASE("failures: run_sharded with a wrongly shaped shard names input / sharding and local type",
           "[integration][failures]") {
   SmallMatmul m;
   Executable exe = compile(m.g, m.mesh);
@@ -450,7 +450,7 @@ TEST_CASE("failures: annotation with an axis the mesh does not have", "[integrat
   CHECK_THAT(msg, Catch::Contains("data=2") || Catch::Contains("data: 2"));
 }
 
-TEST_CASE("failures: a non-divisible sharding names value, dim, axis and a fix",
+TEST_CASE("failures: a non-divisible sharding names value / dim / axis and a fix",
           "[integration][failures]") {
   Graph g;
   Tensor x = input(g, "x", DType::f32, {19, 8});
@@ -475,7 +475,7 @@ TEST_CASE("failures: a non-divisible sharding names value, dim, axis and a fix",
   CHECK_THAT(msg2, Catch::Contains("16 or 20"));
 }
 
-TEST_CASE("failures: einsum shape mismatch names op, operands and shapes",
+TEST_CASE("failures: einsum shape mismatch names op / operands and shapes",
           "[integration][failures]") {
   Graph g;
   Tensor a = input(g, "a", DType::f32, {2, 3});

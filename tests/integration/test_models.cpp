@@ -15,6 +15,7 @@ TEST_CASE("models: GPT partitioned == reference on data x model meshes", "[integ
   const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   uint64_t seed = tessel_test::seed();
   INFO("seed " << seed);
+  tessel_test::announce("models: GPT partitioned == reference on data x model meshes", seed, 7);  // 7 meshes
   GptConfig cfg;
   cfg.batch = 4;
   cfg.seq = 16;

@@ -24,6 +24,7 @@ using namespace tessel;
 TEST_CASE("property: partitioned run == reference for every op kind", "[integration][property]") {
   uint64_t seed = tessel_test::seed();
   int cases = tessel_test::cases(2000);
+  tessel_test::announce("property: partitioned run == reference for every op kind", seed, cases);
   // The whole property runs on async CPU streams (a missing event wait is a race TSan sees)
   // and on eager ones.
   const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);

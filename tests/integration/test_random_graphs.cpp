@@ -87,9 +87,10 @@ struct ChainGen {
 
 }  // namespace
 
-TEST_CASE("property: random multi-op graphs, partitioned == reference", "[integration][property]") {
+TEST_CASE("property: random multi-op graphs partitioned == reference", "[integration][property]") {
   uint64_t seed = tessel_test::seed();
   int cases = tessel_test::cases(400);
+  tessel_test::announce("property: random multi-op graphs partitioned == reference", seed, cases);
   const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   std::mt19937_64 rng(seed);
   for (int c = 0; c < cases; ++c) {

@@ -72,7 +72,7 @@ std::vector<HostTensor> to_host_all(const LoadedExecutable& le, const RunResult&
 
 }  // namespace
 
-TEST_CASE("runtime: load once, run steps over device-resident arrays", "[integration][runtime]") {
+TEST_CASE("runtime: load once and run steps over device-resident arrays", "[integration][runtime]") {
   const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   INFO("streams " << stream_mode_name(mode));
   Graph g = mlp_graph();
@@ -190,7 +190,7 @@ TEST_CASE("runtime: collective_timeout_s is validated and inf means no timeout",
   }
 }
 
-TEST_CASE("runtime: a device thread that cannot start is an error, not std::terminate", "[integration][runtime]") {
+TEST_CASE("runtime: a device thread that cannot start is an error and not std::terminate", "[integration][runtime]") {
   const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   ThreadRuntimeOptions ro;
   ro.stream_mode = mode;

@@ -63,7 +63,7 @@ TEST_CASE("graph handles: a moved graph takes its handles along", "[graph][handl
   CHECK(holder->tokens.shape() == holder->graph.values[holder->tokens.id].shape);
 }
 
-TEST_CASE("graph handles: a destroyed or overwritten graph is an error, not a crash", "[graph][handles]") {
+TEST_CASE("graph handles: a destroyed or overwritten graph is an error and not a crash", "[graph][handles]") {
   Tensor x;
   CHECK_THROWS_AS(x.shape(), Error);  // default handle
   {
@@ -89,7 +89,7 @@ TEST_CASE("graph handles: a destroyed or overwritten graph is an error, not a cr
   CHECK_THROWS_AS(g1.tensor(7), Error);
 }
 
-TEST_CASE("graph handles: clone is a deep, independent copy", "[graph][handles]") {
+TEST_CASE("graph handles: clone is a deep and independent copy", "[graph][handles]") {
   Graph g;
   Tensor x = input(g, "x", DType::f32, {4});
   Tensor y = relu(x);

@@ -199,7 +199,7 @@ TEST_CASE("einsum matches a naive loop for every letter classification", "[kerne
   }
 }
 
-TEST_CASE("einsum: implicit form, spaces, large threaded GEMM and bf16", "[kernels][einsum]") {
+TEST_CASE("einsum: implicit form / spaces / large threaded GEMM / bf16", "[kernels][einsum]") {
   const uint64_t seed = 7;
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
@@ -388,7 +388,7 @@ TEST_CASE("reductions over any dims with and without keepdims", "[kernels][reduc
   require_close(run(OpKind::ReduceMax, at, {&iv}, DType::i32, {2}), from_values(DType::i32, {2}, {3, 6}));
 }
 
-TEST_CASE("data movement: constant, reshape, transpose, broadcast, slice, concat", "[kernels][copy]") {
+TEST_CASE("data movement: constant reshape transpose broadcast slice concat", "[kernels][copy]") {
   const uint64_t seed = 19;
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
@@ -441,7 +441,7 @@ TEST_CASE("data movement: constant, reshape, transpose, broadcast, slice, concat
   }
 }
 
-TEST_CASE("softmax along any axis, masked rows give zeros", "[kernels][softmax]") {
+TEST_CASE("softmax along any axis and masked rows give zeros", "[kernels][softmax]") {
   const uint64_t seed = 23;
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);

@@ -75,7 +75,7 @@ TEST_CASE("sharding: parse errors give the column", "[sharding][errors]") {
   REQUIRE_THROWS_AS(Sharding::parse("[{1x}] junk"), ParseError);
 }
 
-TEST_CASE("sharding: validation names tensor, dim, axis and the fix", "[sharding][errors]") {
+TEST_CASE("sharding: validation names tensor / dim / axis and the fix", "[sharding][errors]") {
   Mesh m = Mesh::parse("data=2,model=4");
   REQUIRE_THROWS_WITH(Sharding::of({{"nope"}, {}}).validate(m, {8, 8}, "%x"),
                       Catch::Contains("%x") && Catch::Contains("axis 'nope'"));
@@ -92,9 +92,11 @@ TEST_CASE("sharding: validation names tensor, dim, axis and the fix", "[sharding
 
 TEST_CASE("property: shards tile the global tensor exactly once per replica", "[sharding][property]") {
   uint64_t seed = tessel_test::seed();
-  INFO("seed " << seed);
+  const int cases = tessel_test::cases(300);
+  tessel_test::announce("property: shards tile the global tensor exactly once per replica", seed, cases);
+  INFO("seed " << seed << " (TESSEL_SEED reproduces)");
   std::mt19937_64 rng(seed);
-  for (int iter = 0; iter < 300; ++iter) {
+  for (int iter = 0; iter < cases; ++iter) {
     Mesh mesh = tessel_test::random_mesh(rng);
     Shape shape;
     Sharding s = tessel_test::random_sharding(rng, mesh, shape, false);

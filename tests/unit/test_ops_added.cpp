@@ -63,7 +63,7 @@ TEST_CASE("ops: sigmoid and silu", "[ops][kernels]") {
   CHECK_THROWS_AS(sigmoid(input(g, "i", DType::i32, {2})), ShapeError);
 }
 
-TEST_CASE("ops: cast between f32, bf16, f16 and i32", "[ops][kernels]") {
+TEST_CASE("ops: cast between f32 bf16 f16 and i32", "[ops][kernels]") {
   const double inf = std::numeric_limits<double>::infinity();
   const double nan = std::numeric_limits<double>::quiet_NaN();
   {
@@ -93,7 +93,7 @@ TEST_CASE("ops: cast between f32, bf16, f16 and i32", "[ops][kernels]") {
   CHECK_THROWS_AS(cast(x, static_cast<DType>(17)), ShapeError);
 }
 
-TEST_CASE("ops: comparisons broadcast and return i32 0/1; NaN is unordered", "[ops][kernels]") {
+TEST_CASE("ops: comparisons broadcast and return i32 0 or 1 and NaN is unordered", "[ops][kernels]") {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Graph g;
   Tensor a = input(g, "a", DType::f32, {2, 3});
@@ -142,7 +142,7 @@ TEST_CASE("ops: where selects with broadcasting", "[ops][kernels]") {
   CHECK_THROWS_AS(where(cast(fc, DType::i32), x, cast(x, DType::bf16)), ShapeError);
 }
 
-TEST_CASE("ops: an out-of-range embedding id is an error, in the reference and partitioned", "[ops][embedding]") {
+TEST_CASE("ops: an out-of-range embedding id is an error in the reference and partitioned", "[ops][embedding]") {
   Graph g;
   Tensor table = input(g, "table", DType::f32, {16, 4});
   Tensor ids = input(g, "ids", DType::i32, {2, 3});
@@ -174,7 +174,7 @@ TEST_CASE("ops: an out-of-range embedding id is an error, in the reference and p
   for (int64_t i = 0; i < want[0].numel(); ++i) CHECK(got[0].get(i) == want[0].get(i));
 }
 
-TEST_CASE("ops: one_hot; out-of-range ids give zero rows", "[ops][kernels]") {
+TEST_CASE("ops: one_hot with out-of-range ids gives zero rows", "[ops][kernels]") {
   Graph g;
   Tensor ids = input(g, "ids", DType::i32, {4});
   Tensor oh = one_hot(ids, 3, DType::bf16);
@@ -246,4 +246,18 @@ TEST_CASE("ops: gather and scatter_add with sharded rows and indices match the r
   for (std::size_t o = 0; o < 2; ++o)
     for (int64_t i = 0; i < want[o].numel(); ++i)
       CHECK(std::abs(got[o].get(i) - want[o].get(i)) <= 1e-6 * std::max(1.0, std::abs(want[o].get(i))));
+}
+
+// Regression (was fuzz/known/concat_shape_overflow.tsl): the concat shape rule added the
+// extents before its "too large" check (signed overflow under UBSan, a negative shape).
+TEST_CASE("ops: concat of huge extents is refused before the sum overflows", "[ops][regression]") {
+  Graph g;
+  Tensor a = input(g, "a", DType::f32, {int64_t{1} << 62});
+  Tensor b = input(g, "b", DType::f32, {int64_t{1} << 62});
+  try {
+    concat({a, b}, 0);
+    FAIL("accepted");
+  } catch (const ShapeError& e) {
+    CHECK(std::string(e.what()).find("exceeds 2^62") != std::string::npos);
+  }
 }

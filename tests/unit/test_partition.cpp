@@ -52,7 +52,7 @@ TEST_CASE("partition: data parallel MLP has no collective", "[partition]") {
           "collectives: all-gather=0 all-reduce=0 reduce-scatter=0 all-to-all=0 collective-permute=0 bytes=0");
 }
 
-TEST_CASE("partition: a replicated output forces a gather, a sharded one a reduce-scatter", "[partition]") {
+TEST_CASE("partition: a replicated output forces a gather and a sharded one a reduce-scatter", "[partition]") {
   Mlp m;
   m.g.annotate(m.w1, Sharding::of({{}, {"model"}}));
   m.g.annotate(m.w2, Sharding::of({{"model"}, {}}));
@@ -93,7 +93,7 @@ TEST_CASE("propagation: reshape splitting a sharded dim needs no communication",
   REQUIRE(partition(g, mesh, prop).summary().bytes == 0);
 }
 
-TEST_CASE("rules: every op kind has a rule, a shape function, a name and a CPU kernel", "[ops]") {
+TEST_CASE("rules: every op kind has a rule / a shape function / a name and a CPU kernel", "[ops]") {
   for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k) {
     const OpDef& d = op_def(static_cast<OpKind>(k));
     REQUIRE(static_cast<int>(d.kind) == k);
@@ -116,7 +116,7 @@ TEST_CASE("rules: einsum factors and reshape decomposition", "[ops]") {
   REQUIRE(op_rule(g, g.ops[r2.value().producer]).to_string() == "(f0,f1*f2,f3) -> (f0,f1,f2,f3)");
 }
 
-TEST_CASE("errors: shape errors name op, operands and shapes", "[errors]") {
+TEST_CASE("errors: shape errors name op / operands and shapes", "[errors]") {
   Graph g;
   auto a = input(g, "a", DType::f32, {2, 3});
   auto b = input(g, "b", DType::f32, {4, 5});

@@ -38,6 +38,7 @@ TEST_CASE("property: every reshard plan A->B ends in B and its bytes match the f
   std::mt19937_64 rng(seed);
   CostModel cost;
   int n = tessel_test::cases(2000);
+  tessel_test::announce("property: every reshard plan A->B ends in B and its bytes match the formula", seed, n);
   for (int iter = 0; iter < n; ++iter) {
     Mesh mesh = tessel_test::random_mesh(rng);
     Shape shape;

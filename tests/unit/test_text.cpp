@@ -19,6 +19,7 @@
 #include "tessel/graph.hpp"
 #include "tessel/ops.hpp"
 #include "tessel/text.hpp"
+#include "test_util.hpp"
 
 using namespace tessel;
 
@@ -289,7 +290,7 @@ TEST_CASE("text: a builder-made Megatron MLP round-trips", "[text]") {
   CHECK(text.find("sharding=[{data}, {?}, {}] priority=4") != std::string::npos);
 }
 
-TEST_CASE("text: unusual names, scalars and meshes round-trip", "[text]") {
+TEST_CASE("text: unusual names / scalars and meshes round-trip", "[text]") {
   Graph g;
   g.mesh = Mesh({{"x", 2}, {"y", 2}}, {3, 1, 2, 0});
   Tensor a = input(g, "weird name \"q\"\t#1", DType::f16, {4});
@@ -340,7 +341,7 @@ TEST_CASE("text: sharding text agrees with Sharding::to_string", "[text]") {
   CHECK(print_graph(g).find("sharding=" + s.to_string() + " : f32[8,8]") != std::string::npos);
 }
 
-TEST_CASE("text: errors name file, line and column", "[text]") {
+TEST_CASE("text: errors name file / line and column", "[text]") {
   SECTION("unknown op") {
     std::string e = parse_error("%x = input f32[2]\n%y = frob(%x)\n");
     CHECK(starts_with(e, "<input>:2:6: unknown op 'frob'"));
@@ -497,9 +498,11 @@ TEST_CASE("text: parse_graph_file", "[text]") {
 }
 
 TEST_CASE("text: random mutations either parse or throw tessel::Error", "[text][fuzz]") {
-  const uint32_t seed = Catch::rngSeed() ? Catch::rngSeed() : 20240611u;
-  INFO("seed " << seed << " (rerun with --rng-seed " << seed << ")");
-  std::mt19937 rng(seed);
+  const uint64_t seed = tessel_test::seed();
+  const int cases = tessel_test::cases(2000);
+  tessel_test::announce("text: random mutations either parse or throw tessel::Error", seed, cases);
+  INFO("seed " << seed << " (TESSEL_SEED=" << seed << " reproduces)");
+  std::mt19937_64 rng(seed);
   auto pick = [&rng](std::size_t n) {
     return n == 0 ? std::size_t{0} : std::uniform_int_distribution<std::size_t>(0, n - 1)(rng);
   };
@@ -534,7 +537,7 @@ TEST_CASE("text: random mutations either parse or throw tessel::Error", "[text][
   };
 
   int parsed = 0, rejected = 0;
-  for (int iter = 0; iter < 2000; ++iter) {
+  for (int iter = 0; iter < cases; ++iter) {
     std::string t = bases[pick(bases.size())];
     const int mutations = 1 + static_cast<int>(pick(4));
     for (int m = 0; m < mutations; ++m) {
@@ -576,6 +579,8 @@ TEST_CASE("text: random mutations either parse or throw tessel::Error", "[text][
     }
   }
   WARN("fuzz: parsed " << parsed << ", rejected " << rejected << " (seed " << seed << ")");
-  CHECK(rejected > 0);
-  CHECK(parsed > 0);
+  if (cases >= 200) {  // with a handful of cases either outcome may not occur
+    CHECK(rejected > 0);
+    CHECK(parsed > 0);
+  }
 }

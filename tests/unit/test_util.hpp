@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -22,6 +23,16 @@ inline uint64_t seed() {
 inline int cases(int dflt) {
   if (const char* s = std::getenv("TESSEL_CASES")) return std::atoi(s);
   return dflt;
+}
+
+// Every seeded test prints one line on stdout when it starts, e.g.
+//   tessel-seed: property: ... seed=1718023847123 cases=2000 (TESSEL_SEED=1718023847123 TESSEL_CASES=2000 reproduces)
+// so a log of a passing run says what it covered and scripts/soak can count cases and seeds.
+inline void announce(const std::string& test, uint64_t seed, int cases) {
+  std::printf("tessel-seed: %s seed=%llu cases=%d (TESSEL_SEED=%llu TESSEL_CASES=%d reproduces)\n",
+              test.c_str(), static_cast<unsigned long long>(seed), cases,
+              static_cast<unsigned long long>(seed), cases);
+  std::fflush(stdout);
 }
 
 // 1–8 devices, 1–3 axes.

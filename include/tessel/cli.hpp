@@ -1,0 +1,56 @@
+// tessel/cli.hpp — command-line parsing of the example binaries (tessel-explain, gpt, mlp),
+// kept in the library so that it is unit-tested and fuzzed (fuzz/fuzz_cli.cpp) without
+// running anything.
+//
+// Every number a flag takes is parsed whole (no trailing characters, no silent wrap of a
+// negative into an unsigned, no NaN or infinity unless the flag allows it); a bad value is
+// a tessel::UsageError naming the flag, the text and what the flag expects, e.g.
+//   --seed: 'x' is not an unsigned 64-bit integer (expected e.g. --seed 42)
+// Thread safety: pure functions of their arguments.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessel/common.hpp"
+
+namespace tessel {
+
+// A mistake in the command line (the binaries exit with status 2 on it).
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace cli {
+
+// Whole-string number parsers for flag values; `flag` names the flag in the message.
+uint64_t parse_u64(const std::string& flag, const std::string& text);
+int64_t parse_i64(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);
+// A finite double in [lo, hi].
+double parse_double(const std::string& flag, const std::string& text, double lo, double hi);
+
+// tessel-explain's options (see examples/explain.cpp for what each does).
+struct ExplainOptions {
+  std::string file;
+  std::string mesh;        // --mesh (empty: the file's mesh)
+  std::string links;       // --links, validated with CostModel::parse_links
+  std::string dump_after;  // --dump-after: "", "parse", "propagate" or "partition"
+  std::string trace;       // --trace
+  bool why = false;
+  bool run = false;
+  bool help = false;       // -h / --help: print usage_explain() and exit 0
+  bool seed_given = false;
+  uint64_t seed = 0;
+  double tolerance = 1e-5;  // finite, >= 0
+  int64_t device = 0;       // >= 0 (checked against the mesh by the caller)
+};
+
+// Parses argv[1..] of tessel-explain; throws UsageError. With --help the rest is not
+// validated beyond recognising the flags.
+ExplainOptions parse_explain_args(const std::vector<std::string>& args);
+std::string usage_explain();
+
+}  // namespace cli
+}  // namespace tessel

@@ -1,0 +1,133 @@
+// src/cli.cpp — argument parsing of the example binaries (tessel/cli.hpp). Lives in the
+// library, not in examples/, so the unit tests and the libFuzzer target fuzz/fuzz_cli.cpp
+// can drive it without running a program. Numbers are parsed whole with strtoull/strtoll/
+// strtod and an end-pointer check: std::stoull accepts "12abc" and wraps "-1" to 2^64-1,
+// std::stod accepts "nan"; each of those is a UsageError naming the flag here.
+#include "tessel/cli.hpp"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "tessel/cost.hpp"
+
+namespace tessel::cli {
+
+namespace {
+
+bool has_space_or_empty(const std::string& t) {
+  if (t.empty()) return true;
+  for (char c : t)
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') return true;
+  return false;
+}
+
+}  // namespace
+
+uint64_t parse_u64(const std::string& flag, const std::string& text) {
+  const auto bad = [&] {
+    return UsageError(fmt::format("{}: '{}' is not an unsigned 64-bit integer (expected e.g. {} 42)",
+                                  flag, text, flag));
+  };
+  if (has_space_or_empty(text) || text[0] == '-' || text[0] == '+') throw bad();
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (end != text.c_str() + text.size() || errno == ERANGE) throw bad();
+  return static_cast<uint64_t>(v);
+}
+
+int64_t parse_i64(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = has_space_or_empty(text) ? 0 : std::strtoll(text.c_str(), &end, 10);
+  if (has_space_or_empty(text) || end != text.c_str() + text.size() || errno == ERANGE)
+    throw UsageError(fmt::format("{}: '{}' is not an integer (expected an integer in [{}, {}])",
+                                 flag, text, lo, hi));
+  if (v < lo || v > hi)
+    throw UsageError(fmt::format("{}: {} is out of range (expected an integer in [{}, {}])", flag,
+                                 text, lo, hi));
+  return static_cast<int64_t>(v);
+}
+
+double parse_double(const std::string& flag, const std::string& text, double lo, double hi) {
+  const auto expect = [&] { return fmt::format("expected a finite number in [{}, {}]", lo, hi); };
+  errno = 0;
+  char* end = nullptr;
+  const double v = has_space_or_empty(text) ? 0.0 : std::strtod(text.c_str(), &end);
+  if (has_space_or_empty(text) || end != text.c_str() + text.size())
+    throw UsageError(fmt::format("{}: '{}' is not a number ({})", flag, text, expect()));
+  if (!std::isfinite(v) || v < lo || v > hi)
+    throw UsageError(fmt::format("{}: {} is out of range ({})", flag, text, expect()));
+  return v;
+}
+
+std::string usage_explain() {
+  return "usage: tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N]\n"
+         "                      [--links SPEC] [--dump-after=parse|propagate|partition]\n"
+         "                      [--run [--seed N] [--tolerance X] [--trace FILE]]\n"
+         "  --links SPEC   per-axis link figures, e.g. 'model=bw:50e9,alpha:5e-6;data=bw:12.5e9'\n"
+         "                 (bw in bytes/s, finite and > 0; alpha in seconds, finite and >= 0)\n"
+         "  --seed N       the seed of the random inputs of --run (unsigned 64-bit)\n"
+         "  --tolerance X  the largest max_rel_err --run accepts (finite, >= 0; default 1e-5)\n";
+}
+
+ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
+  ExplainOptions o;
+  // Flags first, values after (so that --help wins over a bad value elsewhere).
+  struct Pending {
+    std::string flag, text;
+  };
+  std::vector<Pending> pending;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto is = [&](const char* name) { return a == name || a.rfind(std::string(name) + "=", 0) == 0; };
+    auto value = [&](const char* name) -> std::string {
+      const std::string prefix = std::string(name) + "=";
+      if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
+      if (i + 1 >= args.size()) throw UsageError(fmt::format("{} needs a value", name));
+      return args[++i];
+    };
+    if (a == "--why") o.why = true;
+    else if (a == "--run") o.run = true;
+    else if (a == "-h" || a == "--help") o.help = true;
+    else if (is("--seed")) pending.push_back({"--seed", value("--seed")});
+    else if (is("--tolerance")) pending.push_back({"--tolerance", value("--tolerance")});
+    else if (is("--device")) pending.push_back({"--device", value("--device")});
+    else if (is("--trace")) o.trace = value("--trace");
+    else if (is("--mesh")) o.mesh = value("--mesh");
+    else if (is("--links")) pending.push_back({"--links", value("--links")});
+    else if (is("--dump-after")) o.dump_after = value("--dump-after");
+    else if (!a.empty() && a[0] == '-') throw UsageError(fmt::format("unknown option '{}'", a));
+    else if (o.file.empty()) o.file = a;
+    else throw UsageError(fmt::format("unexpected argument '{}' (one FILE only)", a));
+  }
+  if (o.help) return o;
+  for (const Pending& p : pending) {
+    if (p.flag == "--seed") {
+      o.seed = parse_u64(p.flag, p.text);
+      o.seed_given = true;
+    } else if (p.flag == "--tolerance") {
+      o.tolerance = parse_double(p.flag, p.text, 0.0, 1e300);
+    } else if (p.flag == "--device") {
+      o.device = parse_i64(p.flag, p.text, 0, INT64_MAX);
+    } else if (p.flag == "--links") {
+      CostModel check;
+      try {
+        check.parse_links(p.text);
+      } catch (const Error& e) {
+        throw UsageError(fmt::format("--links: {}", e.what()));
+      }
+      o.links = p.text;
+    }
+  }
+  if (!o.dump_after.empty() && o.dump_after != "parse" && o.dump_after != "propagate" &&
+      o.dump_after != "partition")
+    throw UsageError(fmt::format("--dump-after={}: expected parse, propagate or partition", o.dump_after));
+  if (o.file.empty()) throw UsageError("no FILE given (a graph in the text form, docs/ir.md)");
+  return o;
+}
+
+}  // namespace tessel::cli
