@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -131,31 +132,41 @@ struct Partitioner {
   std::vector<Axes> choose_factors(const Op& op, const OpRule& rule, bool result_first) {
     std::size_t nf = rule.factors.size();
     std::vector<Axes> fs(nf);
-    std::vector<double> weight(nf, -1);  // priority of the factor's source (higher wins axes)
+    // Who holds a factor's axes when two factors want one axis: the stronger source. Sources
+    // rank by the priority their layout derives from (propagation's source_priority, lower
+    // wins, whatever the sizes), then by bytes; the result's layout in result-first mode
+    // outranks every operand.
+    using Weight = std::pair<int64_t, double>;  // (-priority, bytes); larger wins
+    const Weight none{std::numeric_limits<int64_t>::min(), -1};
+    const Weight top{std::numeric_limits<int64_t>::max(), 0};
+    auto weight_of = [&](int value) {
+      return Weight{-static_cast<int64_t>(prop.source_priority[value]), bytes_of(value)};
+    };
+    std::vector<Weight> weight(nf, none);
     // 1. Result factors from the result's propagated sharding.
     if (result_first) {
       auto rproj = project_onto_factors(mesh, rule.result, rule.factors, prop.shardings[op.output]);
       for (std::size_t f = 0; f < nf; ++f)
         if (!rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
           fs[f] = rproj[f];
-          weight[f] = 1e300;
+          weight[f] = top;
         }
     }
-    // 2. Other factors from the operands' current layouts, larger operands first.
+    // 2. Other factors from the operands' current layouts, strongest operands first.
     std::vector<std::size_t> order(op.inputs.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return bytes_of(op.inputs[a]) > bytes_of(op.inputs[b]);
+      return weight_of(op.inputs[a]) > weight_of(op.inputs[b]);
     });
     for (std::size_t i : order) {
       const Sharding& s = prog.values[phys[op.inputs[i]]].sharding;
       auto proj = project_onto_factors(mesh, rule.operands[i], rule.factors, s);
       for (std::size_t f = 0; f < nf; ++f) {
         if (rule.factors[f].kind == FactorKind::Replicated || proj[f].empty()) continue;
-        if (weight[f] >= 1e300) continue;
+        if (weight[f] == top) continue;
         if (fs[f].empty() || (is_prefix(fs[f], proj[f]) && proj[f].size() > fs[f].size())) {
           fs[f] = proj[f];
-          weight[f] = std::max(weight[f], bytes_of(op.inputs[i]));
+          weight[f] = std::max(weight[f], weight_of(op.inputs[i]));
         }
       }
     }
@@ -165,10 +176,10 @@ struct Partitioner {
       for (std::size_t f = 0; f < nf; ++f)
         if (fs[f].empty() && !rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
           fs[f] = rproj[f];
-          weight[f] = 0;
+          weight[f] = Weight{std::numeric_limits<int64_t>::min(), 0};
         }
     }
-    // 3. An axis used by two factors goes to the factor with the heavier source.
+    // 3. An axis used by two factors goes to the factor with the stronger source.
     std::vector<std::size_t> forder(nf);
     for (std::size_t f = 0; f < nf; ++f) forder[f] = f;
     std::stable_sort(forder.begin(), forder.end(), [&](std::size_t a, std::size_t b) {

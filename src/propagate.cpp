@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <set>
 
 #include "tessel/ops.hpp"
@@ -65,6 +66,46 @@ struct Propagator {
     if (ba != bb) return ba > bb;
     return a < b;
   }
+  // Which source wins a conflict: the stronger (lower) priority its sharding derives from,
+  // whatever the sizes; among equal priorities the larger tensor (it stays put).
+  bool stronger(int a, int b) const {
+    if (res.source_priority[a] != res.source_priority[b])
+      return res.source_priority[a] < res.source_priority[b];
+    return larger(a, b);
+  }
+  // "%w (from the annotation on %w, priority 0)" for decision lines.
+  std::string source_text(int v, int dim) const {
+    int origin = -1;
+    if (dim >= 0 && dim < static_cast<int>(res.why[v].size())) origin = res.why[v][dim].origin;
+    const int p = res.source_priority[v];
+    if (origin == v) return fmt::format("%{} (annotated, priority {})", g.values[v].name, p);
+    if (origin >= 0)
+      return fmt::format("%{} (from the annotation on %{}, priority {})", g.values[v].name,
+                         g.values[origin].name, p);
+    return fmt::format("%{} (priority {})", g.values[v].name, p);
+  }
+  std::string why_won(int winner, int loser) const {
+    const int pw = res.source_priority[winner], pl = res.source_priority[loser];
+    if (pw != pl) return fmt::format("stronger priority ({} < {})", pw, pl);
+    return fmt::format("equal priority {}: the larger tensor stays put ({} vs {} bytes)", pw,
+                       bytes(winner), bytes(loser));
+  }
+  int dim_of_factor(const std::vector<DimFactors>& dims, int f) const {
+    for (std::size_t d = 0; d < dims.size(); ++d)
+      if (std::find(dims[d].begin(), dims[d].end(), f) != dims[d].end()) return static_cast<int>(d);
+    return -1;
+  }
+
+  // The dim of tensor v (one of this op's tensors) that holds factor f, -1 when none.
+  int source_dim_of(int v, int f, const std::vector<const std::vector<DimFactors>*>& tdims,
+                    const std::vector<int>& tensors) const {
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      if (tensors[t] == v) {
+        const int d = dim_of_factor(*tdims[t], f);
+        if (d >= 0) return d;
+      }
+    return -1;
+  }
 
   // One op, in round p. Returns true when a value changed.
   bool step(int op_index, int round) {
@@ -91,14 +132,19 @@ struct Propagator {
           chosen[f] = proj[f];
         } else if (is_prefix(proj[f], chosen[f])) {
           continue;
-        } else if (larger(v, source[f])) {
-          res.decisions.push_back(fmt::format(
-              "{} factor '{}': {} of %{} wins over {} of %{} (larger tensor stays put)",
-              g.describe_op(op_index), rule.factors[f].name, fmt::join(proj[f], ","),
-              g.values[v].name, fmt::join(chosen[f], ","), g.values[source[f]].name));
-          chosen[f] = proj[f];
         } else {
-          continue;
+          // A conflict: name both sides, their annotations and priorities, and the reason.
+          const int u = source[f];
+          const bool wins = stronger(v, u);
+          const int w = wins ? v : u, l = wins ? u : v;
+          const auto& wa = wins ? proj[f] : chosen[f];
+          const auto& la = wins ? chosen[f] : proj[f];
+          res.decisions.push_back(fmt::format(
+              "{} factor '{}': {{{}}} of {} wins over {{{}}} of {}: {}", g.describe_op(op_index),
+              rule.factors[f].name, fmt::join(wa, ","), source_text(w, source_dim_of(w, f, tdims, tensors)),
+              fmt::join(la, ","), source_text(l, source_dim_of(l, f, tdims, tensors)), why_won(w, l)));
+          if (!wins) continue;
+          chosen[f] = proj[f];
         }
         source[f] = v;
         // the dim of v that holds factor f
@@ -114,20 +160,25 @@ struct Propagator {
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
       if (source[a] < 0 || source[b] < 0) return source[a] >= 0 && source[b] < 0;
       if (source[a] == source[b]) return false;
-      return larger(source[a], source[b]);
+      return stronger(source[a], source[b]);
     });
-    std::set<std::string> taken;
+    std::map<std::string, int> taken;  // axis -> factor that holds it
     for (int f : order) {
       auto& axes = chosen[f];
       for (std::size_t i = 0; i < axes.size(); ++i)
-        if (taken.count(axes[i])) {
+        if (auto it = taken.find(axes[i]); it != taken.end()) {
+          const int h = it->second;
           res.decisions.push_back(fmt::format(
-              "{} factor '{}': axis '{}' already used by another factor; truncated",
-              g.describe_op(op_index), rule.factors[f].name, axes[i]));
+              "{} factor '{}': axis '{}' goes to factor '{}' of {} over factor '{}' of {}: {}",
+              g.describe_op(op_index), rule.factors[f].name, axes[i], rule.factors[h].name,
+              source_text(source[h], source_dim_of(source[h], h, tdims, tensors)),
+              rule.factors[f].name, source_text(source[f], source_dim_of(source[f], f, tdims, tensors)),
+              source[h] == source[f] ? std::string("one tensor's dims are split in order")
+                                     : why_won(source[h], source[f])));
           axes.resize(i);
           break;
         }
-      taken.insert(axes.begin(), axes.end());
+      for (const auto& a : axes) taken.emplace(a, f);
     }
     // Write back to open dims that the factor shardings extend.
     bool changed = false;

@@ -9,9 +9,10 @@
 //    priority therefore claims values first, and a weaker annotation cannot take them back.
 //  * Per op, each tensor's dim shardings are projected onto the rule's factors. Per factor,
 //    compatible candidates (one a prefix of the other) merge to the longest; conflicting
-//    candidates are resolved in favour of the *larger* tensor (bytes; ties: lower value id),
-//    which keeps the larger tensor stationary and reshards the smaller one. An axis claimed
-//    by two factors goes to the factor whose source tensor is larger. Replicated factors get
+//    candidates are resolved in favour of the stronger priority the candidate's layout
+//    derives from, then of the *larger* tensor (bytes; ties: lower value id), which keeps the
+//    larger tensor stationary and reshards the smaller one. An axis claimed by two factors
+//    goes to the factor whose source wins by the same order. Replicated factors get
 //    no axes. The merged factor shardings are written back to open dims when they extend
 //    the dim's current axes.
 //  * Forward pass over ops, then backward pass, repeated until nothing changes; every change

@@ -100,6 +100,27 @@ TEST_CASE("golden: conflicting annotations are resolved by priority", "[golden]"
   CHECK(s.all_gather + s.all_reduce + s.collective_permute + s.reduce_scatter == 0);
 }
 
+TEST_CASE("golden: swapping two conflicting priorities swaps the plan", "[golden]") {
+  Result w = render("priority_swap_w");  // %w (priority 0) stays, %x is resharded
+  Result x = render("priority_swap_x");  // %x (priority 0) stays, %w is gathered
+  CHECK(w.prog.summary().all_to_all == 1);
+  CHECK(w.prog.summary().all_reduce == 1);
+  CHECK(w.prog.summary().all_gather == 0);
+  CHECK(x.prog.summary().all_gather == 1);
+  CHECK(x.prog.summary().all_to_all == 0);
+  CHECK(x.prog.summary().all_reduce == 0);
+  CHECK(sharding_of(w, "y").dims[0].axes.empty());
+  CHECK(sharding_of(x, "y").dims[0].axes == std::vector<std::string>{"a"});
+  // The decision names both values, their annotations and priorities, the op and the reason.
+  bool named = false;
+  for (const std::string& d : w.prop.decisions)
+    named = named || (d.find("op #2 einsum") != std::string::npos &&
+                      d.find("%w (annotated, priority 0)") != std::string::npos &&
+                      d.find("%x (annotated, priority 1)") != std::string::npos &&
+                      d.find("stronger priority (0 < 1)") != std::string::npos);
+  CHECK(named);
+}
+
 TEST_CASE("golden: reshape splitting a sharded dim needs no communication", "[golden]") {
   Result r = render("reshape_split");
   CHECK(sharding_of(r, "r").same_layout(Sharding::parse("[{data}, {}, {model}, {}]")));
