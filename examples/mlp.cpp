@@ -1,7 +1,8 @@
 // mlp: the Megatron MLP — the first weight split on its output dim over `model`, the second
 // on its input dim, the batch over `data` — compiled for a data=2,model=4 mesh, run on 8
 // virtual CPU devices and checked element by element against the unpartitioned graph.
-// The partitioned program needs exactly one all-reduce (of the output).
+// The output is closed to the batch-split layout, so the program needs exactly one all-reduce
+// (of the output); left open it would be reduce-scattered instead (docs/propagation.md).
 //
 //   build/bin/mlp [--mesh data=2,model=4] [--seed N] [--print-program]
 #include <fmt/format.h>
@@ -51,6 +52,7 @@ int main(int argc, char** argv) try {
   g.annotate(x, Sharding::parse("[{data}, {}, {}]"));
   g.annotate(w1, Sharding::parse("[{}, {model}]"));
   g.annotate(w2, Sharding::parse("[{model}, {}]"));
+  g.annotate(y, Sharding::parse("[{data}, {}, {}]"));  // the next layer's layout (closed)
 
   Mesh mesh = Mesh::parse(mesh_spec);
   Executable exe = compile(g, mesh);

@@ -346,6 +346,34 @@ struct Partitioner {
     phys[op.output] = out;
   }
 
+  // The layout an output is delivered in. A closed output (annotated by the user, or the
+  // result of a sharding_constraint) gets exactly its layout. An open one stays where it is
+  // cheapest to produce: as computed when it is materialized, and when it is partial, reduced
+  // by whichever is cheapest of an all-reduce or a reduce-scatter onto one of its dims.
+  Sharding output_layout(int v) {
+    const bool closed = g.annotations.count(v) > 0 ||
+                        (g.values[v].producer >= 0 &&
+                         g.ops[static_cast<std::size_t>(g.values[v].producer)].kind == OpKind::ShardingConstraint);
+    if (closed || !opts.open_outputs_cheapest) return prop.shardings[v].closed_copy().without_partial();
+    const LocalValue& cur = prog.values[phys[v]];
+    const Sharding base = cur.sharding.closed_copy().without_partial();
+    Sharding best = base;
+    if (cur.sharding.partial.empty()) return best;
+    double best_s = plan_reshard(mesh, cur.global_shape, cur.dtype, cur.sharding, best, opts.cost).seconds;
+    const Axes partial = cur.sharding.partial;
+    for (std::size_t d = 0; d < cur.global_shape.size(); ++d) {
+      Sharding cand = base;
+      cand.dims[d].axes.insert(cand.dims[d].axes.end(), partial.begin(), partial.end());
+      if (cur.global_shape[d] % mesh.axes_size(cand.dims[d].axes) != 0) continue;
+      const double t = plan_reshard(mesh, cur.global_shape, cur.dtype, cur.sharding, cand, opts.cost).seconds;
+      if (t < best_s - 1e-15) {
+        best_s = t;
+        best = cand;
+      }
+    }
+    return best;
+  }
+
   Program run() {
     prog.mesh = mesh;
     phys.assign(g.values.size(), -1);
@@ -358,7 +386,7 @@ struct Partitioner {
     for (std::size_t i = 0; i < g.ops.size(); ++i)
       if (g.ops[i].kind == OpKind::Input || needed[g.ops[i].output]) op(static_cast<int>(i));
     for (int v : g.outputs) {
-      Sharding want = prop.shardings[v].closed_copy().without_partial();
+      const Sharding want = output_layout(v);
       prog.outputs.push_back(reshard(phys[v], want, -1, fmt::format("for output %{}", g.values[v].name)));
     }
     return std::move(prog);

@@ -15,6 +15,11 @@ namespace tessel {
 
 struct PartitionOptions {
   CostModel cost;
+  // An output the user did not close (no annotation, not a sharding_constraint result) is
+  // delivered where it is cheapest to produce: as computed, a partial result reduced by the
+  // cheapest of all-reduce and reduce-scatter. false: in its propagated layout (open dims
+  // replicated unless propagation split them), as before.
+  bool open_outputs_cheapest = true;
 };
 
 Program partition(const Graph& g, const Mesh& mesh, const PropagationResult& prop,

@@ -73,6 +73,22 @@ TEST_CASE("golden: Megatron MLP has exactly one all-reduce and no all-gather", "
   CHECK(s.bytes == 4 * 128 * 512 * 4);
 }
 
+TEST_CASE("golden: an open output is reduce-scattered where a closed one is all-reduced", "[golden]") {
+  Result open = render("megatron_mlp_open");
+  Result closed = render("megatron_mlp");
+  auto so = open.prog.summary(), sc = closed.prog.summary();
+  CHECK(so.reduce_scatter == 1);
+  CHECK(so.all_reduce + so.all_gather + so.all_to_all + so.collective_permute == 0);
+  CHECK(sc.all_reduce == 1);
+  CHECK(sc.reduce_scatter == 0);
+  // Same buffer, half the ring traffic: the cost model's (n-1)/n vs 2(n-1)/n.
+  CHECK(open.prog.comm_seconds() < closed.prog.comm_seconds());
+  const Sharding& out = open.prog.values[static_cast<std::size_t>(open.prog.outputs[0])].sharding;
+  CHECK(out.partial.empty());
+  CHECK(out.uses_axis("model"));
+  CHECK(out.uses_axis("data"));
+}
+
 TEST_CASE("golden: attention with heads over model", "[golden]") {
   Result r = render("attention_heads");
   auto s = r.prog.summary();
@@ -104,7 +120,7 @@ TEST_CASE("golden: swapping two conflicting priorities swaps the plan", "[golden
   Result w = render("priority_swap_w");  // %w (priority 0) stays, %x is resharded
   Result x = render("priority_swap_x");  // %x (priority 0) stays, %w is gathered
   CHECK(w.prog.summary().all_to_all == 1);
-  CHECK(w.prog.summary().all_reduce == 1);
+  CHECK(w.prog.summary().all_reduce + w.prog.summary().reduce_scatter == 1);
   CHECK(w.prog.summary().all_gather == 0);
   CHECK(x.prog.summary().all_gather == 1);
   CHECK(x.prog.summary().all_to_all == 0);

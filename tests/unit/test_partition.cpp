@@ -29,6 +29,7 @@ TEST_CASE("partition: Megatron MLP needs exactly one all-reduce", "[partition]")
   m.g.annotate(m.x, Sharding::of({{"data"}, {}, {}}));
   m.g.annotate(m.w1, Sharding::of({{}, {"model"}}));
   m.g.annotate(m.w2, Sharding::of({{"model"}, {}}));
+  m.g.annotate(m.y, Sharding::of({{"data"}, {}, {}}));  // closed: the next layer's layout
   Mesh mesh = Mesh::parse("data=2,model=4");
   auto prop = propagate(m.g, mesh);
   REQUIRE(prop.shardings[m.h.id].same_layout(Sharding::of({{"data"}, {}, {"model"}})));

@@ -25,6 +25,7 @@ int main() {
     g.annotate(x, tessel::Sharding::of({{"data"}, {}, {}}));
     g.annotate(w1, tessel::Sharding::of({{}, {"model"}}));
     g.annotate(w2, tessel::Sharding::of({{"model"}, {}}));
+    g.annotate(y, tessel::Sharding::of({{"data"}, {}, {}}));  // closed output: all-reduced
     g.mark_output(y);
 
     tessel::Mesh mesh = tessel::Mesh::parse("data=2,model=2");
