@@ -212,6 +212,33 @@ struct Partitioner {
     return fs;
   }
 
+  // The combined axes of a factor sharding: those of its Combined factors, in mesh order.
+  Axes combined_axes(const OpRule& rule, const std::vector<Axes>& fs) const {
+    Axes a;
+    for (std::size_t f = 0; f < fs.size(); ++f)
+      if (rule.factors[f].kind == FactorKind::Combined) a.insert(a.end(), fs[f].begin(), fs[f].end());
+    return mesh_order(a);
+  }
+
+  // Seconds of a distributed reduction's statistics all-reduces: distribute_stats of them,
+  // each of one f32 per local row (the elements of operand 0's block without the combined
+  // factors).
+  double stats_estimate(const Op& op, const OpRule& rule, const std::vector<Axes>& fs) const {
+    const Axes axes = combined_axes(rule, fs);
+    if (axes.empty() || mesh.axes_size(axes) == 1) return 0;
+    const Shape& s0 = g.values[op.inputs[0]].shape;
+    Sharding req = Sharding::replicated(static_cast<int>(s0.size()));
+    for (std::size_t d = 0; d < rule.operands[0].size(); ++d)
+      req.dims[d].axes = compose_dim(mesh, rule.operands[0][d], rule.factors, fs);
+    double rows = static_cast<double>(num_elements(req.local_shape(mesh, s0)));
+    for (std::size_t f = 0; f < fs.size(); ++f)
+      if (rule.factors[f].kind == FactorKind::Combined)
+        rows /= static_cast<double>(rule.factors[f].size) / static_cast<double>(mesh.axes_size(fs[f]));
+    const int64_t bytes = static_cast<int64_t>(rows) * 4;
+    return op_def(op.kind).distribute_stats *
+           opts.cost.collective_seconds(CollectiveKind::AllReduce, mesh, axes, bytes);
+  }
+
   // Estimated communication seconds of a factor sharding: operand reshards plus the
   // reshard of the result to its propagated layout (partial operands assumed reduced).
   double comm_estimate(const Op& op, const OpRule& rule, const std::vector<Axes>& fs) {
@@ -236,6 +263,74 @@ struct Partitioner {
                       prop.shardings[op.output].closed_copy().without_partial(), opts.cost).seconds;
     return t;
   }
+
+  // The partitioner's LocalEmitter for distributed reductions (ops.hpp).
+  struct Emitter : LocalEmitter {
+    Partitioner& P;
+    int oi;
+    Axes axes;
+    Emitter(Partitioner& p, int op_index, Axes a) : P(p), oi(op_index), axes(std::move(a)) {}
+
+    int local_value(const Shape& shape, DType dt, Sharding layout, const Shape& global) {
+      int v = P.new_value(-1, std::move(layout), dt, global);
+      if (P.prog.values[v].shape != shape)
+        throw PartitionError("internal error: a distributed reduction's block has an inconsistent shape");
+      return v;
+    }
+    std::pair<Shape, DType> infer(OpKind kind, const OpAttrs& attrs, const std::vector<int>& ins) const {
+      std::vector<Value> vals;
+      for (int v : ins) vals.push_back(Value{P.prog.values[v].name, P.prog.values[v].shape, P.prog.values[v].dtype, -1});
+      std::vector<const Value*> ptrs;
+      for (const Value& v : vals) ptrs.push_back(&v);
+      Shape out;
+      DType dt = DType::f32;
+      op_def(kind).infer(attrs, ptrs, out, dt);
+      return {out, dt};
+    }
+    int kernel(OpKind kind, const OpAttrs& attrs, const std::vector<int>& ins) override {
+      auto [shape, dt] = infer(kind, attrs, ins);
+      const int v = local_value(shape, dt, Sharding::replicated(static_cast<int>(shape.size())), shape);
+      P.emit_kernel(oi, kind, attrs, ins, v);
+      return v;
+    }
+    int kernel_block(OpKind kind, const OpAttrs& attrs, const std::vector<int>& ins,
+                     const Shape& global, const Sharding& layout) override {
+      // Ops that read positions keep global sizes in their attributes: the block's shape
+      // comes from its layout, the dtype from the shape function.
+      const DType dt = infer(kind, attrs, ins).second;
+      const int v = local_value(layout.local_shape(P.mesh, global), dt, layout, global);
+      P.emit_kernel(oi, kind, attrs, ins, v);
+      return v;
+    }
+    int all_reduce(int v, ReduceOp op) override {
+      const LocalValue src = P.prog.values[v];
+      Instr in;
+      in.kind = InstrKind::Collective;
+      in.collective = CollectiveKind::AllReduce;
+      in.reduce = op;
+      in.axes = axes;
+      in.bytes = src.bytes();
+      in.seconds = P.opts.cost.collective_seconds(CollectiveKind::AllReduce, P.mesh, axes, in.bytes);
+      in.in = {v};
+      in.graph_op = oi;
+      in.note = fmt::format("{} of per-row statistics for {}", op == ReduceOp::Max ? "max" : "sum",
+                            P.g.describe_op(oi));
+      in.out = local_value(src.shape, src.dtype, Sharding::replicated(static_cast<int>(src.shape.size())), src.shape);
+      const int out = in.out;
+      P.prog.instrs.push_back(std::move(in));
+      return out;
+    }
+    int scalar(double value, DType dtype) override {
+      OpAttrs a;
+      a.scalar = value;
+      a.dtype = dtype;
+      const int v = local_value({}, dtype, Sharding::replicated(0), {});
+      P.emit_kernel(oi, OpKind::Constant, a, {}, v);
+      return v;
+    }
+    const Shape& shape(int v) const override { return P.prog.values[v].shape; }
+    DType dtype(int v) const override { return P.prog.values[v].dtype; }
+  };
 
   void op(int oi) {
     const Op& op = g.ops[oi];
@@ -267,9 +362,34 @@ struct Partitioner {
     // wanted), or the operands' layouts first (keep operands in place; the result may come
     // out partial or differently tiled and is resharded for its consumers). The cost model
     // picks the cheaper; ties go to the result-first candidate.
-    std::vector<Axes> fs = choose_factors(op, rule, true);
-    std::vector<Axes> alt = choose_factors(op, rule, false);
-    if (alt != fs && comm_estimate(op, rule, alt) < comm_estimate(op, rule, fs) - 1e-12) fs = alt;
+    //   With combined factors (a reduction the op does itself: softmax, layer_norm,
+    // cross_entropy, reduce_max), each candidate is also tried with them gathered; when
+    // they stay split the op is emitted in its distributed form, whose statistics
+    // all-reduces are added to its cost.
+    std::vector<Axes> fs;
+    {
+      const OpDef& def = op_def(op.kind);
+      std::vector<std::vector<Axes>> cands = {choose_factors(op, rule, true), choose_factors(op, rule, false)};
+      bool any_combined = false;
+      for (const Factor& f : rule.factors) any_combined = any_combined || f.kind == FactorKind::Combined;
+      if (any_combined) {
+        for (std::size_t c = 0, n = cands.size(); c < n; ++c) {
+          std::vector<Axes> gathered = cands[c];
+          for (std::size_t f = 0; f < nf; ++f)
+            if (rule.factors[f].kind == FactorKind::Combined) gathered[f].clear();
+          if (!def.distribute) cands[c] = gathered;  // no distributed form: always gather
+          else cands.push_back(gathered);
+        }
+      }
+      double best = 0;
+      for (std::size_t c = 0; c < cands.size(); ++c) {
+        const double t = comm_estimate(op, rule, cands[c]) + stats_estimate(op, rule, cands[c]);
+        if (c == 0 || t < best - 1e-12) {
+          best = t;
+          fs = cands[c];
+        }
+      }
+    }
     Axes op_axes;
     for (const auto& a : fs) op_axes.insert(op_axes.end(), a.begin(), a.end());
     auto disjoint = [&](const Axes& p) {
@@ -320,6 +440,28 @@ struct Partitioner {
         mean_scale *= mesh.axes_size(fs[f]);
       }
     rs.partial = mesh_order(partial);
+    if (const Axes caxes = combined_axes(rule, fs); !caxes.empty() && mesh.axes_size(caxes) > 1) {
+      // The distributed form: local statistics, all-reduced over the combined axes.
+      Emitter em(*this, oi, caxes);
+      DistributeArgs da{em, op.attrs, ins, {}, {}, outv.shape, outv.dtype};
+      for (int v : ins) {
+        da.global_in.push_back(prog.values[v].global_shape);
+        da.in_layouts.push_back(prog.values[v].sharding);
+      }
+      const int res = op_def(op.kind).distribute(da);
+      LocalValue& lv = prog.values[static_cast<std::size_t>(res)];
+      if (lv.shape != rs.local_shape(mesh, outv.shape) || lv.dtype != outv.dtype)
+        throw PartitionError(fmt::format("internal error: the distributed form of {} produced {} "
+                                         "where {} was expected", g.describe_op(oi),
+                                         type_str(lv.dtype, lv.shape),
+                                         type_str(outv.dtype, rs.local_shape(mesh, outv.shape))));
+      lv.graph_value = op.output;
+      lv.global_shape = outv.shape;
+      lv.sharding = rs;
+      lv.name = g.values[op.output].name;
+      phys[op.output] = res;
+      return;
+    }
     int out = new_value(op.output, rs, outv.dtype, outv.shape);
     OpAttrs a = op.attrs;
     if (const LocalizeFn localize = op_def(op.kind).localize) {

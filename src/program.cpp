@@ -99,6 +99,7 @@ std::string Program::to_string(int64_t device) const {
         extra = fmt::format(" dim={}", in.dim);
       if (in.collective == CollectiveKind::AllToAll)
         extra = fmt::format(" split_dim={} concat_dim={}", in.dim, in.dim2);
+      if (in.reduce == ReduceOp::Max) extra += " op=max";
       std::string group;
       if (in.collective == CollectiveKind::CollectivePermute) {
         std::vector<std::string> ps;

@@ -28,6 +28,9 @@ std::string shape_str(const Shape& s);
 // "f32[8,16,32]"
 std::string type_str(DType t, const Shape& s);
 
+// How a collective combines contributions (all-reduce, reduce-scatter).
+enum class ReduceOp { Sum, Max };
+
 // Base of every error the library throws for a user mistake or a backend failure.
 class Error : public std::runtime_error {
  public:

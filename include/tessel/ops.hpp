@@ -36,6 +36,10 @@ enum class FactorKind {
   Pass,        // appears in the result: sharding it shards the result
   Reduction,   // only in operands, summed over: sharding it makes the result partial
   Replicated,  // must stay unsharded (the op needs the whole extent locally)
+  Combined,    // reduced by the op itself (softmax axis, layer-norm features, cross-entropy
+               // classes, reduce_max dims): when sharded, each device reduces its block and
+               // the op's `distribute` combines the per-row statistics with all-reduces —
+               // bytes proportional to the rows, not the tensor. Otherwise it is gathered.
 };
 
 struct Factor {
@@ -104,6 +108,36 @@ struct VjpArgs {
   Tensor grad_output;
 };
 
+// The partitioner's side of a distributed reduction (OpDef::distribute): local kernels on
+// local values of one device's program, and all-reduces over the axes the op's combined
+// factors are split on.
+class LocalEmitter {
+ public:
+  virtual ~LocalEmitter() = default;
+  // A local kernel; its result's shape and dtype come from the op's shape function on the
+  // local shapes.
+  virtual int kernel(OpKind kind, const OpAttrs& attrs, const std::vector<int>& ins) = 0;
+  // A local kernel whose result is the block of a value of global shape `global` laid out
+  // as `layout` (kernels that read positions see where the block lies).
+  virtual int kernel_block(OpKind kind, const OpAttrs& attrs, const std::vector<int>& ins,
+                           const Shape& global, const Sharding& layout) = 0;
+  // All-reduce of a local value over the combined axes.
+  virtual int all_reduce(int v, ReduceOp op) = 0;
+  virtual int scalar(double value, DType dtype) = 0;
+  virtual const Shape& shape(int v) const = 0;
+  virtual DType dtype(int v) const = 0;
+};
+
+struct DistributeArgs {
+  LocalEmitter& emit;
+  const OpAttrs& attrs;             // the op's global attributes
+  std::vector<int> ins;             // local operands in the chosen factor sharding
+  std::vector<Shape> global_in;     // their global shapes
+  std::vector<Sharding> in_layouts; // their layouts
+  Shape global_out;
+  DType out_dtype = DType::f32;
+};
+
 using InferFn = void (*)(const OpAttrs& attrs, const std::vector<const Value*>& in, Shape& out,
                          DType& out_dtype);
 using RuleFn = OpRule (*)(const OpAttrs& attrs, const std::vector<Shape>& in, const Shape& out);
@@ -115,6 +149,9 @@ using LocalizeFn = void (*)(OpAttrs& attrs, const LocalizeArgs& x);
 using SampleFn = Tensor (*)(Graph& g, SampleGen& r);
 using IndexBoundFn = int64_t (*)(const OpAttrs& attrs, const std::vector<Shape>& in, int operand);
 using VjpFn = std::vector<Tensor> (*)(const VjpArgs& x);
+// Emits the distributed form of an op whose combined factor is sharded; returns the local
+// result (in the layout of the op's result).
+using DistributeFn = int (*)(const DistributeArgs& x);
 
 struct OpDef {
   OpKind kind = OpKind::kCount;
@@ -148,6 +185,11 @@ struct OpDef {
   // Builds a small random graph around one op of this kind (property tests). Returns the
   // op's result. nullptr: the kind is not sampled (Input).
   SampleFn sample = nullptr;
+  // The distributed form when a Combined factor is sharded, and how many all-reduces of
+  // per-row f32 statistics it issues (the partitioner weighs that against gathering the
+  // factor). nullptr: Combined factors are gathered.
+  DistributeFn distribute = nullptr;
+  int distribute_stats = 0;
   // Vector-Jacobian product; nullptr until the op is differentiable.
   VjpFn vjp = nullptr;
 };

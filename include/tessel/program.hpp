@@ -43,6 +43,7 @@ struct Instr {
   OpAttrs attrs;
   // Collective / ShardSlice
   CollectiveKind collective = CollectiveKind::AllReduce;
+  ReduceOp reduce = ReduceOp::Sum;  // all-reduce / reduce-scatter: how contributions combine
   std::vector<std::string> axes;  // the axis group, major→minor
   int dim = -1;   // all-gather / reduce-scatter / slice dim; all-to-all: split dim
   int dim2 = -1;  // all-to-all: concat dim

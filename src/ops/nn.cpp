@@ -25,8 +25,20 @@ void infer_softmax(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
 }
 OpRule rule_softmax(const OpAttrs& a, const Shapes&, const Shape& out) {
   OpRule r = identity_rule(out, 1);
-  r.factors[a.axis].kind = FactorKind::Replicated;
+  r.factors[a.axis].kind = FactorKind::Combined;
   return r;
+}
+// The axis split: y = exp(x - max) / sum, with the max and the sum all-reduced (two per-row
+// statistics; nothing of the axis' size moves). Computed in f32 like the kernel.
+int distribute_softmax(const DistributeArgs& x) {
+  LocalEmitter& e = x.emit;
+  const DType dt = e.dtype(x.ins[0]);
+  const int v = local_cast(e, x.ins[0], DType::f32);
+  const std::vector<int64_t> ax = {x.attrs.axis};
+  const int m = e.all_reduce(local_reduce(e, OpKind::ReduceMax, v, ax, true), ReduceOp::Max);
+  const int ex = local_op(e, OpKind::Exp, {local_op(e, OpKind::Sub, {v, m})});
+  const int s = e.all_reduce(local_reduce(e, OpKind::ReduceSum, ex, ax, true), ReduceOp::Sum);
+  return local_cast(e, local_op(e, OpKind::Div, {ex, s}), dt);
 }
 Tensor sample_softmax(Graph& g, SampleGen& r) {
   Shape s = r.shape(r.rank());
@@ -50,10 +62,30 @@ void infer_layer_norm(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
 OpRule rule_layer_norm(const OpAttrs&, const Shapes&, const Shape& out) {
   OpRule r = identity_rule(out, 1);
   int last = static_cast<int>(out.size()) - 1;
-  r.factors[last].kind = FactorKind::Replicated;
+  r.factors[last].kind = FactorKind::Combined;
   r.operands.push_back({{last}});
   r.operands.push_back({{last}});
   return r;
+}
+// The feature dim split: two passes, as the kernel, each with one all-reduce of a per-row
+// statistic: the row sums give the mean; then the sums of (x - mean)^2 give the variance
+// (exact, no E[x^2] - E[x]^2 cancellation). gamma and beta are split like x.
+int distribute_layer_norm(const DistributeArgs& x) {
+  LocalEmitter& e = x.emit;
+  const DType dt = e.dtype(x.ins[0]);
+  const int v = local_cast(e, x.ins[0], DType::f32);
+  const int64_t last = static_cast<int64_t>(x.global_in[0].size()) - 1;
+  const int inv_n = e.scalar(1.0 / static_cast<double>(x.global_in[0].back()), DType::f32);
+  const int s1 = e.all_reduce(local_reduce(e, OpKind::ReduceSum, v, {last}, true), ReduceOp::Sum);
+  const int mean = local_op(e, OpKind::Mul, {s1, inv_n});
+  const int d = local_op(e, OpKind::Sub, {v, mean});
+  const int s2 = e.all_reduce(local_reduce(e, OpKind::ReduceSum, local_op(e, OpKind::Mul, {d, d}), {last}, true),
+                              ReduceOp::Sum);
+  const int var = local_op(e, OpKind::Mul, {s2, inv_n});
+  const int rstd = local_op(e, OpKind::Rsqrt, {local_op(e, OpKind::Add, {var, e.scalar(x.attrs.eps, DType::f32)})});
+  const int gamma = local_cast(e, x.ins[1], DType::f32), beta = local_cast(e, x.ins[2], DType::f32);
+  const int y = local_op(e, OpKind::Add, {local_op(e, OpKind::Mul, {local_op(e, OpKind::Mul, {d, rstd}), gamma}), beta});
+  return local_cast(e, y, dt);
 }
 Tensor sample_layer_norm(Graph& g, SampleGen& r) {
   Shape s = r.shape(1 + r.rank());
@@ -116,7 +148,7 @@ void infer_cross_entropy(const OpAttrs&, const Ins& in, Shape& out, DType& dt) {
 }
 OpRule rule_cross_entropy(const OpAttrs&, const Shapes& in, const Shape& out) {
   OpRule r = identity_rule(out, 0);
-  r.factors.push_back({"classes", in[0].back(), FactorKind::Replicated});
+  r.factors.push_back({"classes", in[0].back(), FactorKind::Combined});
   int C = static_cast<int>(r.factors.size()) - 1;
   std::vector<DimFactors> logits, labels;
   for (std::size_t d = 0; d < out.size(); ++d) {
@@ -127,6 +159,28 @@ OpRule rule_cross_entropy(const OpAttrs&, const Shapes& in, const Shape& out) {
   r.operands.push_back(std::move(logits));
   r.operands.push_back(std::move(labels));
   return r;
+}
+// Megatron's vocab-parallel cross-entropy: with the class dim split, the row max, the sum
+// of exponentials and the label's logit (from the one device whose block holds it) are
+// all-reduced — three per-row statistics; nothing of the vocabulary's size moves.
+// loss = max + log(sum exp(x - max)) - x[label].
+int distribute_cross_entropy(const DistributeArgs& x) {
+  LocalEmitter& e = x.emit;
+  const int v = local_cast(e, x.ins[0], DType::f32);
+  const int64_t last = static_cast<int64_t>(x.global_in[0].size()) - 1;
+  const int m = e.all_reduce(local_reduce(e, OpKind::ReduceMax, v, {last}, true), ReduceOp::Max);
+  const int ex = local_op(e, OpKind::Exp, {local_op(e, OpKind::Sub, {v, m})});
+  const int s = e.all_reduce(local_reduce(e, OpKind::ReduceSum, ex, {last}, false), ReduceOp::Sum);
+  // The label's logit: a one-hot of this device's class block picks it, or gives 0.
+  OpAttrs oh;
+  oh.depth = x.global_in[0].back();
+  oh.dtype = DType::f32;
+  const int hot = e.kernel_block(OpKind::OneHot, oh, {x.ins[1]}, x.global_in[0],
+                                 x.in_layouts[0].without_partial());
+  const int t = e.all_reduce(local_reduce(e, OpKind::ReduceSum, local_op(e, OpKind::Mul, {v, hot}), {last}, false),
+                             ReduceOp::Sum);
+  const int mr = local_reshape(e, m, e.shape(s));
+  return local_op(e, OpKind::Sub, {local_op(e, OpKind::Add, {local_op(e, OpKind::Log, {s}), mr}), t});
 }
 Tensor sample_cross_entropy(Graph& g, SampleGen& r) {
   Shape lead = r.shape(1 + static_cast<int>(r.below(2)));
@@ -155,11 +209,15 @@ void register_nn_ops(std::vector<OpDef>& t) {
                    sample_softmax);
   sm.attrs = {{"axis", AttrField::Axis, false}};
   sm.normalize = normalize_axis0;
+  sm.distribute = distribute_softmax;
+  sm.distribute_stats = 2;
   put(t, std::move(sm));
 
   OpDef ln = entry(OpKind::LayerNorm, "layer_norm", 3, 3, infer_layer_norm, rule_layer_norm,
                    flops_in8, sample_layer_norm);
   ln.attrs = {{"eps", AttrField::Eps, false}};
+  ln.distribute = distribute_layer_norm;
+  ln.distribute_stats = 2;
   put(t, std::move(ln));
 
   OpDef em = entry(OpKind::Embedding, "embedding", 2, 2, infer_embedding, rule_embedding,
@@ -172,6 +230,8 @@ void register_nn_ops(std::vector<OpDef>& t) {
   OpDef ce = entry(OpKind::CrossEntropy, "cross_entropy", 2, 2, infer_cross_entropy,
                    rule_cross_entropy, flops_in5, sample_cross_entropy);
   ce.needs_offsets = true;
+  ce.distribute = distribute_cross_entropy;
+  ce.distribute_stats = 3;
   ce.index_bound = bound_cross_entropy;
   put(t, std::move(ce));
 

@@ -95,6 +95,29 @@ inline DType common_dtype(const char* op, const Ins& in) {
                                  dtype_name(in[0]->dtype), dtype_name(in[1]->dtype)));
 }
 
+// ---- distributed forms (OpDef::distribute) ----
+// One local op through the emitter.
+inline int local_op(LocalEmitter& e, OpKind k, std::vector<int> ins, OpAttrs a = {}) {
+  return e.kernel(k, a, ins);
+}
+inline int local_reduce(LocalEmitter& e, OpKind k, int x, std::vector<int64_t> dims, bool keepdims) {
+  OpAttrs a;
+  a.dims = std::move(dims);
+  a.keepdims = keepdims;
+  return e.kernel(k, a, {x});
+}
+inline int local_cast(LocalEmitter& e, int x, DType to) {
+  if (e.dtype(x) == to) return x;
+  OpAttrs a;
+  a.dtype = to;
+  return e.kernel(OpKind::Cast, a, {x});
+}
+inline int local_reshape(LocalEmitter& e, int x, Shape to) {
+  OpAttrs a;
+  a.shape = std::move(to);
+  return e.kernel(OpKind::Reshape, a, {x});
+}
+
 // ---- builder plumbing ----
 Graph& graph_of(const Tensor& t);
 Graph& graph_of(const std::vector<Tensor>& ts);

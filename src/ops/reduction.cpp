@@ -57,7 +57,13 @@ OpRule rule_sum(const OpAttrs& a, const Shapes& in, const Shape&) {
   return rule_reduce_impl(a, in, FactorKind::Reduction);
 }
 OpRule rule_max(const OpAttrs& a, const Shapes& in, const Shape&) {
-  return rule_reduce_impl(a, in, FactorKind::Replicated);
+  return rule_reduce_impl(a, in, FactorKind::Combined);
+}
+
+// Split reduced dims: the local max of each block, then an all-reduce with max.
+int distribute_max(const DistributeArgs& x) {
+  const int m = local_reduce(x.emit, OpKind::ReduceMax, x.ins[0], x.attrs.dims, x.attrs.keepdims);
+  return x.emit.all_reduce(m, ReduceOp::Max);
 }
 
 Tensor sample_reduce(Graph& g, SampleGen& r, OpKind k) {
@@ -86,7 +92,10 @@ OpDef reduction(OpKind k, const char* name, InferFn infer, RuleFn rule, PartialF
 void register_reduction_ops(std::vector<OpDef>& t) {
   using PF = PartialFlow;
   put(t, reduction(OpKind::ReduceSum, "reduce_sum", infer_sum, rule_sum, PF::Multilinear, sample_sum));
-  put(t, reduction(OpKind::ReduceMax, "reduce_max", infer_max, rule_max, PF::None, sample_max));
+  OpDef mx = reduction(OpKind::ReduceMax, "reduce_max", infer_max, rule_max, PF::None, sample_max);
+  mx.distribute = distribute_max;
+  mx.distribute_stats = 1;
+  put(t, std::move(mx));
   put(t, reduction(OpKind::ReduceMean, "reduce_mean", infer_mean, rule_sum, PF::Multilinear, sample_mean));
 }
 

@@ -191,7 +191,7 @@ void DeviceExecutor::collective(RunState& st, std::size_t i) {
   switch (in.collective) {
     case CollectiveKind::AllReduce: {
       ctx_.comms.at(in.axes)->all_reduce(inb.data(), out.data(), static_cast<std::size_t>(num_elements(dst.shape)),
-                                        dst.dtype, ReduceOp::Sum, s);
+                                        dst.dtype, in.reduce, s);
       break;
     }
     case CollectiveKind::AllGather: {

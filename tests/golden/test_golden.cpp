@@ -89,6 +89,21 @@ TEST_CASE("golden: an open output is reduce-scattered where a closed one is all-
   CHECK(out.uses_axis("data"));
 }
 
+TEST_CASE("golden: reductions over a split dim move per-row statistics and not the tensor", "[golden]") {
+  Result r = render("distributed_reductions");
+  auto s = r.prog.summary();
+  CHECK(s.all_gather == 0);
+  CHECK(s.all_to_all + s.collective_permute + s.reduce_scatter == 0);
+  // softmax 2 (max, sum), layer_norm 2 (mean, variance), reduce_max 1, cross_entropy 3
+  // (max, sum of exponentials, label logit): one f32 per row each.
+  CHECK(s.all_reduce == 8);
+  const int64_t rows = 4 * 64;
+  for (const Instr& in : r.prog.instrs)
+    if (in.kind == InstrKind::Collective) CHECK(in.bytes == rows * 4);
+  CHECK(s.bytes == 8 * rows * 4);
+  CHECK(s.bytes * 100 < 4 * 64 * 4096 * 4);  // < 1% of the tensor a gather would move
+}
+
 TEST_CASE("golden: attention with heads over model", "[golden]") {
   Result r = render("attention_heads");
   auto s = r.prog.summary();

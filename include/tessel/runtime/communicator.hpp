@@ -32,8 +32,6 @@ namespace tessel {
 
 class Stream;
 
-enum class ReduceOp { Sum, Max };
-
 class Communicator {
  public:
   virtual ~Communicator() = default;
