@@ -222,12 +222,15 @@ void verify_program(const Program& p) {
         if (in.op == OpKind::Input || in.op == OpKind::ShardingConstraint) throw err(i, "is not a kernel");
         if (static_cast<int>(in.in.size()) < def.min_inputs || (def.max_inputs >= 0 && static_cast<int>(in.in.size()) > def.max_inputs))
           throw err(i, fmt::format("{} takes {}..{} operands, got {}", def.name, def.min_inputs, def.max_inputs, in.in.size()));
+        // Kernels that read positions (one_hot, gather, ...) keep global extents in their
+        // attributes and get their block's offsets: their types are checked globally.
+        const bool global = def.needs_offsets;
         std::vector<Value> vals(in.in.size());
         std::vector<const Value*> ptrs;
         for (std::size_t j = 0; j < in.in.size(); ++j) {
           const LocalValue& lv = p.values[static_cast<std::size_t>(in.in[j])];
           vals[j].name = lv.name;
-          vals[j].shape = lv.shape;
+          vals[j].shape = global ? lv.global_shape : lv.shape;
           vals[j].dtype = lv.dtype;
           ptrs.push_back(&vals[j]);
         }
@@ -238,9 +241,10 @@ void verify_program(const Program& p) {
         } catch (const Error& e) {
           throw err(i, fmt::format("the registry's shape function rejects it: {}", e.what()));
         }
-        if (shape != ov.shape || dt != ov.dtype)
-          throw err(i, fmt::format("the registry infers {} from the local operands, but {} is {}", type_str(dt, shape),
-                                   vname(in.out), type_str(ov.dtype, ov.shape)));
+        const Shape& have = global ? ov.global_shape : ov.shape;
+        if (shape != have || dt != ov.dtype)
+          throw err(i, fmt::format("the registry infers {} from the {} operands, but {} is {}", type_str(dt, shape),
+                                   global ? "global" : "local", vname(in.out), type_str(ov.dtype, have)));
         break;
       }
       case InstrKind::Collective:
