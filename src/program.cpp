@@ -16,7 +16,7 @@ std::string CollectiveSummary::line() const {
 CollectiveSummary Program::summary() const {
   CollectiveSummary s;
   for (const Instr& in : instrs) {
-    if (in.kind != InstrKind::Collective) continue;
+    if (in.kind != InstrKind::Collective && in.kind != InstrKind::CollectiveStart) continue;
     switch (in.collective) {
       case CollectiveKind::AllGather: ++s.all_gather; break;
       case CollectiveKind::AllReduce: ++s.all_reduce; break;
@@ -38,7 +38,7 @@ double Program::total_flops() const {
 double Program::comm_seconds() const {
   double t = 0;
   for (const Instr& in : instrs)
-    if (in.kind == InstrKind::Collective) t += in.seconds;
+    if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) t += in.seconds;
   return t;
 }
 
@@ -51,6 +51,28 @@ double Program::compute_seconds(const CostModel& cost) const {
     t += cost.op_seconds(in.flops, bytes);
   }
   return t;
+}
+
+int64_t IndexExpr::eval(const Mesh& mesh, int64_t position) const {
+  if (axes.empty() || stride == 0) return base;
+  return base + stride * mesh.index_in_group(position, axes);
+}
+
+int64_t IndexExpr::max_value(const Mesh& mesh) const {
+  if (axes.empty() || stride == 0) return base;
+  const int64_t n = mesh.axes_size(axes);
+  return stride > 0 ? base + stride * (n - 1) : base;
+}
+
+std::string collective_start_name(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::AllGather: return "all_gather_start";
+    case CollectiveKind::AllReduce: return "all_reduce_start";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter_start";
+    case CollectiveKind::AllToAll: return "all_to_all_start";
+    case CollectiveKind::CollectivePermute: return "collective_permute_start";
+  }
+  return "?";
 }
 
 std::vector<int> Program::last_use() const {
@@ -80,6 +102,14 @@ std::string Program::to_string(int64_t device) const {
                        type_str(v.dtype, v.global_shape));
   }
   for (const Instr& in : instrs) {
+    if (in.kind == InstrKind::Wait) {
+      out += fmt::format("wait {} @{}\n", in.wait_for, in.stream);
+      continue;
+    }
+    if (in.kind == InstrKind::CollectiveDone) {
+      out += fmt::format("done {} @{}\n", vname(in.in.at(0)), in.stream);
+      continue;
+    }
     const LocalValue& o = values[in.out];
     std::vector<std::string> args;
     for (int v : in.in) args.push_back(vname(v));
@@ -87,6 +117,12 @@ std::string Program::to_string(int64_t device) const {
     if (in.kind == InstrKind::Kernel) {
       line = fmt::format("{} = {}({}){} : {}", vname(in.out), op_name(in.op), join(args, ", "),
                          attrs_text(in.op, in.attrs), type_str(o.dtype, o.shape));
+    } else if (in.kind == InstrKind::Copy) {
+      line = fmt::format("{} = copy({}) block={} blocks={} : {}", vname(in.out), join(args, ", "),
+                         shape_str(in.block), in.copies.size(), type_str(o.dtype, o.shape));
+    } else if (in.kind == InstrKind::View) {
+      line = fmt::format("{} = view({}) offset={} : {}", vname(in.out), join(args, ", "), in.view_offset,
+                         type_str(o.dtype, o.shape));
     } else if (in.kind == InstrKind::ShardSlice && in.axes.empty()) {
       line = fmt::format("{} = relabel({}) : {}", vname(in.out), join(args, ", "),
                          type_str(o.dtype, o.shape));
@@ -109,10 +145,12 @@ std::string Program::to_string(int64_t device) const {
         group = fmt::format(" axes={{{}}}", join(in.axes, ", "));
         if (device >= 0) group += fmt::format(" group=[{}]", fmt::join(mesh.group(device, in.axes), ","));
       }
-      line = fmt::format("{} = {}({}){}{} bytes={} : {}", vname(in.out), collective_name(in.collective),
-                         join(args, ", "), group, extra, in.bytes, type_str(o.dtype, o.shape));
+      line = fmt::format("{} = {}{}({}){}{} bytes={} : {}", vname(in.out), collective_name(in.collective),
+                         in.kind == InstrKind::CollectiveStart ? "-start" : "", join(args, ", "), group,
+                         extra, in.bytes, type_str(o.dtype, o.shape));
     }
     out += line;
+    if (in.stream != "compute") out += " @" + in.stream;
     out += fmt::format("  # {}", o.sharding.to_string());
     if (!in.note.empty()) out += "; " + in.note;
     out += "\n";

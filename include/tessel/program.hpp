@@ -4,6 +4,14 @@
 //
 // Local values have *local* shapes; each records the global value it is a layout of and
 // its sharding (which may be partial), so the runtime can compute global offsets.
+//
+// Program IR v2 (docs/program-ir.md): every instruction names the stream it runs on; the
+// partitioner emits kernels, synchronous collectives and shard slices on `compute`, and the
+// lowering passes (program_passes.hpp) turn that into the closed set the executor runs:
+// kernels, block copies (explicit packing and shard slices), views, collectives split into
+// start/done on `comm`, and waits (event edges between streams), plus a memory plan placing
+// every intermediate value in one arena per device. The text form (program_text.hpp) parses
+// and round-trips; the verifier (program_verify.hpp) states the invariants.
 #pragma once
 
 #include <string>
@@ -20,8 +28,49 @@ namespace tessel {
 
 enum class InstrKind {
   Kernel,      // a local op on local shapes (op, attrs)
-  Collective,  // a collective over the device's axis group for `axes`
-  ShardSlice,  // free local slice: keep the device's block along `dim` for `axes`
+  Collective,  // a collective over the device's axis group for `axes` (synchronous form)
+  ShardSlice,  // free local slice: keep the device's block along `dim` for `axes` (the
+               // partitioner's form; the pack pass lowers it to Copy or View)
+  // Program IR v2 (lowered) kinds:
+  CollectiveStart,  // starts a collective on `stream`; `out` is pending until its done
+  CollectiveDone,   // in = {the started value}, out = -1: the value is ready on `stream`
+  Copy,             // out = block copies from in[0] (`block`, `copies`), decided at compile time
+  View,             // out = the bytes of in[0] from `view_offset` on, reinterpreted (no copy)
+  Wait,             // `stream` waits for everything enqueued on `wait_for` so far (an event
+                    // recorded there and waited on here); in = {}, out = -1
+};
+
+// One coordinate of a block copy's offset: `base + stride * (this device's index in its
+// group for axes)`; axes empty: the constant `base`. Text: 16, 64*{model}, 8+64*{data,model}.
+struct IndexExpr {
+  int64_t base = 0;
+  int64_t stride = 0;
+  std::vector<std::string> axes;
+  int64_t eval(const Mesh& mesh, int64_t position) const;
+  int64_t max_value(const Mesh& mesh) const;  // over every device
+  bool operator==(const IndexExpr& o) const {
+    return base == o.base && stride == o.stride && axes == o.axes;
+  }
+};
+
+// A block of shape Instr::block copied from `src` (element offsets in in[0]) to `dst`
+// (element offsets in out).
+struct CopyBlock {
+  std::vector<IndexExpr> src, dst;
+};
+
+// Where values live on a device (the memory-plan pass): every value an instruction defines,
+// other than outputs and views, gets a byte offset in one arena per device, allocated once
+// at load. Inputs (the caller's arrays) and outputs (handed to the caller) are buffers of
+// their own; a view lives in its source's storage.
+struct MemoryPlan {
+  bool planned = false;
+  int64_t arena_bytes = 0;
+  std::vector<int64_t> offset;  // per value: byte offset in the arena, or -1 (not in it)
+  int64_t input_bytes = 0;      // per device, the program's inputs
+  int64_t output_bytes = 0;     // per device, outputs that are not inputs
+  // Peak bytes per device: arena + inputs + outputs, known at compile time.
+  int64_t peak_bytes() const { return arena_bytes + input_bytes + output_bytes; }
 };
 
 struct LocalValue {
@@ -53,7 +102,16 @@ struct Instr {
   double flops = 0;    // kernels: local flops
   int graph_op = -1;   // graph op this implements or reshards for
   std::string note;    // why it is here (reshard from -> to, for which op)
+  // Program IR v2:
+  std::string stream = "compute";  // the stream it is enqueued on
+  Shape block;                     // Copy: the block shape
+  std::vector<CopyBlock> copies;   // Copy: one entry per block
+  int64_t view_offset = 0;         // View: byte offset into in[0]
+  std::string wait_for;            // Wait: the stream waited for
 };
+
+// Text name of a collective start ("all_gather_start") and back.
+std::string collective_start_name(CollectiveKind k);
 
 struct CollectiveSummary {
   int all_gather = 0, all_reduce = 0, reduce_scatter = 0, all_to_all = 0, collective_permute = 0;
@@ -72,6 +130,9 @@ struct Program {
   // rematerializes a value silently) and every value replicated because an op needs a
   // factor whole. Printed by tessel-explain.
   std::vector<std::string> warnings;
+  MemoryPlan memory;  // empty until the memory-plan pass ran
+
+  const MemoryPlan& memory_plan() const { return memory; }
 
   CollectiveSummary summary() const;
   double total_flops() const;

@@ -1,17 +1,14 @@
-// Device executor: enqueues one device's program on its compute and communication streams.
+// Device executor: enqueues one device's lowered program (Program IR v2) on its streams.
 //
-// Stream discipline (the contract CUDA + NCCL will rely on):
-//   - kernels and shard slices run on `compute`; collectives, with their packing/unpacking
-//     block copies and scratch buffers, on `comm`;
-//   - before collective i, start_[i] is recorded on compute and waited on by comm, so the
-//     collective sees every value compute produced before it (PyTorch's ProcessGroupNCCL does
-//     the same); after it, done_[i] is recorded on comm;
-//   - compute waits for done_[k] before it reads a value collective k produced, or releases a
-//     value collective k read; comm events complete in order, so one wait covers every
-//     collective up to k;
-//   - a buffer is released (stream-ordered) on the stream of its last use.
-// Allocation is immediate and release stream-ordered, so memory is never handed out while an
-// enqueued operation may still use it.
+// Stream discipline (the contract CUDA + NCCL will rely on) is the program's: every
+// instruction runs on the stream it names, and a `wait T @S` instruction records an event on
+// T and makes S wait for it; the verifier checked that every cross-stream read and every
+// reuse of arena bytes across streams is ordered by such a wait. A done is a point in the
+// comm stream's order (the collective was enqueued by its start). Buffers: intermediate
+// values are views into the device's arena (allocated once, in the constructor), views are
+// views, outputs are allocated per run (or take a donated input's buffer when the input is
+// dead, ordered after every stream's work so far), inputs are the caller's; the run drops
+// its references after both streams are synchronised.
 #include "tessel/runtime/executor.hpp"
 
 #include <fmt/format.h>
@@ -32,12 +29,6 @@ int64_t outer(const Shape& s, int d) {
   return n;
 }
 
-std::vector<int64_t> offset_at(std::size_t rank, int dim, int64_t at) {
-  std::vector<int64_t> off(rank, 0);
-  if (dim >= 0 && static_cast<std::size_t>(dim) < rank) off[static_cast<std::size_t>(dim)] = at;
-  return off;
-}
-
 BlockCopy block_copy(const Shape& src_shape, std::vector<int64_t> src_off, std::size_t src_byte,
                      const Shape& dst_shape, std::vector<int64_t> dst_off, std::size_t dst_byte,
                      const Shape& block, std::size_t elem) {
@@ -53,8 +44,6 @@ BlockCopy block_copy(const Shape& src_shape, std::vector<int64_t> src_off, std::
   return c;
 }
 
-std::vector<int64_t> zeros(std::size_t n) { return std::vector<int64_t>(n, 0); }
-
 std::vector<std::string> all_axes(const Mesh& m) {
   std::vector<std::string> all;
   for (const auto& a : m.axes()) all.push_back(a.name);
@@ -62,205 +51,207 @@ std::vector<std::string> all_axes(const Mesh& m) {
 }
 
 std::string instr_name(const Instr& in) {
-  if (in.kind == InstrKind::Kernel) return op_name(in.op);
-  if (in.kind == InstrKind::ShardSlice) return "shard_slice";
-  return collective_name(in.collective);
+  switch (in.kind) {
+    case InstrKind::Kernel: return op_name(in.op);
+    case InstrKind::ShardSlice: return "shard_slice";
+    case InstrKind::Copy: return "copy";
+    case InstrKind::View: return "view";
+    case InstrKind::CollectiveStart: return collective_start_name(in.collective);
+    default: return collective_name(in.collective);
+  }
 }
 
-constexpr int kCompute = 0, kComm = 1, kNone = -1;
+constexpr int kCompute = 0, kComm = 1;
 
 }  // namespace
 
 std::vector<std::vector<std::string>> communicator_axes(const Program& p) {
   std::set<std::vector<std::string>> s;
   for (const Instr& in : p.instrs) {
-    if (in.kind != InstrKind::Collective) continue;
+    if (in.kind != InstrKind::Collective && in.kind != InstrKind::CollectiveStart) continue;
     s.insert(in.collective == CollectiveKind::CollectivePermute ? all_axes(p.mesh) : in.axes);
   }
   return {s.begin(), s.end()};
 }
 
+namespace {
+
+// Bytes [offset, offset + size) of another buffer.
+class ViewBuffer : public Buffer {
+ public:
+  ViewBuffer(std::shared_ptr<Buffer> base, std::size_t offset, std::size_t size)
+      : base_(std::move(base)), offset_(offset), size_(size) {}
+  void* data() override { return static_cast<char*>(base_->data()) + offset_; }
+  const void* data() const override { return static_cast<const char*>(base_->data()) + offset_; }
+  std::size_t bytes() const override { return size_; }
+
+ private:
+  std::shared_ptr<Buffer> base_;
+  std::size_t offset_, size_;
+};
+
+}  // namespace
+
 struct DeviceExecutor::RunState {
   const DeviceRunOptions& opts;
   std::vector<std::shared_ptr<Buffer>> buf;
-  std::vector<int> producer_stream;  // kCompute, kComm, kNone (an input: ready before the run)
-  std::vector<int> producer_instr;
-  std::vector<int> comm_reader;      // last collective that read the value, -1: none
-  int compute_waited = -1;           // highest collective compute has waited for
-  std::vector<std::shared_ptr<Buffer>> donated;  // per output: a donated input buffer
-  std::vector<int> donated_stream;
-  std::vector<double> t0;            // trace: start time per instruction
-  int64_t live = 0, peak = 0;
-
-  RunState(const DeviceRunOptions& o, std::size_t values, std::size_t outputs, std::size_t instrs)
-      : opts(o), buf(values), producer_stream(values, kNone), producer_instr(values, -1),
-        comm_reader(values, -1), donated(outputs), donated_stream(outputs, kNone),
-        t0(o.trace ? instrs : 0, 0.0) {}
+  std::vector<double> t0;  // trace: start time per instruction
+  RunState(const DeviceRunOptions& o, std::size_t values, std::size_t instrs)
+      : opts(o), buf(values), t0(o.trace ? instrs : 0, 0.0) {}
 };
 
 DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceContext ctx)
-    : p_(program), pos_(position), ctx_(std::move(ctx)), last_use_(program.last_use()) {
-  labels_.reserve(p_.instrs.size());
-  kernel_args_.resize(p_.instrs.size());
-  start_.resize(p_.instrs.size());
-  done_.resize(p_.instrs.size());
-  for (std::size_t i = 0; i < p_.instrs.size(); ++i) {
+    : p_(program), pos_(position), ctx_(std::move(ctx)) {
+  if (!p_.memory.planned)
+    throw RuntimeError("executor: the program has no memory plan; lower it first (lower_program in "
+                       "tessel/program_passes.hpp; load() does)");
+  streams_[kCompute] = ctx_.compute;
+  streams_[kComm] = ctx_.comm;
+  const std::size_t n = p_.instrs.size(), nv = p_.values.size();
+  labels_.reserve(n);
+  kernel_args_.resize(n);
+  copies_.resize(n);
+  events_.resize(n);
+  stream_of_.assign(n, kCompute);
+  output_of_.assign(nv, -1);
+  input_of_.assign(nv, -1);
+  for (std::size_t o = 0; o < p_.outputs.size(); ++o) output_of_[static_cast<std::size_t>(p_.outputs[o])] = static_cast<int>(o);
+  for (std::size_t i = 0; i < p_.inputs.size(); ++i) input_of_[static_cast<std::size_t>(p_.inputs[i])] = static_cast<int>(i);
+  auto stream_index = [&](const std::string& name, std::size_t i) {
+    if (name == "compute") return kCompute;
+    if (name == "comm") return kComm;
+    throw RuntimeError(fmt::format("device {} instruction #{}: stream '{}' is not one the executor has (compute, comm)",
+                                   pos_, i, name));
+  };
+  // The arena, and a view of it for every value placed there.
+  arena_ = ctx_.backend->allocate(static_cast<std::size_t>(std::max<int64_t>(p_.memory.arena_bytes, 1)));
+  arena_views_.resize(nv);
+  for (std::size_t v = 0; v < nv && v < p_.memory.offset.size(); ++v)
+    if (p_.memory.offset[v] >= 0)
+      arena_views_[v] = std::make_shared<ViewBuffer>(arena_, static_cast<std::size_t>(p_.memory.offset[v]),
+                                                     static_cast<std::size_t>(p_.values[v].bytes()));
+  // Last instruction touching each input's storage (donation: reuse only when dead).
+  std::vector<int> root(nv);
+  for (std::size_t v = 0; v < nv; ++v) root[v] = static_cast<int>(v);
+  input_last_.assign(p_.inputs.size(), -1);
+  for (std::size_t i = 0; i < n; ++i) {
     const Instr& in = p_.instrs[i];
-    labels_.push_back(fmt::format("device {} instruction #{} (%{} = {})", pos_, i,
-                                  p_.values[in.out].name, instr_name(in)));
-    if (in.kind == InstrKind::Kernel) {
-      KernelArgs& a = kernel_args_[i];
-      a.kind = in.op;
-      a.attrs = &in.attrs;
-      // Kernels that read positions (OpDef::needs_offsets) get their blocks' global offsets
-      // and the global shapes.
-      const bool needs_offsets = op_def(in.op).needs_offsets;
-      for (int v : in.in) {
-        const LocalValue& lv = p_.values[v];
-        a.in.push_back(nullptr);
-        a.in_shapes.push_back(lv.shape);
-        a.in_dtypes.push_back(lv.dtype);
-        if (needs_offsets) {
-          a.in_offsets.push_back(lv.sharding.local_offset(p_.mesh, lv.global_shape, pos_));
-          a.in_global_shapes.push_back(lv.global_shape);
-        } else {
-          a.in_offsets.emplace_back();
+    if (in.kind == InstrKind::View) root[static_cast<std::size_t>(in.out)] = root[static_cast<std::size_t>(in.in[0])];
+    int until = static_cast<int>(i);
+    if (in.kind == InstrKind::CollectiveStart)
+      for (std::size_t j = i + 1; j < n; ++j)
+        if (p_.instrs[j].kind == InstrKind::CollectiveDone && p_.instrs[j].in[0] == in.out) {
+          until = static_cast<int>(j);
+          break;
         }
-      }
-      const LocalValue& o = p_.values[in.out];
-      a.out_shape = o.shape;
-      a.out_dtype = o.dtype;
-      if (needs_offsets) {
-        a.out_offset = o.sharding.local_offset(p_.mesh, o.global_shape, pos_);
-        a.out_global_shape = o.global_shape;
-      }
-    } else if (in.kind == InstrKind::Collective) {
-      start_[i] = ctx_.backend->create_event();
-      done_[i] = ctx_.backend->create_event();
-      const auto axes = in.collective == CollectiveKind::CollectivePermute ? all_axes(p_.mesh) : in.axes;
-      if (!ctx_.comms.count(axes))
-        throw RuntimeError(fmt::format("device {}: no communicator for axis group {{{}}} (load creates one "
-                                       "per group of communicator_axes(program))", pos_, join(axes, ",")));
+    for (int v : in.in) {
+      const int r = input_of_[static_cast<std::size_t>(root[static_cast<std::size_t>(v)])];
+      if (r >= 0) input_last_[static_cast<std::size_t>(r)] = std::max(input_last_[static_cast<std::size_t>(r)], until);
     }
   }
-  for (std::size_t o = 0; o < p_.outputs.size(); ++o) donate_events_.push_back(ctx_.backend->create_event());
+  for (std::size_t i = 0; i < n; ++i) {
+    const Instr& in = p_.instrs[i];
+    stream_of_[i] = stream_index(in.stream, i);
+    std::string what;
+    if (in.kind == InstrKind::Wait) what = fmt::format("wait {} @{}", in.wait_for, in.stream);
+    else if (in.kind == InstrKind::CollectiveDone) what = fmt::format("done %{}", p_.values[static_cast<std::size_t>(in.in[0])].name);
+    else what = fmt::format("%{} = {}", p_.values[static_cast<std::size_t>(in.out)].name, instr_name(in));
+    labels_.push_back(fmt::format("device {} instruction #{} ({})", pos_, i, what));
+    switch (in.kind) {
+      case InstrKind::Kernel: {
+        KernelArgs& a = kernel_args_[i];
+        a.kind = in.op;
+        a.attrs = &in.attrs;
+        // Kernels that read positions (OpDef::needs_offsets) get their blocks' global offsets
+        // and the global shapes.
+        const bool needs_offsets = op_def(in.op).needs_offsets;
+        for (int v : in.in) {
+          const LocalValue& lv = p_.values[static_cast<std::size_t>(v)];
+          a.in.push_back(nullptr);
+          a.in_shapes.push_back(lv.shape);
+          a.in_dtypes.push_back(lv.dtype);
+          if (needs_offsets) {
+            a.in_offsets.push_back(lv.sharding.local_offset(p_.mesh, lv.global_shape, pos_));
+            a.in_global_shapes.push_back(lv.global_shape);
+          } else {
+            a.in_offsets.emplace_back();
+          }
+        }
+        const LocalValue& o = p_.values[static_cast<std::size_t>(in.out)];
+        a.out_shape = o.shape;
+        a.out_dtype = o.dtype;
+        if (needs_offsets) {
+          a.out_offset = o.sharding.local_offset(p_.mesh, o.global_shape, pos_);
+          a.out_global_shape = o.global_shape;
+        }
+        break;
+      }
+      case InstrKind::Copy: {
+        const LocalValue& src = p_.values[static_cast<std::size_t>(in.in[0])];
+        const LocalValue& dst = p_.values[static_cast<std::size_t>(in.out)];
+        for (const CopyBlock& c : in.copies) {
+          std::vector<int64_t> so, doff;
+          for (const auto& e : c.src) so.push_back(e.eval(p_.mesh, pos_));
+          for (const auto& e : c.dst) doff.push_back(e.eval(p_.mesh, pos_));
+          copies_[i].push_back(block_copy(src.shape, so, 0, dst.shape, doff, 0, in.block, dtype_size(dst.dtype)));
+        }
+        break;
+      }
+      case InstrKind::Collective:
+      case InstrKind::CollectiveStart: {
+        const auto axes = in.collective == CollectiveKind::CollectivePermute ? all_axes(p_.mesh) : in.axes;
+        if (!ctx_.comms.count(axes))
+          throw RuntimeError(fmt::format("device {}: no communicator for axis group {{{}}} (load creates one "
+                                         "per group of communicator_axes(program))", pos_, join(axes, ",")));
+        const Shape& xs = p_.values[static_cast<std::size_t>(in.in[0])].shape;
+        const Shape& os = p_.values[static_cast<std::size_t>(in.out)].shape;
+        const bool contiguous =
+            (in.collective != CollectiveKind::AllGather && in.collective != CollectiveKind::ReduceScatter &&
+             in.collective != CollectiveKind::AllToAll) ||
+            (in.collective == CollectiveKind::AllToAll ? outer(xs, in.dim) == 1 && outer(os, in.dim2) == 1
+                                                       : outer(xs, in.dim) == 1);
+        if (!contiguous)
+          throw RuntimeError(fmt::format("{}: the collective moves a non-contiguous dim; run the pack pass first",
+                                         labels_[i]));
+        break;
+      }
+      case InstrKind::Wait:
+        stream_index(in.wait_for, i);
+        events_[i] = ctx_.backend->create_event();
+        break;
+      case InstrKind::ShardSlice:
+        throw RuntimeError(fmt::format("{}: shard_slice is the partitioner's form; run the pack pass first", labels_[i]));
+      default: break;
+    }
+  }
+  for (int s = 0; s < 2; ++s) donate_events_.push_back(ctx_.backend->create_event());
 }
 
 DeviceExecutor::~DeviceExecutor() = default;
 
-void DeviceExecutor::kernel(RunState& st, std::size_t i) {
-  const Instr& in = p_.instrs[i];
-  KernelArgs a = kernel_args_[i];
-  for (std::size_t j = 0; j < in.in.size(); ++j) a.in[j] = st.buf[in.in[j]]->data();
-  a.out = st.buf[in.out]->data();
-  ctx_.backend->run_kernel(a, *ctx_.compute);
-}
-
-void DeviceExecutor::shard_slice(RunState& st, std::size_t i) {
-  const Instr& in = p_.instrs[i];
-  const LocalValue& src = p_.values[in.in[0]];
-  const LocalValue& dst = p_.values[in.out];
-  int64_t idx = in.axes.empty() ? 0 : p_.mesh.index_in_group(pos_, in.axes);
-  int64_t at = idx == 0 ? 0 : idx * dst.shape[static_cast<std::size_t>(in.dim)];
-  ctx_.backend->copy_block(*st.buf[in.out], *st.buf[in.in[0]],
-                           block_copy(src.shape, offset_at(src.shape.size(), in.dim, at), 0, dst.shape,
-                                      zeros(dst.shape.size()), 0, dst.shape, dtype_size(dst.dtype)),
-                           *ctx_.compute);
-}
-
 void DeviceExecutor::collective(RunState& st, std::size_t i) {
   const Instr& in = p_.instrs[i];
   Backend& be = *ctx_.backend;
-  Stream& s = *ctx_.comm;
-  const LocalValue& src = p_.values[in.in[0]];
-  const LocalValue& dst = p_.values[in.out];
-  Buffer& inb = *st.buf[in.in[0]];
-  Buffer& out = *st.buf[in.out];
-  const std::size_t elem = dtype_size(dst.dtype);
-  // Scratch lives on comm: allocated now, released in comm's order after its last use.
-  auto scratch = [&](std::size_t bytes) {
-    std::shared_ptr<Buffer> b = be.allocate(bytes);
-    st.live += static_cast<int64_t>(bytes);
-    st.peak = std::max(st.peak, st.live);
-    return b;
-  };
-  auto drop = [&](std::shared_ptr<Buffer>& b) {
-    st.live -= static_cast<int64_t>(b->bytes());
-    be.release(std::move(b), s);
-  };
+  Stream& s = stream(i);
+  const LocalValue& src = p_.values[static_cast<std::size_t>(in.in[0])];
+  const LocalValue& dst = p_.values[static_cast<std::size_t>(in.out)];
+  Buffer& inb = *st.buf[static_cast<std::size_t>(in.in[0])];
+  Buffer& out = *st.buf[static_cast<std::size_t>(in.out)];
   switch (in.collective) {
-    case CollectiveKind::AllReduce: {
+    case CollectiveKind::AllReduce:
       ctx_.comms.at(in.axes)->all_reduce(inb.data(), out.data(), static_cast<std::size_t>(num_elements(dst.shape)),
                                         dst.dtype, in.reduce, s);
       break;
-    }
-    case CollectiveKind::AllGather: {
-      Communicator& c = *ctx_.comms.at(in.axes);
-      const std::size_t blk = static_cast<std::size_t>(src.bytes());
-      if (outer(src.shape, in.dim) == 1) {
-        c.all_gather(inb.data(), out.data(), blk, s);
-      } else {
-        auto tmp = scratch(blk * static_cast<std::size_t>(c.size()));
-        c.all_gather(inb.data(), tmp->data(), blk, s);
-        for (int r = 0; r < c.size(); ++r)
-          be.copy_block(out, *tmp,
-                        block_copy(src.shape, zeros(src.shape.size()), r * blk, dst.shape,
-                                   offset_at(dst.shape.size(), in.dim, r * src.shape[in.dim]), 0,
-                                   src.shape, elem),
-                        s);
-        drop(tmp);
-      }
+    case CollectiveKind::AllGather:
+      ctx_.comms.at(in.axes)->all_gather(inb.data(), out.data(), static_cast<std::size_t>(src.bytes()), s);
       break;
-    }
-    case CollectiveKind::ReduceScatter: {
-      Communicator& c = *ctx_.comms.at(in.axes);
-      const std::size_t count = static_cast<std::size_t>(num_elements(dst.shape));
-      if (outer(src.shape, in.dim) == 1) {
-        c.reduce_scatter(inb.data(), out.data(), count, dst.dtype, ReduceOp::Sum, s);
-      } else {
-        const std::size_t blk = static_cast<std::size_t>(dst.bytes());
-        auto tmp = scratch(blk * static_cast<std::size_t>(c.size()));
-        for (int r = 0; r < c.size(); ++r)
-          be.copy_block(*tmp, inb,
-                        block_copy(src.shape, offset_at(src.shape.size(), in.dim, r * dst.shape[in.dim]), 0,
-                                   dst.shape, zeros(dst.shape.size()), r * blk, dst.shape, elem),
-                        s);
-        c.reduce_scatter(tmp->data(), out.data(), count, dst.dtype, ReduceOp::Sum, s);
-        drop(tmp);
-      }
+    case CollectiveKind::ReduceScatter:
+      ctx_.comms.at(in.axes)->reduce_scatter(inb.data(), out.data(), static_cast<std::size_t>(num_elements(dst.shape)),
+                                            dst.dtype, ReduceOp::Sum, s);
       break;
-    }
     case CollectiveKind::AllToAll: {
       Communicator& c = *ctx_.comms.at(in.axes);
-      const int n = c.size();
-      const int split = in.dim, cat = in.dim2;
-      Shape block = src.shape;
-      block[split] /= n;
-      const std::size_t blk = static_cast<std::size_t>(num_elements(block)) * elem;
-      const void* send = inb.data();
-      std::shared_ptr<Buffer> packed, recv;
-      if (outer(src.shape, split) != 1) {
-        packed = scratch(blk * n);
-        for (int r = 0; r < n; ++r)
-          be.copy_block(*packed, inb,
-                        block_copy(src.shape, offset_at(src.shape.size(), split, r * block[split]), 0, block,
-                                   zeros(block.size()), r * blk, block, elem),
-                        s);
-        send = packed->data();
-      }
-      if (outer(dst.shape, cat) == 1) {
-        c.all_to_all(send, out.data(), blk, s);
-      } else {
-        recv = scratch(blk * n);
-        c.all_to_all(send, recv->data(), blk, s);
-        for (int r = 0; r < n; ++r)
-          be.copy_block(out, *recv,
-                        block_copy(block, zeros(block.size()), r * blk, dst.shape,
-                                   offset_at(dst.shape.size(), cat, r * block[cat]), 0, block, elem),
-                        s);
-        drop(recv);
-      }
-      if (packed) drop(packed);
+      c.all_to_all(inb.data(), out.data(), static_cast<std::size_t>(src.bytes()) / static_cast<std::size_t>(c.size()), s);
       break;
     }
     case CollectiveKind::CollectivePermute: {
@@ -277,112 +268,100 @@ void DeviceExecutor::collective(RunState& st, std::size_t i) {
   }
 }
 
-DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& inputs,
-                                    const DeviceRunOptions& opts) {
-  RunState st(opts, p_.values.size(), p_.outputs.size(), p_.instrs.size());
+DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& inputs, const DeviceRunOptions& opts) {
+  RunState st(opts, p_.values.size(), p_.instrs.size());
   Backend& be = *ctx_.backend;
-  Stream* streams[2] = {ctx_.compute, ctx_.comm};
-
-  auto wait_comm = [&](int k) {
-    if (k > st.compute_waited) {
-      done_[static_cast<std::size_t>(k)]->wait(*ctx_.compute);
-      st.compute_waited = k;
-    }
-  };
   // Donation: per output, the input donated to it.
   std::vector<int> donor_of_output(p_.outputs.size(), -1);
   for (std::size_t i = 0; i < opts.donate.size() && i < p_.inputs.size(); ++i)
     if (opts.donate[i] >= 0) donor_of_output[static_cast<std::size_t>(opts.donate[i])] = static_cast<int>(i);
-  std::vector<int> producer_of(p_.values.size(), -1);
-  for (std::size_t i = 0; i < p_.instrs.size(); ++i) producer_of[p_.instrs[i].out] = static_cast<int>(i);
+  std::vector<bool> donor_taken(p_.inputs.size(), false);
 
-  auto release = [&](int v, int stream) {
-    if (!st.buf[v]) return;
-    if (stream == kCompute && st.comm_reader[v] >= 0) wait_comm(st.comm_reader[v]);
-    // A donated input whose output is still to be produced keeps its buffer for it.
-    for (std::size_t o = 0; o < p_.outputs.size(); ++o) {
-      const int donor = donor_of_output[o];
-      if (donor < 0 || p_.inputs[static_cast<std::size_t>(donor)] != v || st.donated[o]) continue;
-      const int out_v = p_.outputs[o];
-      if (out_v != v && producer_of[out_v] >= 0 && st.producer_stream[out_v] == kNone &&
-          p_.values[out_v].bytes() == static_cast<int64_t>(st.buf[v]->bytes())) {
-        st.donated[o] = std::move(st.buf[v]);
-        st.donated_stream[o] = stream;
-        return;
-      }
-    }
-    st.live -= static_cast<int64_t>(st.buf[v]->bytes());
-    be.release(std::move(st.buf[v]), *streams[stream]);
-  };
-  auto alloc = [&](int v, int stream) {
+  // Storage for the value instruction i defines.
+  auto storage = [&](std::size_t i) {
+    const Instr& in = p_.instrs[i];
+    const std::size_t v = static_cast<std::size_t>(in.out);
     const LocalValue& lv = p_.values[v];
-    for (std::size_t o = 0; o < p_.outputs.size(); ++o) {
-      if (p_.outputs[o] != v || !st.donated[o]) continue;
-      if (st.donated_stream[o] != stream) {  // the donor's last use must finish first
-        donate_events_[o]->record(*streams[st.donated_stream[o]]);
-        donate_events_[o]->wait(*streams[stream]);
+    Stream& s = stream(i);
+    if (in.kind == InstrKind::View) {
+      st.buf[v] = std::make_shared<ViewBuffer>(st.buf[static_cast<std::size_t>(in.in[0])],
+                                               static_cast<std::size_t>(in.view_offset), static_cast<std::size_t>(lv.bytes()));
+      return;
+    }
+    if (arena_views_[v]) {
+      st.buf[v] = arena_views_[v];
+    } else {
+      const int o = output_of_[v];
+      const int donor = o >= 0 ? donor_of_output[static_cast<std::size_t>(o)] : -1;
+      if (donor >= 0 && !donor_taken[static_cast<std::size_t>(donor)] &&
+          input_last_[static_cast<std::size_t>(donor)] < static_cast<int>(i) &&
+          st.buf[static_cast<std::size_t>(p_.inputs[static_cast<std::size_t>(donor)])]->bytes() == static_cast<std::size_t>(lv.bytes())) {
+        // The donor is dead: order this write after every stream's work so far (its readers).
+        const int mine = stream_of_[i];
+        const int other = 1 - mine;
+        donate_events_[static_cast<std::size_t>(other)]->record(*streams_[other]);
+        donate_events_[static_cast<std::size_t>(other)]->wait(*streams_[mine]);
+        st.buf[v] = st.buf[static_cast<std::size_t>(p_.inputs[static_cast<std::size_t>(donor)])];
+        donor_taken[static_cast<std::size_t>(donor)] = true;
+      } else {
+        st.buf[v] = be.allocate(static_cast<std::size_t>(lv.bytes()));
       }
-      st.buf[v] = std::move(st.donated[o]);
-      break;
     }
-    if (!st.buf[v]) {
-      st.buf[v] = be.allocate(static_cast<std::size_t>(lv.bytes()));
-      st.live += lv.bytes();
-      st.peak = std::max(st.peak, st.live);
-    }
-    if (opts.poison) be.poison(*st.buf[v], lv.dtype, *streams[stream]);
-    st.producer_stream[v] = stream;
+    if (opts.poison) be.poison(*st.buf[v], lv.dtype, s);
   };
 
   std::exception_ptr error;
   try {
     for (std::size_t i = 0; i < p_.inputs.size(); ++i) {
-      const int v = p_.inputs[i];
       if (!inputs.at(i)) throw RuntimeError(fmt::format("device {}: input #{} has no buffer", pos_, i));
-      st.buf[v] = inputs[i];
-      st.live += static_cast<int64_t>(inputs[i]->bytes());
+      st.buf[static_cast<std::size_t>(p_.inputs[i])] = inputs[i];
     }
-    st.peak = st.live;
     for (std::size_t i = 0; i < p_.instrs.size(); ++i) {
       if (opts.cancelled && opts.cancelled->load(std::memory_order_acquire))
         throw RuntimeError(fmt::format("device {}: the run was cancelled", pos_));
       const Instr& in = p_.instrs[i];
-      const int stream = in.kind == InstrKind::Collective ? kComm : kCompute;
-      Stream& s = *streams[stream];
-      s.set_label(labels_[i].c_str());
-      if (stream == kComm) {
-        start_[i]->record(*ctx_.compute);
-        start_[i]->wait(s);
-      } else {
-        for (int v : in.in)
-          if (st.producer_stream[v] == kComm) wait_comm(st.producer_instr[v]);
+      Stream& s = stream(i);
+      if (in.kind == InstrKind::Wait) {
+        Stream& from = *streams_[in.wait_for == "comm" ? kComm : kCompute];
+        events_[i]->record(from);
+        events_[i]->wait(s);
+        continue;
       }
+      if (in.kind == InstrKind::CollectiveDone) continue;  // a point in comm's order
+      s.set_label(labels_[i].c_str());
+      storage(i);
+      if (in.kind == InstrKind::View) continue;
       if (opts.trace) {
         double* t0 = &st.t0[i];
         Trace* tr = opts.trace;
         be.launch_host_func(s, [t0, tr] { *t0 = tr->now_us(); });
       }
-      alloc(in.out, stream);
-      st.producer_instr[in.out] = static_cast<int>(i);
       switch (in.kind) {
-        case InstrKind::Kernel: kernel(st, i); break;
-        case InstrKind::ShardSlice: shard_slice(st, i); break;
-        case InstrKind::Collective: collective(st, i); break;
-      }
-      if (stream == kComm) {
-        for (int v : in.in) st.comm_reader[v] = static_cast<int>(i);
-        done_[i]->record(s);
+        case InstrKind::Kernel: {
+          KernelArgs a = kernel_args_[i];
+          for (std::size_t j = 0; j < in.in.size(); ++j) a.in[j] = st.buf[static_cast<std::size_t>(in.in[j])]->data();
+          a.out = st.buf[static_cast<std::size_t>(in.out)]->data();
+          be.run_kernel(a, s);
+          break;
+        }
+        case InstrKind::Copy:
+          for (const BlockCopy& c : copies_[i])
+            be.copy_block(*st.buf[static_cast<std::size_t>(in.out)], *st.buf[static_cast<std::size_t>(in.in[0])], c, s);
+          break;
+        case InstrKind::Collective:
+        case InstrKind::CollectiveStart: collective(st, i); break;
+        default: break;
       }
       if (opts.trace) {
-        const LocalValue& o = p_.values[in.out];
+        const LocalValue& o = p_.values[static_cast<std::size_t>(in.out)];
         TraceEvent e;
         e.name = instr_name(in);
-        e.category = in.kind == InstrKind::Kernel ? "kernel" : in.kind == InstrKind::ShardSlice ? "slice" : "collective";
+        const bool coll = in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart;
+        e.category = in.kind == InstrKind::Kernel ? "kernel" : in.kind == InstrKind::Copy ? "copy" : "collective";
         e.device = pos_;
         e.args = fmt::format("\"value\": \"%{}\", \"shape\": \"{}\", \"sharding\": \"{}\", \"stream\": \"{}\"", o.name,
-                             type_str(o.dtype, o.shape), o.sharding.to_string(), stream == kComm ? "comm" : "compute");
-        if (in.kind == InstrKind::Collective)
-          e.args += fmt::format(", \"bytes\": {}, \"axes\": \"{}\"", in.bytes, join(in.axes, ","));
+                             type_str(o.dtype, o.shape), o.sharding.to_string(), in.stream);
+        if (coll) e.args += fmt::format(", \"bytes\": {}, \"axes\": \"{}\"", in.bytes, join(in.axes, ","));
         if (in.kind == InstrKind::Kernel) e.args += fmt::format(", \"flops\": {}", in.flops);
         const double* t0 = &st.t0[i];
         Trace* tr = opts.trace;
@@ -392,10 +371,6 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
           tr->add(std::move(e));
         });
       }
-      for (int v : in.in)
-        if (last_use_[v] == static_cast<int>(i)) release(v, stream);
-      // A value nobody reads (and that is not an output) is released at once.
-      if (last_use_[in.out] < 0) release(in.out, stream);
     }
     ctx_.compute->set_label(nullptr);
     ctx_.comm->set_label(nullptr);
@@ -416,7 +391,7 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
     }
     ctx_.compute->set_label(nullptr);
     ctx_.comm->set_label(nullptr);
-    for (Stream* s : streams) {  // drain: nothing may still use the run's buffers
+    for (Stream* s : streams_) {  // drain: nothing may still use the run's buffers
       try {
         s->synchronize();
       } catch (...) {
@@ -425,8 +400,8 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
     std::rethrow_exception(error);
   }
   DeviceRunResult res;
-  for (int v : p_.outputs) res.outputs.push_back(st.buf[v]);
-  res.peak_bytes = st.peak;
+  for (int v : p_.outputs) res.outputs.push_back(st.buf[static_cast<std::size_t>(v)]);
+  res.peak_bytes = p_.memory.peak_bytes();
   return res;
 }
 

@@ -14,6 +14,8 @@
 #include <mutex>
 
 #include "tessel/executable.hpp"
+#include "tessel/program_passes.hpp"
+#include "tessel/program_verify.hpp"
 #include "tessel/runtime/block_copy.hpp"
 #include "tessel/runtime/executor.hpp"
 #include "tessel/runtime/thread_communicator.hpp"
@@ -171,7 +173,8 @@ std::size_t LoadedExecutable::output_index(const std::string& name) const {
 LoadedExecutable load(const Executable& exe, ThreadRuntime& rt, const LoadOptions& options) {
   auto impl = std::make_unique<LoadedExecutable::Impl>();
   impl->rt = &rt;
-  impl->program = exe.program();
+  impl->program = lower_program(exe.program());
+  verify_program(impl->program);
   impl->options = options;
   const Program& p = impl->program;
   const double t = options.collective_timeout_s;

@@ -1,13 +1,15 @@
-// tessel/runtime/executor.hpp — walks one device's SPMD program, enqueuing every instruction
-// on the device's streams: kernels and local shard slices on the compute stream, collectives
-// (with the packing of a tensor dim into rank-major blocks and back, as Backend::copy_block
-// operations) on the communication stream. Events are the only edges between the two: a
-// collective waits for the compute work before it, a kernel reading a collective's result
-// waits for that collective, and a buffer is released on the stream of its last use after
-// the other stream's uses of it. The executor never dereferences device memory.
+// tessel/runtime/executor.hpp — walks one device's lowered SPMD program (Program IR v2,
+// docs/program-ir.md) and enqueues every instruction on the stream it names: kernels and
+// block copies (the packing decided at compile time by the pack pass), collective starts on
+// `comm` (a done is a point in comm's order), and waits as events recorded on one stream and
+// waited on by another. The program's waits are the only edges between streams; the executor
+// adds none of its own (the verifier checked the discipline). Intermediate values are views
+// into one arena per device, allocated at construction (load) from the memory plan; outputs
+// get a buffer per run (or a donated input's); inputs are the caller's. The executor never
+// dereferences device memory.
 //
-// A DeviceExecutor is made once per device at load (kernel arguments, labels and events are
-// prepared there) and run once per step; it is not reentrant (one run at a time).
+// A DeviceExecutor is made once per device at load (kernel arguments, block copies, labels,
+// events and the arena are prepared there) and run once per step; it is not reentrant.
 #pragma once
 
 #include <atomic>
@@ -24,7 +26,8 @@
 
 namespace tessel {
 
-// The axis groups (as axes lists) whose communicators the program's collectives use:
+// The axis groups (as axes lists) whose communicators the program's collectives use (a
+// collective permute uses the group of every mesh axis):
 // everything load() must create up front.
 std::vector<std::vector<std::string>> communicator_axes(const Program& program);
 
@@ -52,11 +55,15 @@ struct DeviceRunOptions {
 
 struct DeviceRunResult {
   std::vector<std::shared_ptr<Buffer>> outputs;  // program.outputs order, local shapes
-  int64_t peak_bytes = 0;                        // inputs, live intermediates and scratch
+  int64_t peak_bytes = 0;  // the memory plan's: arena + inputs + outputs
 };
 
 class DeviceExecutor {
  public:
+  // `program` is lowered (lower_program: it has a memory plan) and must outlive the
+  // executor. Throws RuntimeError for a program the executor cannot run (no memory plan, a
+  // stream other than compute/comm, a collective over a non-contiguous dim, a missing
+  // communicator).
   DeviceExecutor(const Program& program, int64_t position, DeviceContext ctx);
   ~DeviceExecutor();
   DeviceExecutor(const DeviceExecutor&) = delete;
@@ -71,19 +78,24 @@ class DeviceExecutor {
 
  private:
   struct RunState;
-  void kernel(RunState& st, std::size_t i);
-  void shard_slice(RunState& st, std::size_t i);
+  Stream& stream(std::size_t instr) const { return *streams_[stream_of_[instr]]; }
   void collective(RunState& st, std::size_t i);
 
   const Program& p_;
   int64_t pos_;
   DeviceContext ctx_;
-  std::vector<int> last_use_;
-  std::vector<std::string> labels_;        // per instruction, for error messages
-  std::vector<KernelArgs> kernel_args_;    // per instruction (kernels): all but the pointers
-  std::vector<std::unique_ptr<Event>> start_;  // per collective: compute work before it
-  std::vector<std::unique_ptr<Event>> done_;   // per collective: the collective finished
-  std::vector<std::unique_ptr<Event>> donate_events_;  // per output: donated buffer reuse
+  Stream* streams_[2] = {nullptr, nullptr};  // compute, comm
+  std::vector<int> stream_of_;               // per instruction: 0 compute, 1 comm
+  std::vector<std::string> labels_;          // per instruction, for error messages
+  std::vector<KernelArgs> kernel_args_;      // per instruction (kernels): all but the pointers
+  std::vector<std::vector<BlockCopy>> copies_;  // per instruction (copies): this device's blocks
+  std::vector<std::unique_ptr<Event>> events_;  // per instruction (waits)
+  std::shared_ptr<Buffer> arena_;
+  std::vector<std::shared_ptr<Buffer>> arena_views_;  // per value placed in the arena
+  std::vector<int> output_of_;   // per value: index in outputs, -1
+  std::vector<int> input_of_;    // per value: index in inputs, -1
+  std::vector<int> input_last_;  // per input: last instruction using its storage (-1: none)
+  std::vector<std::unique_ptr<Event>> donate_events_;  // per stream: donated buffer reuse
 };
 
 }  // namespace tessel

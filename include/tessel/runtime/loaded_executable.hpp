@@ -79,6 +79,8 @@ class LoadedExecutable {
   LoadedExecutable& operator=(LoadedExecutable&&) noexcept;
   ~LoadedExecutable();
 
+  // The lowered program the executors run (lower_program of the Executable's: Program IR
+  // v2 with its memory plan; program().memory_plan().peak_bytes() per device).
   const Program& program() const;
   const Mesh& mesh() const;
   ThreadRuntime& runtime() const;

@@ -1,0 +1,76 @@
+// tessel/program_passes.hpp — Program→Program passes and the pass manager that runs them.
+//
+// The partitioner emits kernels, synchronous collectives and shard slices, all on `compute`.
+// The default pipeline lowers that into what the executor runs (docs/program-ir.md):
+//
+//   pack               every layout decision the executor used to make at run time becomes an
+//                      instruction: a collective over a non-leading dim gets explicit `copy`
+//                      instructions packing the dim into rank-major blocks (and unpacking
+//                      them), so every collective moves one contiguous buffer; a shard slice
+//                      becomes a `copy` of the device's block; a relabel becomes a `view`.
+//   async-collectives  each collective becomes `X_start` on `comm` (after `wait compute @comm`)
+//                      and `done` just before the first reader of its result, with a `wait`
+//                      wherever a value crosses streams.
+//   memory-plan        places every intermediate value in one arena per device (greedy by
+//                      size over live ranges, see memory_plan_pass); peak bytes are then known.
+//
+// A pass is a pure function Program → Program. The pass manager runs them in order, verifies
+// after each (when asked: tests and debug builds), and keeps the text after the passes named
+// in dump_after (tessel-explain --dump-after=PASS).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessel/program.hpp"
+
+namespace tessel {
+
+Program pack_pass(Program p);
+Program async_collectives_pass(Program p);
+// Liveness from compute_liveness (program_verify.hpp); the values defined by instructions,
+// except outputs and views, are placed greedily by size, largest first (ties: earliest
+// definition), each at the lowest offset of the smallest gap between already-placed values
+// whose live ranges intersect its own (best fit), 64-byte aligned. Replaces any earlier plan.
+Program memory_plan_pass(Program p);
+
+using ProgramPassFn = std::function<Program(Program)>;
+
+class ProgramPassManager {
+ public:
+  // Appends a pass; names are unique (throws Error on a repeat).
+  ProgramPassManager& add(std::string name, ProgramPassFn fn);
+  // Verify the input and the result of every pass (verify_program); the error names the pass.
+  ProgramPassManager& verify_each(bool on);
+  // Keep print_program's text after `pass` (checked against the pass names at run()).
+  ProgramPassManager& dump_after(std::string pass);
+
+  std::vector<std::string> pass_names() const;
+  // Runs every pass in order. Throws Error naming an unknown dump_after pass (and the known
+  // ones), and ProgramError (prefixed with the pass) when verification fails.
+  Program run(Program p);
+  // pass name -> text after it, for the passes named in dump_after (filled by run()).
+  const std::map<std::string, std::string>& dumps() const { return dumps_; }
+
+ private:
+  std::vector<std::pair<std::string, ProgramPassFn>> passes_;
+  std::vector<std::string> dump_after_;
+  std::map<std::string, std::string> dumps_;
+  bool verify_ = false;
+};
+
+// pack, async-collectives, memory-plan.
+ProgramPassManager default_program_pipeline();
+std::vector<std::string> default_program_pass_names();
+
+// The default pipeline over a partitioned program: what load() runs. `verify`: after each
+// pass (always on in tests; load verifies the result once).
+Program lower_program(const Program& partitioned, bool verify = false);
+
+// For tessel-explain --dump-after=PASS: the text of the program after `pass` of the default
+// pipeline, or "partition" for its input. Throws Error naming the known passes otherwise.
+std::string dump_program_after(const Program& partitioned, const std::string& pass);
+
+}  // namespace tessel

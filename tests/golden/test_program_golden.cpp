@@ -1,0 +1,81 @@
+// Golden tests for Program→Program passes: each tests/golden/program/NAME.pir is a program in
+// the text form (docs/program-ir.md) whose first line names the passes to run,
+//   # passes: pack, async-collectives
+// and NAME.expected is print_program of the result. Every pass is verified. Regenerate with
+// TESSEL_UPDATE_GOLDEN=1 after an intended change, and review the diff.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "tessel/program_passes.hpp"
+#include "tessel/program_text.hpp"
+
+using namespace tessel;
+
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string lower(const std::string& name) {
+  const std::string dir = std::string(TESSEL_SOURCE_DIR) + "/tests/golden/program/";
+  const std::string text = read(dir + name + ".pir");
+  REQUIRE(text.rfind("# passes:", 0) == 0);
+  std::string list = text.substr(9, text.find('\n') - 9);
+  ProgramPassManager all = default_program_pipeline();
+  ProgramPassManager pm;
+  pm.verify_each(true);
+  std::stringstream ss(list);
+  std::string pass;
+  while (std::getline(ss, pass, ',')) {
+    pass.erase(0, pass.find_first_not_of(' '));
+    pass.erase(pass.find_last_not_of(' ') + 1);
+    if (pass == "pack") pm.add(pass, pack_pass);
+    else if (pass == "async-collectives") pm.add(pass, async_collectives_pass);
+    else if (pass == "memory-plan") pm.add(pass, memory_plan_pass);
+    else FAIL("unknown pass " << pass);
+  }
+  Program p = parse_program(text, dir + name + ".pir");
+  const std::string out = print_program(pm.run(std::move(p)));
+  // The result is itself a valid program in the text form.
+  CHECK(print_program(parse_program(out, name + ".expected")) == out);
+  const std::string expected_path = dir + name + ".expected";
+  if (std::getenv("TESSEL_UPDATE_GOLDEN")) std::ofstream(expected_path) << out;
+  INFO("golden file " << expected_path << " (set TESSEL_UPDATE_GOLDEN=1 to regenerate)");
+  CHECK(out == read(expected_path));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("golden program: pack makes collective packing and shard slices explicit", "[golden][program-ir]") {
+  const std::string out = lower("pack_collectives");
+  CHECK(out.find("shard_slice") == std::string::npos);
+  CHECK(out.find("all_gather(%g.packed)") == std::string::npos);
+  CHECK(out.find("view(%s)") != std::string::npos);
+}
+
+TEST_CASE("golden program: async-collectives splits collectives into start/done on comm", "[golden][program-ir]") {
+  const std::string out = lower("async_collectives");
+  CHECK(out.find("all_gather_start(%h)") != std::string::npos);
+  CHECK(out.find("wait comm @compute") != std::string::npos);
+  // The independent exp runs between the start and the done.
+  CHECK(out.find("all_gather_start(%h)") < out.find("= exp(%x)"));
+  CHECK(out.find("= exp(%x)") < out.find("done %g @comm"));
+}
+
+TEST_CASE("golden program: memory-plan reuses dead bytes", "[golden][program-ir]") {
+  const std::string out = lower("memory_plan");
+  CHECK(out.find("memory arena=1088") != std::string::npos);
+}
+
+TEST_CASE("golden program: the default pipeline on a 2-D transformer block", "[golden][program-ir]") {
+  const std::string out = lower("transformer_block_2d");
+  CHECK(out.find("all_reduce_start") != std::string::npos);
+}

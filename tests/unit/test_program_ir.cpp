@@ -1,0 +1,138 @@
+// Program IR v2: the text form round-trips at every stage of the lowering pipeline, the
+// verifier catches broken stream/event discipline, start/done pairing, shapes and memory
+// plans (naming the instruction), parse errors carry file:line:col, and the pass manager
+// dumps after a named pass.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "tessel/partition.hpp"
+#include "tessel/program_passes.hpp"
+#include "tessel/program_text.hpp"
+#include "tessel/program_verify.hpp"
+#include "tessel/propagate.hpp"
+#include "tessel/text.hpp"
+
+using namespace tessel;
+
+namespace {
+
+Program partitioned(const std::string& name) {
+  Graph g = parse_graph_file(std::string(TESSEL_SOURCE_DIR) + "/tests/golden/" + name + ".tsl");
+  PropagationResult prop = propagate(g, *g.mesh);
+  return partition(g, *g.mesh, prop);
+}
+
+void check_round_trip(const Program& p) {
+  const std::string text = print_program(p);
+  INFO(text);
+  Program q = parse_program(text);
+  CHECK(print_program(q) == text);
+}
+
+std::string message_of(const std::string& text) {
+  try {
+    parse_program(text, "t.pir");
+  } catch (const ParseError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+const char* kGolden[] = {"dp_mlp", "megatron_mlp", "attention_heads", "transformer_block_2d", "reshape_split",
+                         "priority_conflict"};
+
+}  // namespace
+
+TEST_CASE("program text round-trips after every pass of the pipeline", "[program-ir]") {
+  for (const char* name : kGolden) {
+    INFO(name);
+    Program p = partitioned(name);
+    verify_program(p);
+    check_round_trip(p);
+    ProgramPassManager pm = default_program_pipeline();
+    pm.verify_each(true);
+    for (const auto& pass : pm.pass_names()) pm.dump_after(pass);
+    Program lowered = pm.run(p);
+    for (const auto& [pass, text] : pm.dumps()) {
+      INFO("after " << pass);
+      Program q = parse_program(text);
+      CHECK(print_program(q) == text);
+    }
+    CHECK(lowered.memory_plan().planned);
+    CHECK(lowered.memory_plan().peak_bytes() >= lowered.memory_plan().arena_bytes);
+    // The lowered program has only executor kinds, collectives on comm.
+    for (const Instr& in : lowered.instrs) {
+      CHECK(in.kind != InstrKind::Collective);
+      CHECK(in.kind != InstrKind::ShardSlice);
+      if (in.kind == InstrKind::CollectiveStart || in.kind == InstrKind::CollectiveDone) CHECK(in.stream == "comm");
+    }
+    CHECK(lowered.summary().line() == p.summary().line());
+  }
+}
+
+TEST_CASE("dump_program_after names the known passes", "[program-ir]") {
+  Program p = partitioned("megatron_mlp");
+  CHECK(dump_program_after(p, "partition") == print_program(p));
+  CHECK(dump_program_after(p, "memory-plan").find("memory arena=") != std::string::npos);
+  try {
+    dump_program_after(p, "nope");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("pack, async-collectives, memory-plan") != std::string::npos);
+  }
+}
+
+TEST_CASE("program parse errors carry file:line:col", "[program-ir]") {
+  CHECK(message_of("mesh x=2\n%a = input f32[2] global=f32[4] sharding=[{x}]\n%b = gelu(%c) : f32[2] global=f32[4] "
+                   "sharding=[{x}] @compute\noutput %b\n")
+            .find("t.pir:3:11: value %c is not defined") != std::string::npos);
+  CHECK(message_of("mesh x=2\n%a = input f32[2] global=f32[4] sharding=[{y}]\noutput %a\n")
+            .find("t.pir:2:44: unknown mesh axis 'y'") != std::string::npos);
+  CHECK(message_of("mesh x=2\n%a = input f32[2] global=f32[4] sharding=[{x}]\n%b = gelu(%a) bogus=1 : f32[2] global=f32[4] "
+                   "sharding=[{x}] @compute\noutput %b\n")
+            .find("t.pir:3:15: gelu has no attribute 'bogus'") != std::string::npos);
+  CHECK(message_of("mesh x=2\n%a = input f32[2] global=f32[4] sharding=[{x}]\n").find("no 'output' line") != std::string::npos);
+}
+
+TEST_CASE("the verifier names the instruction that breaks an invariant", "[program-ir]") {
+  const std::string head = "mesh x=2\n%a = input f32[2,4] global=f32[4,4] sharding=[{x}, {}]\n";
+  // A value made ready on comm read on compute without a wait.
+  std::string msg = message_of(head +
+                               "%b = all_gather_start(%a) axes={x} dim=0 bytes=32 : f32[4,4] global=f32[4,4] sharding=[{}, {}] @comm\n"
+                               "done %b @comm\n"
+                               "%c = gelu(%b) : f32[4,4] global=f32[4,4] sharding=[{}, {}] @compute\n"
+                               "output %c\n");
+  CHECK(msg.find("t.pir:5:1") != std::string::npos);
+  CHECK(msg.find("#2 (%c = gelu)") != std::string::npos);
+  CHECK(msg.find("'wait comm @compute'") != std::string::npos);
+  // Read before done.
+  msg = message_of(head +
+                   "%b = all_gather_start(%a) axes={x} dim=0 bytes=32 : f32[4,4] global=f32[4,4] sharding=[{}, {}] @comm\n"
+                   "%c = gelu(%b) : f32[4,4] global=f32[4,4] sharding=[{}, {}] @comm\n"
+                   "done %b @comm\n"
+                   "output %c\n");
+  CHECK(msg.find("while its collective is in flight") != std::string::npos);
+  // A start without a done.
+  msg = message_of(head +
+                   "%b = all_gather_start(%a) axes={x} dim=0 bytes=32 : f32[4,4] global=f32[4,4] sharding=[{}, {}] @comm\n"
+                   "output %a\n");
+  CHECK(msg.find("never done") != std::string::npos);
+  // A kernel whose type disagrees with the registry.
+  msg = message_of(head + "%c = reduce_sum(%a) dims=[1] keepdims=false : f32[2,4] global=f32[4,4] sharding=[{x}, {}] @compute\n"
+                          "output %c\n");
+  CHECK(msg.find("the registry infers f32[2]") != std::string::npos);
+  // Two live values in the same arena bytes.
+  msg = message_of(head +
+                   "%b = gelu(%a) : f32[2,4] global=f32[4,4] sharding=[{x}, {}] @compute at=0\n"
+                   "%c = tanh(%a) : f32[2,4] global=f32[4,4] sharding=[{x}, {}] @compute at=0\n"
+                   "%d = add(%b, %c) : f32[2,4] global=f32[4,4] sharding=[{x}, {}] @compute\n"
+                   "output %d\n"
+                   "memory arena=64\n");
+  CHECK(msg.find("overlaps %b") != std::string::npos);
+  CHECK(msg.find("t.pir:4:1") != std::string::npos);
+  // A copy block outside its source.
+  msg = message_of(head + "%c = copy(%a) block=[2,4] copies=[[0,1*{x}]->[0,0]] : f32[2,4] global=f32[2,4] sharding=[{}, {}] @compute\n"
+                          "output %c\n");
+  CHECK(msg.find("leaves the source") != std::string::npos);
+}
