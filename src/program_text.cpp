@@ -130,6 +130,7 @@ std::string instr_text(const Program& p, const Instr& in) {
         s += fmt::format(" dim={}", in.dim);
       if (in.collective == CollectiveKind::AllToAll)
         s += fmt::format(" split_dim={} concat_dim={}", in.dim, in.dim2);
+      if (in.reduce == ReduceOp::Max) s += " op=max";
       s += fmt::format(" bytes={}", in.bytes);
       break;
     }
@@ -807,6 +808,12 @@ class Parser {
           in.dim = parse_int32("the split dim");
         } else if (k == "concat_dim" && in.collective == CollectiveKind::AllToAll) {
           in.dim2 = parse_int32("the concat dim");
+        } else if (k == "op" && (in.collective == CollectiveKind::AllReduce ||
+                                 in.collective == CollectiveKind::ReduceScatter)) {
+          Token o = next();
+          if (o.kind == TK::Ident && o.text == "sum") in.reduce = ReduceOp::Sum;
+          else if (o.kind == TK::Ident && o.text == "max") in.reduce = ReduceOp::Max;
+          else fail(o.col, fmt::format("expected op=sum or op=max, got {}", describe(o)));
         } else if (k == "bytes") {
           in.bytes = parse_int("the collective's bytes");
         } else {

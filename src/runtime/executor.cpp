@@ -247,7 +247,7 @@ void DeviceExecutor::collective(RunState& st, std::size_t i) {
       break;
     case CollectiveKind::ReduceScatter:
       ctx_.comms.at(in.axes)->reduce_scatter(inb.data(), out.data(), static_cast<std::size_t>(num_elements(dst.shape)),
-                                            dst.dtype, ReduceOp::Sum, s);
+                                            dst.dtype, in.reduce, s);
       break;
     case CollectiveKind::AllToAll: {
       Communicator& c = *ctx_.comms.at(in.axes);

@@ -40,7 +40,8 @@ std::string message_of(const std::string& text) {
 }
 
 const char* kGolden[] = {"dp_mlp", "megatron_mlp", "attention_heads", "transformer_block_2d", "reshape_split",
-                         "priority_conflict"};
+                         "priority_conflict", "priority_swap_w", "priority_swap_x", "megatron_mlp_open",
+                         "distributed_reductions"};
 
 }  // namespace
 
