@@ -122,14 +122,26 @@ int int_count(std::size_t bytes, const char* what) {
 
 template <class Load, class Store, class T>
 void reduce_blocks(const std::vector<const T*>& blocks, T* out, std::size_t n, ReduceOp op, Load load, Store store) {
-  for (std::size_t i = 0; i < n; ++i) {
-    auto acc = load(blocks[0][i]);
-    for (std::size_t k = 1; k < blocks.size(); ++k) {
-      auto v = load(blocks[k][i]);
-      acc = op == ReduceOp::Sum ? acc + v : (v > acc || v != v ? v : acc);
+  // Block by block into an accumulator (tight loops that vectorise), in member order; out may
+  // alias any block, so it is written only at the end.
+  using Acc = decltype(load(blocks[0][0]));
+  thread_local std::vector<Acc> acc_buf;
+  acc_buf.resize(n);
+  Acc* acc = acc_buf.data();
+  const T* b0 = blocks[0];
+  for (std::size_t i = 0; i < n; ++i) acc[i] = load(b0[i]);
+  for (std::size_t k = 1; k < blocks.size(); ++k) {
+    const T* b = blocks[k];
+    if (op == ReduceOp::Sum) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] += load(b[i]);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const Acc v = load(b[i]);
+        acc[i] = (v > acc[i] || v != v) ? v : acc[i];
+      }
     }
-    out[i] = store(acc);
   }
+  for (std::size_t i = 0; i < n; ++i) out[i] = store(acc[i]);
 }
 
 // out[i] = blocks[0][i] op blocks[1][i] op ... (member order); out may alias a block.
