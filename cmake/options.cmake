@@ -14,6 +14,15 @@ else()
 endif()
 option(TESSEL_WITH_CUDA "Build the CUDA + NCCL backend" ${_tessel_cuda_default})
 
+# MPI (the multi-process runtime, docs/runtime-mpi.md) defaults to ON where MPI is found.
+find_package(MPI COMPONENTS CXX QUIET)
+if(MPI_CXX_FOUND)
+  set(_tessel_mpi_default ON)
+else()
+  set(_tessel_mpi_default OFF)
+endif()
+option(TESSEL_WITH_MPI "Build the MPI runtime (MpiRuntime; needs an MPI with MPI_THREAD_MULTIPLE)" ${_tessel_mpi_default})
+
 option(TESSEL_NATIVE "Compile for the build machine's CPU (-march=native): Eigen then uses AVX/FMA" ON)
 
 set(TESSEL_WARNINGS -Wall -Wextra)

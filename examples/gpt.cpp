@@ -9,6 +9,9 @@
 // Prints the loss, the loss of the same inputs on one device and their relative
 // difference, tokens/s, peak bytes per device, and the collectives summary line of
 // tessel-explain. Exits 1 when the relative difference is above 1e-5.
+//
+// Under mpirun (e.g. `mpirun -np 2 build/bin/gpt --mesh data=2,model=2`) it runs on the MPI
+// runtime: each process owns devices/np devices of the mesh, and only rank 0 prints.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,6 +24,9 @@
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
+#include "tessel/runtime/launch.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/mpi_runtime.hpp"
 #include "tessel/runtime/reference.hpp"
 
 namespace {
@@ -67,15 +73,31 @@ int run(int argc, char** argv) {
   if (!mesh.has_axis(cfg.data_axis) || !mesh.has_axis(cfg.model_axis))
     throw tessel::Error(fmt::format("gpt: the mesh {} needs axes '{}' and '{}' (size 1 is fine)",
                                     mesh.to_string(), cfg.data_axis, cfg.model_axis));
+  // Under an MPI launcher: the MPI runtime, and only rank 0 prints.
+  std::unique_ptr<tessel::MpiRuntime> mpi;
+  if (tessel::launched_by_mpi()) {
+    tessel::MpiRuntimeOptions mo;
+    mo.kernel_threads = threads;
+    mpi = std::make_unique<tessel::MpiRuntime>(mo);
+  }
+  const bool printer = !mpi || mpi->rank() == 0;
+  auto print = [&](const std::string& text) {
+    if (printer) std::fputs(text.c_str(), stdout);
+  };
   tessel::GptGraph m = tessel::build_gpt(cfg);
-  fmt::print("gpt: batch={} seq={} d_model={} heads={} layers={} vocab={} params={}\n", cfg.batch,
+  if (printer) fmt::print("gpt: batch={} seq={} d_model={} heads={} layers={} vocab={} params={}\n", cfg.batch,
              cfg.seq, cfg.d_model, cfg.heads, cfg.layers, cfg.vocab, m.params);
-  fmt::print("mesh {} = {} virtual CPU devices, seed {}\n", mesh.to_string(), mesh.num_devices(), seed);
+  if (mpi)
+    print(fmt::format("mesh {} = {} CPU devices on {} MPI processes ({} per process), seed {}\n", mesh.to_string(),
+                      mesh.num_devices(), mpi->world_size(), mesh.num_devices() / std::max(1, mpi->world_size()),
+                      seed));
+  else
+    print(fmt::format("mesh {} = {} virtual CPU devices, seed {}\n", mesh.to_string(), mesh.num_devices(), seed));
 
   auto t0 = std::chrono::steady_clock::now();
   tessel::Executable exe = tessel::compile(m.graph, mesh);
   double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (print_program) std::fputs(exe.program().to_string(0).c_str(), stdout);
+  if (print_program) print(exe.program().to_string(0));
 
   std::vector<tessel::HostTensor> inputs = tessel::random_inputs(m.graph, seed);
   // GPT-2 initialisation scale: weights ~ U(-1,1) * 0.02*sqrt(3); layer-norm gains 1.
@@ -91,27 +113,46 @@ int run(int argc, char** argv) {
   ro.kernel_threads = threads;
   std::vector<tessel::HostTensor> out;
   double best = 1e300;
-  for (int it = 0; it < iters; ++it) {
-    if (it == iters - 1) ro.trace_path = trace;
-    auto s = std::chrono::steady_clock::now();
-    out = exe.run(inputs, ro);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
+  int64_t peak = 0;
+  if (mpi) {
+    // Every process runs the same steps (SPMD); inputs are made from the same seed everywhere.
+    tessel::LoadedExecutable prog = tessel::load(exe, *mpi);
+    std::vector<tessel::ShardedArray> args;
+    for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
+    tessel::RunResult r;
+    for (int it = 0; it < iters; ++it) {
+      ro.trace_path = it == iters - 1 && !trace.empty() ? fmt::format("{}.rank{}", trace, mpi->rank()) : "";
+      auto s = std::chrono::steady_clock::now();
+      r = prog.run(args, ro);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
+    }
+    for (std::size_t o = 0; o < r.outputs.size(); ++o) out.push_back(prog.to_host(r.outputs[o]));
+    for (int64_t b : r.stats.peak_bytes) peak = std::max(peak, b);
+    if (!printer) return 0;
+  } else {
+    for (int it = 0; it < iters; ++it) {
+      if (it == iters - 1) ro.trace_path = trace;
+      auto s = std::chrono::steady_clock::now();
+      out = exe.run(inputs, ro);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
+    }
+    for (int64_t b : exe.last_stats().peak_bytes) peak = std::max(peak, b);
   }
   const double loss = out[0].get(0);
   std::vector<tessel::HostTensor> ref = tessel::run_reference(m.graph, inputs, threads);
   const double ref_loss = ref[0].get(0);
   const double rel = std::fabs(loss - ref_loss) / std::max(std::fabs(ref_loss), 1e-30);
-  int64_t peak = 0;
-  for (int64_t b : exe.last_stats().peak_bytes) peak = std::max(peak, b);
   const double tokens = static_cast<double>(cfg.batch * cfg.seq);
   fmt::print("compile: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms,
              m.graph.ops.size(), exe.program().instrs.size());
-  fmt::print("loss (partitioned, {} devices) = {:.7f}\n", mesh.num_devices(), loss);
+  fmt::print("loss (partitioned, {} devices{}) = {:.7f}\n", mesh.num_devices(),
+             mpi ? fmt::format(", {} processes", mpi->world_size()) : "", loss);
   fmt::print("loss (reference, 1 device)    = {:.7f}\n", ref_loss);
   fmt::print("relative difference = {:.3g} ({})\n", rel, rel <= 1e-5 ? "ok, <= 1e-5" : "FAILED, > 1e-5");
   fmt::print("forward: {:.2f} ms, {:.0f} tokens/s (best of {})\n", best * 1e3, tokens / best, iters);
   fmt::print("peak bytes per device = {} ({:.2f} MiB)\n", peak, static_cast<double>(peak) / (1 << 20));
-  if (!trace.empty()) fmt::print("trace written to {} (open in https://ui.perfetto.dev)\n", trace);
+  if (!trace.empty())
+    fmt::print("trace written to {}{} (open in https://ui.perfetto.dev)\n", trace, mpi ? ".rank<N>" : "");
   fmt::print("{}\n", exe.program().summary().line());
   return rel <= 1e-5 && std::isfinite(loss) ? 0 : 1;
 }

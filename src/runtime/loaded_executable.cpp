@@ -29,6 +29,18 @@ ShardedArray::ShardedArray(std::string name, DType dtype, Shape global_shape, Sh
                            Shape local_shape, std::vector<std::shared_ptr<Buffer>> shards)
     : name_(std::move(name)), dtype_(dtype), shape_(std::move(global_shape)), sharding_(std::move(sharding)),
       local_shape_(std::move(local_shape)), storage_(std::make_shared<Storage>()) {
+  devices_.resize(shards.size());
+  for (std::size_t d = 0; d < devices_.size(); ++d) devices_[d] = static_cast<int64_t>(d);
+  storage_->shards = std::move(shards);
+}
+
+ShardedArray::ShardedArray(std::string name, DType dtype, Shape global_shape, Sharding sharding, Shape local_shape,
+                           std::vector<std::shared_ptr<Buffer>> shards, std::vector<int64_t> devices)
+    : name_(std::move(name)), dtype_(dtype), shape_(std::move(global_shape)), sharding_(std::move(sharding)),
+      local_shape_(std::move(local_shape)), devices_(std::move(devices)), storage_(std::make_shared<Storage>()) {
+  if (devices_.size() != shards.size())
+    throw RuntimeError(fmt::format("ShardedArray %{}: {} shards but {} device positions", name_, shards.size(),
+                                   devices_.size()));
   storage_->shards = std::move(shards);
 }
 
@@ -36,9 +48,13 @@ const std::shared_ptr<Buffer>& ShardedArray::shard(int64_t device) const {
   if (!storage_) throw RuntimeError("ShardedArray: the array is empty (default-constructed)");
   if (storage_->deleted)
     throw RuntimeError(fmt::format("ShardedArray %{}: the array was donated to a run and deleted", name_));
-  if (device < 0 || device >= num_shards())
-    throw RuntimeError(fmt::format("ShardedArray %{}: no shard for device {} ({} shards)", name_, device, num_shards()));
-  return storage_->shards[static_cast<std::size_t>(device)];
+  const std::size_t n = devices_.size();
+  if (device >= 0 && static_cast<std::size_t>(device) < n && devices_[static_cast<std::size_t>(device)] == device)
+    return storage_->shards[static_cast<std::size_t>(device)];  // every device local: position = index
+  for (std::size_t i = 0; i < n; ++i)
+    if (devices_[i] == device) return storage_->shards[i];
+  throw RuntimeError(fmt::format("ShardedArray %{}: no shard for device {} (this process holds devices {})", name_,
+                                 device, shape_str(devices_)));
 }
 
 std::string ShardedArray::to_string() const {
@@ -93,7 +109,9 @@ HostTensor gather_host(const Mesh& mesh, const Sharding& sharding, DType dtype, 
 // ---- LoadedExecutable ----------------------------------------------------------------------
 
 struct LoadedExecutable::Impl {
-  ThreadRuntime* rt = nullptr;
+  Runtime* rt = nullptr;
+  ThreadRuntime* local = nullptr;  // rt->local(): local device i runs mesh position positions[i]
+  std::vector<int64_t> positions;
   Program program;
   std::vector<std::string> input_names, output_names;
   LoadOptions options;
@@ -103,23 +121,22 @@ struct LoadedExecutable::Impl {
 
   std::mutex run_mu;    // one run at a time
   std::mutex state_mu;  // guards world/comms replacement against cancel(), in_flight
-  std::unique_ptr<ThreadWorld> world;
-  std::vector<std::map<std::vector<std::string>, std::unique_ptr<Communicator>>> comms;  // per device
+  std::unique_ptr<CollectiveWorld> world;
+  std::vector<std::map<std::vector<std::string>, std::unique_ptr<Communicator>>> comms;  // per local device
   bool in_flight = false;
   std::atomic<bool> cancelled{false};
   std::string cancel_reason;  // guarded by state_mu
 
   // A fresh world and communicators for every group (at load, and after an abort).
   void make_world() {
-    ThreadWorldOptions wo;
-    wo.timeout_seconds = options.collective_timeout_s;
-    const int64_t n = program.mesh.num_devices();
+    const int64_t n = static_cast<int64_t>(positions.size());
     // Communicators die before the world they point into.
     for (auto& m : comms) m.clear();
-    world = std::make_unique<ThreadWorld>(program.mesh, wo);
+    world.reset();
+    world = rt->make_world(program.mesh, axes, options.collective_timeout_s);
     comms.resize(static_cast<std::size_t>(n));
     for (int64_t d = 0; d < n; ++d) {
-      for (const auto& a : axes) comms[d][a] = world->communicator(d, a);
+      for (const auto& a : axes) comms[d][a] = world->communicator(positions[static_cast<std::size_t>(d)], a);
       if (d < static_cast<int64_t>(executors.size())) {
         auto& ctx = executors[d]->context().comms;
         for (auto& kv : comms[d]) ctx[kv.first] = kv.second.get();
@@ -149,7 +166,8 @@ LoadedExecutable::~LoadedExecutable() {
 
 const Program& LoadedExecutable::program() const { return impl_->program; }
 const Mesh& LoadedExecutable::mesh() const { return impl_->program.mesh; }
-ThreadRuntime& LoadedExecutable::runtime() const { return *impl_->rt; }
+Runtime& LoadedExecutable::runtime() const { return *impl_->rt; }
+const std::vector<int64_t>& LoadedExecutable::local_devices() const { return impl_->positions; }
 const std::vector<std::string>& LoadedExecutable::input_names() const { return impl_->input_names; }
 const std::vector<std::string>& LoadedExecutable::output_names() const { return impl_->output_names; }
 
@@ -170,7 +188,7 @@ std::size_t LoadedExecutable::output_index(const std::string& name) const {
   return index_of(impl_->output_names, name, "output");
 }
 
-LoadedExecutable load(const Executable& exe, ThreadRuntime& rt, const LoadOptions& options) {
+LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& options) {
   auto impl = std::make_unique<LoadedExecutable::Impl>();
   impl->rt = &rt;
   impl->program = lower_program(exe.program());
@@ -180,10 +198,8 @@ LoadedExecutable load(const Executable& exe, ThreadRuntime& rt, const LoadOption
   const double t = options.collective_timeout_s;
   if (std::isnan(t) || t < 0)
     throw RuntimeError(fmt::format("load: collective_timeout_s must be >= 0 seconds (0 or inf: no timeout), got {}", t));
-  if (rt.num_devices() != p.mesh.num_devices())
-    throw RuntimeError(fmt::format("load: the program is partitioned for mesh {} ({} devices) but the runtime has {} "
-                                   "devices; make the ThreadRuntime with mesh.num_devices()",
-                                   p.mesh.to_string(), p.mesh.num_devices(), rt.num_devices()));
+  impl->positions = rt.devices_for(p.mesh);  // throws on a runtime that cannot run this mesh
+  impl->local = &rt.local();
   for (int v : exe.graph().inputs) impl->input_names.push_back(exe.graph().values[v].name);
   for (int v : exe.graph().outputs) impl->output_names.push_back(exe.graph().values[v].name);
   impl->donate.assign(p.inputs.size(), -1);
@@ -206,14 +222,16 @@ LoadedExecutable load(const Executable& exe, ThreadRuntime& rt, const LoadOption
   }
   impl->axes = communicator_axes(p);
   impl->make_world();
-  const int64_t n = p.mesh.num_devices();
+  const int64_t n = static_cast<int64_t>(impl->positions.size());
+  ThreadRuntime& lr = *impl->local;
   for (int64_t d = 0; d < n; ++d) {
     DeviceContext ctx;
-    ctx.backend = &rt.backend(d);
-    ctx.compute = &rt.compute_stream(d);
-    ctx.comm = &rt.comm_stream(d);
+    ctx.backend = &lr.backend(d);
+    ctx.compute = &lr.compute_stream(d);
+    ctx.comm = &lr.comm_stream(d);
     for (auto& kv : impl->comms[d]) ctx.comms[kv.first] = kv.second.get();
-    impl->executors.push_back(std::make_unique<DeviceExecutor>(impl->program, d, std::move(ctx)));
+    impl->executors.push_back(
+        std::make_unique<DeviceExecutor>(impl->program, impl->positions[static_cast<std::size_t>(d)], std::move(ctx)));
   }
   return LoadedExecutable(std::move(impl));
 }
@@ -227,19 +245,29 @@ ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& gl
   if (global.dtype() != lv.dtype || global.shape() != lv.global_shape)
     throw RuntimeError(fmt::format("to_device: input #{} %{} expects {} but got {}", input, name,
                                    type_str(lv.dtype, lv.global_shape), type_str(global.dtype(), global.shape())));
-  if (lv.shape == lv.global_shape) {  // replicated: every device copies the whole tensor
-    const int64_t n = mesh().num_devices();
-    std::vector<std::shared_ptr<Buffer>> bufs;
+  ThreadRuntime& lr = *impl_->local;
+  const auto& pos = impl_->positions;
+  const int64_t n = static_cast<int64_t>(pos.size());
+  std::vector<std::shared_ptr<Buffer>> bufs;
+  std::vector<HostTensor> blocks;  // this process's blocks (the whole tensor when replicated)
+  if (lv.shape != lv.global_shape) {
     for (int64_t d = 0; d < n; ++d) {
-      Backend& be = impl_->rt->backend(d);
-      std::shared_ptr<Buffer> b = be.allocate(global.bytes());
-      be.copy_from_host(*b, global.data(), global.bytes(), impl_->rt->transfer_stream(d));
-      bufs.push_back(std::move(b));
+      HostTensor t(global.dtype(), lv.shape);
+      const Shape& ls = lv.shape;
+      copy_block(global.data(), global.shape(), lv.sharding.local_offset(mesh(), global.shape(), pos[d]), t.data(), ls,
+                 std::vector<int64_t>(ls.size(), 0), ls, dtype_size(global.dtype()));
+      blocks.push_back(std::move(t));
     }
-    for (int64_t d = 0; d < n; ++d) impl_->rt->transfer_stream(d).synchronize();
-    return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs));
   }
-  return shards_to_device(input, scatter_host(mesh(), lv.sharding, lv.shape, global));
+  for (int64_t d = 0; d < n; ++d) {
+    const HostTensor& src = blocks.empty() ? global : blocks[d];
+    Backend& be = lr.backend(d);
+    std::shared_ptr<Buffer> b = be.allocate(src.bytes());
+    be.copy_from_host(*b, src.data(), src.bytes(), lr.transfer_stream(d));
+    bufs.push_back(std::move(b));
+  }
+  for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
+  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), pos);
 }
 
 ShardedArray LoadedExecutable::to_device(const std::string& input, const HostTensor& global) const {
@@ -250,47 +278,53 @@ ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::ve
   impl_->check_input(input, "shards_to_device");
   const LocalValue& lv = impl_->in_value(input);
   const std::string& name = impl_->input_names[input];
-  const int64_t n = mesh().num_devices();
+  const int64_t n = static_cast<int64_t>(impl_->positions.size());
   if (static_cast<int64_t>(shards.size()) != n)
-    throw RuntimeError(fmt::format("shards_to_device: input #{} %{} has {} shards but the mesh {} has {} devices", input,
-                                   name, shards.size(), mesh().to_string(), n));
+    throw RuntimeError(fmt::format("shards_to_device: input #{} %{} has {} shards but {} devices of the mesh {} are "
+                                   "here (pass one shard per local device, local_devices() order)",
+                                   input, name, shards.size(), n, mesh().to_string()));
   for (const auto& t : shards)
     if (t.dtype() != lv.dtype || t.shape() != lv.shape)
       throw RuntimeError(fmt::format("shards_to_device: input #{} %{} with sharding {} expects local shards {} but got {}",
                                      input, name, lv.sharding.to_string(), type_str(lv.dtype, lv.shape),
                                      type_str(t.dtype(), t.shape())));
+  ThreadRuntime& lr = *impl_->local;
   std::vector<std::shared_ptr<Buffer>> bufs;
   for (int64_t d = 0; d < n; ++d) {
-    Backend& be = impl_->rt->backend(d);
+    Backend& be = lr.backend(d);
     std::shared_ptr<Buffer> b = be.allocate(shards[d].bytes());
-    be.copy_from_host(*b, shards[d].data(), shards[d].bytes(), impl_->rt->transfer_stream(d));
+    be.copy_from_host(*b, shards[d].data(), shards[d].bytes(), lr.transfer_stream(d));
     bufs.push_back(std::move(b));
   }
-  for (int64_t d = 0; d < n; ++d) impl_->rt->transfer_stream(d).synchronize();
-  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs));
+  for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
+  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), impl_->positions);
 }
 
 std::vector<HostTensor> LoadedExecutable::shards_to_host(const ShardedArray& a) const {
-  const int64_t n = mesh().num_devices();
-  if (a.num_shards() != n || !a.valid())
-    throw RuntimeError(fmt::format("to_host: array {} is not an array of the {} devices of mesh {}", a.to_string(), n,
-                                   mesh().to_string()));
+  const auto& pos = impl_->positions;
+  const int64_t n = static_cast<int64_t>(pos.size());
+  if (!a.valid() || a.devices() != pos)
+    throw RuntimeError(fmt::format("to_host: array {} is not an array of the devices {} of mesh {} held here",
+                                   a.to_string(), shape_str(pos), mesh().to_string()));
+  ThreadRuntime& lr = *impl_->local;
   std::vector<HostTensor> out;
   for (int64_t d = 0; d < n; ++d) {
     HostTensor t(a.dtype(), a.local_shape());
-    const Buffer& b = *a.shard(d);
-    impl_->rt->backend(d).copy_to_host(t.data(), b, t.bytes(), impl_->rt->transfer_stream(d));
+    const Buffer& b = *a.shard(pos[d]);
+    lr.backend(d).copy_to_host(t.data(), b, t.bytes(), lr.transfer_stream(d));
     out.push_back(std::move(t));
   }
-  for (int64_t d = 0; d < n; ++d) impl_->rt->transfer_stream(d).synchronize();
-  return out;
+  for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
+  return impl_->rt->allgather_shards(mesh(), std::move(out));
 }
 
 HostTensor LoadedExecutable::to_host(const ShardedArray& a, bool check_replicas) const {
-  if (a.valid() && a.local_shape() == a.shape() && !check_replicas && a.num_shards() == mesh().num_devices()) {
-    HostTensor t(a.dtype(), a.shape());  // replicated: one copy is the tensor
-    impl_->rt->backend(0).copy_to_host(t.data(), *a.shard(0), t.bytes(), impl_->rt->transfer_stream(0));
-    impl_->rt->transfer_stream(0).synchronize();
+  if (a.valid() && a.local_shape() == a.shape() && !check_replicas && a.devices() == impl_->positions &&
+      !impl_->positions.empty()) {
+    HostTensor t(a.dtype(), a.shape());  // replicated: one local copy is the tensor
+    ThreadRuntime& lr = *impl_->local;
+    lr.backend(0).copy_to_host(t.data(), *a.shard(impl_->positions[0]), t.bytes(), lr.transfer_stream(0));
+    lr.transfer_stream(0).synchronize();
     return t;
   }
   auto shards = shards_to_host(a);
@@ -328,7 +362,7 @@ bool LoadedExecutable::cancel(const std::string& reason) {
 RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, const RunOptions& opts) {
   Impl& im = *impl_;
   const Program& p = im.program;
-  const int64_t n = p.mesh.num_devices();
+  const int64_t n = static_cast<int64_t>(im.positions.size());
   if (inputs_in.size() != p.inputs.size())
     throw RuntimeError(fmt::format("run: the program has {} inputs but {} arrays were given", p.inputs.size(),
                                    inputs_in.size()));
@@ -339,9 +373,10 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
       throw RuntimeError(fmt::format("run: input #{} %{} is {}", i, im.input_names[i],
                                      a.deleted() ? "a deleted array (it was donated to an earlier run)" : "an empty array"));
     if (a.dtype() != lv.dtype || a.shape() != lv.global_shape || !(a.sharding() == lv.sharding) ||
-        a.local_shape() != lv.shape || a.num_shards() != n)
-      throw RuntimeError(fmt::format("run: input #{} %{} expects {} {} on {} devices but got {}", i, im.input_names[i],
-                                     type_str(lv.dtype, lv.global_shape), lv.sharding.to_string(), n, a.to_string()));
+        a.local_shape() != lv.shape || a.devices() != im.positions)
+      throw RuntimeError(fmt::format("run: input #{} %{} expects {} {} on devices {} but got {}", i,
+                                     im.input_names[i], type_str(lv.dtype, lv.global_shape), lv.sharding.to_string(),
+                                     shape_str(im.positions), a.to_string()));
   }
   std::string trace_path = opts.trace_path;
   if (trace_path.empty())
@@ -361,7 +396,7 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
     if (im.donate[i] >= 0) {
       bufs = inputs_in[i].take_shards();
     } else {
-      for (int64_t d = 0; d < n; ++d) bufs.push_back(inputs_in[i].shard(d));
+      for (int64_t d = 0; d < n; ++d) bufs.push_back(inputs_in[i].shard(im.positions[d]));
     }
     for (int64_t d = 0; d < n; ++d) per[d].push_back(std::move(bufs[d]));
   }
@@ -375,9 +410,9 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
   Trace trace;
   std::vector<DeviceRunResult> results(static_cast<std::size_t>(n));
   std::vector<char> root_cause(static_cast<std::size_t>(n), 0);
-  ThreadWorld* world = im.world.get();
+  CollectiveWorld* world = im.world.get();
   auto t0 = std::chrono::steady_clock::now();
-  auto errors = im.rt->run_on_devices([&](int64_t d) {
+  auto errors = im.local->run_on_devices([&](int64_t d) {
     DeviceRunOptions dopts;
     dopts.poison = opts.poison;
     dopts.trace = trace_path.empty() ? nullptr : &trace;
@@ -386,7 +421,7 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
     dopts.on_error = [&, d](const std::string& msg) {
       if (!world->aborted()) {
         root_cause[d] = 1;
-        world->abort(fmt::format("device {} failed: {}", d, msg));
+        world->abort(fmt::format("device {} failed: {}", im.positions[d], msg));
       }
     };
     results[d] = im.executors[d]->run(per[d], dopts);
@@ -412,7 +447,7 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
       } catch (const Error& e) {
         throw RuntimeError(e.what());
       } catch (const std::exception& e) {
-        throw RuntimeError(fmt::format("device {} failed: {}", d, e.what()));
+        throw RuntimeError(fmt::format("device {} failed: {}", im.positions[d], e.what()));
       }
     }
   for (int64_t d = 0; d < n; ++d)
@@ -425,7 +460,8 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
     const LocalValue& lv = im.out_value(o);
     std::vector<std::shared_ptr<Buffer>> bufs;
     for (int64_t d = 0; d < n; ++d) bufs.push_back(std::move(results[d].outputs[o]));
-    r.outputs.emplace_back(im.output_names[o], lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs));
+    r.outputs.emplace_back(im.output_names[o], lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs),
+                           im.positions);
   }
   return r;
 }

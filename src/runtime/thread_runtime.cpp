@@ -2,6 +2,8 @@
 // streams made once.
 #include "tessel/runtime/thread_runtime.hpp"
 
+#include "tessel/runtime/thread_communicator.hpp"
+
 #include <fmt/format.h>
 
 #include <condition_variable>
@@ -128,6 +130,28 @@ std::vector<std::exception_ptr> ThreadRuntime::run_on_devices(const std::functio
     dev.job = nullptr;
   }
   return errors;
+}
+
+std::vector<int64_t> ThreadRuntime::devices_for(const Mesh& mesh) {
+  if (num_devices() != mesh.num_devices())
+    throw RuntimeError(fmt::format("load: the program is partitioned for mesh {} ({} devices) but the runtime has {} "
+                                   "devices; make the ThreadRuntime with mesh.num_devices()",
+                                   mesh.to_string(), mesh.num_devices(), num_devices()));
+  std::vector<int64_t> pos(static_cast<std::size_t>(num_devices()));
+  for (int64_t d = 0; d < num_devices(); ++d) pos[static_cast<std::size_t>(d)] = d;
+  return pos;
+}
+
+std::unique_ptr<CollectiveWorld> ThreadRuntime::make_world(const Mesh& mesh,
+                                                           const std::vector<std::vector<std::string>>& /*axes*/,
+                                                           double timeout_s) {
+  ThreadWorldOptions wo;
+  wo.timeout_seconds = timeout_s;
+  return std::make_unique<ThreadWorld>(mesh, wo);  // groups are created on first request
+}
+
+std::vector<HostTensor> ThreadRuntime::allgather_shards(const Mesh& /*mesh*/, std::vector<HostTensor> local) {
+  return local;
 }
 
 }  // namespace tessel

@@ -12,6 +12,12 @@
 // collectives use (as ncclCommSplit would be called at load, never in the step loop). run()
 // only enqueues work on the runtime's persistent device threads and streams.
 //
+// The runtime may be a ThreadRuntime (every device here) or an MpiRuntime (this process owns a
+// block of the mesh's devices; see docs/runtime-mpi.md). On a multi-process runtime every
+// process runs the same calls in the same order (SPMD): load, to_device, run and to_host are
+// collective over the processes; arrays hold this process's shards only, and to_host
+// returns the whole tensor on every process.
+//
 // Thread safety: run() may be called from several threads at once; runs of one loaded
 // executable (and of everything loaded on one runtime) execute one at a time, and each run
 // returns its own outputs and statistics. cancel() may be called from any thread: it aborts
@@ -29,6 +35,7 @@
 #include "tessel/program.hpp"
 #include "tessel/runtime/sharded_array.hpp"
 #include "tessel/runtime/tensor.hpp"
+#include "tessel/runtime/runtime.hpp"
 #include "tessel/runtime/thread_runtime.hpp"
 
 namespace tessel {
@@ -38,7 +45,8 @@ class Executable;
 struct LoadOptions {
   // A collective waiting longer than this for its peers aborts the run with an error naming
   // it. 0 or infinity: no timeout. NaN or negative: load throws RuntimeError naming
-  // collective_timeout_s.
+  // collective_timeout_s. On an MpiRuntime, 0 means the runtime's timeout
+  // (MpiRuntimeOptions::timeout_s): a multi-process run never waits forever.
   double collective_timeout_s = 0;
   // Donation, (input name, output name) pairs: the input's buffers are given to the run and
   // may become the output's (in-place update, as an optimizer step needs); the input array
@@ -64,7 +72,7 @@ struct RunOptions {
 };
 
 struct RunStats {
-  std::vector<int64_t> peak_bytes;  // per device: inputs, live intermediates and scratch
+  std::vector<int64_t> peak_bytes;  // per local device: inputs, live intermediates and scratch
   double seconds = 0;               // wall time of the device phase
 };
 
@@ -83,7 +91,9 @@ class LoadedExecutable {
   // v2 with its memory plan; program().memory_plan().peak_bytes() per device).
   const Program& program() const;
   const Mesh& mesh() const;
-  ThreadRuntime& runtime() const;
+  Runtime& runtime() const;
+  // The mesh positions of this process's devices (all of them on a ThreadRuntime).
+  const std::vector<int64_t>& local_devices() const;
 
   const std::vector<std::string>& input_names() const;   // graph input order
   const std::vector<std::string>& output_names() const;  // graph output order
@@ -116,12 +126,12 @@ class LoadedExecutable {
 
  private:
   explicit LoadedExecutable(std::unique_ptr<Impl> impl);
-  friend LoadedExecutable load(const Executable&, ThreadRuntime&, const LoadOptions&);
+  friend LoadedExecutable load(const Executable&, Runtime&, const LoadOptions&);
   std::unique_ptr<Impl> impl_;
 };
 
-// Loads `exe` on `runtime` (which must have exe.mesh().num_devices() devices). The runtime
-// must outlive the loaded executable.
-LoadedExecutable load(const Executable& exe, ThreadRuntime& runtime, const LoadOptions& options = {});
+// Loads `exe` on `runtime` (a ThreadRuntime must have exe.mesh().num_devices() devices; an
+// MpiRuntime's world size must divide it). The runtime must outlive the loaded executable.
+LoadedExecutable load(const Executable& exe, Runtime& runtime, const LoadOptions& options = {});
 
 }  // namespace tessel

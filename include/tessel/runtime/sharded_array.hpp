@@ -4,6 +4,9 @@
 // stay on the devices between steps; moving data to or from the host is explicit
 // (LoadedExecutable::to_device / to_host).
 //
+// On a multi-process runtime (MpiRuntime) an array holds only the shards of this process's
+// devices (devices() lists their mesh positions), like a JAX Array's addressable shards.
+//
 // Copies share the buffers (an array is an immutable value). Donating an array to a run
 // (LoadOptions::donate) deletes it: every copy then reports deleted() and refuses to be used
 // again, as in JAX. Not thread-safe against a concurrent donation of the same array.
@@ -27,6 +30,9 @@ class ShardedArray {
   ShardedArray() = default;
   ShardedArray(std::string name, DType dtype, Shape global_shape, Sharding sharding, Shape local_shape,
                std::vector<std::shared_ptr<Buffer>> shards);
+  // Shards of the devices at mesh positions `devices` only (same length as shards).
+  ShardedArray(std::string name, DType dtype, Shape global_shape, Sharding sharding, Shape local_shape,
+               std::vector<std::shared_ptr<Buffer>> shards, std::vector<int64_t> devices);
 
   const std::string& name() const { return name_; }  // the program value it was made for
   DType dtype() const { return dtype_; }
@@ -36,8 +42,12 @@ class ShardedArray {
   // Empty (default-constructed) arrays have no storage; donated ones are deleted.
   bool valid() const { return storage_ && !storage_->deleted; }
   bool deleted() const { return storage_ && storage_->deleted; }
-  int64_t num_shards() const { return storage_ ? static_cast<int64_t>(storage_->shards.size()) : 0; }
-  // The buffer of device d (throws RuntimeError when the array is empty or deleted).
+  // The shards this process holds (every device of the mesh on a single-process runtime).
+  int64_t num_shards() const { return static_cast<int64_t>(devices_.size()); }
+  // Their mesh positions, in local device order.
+  const std::vector<int64_t>& devices() const { return devices_; }
+  // The buffer of the device at mesh position `device` (throws RuntimeError when the array is
+  // empty or deleted, or when this process does not hold that device).
   const std::shared_ptr<Buffer>& shard(int64_t device) const;
   // "f32[8,16] [{data}, {}] (%x, 4 shards)"
   std::string to_string() const;
@@ -55,6 +65,7 @@ class ShardedArray {
   Shape shape_;
   Sharding sharding_;
   Shape local_shape_;
+  std::vector<int64_t> devices_;
   std::shared_ptr<Storage> storage_;
 };
 

@@ -30,6 +30,7 @@
 #include "tessel/common.hpp"
 #include "tessel/mesh.hpp"
 #include "tessel/runtime/communicator.hpp"
+#include "tessel/runtime/runtime.hpp"
 
 namespace tessel {
 
@@ -50,10 +51,10 @@ namespace detail {
 struct ThreadGroupState;
 }
 
-class ThreadWorld {
+class ThreadWorld : public CollectiveWorld {
  public:
   explicit ThreadWorld(const Mesh& mesh, ThreadWorldOptions options = {});
-  ~ThreadWorld();
+  ~ThreadWorld() override;
   ThreadWorld(const ThreadWorld&) = delete;
   ThreadWorld& operator=(const ThreadWorld&) = delete;
 
@@ -65,11 +66,11 @@ class ThreadWorld {
   // is created on first request. The communicator must not outlive the world. Throws
   // MeshError for an unknown axis or a position out of range, RuntimeError when aborted.
   std::unique_ptr<Communicator> communicator(int64_t position,
-                                             const std::vector<std::string>& axes);
+                                             const std::vector<std::string>& axes) override;
 
   // Marks the world failed (the first reason wins) and wakes every blocked member.
-  void abort(std::string reason);
-  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  void abort(std::string reason) override;
+  bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
   // The reason given to the first abort(); empty while not aborted.
   std::string abort_reason() const;
 

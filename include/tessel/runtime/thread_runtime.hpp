@@ -10,6 +10,9 @@
 // mesh) the constructor throws RuntimeError naming the device and the reason, after stopping
 // and joining every thread already started.
 //
+// As a Runtime (runtime.hpp) it runs meshes of exactly num_devices() devices, all local, with
+// an in-process ThreadWorld for the collectives. MpiRuntime runs its local devices on one.
+//
 // Thread safety: run_on_devices may be called from several threads; the jobs run one at a
 // time (each job on all devices at once). The streams of a device are used by its thread
 // during a job and by transfers (the transfer stream) from any thread.
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "tessel/runtime/backend.hpp"
+#include "tessel/runtime/runtime.hpp"
 
 namespace tessel {
 
@@ -38,10 +42,10 @@ namespace detail {
 struct RuntimeDevice;
 }
 
-class ThreadRuntime {
+class ThreadRuntime : public Runtime {
  public:
   explicit ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options = {});
-  ~ThreadRuntime();  // stops and joins every device thread (no job may be running)
+  ~ThreadRuntime() override;  // stops and joins every device thread (no job may be running)
   ThreadRuntime(const ThreadRuntime&) = delete;
   ThreadRuntime& operator=(const ThreadRuntime&) = delete;
 
@@ -56,6 +60,16 @@ class ThreadRuntime {
   // Runs job(device) on every device's thread at once and waits for all of them. Returns
   // each device's exception (nullptr when it returned normally). Jobs are serialised.
   std::vector<std::exception_ptr> run_on_devices(const std::function<void(int64_t device)>& job);
+
+  // Runtime: every device local, positions 0..num_devices()-1, a ThreadWorld.
+  std::string name() const override { return "threads"; }
+  int process_rank() const override { return 0; }
+  int process_count() const override { return 1; }
+  std::vector<int64_t> devices_for(const Mesh& mesh) override;
+  ThreadRuntime& local() override { return *this; }
+  std::unique_ptr<CollectiveWorld> make_world(const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
+                                              double timeout_s) override;
+  std::vector<HostTensor> allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) override;
 
  private:
   ThreadRuntimeOptions options_;

@@ -1,0 +1,95 @@
+// tessel-bench-mpi: bus bandwidth of the MPI runtime's collectives against memcpy.
+//
+//   mpirun -np 2 build/bin/tessel-bench-mpi [--max-mib 64] [--iters N]
+//
+// One device per process on a mesh x=<np>; each collective is enqueued on the device's
+// communication stream (as the executor does) and timed over N calls after a warm-up.
+// busbw as nccl-tests defines it: all_reduce algbw·2(n-1)/n, all_gather and reduce_scatter
+// algbw·(n-1)/n, with algbw = bytes of the full buffer / time. memcpy: one thread copying
+// the same number of bytes (rank 0), the ceiling of a shared-memory transport. Rank 0 prints.
+#include <mpi.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/thread_runtime.hpp"
+
+using namespace tessel;
+
+int main(int argc, char** argv) {
+  int max_mib = 64, iters = 0;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--max-mib") max_mib = std::stoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--iters") iters = std::stoi(argv[i + 1]);
+  }
+  try {
+    MpiRuntime rt;
+    const int n = rt.world_size();
+    Mesh mesh = Mesh::parse(fmt::format("x={}", n));
+    auto mine = rt.devices_for(mesh);
+    auto world = rt.make_world(mesh, {{"x"}}, 0);
+    auto comm = world->communicator(mine[0], {"x"});
+    ThreadRuntime& lr = rt.local();
+    Backend& be = lr.backend(0);
+    Stream& s = lr.comm_stream(0);
+    if (rt.rank() == 0)
+      fmt::print("{:<15} {:>10} {:>8} {:>12} {:>12} {:>14}\n", "collective", "bytes", "iters", "time (us)",
+                 "busbw (GB/s)", "memcpy (GB/s)");
+    for (std::size_t bytes = 64 << 10; bytes <= (static_cast<std::size_t>(max_mib) << 20); bytes *= 4) {
+      const std::size_t count = bytes / 4;
+      auto a = be.allocate(bytes), b = be.allocate(bytes);
+      std::vector<char> host(bytes, 1);
+      be.copy_from_host(*a, host.data(), bytes, s);
+      be.copy_from_host(*b, host.data(), bytes, s);
+      s.synchronize();
+      const int it = iters > 0 ? iters : static_cast<int>(std::max<std::size_t>(3, (256u << 20) / bytes));
+      // memcpy baseline on rank 0 (the others wait at the barrier).
+      double memcpy_gbs = 0;
+      if (rt.rank() == 0) {
+        std::vector<char> x(bytes, 1), y(bytes);
+        std::memcpy(y.data(), x.data(), bytes);
+        auto t0 = std::chrono::steady_clock::now();
+        for (int k = 0; k < it; ++k) {
+          std::memcpy(y.data(), x.data(), bytes);
+          x[k % bytes] = y[(k * 7) % bytes];
+        }
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / it;
+        memcpy_gbs = static_cast<double>(bytes) / sec / 1e9;
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      struct Case {
+        const char* name;
+        double factor;
+      };
+      for (const Case c : {Case{"all_reduce", 2.0 * (n - 1) / n}, Case{"all_gather", 1.0 * (n - 1) / n},
+                           Case{"reduce_scatter", 1.0 * (n - 1) / n}}) {
+        auto one = [&] {
+          if (c.name[4] == 'r') comm->all_reduce(a->data(), b->data(), count, DType::f32, ReduceOp::Sum, s);
+          else if (c.name[4] == 'g') comm->all_gather(a->data(), b->data(), bytes / static_cast<std::size_t>(n), s);
+          else comm->reduce_scatter(a->data(), b->data(), count / static_cast<std::size_t>(n), DType::f32, ReduceOp::Sum, s);
+        };
+        one();
+        s.synchronize();
+        MPI_Barrier(MPI_COMM_WORLD);
+        auto t0 = std::chrono::steady_clock::now();
+        for (int k = 0; k < it; ++k) one();
+        s.synchronize();
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / it;
+        const double busbw = static_cast<double>(bytes) / sec / 1e9 * c.factor;
+        if (rt.rank() == 0)
+          fmt::print("{:<15} {:>10} {:>8} {:>12.1f} {:>12.2f} {:>14.2f}\n", c.name, bytes, it, sec * 1e6, busbw,
+                     memcpy_gbs);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessel-bench-mpi: error: %s\n", e.what());
+    return 1;
+  }
+}

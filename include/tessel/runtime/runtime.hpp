@@ -1,0 +1,61 @@
+// tessel/runtime/runtime.hpp — what load() needs from a runtime: which devices of the mesh
+// this process owns, the threads/backends/streams that run them, the collective world the
+// program's communicators come from, and the host exchange behind to_host.
+//
+// Two runtimes implement it: ThreadRuntime (every device of the mesh is a thread of this
+// process) and MpiRuntime (processes launched by mpirun, each owning a block of the mesh's
+// devices, which are threads of that process). Both run their local devices on the same
+// ThreadRuntime machinery (local()); they differ only in where the devices live and how
+// collectives cross processes. A CUDA runtime would plug in here the same way.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/mesh.hpp"
+#include "tessel/runtime/communicator.hpp"
+#include "tessel/runtime/tensor.hpp"
+
+namespace tessel {
+
+class ThreadRuntime;
+
+// The communicators of one loaded program (as a set of ncclComms made by ncclCommSplit at
+// load), and the abort that stops every member of every group, in every process.
+class CollectiveWorld {
+ public:
+  virtual ~CollectiveWorld() = default;
+  // The communicator of the local device `position` for its group mesh.group(position, axes).
+  virtual std::unique_ptr<Communicator> communicator(int64_t position, const std::vector<std::string>& axes) = 0;
+  // Fails every pending and later collective of the world (the first reason wins); on a
+  // multi-process runtime the other processes are told too.
+  virtual void abort(std::string reason) = 0;
+  virtual bool aborted() const = 0;
+};
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  virtual std::string name() const = 0;  // "threads", "mpi"
+  virtual int process_rank() const = 0;   // 0 on a single-process runtime
+  virtual int process_count() const = 0;  // 1 on a single-process runtime
+
+  // The mesh positions of this process's devices for programs on `mesh`: local device i
+  // runs position devices_for(mesh)[i]. Throws RuntimeError naming the mesh and the runtime
+  // when the runtime cannot run it (wrong device count, world size that does not divide it).
+  virtual std::vector<int64_t> devices_for(const Mesh& mesh) = 0;
+  // The local devices (threads, backends, streams), indexed by local device.
+  virtual ThreadRuntime& local() = 0;
+  // A collective world for `mesh` with the communicators of every group of every entry of
+  // `axes` created now (collective over the processes: every process calls it in the same
+  // order). timeout_s > 0: a member waiting longer for its peers fails the collective.
+  virtual std::unique_ptr<CollectiveWorld> make_world(const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
+                                                      double timeout_s) = 0;
+  // Every device's shard (position order) from this process's local shards (local order);
+  // all shards have the same dtype and shape. Collective over the processes.
+  virtual std::vector<HostTensor> allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) = 0;
+};
+
+}  // namespace tessel

@@ -1,0 +1,66 @@
+// mpi_failure: a program run under mpirun in which one rank fails, to check that every
+// other rank fails too, within the timeout, with an error naming the rank and the collective
+// (tests/mpi/run_failure.cmake checks the output).
+//
+//   mpirun -np N tessel-mpi-failure MODE [--timeout S]
+//   MODE  throw: rank 1 feeds an out-of-range embedding id, so its gather kernel throws
+//         kill:  rank 1 SIGKILLs itself just before the run
+//         ok:    nobody fails (the control)
+//
+// Every rank prints one line "rank R: ok" or "rank R: error: <message>" and exits 0 / 3.
+// After a failure it leaves with _exit (no MPI_Finalize, which could wait for a dead peer).
+#include <signal.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <string>
+
+#include "tessel/builders.hpp"
+#include "tessel/executable.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/mpi_runtime.hpp"
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "ok";
+  double timeout = 10;
+  for (int i = 2; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--timeout") timeout = std::stod(argv[i + 1]);
+  int rank = -1;
+  try {
+    tessel::MpiRuntimeOptions mo;
+    mo.timeout_s = timeout;
+    tessel::MpiRuntime rt(mo);
+    rank = rt.rank();
+    const int64_t n = rt.world_size();
+    // loss = sum(gather(table, ids)): ids sharded over the devices, so the sum is an all_reduce.
+    tessel::Graph g;
+    tessel::Mesh mesh = tessel::Mesh::parse(fmt::format("data={}", n));
+    auto table = tessel::input(g, "table", tessel::DType::f32, {16, 8});
+    auto ids = tessel::input(g, "ids", tessel::DType::i32, {4 * n});
+    auto y = tessel::reduce_sum(tessel::gather(table, ids), {0, 1});
+    g.annotate(ids, tessel::Sharding::of({{"data"}}));
+    g.mark_output(y);
+    g.mesh = mesh;
+    tessel::Executable exe = tessel::compile(g, mesh);
+    tessel::LoadedExecutable prog = tessel::load(exe, rt);
+    tessel::HostTensor t(tessel::DType::f32, {16, 8});
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, 0.25 * static_cast<double>(i % 7));
+    tessel::HostTensor id(tessel::DType::i32, {4 * n});
+    for (int64_t i = 0; i < id.numel(); ++i) id.set(i, static_cast<double>(i % 16));
+    if (mode == "throw" && rank == 1) id.set(4, 1000);  // rank 1's first id: out of range
+    auto a = prog.to_device("table", t);
+    auto b = prog.to_device("ids", id);
+    if (mode == "kill" && rank == 1) ::raise(SIGKILL);
+    auto r = prog.run({a, b});
+    double v = prog.to_host(r.outputs[0]).get(0);
+    std::printf("rank %d: ok (loss %.3f)\n", rank, v);
+    std::fflush(stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::printf("rank %d: error: %s\n", rank, e.what());
+    std::fflush(stdout);
+    ::_exit(3);
+  }
+}

@@ -1,0 +1,51 @@
+# The MPI tests (label mpi), included from tests/CMakeLists.txt when TESSEL_WITH_MPI is ON:
+# the Catch2 MPI suite on 2 and 4 processes, the failure driver (a throwing rank, a killed
+# rank), and the gpt example under mpiexec with one and two devices per process. Processes
+# talk over loopback / shared memory; Open MPI needs --oversubscribe on a 2-core machine and
+# permission to run as root (CI runs as root): both are given through the environment
+# (OMPI_* variables, ignored by other MPIs).
+if(NOT TESSEL_WITH_MPI)
+  return()
+endif()
+# Not in the sanitizer builds (scripts/test-sanitizers): libmpi is not instrumented, so TSan
+# reports its internal synchronisation as races and LSan its one-time allocations as leaks.
+# The in-process runtime (the same executor, streams and thread communicator) is covered there.
+if(TESSEL_SANITIZE_ADDRESS OR TESSEL_SANITIZE_THREAD)
+  return()
+endif()
+set(_mpi_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;TESSEL_MPI_TIMEOUT_S=120")
+
+add_executable(tessel_tests_mpi ${CMAKE_CURRENT_LIST_DIR}/../main.cpp ${CMAKE_CURRENT_LIST_DIR}/test_mpi.cpp)
+target_link_libraries(tessel_tests_mpi PRIVATE tessel::tessel Catch2::Catch2 fmt::fmt MPI::MPI_CXX)
+target_compile_options(tessel_tests_mpi PRIVATE ${TESSEL_TEST_WARNINGS})
+target_compile_definitions(tessel_tests_mpi PRIVATE
+  TESSEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TESSEL_BINARY_DIR="${CMAKE_BINARY_DIR}")
+
+add_executable(tessel_mpi_failure ${CMAKE_CURRENT_LIST_DIR}/mpi_failure.cpp)
+target_link_libraries(tessel_mpi_failure PRIVATE tessel::tessel fmt::fmt)
+target_compile_options(tessel_mpi_failure PRIVATE ${TESSEL_TEST_WARNINGS})
+set_target_properties(tessel_mpi_failure PROPERTIES OUTPUT_NAME tessel-mpi-failure)
+
+set(_mpi_tests "")
+foreach(np 2 4)
+  add_test(NAME "mpi: suite on ${np} processes"
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:tessel_tests_mpi> ${MPIEXEC_POSTFLAGS})
+  list(APPEND _mpi_tests "mpi: suite on ${np} processes")
+endforeach()
+foreach(mode ok throw kill)
+  add_test(NAME "mpi: failure '${mode}' on rank 1 of 4"
+           COMMAND ${CMAKE_COMMAND} -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DNP=4 -DEXE=$<TARGET_FILE:tessel_mpi_failure>
+                   -DMODE=${mode} -P ${CMAKE_CURRENT_LIST_DIR}/run_failure.cmake)
+  list(APPEND _mpi_tests "mpi: failure '${mode}' on rank 1 of 4")
+endforeach()
+if(TARGET tessel_example_gpt)
+  foreach(np 4 2)
+    add_test(NAME "mpi: gpt data=2 model=2 on ${np} processes matches one device"
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${MPIEXEC_PREFLAGS}
+                     $<TARGET_FILE:tessel_example_gpt> --mesh data=2,model=2 --seed 1 --iters 1 ${MPIEXEC_POSTFLAGS})
+    list(APPEND _mpi_tests "mpi: gpt data=2 model=2 on ${np} processes matches one device")
+  endforeach()
+endif()
+# RUN_SERIAL: 4 processes × their device and stream threads already oversubscribe 2 cores.
+set_tests_properties(${_mpi_tests} PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE ENVIRONMENT "${_mpi_env}")

@@ -1,0 +1,298 @@
+// Tests of the MPI runtime, run under mpiexec with 2 and 4 processes (tests/mpi/mpi_tests.cmake):
+// every process runs every test case in the same order (SPMD). Failures across processes
+// (a throwing or killed rank) are tested by tessel-mpi-failure (run_failure.cmake), since a
+// failed job cannot continue in the same processes.
+#include <mpi.h>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+#include "../unit/test_util.hpp"
+#include "tessel/executable.hpp"
+#include "tessel/ops.hpp"
+#include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/launch.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/reference.hpp"
+#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/text.hpp"
+
+using namespace tessel;
+
+namespace {
+
+// The same value on every process (rank 0's).
+uint64_t bcast(uint64_t v) {
+  unsigned long long x = v;
+  MPI_Bcast(&x, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  return x;
+}
+
+MpiRuntimeOptions test_options(StreamMode mode = StreamMode::Async) {
+  MpiRuntimeOptions o;
+  o.stream_mode = mode;
+  o.timeout_s = 120;
+  return o;
+}
+
+// Value of element i of device p's send buffer.
+float val(int64_t p, std::size_t i) { return static_cast<float>((p + 1) * 100 + static_cast<int64_t>(i % 37)) * 0.5f; }
+
+}  // namespace
+
+TEST_CASE("mpi: rank and world size agree with the launcher's environment", "[mpi]") {
+  MpiRuntime rt(test_options());
+  LaunchInfo l = detect_launch();
+  CHECK(l.source == "mpi");
+  CHECK(l.rank == rt.rank());
+  CHECK(l.world_size == rt.world_size());
+  CHECK(l.local_rank == rt.local_rank());
+  CHECK(launched_by_mpi());
+  CHECK(mpi_compiled());
+}
+
+TEST_CASE("mpi: collectives of groups within and across processes", "[mpi]") {
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // x=W,y=2: y groups are inside a process, x groups have a member per process; x=2,y=W:
+  // groups with several members in one process and processes in several groups.
+  for (const std::string& spec : {fmt::format("x={},y=2", world), fmt::format("x=2,y={}", world)}) {
+    Mesh mesh = Mesh::parse(spec);
+    MpiRuntime rt(test_options(mode));
+    std::vector<int64_t> mine = rt.devices_for(mesh);
+    REQUIRE(static_cast<int64_t>(mine.size()) * world == mesh.num_devices());
+    const std::vector<std::vector<std::string>> axes_list = {{"x"}, {"y"}, {"x", "y"}};
+    auto cw = rt.make_world(mesh, axes_list, 60);
+    ThreadRuntime& lr = rt.local();
+    for (const auto& axes : axes_list) {
+      INFO("mesh " << spec << " axes " << join(axes, ",") << " streams " << stream_mode_name(mode));
+      const std::size_t count = 10;  // elements per rank block (not a multiple of the group size)
+      std::vector<std::string> failures(mine.size());
+      auto errors = lr.run_on_devices([&](int64_t d) {
+        const int64_t p = mine[static_cast<std::size_t>(d)];
+        auto group = mesh.group(p, axes);
+        const int n = static_cast<int>(group.size());
+        const int me = static_cast<int>(mesh.index_in_group(p, axes));
+        auto comm = cw->communicator(p, axes);
+        Backend& be = lr.backend(d);
+        Stream& s = lr.comm_stream(d);
+        const std::size_t total = count * static_cast<std::size_t>(n);
+        std::vector<float> host(total);
+        for (std::size_t i = 0; i < total; ++i) host[i] = val(p, i);
+        auto send = be.allocate(total * 4), recv = be.allocate(total * 4);
+        std::vector<float> out(total);
+        auto fail = [&](const std::string& what, std::size_t i, float got, float want) {
+          if (failures[d].empty())
+            failures[d] = fmt::format("device {} {}: element {} is {} but should be {}", p, what, i, got, want);
+        };
+        // all_reduce (sum, f32), in place.
+        be.copy_from_host(*send, host.data(), total * 4, s);
+        comm->all_reduce(send->data(), send->data(), total, DType::f32, ReduceOp::Sum, s);
+        be.copy_to_host(out.data(), *send, total * 4, s);
+        s.synchronize();
+        for (std::size_t i = 0; i < total; ++i) {
+          float want = 0;
+          for (int64_t q : group) want += val(q, i);
+          if (std::fabs(out[i] - want) > 1e-3f * std::fabs(want)) fail("all_reduce", i, out[i], want);
+        }
+        // all_gather of each member's first block.
+        be.copy_from_host(*send, host.data(), count * 4, s);
+        comm->all_gather(send->data(), recv->data(), count * 4, s);
+        be.copy_to_host(out.data(), *recv, total * 4, s);
+        s.synchronize();
+        for (int j = 0; j < n; ++j)
+          for (std::size_t i = 0; i < count; ++i)
+            if (out[j * count + i] != val(group[j], i)) fail("all_gather", j * count + i, out[j * count + i], val(group[j], i));
+        // reduce_scatter (max).
+        be.copy_from_host(*send, host.data(), total * 4, s);
+        comm->reduce_scatter(send->data(), recv->data(), count, DType::f32, ReduceOp::Max, s);
+        be.copy_to_host(out.data(), *recv, count * 4, s);
+        s.synchronize();
+        for (std::size_t i = 0; i < count; ++i) {
+          float want = -1e30f;
+          for (int64_t q : group) want = std::max(want, val(q, me * count + i));
+          if (out[i] != want) fail("reduce_scatter", i, out[i], want);
+        }
+        // all_to_all: block j of member k goes to member j.
+        be.copy_from_host(*send, host.data(), total * 4, s);
+        comm->all_to_all(send->data(), recv->data(), count * 4, s);
+        be.copy_to_host(out.data(), *recv, total * 4, s);
+        s.synchronize();
+        for (int j = 0; j < n; ++j)
+          for (std::size_t i = 0; i < count; ++i)
+            if (out[j * count + i] != val(group[j], me * count + i))
+              fail("all_to_all", j * count + i, out[j * count + i], val(group[j], me * count + i));
+        // broadcast from the last member; barrier.
+        be.copy_from_host(*send, host.data(), count * 4, s);
+        comm->broadcast(send->data(), count * 4, n - 1, s);
+        comm->barrier(s);
+        be.copy_to_host(out.data(), *send, count * 4, s);
+        s.synchronize();
+        for (std::size_t i = 0; i < count; ++i)
+          if (out[i] != val(group[n - 1], i)) fail("broadcast", i, out[i], val(group[n - 1], i));
+        // collective_permute: a ring, inside a group call.
+        be.copy_from_host(*send, host.data(), count * 4, s);
+        comm->group_start();
+        comm->collective_permute(send->data(), (me + 1) % n, recv->data(), (me + n - 1) % n, count * 4, s);
+        comm->group_end();
+        be.copy_to_host(out.data(), *recv, count * 4, s);
+        s.synchronize();
+        for (std::size_t i = 0; i < count; ++i)
+          if (out[i] != val(group[(me + n - 1) % n], i)) fail("collective_permute", i, out[i], val(group[(me + n - 1) % n], i));
+        // bf16 and i32 all_reduce: every member gets the same bits.
+        std::vector<uint16_t> hb(total);
+        for (std::size_t i = 0; i < total; ++i) hb[i] = f32_to_bf16(val(p, i) * 0.01f);
+        be.copy_from_host(*send, hb.data(), total * 2, s);
+        comm->all_reduce(send->data(), recv->data(), total, DType::bf16, ReduceOp::Sum, s);
+        std::vector<uint16_t> ob(total);
+        be.copy_to_host(ob.data(), *recv, total * 2, s);
+        std::vector<int32_t> hi(total), oi(total);
+        for (std::size_t i = 0; i < total; ++i) hi[i] = static_cast<int32_t>(p * 1000 + static_cast<int64_t>(i));
+        be.copy_from_host(*send, hi.data(), total * 4, s);
+        comm->all_reduce(send->data(), recv->data(), total, DType::i32, ReduceOp::Sum, s);
+        be.copy_to_host(oi.data(), *recv, total * 4, s);
+        s.synchronize();
+        for (std::size_t i = 0; i < total; ++i) {
+          float want = 0;
+          for (int64_t q : group) want += bf16_to_f32(f32_to_bf16(val(q, i) * 0.01f));
+          if (std::fabs(bf16_to_f32(ob[i]) - want) > 0.02f * std::fabs(want)) fail("bf16 all_reduce", i, bf16_to_f32(ob[i]), want);
+          int64_t wi = 0;
+          for (int64_t q : group) wi += q * 1000 + static_cast<int64_t>(i);
+          if (oi[i] != wi) fail("i32 all_reduce", i, static_cast<float>(oi[i]), static_cast<float>(wi));
+        }
+      });
+      for (std::size_t d = 0; d < errors.size(); ++d) {
+        if (errors[d]) {
+          try {
+            std::rethrow_exception(errors[d]);
+          } catch (const std::exception& e) {
+            FAIL("device " << mine[d] << ": " << e.what());
+          }
+        }
+        INFO(failures[d]);
+        CHECK(failures[d].empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("mpi: a launch that does not fit the mesh is an error at load", "[mpi]") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  Graph g;
+  auto x = input(g, "x", DType::f32, {8});
+  g.mark_output(neg(x));
+  {
+    Mesh mesh = Mesh::parse(fmt::format("x={}", world + 1));  // world + 1 is never divisible by world > 1
+    g.mesh = mesh;
+    Executable exe = compile(g, mesh);
+    MpiRuntime rt(test_options());
+    try {
+      load(exe, rt);
+      FAIL("load should throw");
+    } catch (const RuntimeError& e) {
+      const std::string msg = e.what();
+      CHECK(msg.find(fmt::format("world size {}", world)) != std::string::npos);
+      CHECK(msg.find(mesh.to_string()) != std::string::npos);
+    }
+  }
+  {
+    Mesh mesh = Mesh::parse(fmt::format("x={}", world));
+    g.mesh = mesh;
+    Executable exe = compile(g, mesh);
+    MpiRuntimeOptions o = test_options();
+    o.process_of_device.assign(static_cast<std::size_t>(world), 0);  // rank 0 owns everything
+    MpiRuntime rt(o);
+    CHECK_THROWS_WITH(load(exe, rt), Catch::Contains("rank 1 owns no device"));
+  }
+}
+
+TEST_CASE("mpi: explicit device map with named inputs and sharded outputs gathered on every process", "[mpi]") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  Mesh mesh = Mesh::parse(fmt::format("data={},model=2", world));
+  Graph g;
+  auto x = input(g, "x", DType::f32, {4 * world, 6});
+  auto w = input(g, "w", DType::f32, {6, 8});
+  auto y = einsum("bd,df->bf", x, w);
+  g.annotate(x, Sharding::of({{"data"}, {}}));
+  g.annotate(w, Sharding::of({{}, {"model"}}));
+  g.mark_output(y);
+  g.mesh = mesh;
+  Executable exe = compile(g, mesh);
+  MpiRuntimeOptions o = test_options();
+  // Round-robin: device p on rank p % world (not contiguous).
+  for (int64_t p = 0; p < mesh.num_devices(); ++p) o.process_of_device.push_back(static_cast<int>(p % world));
+  MpiRuntime rt(o);
+  LoadedExecutable prog = load(exe, rt);
+  for (int64_t p : prog.local_devices()) CHECK(p % world == rt.rank());
+  auto inputs = random_inputs(g, 7);
+  auto r = prog.run_named({{"x", prog.to_device("x", inputs[0])}, {"w", prog.to_device("w", inputs[1])}});
+  HostTensor got = prog.to_host(r.outputs[0], /*check_replicas=*/true);
+  auto want = run_reference(g, inputs);
+  CHECK(compare(got, want[0], max_abs(inputs)).max_rel_err <= 1e-5);
+  CHECK(prog.shards_to_host(r.outputs[0]).size() == static_cast<std::size_t>(mesh.num_devices()));
+}
+
+TEST_CASE("mpi: file rendezvous between the processes", "[mpi]") {
+  MpiRuntime rt(test_options());
+  const uint64_t id = bcast(static_cast<uint64_t>(std::random_device{}()));
+  const std::string dir = fmt::format("{}/mpi-rendezvous-{}", TESSEL_BINARY_DIR, id);
+  auto all = file_rendezvous(dir, "job", rt.rank(), rt.world_size(), fmt::format("hello from {}\n\0x", rt.rank()), 60);
+  REQUIRE(static_cast<int>(all.size()) == rt.world_size());
+  for (int r = 0; r < rt.world_size(); ++r) CHECK(all[r] == fmt::format("hello from {}\n\0x", r));
+}
+
+TEST_CASE("mpi: property: partitioned run on the MPI runtime == reference", "[mpi][property]") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const uint64_t seed = bcast(tessel_test::seed());
+  const int cases = tessel_test::cases(40);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) fmt::print("mpi property test: seed {} (TESSEL_SEED), {} cases, {} processes\n", seed, cases, world);
+  std::mt19937_64 rng(seed);
+  std::vector<OpKind> kinds;
+  for (OpKind k : all_op_kinds())
+    if (op_def(k).sample && k != OpKind::Input) kinds.push_back(k);
+  int done = 0;
+  for (int c = 0; c < cases; ++c) {
+    OpKind k = kinds[static_cast<std::size_t>(c) % kinds.size()];
+    const uint64_t case_seed = rng();
+    std::mt19937_64 crng(case_seed);
+    Mesh mesh = tessel_test::random_mesh(crng);
+    while (mesh.num_devices() % world != 0) mesh = tessel_test::random_mesh(crng);
+    SampleGen cr{crng, [&](const Shape& s) { return tessel_test::random_sharding_for(crng, mesh, s, false); }};
+    Graph g;
+    Tensor out = op_def(k).sample(g, cr);
+    g.mark_output(out);
+    for (int v : g.inputs)
+      if (cr.coin(0.8)) g.annotate(v, tessel_test::random_sharding_for(crng, mesh, g.values[v].shape, false));
+    g.mesh = mesh;
+    INFO("seed " << seed << " (TESSEL_SEED) case " << c << " op " << op_name(k) << " on " << world
+                 << " processes\n" << print_graph(g));
+    Executable exe = compile(g, mesh);
+    auto inputs = random_inputs(g, case_seed);
+    MpiRuntime rt(test_options(c % 2 ? StreamMode::Eager : StreamMode::Async));
+    LoadedExecutable prog = load(exe, rt);
+    std::vector<ShardedArray> args;
+    for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
+    RunOptions ro;
+    ro.poison = true;
+    auto r = prog.run(args, ro);
+    auto want = run_reference(g, inputs);
+    REQUIRE(r.outputs.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      CompareResult cmp = compare(prog.to_host(r.outputs[i], /*check_replicas=*/true), want[i], max_abs(inputs));
+      INFO(cmp.to_string());
+      REQUIRE(cmp.max_rel_err <= 1e-5);
+    }
+    ++done;
+  }
+  CHECK(done == cases);
+}
