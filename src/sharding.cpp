@@ -166,7 +166,8 @@ int64_t Sharding::shard_index(int dim, const Mesh& mesh, int64_t position) const
   return mesh.index_in_group(position, dims.at(static_cast<std::size_t>(dim)).axes);
 }
 
-void Sharding::validate(const Mesh& mesh, const Shape& global, std::string_view what) const {
+void Sharding::validate(const Mesh& mesh, const Shape& global, std::string_view what,
+                        bool allow_uneven) const {
   if (dims.size() != global.size())
     throw ShardingError(fmt::format(
         "{}: sharding {} has {} dims but the value has shape {} (rank {}): give one {{...}} "
@@ -184,7 +185,7 @@ void Sharding::validate(const Mesh& mesh, const Shape& global, std::string_view 
             "dim once", what, to_string(), a, d));
     }
     int64_t n = mesh.axes_size(dims[d].axes);
-    if (global[d] % n != 0) {
+    if (!allow_uneven && global[d] % n != 0) {
       // Suggest the axes prefix that would divide.
       std::string fix;
       int64_t lo = global[d] / n * n, hi = lo + n;

@@ -574,7 +574,7 @@ class Parser {
                             s.rank(), what, shape.size(), ints_text(shape)));
     if (g_.mesh) {
       try {
-        s.validate(*g_.mesh, shape, what);
+        s.validate(*g_.mesh, shape, what, /*allow_uneven=*/true);  // padded when compiled
       } catch (const Error& e) {
         fail(col, e.what());
       }

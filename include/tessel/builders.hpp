@@ -81,6 +81,9 @@ Tensor gather(Tensor table, Tensor indices, int64_t axis = 0);
 // indices' dims), to which every updates[..., j, ...] is added at row indices[j]. The
 // gradient of embedding(table, ids) is scatter_add(grad, ids, rows, 0).
 Tensor scatter_add(Tensor updates, Tensor indices, int64_t depth, int64_t axis = 0);
+// x with every position whose index along `axis` is >= `valid` set to `value`: how padded
+// (uneven) shardings keep padding out of reductions (uneven.hpp). Reads global positions.
+Tensor mask_padding(Tensor x, int64_t axis, int64_t valid, double value);
 // JAX's with_sharding_constraint: identity whose result must have `s`.
 Tensor shard(Tensor x, Sharding s, int priority = 0);
 

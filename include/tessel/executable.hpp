@@ -32,13 +32,22 @@ namespace tessel {
 struct CompileOptions {
   PropagationOptions propagation;
   PartitionOptions partition;
+  // An annotation that does not divide its dim is padded as GSPMD does (uneven.hpp); with
+  // strict_even_shardings it is a ShardingError naming the value, dim and shard count.
+  bool strict_even_shardings = false;
 };
 
 class Executable {
  public:
   Executable(Graph graph, Mesh mesh, PropagationResult prop, Program program);
 
+  // The graph the program was partitioned from: the user's, or its padded rewrite when an
+  // annotation splits a dim unevenly (uneven.hpp); inputs and outputs keep their names.
   const Graph& graph() const { return graph_; }
+  // The user's shape of each input (graph().inputs order); an input whose padded shape in
+  // graph() is larger is padded with zeros by run(), scatter() and to_device().
+  const std::vector<Shape>& user_input_shapes() const { return user_input_shapes_; }
+  void set_user_input_shapes(std::vector<Shape> s) { user_input_shapes_ = std::move(s); }
   const Mesh& mesh() const { return mesh_; }
   const PropagationResult& shardings() const { return prop_; }
   const Program& program() const { return program_; }
@@ -66,6 +75,7 @@ class Executable {
   // the cache's lock held by the caller.
   LoadedExecutable& loaded_for(const RunOptions& opts);
   Graph graph_;
+  std::vector<Shape> user_input_shapes_;
   Mesh mesh_;
   PropagationResult prop_;
   Program program_;

@@ -32,4 +32,5 @@
   X(Where)              /* (cond i32, a, b): a where cond != 0, else b; broadcasting     */   \
   X(OneHot)             /* ids i32 [...] -> [..., attrs.depth] of attrs.dtype            */   \
   X(Gather)             /* (table, indices i32) along attrs.axis (numpy take)            */   \
-  X(ScatterAdd)         /* (updates, indices i32) summed into attrs.depth rows at axis   */
+  X(ScatterAdd)         /* (updates, indices i32) summed into attrs.depth rows at axis   */   \
+  X(MaskPadding)        /* x with positions >= attrs.depth along attrs.axis := scalar     */

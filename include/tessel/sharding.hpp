@@ -72,7 +72,10 @@ class Sharding {
   // Throws ShardingError naming `what` (e.g. "value %h of op #3 einsum"), the dim, the axis
   // and the problem: rank mismatch, unknown axis, axis used twice, axis both tiled and
   // partial, dim size not divisible by the shard count (with what would fix it).
-  void validate(const Mesh& mesh, const Shape& global, std::string_view what) const;
+  // With allow_uneven, a dim need not be divisible by its shard count (it is padded when
+  // compiled, uneven.hpp); everything else is still checked.
+  void validate(const Mesh& mesh, const Shape& global, std::string_view what,
+                bool allow_uneven = false) const;
 
   Shape local_shape(const Mesh& mesh, const Shape& global) const;
   std::vector<int64_t> local_offset(const Mesh& mesh, const Shape& global,

@@ -142,9 +142,37 @@ Tensor sample_scatter(Graph& g, SampleGen& r) {
                      static_cast<int64_t>(pre.size()));
 }
 
+// ---- mask_padding ----
+void normalize_mask(OpAttrs& a, const Ins& in) {
+  a.axis = normalize_axis(a.axis, in.empty() ? 0 : in[0]->shape.size(), "mask_padding");
+}
+void infer_mask(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  const Shape& s = in[0]->shape;
+  if (a.axis < 0 || a.axis >= static_cast<int64_t>(s.size()))
+    shape_fail("mask_padding", in, fmt::format("axis {} is out of range for rank {}", a.axis, s.size()));
+  if (a.depth < 0 || a.depth > s[static_cast<std::size_t>(a.axis)])
+    shape_fail("mask_padding", in, fmt::format("depth={} (the valid extent) must be in [0, {}]", a.depth,
+                                               s[static_cast<std::size_t>(a.axis)]));
+  out = s;
+  dt = in[0]->dtype;
+}
+Tensor sample_mask(Graph& g, SampleGen& r) {
+  Shape s = r.shape(r.rank());
+  const int64_t axis = r.below(static_cast<int64_t>(s.size()));
+  const int64_t valid = r.below(s[static_cast<std::size_t>(axis)] + 1);
+  return mask_padding(r.input(g, s), axis, valid, r.coin() ? 0.0 : -1e30);
+}
+
 }  // namespace
 
 void register_index_ops(std::vector<OpDef>& t) {
+  OpDef mk = entry(OpKind::MaskPadding, "mask_padding", 1, 1, infer_mask, rule_unary, flops_out,
+                   sample_mask);
+  mk.attrs = {{"axis", AttrField::Axis}, {"depth", AttrField::Depth}, {"value", AttrField::Scalar}};
+  mk.normalize = normalize_mask;
+  mk.needs_offsets = true;
+  put(t, std::move(mk));
+
   OpDef oh = entry(OpKind::OneHot, "one_hot", 1, 1, infer_one_hot, rule_one_hot, flops_out,
                    sample_one_hot);
   oh.attrs = {{"depth", AttrField::Depth}, {"dtype", AttrField::DType, false, true}};
@@ -181,6 +209,13 @@ Tensor gather(Tensor table, Tensor indices, int64_t axis) {
   OpAttrs a;
   a.axis = axis;
   return build(OpKind::Gather, {table, indices}, std::move(a));
+}
+Tensor mask_padding(Tensor x, int64_t axis, int64_t valid, double value) {
+  OpAttrs a;
+  a.axis = axis;
+  a.depth = valid;
+  a.scalar = value;
+  return build(OpKind::MaskPadding, {x}, std::move(a));
 }
 Tensor scatter_add(Tensor updates, Tensor indices, int64_t depth, int64_t axis) {
   OpAttrs a;

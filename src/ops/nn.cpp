@@ -172,13 +172,14 @@ int distribute_cross_entropy(const DistributeArgs& x) {
   const int ex = local_op(e, OpKind::Exp, {local_op(e, OpKind::Sub, {v, m})});
   const int s = e.all_reduce(local_reduce(e, OpKind::ReduceSum, ex, {last}, false), ReduceOp::Sum);
   // The label's logit: a one-hot of this device's class block picks it, or gives 0.
+  // (A select, not a product: padded or masked logits may be -inf, and -inf * 0 is NaN.)
   OpAttrs oh;
   oh.depth = x.global_in[0].back();
-  oh.dtype = DType::f32;
+  oh.dtype = DType::i32;
   const int hot = e.kernel_block(OpKind::OneHot, oh, {x.ins[1]}, x.global_in[0],
                                  x.in_layouts[0].without_partial());
-  const int t = e.all_reduce(local_reduce(e, OpKind::ReduceSum, local_op(e, OpKind::Mul, {v, hot}), {last}, false),
-                             ReduceOp::Sum);
+  const int picked = local_op(e, OpKind::Where, {hot, v, e.scalar(0.0, DType::f32)});
+  const int t = e.all_reduce(local_reduce(e, OpKind::ReduceSum, picked, {last}, false), ReduceOp::Sum);
   const int mr = local_reshape(e, m, e.shape(s));
   return local_op(e, OpKind::Sub, {local_op(e, OpKind::Add, {local_op(e, OpKind::Log, {s}), mr}), t});
 }

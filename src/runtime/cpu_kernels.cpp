@@ -1375,6 +1375,39 @@ void k_scatter_add(const KernelArgs& a) {
   finish_out(a, ob);
 }
 
+// Sets positions at or past the valid extent along the axis (global index, so any block of
+// a split dim works) to the attribute's value, in the operand's dtype.
+void k_mask_padding(const KernelArgs& a) {
+  check_arity(a, 1, 1);
+  check_same_dtype(a);
+  const OpAttrs& at = attrs_of(a);
+  const Shape& s = a.in_shapes[0];
+  if (s != a.out_shape) fail(a, "operand and result shapes differ");
+  const std::size_t ax = static_cast<std::size_t>(normalize_dim(a, at.axis, s.size(), "axis"));
+  const int64_t off = !a.in_offsets.empty() && a.in_offsets[0].size() == s.size() ? a.in_offsets[0][ax] : 0;
+  int64_t P = 1, S = 1;
+  for (std::size_t d = 0; d < ax; ++d) P *= s[d];
+  for (std::size_t d = ax + 1; d < s.size(); ++d) S *= s[d];
+  const int64_t n = s.empty() ? 1 : s[ax];
+  const int64_t keep = std::max<int64_t>(0, std::min<int64_t>(n, at.depth - off));  // valid rows here
+  auto run = [&](auto fill) {
+    using T = decltype(fill);
+    const T* x = static_cast<const T*>(a.in[0]);
+    T* y = static_cast<T*>(a.out);
+    if (y != x) std::memmove(y, x, static_cast<std::size_t>(num_elements(s)) * sizeof(T));
+    for (int64_t p = 0; p < P; ++p) std::fill(y + (p * n + keep) * S, y + (p + 1) * n * S, fill);
+  };
+  const double v = at.scalar;
+  switch (a.out_dtype) {
+    case DType::f32: run(static_cast<float>(v)); break;
+    case DType::bf16: run(f32_to_bf16(static_cast<float>(v))); break;
+    case DType::f16: run(f32_to_f16(static_cast<float>(v))); break;
+    case DType::i32: run(v != v ? 0 : v <= -2147483648.0 ? std::numeric_limits<int32_t>::min()
+                         : v >= 2147483647.0 ? std::numeric_limits<int32_t>::max()
+                                             : static_cast<int32_t>(v)); break;
+  }
+}
+
 }  // namespace
 
 const KernelTable<CpuKernelFn>& cpu_kernel_table() {
@@ -1406,6 +1439,7 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::OneHot, k_one_hot);
     k.add(OpKind::Gather, k_gather);
     k.add(OpKind::ScatterAdd, k_scatter_add);
+    k.add(OpKind::MaskPadding, k_mask_padding);
     return k;
   }();
   return t;

@@ -8,14 +8,25 @@
 #include <mutex>
 
 #include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/uneven.hpp"
 #include "tessel/runtime/thread_runtime.hpp"
 
 namespace tessel {
 
 Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& opts) {
-  PropagationResult prop = propagate(graph, mesh, opts.propagation);
-  Program prog = partition(graph, mesh, prop, opts.partition);
-  return Executable(graph.clone(), mesh, std::move(prop), std::move(prog));
+  PaddedGraph pg;
+  if (opts.strict_even_shardings) {
+    pg.graph = graph.clone();
+    for (int v : graph.inputs) pg.input_shapes.push_back(graph.values[static_cast<std::size_t>(v)].shape);
+  } else {
+    pg = pad_uneven(graph, mesh);
+  }
+  PropagationResult prop = propagate(pg.graph, mesh, opts.propagation);
+  Program prog = partition(pg.graph, mesh, prop, opts.partition);
+  for (const std::string& n : pg.notes) prog.warnings.push_back("uneven sharding: " + n);
+  Executable exe(std::move(pg.graph), mesh, std::move(prop), std::move(prog));
+  exe.set_user_input_shapes(std::move(pg.input_shapes));
+  return exe;
 }
 
 struct Executable::RunCache {
@@ -72,10 +83,13 @@ std::vector<HostTensor> Executable::scatter(std::size_t input, const HostTensor&
   if (input >= program_.inputs.size())
     throw RuntimeError(fmt::format("scatter: input #{} does not exist ({} inputs)", input, program_.inputs.size()));
   const LocalValue& lv = program_.values[program_.inputs[input]];
-  if (global.dtype() != lv.dtype || global.shape() != lv.global_shape)
+  const bool user_shape = input < user_input_shapes_.size() && global.shape() == user_input_shapes_[input];
+  if (global.dtype() != lv.dtype || (global.shape() != lv.global_shape && !user_shape))
     throw RuntimeError(fmt::format("scatter: input #{} %{} expects {} but got {}", input, lv.name,
-                                   type_str(lv.dtype, lv.global_shape), type_str(global.dtype(), global.shape())));
-  return scatter_host(mesh_, lv.sharding, lv.shape, global);
+                                   type_str(lv.dtype, input < user_input_shapes_.size() ? user_input_shapes_[input]
+                                                                                        : lv.global_shape),
+                                   type_str(global.dtype(), global.shape())));
+  return scatter_host(mesh_, lv.sharding, lv.shape, pad_host(global, lv.global_shape));
 }
 
 HostTensor Executable::gather(std::size_t output, const std::vector<HostTensor>& shards, bool check) const {
@@ -98,9 +112,11 @@ std::vector<HostTensor> Executable::run(const std::vector<HostTensor>& inputs, c
                                    graph_.inputs.size(), inputs.size()));
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Value& v = graph_.values[graph_.inputs[i]];
-    if (inputs[i].dtype() != v.dtype || inputs[i].shape() != v.shape)
+    // The user's shape (an input padded for an uneven sharding is padded by to_device).
+    const Shape& want = i < user_input_shapes_.size() ? user_input_shapes_[i] : v.shape;
+    if (inputs[i].dtype() != v.dtype || inputs[i].shape() != want)
       throw RuntimeError(fmt::format("run: input #{} %{} expects {} but got {}", i, v.name,
-                                     type_str(v.dtype, v.shape), type_str(inputs[i].dtype(), inputs[i].shape())));
+                                     type_str(v.dtype, want), type_str(inputs[i].dtype(), inputs[i].shape())));
   }
   std::lock_guard<std::mutex> lk(cache_->mu);
   LoadedExecutable& le = loaded_for(opts);

@@ -114,6 +114,7 @@ struct LoadedExecutable::Impl {
   std::vector<int64_t> positions;
   Program program;
   std::vector<std::string> input_names, output_names;
+  std::vector<Shape> user_input_shapes;  // the user's (unpadded) input shapes (uneven.hpp)
   LoadOptions options;
   std::vector<int> donate;  // per input: output index or -1
   std::vector<std::vector<std::string>> axes;
@@ -201,6 +202,7 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
   impl->positions = rt.devices_for(p.mesh);  // throws on a runtime that cannot run this mesh
   impl->local = &rt.local();
   for (int v : exe.graph().inputs) impl->input_names.push_back(exe.graph().values[v].name);
+  impl->user_input_shapes = exe.user_input_shapes();
   for (int v : exe.graph().outputs) impl->output_names.push_back(exe.graph().values[v].name);
   impl->donate.assign(p.inputs.size(), -1);
   for (const auto& [in_name, out_name] : options.donate) {
@@ -238,13 +240,19 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
 
 // ---- transfers -------------------------------------------------------------------------------
 
-ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& global) const {
+ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& user_global) const {
   impl_->check_input(input, "to_device");
   const LocalValue& lv = impl_->in_value(input);
   const std::string& name = impl_->input_names[input];
-  if (global.dtype() != lv.dtype || global.shape() != lv.global_shape)
+  // An input padded for an uneven sharding takes the user's shape, padded here with zeros.
+  const bool user_shape = input < impl_->user_input_shapes.size() &&
+                          user_global.shape() == impl_->user_input_shapes[input];
+  if (user_global.dtype() != lv.dtype || (user_global.shape() != lv.global_shape && !user_shape))
     throw RuntimeError(fmt::format("to_device: input #{} %{} expects {} but got {}", input, name,
-                                   type_str(lv.dtype, lv.global_shape), type_str(global.dtype(), global.shape())));
+                                   type_str(lv.dtype, input < impl_->user_input_shapes.size()
+                                                          ? impl_->user_input_shapes[input] : lv.global_shape),
+                                   type_str(user_global.dtype(), user_global.shape())));
+  const HostTensor global = pad_host(user_global, lv.global_shape);
   ThreadRuntime& lr = *impl_->local;
   const auto& pos = impl_->positions;
   const int64_t n = static_cast<int64_t>(pos.size());

@@ -4,6 +4,8 @@
 // f16 subnormals, so a value survives f32 -> bf16/f16 -> f32 -> bf16/f16 unchanged.
 #include "tessel/runtime/tensor.hpp"
 
+#include "tessel/runtime/block_copy.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -131,6 +133,20 @@ void HostTensor::set(int64_t i, double v) {
       break;
     }
   }
+}
+
+HostTensor pad_host(const HostTensor& t, const Shape& shape) {
+  if (t.shape() == shape) return t;
+  if (t.shape().size() != shape.size())
+    throw RuntimeError("pad_host: cannot pad " + type_str(t.dtype(), t.shape()) + " to " + shape_str(shape));
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    if (t.shape()[d] > shape[d])
+      throw RuntimeError("pad_host: cannot pad " + type_str(t.dtype(), t.shape()) + " to " + shape_str(shape));
+  HostTensor out(t.dtype(), shape);  // zero-filled
+  if (t.numel() > 0)
+    copy_block(t.data(), t.shape(), std::vector<int64_t>(shape.size(), 0), out.data(), shape,
+               std::vector<int64_t>(shape.size(), 0), t.shape(), dtype_size(t.dtype()));
+  return out;
 }
 
 }  // namespace tessel

@@ -63,6 +63,10 @@ class HostTensor {
   std::vector<std::byte, AlignedAllocator<std::byte>> data_;
 };
 
+// `t` padded with zeros at the end of each dim up to `shape` (every dim >= t's; same rank).
+// Returns t itself when the shapes are equal. Throws RuntimeError otherwise.
+HostTensor pad_host(const HostTensor& t, const Shape& shape);
+
 // bf16 / f16 <-> f32 conversions (round to nearest even).
 float bf16_to_f32(uint16_t v);
 uint16_t f32_to_bf16(float v);
