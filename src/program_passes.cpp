@@ -1,4 +1,5 @@
-// src/program_passes.cpp — pack, async-collectives and memory-plan, and the pass manager.
+// src/program_passes.cpp — pack, async-collectives and memory-plan, and the pass manager
+// (combine-collectives lives in src/combine_collectives.cpp).
 #include "tessel/program_passes.hpp"
 
 #include <fmt/format.h>
@@ -371,9 +372,13 @@ Program ProgramPassManager::run(Program p) {
   return p;
 }
 
-ProgramPassManager default_program_pipeline() {
+ProgramPassManager default_program_pipeline(const ProgramPassOptions& options) {
   ProgramPassManager pm;
   pm.add("pack", pack_pass);
+  // After pack (every collective then moves one contiguous buffer), before async-collectives
+  // (which gives the combined collective one start/done and places its waits).
+  const int64_t threshold = options.combine_threshold_bytes;
+  pm.add("combine-collectives", [threshold](Program p) { return combine_collectives_pass(std::move(p), threshold); });
   pm.add("async-collectives", async_collectives_pass);
   pm.add("memory-plan", memory_plan_pass);
 #ifndef NDEBUG
@@ -384,15 +389,16 @@ ProgramPassManager default_program_pipeline() {
 
 std::vector<std::string> default_program_pass_names() { return default_program_pipeline().pass_names(); }
 
-Program lower_program(const Program& partitioned, bool verify) {
-  ProgramPassManager pm = default_program_pipeline();
+Program lower_program(const Program& partitioned, bool verify, const ProgramPassOptions& options) {
+  ProgramPassManager pm = default_program_pipeline(options);
   if (verify) pm.verify_each(true);
   return pm.run(partitioned);
 }
 
-std::string dump_program_after(const Program& partitioned, const std::string& pass) {
+std::string dump_program_after(const Program& partitioned, const std::string& pass,
+                               const ProgramPassOptions& options) {
   if (pass == "partition") return print_program(partitioned);
-  ProgramPassManager pm = default_program_pipeline();
+  ProgramPassManager pm = default_program_pipeline(options);
   const auto names = pm.pass_names();
   if (std::find(names.begin(), names.end(), pass) == names.end())
     throw Error(fmt::format("--dump-after={}: no such Program pass (partition, {})", pass, join(names, ", ")));

@@ -134,6 +134,9 @@ struct Program {
 
   const MemoryPlan& memory_plan() const { return memory; }
 
+  // The collective instructions of this program (synchronous or started). Lowering may
+  // combine all-reduces (combine-collectives): a lowered program can count fewer than the
+  // partitioned one it came from, moving the same bytes.
   CollectiveSummary summary() const;
   double total_flops() const;
   double comm_seconds() const;

@@ -8,6 +8,10 @@
 //                      instructions packing the dim into rank-major blocks (and unpacking
 //                      them), so every collective moves one contiguous buffer; a shard slice
 //                      becomes a `copy` of the device's block; a relabel becomes a `view`.
+//   combine-collectives  independent all-reduces over the same axis group, reduce op and dtype
+//                      become one: operands packed into one buffer (views + concat), one
+//                      all-reduce, results unpacked as views (XLA's AllReduceCombiner), up to
+//                      ProgramPassOptions::combine_threshold_bytes per combined buffer.
 //   async-collectives  each collective becomes `X_start` on `comm` (after `wait compute @comm`)
 //                      and `done` just before the first reader of its result, with a `wait`
 //                      wherever a value crosses streams.
@@ -28,7 +32,26 @@
 
 namespace tessel {
 
+// Options of the default pipeline (LoadOptions::lowering passes them to load()).
+struct ProgramPassOptions {
+  // combine-collectives: a combined collective's buffer grows to at most this many bytes per
+  // device (XLA's combine_threshold_in_bytes); a collective larger than it alone stays as it
+  // is. 0 disables combining.
+  int64_t combine_threshold_bytes = int64_t{32} << 20;
+};
+
 Program pack_pass(Program p);
+// Merges independent synchronous all-reduces that agree on axis group, reduce op and dtype
+// (docs/program-ir.md, "combine-collectives"). Candidates are taken in program order; each
+// joins the open group of its kind unless it depends (transitively, also through earlier
+// merges) on a member or a member depends on it, or the group's bytes would exceed
+// `threshold_bytes`; then it opens a new group. A group of k >= 2 becomes: a flat `view` of
+// each operand, one `concat` into `%combined.in`, one all-reduce into `%combined.out`, and a
+// `view` per result (a view + `copy` for a program output) placed just before its first
+// reader. Instructions are then re-listed in their original order except that whatever reads
+// a combined result moves after the combined all-reduce. Throws Error on a program that
+// already has async collectives or waits (run it before async-collectives).
+Program combine_collectives_pass(Program p, int64_t threshold_bytes = ProgramPassOptions{}.combine_threshold_bytes);
 Program async_collectives_pass(Program p);
 // Liveness from compute_liveness (program_verify.hpp); the values defined by instructions,
 // except outputs and views, are placed greedily by size, largest first (ties: earliest
@@ -61,16 +84,17 @@ class ProgramPassManager {
   bool verify_ = false;
 };
 
-// pack, async-collectives, memory-plan.
-ProgramPassManager default_program_pipeline();
+// pack, combine-collectives, async-collectives, memory-plan.
+ProgramPassManager default_program_pipeline(const ProgramPassOptions& options = {});
 std::vector<std::string> default_program_pass_names();
 
 // The default pipeline over a partitioned program: what load() runs. `verify`: after each
 // pass (always on in tests; load verifies the result once).
-Program lower_program(const Program& partitioned, bool verify = false);
+Program lower_program(const Program& partitioned, bool verify = false, const ProgramPassOptions& options = {});
 
 // For tessel-explain --dump-after=PASS: the text of the program after `pass` of the default
 // pipeline, or "partition" for its input. Throws Error naming the known passes otherwise.
-std::string dump_program_after(const Program& partitioned, const std::string& pass);
+std::string dump_program_after(const Program& partitioned, const std::string& pass,
+                               const ProgramPassOptions& options = {});
 
 }  // namespace tessel

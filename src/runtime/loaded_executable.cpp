@@ -192,7 +192,7 @@ std::size_t LoadedExecutable::output_index(const std::string& name) const {
 LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& options) {
   auto impl = std::make_unique<LoadedExecutable::Impl>();
   impl->rt = &rt;
-  impl->program = lower_program(exe.program());
+  impl->program = lower_program(exe.program(), /*verify=*/false, options.lowering);
   verify_program(impl->program);
   impl->options = options;
   const Program& p = impl->program;

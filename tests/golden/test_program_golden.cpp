@@ -1,6 +1,7 @@
 // Golden tests for Program→Program passes: each tests/golden/program/NAME.pir is a program in
 // the text form (docs/program-ir.md) whose first line names the passes to run,
 //   # passes: pack, async-collectives
+// (combine-collectives takes its threshold as combine-collectives(threshold=BYTES)),
 // and NAME.expected is print_program of the result. Every pass is verified. Regenerate with
 // TESSEL_UPDATE_GOLDEN=1 after an intended change, and review the diff.
 #include <catch2/catch.hpp>
@@ -36,7 +37,12 @@ std::string lower(const std::string& name) {
   while (std::getline(ss, pass, ',')) {
     pass.erase(0, pass.find_first_not_of(' '));
     pass.erase(pass.find_last_not_of(' ') + 1);
-    if (pass == "pack") pm.add(pass, pack_pass);
+    if (pass.rfind("combine-collectives", 0) == 0) {
+      int64_t threshold = ProgramPassOptions{}.combine_threshold_bytes;
+      const auto eq = pass.find("(threshold=");
+      if (eq != std::string::npos) threshold = std::stoll(pass.substr(eq + 11));
+      pm.add("combine-collectives", [threshold](Program q) { return combine_collectives_pass(std::move(q), threshold); });
+    } else if (pass == "pack") pm.add(pass, pack_pass);
     else if (pass == "async-collectives") pm.add(pass, async_collectives_pass);
     else if (pass == "memory-plan") pm.add(pass, memory_plan_pass);
     else FAIL("unknown pass " << pass);
@@ -78,4 +84,50 @@ TEST_CASE("golden program: memory-plan reuses dead bytes", "[golden][program-ir]
 TEST_CASE("golden program: the default pipeline on a 2-D transformer block", "[golden][program-ir]") {
   const std::string out = lower("transformer_block_2d");
   CHECK(out.find("all_reduce_start") != std::string::npos);
+}
+
+namespace {
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("golden program: combine-collectives merges two independent all-reduces", "[golden][program-ir]") {
+  const std::string out = lower("combine_two");
+  CHECK(count(out, "all_reduce(") == 1);
+  CHECK(out.find("all_reduce(%combined.in) axes={model} bytes=36") != std::string::npos);
+  // The reader of the first result moves after the combined all-reduce; exp stays first.
+  CHECK(out.find("= exp(%x)") < out.find("= concat("));
+  CHECK(out.find("= all_reduce(") < out.find("= log(%sr)"));
+  CHECK(out.find("%lr = copy(%lr.unpacked)") != std::string::npos);
+}
+
+TEST_CASE("golden program: combine-collectives keeps a dependent pair apart", "[golden][program-ir]") {
+  const std::string out = lower("combine_dependent");
+  CHECK(count(out, "all_reduce(") == 2);
+  CHECK(out.find("%ar = all_reduce(%a)") != std::string::npos);
+}
+
+TEST_CASE("golden program: combine-collectives never combines into a cycle", "[golden][program-ir]") {
+  const std::string out = lower("combine_no_cycle");
+  CHECK(count(out, "all_reduce(") == 3);
+  CHECK(out.find("%as = all_reduce(%a)") != std::string::npos);
+  CHECK(out.find("%ds = all_reduce(%d)") != std::string::npos);
+}
+
+TEST_CASE("golden program: combine-collectives needs the same group and op and dtype", "[golden][program-ir]") {
+  const std::string out = lower("combine_mismatch");
+  CHECK(count(out, "all_reduce(") == 4);
+  CHECK(out.find("%b = all_reduce(%f) axes={y}") != std::string::npos);
+  CHECK(out.find("%c = all_reduce(%f) axes={x} op=max") != std::string::npos);
+  CHECK(out.find("%d = all_reduce(%i)") != std::string::npos);
+}
+
+TEST_CASE("golden program: the combine threshold splits a run", "[golden][program-ir]") {
+  const std::string out = lower("combine_threshold");
+  CHECK(count(out, "all_reduce(") == 3);
+  CHECK(count(out, "bytes=32") == 2);
+  CHECK(out.find("%big = all_reduce(%x)") != std::string::npos);
 }

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "tessel/program.hpp"
+#include "tessel/program_passes.hpp"
 #include "tessel/runtime/sharded_array.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "tessel/runtime/runtime.hpp"
@@ -54,6 +55,9 @@ struct LoadOptions {
   // The buffer is reused when the input is dead before the output is written; otherwise the
   // output gets a fresh buffer and the input's is freed at its last use.
   std::vector<std::pair<std::string, std::string>> donate;
+  // Options of the lowering pipeline load() runs (lower_program): e.g.
+  // lowering.combine_threshold_bytes = 0 keeps every collective separate.
+  ProgramPassOptions lowering;
 };
 
 struct RunOptions {
