@@ -1,0 +1,43 @@
+mesh data=2, model=4
+%x = input f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}]
+%ln1_g = input f32[256] global=f32[256] sharding=[{}]
+%ln1_b = input f32[256] global=f32[256] sharding=[{}]
+%wq = input f32[256,2,32] global=f32[256,8,32] sharding=[{}, {model}, {}]
+%wk = input f32[256,2,32] global=f32[256,8,32] sharding=[{}, {model}, {}]
+%wv = input f32[256,2,32] global=f32[256,8,32] sharding=[{}, {model}, {}]
+%wo = input f32[2,32,256] global=f32[8,32,256] sharding=[{model}, {}, {}]
+%ln2_g = input f32[256] global=f32[256] sharding=[{}]
+%ln2_b = input f32[256] global=f32[256] sharding=[{}]
+%w1 = input f32[256,256] global=f32[256,1024] sharding=[{}, {model}]
+%b1 = input f32[256] global=f32[1024] sharding=[{model}]
+%w2 = input f32[256,256] global=f32[1024,256] sharding=[{model}, {}]
+%b2 = input f32[256] global=f32[256] sharding=[{}]
+%h = layer_norm(%x, %ln1_g, %ln1_b) eps=1e-05 : f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}] @compute at=0
+%q = einsum(%h, %wq) eq="bsd,dhk->bshk" : f32[4,64,2,32] global=f32[8,64,8,32] sharding=[{data}, {}, {model}, {}] @compute at=262144
+%k = einsum(%h, %wk) eq="bsd,dhk->bshk" : f32[4,64,2,32] global=f32[8,64,8,32] sharding=[{data}, {}, {model}, {}] @compute at=327680
+%v = einsum(%h, %wv) eq="bsd,dhk->bshk" : f32[4,64,2,32] global=f32[8,64,8,32] sharding=[{data}, {}, {model}, {}] @compute at=393216
+%s = einsum(%q, %k) eq="bqhk,bshk->bhqs" : f32[4,2,64,64] global=f32[8,8,64,64] sharding=[{data}, {model}, {}, {}] @compute at=0
+%scale = constant() value=0.17677669529663687 : f32[] global=f32[] sharding=[] @compute at=262144
+%ss = mul(%s, %scale) : f32[4,2,64,64] global=f32[8,8,64,64] sharding=[{data}, {model}, {}, {}] @compute at=131072
+%m = causal_mask(%ss) : f32[4,2,64,64] global=f32[8,8,64,64] sharding=[{data}, {model}, {}, {}] @compute at=0
+%p = softmax(%m) axis=3 : f32[4,2,64,64] global=f32[8,8,64,64] sharding=[{data}, {model}, {}, {}] @compute at=131072
+%o = einsum(%p, %v) eq="bhqs,bshk->bqhk" : f32[4,64,2,32] global=f32[8,64,8,32] sharding=[{data}, {}, {model}, {}] @compute at=262144
+%attn = einsum(%o, %wo) eq="bqhk,hkd->bqd" : f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}] partial{model} @compute at=0
+wait compute @comm
+%attn.1 = all_reduce_start(%attn) axes={model} bytes=262144 : f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}] @comm at=262144
+done %attn.1 @comm
+wait comm @compute
+%x1 = add(%x, %attn.1) : f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}] @compute at=0
+%h2 = layer_norm(%x1, %ln2_g, %ln2_b) eps=1e-05 : f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}] @compute at=262144
+%u = einsum(%h2, %w1) eq="bsd,df->bsf" : f32[4,64,256] global=f32[8,64,1024] sharding=[{data}, {}, {model}] @compute at=524288
+%ub = add(%u, %b1) : f32[4,64,256] global=f32[8,64,1024] sharding=[{data}, {}, {model}] @compute at=262144
+%a = gelu(%ub) : f32[4,64,256] global=f32[8,64,1024] sharding=[{data}, {}, {model}] @compute at=524288
+%d = einsum(%a, %w2) eq="bsf,fd->bsd" : f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}] partial{model} @compute at=262144
+wait compute @comm
+%d.1 = all_reduce_start(%d) axes={model} bytes=262144 : f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}] @comm at=524288
+done %d.1 @comm
+wait comm @compute
+%db = add(%d.1, %b2) : f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}] @compute at=262144
+%y = add(%x1, %db) : f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}] @compute
+output %y
+memory arena=786432  # peak 2103296 bytes per device: arena + inputs 1054720 + outputs 262144
