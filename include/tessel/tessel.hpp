@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tessel/common.hpp"
+#include "tessel/checks.hpp"
 #include "tessel/cost.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/graph.hpp"

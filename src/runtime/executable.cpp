@@ -7,14 +7,18 @@
 #include <cmath>
 #include <mutex>
 
+#include "tessel/checks.hpp"
+#include "tessel/program_passes.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/thread_runtime.hpp"
 
 namespace tessel {
 
 Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& opts) {
+  check_compilable(graph, mesh);
   PropagationResult prop = propagate(graph, mesh, opts.propagation);
   Program prog = partition(graph, mesh, prop, opts.partition);
+  add_program_warnings(graph, mesh, prog);
   return Executable(graph.clone(), mesh, std::move(prop), std::move(prog));
 }
 
@@ -38,6 +42,8 @@ RunStats Executable::last_stats() const {
   std::lock_guard<std::mutex> lk(cache_->stats_mu);
   return cache_->stats;
 }
+
+MemoryPlan Executable::memory_estimate() const { return lower_program(program_).memory_plan(); }
 
 LoadedExecutable& Executable::loaded_for(const RunOptions& opts) {
   RunCache& c = *cache_;
