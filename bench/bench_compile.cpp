@@ -32,5 +32,3 @@ void BM_CompileGPT(benchmark::State& state) {
 BENCHMARK(BM_CompileGPT)->Arg(1)->Arg(12)->Arg(96)->Unit(benchmark::kMillisecond);
 
 }  // namespace
-
-BENCHMARK_MAIN();

@@ -1,10 +1,17 @@
 // tessel-explain: read a graph in the text form (docs/ir.md), propagate shardings,
 // partition it and print every value's sharding, the per-device program and its cost.
 //
-//   tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N]
-//                       [--links 'model=bw:50e9,alpha:5e-6;data=bw:12.5e9']
+//   tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N] [--show VALUE]
+//                       [--links 'model=bw:50e9,alpha:5e-6;data=bw:12.5e9' | --links @FILE]
 //                       [--dump-after=parse|propagate|partition]
 //                       [--run [--seed N] [--tolerance X] [--trace FILE]]
+//
+// --show VALUE draws the mesh as a grid with the block of VALUE each device holds, for
+// every layout the value takes in the program (tessel/visualize.hpp). --links @FILE reads
+// the link figures from a file (docs/links.md; tessel-bench --calibrate-links writes one).
+// The cost section gives the estimated time and the peak bytes per device of the memory
+// plan (before anything runs):
+//   peak_bytes_per_device=P (arena A, inputs I, outputs O)
 //
 // --run executes the partitioned program on the CPU backend (one thread per device) with
 // fresh seeded random inputs, runs the unpartitioned graph on one device with the same
@@ -24,15 +31,53 @@
 #include <string>
 #include <vector>
 
+#include "tessel/checks.hpp"
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
+#include "tessel/program_passes.hpp"
 #include "tessel/partition.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/propagate.hpp"
+#include "tessel/uneven.hpp"
 #include "tessel/text.hpp"
+#include "tessel/visualize.hpp"
 
 namespace {
+
+// --show VALUE: the grid of every layout VALUE takes in the program (its definition, then
+// each reshard of it), or its propagated sharding when the program does not hold it.
+void show_value(const tessel::Graph& g, const tessel::Mesh& mesh, const tessel::PropagationResult& prop,
+                const tessel::Program& prog, const std::string& name) {
+  const int v = g.find(name);
+  if (v < 0) {
+    std::vector<std::string> known;
+    for (const auto& val : g.values) {
+      if (known.size() == 8) {
+        known.push_back("...");
+        break;
+      }
+      known.push_back("%" + val.name);
+    }
+    throw tessel::UsageError(fmt::format("--show {}: the graph has no value %{} (its values: {})", name, name,
+                                         tessel::join(known, ", ")));
+  }
+  fmt::print("== where %{} lives\n", name);
+  std::vector<tessel::Sharding> seen;
+  for (const tessel::LocalValue& lv : prog.values) {
+    if (lv.graph_value != v) continue;
+    if (std::find(seen.begin(), seen.end(), lv.sharding) != seen.end()) continue;
+    seen.push_back(lv.sharding);
+    std::fputs(tessel::show_sharding(mesh, lv.global_shape, lv.sharding, "%" + lv.name, lv.dtype).c_str(), stdout);
+  }
+  if (seen.empty()) {
+    const tessel::Value& val = g.values[static_cast<std::size_t>(v)];
+    fmt::print("(the program does not compute %{}: no output needs it; its propagated layout:)\n", name);
+    std::fputs(tessel::show_sharding(mesh, val.shape, prop.shardings[static_cast<std::size_t>(v)], "%" + name,
+                                     val.dtype).c_str(),
+               stdout);
+  }
+}
 
 int run(int argc, char** argv) {
   // Argument parsing lives in the library (tessel/cli.hpp) so it is tested and fuzzed.
@@ -74,8 +119,16 @@ int run(int argc, char** argv) {
     std::fputs(tessel::print_graph(g).c_str(), stdout);
     return 0;
   }
+  // An uneven split is padded (uneven.hpp): the rest of the pipeline sees the padded graph;
+  // --run draws inputs for, and compares with, the user's graph.
+  tessel::Graph user = g.clone();
+  tessel::PaddedGraph padded = tessel::pad_uneven(g, mesh);
+  const std::vector<tessel::Shape> user_shapes = padded.input_shapes;
+  const std::vector<std::string> padding_notes = padded.notes;
+  if (padded.padded) g = std::move(padded.graph);
   tessel::PropagationResult prop = tessel::propagate(g, mesh);
   fmt::print("== mesh {} ({} devices)\n", mesh.to_string(), mesh.num_devices());
+  for (const std::string& n : padding_notes) fmt::print("== uneven sharding: {}\n", n);
   fmt::print("== shardings after propagation ({} passes)\n", prop.passes);
   tessel::PrintOptions po;
   po.comment = [&](int v) { return prop.shardings[v].to_string(); };
@@ -88,18 +141,28 @@ int run(int argc, char** argv) {
   }
   if (dump_after == "propagate") return 0;
   tessel::Program prog = tessel::partition(g, mesh, prop, popts);
+  tessel::add_program_warnings(g, mesh, prog);
   fmt::print("== program\n");
   std::fputs(prog.to_string(device).c_str(), stdout);
+  for (const std::string& name : opt.show) show_value(g, mesh, prop, prog, name);
   auto s = prog.summary();
   if (!prog.warnings.empty()) {
     fmt::print("== warnings\n");
     for (const auto& w : prog.warnings) fmt::print("warning: {}\n", w);
   }
-  fmt::print("== cost per device (cost model: {:.0f} GFLOP/s, default link {:.1f} GB/s, alpha {:.1f} us)\n",
-             popts.cost.flops_per_s / 1e9, popts.cost.default_link.bandwidth / 1e9,
+  fmt::print("== cost per device (cost model: {:.0f} GFLOP/s, {:.0f} GB/s memory, default link {:.1f} GB/s, "
+             "alpha {:.1f} us)\n",
+             popts.cost.flops_per_s / 1e9, popts.cost.memory_bandwidth / 1e9, popts.cost.default_link.bandwidth / 1e9,
              popts.cost.default_link.alpha_s * 1e6);
+  for (const auto& kv : popts.cost.links)
+    fmt::print("link {}: {:.4g} GB/s, alpha {:.4g} us{}\n", kv.first, kv.second.bandwidth / 1e9,
+               kv.second.alpha_s * 1e6, opt.links_file.empty() ? "" : " (from " + opt.links_file + ")");
   fmt::print("flops={:.6g} compute_s={:.6g} comm_s={:.6g}\n", prog.total_flops(),
              prog.compute_seconds(popts.cost), prog.comm_seconds());
+  // The memory plan of the lowered program: what load() allocates, known before a run.
+  const tessel::MemoryPlan mem = tessel::lower_program(prog).memory_plan();
+  fmt::print("peak_bytes_per_device={} (arena {}, inputs {}, outputs {})\n", mem.peak_bytes(), mem.arena_bytes,
+             mem.input_bytes, mem.output_bytes);
   fmt::print("{}\n", s.line());
   if (!do_run) return 0;
 
@@ -117,18 +180,19 @@ int run(int argc, char** argv) {
   }
   if (!seed_given) seed = static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
   tessel::Executable exe(g.clone(), mesh, prop, prog);
-  std::vector<tessel::HostTensor> inputs = tessel::random_inputs(g, seed);
+  exe.set_user_input_shapes(user_shapes);
+  std::vector<tessel::HostTensor> inputs = tessel::random_inputs(user, seed);
   tessel::RunOptions ro;
   ro.poison = true;
   ro.check_replicas = true;
   ro.trace_path = trace_path;
   std::vector<tessel::HostTensor> got = exe.run(inputs, ro);
-  std::vector<tessel::HostTensor> want = tessel::run_reference(g, inputs);
+  std::vector<tessel::HostTensor> want = tessel::run_reference(user, inputs);
   double worst = 0;
   fmt::print("== run (cpu backend, {} device threads, seed {})\n", mesh.num_devices(), seed);
   for (std::size_t o = 0; o < got.size(); ++o) {
     tessel::CompareResult c = tessel::compare(got[o], want[o]);
-    fmt::print("output %{}: {}\n", g.values[g.outputs[o]].name, c.to_string());
+    fmt::print("output %{}: {}\n", user.values[user.outputs[o]].name, c.to_string());
     worst = std::max(worst, c.max_rel_err);
   }
   const auto& st = exe.last_stats();

@@ -65,11 +65,14 @@ double parse_double(const std::string& flag, const std::string& text, double lo,
 }
 
 std::string usage_explain() {
-  return "usage: tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N]\n"
-         "                      [--links SPEC] [--dump-after=parse|propagate|partition]\n"
+  return "usage: tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N] [--show VALUE]\n"
+         "                      [--links SPEC|@FILE] [--dump-after=parse|propagate|partition]\n"
          "                      [--run [--seed N] [--tolerance X] [--trace FILE]]\n"
+         "  --show VALUE   draw the mesh with the block of VALUE each device holds (repeatable)\n"
          "  --links SPEC   per-axis link figures, e.g. 'model=bw:50e9,alpha:5e-6;data=bw:12.5e9'\n"
-         "                 (bw in bytes/s, finite and > 0; alpha in seconds, finite and >= 0)\n"
+         "                 (bw in bytes/s, finite and > 0; alpha in seconds, finite and >= 0);\n"
+         "                 @FILE reads them from a file, e.g. one written by\n"
+         "                 tessel-bench --calibrate-links (format: docs/links.md)\n"
          "  --seed N       the seed of the random inputs of --run (unsigned 64-bit)\n"
          "  --tolerance X  the largest max_rel_err --run accepts (finite, >= 0; default 1e-5)\n";
 }
@@ -99,6 +102,12 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     else if (is("--trace")) o.trace = value("--trace");
     else if (is("--mesh")) o.mesh = value("--mesh");
     else if (is("--links")) pending.push_back({"--links", value("--links")});
+    else if (is("--show")) {
+      std::string v = value("--show");
+      if (!v.empty() && v[0] == '%') v = v.substr(1);
+      if (v.empty()) throw UsageError("--show needs a value name, e.g. --show h (or --show %h)");
+      o.show.push_back(v);
+    }
     else if (is("--dump-after")) o.dump_after = value("--dump-after");
     else if (!a.empty() && a[0] == '-') throw UsageError(fmt::format("unknown option '{}'", a));
     else if (o.file.empty()) o.file = a;
@@ -114,13 +123,23 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     } else if (p.flag == "--device") {
       o.device = parse_i64(p.flag, p.text, 0, INT64_MAX);
     } else if (p.flag == "--links") {
+      std::string text = p.text;
+      if (!text.empty() && text[0] == '@') {
+        o.links_file = text.substr(1);
+        if (o.links_file.empty()) throw UsageError("--links @FILE: the file name is missing");
+        try {
+          text = read_links_file(o.links_file);
+        } catch (const Error& e) {
+          throw UsageError(fmt::format("--links: {}", e.what()));
+        }
+      }
       CostModel check;
       try {
-        check.parse_links(p.text);
+        check.parse_links(text);
       } catch (const Error& e) {
-        throw UsageError(fmt::format("--links: {}", e.what()));
+        throw UsageError(fmt::format("--links{}: {}", o.links_file.empty() ? "" : " @" + o.links_file, e.what()));
       }
-      o.links = p.text;
+      o.links = text;
     }
   }
   if (!o.dump_after.empty() && o.dump_after != "parse" && o.dump_after != "propagate" &&

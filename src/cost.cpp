@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 
 #include "tessel/common.hpp"
 
@@ -59,13 +60,29 @@ double CostModel::op_seconds(double flops, double bytes) const {
   return std::max(flops / flops_per_s, bytes / memory_bandwidth);
 }
 
-void CostModel::parse_links(std::string_view spec) {
-  // axis=key:value,key:value;axis=...
+void CostModel::parse_links(std::string_view spec_in) {
+  // axis=key:value,key:value;axis=...  — ';' or a newline between entries, '#' starts a
+  // comment that runs to the end of the line (the file form, docs/links.md).
+  std::string spec;
+  spec.reserve(spec_in.size());
+  for (std::size_t i = 0; i < spec_in.size(); ++i) {
+    if (spec_in[i] == '#') {
+      while (i < spec_in.size() && spec_in[i] != '\n') ++i;
+      spec += ';';
+      continue;
+    }
+    spec += spec_in[i] == '\n' ? ';' : spec_in[i];
+  }
   std::size_t b = 0;
   while (b < spec.size()) {
     std::size_t e = spec.find(';', b);
-    std::string part(spec.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b));
-    b = e == std::string_view::npos ? spec.size() : e + 1;
+    std::string part(spec.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    b = e == std::string::npos ? spec.size() : e + 1;
+    const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+    while (!part.empty() && blank(part.back())) part.pop_back();
+    std::size_t lead = 0;
+    while (lead < part.size() && blank(part[lead])) ++lead;
+    part.erase(0, lead);
     if (part.empty()) continue;
     auto eq = part.find('=');
     if (eq == std::string::npos)
@@ -105,6 +122,28 @@ void CostModel::parse_links(std::string_view spec) {
     }
     links[axis] = l;
   }
+}
+
+std::string read_links_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(fmt::format("cannot read the link figures file '{}' (does it exist?)", path));
+  // A link file is a few lines: read at most 1 MiB, so that a wrong path (/dev/zero, a
+  // dataset) fails at once instead of filling memory.
+  constexpr std::size_t kMax = std::size_t{1} << 20;
+  std::string text(kMax + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (f.bad()) throw Error(fmt::format("error reading the link figures file '{}'", path));
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  if (text.size() > kMax)
+    throw Error(fmt::format("'{}' is larger than 1 MiB: not a link figures file (docs/links.md)", path));
+  return text;
+}
+
+std::string format_links(const std::map<std::string, LinkSpec>& links) {
+  std::string out;
+  for (const auto& kv : links)
+    out += fmt::format("{}=bw:{:.6g},alpha:{:.6g}\n", kv.first, kv.second.bandwidth, kv.second.alpha_s);
+  return out;
 }
 
 }  // namespace tessel

@@ -57,13 +57,19 @@ Mesh Mesh::parse(std::string_view spec) {
       ++i;
   };
   skip();
+  if (i >= spec.size())
+    throw MeshError(fmt::format("empty mesh '{}': expected name=size[,name=size...], e.g. "
+                                "data=2,model=4 (a single device: x=1)", spec));
   while (i < spec.size()) {
     std::size_t b = i;
     while (i < spec.size() && (std::isalnum(static_cast<unsigned char>(spec[i])) || spec[i] == '_'))
       ++i;
     std::string name(spec.substr(b, i - b));
     while (i < spec.size() && std::isspace(static_cast<unsigned char>(spec[i]))) ++i;
-    if (name.empty() || i >= spec.size() || (spec[i] != '=' && spec[i] != ':'))
+    if (!name.empty() && i < spec.size() && spec[i] == ':')
+      throw MeshError(fmt::format("bad mesh '{}' at column {}: write {}=SIZE with '=', not ':' "
+                                  "(e.g. data=2,model=4)", spec, i + 1, name));
+    if (name.empty() || i >= spec.size() || spec[i] != '=')
       throw MeshError(fmt::format("bad mesh '{}' at column {}: expected name=size, e.g. "
                                   "data=2,model=4", spec, i + 1));
     ++i;

@@ -1,6 +1,11 @@
 // tessel-bench-mpi: bus bandwidth of the MPI runtime's collectives against memcpy.
 //
 //   mpirun -np 2 build/bin/tessel-bench-mpi [--max-mib 64] [--iters N]
+//   mpirun -np 2 build/bin/tessel-bench-mpi --calibrate-links --mesh data=2,model=2 [--out FILE]
+//
+// --calibrate-links: α and bus bandwidth per mesh axis of the MPI runtime (calibrate_links,
+// tessel/runtime/calibrate.hpp), written by rank 0 in the --links format (docs/links.md) to
+// --out (stdout without it).
 //
 // One device per process on a mesh x=<np>; each collective is enqueued on the device's
 // communication stream (as the executor does) and timed over N calls after a warm-up.
@@ -14,9 +19,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "tessel/runtime/calibrate.hpp"
 #include "tessel/runtime/mpi_runtime.hpp"
 #include "tessel/runtime/thread_runtime.hpp"
 
@@ -24,12 +31,36 @@ using namespace tessel;
 
 int main(int argc, char** argv) {
   int max_mib = 64, iters = 0;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--max-mib") max_mib = std::stoi(argv[i + 1]);
-    if (std::string(argv[i]) == "--iters") iters = std::stoi(argv[i + 1]);
+  bool calibrate = false;
+  std::string mesh_spec, out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--calibrate-links") calibrate = true;
+    if (i + 1 >= argc) continue;
+    if (a == "--max-mib") max_mib = std::stoi(argv[i + 1]);
+    if (a == "--iters") iters = std::stoi(argv[i + 1]);
+    if (a == "--mesh") mesh_spec = argv[i + 1];
+    if (a == "--out") out = argv[i + 1];
   }
   try {
     MpiRuntime rt;
+    if (calibrate) {
+      const Mesh mesh = Mesh::parse(mesh_spec.empty() ? fmt::format("x={}", rt.world_size()) : mesh_spec);
+      CalibrationOptions o;
+      if (iters > 0) o.iterations = iters;
+      const LinkCalibration cal = calibrate_links(rt, mesh, o);
+      if (rt.rank() == 0) {
+        const std::string text = cal.to_links_file(fmt::format("{} MPI processes", rt.world_size()));
+        if (out.empty()) {
+          std::fputs(text.c_str(), stdout);
+        } else {
+          std::ofstream f(out);
+          f << text;
+          if (!f) throw Error(fmt::format("--out {}: cannot write the file", out));
+        }
+      }
+      return 0;
+    }
     const int n = rt.world_size();
     Mesh mesh = Mesh::parse(fmt::format("x={}", n));
     auto mine = rt.devices_for(mesh);

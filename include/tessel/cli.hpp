@@ -35,9 +35,11 @@ double parse_double(const std::string& flag, const std::string& text, double lo,
 struct ExplainOptions {
   std::string file;
   std::string mesh;        // --mesh (empty: the file's mesh)
-  std::string links;       // --links, validated with CostModel::parse_links
+  std::string links;       // --links SPEC or the text of --links @FILE, validated with CostModel::parse_links
+  std::string links_file;  // the FILE of --links @FILE ("" otherwise)
   std::string dump_after;  // --dump-after: "", "parse", "propagate" or "partition"
   std::string trace;       // --trace
+  std::vector<std::string> show;  // --show VALUE (repeatable; with or without the '%')
   bool why = false;
   bool run = false;
   bool help = false;       // -h / --help: print usage_explain() and exit 0

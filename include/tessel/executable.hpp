@@ -68,6 +68,13 @@ class Executable {
   // Statistics of the last run that finished (a copy: runs may happen concurrently).
   RunStats last_stats() const;
 
+  // Memory per device, known before anything runs: the memory plan of the lowered program
+  // (lower_program(program()), what load() runs), i.e. the arena of the intermediates placed
+  // by liveness, the inputs and the outputs. peak_bytes() equals the RunStats::peak_bytes a
+  // run reports for every device. Pure; lowers the program on each call (about as costly as
+  // one compile's partition step), so keep the result rather than calling it in a loop.
+  MemoryPlan memory_estimate() const;
+
   struct RunCache;  // the runtime and loaded program of the conveniences (internal)
 
  private:
@@ -82,6 +89,8 @@ class Executable {
   std::shared_ptr<RunCache> cache_;
 };
 
+// Throws Error for a graph with no output (checks.hpp); the program's warnings include
+// those of program_warnings() (an unused mesh axis, no annotation at all).
 Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& opts = {});
 
 }  // namespace tessel

@@ -27,7 +27,8 @@ class Mesh {
   // Throws MeshError for empty or duplicate names, sizes < 1 or a device list of the wrong
   // length or with repeated ids. An empty device_ids means 0..N-1.
   explicit Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids = {});
-  // Parses "data=2,model=4" (also "{data=2, model=4}" and "data=2 model=4").
+  // Parses "data=2,model=4" (also "{data=2, model=4}" and "data=2 model=4"). Throws
+  // MeshError for an empty spec (no axis) and for "data:2" (the separator is "=").
   static Mesh parse(std::string_view spec);
 
   int rank() const { return static_cast<int>(axes_.size()); }

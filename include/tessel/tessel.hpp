@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tessel/common.hpp"
+#include "tessel/checks.hpp"
 #include "tessel/cost.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/graph.hpp"
@@ -14,6 +15,7 @@
 #include "tessel/reshard.hpp"
 #include "tessel/sharding.hpp"
 #include "tessel/text.hpp"
+#include "tessel/visualize.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"

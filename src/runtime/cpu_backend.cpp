@@ -228,10 +228,19 @@ class CpuBackend final : public Backend {
       : mode_(o.mode), threads_(o.kernel_threads < 1 ? 1 : o.kernel_threads) {}
   std::string name() const override { return std::string("cpu (") + stream_mode_name(mode_) + ")"; }
   std::unique_ptr<Buffer> allocate(std::size_t bytes) override {
+    // Beyond a 47-bit user address space no allocation can succeed: refuse it without asking
+    // the allocator (sanitizer allocators abort on such sizes instead of throwing).
+    constexpr std::size_t kMaxBytes = std::size_t{1} << 47;
+    const auto fail = [&] {
+      return OutOfMemoryError(fmt::format("cpu backend: cannot allocate {} bytes ({:.4g} GiB)", bytes,
+                                          static_cast<double>(bytes) / (1u << 30)),
+                              bytes);
+    };
+    if (bytes > kMaxBytes) throw fail();
     try {
       return std::make_unique<CpuBuffer>(bytes);
     } catch (const std::bad_alloc&) {
-      throw RuntimeError(fmt::format("cpu backend: cannot allocate {} bytes", bytes));
+      throw fail();
     }
   }
   void release(std::shared_ptr<Buffer> b, Stream& s) override {

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <mutex>
 
+#include "tessel/checks.hpp"
+#include "tessel/program_passes.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/uneven.hpp"
 #include "tessel/runtime/thread_runtime.hpp"
@@ -14,6 +16,7 @@
 namespace tessel {
 
 Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& opts) {
+  check_compilable(graph, mesh);
   PaddedGraph pg;
   if (opts.strict_even_shardings) {
     pg.graph = graph.clone();
@@ -23,6 +26,7 @@ Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& o
   }
   PropagationResult prop = propagate(pg.graph, mesh, opts.propagation);
   Program prog = partition(pg.graph, mesh, prop, opts.partition);
+  add_program_warnings(graph, mesh, prog);
   for (const std::string& n : pg.notes) prog.warnings.push_back("uneven sharding: " + n);
   Executable exe(std::move(pg.graph), mesh, std::move(prop), std::move(prog));
   exe.set_user_input_shapes(std::move(pg.input_shapes));
@@ -49,6 +53,8 @@ RunStats Executable::last_stats() const {
   std::lock_guard<std::mutex> lk(cache_->stats_mu);
   return cache_->stats;
 }
+
+MemoryPlan Executable::memory_estimate() const { return lower_program(program_).memory_plan(); }
 
 LoadedExecutable& Executable::loaded_for(const RunOptions& opts) {
   RunCache& c = *cache_;

@@ -124,7 +124,18 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
                                    pos_, i, name));
   };
   // The arena, and a view of it for every value placed there.
-  arena_ = ctx_.backend->allocate(static_cast<std::size_t>(std::max<int64_t>(p_.memory.arena_bytes, 1)));
+  try {
+    arena_ = ctx_.backend->allocate(static_cast<std::size_t>(std::max<int64_t>(p_.memory.arena_bytes, 1)));
+  } catch (const OutOfMemoryError& e) {
+    const MemoryPlan& m = p_.memory;
+    throw OutOfMemoryError(
+        fmt::format("device {}: cannot allocate the arena of the program's intermediates, {} bytes "
+                    "({:.4g} GiB; peak_bytes_per_device={} = arena {} + inputs {} + outputs {}): {}; "
+                    "shard the largest values over more mesh axes or use more devices",
+                    pos_, m.arena_bytes, static_cast<double>(m.arena_bytes) / (1u << 30), m.peak_bytes(),
+                    m.arena_bytes, m.input_bytes, m.output_bytes, e.what()),
+        e.bytes());
+  }
   arena_views_.resize(nv);
   for (std::size_t v = 0; v < nv && v < p_.memory.offset.size(); ++v)
     if (p_.memory.offset[v] >= 0)
@@ -304,7 +315,16 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
         st.buf[v] = st.buf[static_cast<std::size_t>(p_.inputs[static_cast<std::size_t>(donor)])];
         donor_taken[static_cast<std::size_t>(donor)] = true;
       } else {
-        st.buf[v] = be.allocate(static_cast<std::size_t>(lv.bytes()));
+        try {
+          st.buf[v] = be.allocate(static_cast<std::size_t>(lv.bytes()));
+        } catch (const OutOfMemoryError& e) {
+          throw OutOfMemoryError(
+              fmt::format("device {}: cannot allocate output %{} {} ({} bytes, {:.4g} GiB per device, "
+                          "sharding {}): {}; shard it over more devices",
+                          pos_, lv.name, type_str(lv.dtype, lv.shape), lv.bytes(),
+                          static_cast<double>(lv.bytes()) / (1u << 30), lv.sharding.to_string(), e.what()),
+              e.bytes());
+        }
       }
     }
     if (opts.poison) be.poison(*st.buf[v], lv.dtype, s);

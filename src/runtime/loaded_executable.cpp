@@ -180,6 +180,21 @@ std::size_t index_of(const std::vector<std::string>& names, const std::string& n
   for (const auto& n : names) quoted.push_back("%" + n);
   throw RuntimeError(fmt::format("the program has no {} %{} (its {}s: {})", kind, name, kind, join(quoted, ", ")));
 }
+
+// The device buffer of input %name's shard on mesh position `position`; an allocation
+// failure names the input, its bytes per device and the device.
+std::shared_ptr<Buffer> allocate_input(Backend& be, std::size_t bytes, const std::string& name, const LocalValue& lv,
+                                       int64_t position) {
+  try {
+    return be.allocate(bytes);
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(fmt::format("device {}: cannot allocate input %{} {} ({} bytes, {:.4g} GiB per device, "
+                                       "sharding {}): {}; shard it over more devices",
+                                       position, name, type_str(lv.dtype, lv.shape), bytes,
+                                       static_cast<double>(bytes) / (1u << 30), lv.sharding.to_string(), e.what()),
+                           e.bytes());
+  }
+}
 }  // namespace
 
 std::size_t LoadedExecutable::input_index(const std::string& name) const {
@@ -270,7 +285,7 @@ ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& us
   for (int64_t d = 0; d < n; ++d) {
     const HostTensor& src = blocks.empty() ? global : blocks[d];
     Backend& be = lr.backend(d);
-    std::shared_ptr<Buffer> b = be.allocate(src.bytes());
+    std::shared_ptr<Buffer> b = allocate_input(be, src.bytes(), name, lv, pos[d]);
     be.copy_from_host(*b, src.data(), src.bytes(), lr.transfer_stream(d));
     bufs.push_back(std::move(b));
   }
@@ -300,7 +315,7 @@ ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::ve
   std::vector<std::shared_ptr<Buffer>> bufs;
   for (int64_t d = 0; d < n; ++d) {
     Backend& be = lr.backend(d);
-    std::shared_ptr<Buffer> b = be.allocate(shards[d].bytes());
+    std::shared_ptr<Buffer> b = allocate_input(be, shards[d].bytes(), name, lv, impl_->positions[d]);
     be.copy_from_host(*b, shards[d].data(), shards[d].bytes(), lr.transfer_stream(d));
     bufs.push_back(std::move(b));
   }

@@ -437,17 +437,20 @@ TEST_CASE("cli: bad input exits non-zero with a clear message", "[integration][c
     INFO(ok.out);
     CHECK(ok.status == 0);
   }
-  SECTION("non-divisible sharding") {
+  SECTION("non-divisible sharding is padded and runs") {
     std::string f = tmp.write("nd.tsl", "mesh data=4\n%x = input f32[19,8] sharding=[{data}, {}]\n"
                                         "%y = relu(%x)\noutput %y\n");
-    Result r = explain({f});
-    check_clean_failure(r, "19 over 4");
-    CHECK_THAT(r.out, Catch::Contains("19"));
-    CHECK_THAT(r.out, Catch::Contains("divisible"));
-    // --mesh with a size that does not divide a file annotation.
-    Result r2 = explain({mlp, "--mesh", "data=3,model=4"});
-    check_clean_failure(r2, "megatron on data=3");
-    CHECK_THAT(r2.out, Catch::Contains("divisible"));
+    Result r = explain({f, "--run", "--seed", "3"});
+    INFO(r.out);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("(size 19)"));
+    CHECK_THAT(r.out, Catch::Contains("padded to 20"));
+    CHECK_THAT(r.last_line(), Catch::StartsWith("max_rel_err="));
+    // --mesh with a size that does not divide a file annotation: padded too.
+    Result r2 = explain({mlp, "--mesh", "data=3,model=4", "--run", "--seed", "3"});
+    INFO(r2.out);
+    CHECK(r2.status == 0);
+    CHECK_THAT(r2.out, Catch::Contains("padded to"));
   }
   SECTION("--device out of range") {
     for (const char* d : {"8", "-1", "1000"}) {

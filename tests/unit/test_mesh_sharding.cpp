@@ -54,6 +54,12 @@ TEST_CASE("mesh: bad meshes are rejected with a clear error", "[mesh][errors]") 
   REQUIRE_THROWS_WITH(Mesh({{"a", 2}}, {1, 1}), Catch::Contains("distinct"));
   REQUIRE_THROWS_AS(Mesh::parse("data=,model=4"), MeshError);
   REQUIRE_THROWS_AS(Mesh::parse("data"), MeshError);
+  // ':' is not the separator (it used to be accepted silently), and an empty spec is no mesh.
+  REQUIRE_THROWS_WITH(Mesh::parse("data:2"), Catch::Contains("data=SIZE") && Catch::Contains("not ':'"));
+  REQUIRE_THROWS_WITH(Mesh::parse("data=2,model:4"), Catch::Contains("model=SIZE"));
+  REQUIRE_THROWS_WITH(Mesh::parse(""), Catch::Contains("empty mesh") && Catch::Contains("data=2,model=4"));
+  REQUIRE_THROWS_WITH(Mesh::parse("  "), Catch::Contains("empty mesh"));
+  REQUIRE_THROWS_WITH(Mesh::parse("{}"), Catch::Contains("empty mesh"));
   REQUIRE_THROWS_WITH(Mesh::parse("a=2").axis_size("b"), Catch::Contains("no axis 'b'"));
 }
 

@@ -82,13 +82,26 @@ struct BlockCopy {
   std::size_t elem_bytes = 4;
 };
 
+// A backend could not allocate a buffer. The backend's message gives the bytes; the callers
+// that know what the memory is for (the arena, an input, an output) rethrow it naming the
+// value or arena, the bytes and the device, and what would make it fit.
+class OutOfMemoryError : public RuntimeError {
+ public:
+  OutOfMemoryError(const std::string& what, std::size_t bytes) : RuntimeError(what), bytes_(bytes) {}
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::size_t bytes_ = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
 
   // Device memory, not initialised. Allocation itself is immediate (the CPU backend never
-  // hands out memory that an enqueued operation still uses: see release).
+  // hands out memory that an enqueued operation still uses: see release). Throws
+  // OutOfMemoryError when the memory cannot be had.
   virtual std::unique_ptr<Buffer> allocate(std::size_t bytes) = 0;
   // Drops a reference to a buffer in stream order: the memory is freed (when this was the
   // last reference) only after everything enqueued on s before this call has run. Work of

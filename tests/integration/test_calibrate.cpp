@@ -1,0 +1,98 @@
+// calibrate_links (tessel/runtime/calibrate.hpp) on the in-process thread communicator: one
+// entry per axis of size > 1 with positive finite figures, and a file that
+// CostModel::parse_links reads back to the same figures. No timing assertions: the figures
+// of a shared machine are whatever they are; only their form is checked.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+
+#include "tessel/cost.hpp"
+#include "tessel/runtime/calibrate.hpp"
+#include "tessel/runtime/thread_runtime.hpp"
+
+using namespace tessel;
+
+TEST_CASE("calibrate_links: alpha and bandwidth per axis in the --links format", "[calibrate][runtime]") {
+  const Mesh mesh = Mesh::parse("data=2,one=1,model=2");
+  ThreadRuntime rt(mesh.num_devices());
+  CalibrationOptions o;
+  o.large_bytes = 256u << 10;
+  o.iterations = 3;
+  o.warmup = 1;
+  const LinkCalibration cal = calibrate_links(rt, mesh, o);
+  REQUIRE(cal.runtime == "threads");
+  REQUIRE(cal.axes.size() == 2);  // the size-1 axis moves nothing
+  CHECK(cal.axes[0].axis == "data");
+  CHECK(cal.axes[1].axis == "model");
+  for (const auto& a : cal.axes) {
+    INFO(a.axis);
+    CHECK(a.group_size == 2);
+    CHECK(std::isfinite(a.link.alpha_s));
+    CHECK(a.link.alpha_s > 0);
+    CHECK(std::isfinite(a.link.bandwidth));
+    CHECK(a.link.bandwidth > 0);
+    CHECK(a.busbw > 0);
+  }
+  const std::string file = cal.to_links_file("test machine");
+  INFO(file);
+  CHECK_THAT(file, Catch::StartsWith("# tessel link figures"));
+  CHECK_THAT(file, Catch::Contains("machine test machine"));
+  CostModel cm;
+  cm.parse_links(file);
+  REQUIRE(cm.links.size() == 2);
+  for (const auto& a : cal.axes) {
+    const LinkSpec& l = cm.links.at(a.axis);
+    CHECK(l.bandwidth == Approx(a.link.bandwidth).epsilon(1e-5));
+    CHECK(l.alpha_s == Approx(a.link.alpha_s).epsilon(1e-5));
+  }
+  // The cost model then prices a collective over the axis with the measured figures.
+  const double s = cm.collective_seconds(CollectiveKind::AllReduce, mesh, {"model"}, 1 << 20);
+  CHECK(s == Approx(cal.axes[1].link.alpha_s + (1 << 20) * 1.0 / cal.axes[1].link.bandwidth));
+}
+
+TEST_CASE("calibrate_links: bad options and a mesh the runtime cannot run are errors", "[calibrate][runtime]") {
+  ThreadRuntime rt(2);
+  CalibrationOptions o;
+  o.small_bytes = 6;
+  CHECK_THROWS_WITH(calibrate_links(rt, Mesh::parse("x=2"), o), Catch::Contains("multiples of 4"));
+  o = CalibrationOptions{};
+  o.iterations = 0;
+  CHECK_THROWS_WITH(calibrate_links(rt, Mesh::parse("x=2"), o), Catch::Contains("iterations"));
+  CHECK_THROWS_AS(calibrate_links(rt, Mesh::parse("x=4"), CalibrationOptions{}), RuntimeError);
+  // Nothing to measure on a one-device mesh: an empty, still parseable file.
+  ThreadRuntime one(1);
+  const LinkCalibration cal = calibrate_links(one, Mesh::parse("x=1"), CalibrationOptions{});
+  CHECK(cal.axes.empty());
+  CostModel cm;
+  cm.parse_links(cal.to_links_file());
+  CHECK(cm.links.empty());
+}
+
+TEST_CASE("parse_links: the file form takes newlines and comments and blanks", "[calibrate][cost]") {
+  CostModel cm;
+  cm.parse_links("# measured on a test box\n"
+                 "data=bw:12.5e9,alpha:2e-5   # slow links\n"
+                 "\n"
+                 "  model=bw:4.5e11\r\n"
+                 "x=alpha:1e-6;y=bw:1e9\n");
+  REQUIRE(cm.links.size() == 4);
+  CHECK(cm.links.at("data").bandwidth == 12.5e9);
+  CHECK(cm.links.at("data").alpha_s == 2e-5);
+  CHECK(cm.links.at("model").bandwidth == 4.5e11);
+  CHECK(cm.links.at("model").alpha_s == cm.default_link.alpha_s);
+  CHECK(cm.links.at("x").alpha_s == 1e-6);
+  CHECK(cm.links.at("y").bandwidth == 1e9);
+  // format_links writes what parse_links reads.
+  CostModel back;
+  back.parse_links(format_links(cm.links));
+  for (const auto& kv : cm.links) {
+    CHECK(back.links.at(kv.first).bandwidth == Approx(kv.second.bandwidth));
+    CHECK(back.links.at(kv.first).alpha_s == Approx(kv.second.alpha_s));
+  }
+  // Errors still name the entry.
+  CHECK_THROWS_WITH(cm.parse_links("data=bw:1e9\nmodel=bw:fast\n"), Catch::Contains("model=bw:fast"));
+  CHECK_THROWS_WITH(read_links_file("/nonexistent/links.txt"), Catch::Contains("/nonexistent/links.txt"));
+  // A wrong path to something endless fails at once.
+  CHECK_THROWS_WITH(read_links_file("/dev/zero"), Catch::Contains("larger than 1 MiB"));
+}
