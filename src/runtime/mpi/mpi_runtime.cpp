@@ -693,6 +693,24 @@ void MpiRuntime::Impl::fail(const std::string& reason, bool remote) {
     }
   }
   for (auto* w : ws) w->abort_local(reason);
+  if (!remote) {
+    // Drive the abort messages out (bounded): MPI delivers a send only while its sender
+    // makes progress, and a process usually exits right after its failure — without this,
+    // a peer could miss the abort and wait for its timeout instead.
+    const double deadline = detail::now_s() + 5.0;
+    while (true) {
+      int flag = 0;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        if (abort_sends.empty() ||
+            MPI_Testall(static_cast<int>(abort_sends.size()), abort_sends.data(), &flag, MPI_STATUSES_IGNORE) !=
+                MPI_SUCCESS)
+          break;
+      }
+      if (flag || detail::now_s() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
 }
 
 void MpiRuntime::Impl::watch() {
@@ -791,7 +809,8 @@ MpiRuntime::~MpiRuntime() {
     MPI_Comm_free(&im.ctrl);
     MPI_Comm_free(&im.host);
   } else {
-    for (auto& q : im.abort_sends) MPI_Request_free(&q);
+    for (auto& q : im.abort_sends)
+      if (q != MPI_REQUEST_NULL) MPI_Request_free(&q);  // completed ones are already null
   }
 }
 
