@@ -82,7 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     const int64_t mult = d < int(dims_text.size()) ? 1 + (static_cast<unsigned char>(dims_text[d]) % 3) : 1;
     shape.push_back(count * mult);
     total *= count * mult;
-    if (total > (int64_t{1} << 24)) return 0;
+    if (total > tessel::Mesh::kMaxDevices) return 0;
   }
   try {
     sh->validate(*mesh, shape, "%fuzz");

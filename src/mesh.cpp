@@ -27,9 +27,9 @@ Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids) : axes_(std:
     if (a.size < 1)
       throw MeshError(fmt::format("mesh axis '{}' has size {}: sizes must be >= 1", a.name,
                                   a.size));
-    if (a.size > (int64_t{1} << 24) / num_devices_)
+    if (a.size > kMaxDevices / num_devices_)
       throw MeshError(fmt::format("mesh axis '{}' of size {} makes the mesh larger than {} "
-                                  "devices", a.name, a.size, int64_t{1} << 24));
+                                  "devices (Mesh::kMaxDevices)", a.name, a.size, kMaxDevices));
     num_devices_ *= a.size;
   }
   if (device_ids.empty()) {

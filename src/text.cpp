@@ -628,7 +628,7 @@ class Parser {
     }
     expect_end("the mesh");
     // Mesh allocates one entry per device: refuse absurd sizes before it multiplies them.
-    constexpr int64_t kMaxDevices = int64_t{1} << 24;
+    constexpr int64_t kMaxDevices = Mesh::kMaxDevices;
     int64_t total = 1;
     for (const MeshAxis& a : axes) {
       if (a.size >= 1 && total > kMaxDevices / a.size)

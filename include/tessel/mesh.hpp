@@ -22,6 +22,10 @@ struct MeshAxis {
 
 class Mesh {
  public:
+  // The largest mesh tessel builds: 2^20 devices (beyond any cluster today; a mesh keeps
+  // per-device tables, so an absurd size is refused before anything is allocated).
+  static constexpr int64_t kMaxDevices = int64_t{1} << 20;
+
   // A mesh with no axes: one device.
   Mesh() = default;
   // Throws MeshError for empty or duplicate names, sizes < 1 or a device list of the wrong

@@ -72,7 +72,8 @@ double flops_einsum(const OpAttrs& a, const Shapes& in, const Shape&) {
   EinsumSpec spec = parse_einsum(a.equation, static_cast<int>(in.size()));
   std::map<char, int64_t> size;
   for (std::size_t i = 0; i < in.size(); ++i)
-    for (std::size_t d = 0; d < spec.operands[i].size(); ++d) size[spec.operands[i][d]] = in[i][d];
+    // (Shapes may not match the equation yet when a parsed program is being checked.)
+    for (std::size_t d = 0; d < spec.operands[i].size() && d < in[i].size(); ++d) size[spec.operands[i][d]] = in[i][d];
   double n = 1;
   for (auto& kv : size) n *= static_cast<double>(kv.second);
   return in.size() == 2 ? 2 * n : n;

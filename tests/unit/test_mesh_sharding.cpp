@@ -127,3 +127,18 @@ TEST_CASE("property: shards tile the global tensor exactly once per replica", "[
     for (int c : count) REQUIRE(c == replicas);
   }
 }
+
+// Regression (fuzz_mesh_sharding timeout, input "{xdata=10838810 "): a mesh of 10.8 million
+// devices was built (a per-device table of that size on every parse). Meshes are capped at
+// Mesh::kMaxDevices = 2^20 and refused before anything is allocated.
+TEST_CASE("mesh: an absurdly large mesh is refused before it is allocated", "[mesh][regression]") {
+  CHECK_THROWS_AS(Mesh::parse("{xdata=10838810 }"), MeshError);
+  CHECK_THROWS_AS(Mesh::parse("a=1024,b=1025"), MeshError);
+  CHECK(Mesh::parse("a=1024,b=1024").num_devices() == Mesh::kMaxDevices);
+  try {
+    Mesh::parse("data=2097152");
+    FAIL("accepted");
+  } catch (const MeshError& e) {
+    CHECK(std::string(e.what()).find("1048576") != std::string::npos);
+  }
+}
