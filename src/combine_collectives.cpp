@@ -102,6 +102,7 @@ Program combine_collectives_pass(Program p, int64_t threshold_bytes) {
       anc[c] = acc;
       set(acc, c);
     }
+    for (int e : in.extra_out) deps[static_cast<std::size_t>(e)] = acc;
     deps[static_cast<std::size_t>(in.out)] = std::move(acc);
   }
   deps.clear();
@@ -184,7 +185,7 @@ Program combine_collectives_pass(Program p, int64_t threshold_bytes) {
   const std::size_t N = node_instrs.size();
   std::vector<int> def_node(nv, -1);
   for (std::size_t i = 0; i < n; ++i)
-    if (p.instrs[i].out >= 0) def_node[static_cast<std::size_t>(p.instrs[i].out)] = node_of[i];
+    for (int d : p.instrs[i].defs()) def_node[static_cast<std::size_t>(d)] = node_of[i];
   std::vector<std::vector<std::size_t>> succ(N);
   std::vector<int> indeg(N, 0);
   for (std::size_t k = 0; k < N; ++k) {

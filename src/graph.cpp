@@ -119,6 +119,9 @@ std::string Graph::describe(int v) const {
   const Value& val = values.at(static_cast<std::size_t>(v));
   if (val.producer < 0 || ops[val.producer].kind == OpKind::Input)
     return fmt::format("%{} ({}, input)", val.name, type_str(val.dtype, val.shape));
+  if (val.result > 0)
+    return fmt::format("%{} ({}, result {} of {})", val.name, type_str(val.dtype, val.shape),
+                       val.result, describe_op(val.producer));
   return fmt::format("%{} ({}, result of {})", val.name, type_str(val.dtype, val.shape),
                      describe_op(val.producer));
 }
@@ -156,6 +159,18 @@ Tensor Graph::add_input(std::string name, DType dtype, Shape shape) {
 
 Tensor Graph::add_op(OpKind kind, std::vector<int> in, OpAttrs attrs, std::string name) {
   const OpDef& def = op_def(kind);
+  if (def.num_results != 1)
+    throw Error(fmt::format("{} has {} results: build it with Graph::add_op_results (or its "
+                            "builder function), which returns a handle per result",
+                            def.name, def.num_results));
+  std::vector<std::string> names;
+  if (!name.empty()) names.push_back(std::move(name));
+  return add_op_results(kind, std::move(in), std::move(attrs), std::move(names)).front();
+}
+
+std::vector<Tensor> Graph::add_op_results(OpKind kind, std::vector<int> in, OpAttrs attrs,
+                                          std::vector<std::string> names) {
+  const OpDef& def = op_def(kind);
   if (kind == OpKind::Input) throw Error("use Graph::add_input to create inputs");
   int n = static_cast<int>(in.size());
   if (n < def.min_inputs || (def.max_inputs >= 0 && n > def.max_inputs))
@@ -163,6 +178,9 @@ Tensor Graph::add_op(OpKind kind, std::vector<int> in, OpAttrs attrs, std::strin
                                  def.max_inputs == def.min_inputs ? std::string()
                                  : def.max_inputs < 0 ? std::string(" or more")
                                  : fmt::format(" to {}", def.max_inputs), n));
+  if (!names.empty() && static_cast<int>(names.size()) != def.num_results)
+    throw Error(fmt::format("{}: {} names given for its {} result{}", def.name, names.size(),
+                            def.num_results, def.num_results == 1 ? "" : "s"));
   std::vector<const Value*> ins;
   for (int v : in) {
     if (v < 0 || v >= static_cast<int>(values.size()))
@@ -171,31 +189,43 @@ Tensor Graph::add_op(OpKind kind, std::vector<int> in, OpAttrs attrs, std::strin
   }
   // Canonical attributes (negative axes made positive, reduced dims sorted).
   if (def.normalize) def.normalize(attrs, ins);
-  Shape out;
-  DType dt = DType::f32;
-  def.infer(attrs, ins, out, dt);
+  std::vector<ResultType> types = infer_op(kind, attrs, ins);
   // Guard against element counts that overflow (e.g. an outer product of huge dims).
-  {
-    int64_t n = 1;
-    for (int64_t d : out) {
-      if (d < 0 || (d > 0 && n > (int64_t{1} << 62) / d))
-        throw ShapeError(fmt::format("{}: result shape {} is too large", def.name, shape_str(out)));
-      n *= d;
+  for (const ResultType& t : types) {
+    int64_t e = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0 || (d > 0 && e > (int64_t{1} << 62) / d))
+        throw ShapeError(fmt::format("{}: result shape {} is too large", def.name, shape_str(t.shape)));
+      e *= d;
     }
   }
-  if (name.empty()) name = fresh_name();
-  if (find(name) >= 0)
-    throw Error(fmt::format("{}: value name '%{}' is already used: names must be unique",
-                            def.name, name));
+  names.resize(types.size());
+  for (std::size_t r = 0; r < names.size(); ++r) {
+    if (names[r].empty()) names[r] = fresh_name();
+    if (find(names[r]) >= 0)
+      throw Error(fmt::format("{}: value name '%{}' is already used: names must be unique",
+                              def.name, names[r]));
+    for (std::size_t q = 0; q < r; ++q)
+      if (names[q] == names[r])
+        throw Error(fmt::format("{}: value name '%{}' is given to two of its results", def.name,
+                                names[r]));
+  }
   Op op;
   op.kind = kind;
   op.inputs = std::move(in);
   op.attrs = std::move(attrs);
-  op.output = static_cast<int>(values.size());
-  names_[name] = static_cast<int>(values.size());
-  values.push_back(Value{std::move(name), out, dt, static_cast<int>(ops.size())});
+  std::vector<Tensor> handles;
+  for (std::size_t r = 0; r < types.size(); ++r) {
+    const int id = static_cast<int>(values.size());
+    if (r == 0) op.output = id;
+    else op.extra_outputs.push_back(id);
+    names_[names[r]] = id;
+    values.push_back(Value{std::move(names[r]), std::move(types[r].shape), types[r].dtype,
+                           static_cast<int>(ops.size()), static_cast<int>(r)});
+    handles.push_back(Tensor{anchor_, id});
+  }
   ops.push_back(std::move(op));
-  return Tensor{anchor_, static_cast<int>(values.size()) - 1};
+  return handles;
 }
 
 void Graph::annotate(Tensor t, Sharding s, int priority) {

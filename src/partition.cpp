@@ -99,12 +99,14 @@ struct Partitioner {
     return static_cast<double>(num_elements(v.shape)) * static_cast<double>(dtype_size(v.dtype));
   }
 
-  void emit_kernel(int graph_op, OpKind kind, OpAttrs attrs, std::vector<int> in, int out) {
+  void emit_kernel(int graph_op, OpKind kind, OpAttrs attrs, std::vector<int> in, int out,
+                   std::vector<int> extra_out = {}) {
     Instr ins;
     ins.kind = InstrKind::Kernel;
     ins.op = kind;
     ins.in = std::move(in);
     ins.out = out;
+    ins.extra_out = std::move(extra_out);
     std::vector<Shape> shapes;
     std::vector<DType> dtypes;
     for (int v : ins.in) {
@@ -145,12 +147,14 @@ struct Partitioner {
     std::vector<Weight> weight(nf, none);
     // 1. Result factors from the result's propagated sharding.
     if (result_first) {
-      auto rproj = project_onto_factors(mesh, rule.result, rule.factors, prop.shardings[op.output]);
-      for (std::size_t f = 0; f < nf; ++f)
-        if (!rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
-          fs[f] = rproj[f];
-          weight[f] = top;
-        }
+      for (int r = 0; r < op.num_results(); ++r) {
+        auto rproj = project_onto_factors(mesh, rule.result_dims(r), rule.factors, prop.shardings[op.result(r)]);
+        for (std::size_t f = 0; f < nf; ++f)
+          if (fs[f].empty() && !rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
+            fs[f] = rproj[f];
+            weight[f] = top;
+          }
+      }
     }
     // 2. Other factors from the operands' current layouts, strongest operands first.
     std::vector<std::size_t> order(op.inputs.size());
@@ -171,13 +175,15 @@ struct Partitioner {
       }
     }
     if (!result_first) {
-      // Then the result's wishes for factors the operands left free.
-      auto rproj = project_onto_factors(mesh, rule.result, rule.factors, prop.shardings[op.output]);
-      for (std::size_t f = 0; f < nf; ++f)
-        if (fs[f].empty() && !rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
-          fs[f] = rproj[f];
-          weight[f] = Weight{std::numeric_limits<int64_t>::min(), 0};
-        }
+      // Then the results' wishes for factors the operands left free.
+      for (int r = 0; r < op.num_results(); ++r) {
+        auto rproj = project_onto_factors(mesh, rule.result_dims(r), rule.factors, prop.shardings[op.result(r)]);
+        for (std::size_t f = 0; f < nf; ++f)
+          if (fs[f].empty() && !rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
+            fs[f] = rproj[f];
+            weight[f] = Weight{std::numeric_limits<int64_t>::min(), 0};
+          }
+      }
     }
     // 3. An axis used by two factors goes to the factor with the stronger source.
     std::vector<std::size_t> forder(nf);
@@ -207,7 +213,7 @@ struct Partitioner {
         }
       };
       for (const auto& o : rule.operands) fix(o);
-      fix(rule.result);
+      for (int r = 0; r < rule.num_results(); ++r) fix(rule.result_dims(r));
     }
     return fs;
   }
@@ -239,8 +245,28 @@ struct Partitioner {
            opts.cost.collective_seconds(CollectiveKind::AllReduce, mesh, axes, bytes);
   }
 
+  // The local layout of result r under factor sharding fs: its dims from the factors that
+  // compose them; partial over the axes of sharded factors it sums over (reduction factors,
+  // and for an op with several results the factors this result lacks), plus `kept` (partial
+  // operands that flowed through).
+  Sharding result_layout(const Op& op, const OpRule& rule, const std::vector<Axes>& fs, int r,
+                         const Axes& kept) const {
+    const Value& v = g.values[static_cast<std::size_t>(op.result(r))];
+    const auto& dims = rule.result_dims(r);
+    Sharding rs = Sharding::replicated(static_cast<int>(v.shape.size()));
+    for (std::size_t d = 0; d < dims.size(); ++d) rs.dims[d].axes = compose_dim(mesh, dims[d], rule.factors, fs);
+    Axes partial = kept;
+    for (std::size_t f = 0; f < fs.size(); ++f) {
+      const FactorKind k = rule.factors[f].kind;
+      if (k == FactorKind::Reduction || (k == FactorKind::Pass && !rule.in_result(r, static_cast<int>(f))))
+        partial.insert(partial.end(), fs[f].begin(), fs[f].end());
+    }
+    rs.partial = mesh_order(partial);
+    return rs;
+  }
+
   // Estimated communication seconds of a factor sharding: operand reshards plus the
-  // reshard of the result to its propagated layout (partial operands assumed reduced).
+  // reshard of each result to its propagated layout (partial operands assumed reduced).
   double comm_estimate(const Op& op, const OpRule& rule, const std::vector<Axes>& fs) {
     double t = 0;
     for (std::size_t i = 0; i < op.inputs.size(); ++i) {
@@ -251,16 +277,12 @@ struct Partitioner {
         req.dims[d].axes = compose_dim(mesh, rule.operands[i][d], rule.factors, fs);
       t += plan_reshard(mesh, lv.global_shape, lv.dtype, lv.sharding, req, opts.cost).seconds;
     }
-    const Value& outv = g.values[op.output];
-    Sharding rs = Sharding::replicated(static_cast<int>(outv.shape.size()));
-    for (std::size_t d = 0; d < rule.result.size(); ++d)
-      rs.dims[d].axes = compose_dim(mesh, rule.result[d], rule.factors, fs);
-    Axes partial;
-    for (std::size_t f = 0; f < fs.size(); ++f)
-      if (rule.factors[f].kind == FactorKind::Reduction) partial.insert(partial.end(), fs[f].begin(), fs[f].end());
-    rs.partial = mesh_order(partial);
-    t += plan_reshard(mesh, outv.shape, outv.dtype, rs,
-                      prop.shardings[op.output].closed_copy().without_partial(), opts.cost).seconds;
+    for (int r = 0; r < op.num_results(); ++r) {
+      const int v = op.result(r);
+      const Value& outv = g.values[static_cast<std::size_t>(v)];
+      t += plan_reshard(mesh, outv.shape, outv.dtype, result_layout(op, rule, fs, r, {}),
+                        prop.shardings[v].closed_copy().without_partial(), opts.cost).seconds;
+    }
     return t;
   }
 
@@ -428,18 +450,11 @@ struct Partitioner {
       }
       ins.push_back(reshard(phys[v], req, oi, fmt::format("for operand {} of {}", i, g.describe_op(oi))));
     }
-    // 7. The local result.
-    Sharding rs = Sharding::replicated(static_cast<int>(outv.shape.size()));
-    for (std::size_t d = 0; d < rule.result.size(); ++d)
-      rs.dims[d].axes = compose_dim(mesh, rule.result[d], rule.factors, fs);
-    Axes partial = kept_partial;
+    // 7. The local results.
+    const Sharding rs = result_layout(op, rule, fs, 0, kept_partial);
     int64_t mean_scale = 1;
     for (std::size_t f = 0; f < nf; ++f)
-      if (rule.factors[f].kind == FactorKind::Reduction && !fs[f].empty()) {
-        partial.insert(partial.end(), fs[f].begin(), fs[f].end());
-        mean_scale *= mesh.axes_size(fs[f]);
-      }
-    rs.partial = mesh_order(partial);
+      if (rule.factors[f].kind == FactorKind::Reduction && !fs[f].empty()) mean_scale *= mesh.axes_size(fs[f]);
     if (const Axes caxes = combined_axes(rule, fs); !caxes.empty() && mesh.axes_size(caxes) > 1) {
       // The distributed form: local statistics, all-reduced over the combined axes.
       Emitter em(*this, oi, caxes);
@@ -463,6 +478,13 @@ struct Partitioner {
       return;
     }
     int out = new_value(op.output, rs, outv.dtype, outv.shape);
+    std::vector<int> extra;
+    for (int r = 1; r < op.num_results(); ++r) {
+      const int v = op.result(r);
+      const Value& rv = g.values[static_cast<std::size_t>(v)];
+      extra.push_back(new_value(v, result_layout(op, rule, fs, r, kept_partial), rv.dtype, rv.shape));
+      phys[static_cast<std::size_t>(v)] = extra.back();
+    }
     OpAttrs a = op.attrs;
     if (const LocalizeFn localize = op_def(op.kind).localize) {
       std::vector<Shape> gin, lin;
@@ -472,7 +494,7 @@ struct Partitioner {
       }
       localize(a, LocalizeArgs{gin, outv.shape, lin, prog.values[out].shape, rs});
     }
-    emit_kernel(oi, op.kind, std::move(a), ins, out);
+    emit_kernel(oi, op.kind, std::move(a), ins, out, std::move(extra));
     // A mean over a split dim: each device divided by its local extent; scale by 1/k so
     // the partial sum over the k shards is the global mean.
     if (op.kind == OpKind::ReduceMean && mean_scale > 1) {
@@ -522,11 +544,16 @@ struct Partitioner {
     // Ops whose results reach no output are not emitted (inputs always are).
     std::vector<bool> needed(g.values.size(), false);
     for (int v : g.outputs) needed[v] = true;
+    auto any_needed = [&](const Op& o) {
+      for (int v : o.results())
+        if (needed[static_cast<std::size_t>(v)]) return true;
+      return false;
+    };
     for (std::size_t i = g.ops.size(); i-- > 0;)
-      if (needed[g.ops[i].output])
+      if (any_needed(g.ops[i]))
         for (int v : g.ops[i].inputs) needed[v] = true;
     for (std::size_t i = 0; i < g.ops.size(); ++i)
-      if (g.ops[i].kind == OpKind::Input || needed[g.ops[i].output]) op(static_cast<int>(i));
+      if (g.ops[i].kind == OpKind::Input || any_needed(g.ops[i])) op(static_cast<int>(i));
     for (int v : g.outputs) {
       const Sharding want = output_layout(v);
       prog.outputs.push_back(reshard(phys[v], want, -1, fmt::format("for output %{}", g.values[v].name)));

@@ -46,7 +46,8 @@ double Program::compute_seconds(const CostModel& cost) const {
   double t = 0;
   for (const Instr& in : instrs) {
     if (in.kind != InstrKind::Kernel) continue;
-    double bytes = static_cast<double>(values[in.out].bytes());
+    double bytes = 0;
+    for (int v : in.defs()) bytes += static_cast<double>(values[v].bytes());
     for (int v : in.in) bytes += static_cast<double>(values[v].bytes());
     t += cost.op_seconds(in.flops, bytes);
   }
@@ -115,8 +116,13 @@ std::string Program::to_string(int64_t device) const {
     for (int v : in.in) args.push_back(vname(v));
     std::string line;
     if (in.kind == InstrKind::Kernel) {
-      line = fmt::format("{} = {}({}){} : {}", vname(in.out), op_name(in.op), join(args, ", "),
-                         attrs_text(in.op, in.attrs), type_str(o.dtype, o.shape));
+      std::vector<std::string> names, types;
+      for (int v : in.defs()) {
+        names.push_back(vname(v));
+        types.push_back(type_str(values[v].dtype, values[v].shape));
+      }
+      line = fmt::format("{} = {}({}){} : {}", join(names, ", "), op_name(in.op), join(args, ", "),
+                         attrs_text(in.op, in.attrs), join(types, ", "));
     } else if (in.kind == InstrKind::Copy) {
       line = fmt::format("{} = copy({}) block={} blocks={} : {}", vname(in.out), join(args, ", "),
                          shape_str(in.block), in.copies.size(), type_str(o.dtype, o.shape));
@@ -151,7 +157,9 @@ std::string Program::to_string(int64_t device) const {
     }
     out += line;
     if (in.stream != "compute") out += " @" + in.stream;
-    out += fmt::format("  # {}", o.sharding.to_string());
+    std::vector<std::string> layouts;
+    for (int v : in.defs()) layouts.push_back(values[v].sharding.to_string());
+    out += fmt::format("  # {}", join(layouts, ", "));
     if (!in.note.empty()) out += "; " + in.note;
     out += "\n";
   }

@@ -249,6 +249,7 @@ Program async_collectives_pass(Program prog) {
     if (in.kind == InstrKind::CollectiveStart) throw Error("async-collectives: the program already has collective starts");
     ready_for(in);
     const int o = in.out;
+    const std::vector<int> defs = in.defs();
     const std::string s = in.stream;
     const bool view = in.kind == InstrKind::View;
     const int src = view ? in.in[0] : -1;
@@ -257,8 +258,10 @@ Program async_collectives_pass(Program prog) {
       ready_on[static_cast<std::size_t>(o)] = ready_on[static_cast<std::size_t>(src)];
       ready_at[static_cast<std::size_t>(o)] = ready_at[static_cast<std::size_t>(src)];
     } else {
-      ready_on[static_cast<std::size_t>(o)] = s;
-      ready_at[static_cast<std::size_t>(o)] = static_cast<int>(out.size()) - 1;
+      for (int d : defs) {
+        ready_on[static_cast<std::size_t>(d)] = s;
+        ready_at[static_cast<std::size_t>(d)] = static_cast<int>(out.size()) - 1;
+      }
     }
   }
   while (!started.empty()) done(started.front());
@@ -291,8 +294,10 @@ Program memory_plan_pass(Program p) {
   };
   std::vector<Item> items;
   for (const Instr& in : p.instrs) {
-    if (in.out < 0 || in.kind == InstrKind::View || external[static_cast<std::size_t>(in.out)]) continue;
-    items.push_back({in.out, (p.values[static_cast<std::size_t>(in.out)].bytes() + 63) / 64 * 64});
+    if (in.kind == InstrKind::View) continue;
+    for (int d : in.defs())
+      if (!external[static_cast<std::size_t>(d)])
+        items.push_back({d, (p.values[static_cast<std::size_t>(d)].bytes() + 63) / 64 * 64});
   }
   // Largest first; stable, so ties keep definition order.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.bytes > b.bytes; });

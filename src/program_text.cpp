@@ -103,7 +103,9 @@ std::string instr_text(const Program& p, const Instr& in) {
   std::vector<std::string> args;
   for (int v : in.in) args.push_back(vname(v));
   const std::string call = "(" + join(args, ", ") + ")";
-  std::string s = vname(in.out) + " = ";
+  std::vector<std::string> names;
+  for (int v : in.defs()) names.push_back(vname(v));
+  std::string s = join(names, ", ") + " = ";
   switch (in.kind) {
     case InstrKind::Kernel: s += op_name(in.op) + call + attrs_text(in.op, in.attrs); break;
     case InstrKind::ShardSlice: s += fmt::format("shard_slice{} axes={} dim={}", call, axes_text(in.axes), in.dim); break;
@@ -136,12 +138,17 @@ std::string instr_text(const Program& p, const Instr& in) {
     }
     default: break;
   }
-  const LocalValue& o = p.values[static_cast<std::size_t>(in.out)];
-  s += fmt::format(" : {} global={} sharding={} @{}", type_text(o.dtype, o.shape), type_text(o.dtype, o.global_shape),
-                   o.sharding.to_string(), in.stream);
-  if (p.memory.planned && static_cast<std::size_t>(in.out) < p.memory.offset.size() &&
-      p.memory.offset[static_cast<std::size_t>(in.out)] >= 0)
-    s += fmt::format(" at={}", p.memory.offset[static_cast<std::size_t>(in.out)]);
+  // Each result's type, layout and arena offset; the stream after the first result's.
+  const std::vector<int> defs = in.defs();
+  for (std::size_t r = 0; r < defs.size(); ++r) {
+    const std::size_t v = static_cast<std::size_t>(defs[r]);
+    const LocalValue& o = p.values[v];
+    s += fmt::format("{} : {} global={} sharding={}", r ? "," : "", type_text(o.dtype, o.shape),
+                     type_text(o.dtype, o.global_shape), o.sharding.to_string());
+    if (r == 0) s += " @" + in.stream;
+    if (p.memory.planned && v < p.memory.offset.size() && p.memory.offset[v] >= 0)
+      s += fmt::format(" at={}", p.memory.offset[v]);
+  }
   return s;
 }
 
@@ -670,8 +677,15 @@ class Parser {
 
   void definition() {
     Token name = next();
+    std::vector<Token> more_names;  // a kernel of an op with several results: %a, %b, %c = ...
+    while (accept(",")) {
+      Token t = next();
+      if (t.kind != TK::Value) fail(t.col, fmt::format("expected a value name after ',', got {}", describe(t)));
+      more_names.push_back(std::move(t));
+    }
     expect("=", "after the value name");
     Token op = expect_ident("an instruction (input, an op, a collective, copy, view or shard_slice)");
+    if (op.text == "input" && !more_names.empty()) fail(op.col, "an input defines one value");
     if (op.text == "input") {
       const int v = define(name);
       LocalValue& lv = p_.values[static_cast<std::size_t>(v)];
@@ -726,6 +740,11 @@ class Parser {
       in.kind = InstrKind::Kernel;
       in.op = *k;
     }
+    const int results = in.kind == InstrKind::Kernel ? op_def(in.op).num_results : 1;
+    if (static_cast<int>(more_names.size()) + 1 != results)
+      fail(name.col, results == 1 ? fmt::format("{} defines one value, not {}", op.text, more_names.size() + 1)
+                                  : fmt::format("{} has {} results; name each ('%a, %b, ... = {}(...)'), not {}",
+                                                op.text, results, op.text, more_names.size() + 1));
     expect("(", "to start the operands");
     if (!accept(")")) {
       while (true) {
@@ -738,17 +757,58 @@ class Parser {
     }
     const int v = define(name);
     in.out = v;
-    LocalValue& lv = p_.values[static_cast<std::size_t>(v)];
-    std::map<std::string, int> seen;
-    bool typed = false, streamed = false;
-    int64_t at = -1;
+    for (const Token& t : more_names) in.extra_out.push_back(define(t));
+    // Result r's attributes (type, global=, sharding=, at=); results after the first follow
+    // a ',' each: `: T0 global=.. sharding=.. @compute, : T1 global=.. sharding=..`.
+    int cur = 0;
+    std::vector<int> defs = in.defs();
+    auto value_of = [&](int r) -> LocalValue& { return p_.values[static_cast<std::size_t>(defs[static_cast<std::size_t>(r)])]; };
+    std::vector<std::map<std::string, int>> result_seen(defs.size());
+    std::vector<bool> result_typed(defs.size(), false);
+    std::vector<int64_t> result_at(defs.size(), -1);
+    std::map<std::string, int>& seen = result_seen[0];
+    bool streamed = false;
     const std::vector<AttrSpec>* schema = in.kind == InstrKind::Kernel ? &op_def(in.op).attrs : nullptr;
     while (peek().kind != TK::End) {
       Token t = next();
+      LocalValue& lv = value_of(cur);
+      if (is_punct(t, ",")) {
+        if (cur + 1 >= static_cast<int>(defs.size()))
+          fail(t.col, fmt::format("{} defines {} value(s): no attributes for another", op.text, defs.size()));
+        ++cur;
+        if (!is_punct(peek(), ":"))
+          fail(peek().col, fmt::format("expected ': type' for {} after ',', got {}",
+                                       value_ref(value_of(cur).name), describe(peek())));
+        continue;
+      }
       if (is_punct(t, ":")) {
-        if (typed) fail(t.col, "the type is given twice");
+        if (result_typed[static_cast<std::size_t>(cur)]) fail(t.col, "the type is given twice");
         parse_type(lv.dtype, lv.shape, "after ':'");
-        typed = true;
+        result_typed[static_cast<std::size_t>(cur)] = true;
+        continue;
+      }
+      const bool per_value = t.kind == TK::Ident && (t.text == "global" || t.text == "sharding" || t.text == "at");
+      if (cur > 0 && !per_value)
+        fail(t.col, fmt::format("only global=, sharding= and at= follow the type of {} (the op's attributes "
+                                "and its @stream come before the first ',')", value_ref(lv.name)));
+      auto& rseen = result_seen[static_cast<std::size_t>(cur)];
+      if (per_value) {
+        if (rseen.count(t.text)) fail(t.col, fmt::format("attribute '{}' is given twice", t.text));
+        rseen[t.text] = t.col;
+        expect("=", fmt::format("after '{}'", t.text));
+        if (t.text == "global") {
+          DType dt;
+          parse_type(dt, lv.global_shape, "after global=");
+          if (result_typed[static_cast<std::size_t>(cur)] && dt != lv.dtype)
+            fail(t.col, "the global type must have the local type's dtype");
+        } else if (t.text == "sharding") {
+          lv.sharding = parse_sharding();
+        } else {
+          Token n = next();
+          result_at[static_cast<std::size_t>(cur)] = to_int(n, "the arena offset");
+          if (result_at[static_cast<std::size_t>(cur)] < 0) fail(n.col, "an arena offset must be >= 0");
+          any_at_ = any_at_ ? any_at_ : lineno_;
+        }
         continue;
       }
       if (is_punct(t, "@")) {
@@ -762,18 +822,7 @@ class Parser {
       seen[t.text] = t.col;
       expect("=", fmt::format("after '{}'", t.text));
       const std::string& k = t.text;
-      if (k == "global") {
-        DType dt;
-        parse_type(dt, lv.global_shape, "after global=");
-        if (typed && dt != lv.dtype) fail(t.col, "the global type must have the local type's dtype");
-      } else if (k == "sharding") {
-        lv.sharding = parse_sharding();
-      } else if (k == "at") {
-        Token n = next();
-        at = to_int(n, "the arena offset");
-        if (at < 0) fail(n.col, "an arena offset must be >= 0");
-        any_at_ = any_at_ ? any_at_ : lineno_;
-      } else if (schema) {
+      if (schema) {
         const AttrSpec* spec = nullptr;
         for (const auto& s : *schema)
           if (k == s.key) spec = &s;
@@ -852,10 +901,17 @@ class Parser {
     auto need = [&](const char* key) {
       if (!seen.count(key)) fail(op.col, fmt::format("{} needs {}=", op.text, key));
     };
-    if (!typed) fail(op.col, fmt::format("{} needs its local type (': f32[...]')", op.text));
+    if (cur + 1 != static_cast<int>(defs.size()))
+      fail(op.col, fmt::format("{} needs the attributes of each of its {} results (': type global=.. sharding=..', "
+                               "separated by ',')", op.text, defs.size()));
+    for (std::size_t r = 0; r < defs.size(); ++r) {
+      const std::string who = r == 0 ? op.text : value_ref(value_of(static_cast<int>(r)).name);
+      if (!result_typed[r]) fail(op.col, fmt::format("{} needs its local type (': f32[...]')", who));
+      for (const char* key : {"global", "sharding"})
+        if (!result_seen[r].count(key)) fail(op.col, fmt::format("{} needs {}=", who, key));
+    }
     if (!streamed) fail(op.col, fmt::format("{} needs its stream ('@compute')", op.text));
-    need("global");
-    need("sharding");
+    LocalValue& lv = value_of(0);
     if (schema) {
       for (const auto& s : *schema)
         if (s.required && !seen.count(s.key)) fail(op.col, fmt::format("{} needs {}=", op.text, s.key));
@@ -885,10 +941,11 @@ class Parser {
       need("copies");
     }
     if (in.kind == InstrKind::View) need("offset");
-    if (at >= 0) {
-      p_.memory.offset.resize(p_.values.size(), -1);
-      p_.memory.offset[static_cast<std::size_t>(v)] = at;
-    }
+    for (std::size_t r = 0; r < defs.size(); ++r)
+      if (result_at[r] >= 0) {
+        p_.memory.offset.resize(p_.values.size(), -1);
+        p_.memory.offset[static_cast<std::size_t>(defs[r])] = result_at[r];
+      }
     push(std::move(in));
   }
 

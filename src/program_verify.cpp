@@ -81,13 +81,13 @@ Liveness compute_liveness(const Program& p) {
                           ? done_at[static_cast<std::size_t>(in.out)]
                           : i;
     for (int v : in.in) touch(v, in.stream, until);
-    if (in.out >= 0) {
-      const std::size_t o = static_cast<std::size_t>(in.out);
-      if (L.root[o] == in.out) {
+    for (int d : in.defs()) {
+      const std::size_t o = static_cast<std::size_t>(d);
+      if (L.root[o] == d) {
         L.first[o] = i;
         L.def_stream[o] = in.stream;
       }
-      touch(in.out, in.stream, until);
+      touch(d, in.stream, until);
     }
   }
   for (std::size_t r = 0; r < nv; ++r)
@@ -199,10 +199,19 @@ void verify_program(const Program& p) {
       }
     }
     check_id(i, in.out);
+    if (!in.extra_out.empty() && in.kind != InstrKind::Kernel)
+      throw err(i, "only a kernel defines several values");
+    for (int d : in.defs()) {
+      check_id(i, d);
+      if (defined[static_cast<std::size_t>(d)]) throw err(i, fmt::format("defines {} a second time", vname(d)));
+      check_layout(i, d);
+    }
+    for (std::size_t a = 0; a < in.extra_out.size(); ++a)
+      if (in.extra_out[a] == in.out ||
+          std::find(in.extra_out.begin() + static_cast<std::ptrdiff_t>(a) + 1, in.extra_out.end(), in.extra_out[a]) != in.extra_out.end())
+        throw err(i, fmt::format("defines {} twice", vname(in.extra_out[a])));
     const std::size_t o = static_cast<std::size_t>(in.out);
-    if (defined[o]) throw err(i, fmt::format("defines {} a second time", vname(in.out)));
     const LocalValue& ov = p.values[o];
-    check_layout(i, in.out);
     auto arity = [&](std::size_t k) {
       if (in.in.size() != k) throw err(i, fmt::format("takes {} operand(s), got {}", k, in.in.size()));
     };
@@ -234,17 +243,23 @@ void verify_program(const Program& p) {
           vals[j].dtype = lv.dtype;
           ptrs.push_back(&vals[j]);
         }
-        Shape shape;
-        DType dt = DType::f32;
+        std::vector<ResultType> types;
         try {
-          def.infer(in.attrs, ptrs, shape, dt);
+          types = infer_op(in.op, in.attrs, ptrs);
         } catch (const Error& e) {
           throw err(i, fmt::format("the registry's shape function rejects it: {}", e.what()));
         }
-        const Shape& have = global ? ov.global_shape : ov.shape;
-        if (shape != have || dt != ov.dtype)
-          throw err(i, fmt::format("the registry infers {} from the {} operands, but {} is {}", type_str(dt, shape),
-                                   global ? "global" : "local", vname(in.out), type_str(ov.dtype, have)));
+        const std::vector<int> defs = in.defs();
+        if (types.size() != defs.size())
+          throw err(i, fmt::format("{} has {} result(s), the instruction defines {}", def.name, types.size(), defs.size()));
+        for (std::size_t r = 0; r < defs.size(); ++r) {
+          const LocalValue& rv = p.values[static_cast<std::size_t>(defs[r])];
+          const Shape& have = global ? rv.global_shape : rv.shape;
+          if (types[r].shape != have || types[r].dtype != rv.dtype)
+            throw err(i, fmt::format("the registry infers {} from the {} operands, but {} is {}",
+                                     type_str(types[r].dtype, types[r].shape), global ? "global" : "local",
+                                     vname(defs[r]), type_str(rv.dtype, have)));
+        }
         break;
       }
       case InstrKind::Collective:
@@ -339,6 +354,13 @@ void verify_program(const Program& p) {
         break;
       }
       default: break;
+    }
+    for (int d : in.extra_out) {
+      const std::size_t e = static_cast<std::size_t>(d);
+      defined[e] = true;
+      def_instr[e] = i;
+      ready_on[e] = S;
+      ready_at[e] = i;
     }
     defined[o] = true;
     def_instr[o] = i;

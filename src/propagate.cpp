@@ -113,10 +113,12 @@ struct Propagator {
     if (op.kind == OpKind::Input || op.kind == OpKind::Constant) return false;
     OpRule rule = op_rule(g, op);
     std::vector<int> tensors = op.inputs;
-    tensors.push_back(op.output);
     std::vector<const std::vector<DimFactors>*> tdims;
     for (std::size_t i = 0; i < op.inputs.size(); ++i) tdims.push_back(&rule.operands[i]);
-    tdims.push_back(&rule.result);
+    for (int r = 0; r < op.num_results(); ++r) {
+      tensors.push_back(op.result(r));
+      tdims.push_back(&rule.result_dims(r));
+    }
 
     std::size_t nf = rule.factors.size();
     std::vector<std::vector<std::string>> chosen(nf);

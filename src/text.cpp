@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -658,10 +659,22 @@ class Parser {
   void definition() {
     Token nt = next();
     const std::string name = nt.text;
-    if (auto it = defined_.find(name); it != defined_.end())
-      fail(nt.col, fmt::format("duplicate definition of {} (first defined at {}:{}:{})",
-                               value_ref(name), file_, it->second.line, it->second.col));
-    expect('=', fmt::format("after {}", value_ref(name)));
+    // An op with several results names each: `%dx, %dg, %db = layer_norm_grad(...)`.
+    std::vector<Token> name_tokens{nt};
+    while (accept(',')) {
+      Token t = next();
+      if (t.kind != TK::Value) fail(t.col, fmt::format("expected a value name after ',', got {}", describe(t)));
+      name_tokens.push_back(std::move(t));
+    }
+    for (std::size_t i = 0; i < name_tokens.size(); ++i) {
+      const Token& t = name_tokens[i];
+      if (auto it = defined_.find(t.text); it != defined_.end())
+        fail(t.col, fmt::format("duplicate definition of {} (first defined at {}:{}:{})",
+                                value_ref(t.text), file_, it->second.line, it->second.col));
+      for (std::size_t j = 0; j < i; ++j)
+        if (name_tokens[j].text == t.text) fail(t.col, fmt::format("{} is named twice", value_ref(t.text)));
+    }
+    expect('=', fmt::format("after {}", value_ref(name_tokens.back().text)));
     Token ot = next();
     if (ot.kind != TK::Ident)
       fail(ot.col, fmt::format("expected an op name after '=', got {}", describe(ot)));
@@ -671,6 +684,12 @@ class Parser {
     const OpKind kind = *kind_opt;
     const std::string opname = ot.text;
     seen_value_ = true;
+    const std::size_t nres = static_cast<std::size_t>(op_def(kind).num_results);
+    if (name_tokens.size() != nres)
+      fail(name_tokens.size() > 1 ? name_tokens[1].col : nt.col,
+           nres == 1 ? fmt::format("{} has one result; name one value", opname)
+                     : fmt::format("{} has {} results; name each: '%a, %b{} = {}(...)'", opname, nres,
+                                   nres > 2 ? ", ..." : "", opname));
 
     OpAttrs attrs;
     std::vector<int> operands;
@@ -715,8 +734,12 @@ class Parser {
     int declared_col = 0;
     DType declared_dtype = DType::f32;
     Shape declared_shape;
+    std::vector<ResultType> declared_more;  // results 1.. of an op with several
     std::optional<Sharding> annotation;
     int annotation_col = 0, priority = 0;
+    // An op with several results: `sharding=(S0, _, S2)` and `priority=P` or `(P0, P1, P2)`.
+    std::vector<std::optional<Sharding>> result_annotations(nres);
+    std::vector<int> result_priorities(nres, 0);
     const bool constraint = kind == OpKind::ShardingConstraint;
     while (true) {
       const Token t = peek();
@@ -729,6 +752,12 @@ class Parser {
         next();
         declared_col = peek().col;
         parse_type(declared_dtype, declared_shape, "after ':'");
+        for (std::size_t r = 1; r < nres; ++r) {
+          expect(',', fmt::format("between the types of the {} results of {}", nres, opname));
+          ResultType t;
+          parse_type(t.dtype, t.shape, "after ','");
+          declared_more.push_back(std::move(t));
+        }
         has_declared = true;
         continue;
       }
@@ -754,11 +783,30 @@ class Parser {
         fail(key.col, fmt::format("attribute '{}' is given twice", key.text));
       expect('=', fmt::format("after attribute name '{}'", key.text));
       const std::string& k = key.text;
-      if (k == "sharding") {
+      if (k == "sharding" && nres > 1) {
+        annotation_col = peek().col;
+        expect('(', fmt::format("to start the shardings of the {} results of {} (like sharding=([{{data}}], _, _); "
+                                "'_' for none)", nres, opname));
+        for (std::size_t r = 0; r < nres; ++r) {
+          if (r) expect(',', "between the results' shardings");
+          if (peek().kind == TK::Ident && peek().text == "_") next();
+          else result_annotations[r] = parse_sharding();
+        }
+        expect(')', fmt::format("after the {} shardings of {}", nres, opname));
+        annotation = Sharding();  // marks "given" for the priority check
+      } else if (k == "priority" && nres > 1 && is_punct(peek(), '(')) {
+        next();
+        for (std::size_t r = 0; r < nres; ++r) {
+          if (r) expect(',', "between the results' priorities");
+          result_priorities[r] = parse_int32("priority");
+        }
+        expect(')', fmt::format("after the {} priorities of {}", nres, opname));
+      } else if (k == "sharding") {
         annotation_col = peek().col;
         annotation = parse_sharding();
       } else if (k == "priority") {
         priority = parse_int32("priority");
+        result_priorities.assign(nres, priority);
       } else {
         const AttrSpec* spec = nullptr;
         for (const auto& s : specs)
@@ -781,6 +829,36 @@ class Parser {
       annotation.reset();
     }
 
+    if (nres > 1) {
+      std::vector<std::string> names;
+      for (const Token& t : name_tokens) names.push_back(t.text);
+      std::vector<Tensor> rs;
+      try {
+        rs = g_.add_op_results(kind, operands, attrs, names);
+      } catch (const Error& e) {
+        fail(ot.col, e.what());
+      }
+      for (std::size_t r = 0; r < nres; ++r) {
+        const Value& v = g_.values[static_cast<std::size_t>(rs[r].id)];
+        const ResultType want = !has_declared ? ResultType{v.shape, v.dtype}
+                                : r == 0      ? ResultType{declared_shape, declared_dtype}
+                                              : declared_more[r - 1];
+        if (v.dtype != want.dtype || v.shape != want.shape)
+          fail(declared_col, fmt::format("type mismatch for {}: the text says {} but {} infers {}",
+                                         value_ref(v.name), type_text(want.dtype, want.shape), opname,
+                                         type_text(v.dtype, v.shape)));
+        if (result_annotations[r]) {
+          check_sharding(*result_annotations[r], annotation_col, v.shape, value_ref(v.name));
+          try {
+            g_.annotate(rs[r].id, std::move(*result_annotations[r]), result_priorities[r]);
+          } catch (const Error& e) {
+            fail(annotation_col, e.what());
+          }
+        }
+        defined_.emplace(v.name, Definition{rs[r].id, lineno_, name_tokens[r].col});
+      }
+      return;
+    }
     int id = -1;
     try {
       if (kind == OpKind::Input) {
@@ -824,6 +902,46 @@ std::string ref(const Graph& g, int id) {
   return value_ref(g.values[id].name);
 }
 
+// `%a, %b, %c = op(%x, ...) attrs sharding=(S, _, S) priority=P : T, T, T` for an op with
+// several results (the sharding and priority lists only when a result is annotated).
+std::string op_results_line(const Graph& g, const Op& op, const PrintOptions& opts) {
+  const std::vector<int> rs = op.results();
+  std::vector<std::string> names, args, shardings, types;
+  std::vector<int> prios;
+  bool annotated = false;
+  for (int v : rs) {
+    names.push_back(ref(g, v));
+    types.push_back(type_text(g.values[static_cast<std::size_t>(v)].dtype, g.values[static_cast<std::size_t>(v)].shape));
+    auto it = g.annotations.find(v);
+    annotated = annotated || it != g.annotations.end();
+    shardings.push_back(it != g.annotations.end() ? sharding_text(it->second.sharding) : "_");
+    prios.push_back(it != g.annotations.end() ? it->second.priority : 0);
+  }
+  for (int v : op.inputs) args.push_back(ref(g, v));
+  std::string line = fmt::format("{} = {}({}){}", join(names, ", "), op_def(op.kind).name, join(args, ", "),
+                                 attrs_text(op.kind, op.attrs));
+  if (annotated) {
+    line += " sharding=(" + join(shardings, ", ") + ")";
+    if (std::adjacent_find(prios.begin(), prios.end(), std::not_equal_to<>()) == prios.end()) {
+      if (prios[0] != 0) line += fmt::format(" priority={}", prios[0]);
+    } else {
+      line += fmt::format(" priority=({})", fmt::join(prios, ", "));
+    }
+  }
+  if (opts.types) line += " : " + join(types, ", ");
+  if (opts.comment) {
+    std::vector<std::string> cs;
+    for (int v : rs) {
+      std::string c = opts.comment(v);
+      for (char& ch : c)
+        if (ch == '\n' || ch == '\r') ch = ' ';
+      if (!c.empty()) cs.push_back(c);
+    }
+    if (!cs.empty()) line += "  # " + join(cs, "; ");
+  }
+  return line;
+}
+
 }  // namespace
 
 Graph parse_graph(std::string_view text, std::string_view filename) {
@@ -857,6 +975,10 @@ std::string print_graph(const Graph& g, const PrintOptions& opts) {
     out += '\n';
   }
   for (const Op& op : g.ops) {
+    if (op.num_results() > 1) {
+      out += op_results_line(g, op, opts) + '\n';
+      continue;
+    }
     std::string line = ref(g, op.output) + " = ";
     const bool valid = op.output >= 0 && static_cast<std::size_t>(op.output) < g.values.size();
     const Value* v = valid ? &g.values[op.output] : nullptr;

@@ -42,7 +42,7 @@ void unite_op(Classes& c, const Graph& g, const Op& op) {
   const OpRule rule = op_rule(g, op);
   std::vector<std::pair<int, const std::vector<DimFactors>*>> ts;
   for (std::size_t i = 0; i < op.inputs.size(); ++i) ts.push_back({op.inputs[i], &rule.operands[i]});
-  ts.push_back({op.output, &rule.result});
+  for (int r = 0; r < op.num_results(); ++r) ts.push_back({op.result(r), &rule.result_dims(r)});
   for (std::size_t f = 0; f < rule.factors.size(); ++f) {
     if (rule.factors[f].kind == FactorKind::Replicated) continue;
     int first = -1;
@@ -157,7 +157,7 @@ struct Padder {
   bool transparent(const Op& op, const OpRule& rule) {
     std::vector<std::pair<int, const std::vector<DimFactors>*>> ts;
     for (std::size_t i = 0; i < op.inputs.size(); ++i) ts.push_back({op.inputs[i], &rule.operands[i]});
-    ts.push_back({op.output, &rule.result});
+    for (int r = 0; r < op.num_results(); ++r) ts.push_back({op.result(r), &rule.result_dims(r)});
     // Factors carried padded: a padded dim must be exactly one non-replicated factor, and
     // that factor may appear nowhere else inside a compound dim.
     std::set<int> padded_factors;
@@ -201,12 +201,61 @@ struct Padder {
     return dt == DType::f32 ? y : own(cast(y, dt));
   }
 
+  // Reductions over padded factors see the neutral element in the padding: factors the op
+  // sums or combines over, and for an op with several results, factors one result lacks.
+  void mask_reduced(const Op& op, const OpRule& rule, std::vector<Tensor>& ins) {
+    if (op.kind == OpKind::Embedding || op.kind == OpKind::Gather) return;  // ids pick real rows
+    for (std::size_t f = 0; f < rule.factors.size(); ++f) {
+      const FactorKind k = rule.factors[f].kind;
+      bool reduced = k == FactorKind::Reduction || k == FactorKind::Combined;
+      for (int r = 0; r < op.num_results() && !reduced; ++r)
+        reduced = k == FactorKind::Pass && !rule.in_result(r, static_cast<int>(f));
+      if (!reduced) continue;
+      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+        const auto& dims = rule.operands[i];
+        for (std::size_t d = 0; d < dims.size(); ++d)
+          if (dims[d].size() == 1 && dims[d][0] == static_cast<int>(f)) {
+            const int64_t real = g.values[static_cast<std::size_t>(op.inputs[i])].shape[d];
+            if (padded(op.inputs[i], d) == real) continue;
+            ins[i] = own(mask_padding(ins[i], static_cast<int64_t>(d), real, neutral_for(op.kind, ins[i].dtype())));
+          }
+      }
+    }
+  }
+
+  // An op with several results: either every padded dim is carried through (the masked
+  // operands are enough), or it runs on real extents and its padded results are padded back.
+  void rewrite_results(const Op& op, const std::set<int>& is_output) {
+    const OpRule rule = op_rule(g, op);
+    std::vector<Tensor> ins;
+    for (int v : op.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
+    const bool carry = transparent(op, rule);
+    if (carry) mask_reduced(op, rule, ins);
+    else
+      for (std::size_t i = 0; i < ins.size(); ++i) ins[i] = unpad(ins[i], op.inputs[i]);
+    std::vector<int> ids;
+    for (const Tensor& t : ins) ids.push_back(t.id);
+    std::vector<Tensor> rs = out.graph.add_op_results(op.kind, ids, op.attrs);
+    for (int r = 0; r < op.num_results(); ++r) {
+      const int v = op.result(r);
+      const Value& val = g.values[static_cast<std::size_t>(v)];
+      Tensor t = rs[static_cast<std::size_t>(r)];
+      const bool padded_v = padded_shape(v) != val.shape;
+      if (!carry && padded_v) t = pad(own(t), v);
+      map[static_cast<std::size_t>(v)] = t.named(padded_v && is_output.count(v) ? val.name + ".padded" : val.name);
+    }
+  }
+
   void rewrite() {
     Graph& pg = out.graph;
     pg.mesh = g.mesh;
     map.assign(g.values.size(), Tensor{});
     std::set<int> is_output(g.outputs.begin(), g.outputs.end());
     for (const Op& op : g.ops) {
+      if (op.num_results() > 1) {
+        rewrite_results(op, is_output);
+        continue;
+      }
       const Value& ov = g.values[static_cast<std::size_t>(op.output)];
       const bool out_padded = padded_shape(op.output) != ov.shape;
       // A padded output is computed under a ".padded" name; the slice back to its real
@@ -240,21 +289,7 @@ struct Padder {
           if (out_padded) r = r.named(name);
         }
       } else {
-        // Reductions over padded factors: mask the padding with the neutral element.
-        for (std::size_t f = 0; f < rule.factors.size(); ++f) {
-          const FactorKind k = rule.factors[f].kind;
-          if (k != FactorKind::Reduction && k != FactorKind::Combined) continue;
-          if (op.kind == OpKind::Embedding || op.kind == OpKind::Gather) continue;  // ids pick real rows
-          for (std::size_t i = 0; i < op.inputs.size(); ++i) {
-            const auto& dims = rule.operands[i];
-            for (std::size_t d = 0; d < dims.size(); ++d)
-              if (dims[d].size() == 1 && dims[d][0] == static_cast<int>(f)) {
-                const int64_t real = g.values[static_cast<std::size_t>(op.inputs[i])].shape[d];
-                if (padded(op.inputs[i], d) == real) continue;
-                ins[i] = own(mask_padding(ins[i], static_cast<int64_t>(d), real, neutral_for(op.kind, ins[i].dtype())));
-              }
-          }
-        }
+        mask_reduced(op, rule, ins);
         OpAttrs a = op.attrs;
         if (op.kind == OpKind::Reshape || op.kind == OpKind::Broadcast) a.shape = padded_shape(op.output);
         if (op.kind == OpKind::Slice)  // a padded dim is sliced whole (from 0): take it all

@@ -68,6 +68,12 @@ Tensor slice(Tensor x, std::vector<int64_t> starts, std::vector<int64_t> limits)
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis);
 Tensor softmax(Tensor x, int64_t axis = -1);
 Tensor layer_norm(Tensor x, Tensor gamma, Tensor beta, double eps = 1e-5);
+// The backward of layer_norm(x, gamma, beta, eps) for the gradient dy of its result: one op
+// with three results (dx like x; dgamma and dbeta, [features], summed over every row).
+struct LayerNormGrads {
+  Tensor dx, dgamma, dbeta;
+};
+LayerNormGrads layer_norm_grad(Tensor x, Tensor gamma, Tensor dy, double eps = 1e-5);
 Tensor embedding(Tensor table, Tensor ids);
 Tensor cross_entropy(Tensor logits, Tensor labels);
 Tensor causal_mask(Tensor x);

@@ -1,7 +1,8 @@
 // tessel/graph.hpp — the program over logical (global) tensors, and its builder.
 //
-// SSA: every op has one result value; values carry a global shape and a dtype. Ops are
-// built by free functions that check shapes at build time and record inputs (ggml style):
+// SSA: every op defines its result values (most ops one; a few, like layer_norm_grad,
+// several); values carry a global shape and a dtype. Ops are built by free functions that
+// check shapes at build time and record inputs (ggml style):
 //
 //   tessel::Graph g;
 //   auto x  = tessel::input(g, "x", tessel::DType::f32, {8, 128, 512});
@@ -43,13 +44,24 @@ struct Value {
   Shape shape;
   DType dtype = DType::f32;
   int producer = -1;  // op index
+  int result = 0;     // which result of its producer (0 for single-result ops)
 };
 
 struct Op {
   OpKind kind = OpKind::Input;
   std::vector<int> inputs;  // value ids
-  int output = -1;          // value id
+  int output = -1;          // value id of result 0 (the only result of most ops)
+  std::vector<int> extra_outputs;  // results 1.. of an op with several (OpDef::num_results)
   OpAttrs attrs;
+  int num_results() const { return 1 + static_cast<int>(extra_outputs.size()); }
+  // Value id of result r (0 <= r < num_results()).
+  int result(int r) const { return r == 0 ? output : extra_outputs.at(static_cast<std::size_t>(r - 1)); }
+  // Every result's value id, in order.
+  std::vector<int> results() const {
+    std::vector<int> r{output};
+    r.insert(r.end(), extra_outputs.begin(), extra_outputs.end());
+    return r;
+  }
 };
 
 // A user layout for a value. Lower priority number = stronger (0 is strongest), as in Shardy.
@@ -106,8 +118,13 @@ class Graph {
   std::map<int, Annotation> annotations;  // value id -> user layout
   std::optional<Mesh> mesh;               // optional: the text form may declare one
 
-  // Adds an op after checking and inferring its result with the op table (ops.hpp).
+  // Adds an op after checking and inferring its result with the op table (ops.hpp). For an op
+  // with several results this is an Error: use add_op_results.
   Tensor add_op(OpKind kind, std::vector<int> inputs, OpAttrs attrs, std::string name = {});
+  // Adds an op of any kind and returns a handle per result. `names` is empty (fresh names) or
+  // one name per result.
+  std::vector<Tensor> add_op_results(OpKind kind, std::vector<int> inputs, OpAttrs attrs,
+                                     std::vector<std::string> names = {});
   Tensor add_input(std::string name, DType dtype, Shape shape);
 
   // Attach a user layout to a value (input, weight or any intermediate). Closed dims are
@@ -120,7 +137,8 @@ class Graph {
   Tensor tensor(int id);
   // Value id by name, -1 when absent. Rename values through Tensor::named.
   int find(std::string_view name) const;
-  // "%h (f32[8,128,2048], result of op #3 einsum)" — used in error messages.
+  // "%h (f32[8,128,2048], result of op #3 einsum)" — used in error messages; a later result
+  // of an op with several reads "result 2 of op #3 layer_norm_grad".
   std::string describe(int value) const;
   // Op names used in messages: "op #3 einsum".
   std::string describe_op(int op) const;

@@ -33,4 +33,5 @@
   X(OneHot)             /* ids i32 [...] -> [..., attrs.depth] of attrs.dtype            */   \
   X(Gather)             /* (table, indices i32) along attrs.axis (numpy take)            */   \
   X(ScatterAdd)         /* (updates, indices i32) summed into attrs.depth rows at axis   */   \
-  X(MaskPadding)        /* x with positions >= attrs.depth along attrs.axis := scalar     */
+  X(MaskPadding)        /* x with positions >= attrs.depth along attrs.axis := scalar     */   \
+  X(LayerNormGrad)      /* (x, gamma, dy) -> (dx, dgamma, dbeta): layer_norm's backward  */

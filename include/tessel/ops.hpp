@@ -52,10 +52,21 @@ struct Factor {
 // (a broadcast size-1 dim, or a dim the rule cannot express): it stays unsharded.
 using DimFactors = std::vector<int>;
 
+// An op with several results gives each result its dims. A factor of the operands that one
+// result lacks is summed over for that result (a Pass factor of dx is a reduction factor of
+// layer_norm_grad's dgamma): when it is sharded, that result is partial over its axes while
+// the others are sharded on it.
 struct OpRule {
   std::vector<Factor> factors;
   std::vector<std::vector<DimFactors>> operands;  // [operand][dim]
-  std::vector<DimFactors> result;                 // [dim]
+  std::vector<DimFactors> result;                 // [dim] of result 0
+  std::vector<std::vector<DimFactors>> extra_results;  // [result - 1][dim]
+  int num_results() const { return 1 + static_cast<int>(extra_results.size()); }
+  const std::vector<DimFactors>& result_dims(int r) const {
+    return r == 0 ? result : extra_results.at(static_cast<std::size_t>(r - 1));
+  }
+  // Whether factor f composes some dim of result r.
+  bool in_result(int r, int f) const;
   std::string to_string() const;  // e.g. "(b,s,d),(d,f) -> (b,s,f) reduction{d}"
 };
 
@@ -140,6 +151,15 @@ struct DistributeArgs {
 
 using InferFn = void (*)(const OpAttrs& attrs, const std::vector<const Value*>& in, Shape& out,
                          DType& out_dtype);
+// The type of one result.
+struct ResultType {
+  Shape shape;
+  DType dtype = DType::f32;
+  bool operator==(const ResultType& o) const { return shape == o.shape && dtype == o.dtype; }
+};
+// Shape function of an op with several results: one type per result (OpDef::num_results).
+using InferResultsFn = std::vector<ResultType> (*)(const OpAttrs& attrs,
+                                                   const std::vector<const Value*>& in);
 using RuleFn = OpRule (*)(const OpAttrs& attrs, const std::vector<Shape>& in, const Shape& out);
 using FlopsFn = double (*)(const OpAttrs& attrs, const std::vector<Shape>& in, const Shape& out);
 using BytesFn = double (*)(const OpAttrs& attrs, const std::vector<Shape>& in,
@@ -164,11 +184,18 @@ struct OpDef {
   NormalizeFn normalize = nullptr;
   // Infers the result type. Throws ShapeError naming the op, operands and shapes.
   InferFn infer = nullptr;
-  // Sharding rule for these operand/result shapes (global or local).
+  // Ops with several results (a layer norm's backward: dx, dgamma, dbeta): how many, and
+  // their shape function (which replaces `infer`; infer_op() calls whichever is set). Such an
+  // op's rule fills OpRule::extra_results, its flops and bytes see result 0's shape, it has
+  // no distributed form, and its kernel writes KernelArgs::out and extra_out.
+  int num_results = 1;
+  InferResultsFn infer_results = nullptr;
+  // Sharding rule for these operand/result shapes (global or local); `out` is result 0's.
   RuleFn rule = nullptr;
   // Floating-point operations for these shapes (global or local).
   FlopsFn flops = nullptr;
-  // Bytes moved through memory; nullptr: every operand read once, the result written once.
+  // Bytes moved through memory; nullptr: every operand read once, the result written once
+  // (required for ops with several results).
   BytesFn bytes = nullptr;
   // How a partial (unreduced-sum) operand may flow through the op without being reduced
   // first; the result is then partial over the same axes.
@@ -200,6 +227,11 @@ const char* op_name(OpKind kind);
 std::optional<OpKind> op_kind_from_name(std::string_view name);
 // Every kind in enum order (Input first).
 std::vector<OpKind> all_op_kinds();
+
+// The types of an op's results for these operands (OpDef::infer or infer_results); throws
+// ShapeError naming the op, operands and shapes.
+std::vector<ResultType> infer_op(OpKind kind, const OpAttrs& attrs,
+                                 const std::vector<const Value*>& in);
 
 // Rule for a concrete op of a graph (shapes from the graph).
 OpRule op_rule(const Graph& g, const Op& op);

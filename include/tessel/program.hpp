@@ -87,6 +87,15 @@ struct Instr {
   InstrKind kind = InstrKind::Kernel;
   std::vector<int> in;  // local value ids
   int out = -1;
+  std::vector<int> extra_out;  // Kernel of an op with several results: results 1.. (text:
+                               // `%dx, %dg, %db = layer_norm_grad(...)`)
+  // Every value this instruction defines (out, then extra_out; none for -1).
+  std::vector<int> defs() const {
+    std::vector<int> d;
+    if (out >= 0) d.push_back(out);
+    d.insert(d.end(), extra_out.begin(), extra_out.end());
+    return d;
+  }
   // Kernel
   OpKind op = OpKind::Input;
   OpAttrs attrs;

@@ -1,4 +1,5 @@
-// src/ops/nn.cpp — registry entries of the neural-network ops: softmax, layer_norm,
+// src/ops/nn.cpp — registry entries of the neural-network ops: softmax, layer_norm and its
+// backward layer_norm_grad (an op with three results),
 // embedding (Megatron's vocab-parallel lookup when the table is row-sharded), cross_entropy
 // and causal_mask. Their kernels read global positions where a block's place matters.
 #include <limits>
@@ -90,6 +91,47 @@ int distribute_layer_norm(const DistributeArgs& x) {
 Tensor sample_layer_norm(Graph& g, SampleGen& r) {
   Shape s = r.shape(1 + r.rank());
   return layer_norm(r.input(g, s), r.input(g, {s.back()}), r.input(g, {s.back()}));
+}
+
+// ---- layer_norm_grad: (x, gamma, dy) -> (dx, dgamma, dbeta) ----
+std::vector<ResultType> infer_layer_norm_grad(const OpAttrs& a, const Ins& in) {
+  const Shape& x = in[0]->shape;
+  if (x.empty()) shape_fail("layer_norm_grad", in, "x must have rank >= 1");
+  if (in[1]->shape != Shape{x.back()})
+    shape_fail("layer_norm_grad", in, fmt::format("gamma must have shape [{}] (the last dim of x)", x.back()));
+  if (in[2]->shape != x || in[2]->dtype != in[0]->dtype)
+    shape_fail("layer_norm_grad", in, "dy (the gradient of layer_norm's result) must have x's type");
+  if (!is_float(in[0]->dtype) || !is_float(in[1]->dtype))
+    shape_fail("layer_norm_grad", in, "needs floating-point x and gamma");
+  if (!(a.eps >= 0) || a.eps == std::numeric_limits<double>::infinity())
+    shape_fail("layer_norm_grad", in, fmt::format("eps={} must be a finite number >= 0", a.eps));
+  return {{x, in[0]->dtype}, {in[1]->shape, in[1]->dtype}, {in[1]->shape, in[1]->dtype}};
+}
+// Row factors pass into dx and are summed over for dgamma and dbeta (those come out partial
+// when rows are split, as data-parallel weight gradients do); the features stay whole (dx
+// needs the row's statistics).
+OpRule rule_layer_norm_grad(const OpAttrs&, const Shapes&, const Shape& out) {
+  OpRule r = identity_rule(out, 1);
+  const int last = static_cast<int>(out.size()) - 1;
+  r.factors[static_cast<std::size_t>(last)].kind = FactorKind::Replicated;
+  r.operands.push_back({{last}});
+  r.operands.push_back(r.result);
+  r.extra_results = {{{last}}, {{last}}};
+  return r;
+}
+double flops_in12(const OpAttrs&, const Shapes& in, const Shape&) { return 12 * elems(in[0]); }
+double bytes_layer_norm_grad(const OpAttrs&, const Shapes& in, const std::vector<DType>& dts,
+                             const Shape&, DType) {
+  const double x = elems(in[0]) * static_cast<double>(dtype_size(dts[0]));
+  const double gm = elems(in[1]) * static_cast<double>(dtype_size(dts[1]));
+  return 3 * x + 3 * gm;  // read x, dy, gamma; write dx, dgamma, dbeta
+}
+Tensor sample_layer_norm_grad(Graph& g, SampleGen& r) {
+  Shape s = r.shape(1 + r.rank());
+  LayerNormGrads d = layer_norm_grad(r.input(g, s), r.input(g, {s.back()}), r.input(g, s));
+  g.mark_output(d.dgamma);
+  g.mark_output(d.dbeta);
+  return d.dx;
 }
 
 // ---- embedding ----
@@ -221,6 +263,14 @@ void register_nn_ops(std::vector<OpDef>& t) {
   ln.distribute_stats = 2;
   put(t, std::move(ln));
 
+  OpDef lg = entry(OpKind::LayerNormGrad, "layer_norm_grad", 3, 3, nullptr, rule_layer_norm_grad,
+                   flops_in12, sample_layer_norm_grad);
+  lg.attrs = {{"eps", AttrField::Eps, false}};
+  lg.num_results = 3;
+  lg.infer_results = infer_layer_norm_grad;
+  lg.bytes = bytes_layer_norm_grad;
+  put(t, std::move(lg));
+
   OpDef em = entry(OpKind::Embedding, "embedding", 2, 2, infer_embedding, rule_embedding,
                    flops_zero, sample_embedding);
   em.bytes = bytes_gather_rows;
@@ -254,6 +304,13 @@ Tensor layer_norm(Tensor x, Tensor gamma, Tensor beta, double eps) {
   OpAttrs a;
   a.eps = eps;
   return build(OpKind::LayerNorm, {x, gamma, beta}, std::move(a));
+}
+LayerNormGrads layer_norm_grad(Tensor x, Tensor gamma, Tensor dy, double eps) {
+  OpAttrs a;
+  a.eps = eps;
+  Graph& g = ops_detail::graph_of({x, gamma, dy});
+  std::vector<Tensor> r = g.add_op_results(OpKind::LayerNormGrad, {x.id, gamma.id, dy.id}, std::move(a));
+  return {r[0], r[1], r[2]};
 }
 Tensor embedding(Tensor table, Tensor ids) { return build(OpKind::Embedding, {table, ids}); }
 Tensor cross_entropy(Tensor logits, Tensor labels) { return build(OpKind::CrossEntropy, {logits, labels}); }

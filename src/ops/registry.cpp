@@ -3,6 +3,7 @@
 // The entries themselves live in one file per op family beside this one.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <set>
 
@@ -27,8 +28,10 @@ const std::vector<OpDef>& table() {
     // entry is a programming error in the registry, caught by the first lookup (and by the
     // registry test).
     for (std::size_t k = 0; k < kNumKinds; ++k)
-      if (v[k].kind != static_cast<OpKind>(k) || !v[k].name || !v[k].infer || !v[k].rule ||
-          !v[k].flops)
+      if (v[k].kind != static_cast<OpKind>(k) || !v[k].name || !v[k].rule || !v[k].flops ||
+          (v[k].num_results == 1 ? !v[k].infer
+                                 : (v[k].num_results < 1 || !v[k].infer_results || !v[k].bytes ||
+                                    v[k].distribute || v[k].needs_offsets || v[k].localize)))
         throw Error(fmt::format("tessel op registry: op kind #{} has no complete entry "
                                 "(src/ops/)", k));
     return v;
@@ -80,10 +83,31 @@ std::vector<OpKind> all_op_kinds() {
   return ks;
 }
 
+std::vector<ResultType> infer_op(OpKind kind, const OpAttrs& attrs,
+                                 const std::vector<const Value*>& in) {
+  const OpDef& d = op_def(kind);
+  if (d.infer_results) {
+    std::vector<ResultType> r = d.infer_results(attrs, in);
+    if (static_cast<int>(r.size()) != d.num_results)
+      throw Error(fmt::format("tessel op registry: {} inferred {} results, its entry says {}",
+                              d.name, r.size(), d.num_results));
+    return r;
+  }
+  ResultType r;
+  d.infer(attrs, in, r.shape, r.dtype);
+  return {std::move(r)};
+}
+
 OpRule op_rule(const Graph& g, const Op& op) {
   std::vector<Shape> in;
   for (int v : op.inputs) in.push_back(g.values[v].shape);
   return op_def(op.kind).rule(op.attrs, in, g.values[op.output].shape);
+}
+
+bool OpRule::in_result(int r, int f) const {
+  for (const DimFactors& d : result_dims(r))
+    if (std::find(d.begin(), d.end(), f) != d.end()) return true;
+  return false;
 }
 
 double op_bytes(OpKind kind, const OpAttrs& attrs, const std::vector<Shape>& in,
@@ -134,6 +158,7 @@ std::string OpRule::to_string() const {
   std::vector<std::string> ops;
   for (const auto& o : operands) ops.push_back(dims_str(o));
   std::string s = join(ops, ",") + " -> " + dims_str(result);
+  for (const auto& r : extra_results) s += ", " + dims_str(r);
   std::vector<std::string> red, rep;
   for (const auto& f : factors) {
     if (f.kind == FactorKind::Reduction) red.push_back(f.name);

@@ -137,26 +137,31 @@ const float* in_f32(const KernelArgs& a, std::size_t i, FVec& buf) {
 
 // Where to write an f32 result: the output buffer itself, or `buf` for bf16/f16 (then
 // finish_out converts it).
-float* out_f32(const KernelArgs& a, FVec& buf) {
-  switch (a.out_dtype) {
-    case DType::f32: return static_cast<float*>(a.out);
+// A float result (`out`, shape, dtype) as f32: the buffer itself, or `buf` to be converted by
+// finish_result.
+float* result_f32(const KernelArgs& a, void* out, const Shape& shape, DType dt, FVec& buf) {
+  switch (dt) {
+    case DType::f32: return static_cast<float*>(out);
     case DType::bf16:
-    case DType::f16: buf.resize(static_cast<std::size_t>(num_elements(a.out_shape))); return buf.data();
+    case DType::f16: buf.resize(static_cast<std::size_t>(num_elements(shape))); return buf.data();
     case DType::i32: break;
   }
   fail(a, "result is i32 but this op produces a float type");
 }
 
-void finish_out(const KernelArgs& a, const FVec& buf) {
-  const int64_t n = num_elements(a.out_shape);
-  if (a.out_dtype == DType::bf16) {
-    uint16_t* p = static_cast<uint16_t*>(a.out);
+void finish_result(void* out, const Shape& shape, DType dt, const FVec& buf) {
+  const int64_t n = num_elements(shape);
+  if (dt == DType::bf16) {
+    uint16_t* p = static_cast<uint16_t*>(out);
     for (int64_t j = 0; j < n; ++j) p[j] = f32_to_bf16(buf[j]);
-  } else if (a.out_dtype == DType::f16) {
-    uint16_t* p = static_cast<uint16_t*>(a.out);
+  } else if (dt == DType::f16) {
+    uint16_t* p = static_cast<uint16_t*>(out);
     for (int64_t j = 0; j < n; ++j) p[j] = f32_to_f16(buf[j]);
   }
 }
+
+float* out_f32(const KernelArgs& a, FVec& buf) { return result_f32(a, a.out, a.out_shape, a.out_dtype, buf); }
+void finish_out(const KernelArgs& a, const FVec& buf) { finish_result(a.out, a.out_shape, a.out_dtype, buf); }
 
 // ---- the strided loop nest -----------------------------------------------------------------
 
@@ -1048,6 +1053,67 @@ void k_layer_norm(const KernelArgs& a) {
   finish_out(a, ob);
 }
 
+// layer_norm's backward, per row with k_layer_norm's statistics: xhat = (x - mean) * rstd,
+// g = dy * gamma, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum over rows of
+// dy * xhat and dbeta = sum over rows of dy (accumulated in double).
+void k_layer_norm_grad(const KernelArgs& a) {
+  check_arity(a, 3, 3);
+  const OpAttrs& at = attrs_of(a);
+  const Shape& s = a.in_shapes[0];
+  if (s.empty()) fail(a, "layer_norm_grad needs rank >= 1");
+  if (a.extra_out.size() != 2 || a.extra_out_shapes.size() != 2 || a.extra_out_dtypes.size() != 2)
+    fail(a, "layer_norm_grad writes three results (dx, dgamma, dbeta)");
+  const int64_t D = s.back();
+  if (a.in_shapes[2] != s || a.out_shape != s) fail(a, "x, dy and dx must have one shape");
+  if (num_elements(a.in_shapes[1]) != D || num_elements(a.extra_out_shapes[0]) != D ||
+      num_elements(a.extra_out_shapes[1]) != D)
+    fail(a, "gamma, dgamma and dbeta must have " + std::to_string(D) + " elements (the last dim)");
+  FVec b0, b1, b2, ob, gb, bb;
+  const float* x = in_f32(a, 0, b0);
+  const float* gamma = in_f32(a, 1, b1);
+  const float* dy = in_f32(a, 2, b2);
+  float* dx = out_f32(a, ob);
+  float* dgamma = result_f32(a, a.extra_out[0], a.extra_out_shapes[0], a.extra_out_dtypes[0], gb);
+  float* dbeta = result_f32(a, a.extra_out[1], a.extra_out_shapes[1], a.extra_out_dtypes[1], bb);
+  std::vector<double> sum_g(static_cast<std::size_t>(D), 0.0), sum_b(static_cast<std::size_t>(D), 0.0);
+  std::vector<double> xhat(static_cast<std::size_t>(D));
+  const int64_t rows = D > 0 ? num_elements(s) / D : 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * D;
+    const float* dyr = dy + r * D;
+    double mean = 0.0;
+    for (int64_t j = 0; j < D; ++j) mean += xr[j];
+    mean /= double(D);
+    double var = 0.0;
+    for (int64_t j = 0; j < D; ++j) var += (xr[j] - mean) * (xr[j] - mean);
+    var /= double(D);
+    const double rstd = 1.0 / std::sqrt(var + at.eps);
+    double mg = 0.0, mgx = 0.0;
+    for (int64_t j = 0; j < D; ++j) {
+      const std::size_t u = static_cast<std::size_t>(j);
+      xhat[u] = (xr[j] - mean) * rstd;
+      const double g = double(dyr[j]) * gamma[j];
+      mg += g;
+      mgx += g * xhat[u];
+      sum_g[u] += double(dyr[j]) * xhat[u];
+      sum_b[u] += dyr[j];
+    }
+    mg /= double(D);
+    mgx /= double(D);
+    for (int64_t j = 0; j < D; ++j) {
+      const std::size_t u = static_cast<std::size_t>(j);
+      dx[r * D + j] = static_cast<float>(rstd * (double(dyr[j]) * gamma[j] - mg - xhat[u] * mgx));
+    }
+  }
+  for (int64_t j = 0; j < D; ++j) {
+    dgamma[j] = static_cast<float>(sum_g[static_cast<std::size_t>(j)]);
+    dbeta[j] = static_cast<float>(sum_b[static_cast<std::size_t>(j)]);
+  }
+  finish_out(a, ob);
+  finish_result(a.extra_out[0], a.extra_out_shapes[0], a.extra_out_dtypes[0], gb);
+  finish_result(a.extra_out[1], a.extra_out_shapes[1], a.extra_out_dtypes[1], bb);
+}
+
 void k_embedding(const KernelArgs& a) {
   check_arity(a, 2, 2);
   const Shape& ts = a.in_shapes[0];
@@ -1429,6 +1495,7 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::Concat, k_concat);
     k.add(OpKind::Softmax, k_softmax);
     k.add(OpKind::LayerNorm, k_layer_norm);
+    k.add(OpKind::LayerNormGrad, k_layer_norm_grad);
     k.add(OpKind::Embedding, k_embedding);
     k.add(OpKind::CrossEntropy, k_cross_entropy);
     k.add(OpKind::CausalMask, k_causal_mask);

@@ -191,6 +191,12 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
         const LocalValue& o = p_.values[static_cast<std::size_t>(in.out)];
         a.out_shape = o.shape;
         a.out_dtype = o.dtype;
+        for (int e : in.extra_out) {
+          const LocalValue& ev = p_.values[static_cast<std::size_t>(e)];
+          a.extra_out.push_back(nullptr);
+          a.extra_out_shapes.push_back(ev.shape);
+          a.extra_out_dtypes.push_back(ev.dtype);
+        }
         if (needs_offsets) {
           a.out_offset = o.sharding.local_offset(p_.mesh, o.global_shape, pos_);
           a.out_global_shape = o.global_shape;
@@ -288,10 +294,10 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
     if (opts.donate[i] >= 0) donor_of_output[static_cast<std::size_t>(opts.donate[i])] = static_cast<int>(i);
   std::vector<bool> donor_taken(p_.inputs.size(), false);
 
-  // Storage for the value instruction i defines.
-  auto storage = [&](std::size_t i) {
+  // Storage for value `value`, defined by instruction i.
+  auto storage = [&](std::size_t i, int value) {
     const Instr& in = p_.instrs[i];
-    const std::size_t v = static_cast<std::size_t>(in.out);
+    const std::size_t v = static_cast<std::size_t>(value);
     const LocalValue& lv = p_.values[v];
     Stream& s = stream(i);
     if (in.kind == InstrKind::View) {
@@ -349,7 +355,8 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
       }
       if (in.kind == InstrKind::CollectiveDone) continue;  // a point in comm's order
       s.set_label(labels_[i].c_str());
-      storage(i);
+      storage(i, in.out);
+      for (int e : in.extra_out) storage(i, e);
       if (in.kind == InstrKind::View) continue;
       if (opts.trace) {
         double* t0 = &st.t0[i];
@@ -361,6 +368,8 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
           KernelArgs a = kernel_args_[i];
           for (std::size_t j = 0; j < in.in.size(); ++j) a.in[j] = st.buf[static_cast<std::size_t>(in.in[j])]->data();
           a.out = st.buf[static_cast<std::size_t>(in.out)]->data();
+          for (std::size_t r = 0; r < in.extra_out.size(); ++r)
+            a.extra_out[r] = st.buf[static_cast<std::size_t>(in.extra_out[r])]->data();
           be.run_kernel(a, s);
           break;
         }

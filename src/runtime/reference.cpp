@@ -69,6 +69,13 @@ std::vector<HostTensor> run_reference(const Graph& g, const std::vector<HostTens
     args.out = out.data();
     args.out_shape = ov.shape;
     args.out_dtype = ov.dtype;
+    for (int e : op.extra_outputs) {
+      const Value& ev = g.values[static_cast<std::size_t>(e)];
+      owned[static_cast<std::size_t>(e)].emplace(ev.dtype, ev.shape);
+      args.extra_out.push_back(owned[static_cast<std::size_t>(e)]->data());
+      args.extra_out_shapes.push_back(ev.shape);
+      args.extra_out_dtypes.push_back(ev.dtype);
+    }
     args.num_threads = num_threads;
     try {
       run_cpu_kernel(args);
@@ -76,16 +83,18 @@ std::vector<HostTensor> run_reference(const Graph& g, const std::vector<HostTens
       throw RuntimeError("run_reference: " + g.describe_op(static_cast<int>(i)) + ": " + e.what());
     }
     ptr[op.output] = &out;
+    for (int e : op.extra_outputs) ptr[static_cast<std::size_t>(e)] = &*owned[static_cast<std::size_t>(e)];
     for (int v : op.inputs)
       if (last_use[v] == static_cast<int>(i) && !is_output[v] && owned[v]) {
         owned[v].reset();
         ptr[v] = nullptr;
       }
     // A result nobody reads and nobody asked for is dropped at once.
-    if (last_use[op.output] < 0 && !is_output[op.output]) {
-      owned[op.output].reset();
-      ptr[op.output] = nullptr;
-    }
+    for (int r : op.results())
+      if (last_use[static_cast<std::size_t>(r)] < 0 && !is_output[static_cast<std::size_t>(r)]) {
+        owned[static_cast<std::size_t>(r)].reset();
+        ptr[static_cast<std::size_t>(r)] = nullptr;
+      }
   }
 
   std::vector<HostTensor> result;

@@ -22,7 +22,9 @@ TEST_CASE("registry: every kind has one complete entry", "[registry]") {
     REQUIRE(d.name != nullptr);
     CHECK(names.insert(d.name).second);
     CHECK(op_kind_from_name(d.name) == k);
-    CHECK(d.infer != nullptr);
+    // One shape function: `infer` for one result, `infer_results` for several.
+    CHECK(d.num_results >= 1);
+    CHECK((d.num_results == 1 ? d.infer != nullptr : d.infer_results != nullptr));
     CHECK(d.rule != nullptr);
     CHECK(d.flops != nullptr);
     if (k != OpKind::Input) CHECK(d.sample != nullptr);

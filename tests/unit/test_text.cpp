@@ -52,7 +52,7 @@ std::string graph_diff(const Graph& a, const Graph& b) {
     std::string what = "op #" + std::to_string(i) + " " + op_name(x.kind) + ": ";
     if (x.kind != y.kind) return what + "kind";
     if (x.inputs != y.inputs) return what + "inputs";
-    if (x.output != y.output) return what + "output";
+    if (x.output != y.output || x.extra_outputs != y.extra_outputs) return what + "output";
     if (p.equation != q.equation) return what + "equation";
     if (p.dims != q.dims) return what + "dims";
     if (p.shape != q.shape) return what + "shape";
@@ -163,6 +163,7 @@ mesh data=2, model=4
 %ga = gather(%table, %ids) axis=0
 %sa = scatter_add(%emb, %ids) depth=100 axis=0
 %mp = mask_padding(%h) axis=2 depth=60 value=-inf
+%dx, %dgamma, %dbeta = layer_norm_grad(%sm, %gamma, %h) eps=1e-05 sharding=([{data}, {?}, {}], _, [{}]) priority=(0, 0, 1)
 output %ce, %cm
 output %g2
 )";

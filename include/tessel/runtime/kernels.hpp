@@ -34,6 +34,10 @@ struct KernelArgs {
   void* out = nullptr;
   Shape out_shape;
   DType out_dtype = DType::f32;
+  // Results 1.. of an op with several results (OpDef::num_results), like `out`.
+  std::vector<void*> extra_out;
+  std::vector<Shape> extra_out_shapes;
+  std::vector<DType> extra_out_dtypes;
   int num_threads = 1;  // threads the kernel may use (Eigen thread pool where it pays)
 };
 
