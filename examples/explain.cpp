@@ -142,6 +142,12 @@ int run(int argc, char** argv) {
   if (dump_after == "propagate") return 0;
   tessel::Program prog = tessel::partition(g, mesh, prop, popts);
   tessel::add_program_warnings(g, mesh, prog);
+  if (dump_after != "parse" && dump_after != "propagate" && dump_after != "partition" && !dump_after.empty()) {
+    // A lowering pass: the program after it, in the Program text form (parseable).
+    fmt::print("== program after {}\n", dump_after);
+    std::fputs(tessel::dump_program_after(prog, dump_after).c_str(), stdout);
+    return 0;
+  }
   fmt::print("== program\n");
   std::fputs(prog.to_string(device).c_str(), stdout);
   for (const std::string& name : opt.show) show_value(g, mesh, prop, prog, name);

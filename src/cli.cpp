@@ -9,9 +9,11 @@
 
 #include <cerrno>
 #include <cmath>
+#include <algorithm>
 #include <cstdlib>
 
 #include "tessel/cost.hpp"
+#include "tessel/program_passes.hpp"
 
 namespace tessel::cli {
 
@@ -66,7 +68,7 @@ double parse_double(const std::string& flag, const std::string& text, double lo,
 
 std::string usage_explain() {
   return "usage: tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N] [--show VALUE]\n"
-         "                      [--links SPEC|@FILE] [--dump-after=parse|propagate|partition]\n"
+         "                      [--links SPEC|@FILE] [--dump-after=STEP]\n"
          "                      [--run [--seed N] [--tolerance X] [--trace FILE]]\n"
          "  --show VALUE   draw the mesh with the block of VALUE each device holds (repeatable)\n"
          "  --links SPEC   per-axis link figures, e.g. 'model=bw:50e9,alpha:5e-6;data=bw:12.5e9'\n"
@@ -74,7 +76,10 @@ std::string usage_explain() {
          "                 @FILE reads them from a file, e.g. one written by\n"
          "                 tessel-bench --calibrate-links (format: docs/links.md)\n"
          "  --seed N       the seed of the random inputs of --run (unsigned 64-bit)\n"
-         "  --tolerance X  the largest max_rel_err --run accepts (finite, >= 0; default 1e-5)\n";
+         "  --tolerance X  the largest max_rel_err --run accepts (finite, >= 0; default 1e-5)\n"
+         "  --dump-after STEP  stop after STEP and print its result: parse, propagate, partition,\n"
+         "                 or a lowering pass (pack, combine-collectives, async-collectives,\n"
+         "                 memory-plan: the Program text form, docs/program-ir.md)\n";
 }
 
 ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
@@ -142,9 +147,12 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
       o.links = text;
     }
   }
-  if (!o.dump_after.empty() && o.dump_after != "parse" && o.dump_after != "propagate" &&
-      o.dump_after != "partition")
-    throw UsageError(fmt::format("--dump-after={}: expected parse, propagate or partition", o.dump_after));
+  if (!o.dump_after.empty()) {
+    std::vector<std::string> known = {"parse", "propagate", "partition"};
+    for (const std::string& pass : default_program_pass_names()) known.push_back(pass);
+    if (std::find(known.begin(), known.end(), o.dump_after) == known.end())
+      throw UsageError(fmt::format("--dump-after={}: expected one of {}", o.dump_after, join(known, ", ")));
+  }
   if (o.file.empty()) throw UsageError("no FILE given (a graph in the text form, docs/ir.md)");
   return o;
 }

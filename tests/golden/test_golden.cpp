@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "tessel/partition.hpp"
+#include "tessel/program_passes.hpp"
 #include "tessel/propagate.hpp"
 #include "tessel/text.hpp"
 
@@ -157,4 +158,24 @@ TEST_CASE("golden: reshape splitting a sharded dim needs no communication", "[go
   CHECK(sharding_of(r, "r").same_layout(Sharding::parse("[{data}, {}, {model}, {}]")));
   CHECK(r.prog.summary().bytes == 0);
   CHECK(r.prog.summary().all_to_all == 0);
+}
+
+TEST_CASE("golden: a layer norm's backward under data parallelism reduces only its weight gradients", "[golden]") {
+  Result r = render("layer_norm_grad");
+  auto s = r.prog.summary();
+  // dgamma and dbeta: one all-reduce each of 64 f32; dx stays split over data.
+  CHECK(s.all_reduce == 2);
+  CHECK(s.all_gather + s.all_to_all + s.collective_permute + s.reduce_scatter == 0);
+  CHECK(s.bytes == 2 * 64 * 4);
+  CHECK(sharding_of(r, "dx").same_layout(Sharding::parse("[{data}, {}]")));
+  int kernels = 0;
+  for (const Instr& in : r.prog.instrs)
+    if (in.kind == InstrKind::Kernel && in.op == OpKind::LayerNormGrad) {
+      ++kernels;
+      REQUIRE(in.extra_out.size() == 2);
+      for (int v : in.extra_out) CHECK(r.prog.values[static_cast<std::size_t>(v)].sharding.partial == std::vector<std::string>{"data"});
+    }
+  CHECK(kernels == 1);
+  // Lowered, the two gradient all-reduces are combined into one (XLA's all-reduce combiner).
+  CHECK(lower_program(r.prog, true).summary().all_reduce == 1);
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../unit/test_util.hpp"
+#include "tessel/program_text.hpp"
 
 namespace fs = std::filesystem;
 
@@ -242,6 +243,23 @@ TEST_CASE("cli: --dump-after=parse and =propagate", "[integration][cli]") {
   Result bad = explain({golden(kMegatron), "--dump-after=frobnicate"});
   check_clean_failure(bad, "--dump-after=frobnicate");
   CHECK_THAT(bad.out, Catch::Contains("frobnicate"));
+}
+
+TEST_CASE("cli: --dump-after a lowering pass prints a Program that parses and verifies", "[integration][cli]") {
+  for (const char* pass : {"pack", "combine-collectives", "async-collectives", "memory-plan"}) {
+    INFO(pass);
+    Result r = explain({golden("layer_norm_grad.tsl"), std::string("--dump-after=") + pass});
+    REQUIRE(r.status == 0);
+    const std::string head = std::string("== program after ") + pass + "\n";
+    const std::size_t at = r.out.find(head);
+    REQUIRE(at != std::string::npos);
+    const std::string text = r.out.substr(at + head.size());
+    tessel::Program p = tessel::parse_program(text, pass);  // parse verifies
+    CHECK(tessel::print_program(p) == text);
+    // The three results of the layer norm's backward on one kernel line.
+    CHECK_THAT(text, Catch::Contains("%dx, %dgamma, %dbeta = layer_norm_grad(%x, %gamma, %dy)"));
+    if (std::string(pass) == "memory-plan") CHECK_THAT(text, Catch::Contains("memory arena="));
+  }
 }
 
 TEST_CASE("cli: --run matches the reference", "[integration][cli]") {

@@ -20,23 +20,7 @@ using namespace tessel;
 
 namespace {
 
-void check_matches(Graph& g, const Mesh& mesh, uint64_t seed, double tol = 1e-5) {
-  Executable exe = compile(g, mesh);
-  INFO(exe.program().to_string(0));
-  auto inputs = random_inputs(g, seed);
-  RunOptions ro;
-  ro.poison = true;
-  ro.check_replicas = true;
-  auto got = exe.run(inputs, ro);
-  auto want = run_reference(g, inputs);
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    REQUIRE(got[i].shape() == want[i].shape());
-    CompareResult cmp = compare(got[i], want[i], max_abs(inputs));
-    INFO("output " << i << ": " << cmp.to_string());
-    CHECK(cmp.max_rel_err <= tol);
-  }
-}
+using tessel_test::check_matches;
 
 // A sharding of `shape` on `mesh` that splits dims with no regard for divisibility (an axis
 // larger than the dim is skipped: a block would be all padding).

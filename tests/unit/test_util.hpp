@@ -1,5 +1,5 @@
-// Helpers shared by the tests: seeds (TESSEL_SEED overrides; printed by each test) and
-// random meshes, shapes and shardings.
+// Helpers shared by the tests: seeds (TESSEL_SEED overrides; printed by each test), random
+// meshes, shapes and shardings, and the partitioned-run-versus-reference check.
 #pragma once
 
 #include <chrono>
@@ -9,7 +9,12 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
+#include "tessel/executable.hpp"
 #include "tessel/mesh.hpp"
+#include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/reference.hpp"
 #include "tessel/sharding.hpp"
 
 namespace tessel_test {
@@ -86,6 +91,27 @@ inline tessel::Sharding random_sharding_for(std::mt19937_64& rng, const tessel::
     }
   }
   return s;
+}
+
+// Compiles g for mesh, runs it partitioned on fresh seeded inputs (outputs poisoned first,
+// replicas checked) and compares every element of every output with the unpartitioned
+// reference (max-norm relative error, the inputs' scale as floor).
+inline void check_matches(tessel::Graph& g, const tessel::Mesh& mesh, uint64_t seed, double tol = 1e-5) {
+  tessel::Executable exe = tessel::compile(g, mesh);
+  INFO(exe.program().to_string(0));
+  auto inputs = tessel::random_inputs(g, seed);
+  tessel::RunOptions ro;
+  ro.poison = true;
+  ro.check_replicas = true;
+  auto got = exe.run(inputs, ro);
+  auto want = tessel::run_reference(g, inputs);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    REQUIRE(got[i].shape() == want[i].shape());
+    tessel::CompareResult cmp = tessel::compare(got[i], want[i], tessel::max_abs(inputs));
+    INFO("output " << i << ": " << cmp.to_string());
+    CHECK(cmp.max_rel_err <= tol);
+  }
 }
 
 }  // namespace tessel_test
