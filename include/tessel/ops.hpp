@@ -108,12 +108,14 @@ struct SampleGen {
   Tensor input(Graph& g, Shape s, DType t = DType::f32);
 };
 
-// What an op's vector-Jacobian product sees: the forward op, its operands and result as
-// handles of the graph being differentiated, and the gradient of the result. It returns one
-// gradient per operand (an invalid Tensor where the operand gets none, e.g. integer ids).
+// What an op's vector-Jacobian product sees: the forward op (a copy: the vjp adds ops to the
+// graph), its operands and result as handles of the graph being differentiated, and the
+// gradient of the result (same type as the result). It returns one gradient per operand, of
+// the operand's type, or a default Tensor where the operand gets none (integer ids, labels,
+// conditions). autodiff.hpp's grad() calls it.
 struct VjpArgs {
   Graph& graph;
-  const Op& op;
+  Op op;
   std::vector<Tensor> inputs;
   Tensor output;
   Tensor grad_output;

@@ -113,11 +113,47 @@ Tensor sample_einsum(Graph& g, SampleGen& r) {
 
 }  // namespace
 
+namespace {
+// The gradient of operand `k` of einsum "A,B->C" (or "A->C"): einsum "C,B->A" of the result's
+// gradient and the other operand. Letters of A found in neither C nor B (summed out of A
+// alone) come back by broadcasting; with a scalar result the gradient scales instead.
+Tensor einsum_operand_grad(const VjpArgs& a, const EinsumSpec& spec, std::size_t k) {
+  const Tensor& gz = a.grad_output;
+  const std::string& A = spec.operands[k];
+  const bool binary = spec.operands.size() == 2;
+  const std::string B = binary ? spec.operands[1 - k] : std::string();
+  std::string kept;
+  for (char c : A)
+    if (spec.result.find(c) != std::string::npos || B.find(c) != std::string::npos) kept += c;
+  Tensor r;
+  if (spec.result.empty()) {
+    if (binary) r = mul(einsum(B + "->" + kept, a.inputs[1 - k]), gz);
+    else r = gz;  // kept is empty: every letter of A was summed
+  } else if (binary) {
+    r = einsum(spec.result + "," + B + "->" + kept, gz, a.inputs[1 - k]);
+  } else {
+    r = einsum(spec.result + "->" + kept, gz);
+  }
+  const Shape& shape = a.inputs[k].shape();
+  if (kept == A) return r;
+  Shape with_ones;
+  for (std::size_t d = 0; d < A.size(); ++d) with_ones.push_back(kept.find(A[d]) != std::string::npos ? shape[d] : 1);
+  return broadcast_to(reshape(r, with_ones), shape);
+}
+std::vector<Tensor> vjp_einsum(const VjpArgs& a) {
+  const EinsumSpec spec = parse_einsum(a.op.attrs.equation, static_cast<int>(a.inputs.size()));
+  std::vector<Tensor> out;
+  for (std::size_t k = 0; k < a.inputs.size(); ++k) out.push_back(einsum_operand_grad(a, spec, k));
+  return out;
+}
+}  // namespace
+
 void register_einsum_ops(std::vector<OpDef>& t) {
   OpDef e = entry(OpKind::Einsum, "einsum", 1, 2, infer_einsum, rule_einsum, flops_einsum,
                   sample_einsum);
   e.attrs = {{"eq", AttrField::Equation}};
   e.partial_flow = PartialFlow::Multilinear;
+  e.vjp = vjp_einsum;
   put(t, std::move(e));
 }
 

@@ -153,6 +153,75 @@ Tensor sample_where(Graph& g, SampleGen& r) {
   return where(c, a, b);
 }
 
+// ---- vector-Jacobian products: x the operand(s), z the result, gz its gradient ----
+using Grads = std::vector<Tensor>;
+Grads vjp_neg(const VjpArgs& a) { return {neg(a.grad_output)}; }
+Grads vjp_exp(const VjpArgs& a) { return {mul(a.grad_output, a.output)}; }
+Grads vjp_log(const VjpArgs& a) { return {div(a.grad_output, a.inputs[0])}; }
+Grads vjp_tanh(const VjpArgs& a) {
+  const Tensor& z = a.output;
+  return {mul(a.grad_output, sub(scalar_like(z, 1.0), mul(z, z)))};
+}
+// gelu(x) = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3), c = sqrt(2/pi):
+// gelu'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3 * 0.044715 x^2).
+Grads vjp_gelu(const VjpArgs& a) {
+  const Tensor& x = a.inputs[0];
+  auto k = [&](double v) { return scalar_like(x, v); };
+  const double c = 0.7978845608028654;
+  Tensor x2 = mul(x, x);
+  Tensor t = tanh(mul(mul(x, add(k(1.0), mul(x2, k(0.044715)))), k(c)));
+  Tensor left = mul(k(0.5), add(k(1.0), t));
+  Tensor right = mul(mul(mul(k(0.5 * c), x), sub(k(1.0), mul(t, t))), add(k(1.0), mul(x2, k(3 * 0.044715))));
+  return {mul(a.grad_output, add(left, right))};
+}
+Grads vjp_relu(const VjpArgs& a) {
+  const Tensor& x = a.inputs[0];
+  return {where(gt(x, scalar_like(x, 0.0)), a.grad_output, scalar_like(a.grad_output, 0.0))};
+}
+Grads vjp_sqrt(const VjpArgs& a) { return {div(a.grad_output, mul(a.output, scalar_like(a.output, 2.0)))}; }
+Grads vjp_rsqrt(const VjpArgs& a) {
+  const Tensor& z = a.output;
+  return {mul(a.grad_output, mul(mul(mul(z, z), z), scalar_like(z, -0.5)))};
+}
+Grads vjp_sigmoid(const VjpArgs& a) {
+  const Tensor& z = a.output;
+  return {mul(a.grad_output, mul(z, sub(scalar_like(z, 1.0), z)))};
+}
+// silu'(x) = s (1 + x (1 - s)), s = sigmoid(x).
+Grads vjp_silu(const VjpArgs& a) {
+  const Tensor& x = a.inputs[0];
+  Tensor s = sigmoid(x);
+  return {mul(a.grad_output, mul(s, add(scalar_like(x, 1.0), mul(x, sub(scalar_like(x, 1.0), s)))))};
+}
+Grads vjp_cast(const VjpArgs& a) { return {cast(a.grad_output, a.inputs[0].dtype())}; }
+Grads vjp_where(const VjpArgs& a) {
+  const Tensor& gz = a.grad_output;
+  Tensor zero = scalar_like(gz, 0.0);
+  return {Tensor{}, unbroadcast(where(a.inputs[0], gz, zero), a.inputs[1].shape()),
+          unbroadcast(where(a.inputs[0], zero, gz), a.inputs[2].shape())};
+}
+Grads vjp_add(const VjpArgs& a) {
+  return {unbroadcast(a.grad_output, a.inputs[0].shape()), unbroadcast(a.grad_output, a.inputs[1].shape())};
+}
+Grads vjp_sub(const VjpArgs& a) {
+  return {unbroadcast(a.grad_output, a.inputs[0].shape()), unbroadcast(neg(a.grad_output), a.inputs[1].shape())};
+}
+Grads vjp_mul(const VjpArgs& a) {
+  const Tensor &x = a.inputs[0], &y = a.inputs[1];
+  return {unbroadcast(mul(a.grad_output, y), x.shape()), unbroadcast(mul(a.grad_output, x), y.shape())};
+}
+Grads vjp_div(const VjpArgs& a) {
+  const Tensor &x = a.inputs[0], &y = a.inputs[1];
+  return {unbroadcast(div(a.grad_output, y), x.shape()),
+          unbroadcast(neg(div(mul(a.grad_output, a.output), y)), y.shape())};
+}
+// The larger operand gets the gradient; a tie splits it equally (as JAX).
+Grads vjp_max(const VjpArgs& a) {
+  const Tensor &x = a.inputs[0], &y = a.inputs[1], &gz = a.grad_output;
+  Tensor w = where(gt(x, y), scalar_like(gz, 1.0), where(eq(x, y), scalar_like(gz, 0.5), scalar_like(gz, 0.0)));
+  return {unbroadcast(mul(gz, w), x.shape()), unbroadcast(mul(gz, sub(scalar_like(gz, 1.0), w)), y.shape())};
+}
+
 OpDef unary(OpKind k, const char* name, InferFn infer, FlopsFn flops, PartialFlow pf, SampleFn s) {
   OpDef d = entry(k, name, 1, 1, infer, rule_unary, flops, s);
   d.partial_flow = pf;
@@ -169,18 +238,19 @@ OpDef binary(OpKind k, const char* name, InferFn infer, PartialFlow pf, SampleFn
 
 void register_elementwise_ops(std::vector<OpDef>& t) {
   using PF = PartialFlow;
-  put(t, unary(OpKind::Neg, "neg", infer_neg, flops_out, PF::Multilinear, sample_neg));
-  put(t, unary(OpKind::Exp, "exp", infer_exp, flops_out4, PF::None, sample_exp));
-  put(t, unary(OpKind::Log, "log", infer_log, flops_out4, PF::None, sample_log));
-  put(t, unary(OpKind::Tanh, "tanh", infer_tanh, flops_out4, PF::None, sample_tanh));
-  put(t, unary(OpKind::Gelu, "gelu", infer_gelu, flops_out4, PF::None, sample_gelu));
-  put(t, unary(OpKind::Relu, "relu", infer_relu, flops_out, PF::None, sample_relu));
-  put(t, unary(OpKind::Sqrt, "sqrt", infer_sqrt, flops_out4, PF::None, sample_sqrt));
-  put(t, unary(OpKind::Rsqrt, "rsqrt", infer_rsqrt, flops_out4, PF::None, sample_rsqrt));
-  put(t, unary(OpKind::Sigmoid, "sigmoid", infer_sigmoid, flops_out4, PF::None, sample_sigmoid));
-  put(t, unary(OpKind::Silu, "silu", infer_silu, flops_out4, PF::None, sample_silu));
+  put(t, with_vjp(unary(OpKind::Neg, "neg", infer_neg, flops_out, PF::Multilinear, sample_neg), vjp_neg));
+  put(t, with_vjp(unary(OpKind::Exp, "exp", infer_exp, flops_out4, PF::None, sample_exp), vjp_exp));
+  put(t, with_vjp(unary(OpKind::Log, "log", infer_log, flops_out4, PF::None, sample_log), vjp_log));
+  put(t, with_vjp(unary(OpKind::Tanh, "tanh", infer_tanh, flops_out4, PF::None, sample_tanh), vjp_tanh));
+  put(t, with_vjp(unary(OpKind::Gelu, "gelu", infer_gelu, flops_out4, PF::None, sample_gelu), vjp_gelu));
+  put(t, with_vjp(unary(OpKind::Relu, "relu", infer_relu, flops_out, PF::None, sample_relu), vjp_relu));
+  put(t, with_vjp(unary(OpKind::Sqrt, "sqrt", infer_sqrt, flops_out4, PF::None, sample_sqrt), vjp_sqrt));
+  put(t, with_vjp(unary(OpKind::Rsqrt, "rsqrt", infer_rsqrt, flops_out4, PF::None, sample_rsqrt), vjp_rsqrt));
+  put(t, with_vjp(unary(OpKind::Sigmoid, "sigmoid", infer_sigmoid, flops_out4, PF::None, sample_sigmoid), vjp_sigmoid));
+  put(t, with_vjp(unary(OpKind::Silu, "silu", infer_silu, flops_out4, PF::None, sample_silu), vjp_silu));
   OpDef c = entry(OpKind::Cast, "cast", 1, 1, infer_cast, rule_unary, flops_out, sample_cast);
   c.attrs = {{"dtype", AttrField::DType}};
+  c.vjp = vjp_cast;
   put(t, std::move(c));
   put(t, binary(OpKind::Eq, "eq", infer_eq, PF::None, sample_eq));
   put(t, binary(OpKind::Ne, "ne", infer_ne, PF::None, sample_ne));
@@ -188,12 +258,12 @@ void register_elementwise_ops(std::vector<OpDef>& t) {
   put(t, binary(OpKind::Le, "le", infer_le, PF::None, sample_le));
   put(t, binary(OpKind::Gt, "gt", infer_gt, PF::None, sample_gt));
   put(t, binary(OpKind::Ge, "ge", infer_ge, PF::None, sample_ge));
-  put(t, entry(OpKind::Where, "where", 3, 3, infer_where, rule_elementwise, flops_out, sample_where));
-  put(t, binary(OpKind::Add, "add", infer_add, PF::Additive, sample_add));
-  put(t, binary(OpKind::Sub, "sub", infer_sub, PF::Additive, sample_sub));
-  put(t, binary(OpKind::Mul, "mul", infer_mul, PF::Multilinear, sample_mul));
-  put(t, binary(OpKind::Div, "div", infer_div, PF::None, sample_div));
-  put(t, binary(OpKind::Max, "max", infer_max, PF::None, sample_max));
+  put(t, with_vjp(entry(OpKind::Where, "where", 3, 3, infer_where, rule_elementwise, flops_out, sample_where), vjp_where));
+  put(t, with_vjp(binary(OpKind::Add, "add", infer_add, PF::Additive, sample_add), vjp_add));
+  put(t, with_vjp(binary(OpKind::Sub, "sub", infer_sub, PF::Additive, sample_sub), vjp_sub));
+  put(t, with_vjp(binary(OpKind::Mul, "mul", infer_mul, PF::Multilinear, sample_mul), vjp_mul));
+  put(t, with_vjp(binary(OpKind::Div, "div", infer_div, PF::None, sample_div), vjp_div));
+  put(t, with_vjp(binary(OpKind::Max, "max", infer_max, PF::None, sample_max), vjp_max));
 }
 
 }  // namespace ops_detail

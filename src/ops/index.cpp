@@ -165,12 +165,27 @@ Tensor sample_mask(Graph& g, SampleGen& r) {
 
 }  // namespace
 
+namespace {
+using Grads = std::vector<Tensor>;
+// The masked positions were set to a constant: their gradient is zero.
+Grads vjp_mask(const VjpArgs& a) {
+  return {mask_padding(a.grad_output, a.op.attrs.axis, a.op.attrs.depth, 0.0)};
+}
+Grads vjp_gather(const VjpArgs& a) {
+  const int64_t axis = a.op.attrs.axis;
+  return {scatter_add(a.grad_output, a.inputs[1], a.inputs[0].shape()[static_cast<std::size_t>(axis)], axis),
+          Tensor{}};
+}
+Grads vjp_scatter(const VjpArgs& a) { return {gather(a.grad_output, a.inputs[1], a.op.attrs.axis), Tensor{}}; }
+}  // namespace
+
 void register_index_ops(std::vector<OpDef>& t) {
   OpDef mk = entry(OpKind::MaskPadding, "mask_padding", 1, 1, infer_mask, rule_unary, flops_out,
                    sample_mask);
   mk.attrs = {{"axis", AttrField::Axis}, {"depth", AttrField::Depth}, {"value", AttrField::Scalar}};
   mk.normalize = normalize_mask;
   mk.needs_offsets = true;
+  mk.vjp = vjp_mask;
   put(t, std::move(mk));
 
   OpDef oh = entry(OpKind::OneHot, "one_hot", 1, 1, infer_one_hot, rule_one_hot, flops_out,
@@ -185,6 +200,7 @@ void register_index_ops(std::vector<OpDef>& t) {
   ga.normalize = normalize_gather;
   ga.needs_offsets = true;
   ga.index_bound = bound_gather;
+  ga.vjp = vjp_gather;
   put(t, std::move(ga));
 
   OpDef sa = entry(OpKind::ScatterAdd, "scatter_add", 2, 2, infer_scatter, rule_scatter,
@@ -193,6 +209,7 @@ void register_index_ops(std::vector<OpDef>& t) {
   sa.normalize = normalize_scatter;
   sa.needs_offsets = true;
   sa.index_bound = bound_scatter;
+  sa.vjp = vjp_scatter;
   put(t, std::move(sa));
 }
 

@@ -265,25 +265,75 @@ OpDef layout(OpKind k, const char* name, std::vector<AttrSpec> attrs, InferFn in
 
 }  // namespace
 
+namespace {
+using Grads = std::vector<Tensor>;
+Grads vjp_reshape(const VjpArgs& a) { return {reshape(a.grad_output, a.inputs[0].shape())}; }
+Grads vjp_transpose(const VjpArgs& a) {
+  const std::vector<int64_t>& perm = a.op.attrs.dims;
+  std::vector<int64_t> inv(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) inv[static_cast<std::size_t>(perm[i])] = static_cast<int64_t>(i);
+  return {transpose(a.grad_output, inv)};
+}
+Grads vjp_broadcast(const VjpArgs& a) { return {unbroadcast(a.grad_output, a.inputs[0].shape())}; }
+// The gradient placed at [starts, limits) of zeros of the operand's shape: zero blocks
+// concatenated before and after it, dim by dim.
+Grads vjp_slice(const VjpArgs& a) {
+  const Shape& x = a.inputs[0].shape();
+  Tensor g = a.grad_output;
+  for (std::size_t d = 0; d < x.size(); ++d) {
+    const int64_t lo = a.op.attrs.starts[d], hi = a.op.attrs.limits[d];
+    if (lo == 0 && hi == x[d]) continue;
+    std::vector<Tensor> parts;
+    auto zeros = [&](int64_t n) {
+      Shape s = g.shape();
+      s[d] = n;
+      return broadcast_to(scalar_like(g, 0.0), s);
+    };
+    if (lo > 0) parts.push_back(zeros(lo));
+    parts.push_back(g);
+    if (hi < x[d]) parts.push_back(zeros(x[d] - hi));
+    g = concat(parts, static_cast<int64_t>(d));
+  }
+  return {g};
+}
+Grads vjp_concat(const VjpArgs& a) {
+  const std::size_t axis = static_cast<std::size_t>(a.op.attrs.axis);
+  Grads out;
+  int64_t at = 0;
+  for (const Tensor& x : a.inputs) {
+    std::vector<int64_t> starts(x.shape().size(), 0), limits(a.grad_output.shape());
+    starts[axis] = at;
+    limits[axis] = at + x.shape()[axis];
+    at = limits[axis];
+    out.push_back(slice(a.grad_output, starts, limits));
+  }
+  return out;
+}
+}  // namespace
+
 void register_layout_ops(std::vector<OpDef>& t) {
   OpDef rs = layout(OpKind::Reshape, "reshape", {{"shape", AttrField::Shape}}, infer_reshape,
                     rule_reshape, sample_reshape);
   rs.localize = localize_to_result;
+  rs.vjp = vjp_reshape;
   put(t, std::move(rs));
 
   OpDef tr = layout(OpKind::Transpose, "transpose", {{"perm", AttrField::Dims}}, infer_transpose,
                     rule_transpose, sample_transpose);
   tr.normalize = normalize_transpose;
+  tr.vjp = vjp_transpose;
   put(t, std::move(tr));
 
   OpDef bc = layout(OpKind::Broadcast, "broadcast", {{"shape", AttrField::Shape}}, infer_broadcast,
                     rule_broadcast, sample_broadcast);
   bc.localize = localize_to_result;
+  bc.vjp = vjp_broadcast;
   put(t, std::move(bc));
 
   OpDef sl = layout(OpKind::Slice, "slice", {{"starts", AttrField::Starts}, {"limits", AttrField::Limits}},
                     infer_slice, rule_slice, sample_slice);
   sl.localize = localize_slice;
+  sl.vjp = vjp_slice;
   put(t, std::move(sl));
 
   OpDef cc = layout(OpKind::Concat, "concat", {{"axis", AttrField::Axis}}, infer_concat, rule_concat,
@@ -291,6 +341,7 @@ void register_layout_ops(std::vector<OpDef>& t) {
   cc.max_inputs = -1;
   cc.normalize = normalize_concat;
   cc.partial_flow = PartialFlow::Additive;
+  cc.vjp = vjp_concat;
   put(t, std::move(cc));
 }
 

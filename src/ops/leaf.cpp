@@ -45,6 +45,13 @@ Tensor sample_constraint(Graph& g, SampleGen& r) {
 
 }  // namespace
 
+namespace {
+// The gradient keeps the constraint's layout (as JAX transposes with_sharding_constraint).
+std::vector<Tensor> vjp_constraint(const VjpArgs& a) {
+  return {shard(a.grad_output, *a.op.attrs.sharding, a.op.attrs.priority)};
+}
+}  // namespace
+
 void register_leaf_ops(std::vector<OpDef>& t) {
   put(t, entry(OpKind::Input, "input", 0, 0, infer_none, rule_none, flops_zero, sample_input));
 
@@ -55,8 +62,9 @@ void register_leaf_ops(std::vector<OpDef>& t) {
   put(t, std::move(c));
 
   // sharding= and priority= of a constraint are parsed and printed by the text form itself.
-  put(t, entry(OpKind::ShardingConstraint, "sharding_constraint", 1, 1, infer_constraint,
-               rule_unary, flops_zero, sample_constraint));
+  put(t, with_vjp(entry(OpKind::ShardingConstraint, "sharding_constraint", 1, 1, infer_constraint,
+                        rule_unary, flops_zero, sample_constraint),
+                  vjp_constraint));
 }
 
 }  // namespace ops_detail

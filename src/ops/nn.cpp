@@ -93,6 +93,43 @@ Tensor sample_layer_norm(Graph& g, SampleGen& r) {
   return layer_norm(r.input(g, s), r.input(g, {s.back()}), r.input(g, {s.back()}));
 }
 
+// ---- vector-Jacobian products ----
+using Grads = std::vector<Tensor>;
+// dx = z (g - sum(g z, axis)).
+Grads vjp_softmax(const VjpArgs& a) {
+  const Tensor &z = a.output, &gz = a.grad_output;
+  return {mul(z, sub(gz, reduce_sum(mul(gz, z), {a.op.attrs.axis}, /*keepdims=*/true)))};
+}
+// One fused op (layer_norm_grad) gives all three.
+Grads vjp_layer_norm(const VjpArgs& a) {
+  LayerNormGrads d = layer_norm_grad(a.inputs[0], a.inputs[1], a.grad_output, a.op.attrs.eps);
+  const DType gd = a.inputs[1].dtype(), bd = a.inputs[2].dtype();
+  return {d.dx, d.dgamma, gd == bd ? d.dbeta : cast(d.dbeta, bd)};
+}
+// The table's gradient is the scatter-add of the rows' gradients at their ids; ids get none.
+Grads vjp_embedding(const VjpArgs& a) {
+  return {scatter_add(a.grad_output, a.inputs[1], a.inputs[0].shape()[0], 0), Tensor{}};
+}
+// dlogits = (softmax(logits) - one_hot(labels)) * g, in f32, cast to the logits' type.
+Grads vjp_cross_entropy(const VjpArgs& a) {
+  const Tensor& logits = a.inputs[0];
+  const Shape& ls = logits.shape();
+  Tensor lf = logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32);
+  Tensor p = sub(softmax(lf, -1), one_hot(a.inputs[1], ls.back(), DType::f32));
+  Shape gs = a.grad_output.shape();
+  gs.push_back(1);
+  Tensor d = mul(p, reshape(a.grad_output, gs));
+  return {logits.dtype() == DType::f32 ? d : cast(d, logits.dtype()), Tensor{}};
+}
+// Masked positions are a constant (-inf): they pass no gradient. The mask is read off
+// causal_mask of zeros (0 where kept, -inf where masked).
+Grads vjp_causal_mask(const VjpArgs& a) {
+  const Tensor& gz = a.grad_output;
+  Tensor zero = scalar_like(gz, 0.0);
+  Tensor kept = eq(causal_mask(broadcast_to(zero, gz.shape())), zero);
+  return {where(kept, gz, zero)};
+}
+
 // ---- layer_norm_grad: (x, gamma, dy) -> (dx, dgamma, dbeta) ----
 std::vector<ResultType> infer_layer_norm_grad(const OpAttrs& a, const Ins& in) {
   const Shape& x = in[0]->shape;
@@ -254,6 +291,7 @@ void register_nn_ops(std::vector<OpDef>& t) {
   sm.normalize = normalize_axis0;
   sm.distribute = distribute_softmax;
   sm.distribute_stats = 2;
+  sm.vjp = vjp_softmax;
   put(t, std::move(sm));
 
   OpDef ln = entry(OpKind::LayerNorm, "layer_norm", 3, 3, infer_layer_norm, rule_layer_norm,
@@ -261,6 +299,7 @@ void register_nn_ops(std::vector<OpDef>& t) {
   ln.attrs = {{"eps", AttrField::Eps, false}};
   ln.distribute = distribute_layer_norm;
   ln.distribute_stats = 2;
+  ln.vjp = vjp_layer_norm;
   put(t, std::move(ln));
 
   OpDef lg = entry(OpKind::LayerNormGrad, "layer_norm_grad", 3, 3, nullptr, rule_layer_norm_grad,
@@ -276,6 +315,7 @@ void register_nn_ops(std::vector<OpDef>& t) {
   em.bytes = bytes_gather_rows;
   em.needs_offsets = true;
   em.index_bound = bound_embedding;
+  em.vjp = vjp_embedding;
   put(t, std::move(em));
 
   OpDef ce = entry(OpKind::CrossEntropy, "cross_entropy", 2, 2, infer_cross_entropy,
@@ -284,11 +324,13 @@ void register_nn_ops(std::vector<OpDef>& t) {
   ce.distribute = distribute_cross_entropy;
   ce.distribute_stats = 3;
   ce.index_bound = bound_cross_entropy;
+  ce.vjp = vjp_cross_entropy;
   put(t, std::move(ce));
 
   OpDef cm = entry(OpKind::CausalMask, "causal_mask", 1, 1, infer_causal_mask, rule_unary,
                    flops_out, sample_causal_mask);
   cm.needs_offsets = true;
+  cm.vjp = vjp_causal_mask;
   put(t, std::move(cm));
 }
 

@@ -128,6 +128,31 @@ inline Tensor build(OpKind k, const std::vector<Tensor>& ins, OpAttrs a = {}) {
   return g.add_op(k, std::move(ids), std::move(a));
 }
 
+// ---- vector-Jacobian products (autodiff.hpp) ----
+inline OpDef with_vjp(OpDef d, VjpFn vjp) {
+  d.vjp = vjp;
+  return d;
+}
+// A scalar constant of t's dtype in t's graph (broadcasts in binary ops).
+inline Tensor scalar_like(const Tensor& t, double v) { return constant(graph_of(t), v, t.dtype()); }
+// The keepdims form of `shape` reduced over sorted `dims` (those dims set to 1).
+inline Shape keep_shape(Shape shape, const std::vector<int64_t>& dims) {
+  for (int64_t d : dims) shape[static_cast<std::size_t>(d)] = 1;
+  return shape;
+}
+// g, of a numpy-broadcast result's shape, summed back to `shape` (an operand's): the dims the
+// operand was broadcast along are reduced.
+inline Tensor unbroadcast(Tensor g, const Shape& shape) {
+  const Shape gs = g.shape();
+  if (gs == shape) return g;
+  const std::size_t off = gs.size() - shape.size();
+  std::vector<int64_t> dims;
+  for (std::size_t d = 0; d < gs.size(); ++d)
+    if (d < off || (shape[d - off] == 1 && gs[d] != 1)) dims.push_back(static_cast<int64_t>(d));
+  if (!dims.empty()) g = reduce_sum(g, dims, /*keepdims=*/true);
+  return g.shape() == shape ? g : reshape(g, shape);
+}
+
 // A positive tensor for log/sqrt/rsqrt/div denominators in samples.
 inline Tensor positive(Tensor x) { return exp(x); }
 

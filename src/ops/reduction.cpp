@@ -89,14 +89,37 @@ OpDef reduction(OpKind k, const char* name, InferFn infer, RuleFn rule, PartialF
 
 }  // namespace
 
+namespace {
+// The result's gradient in keepdims form, broadcast back over the reduced dims.
+Tensor spread(const VjpArgs& a, const Tensor& t) {
+  const Shape& x = a.inputs[0].shape();
+  return broadcast_to(reshape(t, keep_shape(x, a.op.attrs.dims)), x);
+}
+std::vector<Tensor> vjp_sum(const VjpArgs& a) { return {spread(a, a.grad_output)}; }
+// Divided by the global count of the reduced dims (the graph's shapes are global).
+std::vector<Tensor> vjp_mean(const VjpArgs& a) {
+  double n = 1;
+  for (int64_t d : a.op.attrs.dims) n *= static_cast<double>(a.inputs[0].shape()[static_cast<std::size_t>(d)]);
+  return {mul(spread(a, a.grad_output), scalar_like(a.grad_output, 1.0 / n))};
+}
+// Routed to the positions that attain the max, split equally among ties (as JAX).
+std::vector<Tensor> vjp_max(const VjpArgs& a) {
+  const Tensor& x = a.inputs[0];
+  Tensor hit = cast(eq(x, spread(a, a.output)), a.grad_output.dtype());
+  Tensor count = reduce_sum(hit, a.op.attrs.dims, /*keepdims=*/true);
+  return {mul(div(hit, count), spread(a, a.grad_output))};
+}
+}  // namespace
+
 void register_reduction_ops(std::vector<OpDef>& t) {
   using PF = PartialFlow;
-  put(t, reduction(OpKind::ReduceSum, "reduce_sum", infer_sum, rule_sum, PF::Multilinear, sample_sum));
+  put(t, with_vjp(reduction(OpKind::ReduceSum, "reduce_sum", infer_sum, rule_sum, PF::Multilinear, sample_sum), vjp_sum));
   OpDef mx = reduction(OpKind::ReduceMax, "reduce_max", infer_max, rule_max, PF::None, sample_max);
   mx.distribute = distribute_max;
   mx.distribute_stats = 1;
+  mx.vjp = vjp_max;
   put(t, std::move(mx));
-  put(t, reduction(OpKind::ReduceMean, "reduce_mean", infer_mean, rule_sum, PF::Multilinear, sample_mean));
+  put(t, with_vjp(reduction(OpKind::ReduceMean, "reduce_mean", infer_mean, rule_sum, PF::Multilinear, sample_mean), vjp_mean));
 }
 
 }  // namespace ops_detail

@@ -1,0 +1,35 @@
+// tessel/autodiff.hpp — reverse-mode differentiation of the global graph.
+//
+//   tessel::Tensor loss = reduce_mean(cross_entropy(logits, labels), {0, 1});
+//   std::vector<tessel::Tensor> grads = tessel::grad(loss, {w1, w2});
+//   g.mark_output(grads[0]);  ...
+//
+// grad() appends the backward ops to the same graph, before propagation and partitioning:
+// the backward is ordinary ops with ordinary factor rules, so its collectives come out of the
+// same machinery as the forward's (a weight gradient summed over a `data`-split batch is a
+// partial value, all-reduced or reduce-scattered where it is consumed; nothing in propagation
+// or the partitioner knows about gradients). Each op's vector-Jacobian product lives in its
+// registry entry (OpDef::vjp, ops.hpp). Conventions (docs/autodiff.md): a value used twice
+// gets the sum of its gradients; integer values get none; max and reduce_max split the
+// gradient equally among ties (as JAX); the gradient of a mean divides by the global count.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tessel/graph.hpp"
+
+namespace tessel {
+
+struct GradOptions {
+  // Names of the gradients: prefix + the value's name (e.g. "grad.w1"), when free.
+  std::string name_prefix = "grad.";
+};
+
+// The gradients of the scalar float `loss` with respect to each of `wrt` (values of the
+// same graph, float), as handles of new values of that graph, in order. A value of `wrt`
+// that `loss` does not depend on gets zeros. Throws Error naming the op when an op on the
+// path has no vjp, when loss is not a float scalar, or when a handle belongs to another graph.
+std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const GradOptions& options = {});
+
+}  // namespace tessel

@@ -1,0 +1,114 @@
+// Reverse-mode differentiation of the global graph (autodiff.hpp): the ops between the
+// arguments and the loss, walked backwards, each contributing its registry vjp.
+#include "tessel/autodiff.hpp"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+
+#include "tessel/ops.hpp"
+
+namespace tessel {
+
+std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const GradOptions& options) {
+  loss.value();
+  Graph& g = *loss.graph();
+  const Value& lv = loss.value();
+  if (!lv.shape.empty() || lv.dtype == DType::i32)
+    throw Error(fmt::format("grad: the loss must be a float scalar, got {}; reduce it first (reduce_sum or "
+                            "reduce_mean over every dim)", g.describe(loss.id)));
+  for (const Tensor& w : wrt) {
+    w.value();
+    if (w.graph() != &g)
+      throw Error(fmt::format("grad: %{} belongs to another graph than the loss %{}", w.name(), lv.name));
+    if (w.dtype() == DType::i32)
+      throw Error(fmt::format("grad: {} is an integer value and has no gradient", g.describe(w.id)));
+  }
+  const std::size_t nv = g.values.size();
+  const std::size_t n_ops = static_cast<std::size_t>(g.values[static_cast<std::size_t>(loss.id)].producer) + 1;
+  // Values the loss depends on, and values that depend on an argument: an op is on the path
+  // when both hold for one of its results.
+  std::vector<bool> reaches(nv, false), depends(nv, false);
+  reaches[static_cast<std::size_t>(loss.id)] = true;
+  for (const Tensor& w : wrt) depends[static_cast<std::size_t>(w.id)] = true;
+  for (std::size_t i = 0; i < n_ops; ++i) {
+    bool d = false;
+    for (int v : g.ops[i].inputs) d = d || depends[static_cast<std::size_t>(v)];
+    if (d)
+      for (int r : g.ops[i].results()) depends[static_cast<std::size_t>(r)] = true;
+  }
+  for (std::size_t i = n_ops; i-- > 0;) {
+    bool r = false;
+    for (int v : g.ops[i].results()) r = r || reaches[static_cast<std::size_t>(v)];
+    if (r)
+      for (int v : g.ops[i].inputs) reaches[static_cast<std::size_t>(v)] = true;
+  }
+
+  std::map<int, Tensor> cot;  // value -> its gradient so far
+  auto accumulate = [&](int v, Tensor t) {
+    auto it = cot.find(v);
+    if (it == cot.end()) cot.emplace(v, t);
+    else it->second = add(it->second, t);  // a value used twice (a tied weight) sums its gradients
+  };
+  cot.emplace(loss.id, constant(g, 1.0, lv.dtype));
+
+  for (std::size_t i = n_ops; i-- > 0;) {
+    const Op op = g.ops[i];  // a copy: the vjps below add ops
+    if (op.kind == OpKind::Input || op.kind == OpKind::Constant) continue;
+    bool on_path = false;
+    for (int r : op.results())
+      on_path = on_path || (reaches[static_cast<std::size_t>(r)] && depends[static_cast<std::size_t>(r)]);
+    if (!on_path) continue;
+    bool any_float_in = false;
+    for (int v : op.inputs)
+      any_float_in = any_float_in || (depends[static_cast<std::size_t>(v)] && g.values[static_cast<std::size_t>(v)].dtype != DType::i32);
+    if (!any_float_in) continue;
+    if (op.num_results() > 1)
+      throw Error(fmt::format("grad: {} has several results and no vector-Jacobian product (the gradient of %{} "
+                              "passes through it)", g.describe_op(static_cast<int>(i)), lv.name));
+    auto ct = cot.find(op.output);
+    if (ct == cot.end()) continue;  // no gradient reaches this result (only through integer paths)
+    const OpDef& def = op_def(op.kind);
+    if (!def.vjp)
+      throw Error(fmt::format("grad: {} has no vector-Jacobian product yet, and the gradient of %{} passes "
+                              "through it (its result {})", g.describe_op(static_cast<int>(i)), lv.name,
+                              g.describe(op.output)));
+    VjpArgs args{g, op, {}, g.tensor(op.output), ct->second};
+    for (int v : op.inputs) args.inputs.push_back(g.tensor(v));
+    const std::vector<Tensor> grads = def.vjp(args);
+    if (grads.size() != op.inputs.size())
+      throw Error(fmt::format("grad: the vjp of {} returned {} gradients for {} operands (a bug in its registry "
+                              "entry)", def.name, grads.size(), op.inputs.size()));
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      const int v = op.inputs[k];
+      const Value& in = g.values[static_cast<std::size_t>(v)];
+      if (!depends[static_cast<std::size_t>(v)] || in.dtype == DType::i32 || !grads[k].anchor) continue;
+      if (grads[k].shape() != in.shape || grads[k].dtype() != in.dtype)
+        throw Error(fmt::format("grad: the vjp of {} gave operand {} a gradient {} for {} (a bug in its registry "
+                                "entry)", def.name, k, type_str(grads[k].dtype(), grads[k].shape()), g.describe(v)));
+      accumulate(v, grads[k]);
+    }
+  }
+
+  std::vector<Tensor> out;
+  std::set<int> named;
+  for (const Tensor& w : wrt) {
+    auto it = cot.find(w.id);
+    Tensor t;
+    if (it != cot.end()) {
+      t = it->second;
+    } else {
+      t = constant(g, 0.0, w.dtype());
+      if (!w.shape().empty()) t = broadcast_to(t, w.shape());
+    }
+    // Name the gradient after its argument when the value is new and the name is free.
+    const std::string name = options.name_prefix + w.name();
+    if (!options.name_prefix.empty() && t.id >= static_cast<int>(nv) && g.find(name) < 0 && named.insert(t.id).second)
+      t = t.named(name);
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace tessel
