@@ -49,19 +49,12 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) throw tessel::UsageError(fmt::format("{} needs a value", a));
       return argv[++i];
     };
-    // A size: a positive integer, bounded so that products of sizes cannot overflow.
-    auto size = [&]() { return tessel::cli::parse_i64(a, next(), 1, int64_t{1} << 24); };
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
     }
     if (a == "--mesh") mesh_spec = next();
-    else if (a == "--batch") cfg.batch = size();
-    else if (a == "--seq") cfg.seq = size();
-    else if (a == "--d-model") cfg.d_model = size();
-    else if (a == "--heads") cfg.heads = size();
-    else if (a == "--layers") cfg.layers = size();
-    else if (a == "--vocab") cfg.vocab = size();
+    else if (tessel::parse_gpt_flag(a, next, cfg)) continue;
     else if (a == "--iters") iters = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1000000));
     else if (a == "--seed") seed = tessel::cli::parse_u64(a, next());
     else if (a == "--threads") threads = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
@@ -100,14 +93,7 @@ int run(int argc, char** argv) {
   if (print_program) print(exe.program().to_string(0));
 
   std::vector<tessel::HostTensor> inputs = tessel::random_inputs(m.graph, seed);
-  // GPT-2 initialisation scale: weights ~ U(-1,1) * 0.02*sqrt(3); layer-norm gains 1.
-  for (std::size_t i = 0; i < m.graph.inputs.size(); ++i) {
-    const std::string& name = m.graph.values[m.graph.inputs[i]].name;
-    tessel::HostTensor& t = inputs[i];
-    if (t.dtype() == tessel::DType::i32) continue;
-    bool gain = name.find("_g") != std::string::npos;
-    for (int64_t j = 0; j < t.numel(); ++j) t.set(j, gain ? 1.0 : t.get(j) * 0.0346);
-  }
+  tessel::gpt_init(m.graph, inputs);
 
   tessel::RunOptions ro;
   ro.kernel_threads = threads;

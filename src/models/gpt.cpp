@@ -5,6 +5,9 @@
 
 #include <cmath>
 
+#include "tessel/cli.hpp"
+#include "tessel/runtime/tensor.hpp"
+
 namespace tessel {
 
 GptGraph build_gpt(const GptConfig& c) {
@@ -72,6 +75,34 @@ GptGraph build_gpt(const GptConfig& c) {
   m.loss = reduce_mean(per_token, {0, 1}).named("loss");
   g.mark_output(m.loss);
   return m;
+}
+
+bool parse_gpt_flag(const std::string& flag, const std::function<std::string()>& value, GptConfig& cfg) {
+  // Sizes are bounded so that products of sizes cannot overflow.
+  auto size = [&](int64_t lo) { return cli::parse_i64(flag, value(), lo, int64_t{1} << 24); };
+  if (flag == "--batch") cfg.batch = size(1);
+  else if (flag == "--seq") cfg.seq = size(1);
+  else if (flag == "--d-model") cfg.d_model = size(1);
+  else if (flag == "--heads") cfg.heads = size(1);
+  else if (flag == "--layers") cfg.layers = size(0);
+  else if (flag == "--vocab") cfg.vocab = size(1);
+  else return false;
+  return true;
+}
+
+void gpt_init(const Graph& g, std::vector<HostTensor>& inputs) {
+  for (std::size_t i = 0; i < g.inputs.size() && i < inputs.size(); ++i) {
+    const std::string& name = g.values[static_cast<std::size_t>(g.inputs[i])].name;
+    HostTensor& t = inputs[i];
+    if (t.dtype() == DType::i32) continue;
+    auto ends = [&](const char* suffix) {
+      const std::string s(suffix);
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    const bool zero = name.rfind("adam.", 0) == 0 || ends("_b") || ends("b1") || ends("b2");
+    const bool one = ends("_g");
+    for (int64_t j = 0; j < t.numel(); ++j) t.set(j, zero ? 0.0 : one ? 1.0 : t.get(j) * 0.0346);
+  }
 }
 
 }  // namespace tessel

@@ -11,12 +11,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "tessel/graph.hpp"
 
 namespace tessel {
+
+class HostTensor;
 
 struct GptConfig {
   int64_t batch = 8;
@@ -42,5 +45,15 @@ struct GptGraph {
 
 // Throws ShapeError when the config is inconsistent (d_model not divisible by heads, ...).
 GptGraph build_gpt(const GptConfig& cfg);
+
+// The examples' size flags: --batch, --seq, --d-model, --heads, --layers, --vocab. When `flag`
+// is one of them, reads its value with `value()` (a positive integer; layers may be 0) into
+// cfg and returns true. Throws UsageError naming the flag on a bad number.
+bool parse_gpt_flag(const std::string& flag, const std::function<std::string()>& value, GptConfig& cfg);
+
+// GPT-2 initialisation of a graph's random inputs (random_inputs draws U(-1, 1)): weights
+// scaled to U(-1, 1) * 0.02 * sqrt(3), layer-norm gains (`*_g`) 1, biases (`*_b`, `*b1`,
+// `*b2`) and optimizer moments (`adam.*`) 0; integer inputs are left alone.
+void gpt_init(const Graph& g, std::vector<HostTensor>& inputs);
 
 }  // namespace tessel

@@ -1,0 +1,195 @@
+// Training (train.hpp): AdamW against a hand-computed update, ZeRO layouts, every ZeRO stage
+// equal to stage 0 and to one device over several donated steps, and the errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+
+#include "tessel/executable.hpp"
+#include "tessel/models/gpt.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/reference.hpp"
+#include "tessel/train.hpp"
+#include "test_util.hpp"
+
+using namespace tessel;
+
+namespace {
+
+HostTensor scalar(double v) {
+  HostTensor h(DType::f32, {});
+  h.set(0, v);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("train: AdamW with clipping and decoupled decay equals the formula", "[train]") {
+  // loss = sum(w * x): dloss/dw = x, a known gradient.
+  Graph g;
+  Tensor w = input(g, "w", DType::f32, {2, 3});
+  Tensor x = input(g, "x", DType::f32, {2, 3});
+  Tensor loss = reduce_sum(mul(w, x), {0, 1});
+  g.mark_output(loss);
+  TrainOptions o;
+  o.adamw.clip_norm = 0.5;
+  o.adamw.weight_decay = 0.1;
+  TrainStep s = add_train_step(g, loss, {w}, Mesh::parse("data=1"), o);
+  auto in = random_inputs(g, 3);
+  std::map<std::string, std::size_t> at;
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) at[g.values[static_cast<std::size_t>(g.inputs[i])].name] = i;
+  const int t = 3;
+  const double lr = 0.01, b1 = o.adamw.beta1, b2 = o.adamw.beta2, eps = o.adamw.eps;
+  in[at["adam.lr"]] = scalar(lr);
+  in[at["adam.bc1"]] = scalar(1 / (1 - std::pow(b1, t)));
+  in[at["adam.bc2"]] = scalar(1 / (1 - std::pow(b2, t)));
+  for (int64_t j = 0; j < 6; ++j) in[at["adam.v.w"]].set(j, std::abs(in[at["adam.v.w"]].get(j)));  // v >= 0
+  auto out = run_reference(g, in);
+  double norm = 0;
+  for (int64_t j = 0; j < 6; ++j) norm += in[at["x"]].get(j) * in[at["x"]].get(j);
+  norm = std::sqrt(norm);
+  CHECK(out[1].get(0) == Approx(norm).epsilon(1e-6));  // grad_norm
+  const double scale = norm > 0.5 ? 0.5 / (norm + 1e-6) : 1.0;
+  for (int64_t j = 0; j < 6; ++j) {
+    const double gr = in[at["x"]].get(j) * scale, p = in[at["w"]].get(j);
+    const double m = b1 * in[at["adam.m.w"]].get(j) + (1 - b1) * gr;
+    const double v = b2 * in[at["adam.v.w"]].get(j) + (1 - b2) * gr * gr;
+    const double u = (m / (1 - std::pow(b1, t))) / (std::sqrt(v / (1 - std::pow(b2, t))) + eps) + 0.1 * p;
+    INFO("element " << j);
+    CHECK(out[2].get(j) == Approx(p - lr * u).epsilon(1e-5));  // next.w
+    CHECK(out[3].get(j) == Approx(m).epsilon(1e-5));          // next.adam.m.w
+    CHECK(out[4].get(j) == Approx(v).epsilon(1e-5));          // next.adam.v.w
+  }
+  CHECK(s.next_params[0].name() == "next.w");
+  REQUIRE(s.donations().size() == 3);
+  CHECK(s.donations()[0] == std::make_pair(std::string("w"), std::string("next.w")));
+}
+
+TEST_CASE("train: zero_layout adds the data axis to the first dim that divides", "[train]") {
+  const Mesh mesh = Mesh::parse("data=2,model=2");
+  CHECK(zero_layout(Sharding::parse("[{}, {}]"), {6, 4}, mesh, "data").same_layout(Sharding::parse("[{data}, {}]")));
+  CHECK(zero_layout(Sharding::parse("[{}, {}]"), {5, 4}, mesh, "data").same_layout(Sharding::parse("[{}, {data}]")));
+  CHECK(zero_layout(Sharding::parse("[{model}, {}]"), {4, 6}, mesh, "data").same_layout(Sharding::parse("[{model}, {data}]")));
+  CHECK(zero_layout(Sharding::parse("[{model}, {}]"), {4, 5}, mesh, "data").same_layout(Sharding::parse("[{model, data}, {}]")));
+  CHECK(zero_layout(Sharding::parse("[{}]"), {3}, mesh, "data").same_layout(Sharding::parse("[{}]")));  // none divides
+  CHECK(zero_layout(Sharding::parse("[{data}]"), {4}, mesh, "data").same_layout(Sharding::parse("[{data}]")));
+  CHECK(zero_layout(Sharding::parse("[]"), {}, mesh, "data").same_layout(Sharding::parse("[]")));
+}
+
+TEST_CASE("train: every ZeRO stage equals stage 0 and one device over donated steps", "[train]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("train: every ZeRO stage equals stage 0 and one device over donated steps", seed, 1);
+  const Mesh mesh = Mesh::parse("data=2,model=2");
+  GptConfig cfg;
+  cfg.batch = 4;
+  cfg.seq = 8;
+  cfg.d_model = 16;
+  cfg.heads = 2;
+  cfg.layers = 1;
+  cfg.vocab = 32;
+  std::vector<std::vector<HostTensor>> finals;
+  for (int zero = 0; zero <= 3; ++zero) {
+    INFO("zero " << zero);
+    GptGraph m = build_gpt(cfg);
+    TrainOptions o;
+    o.zero = zero;
+    TrainStep s = add_train_step(m.graph, m.loss, m.weights, mesh, o);
+    Graph& g = m.graph;
+    Executable exe = compile(g, mesh);
+    ThreadRuntime rt(mesh.num_devices());
+    LoadOptions lo;
+    lo.donate = s.donations();
+    LoadedExecutable prog = load(exe, rt, lo);
+    std::vector<HostTensor> host = random_inputs(g, seed);
+    std::map<std::string, std::size_t> at;
+    for (std::size_t i = 0; i < g.inputs.size(); ++i) at[g.values[static_cast<std::size_t>(g.inputs[i])].name] = i;
+    for (const auto& [name, i] : at)
+      if (name.rfind("adam.", 0) == 0 || name.find("_g") != std::string::npos) {
+        for (int64_t j = 0; j < host[i].numel(); ++j) host[i].set(j, name.rfind("adam.", 0) == 0 ? 0.0 : 1.0);
+      } else if (host[i].dtype() == DType::f32) {
+        for (int64_t j = 0; j < host[i].numel(); ++j) host[i].set(j, host[i].get(j) * 0.05);
+      }
+    std::vector<ShardedArray> args;
+    for (std::size_t i = 0; i < host.size(); ++i) args.push_back(prog.to_device(i, host[i]));
+    std::vector<int> feeds(g.outputs.size(), -1);
+    for (std::size_t o2 = 0; o2 < g.outputs.size(); ++o2) {
+      const std::string& name = g.values[static_cast<std::size_t>(g.outputs[o2])].name;
+      if (name.rfind("next.", 0) == 0) feeds[o2] = static_cast<int>(at.at(name.substr(5)));
+    }
+    std::vector<HostTensor> last;
+    for (int t = 1; t <= 3; ++t) {
+      host[at["adam.lr"]] = scalar(1e-2);
+      host[at["adam.bc1"]] = scalar(1 / (1 - std::pow(0.9, t)));
+      host[at["adam.bc2"]] = scalar(1 / (1 - std::pow(0.999, t)));
+      for (const char* name : {"adam.lr", "adam.bc1", "adam.bc2"}) args[at[name]] = prog.to_device(at[name], host[at[name]]);
+      RunResult r = prog.run(args);
+      std::vector<HostTensor> ref = run_reference(g, host);
+      last.clear();
+      for (std::size_t o2 = 0; o2 < r.outputs.size(); ++o2) {
+        HostTensor got = prog.to_host(r.outputs[o2], /*check_replicas=*/true);
+        CompareResult cmp = compare(got, ref[o2], 1.0);
+        INFO("step " << t << " output %" << g.values[static_cast<std::size_t>(g.outputs[o2])].name << ": " << cmp.to_string());
+        CHECK(cmp.max_rel_err <= 1e-5);
+        last.push_back(got);
+      }
+      for (std::size_t o2 = 0; o2 < feeds.size(); ++o2)
+        if (feeds[o2] >= 0) {
+          args[static_cast<std::size_t>(feeds[o2])] = r.outputs[o2];
+          host[static_cast<std::size_t>(feeds[o2])] = ref[o2];
+        }
+    }
+    finals.push_back(std::move(last));
+  }
+  for (std::size_t z = 1; z < finals.size(); ++z)
+    for (std::size_t o = 0; o < finals[0].size(); ++o) {
+      CompareResult cmp = compare(finals[z][o], finals[0][o], 1.0);
+      INFO("zero " << z << " output " << o << " against zero 0: " << cmp.to_string());
+      CHECK(cmp.max_rel_err <= 1e-5);
+    }
+}
+
+TEST_CASE("train: ZeRO splits the optimizer state and the parameters as its stage says", "[train]") {
+  const Mesh mesh = Mesh::parse("data=4");
+  auto bytes_per_device = [&](int zero) {
+    Graph g;
+    Tensor x = input(g, "x", DType::f32, {8, 16});
+    Tensor w = input(g, "w", DType::f32, {16, 32});
+    g.annotate(x, Sharding::parse("[{data}, {}]"));
+    Tensor loss = reduce_mean(tanh(einsum("bd,df->bf", x, w)), {0, 1});
+    g.mark_output(loss);
+    TrainOptions o;
+    o.zero = zero;
+    add_train_step(g, loss, {w}, mesh, o);
+    Executable exe = compile(g, mesh);
+    std::map<std::string, int64_t> b;
+    for (std::size_t i = 0; i < g.inputs.size(); ++i)
+      b[g.values[static_cast<std::size_t>(g.inputs[i])].name] = exe.program().values[static_cast<std::size_t>(exe.program().inputs[i])].bytes();
+    return b;
+  };
+  const int64_t full = 16 * 32 * 4;
+  auto z0 = bytes_per_device(0), z1 = bytes_per_device(1), z3 = bytes_per_device(3);
+  CHECK(z0["w"] == full);
+  CHECK(z0["adam.m.w"] == full);
+  CHECK(z1["w"] == full);
+  CHECK(z1["adam.m.w"] == full / 4);
+  CHECK(z1["adam.v.w"] == full / 4);
+  CHECK(z3["w"] == full / 4);
+  CHECK(z3["adam.m.w"] == full / 4);
+}
+
+TEST_CASE("train: errors name the stage or the parameter", "[train]") {
+  Graph g;
+  Tensor w = input(g, "w", DType::f32, {4});
+  Tensor loss = reduce_sum(mul(w, w), {0});
+  TrainOptions o;
+  o.zero = 4;
+  CHECK_THROWS_WITH(add_train_step(g, loss, {w}, Mesh::parse("data=2"), o), Catch::Contains("zero=4 is not a ZeRO stage"));
+  o.zero = 2;
+  CHECK_THROWS_WITH(add_train_step(g, loss, {w}, Mesh::parse("model=2"), o), Catch::Contains("'data', which mesh"));
+  o.zero = 0;
+  Tensor w2 = relu(w);
+  CHECK_THROWS_WITH(add_train_step(g, loss, {w2}, Mesh::parse("data=2"), o),
+                    Catch::Contains("%" + w2.name() + " must be a float input"));
+  o.adamw.beta1 = 1.0;
+  CHECK_THROWS_WITH(add_train_step(g, loss, {w}, Mesh::parse("data=2"), o), Catch::Contains("beta1=1"));
+}
