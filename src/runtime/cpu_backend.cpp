@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "cpu_stream.hpp"
+#include "spin.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/block_copy.hpp"
 #include "tessel/runtime/tensor.hpp"
@@ -19,8 +20,10 @@ const char* stream_mode_name(StreamMode m) { return m == StreamMode::Async ? "as
 
 namespace detail {
 
-CpuStream::CpuStream(StreamMode mode, std::string name) : mode_(mode), name_(std::move(name)) {
+CpuStream::CpuStream(StreamMode mode, std::string name, int spin_us)
+    : mode_(mode), name_(std::move(name)), idle_spin_(spin_us), sync_spin_(spin_us) {
   if (mode_ == StreamMode::Async) {
+    ring_.resize(16);
     try {
       thread_ = std::thread([this] { worker(); });
     } catch (const std::system_error& e) {
@@ -66,41 +69,76 @@ void CpuStream::run_task(Task& t) {
   }
 }
 
+void CpuStream::push(Task&& t) {
+  if (size_ == ring_.size()) {  // full: double, oldest first (growth only; never in steady state)
+    std::vector<Task> bigger(ring_.size() * 2);
+    for (std::size_t i = 0; i < size_; ++i) bigger[i] = std::move(ring_[(head_ + i) & (ring_.size() - 1)]);
+    ring_.swap(bigger);
+    head_ = 0;
+  }
+  ring_[(head_ + size_) & (ring_.size() - 1)] = std::move(t);
+  ++size_;
+}
+
+CpuStream::Task CpuStream::pop() {
+  Task t = std::move(ring_[head_]);
+  head_ = (head_ + 1) & (ring_.size() - 1);
+  --size_;
+  return t;
+}
+
 void CpuStream::enqueue(std::function<void()> fn, bool always) {
   Task t{std::move(fn), label_, always};
   if (mode_ == StreamMode::Eager) {
     run_task(t);
     return;
   }
+  bool wake;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    queue_.push_back(std::move(t));
-    ++enqueued_;
+    push(std::move(t));
+    enqueued_.store(enqueued_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    wake = worker_waiting_;  // a busy or spinning worker sees the task without a futex call
   }
-  cv_work_.notify_one();
+  if (wake) cv_work_.notify_one();
 }
 
 void CpuStream::worker() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
-    cv_work_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ and drained
-    Task t = std::move(queue_.front());
-    queue_.pop_front();
+    if (size_ == 0 && !stop_) {
+      // Idle: poll for the next task for a while (a step enqueues in bursts), then sleep.
+      lk.unlock();
+      idle_spin_([&] {
+        return enqueued_.load(std::memory_order_acquire) != finished_.load(std::memory_order_relaxed);
+      });
+      lk.lock();
+      worker_waiting_ = true;
+      cv_work_.wait(lk, [&] { return stop_ || size_ != 0; });
+      worker_waiting_ = false;
+    }
+    if (size_ == 0) return;  // stop_ and drained
+    Task t = pop();
     lk.unlock();
     run_task(t);
     t.fn = nullptr;  // destroy captures (e.g. released buffers) before reporting progress
     lk.lock();
-    ++finished_;
-    if (finished_ == enqueued_) cv_idle_.notify_all();
+    finished_.store(finished_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    if (idle_waiters_ > 0 && size_ == 0) cv_idle_.notify_all();
   }
 }
 
 void CpuStream::synchronize() {
+  const auto idle = [&] {
+    return finished_.load(std::memory_order_acquire) == enqueued_.load(std::memory_order_acquire);
+  };
+  sync_spin_(idle);
   std::exception_ptr err;
   {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_idle_.wait(lk, [&] { return finished_ == enqueued_; });
+    ++idle_waiters_;
+    cv_idle_.wait(lk, idle);
+    --idle_waiters_;
     err = error_;
     error_ = nullptr;
     error_msg_.clear();
@@ -126,6 +164,7 @@ namespace {
 
 using detail::CpuStream;
 using detail::cpu_stream;
+using detail::SpinWait;
 
 class CpuBuffer final : public Buffer {
  public:
@@ -146,17 +185,24 @@ class CpuBuffer final : public Buffer {
 
 // Completion of the records of one event: record k completes when its stream reaches it.
 struct EventState {
+  explicit EventState(int spin_us) : spin(spin_us) {}
+  SpinWait spin;  // a waiter polls `completed` before blocking (spin.hpp)
   std::mutex mu;
   std::condition_variable cv;
-  std::atomic<uint64_t> recorded{0};  // records made by the host
-  uint64_t completed = 0;             // guarded by mu
-  uint64_t last_failed = 0;           // guarded by mu: the last record whose stream had failed
-  std::string failure;                // guarded by mu
+  std::atomic<uint64_t> recorded{0};   // records made by the host
+  std::atomic<uint64_t> completed{0};  // written under mu, read without it by spinners
+  uint64_t last_failed = 0;            // guarded by mu: the last record whose stream had failed
+  std::string failure;                 // guarded by mu
+  int waiters = 0;                     // guarded by mu: threads blocked on cv
 
   // Waits for record `target`; throws when a stream had failed at or after it.
   void wait_for(uint64_t target) {
+    const auto done = [&] { return completed.load(std::memory_order_acquire) >= target; };
+    spin(done);
     std::unique_lock<std::mutex> lk(mu);
-    cv.wait(lk, [&] { return completed >= target; });
+    ++waiters;
+    cv.wait(lk, done);
+    --waiters;
     if (last_failed >= target)
       throw RuntimeError("waited for an event of a stream that had failed: " + failure);
   }
@@ -164,6 +210,7 @@ struct EventState {
 
 class CpuEvent final : public Event {
  public:
+  explicit CpuEvent(int spin_us) : st_(std::make_shared<EventState>(spin_us)) {}
   void record(Stream& s) override {
     CpuStream& cs = cpu_stream(s, "Event::record");
     const uint64_t k = st_->recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
@@ -173,15 +220,17 @@ class CpuEvent final : public Event {
         [st, k, csp] {
           const bool failed = csp->failed();
           std::string why = failed ? csp->error_message() : std::string();
+          bool wake;
           {
             std::lock_guard<std::mutex> lk(st->mu);
-            if (k > st->completed) st->completed = k;
+            if (k > st->completed.load(std::memory_order_relaxed)) st->completed.store(k, std::memory_order_release);
             if (failed) {
               st->last_failed = k;
               st->failure = why;
             }
+            wake = st->waiters > 0;
           }
-          st->cv.notify_all();
+          if (wake) st->cv.notify_all();
         },
         /*always=*/true);
   }
@@ -198,7 +247,7 @@ class CpuEvent final : public Event {
   }
 
  private:
-  std::shared_ptr<EventState> st_ = std::make_shared<EventState>();
+  std::shared_ptr<EventState> st_;
 };
 
 void poison_now(void* data, std::size_t bytes, DType dtype) {
@@ -225,7 +274,7 @@ void poison_now(void* data, std::size_t bytes, DType dtype) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o)
-      : mode_(o.mode), threads_(o.kernel_threads < 1 ? 1 : o.kernel_threads) {}
+      : mode_(o.mode), threads_(o.kernel_threads < 1 ? 1 : o.kernel_threads), spin_us_(o.spin_us < 0 ? 0 : o.spin_us) {}
   std::string name() const override { return std::string("cpu (") + stream_mode_name(mode_) + ")"; }
   std::unique_ptr<Buffer> allocate(std::size_t bytes) override {
     // Beyond a 47-bit user address space no allocation can succeed: refuse it without asking
@@ -293,9 +342,9 @@ class CpuBackend final : public Backend {
     cpu_stream(s, "launch_host_func").enqueue(std::move(fn), /*always=*/true);
   }
   std::unique_ptr<Stream> create_stream(const std::string& name) override {
-    return std::make_unique<CpuStream>(mode_, name);
+    return std::make_unique<CpuStream>(mode_, name, spin_us_);
   }
-  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(spin_us_); }
 
  private:
   static void check_bytes(const char* what, std::size_t need, std::size_t have) {
@@ -305,6 +354,7 @@ class CpuBackend final : public Backend {
   }
   StreamMode mode_;
   int threads_;
+  int spin_us_;
 };
 
 }  // namespace

@@ -2,6 +2,12 @@
 // its own worker thread (async) or on the enqueuing thread at once (eager). Shared by the CPU
 // backend and the thread communicator, which enqueues its collectives on a CpuStream.
 //
+// Waiting (async): the worker, when its queue is empty, and synchronize(), while tasks are
+// pending, busy-wait up to spin_us microseconds (spin.hpp, adaptive) before blocking on their condition
+// variables; enqueue and the worker notify only when somebody is actually blocked, so a busy
+// or spinning peer costs no futex call. The queue is a ring that only grows: a step enqueues
+// without allocating queue storage.
+//
 // Errors (async): the first task that throws puts the stream into an error state; later
 // tasks are skipped except those marked `always` (event records, releases), which run so
 // that no other stream waiting on this one can hang; synchronize() rethrows and clears the
@@ -11,13 +17,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "spin.hpp"
 #include "tessel/runtime/backend.hpp"
 
 namespace tessel {
@@ -25,7 +32,7 @@ namespace detail {
 
 class CpuStream final : public Stream {
  public:
-  CpuStream(StreamMode mode, std::string name);
+  CpuStream(StreamMode mode, std::string name, int spin_us = 0);
   ~CpuStream() override;
   CpuStream(const CpuStream&) = delete;
   CpuStream& operator=(const CpuStream&) = delete;
@@ -50,17 +57,26 @@ class CpuStream final : public Stream {
   };
   void run_task(Task& t);
   void worker();
+  void push(Task&& t);  // under mu_
+  Task pop();           // under mu_, queue not empty
 
   const StreamMode mode_;
   const std::string name_;
+  SpinWait idle_spin_;  // the worker waiting for work
+  SpinWait sync_spin_;  // synchronize() waiting for the worker
   const char* label_ = nullptr;  // host side: the label for tasks enqueued next
 
   mutable std::mutex mu_;
   std::condition_variable cv_work_, cv_idle_;
-  std::deque<Task> queue_;  // guarded by mu_
-  uint64_t enqueued_ = 0;   // guarded by mu_
-  uint64_t finished_ = 0;   // guarded by mu_
-  bool stop_ = false;       // guarded by mu_
+  std::vector<Task> ring_;   // guarded by mu_: a ring of capacity ring_.size() (a power of 2)
+  std::size_t head_ = 0;     // guarded by mu_: index of the oldest task
+  std::size_t size_ = 0;     // guarded by mu_: tasks queued
+  // Written under mu_; read without it by spinning waiters.
+  std::atomic<uint64_t> enqueued_{0};
+  std::atomic<uint64_t> finished_{0};
+  bool worker_waiting_ = false;  // guarded by mu_: the worker is blocked on cv_work_
+  int idle_waiters_ = 0;         // guarded by mu_: threads blocked on cv_idle_
+  bool stop_ = false;            // guarded by mu_
   std::exception_ptr error_;  // guarded by mu_
   std::string error_msg_;     // guarded by mu_
   std::atomic<bool> failed_{false};

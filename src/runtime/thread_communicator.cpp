@@ -39,11 +39,8 @@
 #include <sstream>
 #include <thread>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #include "cpu_stream.hpp"
+#include "spin.hpp"
 
 namespace tessel {
 namespace {
@@ -71,14 +68,6 @@ const char* kind_name(Kind k) {
     case Kind::Barrier: return "barrier";
   }
   return "?";
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 // ---- bf16 / f16 <-> f32 (private and inline: the reduction loops must vectorise) ----
@@ -324,8 +313,8 @@ using Clock = std::chrono::steady_clock;
 class ThreadCommunicator final : public Communicator {
  public:
   ThreadCommunicator(ThreadWorld* world, std::shared_ptr<ThreadGroupState> group, int rank,
-                     int spin)
-      : world_(world), g_(std::move(group)), rank_(rank), spin_(spin),
+                     int spin_us)
+      : world_(world), g_(std::move(group)), rank_(rank), spin_(spin_us),
         ptrs_(static_cast<std::size_t>(g_->n)) {}
 
   int rank() const override { return rank_; }
@@ -734,13 +723,14 @@ class ThreadCommunicator final : public Communicator {
       g.cv.notify_all();
       return;
     }
-    if (spin_ > 0) {
+    if (spin_.budget_us() > 0) {
       lk.unlock();
-      for (int i = 0; i < spin_; ++i) {
-        if (g.gen.load(std::memory_order_acquire) >= target) return;
-        if (abortable && world_->aborted()) break;
-        cpu_relax();
-      }
+      bool aborted = false;
+      const bool met = spin_([&] {
+        aborted = abortable && world_->aborted();
+        return aborted || g.gen.load(std::memory_order_acquire) >= target;
+      });
+      if (met && !aborted) return;
       lk.lock();
     }
     const auto deadline = abortable ? deadline_from_now() : Clock::time_point::max();
@@ -825,7 +815,7 @@ class ThreadCommunicator final : public Communicator {
   ThreadWorld* world_;
   std::shared_ptr<ThreadGroupState> g_;
   int rank_;
-  int spin_;
+  detail::SpinWait spin_;
   int parity_ = 0;
   std::vector<const void*> ptrs_;
   std::vector<char> scratch_;
@@ -842,12 +832,9 @@ ThreadWorld::ThreadWorld(const Mesh& mesh, ThreadWorldOptions options)
   if (std::isnan(options_.timeout_seconds) || options_.timeout_seconds < 0)
     throw RuntimeError(fmt::format("tessel: ThreadWorldOptions::timeout_seconds must be >= 0 "
                                    "(0 or inf: no timeout), got {}", options_.timeout_seconds));
-  if (options_.spin_iterations >= 0) {
-    spin_iterations_ = options_.spin_iterations;
-  } else {
-    const unsigned hw = std::thread::hardware_concurrency();
-    spin_iterations_ = (hw != 0 && static_cast<int64_t>(hw) >= mesh_.num_devices()) ? 2000 : 0;
-  }
+  // Automatic: one thread per device is the caller's usual set-up (ThreadRuntime passes its own
+  // budget, counting its stream workers too).
+  spin_us_ = detail::spin_budget_us(options_.spin_us, mesh_.num_devices());
 }
 
 ThreadWorld::~ThreadWorld() = default;
@@ -878,7 +865,7 @@ std::unique_ptr<Communicator> ThreadWorld::communicator(int64_t position,
                   .first;
     state = found->second;
   }
-  return std::make_unique<ThreadCommunicator>(this, std::move(state), rank, spin_iterations_);
+  return std::make_unique<ThreadCommunicator>(this, std::move(state), rank, spin_us_);
 }
 
 void ThreadWorld::abort(std::string reason) {

@@ -1,11 +1,13 @@
-// ThreadRuntime: persistent device threads with a job slot each, and per-device backends and
-// streams made once.
+// ThreadRuntime: persistent device threads with a job slot each (device 0's jobs run on the
+// caller), and per-device backends and streams made once.
 #include "tessel/runtime/thread_runtime.hpp"
 
 #include "tessel/runtime/thread_communicator.hpp"
+#include "spin.hpp"
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <system_error>
 #include <thread>
@@ -13,38 +15,84 @@
 namespace tessel {
 namespace detail {
 
+// The end of a job on the device threads: the last one to finish wakes the caller, once (not
+// once per device).
+struct JobCompletion {
+  explicit JobCompletion(int spin_us) : spin(spin_us) {}
+  std::atomic<int64_t> pending{0};  // device threads still running the current job
+  SpinWait spin;                    // the caller polls `pending` before blocking
+  std::mutex mu;
+  std::condition_variable cv;
+  bool caller_waiting = false;  // guarded by mu
+
+  void arrive() {  // a device thread, after its job; its error is published by the release
+    if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    std::lock_guard<std::mutex> lk(mu);
+    if (caller_waiting) cv.notify_one();
+  }
+  void wait() {  // the caller
+    const auto done = [&] { return pending.load(std::memory_order_acquire) == 0; };
+    spin(done);
+    std::unique_lock<std::mutex> lk(mu);
+    caller_waiting = true;
+    cv.wait(lk, done);
+    caller_waiting = false;
+  }
+};
+
 struct RuntimeDevice {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Stream> compute, comm, transfer;
-  std::thread thread;
+  std::thread thread;  // none for device 0, whose jobs run on the caller of run_on_devices
+  JobCompletion* completion = nullptr;
+  std::unique_ptr<SpinWait> job_spin;  // the device thread polls for its next job
   std::mutex mu;
   std::condition_variable cv;
   const std::function<void(int64_t)>* job = nullptr;  // guarded by mu
-  uint64_t job_seq = 0;                              // guarded by mu
-  uint64_t done_seq = 0;                             // guarded by mu
-  std::exception_ptr error;                          // guarded by mu
-  bool stop = false;                                 // guarded by mu
+  // Written under mu; polled without it by the spinning device thread.
+  std::atomic<uint64_t> job_seq{0};
+  // The job's exception: written by the device thread before completion->arrive(), read and
+  // reset by the caller after completion->wait().
+  std::exception_ptr error;
+  bool stop = false;            // guarded by mu
+  bool thread_waiting = false;  // guarded by mu: the device thread is blocked on cv
 
   void loop(int64_t d) {
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lk(mu);
     while (true) {
-      cv.wait(lk, [&] { return stop || job_seq != seen; });
+      if (!stop && job_seq.load(std::memory_order_relaxed) == seen) {
+        lk.unlock();
+        (*job_spin)([&] { return job_seq.load(std::memory_order_acquire) != seen; });
+        lk.lock();
+        thread_waiting = true;
+        cv.wait(lk, [&] { return stop || job_seq.load(std::memory_order_relaxed) != seen; });
+        thread_waiting = false;
+      }
       if (stop) return;
-      seen = job_seq;
+      seen = job_seq.load(std::memory_order_relaxed);
       const auto* j = job;
       lk.unlock();
-      std::exception_ptr err;
       try {
         (*j)(d);
       } catch (...) {
-        err = std::current_exception();
+        error = std::current_exception();
       }
+      completion->arrive();
       lk.lock();
-      error = err;
-      done_seq = seen;
-      cv.notify_all();
     }
+  }
+
+  // Caller side: hands job to the device thread.
+  void start(const std::function<void(int64_t)>& j) {
+    bool wake;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      job = &j;
+      job_seq.store(job_seq.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      wake = thread_waiting;  // a spinning device thread sees the job without a futex call
+    }
+    if (wake) cv.notify_all();
   }
 
   ~RuntimeDevice() { shutdown(); }
@@ -67,9 +115,17 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
     throw RuntimeError(fmt::format("ThreadRuntime: num_devices must be >= 1, got {}", num_devices));
   if (options_.kernel_threads < 1)
     throw RuntimeError(fmt::format("ThreadRuntime: kernel_threads must be >= 1, got {}", options_.kernel_threads));
+  // The threads that may be runnable at once during a step: per device, the thread that walks
+  // its program (the caller's for device 0) and, with async streams, the compute and comm
+  // workers (the transfer stream's worker only works between steps). Waiters spin only when
+  // the machine has a hardware thread for each of them (spin.hpp).
+  const int64_t busy_threads = num_devices * (options_.stream_mode == StreamMode::Async ? 3 : 1);
+  spin_us_ = detail::spin_budget_us(options_.spin_us, busy_threads);
   CpuBackendOptions bo;
   bo.mode = options_.stream_mode;
   bo.kernel_threads = options_.kernel_threads;
+  bo.spin_us = spin_us_;
+  completion_ = std::make_unique<detail::JobCompletion>(spin_us_);
   try {
     devices_.reserve(static_cast<std::size_t>(num_devices));
     for (int64_t d = 0; d < num_devices; ++d) {
@@ -78,14 +134,18 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
       dev->compute = dev->backend->create_stream(fmt::format("device {} compute", d));
       dev->comm = dev->backend->create_stream(fmt::format("device {} comm", d));
       dev->transfer = dev->backend->create_stream(fmt::format("device {} transfer", d));
-      try {
-        if (options_.before_thread_start) options_.before_thread_start(d);
-        detail::RuntimeDevice* raw = dev.get();
-        dev->thread = std::thread([raw, d] { raw->loop(d); });
-      } catch (const std::system_error& e) {
-        throw RuntimeError(fmt::format("ThreadRuntime: cannot start the thread of device {} of {}: {} "
-                                       "(threads already started were stopped; use fewer devices or raise "
-                                       "the process's thread limit)", d, num_devices, e.what()));
+      dev->job_spin = std::make_unique<detail::SpinWait>(spin_us_);
+      dev->completion = completion_.get();
+      if (d > 0) {  // device 0 runs on the caller of run_on_devices
+        try {
+          if (options_.before_thread_start) options_.before_thread_start(d);
+          detail::RuntimeDevice* raw = dev.get();
+          dev->thread = std::thread([raw, d] { raw->loop(d); });
+        } catch (const std::system_error& e) {
+          throw RuntimeError(fmt::format("ThreadRuntime: cannot start the thread of device {} of {}: {} "
+                                         "(threads already started were stopped; use fewer devices or raise "
+                                         "the process's thread limit)", d, num_devices, e.what()));
+        }
       }
       devices_.push_back(std::move(dev));
     }
@@ -110,24 +170,21 @@ Stream& ThreadRuntime::transfer_stream(int64_t d) { return *devices_.at(static_c
 
 std::vector<std::exception_ptr> ThreadRuntime::run_on_devices(const std::function<void(int64_t)>& job) {
   std::lock_guard<std::mutex> guard(job_mutex_);
-  std::vector<uint64_t> seq(devices_.size());
-  for (std::size_t d = 0; d < devices_.size(); ++d) {
-    auto& dev = *devices_[d];
-    {
-      std::lock_guard<std::mutex> lk(dev.mu);
-      dev.job = &job;
-      seq[d] = ++dev.job_seq;
-    }
-    dev.cv.notify_all();
+  const std::size_t n = devices_.size();
+  std::vector<std::exception_ptr> errors(n);  // before any start: nothing may throw after it
+  completion_->pending.store(static_cast<int64_t>(n) - 1, std::memory_order_relaxed);  // published by start()
+  for (std::size_t d = 1; d < n; ++d) devices_[d]->start(job);
+  // Device 0 runs here: the caller would only wait, and a hand-off to a thread and back costs
+  // two wake-ups (more than a tiny step's own work).
+  try {
+    job(0);
+  } catch (...) {
+    errors[0] = std::current_exception();
   }
-  std::vector<std::exception_ptr> errors(devices_.size());
-  for (std::size_t d = 0; d < devices_.size(); ++d) {
-    auto& dev = *devices_[d];
-    std::unique_lock<std::mutex> lk(dev.mu);
-    dev.cv.wait(lk, [&] { return dev.done_seq == seq[d]; });
-    errors[d] = dev.error;
-    dev.error = nullptr;
-    dev.job = nullptr;
+  if (n > 1) completion_->wait();
+  for (std::size_t d = 1; d < n; ++d) {
+    errors[d] = std::move(devices_[d]->error);
+    devices_[d]->error = nullptr;
   }
   return errors;
 }
@@ -147,6 +204,7 @@ std::unique_ptr<CollectiveWorld> ThreadRuntime::make_world(const Mesh& mesh,
                                                            double timeout_s) {
   ThreadWorldOptions wo;
   wo.timeout_seconds = timeout_s;
+  wo.spin_us = spin_us_;  // the collectives run on this runtime's threads: same budget
   return std::make_unique<ThreadWorld>(mesh, wo);  // groups are created on first request
 }
 

@@ -209,7 +209,7 @@ TEST_CASE("runtime: a device thread that cannot start is an error and not std::t
     return 0;
   });
   INFO(msg);
-  CHECK(started == 5);
+  CHECK(started == 4);  // devices 1..4: device 0 runs on the caller and has no thread
   CHECK_THAT(msg, Catch::Contains("device 5 of 8"));
   CHECK_THAT(msg, Catch::Contains("thread"));
   CHECK_THAT(msg, Catch::Contains("stopped"));

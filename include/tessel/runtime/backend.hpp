@@ -141,6 +141,11 @@ const char* stream_mode_name(StreamMode m);  // "async" / "eager"
 struct CpuBackendOptions {
   StreamMode mode = StreamMode::Async;
   int kernel_threads = 1;  // threads each kernel may use (Eigen thread pool where it pays)
+  // Async streams: how long (microseconds) a thread waiting on this backend's streams and
+  // events busy-waits before blocking on a condition variable — a stream worker waiting for
+  // work, synchronize(), an event wait. 0: block at once. Pays only when the threads involved
+  // have cores of their own; ThreadRuntime decides it from the machine (ThreadRuntimeOptions).
+  int spin_us = 0;
 };
 
 // The CPU backend: host memory, the Eigen kernels of kernels.hpp, CPU streams.

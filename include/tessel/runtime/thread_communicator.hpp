@@ -41,10 +41,12 @@ struct ThreadWorldOptions {
   // range (centuries) also means forever. NaN or negative: the constructor throws
   // RuntimeError naming timeout_seconds.
   double timeout_seconds = 0.0;
-  // Busy-wait iterations before blocking on a condition variable. -1: automatic (spin only
-  // when the machine has at least as many hardware threads as the mesh has devices;
-  // spinning with more threads than cores only steals time from the peers being waited on).
-  int spin_iterations = -1;
+  // Microseconds a member waiting for its peers busy-waits before blocking on a condition
+  // variable (0: block at once). -1: automatic — the environment variable TESSEL_SPIN_US when
+  // set, else 20 us when the machine has at least as many hardware threads as the mesh has
+  // devices, else 0 (spinning with more threads than cores only steals time from the peers
+  // being waited on). ThreadRuntime sets it from its own thread count.
+  int spin_us = -1;
 };
 
 namespace detail {
@@ -80,7 +82,7 @@ class ThreadWorld : public CollectiveWorld {
  private:
   Mesh mesh_;
   ThreadWorldOptions options_;
-  int spin_iterations_ = 0;
+  int spin_us_ = 0;
   std::atomic<bool> aborted_{false};
   mutable std::mutex mutex_;  // guards groups_ and reason_
   std::string reason_;

@@ -2,9 +2,21 @@
 //
 // A ThreadRuntime is made once and owns, per device: a persistent device thread (which walks
 // the device's program, enqueuing work), a CPU backend, and three streams: compute,
-// communication and transfer (host <-> device copies). Loading a program on it (load() in
-// loaded_executable.hpp) adds what is program-specific (communicators, events, labels); runs
-// then reuse the threads and streams, so a step pays no thread or stream setup.
+// communication and transfer (host <-> device copies). Device 0 has no thread of its own: its
+// part of each job runs on the thread that called run_on_devices, which would otherwise only
+// wait (a hand-off there and back costs two wake-ups, more than a tiny step's work). Loading a
+// program on it (load() in loaded_executable.hpp) adds what is program-specific
+// (communicators, events, labels); runs then reuse the threads and streams, so a step pays no
+// thread or stream setup.
+//
+// Waiting: every wait of a step (the hand-off of a job to a device thread and back, a stream
+// worker waiting for work, synchronize, event waits, the ThreadWorld's rendezvous) polls for up
+// to spin_us() microseconds before blocking on a condition variable, and nobody is notified
+// unless it is blocked. ThreadRuntimeOptions::spin_us says how long; by default it is decided
+// from the machine: a spin only when std::thread::hardware_concurrency() covers the threads a
+// step keeps busy (per device 1 with eager streams, 3 with async ones: the device thread and
+// the compute and comm workers), since a spinner with too few cores steals the time of the
+// thread it waits for.
 //
 // Threads are real resources: when one cannot be started (a resource limit, a very large
 // mesh) the constructor throws RuntimeError naming the device and the reason, after stopping
@@ -33,13 +45,19 @@ namespace tessel {
 struct ThreadRuntimeOptions {
   StreamMode stream_mode = StreamMode::Async;
   int kernel_threads = 1;  // threads each device's kernels may use
-  // For tests: called with the device before its thread is started; an exception it throws
-  // is handled exactly like a failure to start that thread (std::system_error).
+  // Microseconds a waiter polls before blocking (see above). -1: automatic — the environment
+  // variable TESSEL_SPIN_US when set (0 turns spinning off, N forces N us), else 20 when the
+  // machine has a hardware thread for every thread a step keeps busy, else 0. >= 0: exactly that.
+  int spin_us = -1;
+  // For tests: called with the device before its thread is started (devices 1.., device 0
+  // has none); an exception it throws is handled exactly like a failure to start that thread
+  // (std::system_error).
   std::function<void(int64_t device)> before_thread_start;
 };
 
 namespace detail {
 struct RuntimeDevice;
+struct JobCompletion;
 }
 
 class ThreadRuntime : public Runtime {
@@ -51,14 +69,17 @@ class ThreadRuntime : public Runtime {
 
   int64_t num_devices() const { return static_cast<int64_t>(devices_.size()); }
   const ThreadRuntimeOptions& options() const { return options_; }
+  // The spin budget in force (microseconds; ThreadRuntimeOptions::spin_us resolved).
+  int spin_us() const { return spin_us_; }
 
   Backend& backend(int64_t device);
   Stream& compute_stream(int64_t device);
   Stream& comm_stream(int64_t device);
   Stream& transfer_stream(int64_t device);
 
-  // Runs job(device) on every device's thread at once and waits for all of them. Returns
-  // each device's exception (nullptr when it returned normally). Jobs are serialised.
+  // Runs job(device) on every device's thread at once (device 0's on the calling thread) and
+  // waits for all of them. Returns each device's exception (nullptr when it returned
+  // normally). Jobs are serialised.
   std::vector<std::exception_ptr> run_on_devices(const std::function<void(int64_t device)>& job);
 
   // Runtime: every device local, positions 0..num_devices()-1, a ThreadWorld.
@@ -73,6 +94,8 @@ class ThreadRuntime : public Runtime {
 
  private:
   ThreadRuntimeOptions options_;
+  int spin_us_ = 0;
+  std::unique_ptr<detail::JobCompletion> completion_;  // before devices_: their threads use it
   std::vector<std::unique_ptr<detail::RuntimeDevice>> devices_;
   std::mutex job_mutex_;
 };
