@@ -405,6 +405,9 @@ struct Partitioner {
       }
       double best = 0;
       for (std::size_t c = 0; c < cands.size(); ++c) {
+        if (std::find(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(c), cands[c]) !=
+            cands.begin() + static_cast<std::ptrdiff_t>(c))
+          continue;  // the same factor sharding as an earlier candidate (ties go to the first)
         const double t = comm_estimate(op, rule, cands[c]) + stats_estimate(op, rule, cands[c]);
         if (c == 0 || t < best - 1e-12) {
           best = t;

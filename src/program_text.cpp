@@ -966,6 +966,9 @@ class Parser {
       case AttrField::Depth: a.depth = parse_int(spec.key); return;
       case AttrField::Scalar: a.scalar = parse_double(spec.key); return;
       case AttrField::Eps: a.eps = parse_double(spec.key); return;
+      case AttrField::Beta1: a.beta1 = parse_double(spec.key); return;
+      case AttrField::Beta2: a.beta2 = parse_double(spec.key); return;
+      case AttrField::WeightDecay: a.weight_decay = parse_double(spec.key); return;
       case AttrField::Keepdims: a.keepdims = parse_bool(spec.key); return;
       case AttrField::DType: a.dtype = parse_dtype(next(), fmt::format("for '{}'", spec.key)); return;
     }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "tessel/ops.hpp"
@@ -55,6 +56,16 @@ struct Propagator {
   const Mesh& mesh;
   PropagationResult& res;
   std::vector<bool> annotated;
+  // Each op's rule, computed on first use: rules depend on shapes and attributes only, and
+  // every op is visited twice per pass.
+  std::vector<std::optional<OpRule>> rules;
+
+  const OpRule& rule_of(int op_index) {
+    if (rules.empty()) rules.resize(g.ops.size());
+    auto& r = rules[static_cast<std::size_t>(op_index)];
+    if (!r) r = op_rule(g, g.ops[static_cast<std::size_t>(op_index)]);
+    return *r;
+  }
 
   double bytes(int v) const {
     return static_cast<double>(num_elements(g.values[v].shape)) *
@@ -111,7 +122,7 @@ struct Propagator {
   bool step(int op_index, int round) {
     const Op& op = g.ops[op_index];
     if (op.kind == OpKind::Input || op.kind == OpKind::Constant) return false;
-    OpRule rule = op_rule(g, op);
+    const OpRule& rule = rule_of(op_index);
     std::vector<int> tensors = op.inputs;
     std::vector<const std::vector<DimFactors>*> tdims;
     for (std::size_t i = 0; i < op.inputs.size(); ++i) tdims.push_back(&rule.operands[i]);
@@ -126,6 +137,9 @@ struct Propagator {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       int v = tensors[t];
       if (res.source_priority[v] > round) continue;  // not active in this round
+      bool any_axis = false;
+      for (const auto& d : res.shardings[v].dims) any_axis = any_axis || !d.axes.empty();
+      if (!any_axis) continue;  // nothing to project
       auto proj = project_onto_factors(mesh, *tdims[t], rule.factors, res.shardings[v]);
       for (std::size_t f = 0; f < nf; ++f) {
         if (rule.factors[f].kind == FactorKind::Replicated || proj[f].empty()) continue;
@@ -260,7 +274,7 @@ PropagationResult propagate(const Graph& g, const Mesh& mesh, const PropagationO
       seed(op.output, op.attrs.sharding->closed_copy(), op.attrs.priority,
            fmt::format("sharding_constraint {}", g.describe(op.output)));
   }
-  Propagator pr{g, mesh, res, {}};
+  Propagator pr{g, mesh, res, {}, {}};
   int passes = 0;
   for (int round : rounds) {
     bool changed = true;

@@ -253,6 +253,10 @@ bool permute_plan(const Mesh& mesh, const Shape& global, DType dtype, const Shar
 
 ReshardPlan plan_reshard(const Mesh& mesh, const Shape& global, DType dtype, const Sharding& from,
                          const Sharding& to, const CostModel& cost) {
+  if (from.same_layout(to) && to.rank() == static_cast<int>(global.size())) {
+    to.validate(mesh, global, "reshard target");
+    return {};  // nothing moves (the common case when the partitioner weighs candidates)
+  }
   to.validate(mesh, global, "reshard target");
   from.validate(mesh, global, "reshard source");
   for (const auto& p : to.partial)

@@ -79,7 +79,7 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
     auto it = g.annotations.find(t.id);
     return it != g.annotations.end() ? it->second.sharding.closed_copy() : Sharding::replicated(t.rank());
   };
-  auto k = [&](double v) { return constant(g, v); };
+  const Tensor one = constant(g, 1.0);
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     const Sharding base = layout_of(p);
@@ -96,16 +96,13 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
     // Stage 1 keeps whole gradients (all-reduced), stage 2 and 3 split them like the state.
     Tensor gr = s.grads[i];
     g.annotate(gr, o.zero >= 2 ? zl : base, /*priority=*/1);
-    Tensor gf = gr.dtype() == DType::f32 ? gr : cast(gr, DType::f32);
-    if (clip_scale.anchor) gf = mul(gf, clip_scale);
-    Tensor m2 = add(mul(m, k(a.beta1)), mul(gf, k(1 - a.beta1))).named("next.adam.m." + p.name());
-    Tensor v2 = add(mul(v, k(a.beta2)), mul(mul(gf, gf), k(1 - a.beta2))).named("next.adam.v." + p.name());
-    Tensor update = div(mul(m2, s.bc1), add(sqrt(mul(v2, s.bc2)), k(a.eps)));
-    Tensor pf = p.dtype() == DType::f32 ? p : cast(p, DType::f32);
-    if (a.weight_decay > 0 && p.rank() >= 2) update = add(update, mul(pf, k(a.weight_decay)));
-    Tensor p2 = sub(pf, mul(update, s.lr));
-    if (p.dtype() != DType::f32) p2 = cast(p2, p.dtype());
-    p2 = p2.named("next." + p.name());
+    // One fused op per parameter (builders.hpp adamw): clipping scale, moments, bias
+    // correction and decoupled decay (rank >= 2 only) in one pass.
+    AdamWResults r = adamw(p, gr, m, v, s.lr, s.bc1, s.bc2, clip_scale.anchor ? clip_scale : one, a.beta1, a.beta2,
+                           a.eps, p.rank() >= 2 ? a.weight_decay : 0.0);
+    Tensor p2 = r.param.named("next." + p.name());
+    Tensor m2 = r.m.named("next.adam.m." + p.name());
+    Tensor v2 = r.v.named("next.adam.v." + p.name());
     g.annotate(p2, param);
     g.annotate(m2, state);
     g.annotate(v2, state);

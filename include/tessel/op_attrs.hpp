@@ -24,7 +24,10 @@ struct OpAttrs {
   int64_t axis = -1;             // Concat / Softmax / Gather / ScatterAdd (normalized to >= 0)
   int64_t depth = 0;             // OneHot: number of classes
   double scalar = 0.0;           // Constant
-  double eps = 1e-5;             // LayerNorm
+  double eps = 1e-5;             // LayerNorm, AdamW
+  double beta1 = 0.9;            // AdamW: first-moment decay
+  double beta2 = 0.999;          // AdamW: second-moment decay
+  double weight_decay = 0.0;     // AdamW: decoupled weight decay
   bool keepdims = false;         // Reduce*
   std::optional<Sharding> sharding;  // ShardingConstraint
   int priority = 0;                  // ShardingConstraint
@@ -34,7 +37,8 @@ struct OpAttrs {
 // The fields of OpAttrs an attribute schema can name. Each has one text syntax:
 //   Equation "bsd,df->bsf" · Ints / Shape [1,2] · Int / Depth 3 · Float 1e-5 · Bool true ·
 //   DType bf16
-enum class AttrField { Equation, Dims, Shape, Starts, Limits, Axis, Depth, Scalar, Eps, Keepdims, DType };
+enum class AttrField { Equation, Dims, Shape, Starts, Limits, Axis, Depth, Scalar, Eps, Keepdims, DType, Beta1, Beta2,
+                       WeightDecay };
 
 struct AttrSpec {
   const char* key;          // text-form name, e.g. "perm" for Transpose's dims

@@ -34,4 +34,5 @@
   X(Gather)             /* (table, indices i32) along attrs.axis (numpy take)            */   \
   X(ScatterAdd)         /* (updates, indices i32) summed into attrs.depth rows at axis   */   \
   X(MaskPadding)        /* x with positions >= attrs.depth along attrs.axis := scalar     */   \
-  X(LayerNormGrad)      /* (x, gamma, dy) -> (dx, dgamma, dbeta): layer_norm's backward  */
+  X(LayerNormGrad)      /* (x, gamma, dy) -> (dx, dgamma, dbeta): layer_norm's backward  */   \
+  X(AdamW)              /* (p, g, m, v, lr, bc1, bc2, gscale) -> (p', m', v'): fused step */

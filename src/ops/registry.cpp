@@ -24,6 +24,7 @@ const std::vector<OpDef>& table() {
     ops_detail::register_layout_ops(v);
     ops_detail::register_nn_ops(v);
     ops_detail::register_index_ops(v);
+    ops_detail::register_optim_ops(v);
     // Every kind has exactly its own entry, with the functions every pass calls: a missing
     // entry is a programming error in the registry, caught by the first lookup (and by the
     // registry test).
@@ -53,6 +54,9 @@ bool is_default(AttrField f, const OpAttrs& a) {
     case AttrField::Depth: return a.depth == d.depth;
     case AttrField::Scalar: return a.scalar == d.scalar;
     case AttrField::Eps: return a.eps == d.eps;
+    case AttrField::Beta1: return a.beta1 == d.beta1;
+    case AttrField::Beta2: return a.beta2 == d.beta2;
+    case AttrField::WeightDecay: return a.weight_decay == d.weight_decay;
     case AttrField::Keepdims: return a.keepdims == d.keepdims;
     case AttrField::DType: return a.dtype == d.dtype;
   }
@@ -131,6 +135,9 @@ std::string attr_value_text(AttrField f, const OpAttrs& a) {
     case AttrField::Depth: return std::to_string(a.depth);
     case AttrField::Scalar: return fmt::format("{}", a.scalar);  // shortest round-trip form
     case AttrField::Eps: return fmt::format("{}", a.eps);
+    case AttrField::Beta1: return fmt::format("{}", a.beta1);
+    case AttrField::Beta2: return fmt::format("{}", a.beta2);
+    case AttrField::WeightDecay: return fmt::format("{}", a.weight_decay);
     case AttrField::Keepdims: return a.keepdims ? "true" : "false";
     case AttrField::DType: return dtype_name(a.dtype);
   }

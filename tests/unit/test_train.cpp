@@ -16,6 +16,14 @@ using namespace tessel;
 
 namespace {
 
+// Parameters after an Adam step: an element whose gradient is a sum that nearly cancels has
+// a gradient known only to a few digits, and Adam divides it by its own magnitude, so its
+// update can differ by a small fraction of the learning rate (1e-2 here) between summation
+// orders. Everything else agrees to 1e-5 of the inputs' scale.
+double tolerance(const std::string& output) {
+  return output.rfind("next.", 0) == 0 && output.rfind("next.adam.", 0) != 0 ? 2e-4 : 1e-5;
+}
+
 HostTensor scalar(double v) {
   HostTensor h(DType::f32, {});
   h.set(0, v);
@@ -88,6 +96,7 @@ TEST_CASE("train: every ZeRO stage equals stage 0 and one device over donated st
   cfg.layers = 1;
   cfg.vocab = 32;
   std::vector<std::vector<HostTensor>> finals;
+  std::vector<std::string> output_names;
   for (int zero = 0; zero <= 3; ++zero) {
     INFO("zero " << zero);
     GptGraph m = build_gpt(cfg);
@@ -128,8 +137,9 @@ TEST_CASE("train: every ZeRO stage equals stage 0 and one device over donated st
       for (std::size_t o2 = 0; o2 < r.outputs.size(); ++o2) {
         HostTensor got = prog.to_host(r.outputs[o2], /*check_replicas=*/true);
         CompareResult cmp = compare(got, ref[o2], 1.0);
-        INFO("step " << t << " output %" << g.values[static_cast<std::size_t>(g.outputs[o2])].name << ": " << cmp.to_string());
-        CHECK(cmp.max_rel_err <= 1e-5);
+        const std::string& name = g.values[static_cast<std::size_t>(g.outputs[o2])].name;
+        INFO("step " << t << " output %" << name << ": " << cmp.to_string());
+        CHECK(cmp.max_rel_err <= tolerance(name));
         last.push_back(got);
       }
       for (std::size_t o2 = 0; o2 < feeds.size(); ++o2)
@@ -139,12 +149,14 @@ TEST_CASE("train: every ZeRO stage equals stage 0 and one device over donated st
         }
     }
     finals.push_back(std::move(last));
+    output_names.clear();
+    for (int v : g.outputs) output_names.push_back(g.values[static_cast<std::size_t>(v)].name);
   }
   for (std::size_t z = 1; z < finals.size(); ++z)
     for (std::size_t o = 0; o < finals[0].size(); ++o) {
       CompareResult cmp = compare(finals[z][o], finals[0][o], 1.0);
       INFO("zero " << z << " output " << o << " against zero 0: " << cmp.to_string());
-      CHECK(cmp.max_rel_err <= 1e-5);
+      CHECK(cmp.max_rel_err <= tolerance(output_names[o]));
     }
 }
 
