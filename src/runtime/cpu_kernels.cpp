@@ -1055,7 +1055,7 @@ void k_layer_norm(const KernelArgs& a) {
 
 // layer_norm's backward, per row with k_layer_norm's statistics: xhat = (x - mean) * rstd,
 // g = dy * gamma, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum over rows of
-// dy * xhat and dbeta = sum over rows of dy (accumulated in double).
+// dy * xhat (terms with dy = 0 skipped) and dbeta = sum over rows of dy (in double).
 void k_layer_norm_grad(const KernelArgs& a) {
   check_arity(a, 3, 3);
   const OpAttrs& at = attrs_of(a);
@@ -1095,7 +1095,9 @@ void k_layer_norm_grad(const KernelArgs& a) {
       const double g = double(dyr[j]) * gamma[j];
       mg += g;
       mgx += g * xhat[u];
-      sum_g[u] += double(dyr[j]) * xhat[u];
+      // A zero gradient contributes nothing, even where the row is degenerate (constant with
+      // eps = 0, as the zero rows padding an uneven split are): 0 * NaN would poison the sum.
+      if (dyr[j] != 0.0f) sum_g[u] += double(dyr[j]) * xhat[u];
       sum_b[u] += dyr[j];
     }
     mg /= double(D);

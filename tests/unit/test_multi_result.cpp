@@ -212,3 +212,18 @@ TEST_CASE("multi-result: the Program text form names each result and checks them
   fails("%dx, %dg = add(%x, %dy) : f32[2,8] global=f32[4,8] sharding=[{data}, {}] @compute\n",
         "add defines one value, not 2");
 }
+
+TEST_CASE("multi-result: layer_norm_grad with eps=0 over rows padded for an uneven split", "[multi-result][uneven]") {
+  // Found by fuzz_graph_text: 32 rows over data=3 are padded to 33 with a zero row, whose
+  // statistics with eps = 0 are 0/0; its zero gradient must not turn dgamma into NaN.
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("multi-result: layer_norm_grad with eps=0 over rows padded for an uneven split", seed, 1);
+  Graph g = parse_graph(
+      "mesh data=3\n"
+      "%x = input f32[32,64] sharding=[{data}, {}]\n"
+      "%gamma = input f32[64]\n"
+      "%dy = input f32[32,64] sharding=[{data}, {}]\n"
+      "%dx, %dgamma, %dbeta = layer_norm_grad(%x, %gamma, %dy) eps=0 sharding=(_, [{}], [{}])\n"
+      "output %dx, %dgamma, %dbeta\n");
+  tessel_test::check_matches(g, *g.mesh, seed);
+}
