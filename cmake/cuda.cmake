@@ -1,12 +1,47 @@
-# The CUDA backend: built only when TESSEL_WITH_CUDA is ON (a CUDA compiler was found).
-# Public headers never include CUDA; kernels/ holds .cu files behind host launchers.
-enable_language(CUDA)
-find_package(CUDAToolkit REQUIRED)
-file(GLOB TESSEL_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu)
-if(TESSEL_CUDA_SOURCES)
-  add_library(tessel_cuda ${TESSEL_CUDA_SOURCES})
-  add_library(tessel::cuda ALIAS tessel_cuda)
-  target_link_libraries(tessel_cuda PUBLIC tessel CUDA::cudart CUDA::cublasLt)
-else()
-  message(STATUS "tessel: CUDA compiler found; no CUDA kernels yet (kernels/ is empty)")
+# The CUDA backend (tessel::cuda): built only when TESSEL_WITH_CUDA is ON (a CUDA compiler was
+# found). Public headers never include CUDA: kernels/ holds the .cu files behind plain host
+# launchers (kernels/launchers.hpp), src/runtime/cuda/ the backend, the virtual-device and NCCL
+# communicators (C++ files that include the CUDA runtime, cuBLASLt and NCCL headers).
+#
+# Architectures: sm_90 (H100/H200) and sm_80 (A100) by default, real SASS only (no PTX), so CI
+# compiles each kernel twice and no more; override with -DCMAKE_CUDA_ARCHITECTURES=... (e.g.
+# "native" on a GPU machine to build for the local GPU only).
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+  set(CMAKE_CUDA_ARCHITECTURES "90-real;80-real" CACHE STRING "CUDA architectures of tessel::cuda")
 endif()
+enable_language(CUDA)
+set(CMAKE_CUDA_STANDARD 17)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+find_package(CUDAToolkit REQUIRED)
+
+file(GLOB TESSEL_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu
+     ${PROJECT_SOURCE_DIR}/src/runtime/cuda/*.cpp)
+
+# NCCL ships with the CUDA toolkit here (nccl.h and libnccl next to cudart); elsewhere point
+# NCCL_ROOT at an install (e.g. the nvidia-nccl-cu13 wheel's nvidia/nccl folder).
+find_path(TESSEL_NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS}
+          PATH_SUFFIXES include)
+find_library(TESSEL_NCCL_LIBRARY nccl HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR}
+             PATH_SUFFIXES lib lib64)
+if(TESSEL_NCCL_INCLUDE_DIR AND TESSEL_NCCL_LIBRARY)
+  set(_tessel_nccl_default ON)
+else()
+  set(_tessel_nccl_default OFF)
+endif()
+option(TESSEL_WITH_NCCL "Build the NCCL communicator of the CUDA backend" ${_tessel_nccl_default})
+
+add_library(tessel_cuda ${TESSEL_CUDA_SOURCES})
+add_library(tessel::cuda ALIAS tessel_cuda)
+target_include_directories(tessel_cuda PRIVATE ${PROJECT_SOURCE_DIR}/kernels ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(tessel_cuda PUBLIC tessel PRIVATE CUDA::cudart CUDA::cublasLt fmt::fmt)
+set_target_properties(tessel_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME cuda)
+target_compile_options(tessel_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${TESSEL_WARNINGS}>
+                       $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall --expt-relaxed-constexpr>)
+if(TESSEL_WITH_NCCL)
+  target_include_directories(tessel_cuda PRIVATE ${TESSEL_NCCL_INCLUDE_DIR})
+  target_link_libraries(tessel_cuda PRIVATE ${TESSEL_NCCL_LIBRARY})
+  target_compile_definitions(tessel_cuda PRIVATE TESSEL_HAVE_NCCL=1)
+endif()
+install(TARGETS tessel_cuda EXPORT tesselTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})

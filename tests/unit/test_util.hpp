@@ -13,6 +13,7 @@
 
 #include "tessel/executable.hpp"
 #include "tessel/mesh.hpp"
+#include "tessel/ops.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/sharding.hpp"
@@ -91,6 +92,30 @@ inline tessel::Sharding random_sharding_for(std::mt19937_64& rng, const tessel::
     }
   }
   return s;
+}
+
+// Every op kind with a sample generator in the registry (all but Input), in enum order.
+inline std::vector<tessel::OpKind> sampled_op_kinds() {
+  std::vector<tessel::OpKind> kinds;
+  for (tessel::OpKind k : tessel::all_op_kinds())
+    if (tessel::op_def(k).sample && k != tessel::OpKind::Input) kinds.push_back(k);
+  return kinds;
+}
+
+// A random graph around one op of kind k on `mesh` (its registry sample generator): inputs
+// annotated with probability 0.8, the result with probability p_annotate_output.
+inline tessel::Graph sample_op_graph(tessel::OpKind k, std::mt19937_64& rng, const tessel::Mesh& mesh,
+                                     double p_annotate_output = 0.3) {
+  tessel::SampleGen cr{rng, [&](const tessel::Shape& s) { return random_sharding_for(rng, mesh, s, false); }};
+  tessel::Graph g;
+  tessel::Tensor out = tessel::op_def(k).sample(g, cr);
+  g.mark_output(out);
+  for (int v : g.inputs)
+    if (cr.coin(0.8)) g.annotate(v, random_sharding_for(rng, mesh, g.values[v].shape, false));
+  if (cr.coin(p_annotate_output) && k != tessel::OpKind::ShardingConstraint)
+    g.annotate(out, random_sharding_for(rng, mesh, out.shape(), false));
+  g.mesh = mesh;
+  return g;
 }
 
 // Compiles g for mesh, runs it partitioned on fresh seeded inputs (outputs poisoned first,

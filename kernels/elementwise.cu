@@ -1,0 +1,469 @@
+// kernels/elementwise.cu — the one-thread-per-element kernels: fills, strided copies (transpose,
+// broadcast, slice, concat, block pack/unpack), unary and binary math, comparisons, where,
+// casts, and the index ops (embedding, gather, scatter_add, one_hot, causal_mask, mask_padding).
+//
+// Every kernel is a grid-stride loop; strided ones decompose the linear index with the Loop's
+// merged dims (usually one or two after merging), so the common layouts cost one division.
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "device_common.cuh"
+
+namespace tessel::cuda_kernels {
+
+void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  throw RuntimeError(fmt::format("cuda: {} failed: {} ({}) at {}:{}", what, cudaGetErrorString(e),
+                                 cudaGetErrorName(e), file, line));
+}
+
+namespace {
+
+// ---- fills and copies --------------------------------------------------------------------------
+
+template <class T>
+__global__ void k_fill(T* out, int64_t n, T v) {
+  TESSEL_GRID_STRIDE(i, n) out[i] = v;
+}
+
+template <class T>
+__global__ void k_strided_copy(const T* in, T* out, Loop loop, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) {
+    int64_t off[2];
+    loop_offsets<2>(loop, i, off);
+    out[off[0]] = in[off[1]];
+  }
+}
+
+// ---- unary --------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float unary_f(Unary op, float x) {
+  switch (op) {
+    case Unary::Neg: return -x;
+    case Unary::Exp: return expf(x);
+    case Unary::Log: return logf(x);
+    case Unary::Tanh: return tanhf(x);
+    case Unary::Gelu: {
+      // As the CPU kernel: x / (1 + exp(-2z)), z = sqrt(2/pi) (x + 0.044715 x^3) — GPT-2's tanh
+      // approximation without the cancellation of 1 + tanh(z) for z << 0.
+      const float c2 = 2.0f * 0.7978845608028654f;
+      return x / (1.0f + expf(-c2 * (x + 0.044715f * (x * x * x))));
+    }
+    case Unary::Relu: return x > 0.0f ? x : 0.0f;
+    case Unary::Sqrt: return sqrtf(x);
+    case Unary::Rsqrt: return 1.0f / sqrtf(x);  // IEEE sqrt and division, not the approximate rsqrtf
+    case Unary::Sigmoid: return 1.0f / (1.0f + expf(-x));
+    case Unary::Silu: return x / (1.0f + expf(-x));
+  }
+  return x;
+}
+
+template <class T>
+__global__ void k_unary(Unary op, const T* in, T* out, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) out[i] = from_f<T>(unary_f(op, to_f<T>(in[i])));
+}
+
+__global__ void k_unary_i32(Unary op, const int32_t* in, int32_t* out, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) {
+    const int32_t x = in[i];
+    out[i] = op == Unary::Neg ? static_cast<int32_t>(0u - static_cast<uint32_t>(x)) : (x > 0 ? x : 0);
+  }
+}
+
+// ---- binary ---------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float binary_f(Binary op, float x, float y) {
+  switch (op) {
+    case Binary::Add: return x + y;
+    case Binary::Sub: return x - y;
+    case Binary::Mul: return x * y;
+    case Binary::Div: return x / y;
+    case Binary::Max: return max_nan(x, y);
+    default: return 0.0f;
+  }
+}
+
+// i32 semantics of docs/ir.md: wrap modulo 2^32; x / 0 = -1, INT_MIN / -1 = INT_MIN.
+__device__ __forceinline__ int32_t binary_i(Binary op, int32_t x, int32_t y) {
+  const uint32_t ux = static_cast<uint32_t>(x), uy = static_cast<uint32_t>(y);
+  switch (op) {
+    case Binary::Add: return static_cast<int32_t>(ux + uy);
+    case Binary::Sub: return static_cast<int32_t>(ux - uy);
+    case Binary::Mul: return static_cast<int32_t>(ux * uy);
+    case Binary::Div:
+      if (y == 0) return -1;
+      if (y == -1) return static_cast<int32_t>(0u - ux);
+      return x / y;
+    case Binary::Max: return x > y ? x : y;
+    default: return 0;
+  }
+}
+
+template <class V>
+__device__ __forceinline__ int32_t compare(Binary op, V x, V y) {
+  switch (op) {
+    case Binary::Eq: return x == y;
+    case Binary::Ne: return x != y;
+    case Binary::Lt: return x < y;
+    case Binary::Le: return x <= y;
+    case Binary::Gt: return x > y;
+    case Binary::Ge: return x >= y;
+    default: return 0;
+  }
+}
+
+template <class T>
+__global__ void k_binary(Binary op, const T* a, const T* b, T* out, Loop loop, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    loop_offsets<3>(loop, i, off);
+    out[off[0]] = from_f<T>(binary_f(op, to_f<T>(a[off[1]]), to_f<T>(b[off[2]])));
+  }
+}
+
+__global__ void k_binary_i32(Binary op, const int32_t* a, const int32_t* b, int32_t* out, Loop loop, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    loop_offsets<3>(loop, i, off);
+    out[off[0]] = binary_i(op, a[off[1]], b[off[2]]);
+  }
+}
+
+template <class T>
+__global__ void k_compare(Binary op, const T* a, const T* b, int32_t* out, Loop loop, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    loop_offsets<3>(loop, i, off);
+    out[off[0]] = compare(op, to_f<T>(a[off[1]]), to_f<T>(b[off[2]]));
+  }
+}
+
+__global__ void k_compare_i32(Binary op, const int32_t* a, const int32_t* b, int32_t* out, Loop loop, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) {
+    int64_t off[3];
+    loop_offsets<3>(loop, i, off);
+    out[off[0]] = compare(op, a[off[1]], b[off[2]]);
+  }
+}
+
+template <class T>
+__global__ void k_where(const int32_t* c, const T* a, const T* b, T* out, Loop loop, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) {
+    int64_t off[4];
+    loop_offsets<4>(loop, i, off);
+    out[off[0]] = c[off[1]] != 0 ? a[off[2]] : b[off[3]];
+  }
+}
+
+// ---- casts ----------------------------------------------------------------------------------------
+
+__device__ __forceinline__ int32_t f32_to_i32_sat(float v) {
+  if (v != v) return 0;
+  if (v >= 2147483648.0f) return 2147483647;
+  if (v <= -2147483648.0f) return -2147483647 - 1;
+  return static_cast<int32_t>(v);
+}
+
+template <class S, class D>
+__global__ void k_cast_ff(const S* in, D* out, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) out[i] = from_f<D>(to_f<S>(in[i]));
+}
+template <class S>
+__global__ void k_cast_fi(const S* in, int32_t* out, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) out[i] = f32_to_i32_sat(to_f<S>(in[i]));
+}
+template <class D>
+__global__ void k_cast_if(const int32_t* in, D* out, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) out[i] = from_f<D>(__int2float_rn(in[i]));
+}
+
+// ---- index ops -------------------------------------------------------------------------------------
+
+template <class T>
+__global__ void k_embedding(const T* table, const int32_t* ids, T* out, int64_t n, int64_t V, int64_t D, int64_t off,
+                            int64_t V_global, DeviceError* err, unsigned seq) {
+  TESSEL_GRID_STRIDE(e, n * D) {
+    const int64_t i = e / D, j = e % D;
+    const int32_t id = ids[i];
+    if (id < 0 || id >= V_global) {
+      if (j == 0) report(err, seq, kErrEmbeddingId, id, i, V_global);
+      out[e] = T(0);
+      continue;
+    }
+    const int64_t r = int64_t(id) - off;  // a row of another table shard contributes zeros
+    out[e] = (r >= 0 && r < V) ? table[r * D + j] : T(0);
+  }
+}
+
+template <class T>
+__global__ void k_gather(const T* table, const int32_t* idx, T* out, int64_t P, int64_t J, int64_t n, int64_t S,
+                         int64_t off, int64_t N, DeviceError* err, unsigned seq) {
+  TESSEL_GRID_STRIDE(e, P * J * S) {
+    const int64_t k = e % S, j = (e / S) % J, p = e / (S * J);
+    const int32_t id = idx[j];
+    if (id < 0 || id >= N) {
+      if (k == 0 && p == 0) report(err, seq, kErrGatherIndex, id, j, N);
+      out[e] = T(0);
+      continue;
+    }
+    const int64_t r = int64_t(id) - off;
+    out[e] = (r >= 0 && r < n) ? table[(p * n + r) * S + k] : T(0);
+  }
+}
+
+template <class T>
+__global__ void k_scatter_add(const T* upd, const int32_t* idx, T* out, int64_t P, int64_t J, int64_t n, int64_t S,
+                              int64_t off, int64_t depth, DeviceError* err, unsigned seq) {
+  TESSEL_GRID_STRIDE(e, P * n * S) {
+    const int64_t k = e % S, r = (e / S) % n, p = e / (S * n);
+    float acc = 0.0f;
+    for (int64_t j = 0; j < J; ++j) {
+      const int32_t id = idx[j];
+      if (id < 0 || id >= depth) {
+        if (e == 0) report(err, seq, kErrScatterIndex, id, j, depth);
+        continue;
+      }
+      if (int64_t(id) - off == r) acc += to_f<T>(upd[(p * J + j) * S + k]);
+    }
+    out[e] = from_f<T>(acc);
+  }
+}
+
+__global__ void k_scatter_add_i32(const int32_t* upd, const int32_t* idx, int32_t* out, int64_t P, int64_t J, int64_t n,
+                                  int64_t S, int64_t off, int64_t depth, DeviceError* err, unsigned seq) {
+  TESSEL_GRID_STRIDE(e, P * n * S) {
+    const int64_t k = e % S, r = (e / S) % n, p = e / (S * n);
+    uint32_t acc = 0;
+    for (int64_t j = 0; j < J; ++j) {
+      const int32_t id = idx[j];
+      if (id < 0 || id >= depth) {
+        if (e == 0) report(err, seq, kErrScatterIndex, id, j, depth);
+        continue;
+      }
+      if (int64_t(id) - off == r) acc += static_cast<uint32_t>(upd[(p * J + j) * S + k]);
+    }
+    out[e] = static_cast<int32_t>(acc);
+  }
+}
+
+template <class T>
+__global__ void k_one_hot(const int32_t* ids, T* out, T one, int64_t n, int64_t C, int64_t coff) {
+  TESSEL_GRID_STRIDE(e, n * C) {
+    const int64_t i = e / C, c = e % C;
+    out[e] = int64_t(ids[i]) - coff == c ? one : T(0);
+  }
+}
+
+template <class T>
+__global__ void k_causal_mask(const T* in, T* out, T neg_inf, int64_t total, int64_t Q, int64_t K, int64_t qoff,
+                              int64_t koff) {
+  TESSEL_GRID_STRIDE(e, total) {
+    const int64_t k = e % K, q = (e / K) % Q;
+    out[e] = k + koff > q + qoff ? neg_inf : in[e];
+  }
+}
+
+template <class T>
+__global__ void k_mask_padding(const T* in, T* out, T fill, int64_t total, int64_t n, int64_t S, int64_t keep) {
+  TESSEL_GRID_STRIDE(e, total) {
+    const int64_t l = (e / S) % n;
+    out[e] = l >= keep ? fill : in[e];
+  }
+}
+
+template <class T>
+T bits_as(uint64_t bits) {
+  T v;
+  static_assert(sizeof(T) <= sizeof(uint64_t), "element too large");
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+// ---- launchers -------------------------------------------------------------------------------------
+
+void fill_bits(void* out, int64_t n, std::size_t elem, uint64_t bits, StreamHandle s) {
+  if (n <= 0) return;
+  dispatch_elem(elem, "fill", [&](auto tag) {
+    using T = decltype(tag);
+    k_fill<T><<<grid_for(n), kThreads, 0, as_stream(s)>>>(static_cast<T*>(out), n, bits_as<T>(bits));
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("fill");
+}
+
+void strided_copy(const void* in, void* out, std::size_t elem, const Loop& loop, StreamHandle s) {
+  const int64_t n = loop.size();
+  if (n <= 0) return;
+  dispatch_elem(elem, "strided_copy", [&](auto tag) {
+    using T = decltype(tag);
+    k_strided_copy<T><<<grid_for(n), kThreads, 0, as_stream(s)>>>(static_cast<const T*>(in), static_cast<T*>(out),
+                                                                    loop, n);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("strided_copy");
+}
+
+void unary(Unary op, const void* in, void* out, DType t, int64_t n, StreamHandle s) {
+  if (n <= 0) return;
+  if (t == DType::i32) {
+    if (op != Unary::Neg && op != Unary::Relu)
+      throw RuntimeError("cuda kernel unary: i32 operands are only supported by neg and relu");
+    k_unary_i32<<<grid_for(n), kThreads, 0, as_stream(s)>>>(op, static_cast<const int32_t*>(in),
+                                                            static_cast<int32_t*>(out), n);
+  } else {
+    dispatch_float(t, "unary", [&](auto tag) {
+      using T = decltype(tag);
+      k_unary<T><<<grid_for(n), kThreads, 0, as_stream(s)>>>(op, static_cast<const T*>(in), static_cast<T*>(out), n);
+    });
+  }
+  TESSEL_CUDA_LAUNCH_CHECK("unary");
+}
+
+void binary(Binary op, const void* a, const void* b, void* out, DType t, const Loop& loop, StreamHandle s) {
+  const int64_t n = loop.size();
+  if (n <= 0) return;
+  const bool cmp = op >= Binary::Eq;
+  const auto grid = grid_for(n);
+  auto st = as_stream(s);
+  if (t == DType::i32) {
+    const auto* x = static_cast<const int32_t*>(a);
+    const auto* y = static_cast<const int32_t*>(b);
+    auto* o = static_cast<int32_t*>(out);
+    if (cmp) k_compare_i32<<<grid, kThreads, 0, st>>>(op, x, y, o, loop, n);
+    else k_binary_i32<<<grid, kThreads, 0, st>>>(op, x, y, o, loop, n);
+  } else {
+    dispatch_float(t, "binary", [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = static_cast<const T*>(a);
+      const T* y = static_cast<const T*>(b);
+      if (cmp) k_compare<T><<<grid, kThreads, 0, st>>>(op, x, y, static_cast<int32_t*>(out), loop, n);
+      else k_binary<T><<<grid, kThreads, 0, st>>>(op, x, y, static_cast<T*>(out), loop, n);
+    });
+  }
+  TESSEL_CUDA_LAUNCH_CHECK("binary");
+}
+
+void where(const int32_t* cond, const void* a, const void* b, void* out, std::size_t elem, const Loop& loop,
+           StreamHandle s) {
+  const int64_t n = loop.size();
+  if (n <= 0) return;
+  dispatch_elem(elem, "where", [&](auto tag) {
+    using T = decltype(tag);
+    k_where<T><<<grid_for(n), kThreads, 0, as_stream(s)>>>(cond, static_cast<const T*>(a), static_cast<const T*>(b),
+                                                             static_cast<T*>(out), loop, n);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("where");
+}
+
+void cast(const void* in, DType from, void* out, DType to, int64_t n, StreamHandle s) {
+  if (n <= 0) return;
+  auto st = as_stream(s);
+  const auto grid = grid_for(n);
+  if (from == to) {
+    cudaError_t e = cudaMemcpyAsync(out, in, static_cast<std::size_t>(n) * dtype_size(to), cudaMemcpyDeviceToDevice, st);
+    if (e != cudaSuccess) throw_cuda(e, "cast (copy)", __FILE__, __LINE__);
+    return;
+  }
+  if (from == DType::i32) {
+    dispatch_float(to, "cast", [&](auto tag) {
+      using D = decltype(tag);
+      k_cast_if<D><<<grid, kThreads, 0, st>>>(static_cast<const int32_t*>(in), static_cast<D*>(out), n);
+    });
+  } else if (to == DType::i32) {
+    dispatch_float(from, "cast", [&](auto tag) {
+      using S = decltype(tag);
+      k_cast_fi<S><<<grid, kThreads, 0, st>>>(static_cast<const S*>(in), static_cast<int32_t*>(out), n);
+    });
+  } else {
+    dispatch_float(from, "cast", [&](auto stag) {
+      using S = decltype(stag);
+      dispatch_float(to, "cast", [&](auto dtag) {
+        using D = decltype(dtag);
+        k_cast_ff<S, D><<<grid, kThreads, 0, st>>>(static_cast<const S*>(in), static_cast<D*>(out), n);
+      });
+    });
+  }
+  TESSEL_CUDA_LAUNCH_CHECK("cast");
+}
+
+void embedding(const void* table, std::size_t elem, const int32_t* ids, void* out, int64_t n, int64_t V, int64_t D,
+               int64_t off, int64_t V_global, DeviceError* err, unsigned seq, StreamHandle s) {
+  if (n * D <= 0) return;
+  dispatch_elem(elem, "embedding", [&](auto tag) {
+    using T = decltype(tag);
+    k_embedding<T><<<grid_for(n * D), kThreads, 0, as_stream(s)>>>(static_cast<const T*>(table), ids,
+                                                                     static_cast<T*>(out), n, V, D, off, V_global,
+                                                                     err, seq);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("embedding");
+}
+
+void gather(const void* table, std::size_t elem, const int32_t* idx, void* out, int64_t P, int64_t J, int64_t n,
+            int64_t S, int64_t off, int64_t N, DeviceError* err, unsigned seq, StreamHandle s) {
+  const int64_t total = P * J * S;
+  if (total <= 0) return;
+  dispatch_elem(elem, "gather", [&](auto tag) {
+    using T = decltype(tag);
+    k_gather<T><<<grid_for(total), kThreads, 0, as_stream(s)>>>(static_cast<const T*>(table), idx,
+                                                                  static_cast<T*>(out), P, J, n, S, off, N, err, seq);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("gather");
+}
+
+void scatter_add(const void* updates, const int32_t* idx, void* out, DType t, int64_t P, int64_t J, int64_t n,
+                 int64_t S, int64_t off, int64_t depth, DeviceError* err, unsigned seq, StreamHandle s) {
+  const int64_t total = P * n * S;
+  if (total <= 0) return;
+  auto st = as_stream(s);
+  if (t == DType::i32) {
+    k_scatter_add_i32<<<grid_for(total), kThreads, 0, st>>>(static_cast<const int32_t*>(updates), idx,
+                                                            static_cast<int32_t*>(out), P, J, n, S, off, depth, err,
+                                                            seq);
+  } else {
+    dispatch_float(t, "scatter_add", [&](auto tag) {
+      using T = decltype(tag);
+      k_scatter_add<T><<<grid_for(total), kThreads, 0, st>>>(static_cast<const T*>(updates), idx,
+                                                             static_cast<T*>(out), P, J, n, S, off, depth, err, seq);
+    });
+  }
+  TESSEL_CUDA_LAUNCH_CHECK("scatter_add");
+}
+
+void one_hot(const int32_t* ids, void* out, std::size_t elem, uint64_t one_bits, int64_t n, int64_t C, int64_t coff,
+             StreamHandle s) {
+  if (n * C <= 0) return;
+  dispatch_elem(elem, "one_hot", [&](auto tag) {
+    using T = decltype(tag);
+    k_one_hot<T><<<grid_for(n * C), kThreads, 0, as_stream(s)>>>(ids, static_cast<T*>(out), bits_as<T>(one_bits), n,
+                                                                   C, coff);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("one_hot");
+}
+
+void causal_mask(const void* in, void* out, std::size_t elem, uint64_t neg_inf_bits, int64_t mats, int64_t Q,
+                 int64_t K, int64_t qoff, int64_t koff, StreamHandle s) {
+  const int64_t total = mats * Q * K;
+  if (total <= 0) return;
+  dispatch_elem(elem, "causal_mask", [&](auto tag) {
+    using T = decltype(tag);
+    k_causal_mask<T><<<grid_for(total), kThreads, 0, as_stream(s)>>>(
+        static_cast<const T*>(in), static_cast<T*>(out), bits_as<T>(neg_inf_bits), total, Q, K, qoff, koff);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("causal_mask");
+}
+
+void mask_padding(const void* in, void* out, std::size_t elem, uint64_t fill_bits, int64_t P, int64_t n, int64_t S,
+                  int64_t keep, StreamHandle s) {
+  const int64_t total = P * n * S;
+  if (total <= 0) return;
+  dispatch_elem(elem, "mask_padding", [&](auto tag) {
+    using T = decltype(tag);
+    k_mask_padding<T><<<grid_for(total), kThreads, 0, as_stream(s)>>>(
+        static_cast<const T*>(in), static_cast<T*>(out), bits_as<T>(fill_bits), total, n, S, keep);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("mask_padding");
+}
+
+}  // namespace tessel::cuda_kernels

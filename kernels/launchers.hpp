@@ -1,0 +1,118 @@
+// kernels/launchers.hpp — the plain host launchers of tessel's CUDA kernels (kernels/*.cu).
+//
+// No CUDA type appears here: a stream is passed as an opaque StreamHandle (a cudaStream_t),
+// dtypes as tessel::DType, so the backend (src/runtime/cuda/) includes this header from plain
+// C++ and only the .cu files see device code. Every launcher enqueues its kernel(s) on the
+// stream and returns at once; a launch failure throws tessel::RuntimeError with file:line.
+//
+// Semantics follow the CPU reference kernels (src/runtime/cpu_kernels.cpp) exactly: float math
+// in f32 (bf16/f16 are loaded to f32 and rounded once on store, round to nearest even), i32
+// add/sub/mul/sums wrap modulo 2^32, i32 division truncates with x/0 = -1 and INT_MIN/-1 =
+// INT_MIN, max propagates NaN, a fully masked softmax row is zeros. Reductions use a fixed
+// order per output (warp/block trees), so a value computed twice is bit-identical.
+//
+// Indices that the CPU kernels reject (embedding ids, gather/scatter indices, labels) are
+// reported through a DeviceError record in mapped pinned memory: the first failing thread
+// writes the code, the value, its position and the bound, and the stream that launched it
+// turns it into an exception at synchronize (the element itself gets 0).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessel/common.hpp"
+
+namespace tessel::cuda_kernels {
+
+using StreamHandle = void*;  // cudaStream_t
+
+constexpr int kMaxRank = 8;
+constexpr int kMaxOperands = 4;
+constexpr int kMaxReduceSources = 64;  // members of one virtual-device all-reduce
+
+// A row-major index space with per-operand element strides (operand 0 is the result unless a
+// launcher says otherwise). Build it with make_loop (src/runtime/cuda/cuda_loop.hpp), which
+// drops size-1 dims and merges dims contiguous for every operand.
+struct Loop {
+  int rank = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t stride[kMaxOperands][kMaxRank] = {};
+  int64_t size() const {
+    int64_t n = 1;
+    for (int d = 0; d < rank; ++d) n *= shape[d];
+    return n;
+  }
+};
+
+enum ErrorCode : int { kErrNone = 0, kErrEmbeddingId = 1, kErrGatherIndex = 2, kErrScatterIndex = 3, kErrLabel = 4 };
+
+// Written by the first failing thread of any kernel of a stream (flag 0 -> 1).
+struct DeviceError {
+  int flag;
+  int code;
+  unsigned seq;  // the launch's sequence number on its stream (names the instruction)
+  int pad;
+  long long value, position, bound;
+};
+
+// ---- copies and fills (dtype-generic by element size: 1, 2, 4 or 8 bytes) --------------------
+void fill_bits(void* out, int64_t n, std::size_t elem, uint64_t bits, StreamHandle s);
+// out[off0] = in[off1] over loop (stride 0: result, 1: operand).
+void strided_copy(const void* in, void* out, std::size_t elem, const Loop& loop, StreamHandle s);
+
+// ---- elementwise ------------------------------------------------------------------------------
+enum class Unary : int { Neg, Exp, Log, Tanh, Gelu, Relu, Sqrt, Rsqrt, Sigmoid, Silu };
+// Operand and result of dtype t (neg and relu also take i32).
+void unary(Unary op, const void* in, void* out, DType t, int64_t n, StreamHandle s);
+
+enum class Binary : int { Add, Sub, Mul, Div, Max, Eq, Ne, Lt, Le, Gt, Ge };
+// Operands of dtype t (strides 1, 2), result (stride 0) of dtype t, or i32 for comparisons.
+void binary(Binary op, const void* a, const void* b, void* out, DType t, const Loop& loop, StreamHandle s);
+// out = cond != 0 ? a : b; strides: 0 result, 1 cond (i32), 2 a, 3 b.
+void where(const int32_t* cond, const void* a, const void* b, void* out, std::size_t elem, const Loop& loop,
+           StreamHandle s);
+// Any dtype to any dtype: float -> i32 truncates, saturates, NaN -> 0; i32 -> float rounds once.
+void cast(const void* in, DType from, void* out, DType to, int64_t n, StreamHandle s);
+
+// ---- reductions -------------------------------------------------------------------------------
+enum class Reduce : int { Sum, Max, Mean };
+// out[o] (contiguous, dtype t) = reduce over r in `reduced` of in[kept.off(o) + reduced.off(r)]
+// (stride 0 of both loops indexes `in`). count = reduced.size() (the mean divides by it).
+void reduce(Reduce op, const void* in, void* out, DType t, const Loop& kept, const Loop& reduced, StreamHandle s);
+// dst[i] = srcs[0][i] (+|max) srcs[1][i] ... in source order (the virtual-device all-reduce).
+void reduce_sources(const void* const* srcs, int nsrc, void* dst, DType t, Reduce op, int64_t count,
+                    StreamHandle s);
+
+// ---- normalisations and the NN ops --------------------------------------------------------------
+// [outer, len, inner], softmax along len.
+void softmax(const void* in, void* out, DType t, int64_t outer, int64_t len, int64_t inner, StreamHandle s);
+void layer_norm(const void* x, const void* gamma, const void* beta, void* y, DType t, int64_t rows, int64_t D,
+                float eps, StreamHandle s);
+// scratch: 2 * rows floats (per-row mean and rstd).
+void layer_norm_grad(const void* x, const void* gamma, const void* dy, void* dx, void* dgamma, void* dbeta, DType t,
+                     int64_t rows, int64_t D, float eps, float* scratch, StreamHandle s);
+// logits [rows, V] (dtype t, the block starting at column `off` of the vocabulary), labels
+// i32 [rows] (global ids), out [rows] of dtype out_t.
+void cross_entropy(const void* logits, DType t, const int32_t* labels, void* out, DType out_t, int64_t rows,
+                   int64_t V, int64_t off, DeviceError* err, unsigned seq, StreamHandle s);
+// table [V, D] rows [off, off+V) of a table of V_global rows; ids [n]; out [n, D].
+void embedding(const void* table, std::size_t elem, const int32_t* ids, void* out, int64_t n, int64_t V, int64_t D,
+               int64_t off, int64_t V_global, DeviceError* err, unsigned seq, StreamHandle s);
+// table [P, n, S] (block at `off` along n of N), idx [J] -> out [P, J, S].
+void gather(const void* table, std::size_t elem, const int32_t* idx, void* out, int64_t P, int64_t J, int64_t n,
+            int64_t S, int64_t off, int64_t N, DeviceError* err, unsigned seq, StreamHandle s);
+// updates [P, J, S], idx [J] in [0, depth) -> out [P, n, S] (rows [off, off+n) of depth);
+// each output element sums its updates in index order (deterministic, as the CPU kernel).
+void scatter_add(const void* updates, const int32_t* idx, void* out, DType t, int64_t P, int64_t J, int64_t n,
+                 int64_t S, int64_t off, int64_t depth, DeviceError* err, unsigned seq, StreamHandle s);
+// ids [n] -> out [n, C] with one_bits at column ids - coff.
+void one_hot(const int32_t* ids, void* out, std::size_t elem, uint64_t one_bits, int64_t n, int64_t C, int64_t coff,
+             StreamHandle s);
+// x [mats, Q, K]: -inf (neg_inf_bits) where k + koff > q + qoff.
+void causal_mask(const void* in, void* out, std::size_t elem, uint64_t neg_inf_bits, int64_t mats, int64_t Q,
+                 int64_t K, int64_t qoff, int64_t koff, StreamHandle s);
+// x [P, n, S]: rows >= keep along n := fill_bits.
+void mask_padding(const void* in, void* out, std::size_t elem, uint64_t fill_bits, int64_t P, int64_t n, int64_t S,
+                  int64_t keep, StreamHandle s);
+
+}  // namespace tessel::cuda_kernels

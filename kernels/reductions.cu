@@ -1,0 +1,360 @@
+// kernels/reductions.cu — kernels that reduce: reduce_sum/max/mean over any dims (a warp per
+// output), the virtual-device all-reduce of N sources, and the fused row kernels — softmax,
+// layer_norm, layer_norm_grad, cross_entropy — each one block per row, numerically stable
+// (max subtracted before exp; two-pass mean and variance), accumulating in f32.
+//
+// Every reduction is a fixed tree (lane-strided partial sums, then shuffles in a fixed order),
+// so the same input gives the same bits on every device that computes it: replicas agree.
+#include "device_common.cuh"
+
+namespace tessel::cuda_kernels {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return max_nan(a, b); }
+};
+
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// Block-wide reduction (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+template <class Op>
+__device__ float block_reduce(float v, Op op, float identity) {
+  __shared__ float shm[32];
+  __shared__ float result;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_reduce(v, op);
+  if (lane == 0) shm[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = blockDim.x >> 5;
+    float w = lane < nw ? shm[lane] : identity;
+    w = warp_reduce(w, op);
+    if (lane == 0) result = w;
+  }
+  __syncthreads();
+  const float r = result;
+  __syncthreads();  // shm and result may be reused by the next call
+  return r;
+}
+
+// ---- reduce over dims --------------------------------------------------------------------------
+
+template <class T>
+__global__ void k_reduce(Reduce op, const T* in, T* out, Loop kept, Loop reduced, int64_t nout, int64_t count) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps_per_block = blockDim.x >> 5;
+  for (int64_t o = blockIdx.x * warps_per_block + (threadIdx.x >> 5); o < nout;
+       o += int64_t(gridDim.x) * warps_per_block) {
+    int64_t base[1];
+    loop_offsets<1>(kept, o, base);
+    float acc = op == Reduce::Max ? -INFINITY : 0.0f;
+    for (int64_t r = lane; r < count; r += 32) {
+      int64_t off[1];
+      loop_offsets<1>(reduced, r, off);
+      const float x = to_f<T>(in[base[0] + off[0]]);
+      acc = op == Reduce::Max ? max_nan(acc, x) : acc + x;
+    }
+    acc = op == Reduce::Max ? warp_reduce(acc, MaxOp{}) : warp_reduce(acc, SumOp{});
+    if (op == Reduce::Mean) acc *= 1.0f / static_cast<float>(count);
+    if (lane == 0) out[o] = from_f<T>(acc);
+  }
+}
+
+// i32: sums wrap modulo 2^32 (order-independent), max.
+__global__ void k_reduce_i32(Reduce op, const int32_t* in, int32_t* out, Loop kept, Loop reduced, int64_t nout,
+                             int64_t count) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps_per_block = blockDim.x >> 5;
+  for (int64_t o = blockIdx.x * warps_per_block + (threadIdx.x >> 5); o < nout;
+       o += int64_t(gridDim.x) * warps_per_block) {
+    int64_t base[1];
+    loop_offsets<1>(kept, o, base);
+    uint32_t sum = 0;
+    int32_t mx = INT32_MIN;
+    for (int64_t r = lane; r < count; r += 32) {
+      int64_t off[1];
+      loop_offsets<1>(reduced, r, off);
+      const int32_t x = in[base[0] + off[0]];
+      sum += static_cast<uint32_t>(x);
+      mx = x > mx ? x : mx;
+    }
+    for (int s = 16; s > 0; s >>= 1) {
+      sum += __shfl_xor_sync(kFull, sum, s);
+      const int32_t other = __shfl_xor_sync(kFull, mx, s);
+      mx = other > mx ? other : mx;
+    }
+    if (lane == 0) out[o] = op == Reduce::Max ? mx : static_cast<int32_t>(sum);
+  }
+}
+
+struct Sources {
+  const void* p[kMaxReduceSources];
+};
+
+template <class T>
+__global__ void k_reduce_sources(Sources src, int nsrc, T* dst, Reduce op, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) {
+    float acc = to_f<T>(static_cast<const T*>(src.p[0])[i]);
+    for (int k = 1; k < nsrc; ++k) {
+      const float x = to_f<T>(static_cast<const T*>(src.p[k])[i]);
+      acc = op == Reduce::Max ? max_nan(acc, x) : acc + x;
+    }
+    dst[i] = from_f<T>(acc);
+  }
+}
+
+__global__ void k_reduce_sources_i32(Sources src, int nsrc, int32_t* dst, Reduce op, int64_t n) {
+  TESSEL_GRID_STRIDE(i, n) {
+    int32_t x0 = static_cast<const int32_t*>(src.p[0])[i];
+    uint32_t sum = static_cast<uint32_t>(x0);
+    int32_t mx = x0;
+    for (int k = 1; k < nsrc; ++k) {
+      const int32_t x = static_cast<const int32_t*>(src.p[k])[i];
+      sum += static_cast<uint32_t>(x);
+      mx = x > mx ? x : mx;
+    }
+    dst[i] = op == Reduce::Max ? mx : static_cast<int32_t>(sum);
+  }
+}
+
+// ---- softmax -------------------------------------------------------------------------------------
+
+// One block per row (o, i) of [outer, len, inner]; elements at o*len*inner + l*inner + i.
+template <class T>
+__global__ void k_softmax(const T* in, T* out, int64_t len, int64_t inner) {
+  const int64_t row = blockIdx.x;
+  const int64_t o = row / inner, i = row % inner;
+  const T* x = in + o * len * inner + i;
+  T* y = out + o * len * inner + i;
+  float m = -INFINITY;
+  for (int64_t l = threadIdx.x; l < len; l += blockDim.x) m = max_nan(m, to_f<T>(x[l * inner]));
+  m = block_reduce(m, MaxOp{}, -INFINITY);
+  if (m == -INFINITY) {  // fully masked row: zeros rather than NaN (the CPU kernel's choice)
+    for (int64_t l = threadIdx.x; l < len; l += blockDim.x) y[l * inner] = from_f<T>(0.0f);
+    return;
+  }
+  float s = 0.0f;
+  for (int64_t l = threadIdx.x; l < len; l += blockDim.x) s += expf(to_f<T>(x[l * inner]) - m);
+  s = block_reduce(s, SumOp{}, 0.0f);
+  const float inv = 1.0f / s;
+  for (int64_t l = threadIdx.x; l < len; l += blockDim.x) y[l * inner] = from_f<T>(expf(to_f<T>(x[l * inner]) - m) * inv);
+}
+
+// ---- layer_norm ------------------------------------------------------------------------------------
+
+template <class T>
+__device__ void row_stats(const T* x, int64_t D, float eps, float& mean, float& rstd) {
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) s += to_f<T>(x[j]);
+  mean = block_reduce(s, SumOp{}, 0.0f) / static_cast<float>(D);
+  float v = 0.0f;
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+    const float d = to_f<T>(x[j]) - mean;
+    v += d * d;
+  }
+  const float var = block_reduce(v, SumOp{}, 0.0f) / static_cast<float>(D);  // biased, like PyTorch
+  rstd = 1.0f / sqrtf(var + eps);
+}
+
+template <class T>
+__global__ void k_layer_norm(const T* x, const T* g, const T* b, T* y, int64_t D, float eps) {
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * D;
+  T* yr = y + r * D;
+  float mean, rstd;
+  row_stats(xr, D, eps, mean, rstd);
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
+    yr[j] = from_f<T>((to_f<T>(xr[j]) - mean) * rstd * to_f<T>(g[j]) + to_f<T>(b[j]));
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma; stats saved for dgamma/dbeta.
+template <class T>
+__global__ void k_layer_norm_grad_rows(const T* x, const T* gamma, const T* dy, T* dx, float* stats, int64_t D,
+                                       float eps) {
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * D;
+  const T* dyr = dy + r * D;
+  float mean, rstd;
+  row_stats(xr, D, eps, mean, rstd);
+  float mg = 0.0f, mgx = 0.0f;
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+    const float g = to_f<T>(dyr[j]) * to_f<T>(gamma[j]);
+    mg += g;
+    mgx += g * (to_f<T>(xr[j]) - mean) * rstd;
+  }
+  mg = block_reduce(mg, SumOp{}, 0.0f) / static_cast<float>(D);
+  mgx = block_reduce(mgx, SumOp{}, 0.0f) / static_cast<float>(D);
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+    const float xhat = (to_f<T>(xr[j]) - mean) * rstd;
+    dx[r * D + j] = from_f<T>(rstd * (to_f<T>(dyr[j]) * to_f<T>(gamma[j]) - mg - xhat * mgx));
+  }
+  if (threadIdx.x == 0) {
+    stats[2 * r] = mean;
+    stats[2 * r + 1] = rstd;
+  }
+}
+
+// dgamma[j] = sum_r dy * xhat, dbeta[j] = sum_r dy: one thread per column, rows in order, in
+// double (as the CPU kernel: the sums run over every row of the batch).
+template <class T>
+__global__ void k_layer_norm_grad_cols(const T* x, const T* dy, const float* stats, T* dgamma, T* dbeta, int64_t rows,
+                                       int64_t D) {
+  TESSEL_GRID_STRIDE(j, D) {
+    double sg = 0.0, sb = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double d = to_f<T>(dy[r * D + j]);
+      const double xhat = (double(to_f<T>(x[r * D + j])) - stats[2 * r]) * stats[2 * r + 1];
+      sg += d * xhat;
+      sb += d;
+    }
+    dgamma[j] = from_f<T>(static_cast<float>(sg));
+    dbeta[j] = from_f<T>(static_cast<float>(sb));
+  }
+}
+
+// ---- cross_entropy -----------------------------------------------------------------------------------
+
+template <class T, class O>
+__global__ void k_cross_entropy(const T* logits, const int32_t* labels, O* out, int64_t V, int64_t off,
+                                DeviceError* err, unsigned seq) {
+  const int64_t r = blockIdx.x;
+  const T* x = logits + r * V;
+  const int64_t lab = int64_t(labels[r]) - off;
+  if (lab < 0 || lab >= V) {
+    if (threadIdx.x == 0) {
+      report(err, seq, kErrLabel, labels[r], r, off + V);
+      out[r] = from_f<O>(0.0f);
+    }
+    return;
+  }
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = max_nan(m, to_f<T>(x[j]));
+  m = block_reduce(m, MaxOp{}, -INFINITY);
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(to_f<T>(x[j]) - m);
+  s = block_reduce(s, SumOp{}, 0.0f);
+  if (threadIdx.x == 0) out[r] = from_f<O>(m + logf(s) - to_f<T>(x[lab]));
+}
+
+// Threads per row block: enough for the row, a multiple of 32, at most 1024.
+unsigned row_threads(int64_t len) {
+  if (len >= 1024) return 1024;
+  int64_t t = ((len + 31) / 32) * 32;
+  return static_cast<unsigned>(t < 32 ? 32 : t);
+}
+
+void check_rows(int64_t rows, const char* what) {
+  if (rows > 0x7fffffff)
+    throw RuntimeError(std::string("cuda kernel ") + what + ": " + std::to_string(rows) +
+                       " rows exceed one grid dimension (2^31 - 1)");
+}
+
+}  // namespace
+
+void reduce(Reduce op, const void* in, void* out, DType t, const Loop& kept, const Loop& reduced, StreamHandle s) {
+  const int64_t nout = kept.size(), count = reduced.size();
+  if (nout <= 0) return;
+  const int warps = kThreads / 32;
+  int64_t blocks = (nout + warps - 1) / warps;
+  if (blocks > (int64_t{1} << 20)) blocks = int64_t{1} << 20;
+  auto st = as_stream(s);
+  if (t == DType::i32) {
+    if (op == Reduce::Mean) throw RuntimeError("cuda kernel reduce_mean: needs a float type");
+    k_reduce_i32<<<unsigned(blocks), kThreads, 0, st>>>(op, static_cast<const int32_t*>(in),
+                                                         static_cast<int32_t*>(out), kept, reduced, nout, count);
+  } else {
+    dispatch_float(t, "reduce", [&](auto tag) {
+      using T = decltype(tag);
+      k_reduce<T><<<unsigned(blocks), kThreads, 0, st>>>(op, static_cast<const T*>(in), static_cast<T*>(out), kept,
+                                                          reduced, nout, count);
+    });
+  }
+  TESSEL_CUDA_LAUNCH_CHECK("reduce");
+}
+
+void reduce_sources(const void* const* srcs, int nsrc, void* dst, DType t, Reduce op, int64_t count, StreamHandle s) {
+  if (count <= 0) return;
+  if (nsrc < 1 || nsrc > kMaxReduceSources)
+    throw RuntimeError("cuda kernel reduce_sources: " + std::to_string(nsrc) + " sources (1.." +
+                       std::to_string(kMaxReduceSources) + " supported)");
+  Sources src{};
+  for (int k = 0; k < nsrc; ++k) src.p[k] = srcs[k];
+  auto st = as_stream(s);
+  if (t == DType::i32) {
+    k_reduce_sources_i32<<<grid_for(count), kThreads, 0, st>>>(src, nsrc, static_cast<int32_t*>(dst), op, count);
+  } else {
+    dispatch_float(t, "reduce_sources", [&](auto tag) {
+      using T = decltype(tag);
+      k_reduce_sources<T><<<grid_for(count), kThreads, 0, st>>>(src, nsrc, static_cast<T*>(dst), op, count);
+    });
+  }
+  TESSEL_CUDA_LAUNCH_CHECK("reduce_sources");
+}
+
+void softmax(const void* in, void* out, DType t, int64_t outer, int64_t len, int64_t inner, StreamHandle s) {
+  const int64_t rows = outer * inner;
+  if (rows <= 0 || len <= 0) return;
+  check_rows(rows, "softmax");
+  dispatch_float(t, "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    k_softmax<T><<<unsigned(rows), row_threads(len), 0, as_stream(s)>>>(static_cast<const T*>(in),
+                                                                       static_cast<T*>(out), len, inner);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("softmax");
+}
+
+void layer_norm(const void* x, const void* gamma, const void* beta, void* y, DType t, int64_t rows, int64_t D,
+                float eps, StreamHandle s) {
+  if (rows <= 0 || D <= 0) return;
+  check_rows(rows, "layer_norm");
+  dispatch_float(t, "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    k_layer_norm<T><<<unsigned(rows), row_threads(D), 0, as_stream(s)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y), D, eps);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("layer_norm");
+}
+
+void layer_norm_grad(const void* x, const void* gamma, const void* dy, void* dx, void* dgamma, void* dbeta, DType t,
+                     int64_t rows, int64_t D, float eps, float* scratch, StreamHandle s) {
+  if (D <= 0) return;
+  check_rows(rows, "layer_norm_grad");
+  auto st = as_stream(s);
+  dispatch_float(t, "layer_norm_grad", [&](auto tag) {
+    using T = decltype(tag);
+    if (rows > 0)
+      k_layer_norm_grad_rows<T><<<unsigned(rows), row_threads(D), 0, st>>>(
+          static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(dy), static_cast<T*>(dx),
+          scratch, D, eps);
+    k_layer_norm_grad_cols<T><<<grid_for(D), kThreads, 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
+                                                                 scratch, static_cast<T*>(dgamma),
+                                                                 static_cast<T*>(dbeta), rows, D);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("layer_norm_grad");
+}
+
+void cross_entropy(const void* logits, DType t, const int32_t* labels, void* out, DType out_t, int64_t rows, int64_t V,
+                   int64_t off, DeviceError* err, unsigned seq, StreamHandle s) {
+  if (rows <= 0) return;
+  check_rows(rows, "cross_entropy");
+  dispatch_float(t, "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_float(out_t, "cross_entropy", [&](auto otag) {
+      using O = decltype(otag);
+      k_cross_entropy<T, O><<<unsigned(rows), row_threads(V), 0, as_stream(s)>>>(
+          static_cast<const T*>(logits), labels, static_cast<O*>(out), V, off, err, seq);
+    });
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("cross_entropy");
+}
+
+}  // namespace tessel::cuda_kernels

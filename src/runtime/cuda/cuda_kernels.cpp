@@ -1,0 +1,534 @@
+// The CUDA kernel of every op kind: argument checks and shape arithmetic on the host (as the
+// CPU kernels do, src/runtime/cpu_kernels.cpp), then one or two launches of kernels/.
+//
+// Float ops take one float dtype for every float operand and result (f32, bf16 or f16; f32
+// accumulation inside the kernels). A mix of float dtypes — which the graph builders do not
+// produce but KernelArgs can express — goes through f32: operands are cast to f32 scratch,
+// the op runs in f32 and the results are cast back, the CPU kernels' own approach.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <limits>
+
+#include "cuda_backend.hpp"
+#include "cuda_loop.hpp"
+#include "tessel/ops.hpp"
+
+namespace tessel::cuda {
+namespace {
+
+namespace ck = cuda_kernels;
+
+std::string describe(const KernelArgs& a) {
+  std::string s = std::string("cuda kernel ") + op_name(a.kind) + "(";
+  for (std::size_t i = 0; i < a.in_shapes.size(); ++i) {
+    if (i) s += ", ";
+    s += i < a.in_dtypes.size() ? type_str(a.in_dtypes[i], a.in_shapes[i]) : shape_str(a.in_shapes[i]);
+  }
+  return s + ") -> " + type_str(a.out_dtype, a.out_shape);
+}
+
+[[noreturn]] void fail(const KernelArgs& a, const std::string& why) { throw RuntimeError(describe(a) + ": " + why); }
+
+void check_arity(const KernelArgs& a, std::size_t lo, std::size_t hi) {
+  if (a.in_shapes.size() != a.in.size() || a.in_dtypes.size() != a.in.size())
+    fail(a, "KernelArgs has mismatched operand pointers, shapes and dtypes");
+  if (a.in.size() < lo || a.in.size() > hi) fail(a, fmt::format("expected {}..{} operands, got {}", lo, hi, a.in.size()));
+}
+
+const OpAttrs& attrs_of(const KernelArgs& a) {
+  if (!a.attrs) fail(a, "KernelArgs.attrs is null but this op needs its attributes");
+  return *a.attrs;
+}
+
+int64_t normalize_dim(const KernelArgs& a, int64_t d, std::size_t rank, const char* what) {
+  const int64_t r = static_cast<int64_t>(rank);
+  if (d < 0) d += r;
+  if (d < 0 || d >= r) fail(a, fmt::format("{} {} is out of range for rank {}", what, d, r));
+  return d;
+}
+
+bool is_float(DType t) { return t != DType::i32; }
+
+// Runs f with args whose float operands/results all have one dtype (see the file comment).
+template <class F>
+void with_uniform_floats(CudaBackend& be, const KernelArgs& a, CudaStream& s, F&& f) {
+  DType common = DType::i32;
+  bool mixed = false;
+  auto see = [&](DType t) {
+    if (!is_float(t)) return;
+    if (common == DType::i32) common = t;
+    else if (common != t) mixed = true;
+  };
+  for (DType t : a.in_dtypes) see(t);
+  see(a.out_dtype);
+  for (DType t : a.extra_out_dtypes) see(t);
+  if (!mixed) {
+    f(a);
+    return;
+  }
+  KernelArgs b = a;
+  std::vector<void*> temps;
+  try {
+    for (std::size_t i = 0; i < a.in.size(); ++i)
+      if (is_float(a.in_dtypes[i]) && a.in_dtypes[i] != DType::f32) {
+        const int64_t n = num_elements(a.in_shapes[i]);
+        void* t = be.scratch(static_cast<std::size_t>(n) * 4, s);
+        temps.push_back(t);
+        ck::cast(a.in[i], a.in_dtypes[i], t, DType::f32, n, s.handle());
+        b.in[i] = t;
+        b.in_dtypes[i] = DType::f32;
+      }
+    auto result = [&](void*& ptr, DType& dt, const Shape& shape) -> void* {
+      if (!is_float(dt) || dt == DType::f32) return nullptr;
+      void* t = be.scratch(static_cast<std::size_t>(num_elements(shape)) * 4, s);
+      temps.push_back(t);
+      ptr = t;
+      dt = DType::f32;
+      return t;
+    };
+    void* out_tmp = result(b.out, b.out_dtype, a.out_shape);
+    std::vector<void*> extra_tmp;
+    for (std::size_t r = 0; r < b.extra_out.size(); ++r)
+      extra_tmp.push_back(result(b.extra_out[r], b.extra_out_dtypes[r], a.extra_out_shapes[r]));
+    f(b);
+    if (out_tmp) ck::cast(out_tmp, DType::f32, a.out, a.out_dtype, num_elements(a.out_shape), s.handle());
+    for (std::size_t r = 0; r < extra_tmp.size(); ++r)
+      if (extra_tmp[r])
+        ck::cast(extra_tmp[r], DType::f32, a.extra_out[r], a.extra_out_dtypes[r], num_elements(a.extra_out_shapes[r]),
+                 s.handle());
+  } catch (...) {
+    for (void* t : temps) be.free_scratch(t, s);
+    throw;
+  }
+  for (void* t : temps) be.free_scratch(t, s);
+}
+
+// ---- the kernels -------------------------------------------------------------------------------
+
+void k_constant(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 0, 0);
+  const double v = attrs_of(a).scalar;
+  if (a.out_dtype == DType::i32 && !(v >= -2147483648.0 && v <= 2147483647.0))
+    fail(a, fmt::format("constant {} does not fit in i32", v));
+  const std::size_t es = dtype_size(a.out_dtype);
+  ck::fill_bits(a.out, num_elements(a.out_shape), es, scalar_bits(a.out_dtype, v), s.handle());
+}
+
+const std::pair<OpKind, ck::Unary> kUnaries[] = {
+    {OpKind::Neg, ck::Unary::Neg},   {OpKind::Exp, ck::Unary::Exp},         {OpKind::Log, ck::Unary::Log},
+    {OpKind::Tanh, ck::Unary::Tanh}, {OpKind::Gelu, ck::Unary::Gelu},       {OpKind::Relu, ck::Unary::Relu},
+    {OpKind::Sqrt, ck::Unary::Sqrt}, {OpKind::Rsqrt, ck::Unary::Rsqrt},     {OpKind::Sigmoid, ck::Unary::Sigmoid},
+    {OpKind::Silu, ck::Unary::Silu}};
+
+const std::pair<OpKind, ck::Binary> kBinaries[] = {
+    {OpKind::Add, ck::Binary::Add}, {OpKind::Sub, ck::Binary::Sub}, {OpKind::Mul, ck::Binary::Mul},
+    {OpKind::Div, ck::Binary::Div}, {OpKind::Max, ck::Binary::Max}, {OpKind::Eq, ck::Binary::Eq},
+    {OpKind::Ne, ck::Binary::Ne},   {OpKind::Lt, ck::Binary::Lt},   {OpKind::Le, ck::Binary::Le},
+    {OpKind::Gt, ck::Binary::Gt},   {OpKind::Ge, ck::Binary::Ge}};
+
+void k_unary(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  const int64_t n = num_elements(a.out_shape);
+  if (num_elements(a.in_shapes[0]) != n) fail(a, "operand and result sizes differ");
+  if ((a.in_dtypes[0] == DType::i32) != (a.out_dtype == DType::i32))
+    fail(a, "operand and result dtypes must both be i32 or both float");
+  for (const auto& [kind, op] : kUnaries)
+    if (kind == a.kind) {
+      ck::unary(op, a.in[0], a.out, a.out_dtype, n, s.handle());
+      return;
+    }
+  fail(a, "not a unary op");
+}
+
+void k_binary(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 2, 2);
+  const bool i0 = a.in_dtypes[0] == DType::i32, i1 = a.in_dtypes[1] == DType::i32;
+  if (i0 != i1) fail(a, "i32 and float operands cannot be mixed");
+  ck::Binary op = ck::Binary::Add;
+  bool found = false;
+  for (const auto& [kind, o] : kBinaries)
+    if (kind == a.kind) op = o, found = true;
+  if (!found) fail(a, "not a binary op");
+  const bool cmp = op >= ck::Binary::Eq;
+  if (cmp && a.out_dtype != DType::i32) fail(a, "a comparison produces i32");
+  if (!cmp && (a.out_dtype == DType::i32) != i0) fail(a, "i32 and float operands cannot be mixed");
+  const Shape& os = a.out_shape;
+  const auto loop = make_loop(os, {contiguous_strides(os), broadcast_strides(a.in_shapes[0], os),
+                                   broadcast_strides(a.in_shapes[1], os)});
+  ck::binary(op, a.in[0], a.in[1], a.out, a.in_dtypes[0], loop, s.handle());
+}
+
+void k_reduce(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  const OpAttrs& at = attrs_of(a);
+  const Shape& is = a.in_shapes[0];
+  std::vector<bool> reduced(is.size(), false);
+  for (int64_t d : at.dims) {
+    const int64_t nd = normalize_dim(a, d, is.size(), "reduced dim");
+    if (reduced[nd]) fail(a, fmt::format("reduced dim {} is listed twice", d));
+    reduced[nd] = true;
+  }
+  if (a.in_dtypes[0] != a.out_dtype) fail(a, "operand and result dtypes differ");
+  const auto cs = contiguous_strides(is);
+  Shape kept_shape, red_shape;
+  std::vector<int64_t> kept_st, red_st;
+  for (std::size_t d = 0; d < is.size(); ++d) {
+    (reduced[d] ? red_shape : kept_shape).push_back(is[d]);
+    (reduced[d] ? red_st : kept_st).push_back(cs[d]);
+  }
+  if (num_elements(kept_shape) != num_elements(a.out_shape))
+    fail(a, "the result size does not match the kept dims of " + shape_str(is));
+  const ck::Reduce op = a.kind == OpKind::ReduceMax ? ck::Reduce::Max
+                        : a.kind == OpKind::ReduceMean ? ck::Reduce::Mean
+                                                       : ck::Reduce::Sum;
+  if (op == ck::Reduce::Mean && a.out_dtype == DType::i32) fail(a, "reduce_mean needs a float type");
+  ck::reduce(op, a.in[0], a.out, a.out_dtype, make_loop(kept_shape, {kept_st}), make_loop(red_shape, {red_st}),
+             s.handle());
+}
+
+void check_same_dtype(const KernelArgs& a) {
+  for (std::size_t i = 0; i < a.in_dtypes.size(); ++i)
+    if (a.in_dtypes[i] != a.out_dtype)
+      fail(a, fmt::format("operand {} dtype {} differs from the result dtype {}", i, dtype_name(a.in_dtypes[i]),
+                          dtype_name(a.out_dtype)));
+}
+
+void k_copy(CudaBackend&, const KernelArgs& a, CudaStream& s) {  // reshape, sharding_constraint
+  check_arity(a, 1, 1);
+  check_same_dtype(a);
+  if (num_elements(a.in_shapes[0]) != num_elements(a.out_shape)) fail(a, "operand and result element counts differ");
+  const std::size_t bytes = static_cast<std::size_t>(num_elements(a.out_shape)) * dtype_size(a.out_dtype);
+  if (bytes && a.out != a.in[0])
+    TESSEL_CUDA_CHECK(cudaMemcpyAsync(a.out, a.in[0], bytes, cudaMemcpyDeviceToDevice, s.handle()));
+}
+
+void k_transpose(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  check_same_dtype(a);
+  const OpAttrs& at = attrs_of(a);
+  const Shape& is = a.in_shapes[0];
+  if (at.dims.size() != is.size() || a.out_shape.size() != is.size()) fail(a, "permutation length differs from the rank");
+  const auto cs = contiguous_strides(is);
+  std::vector<int64_t> st(is.size());
+  for (std::size_t i = 0; i < is.size(); ++i) {
+    const int64_t d = normalize_dim(a, at.dims[i], is.size(), "permutation entry");
+    if (a.out_shape[i] != is[d]) fail(a, "result shape does not match the permuted operand shape");
+    st[i] = cs[d];
+  }
+  ck::strided_copy(a.in[0], a.out, dtype_size(a.out_dtype),
+                   make_loop(a.out_shape, {contiguous_strides(a.out_shape), st}), s.handle());
+}
+
+void k_broadcast(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  check_same_dtype(a);
+  ck::strided_copy(a.in[0], a.out, dtype_size(a.out_dtype),
+                   make_loop(a.out_shape, {contiguous_strides(a.out_shape), broadcast_strides(a.in_shapes[0], a.out_shape)}),
+                   s.handle());
+}
+
+void k_slice(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  check_same_dtype(a);
+  const OpAttrs& at = attrs_of(a);
+  const Shape& is = a.in_shapes[0];
+  if (at.starts.size() != is.size() || at.limits.size() != is.size() || a.out_shape.size() != is.size())
+    fail(a, "slice starts/limits must have one entry per dim");
+  const auto cs = contiguous_strides(is);
+  int64_t base = 0;
+  for (std::size_t d = 0; d < is.size(); ++d) {
+    const int64_t st = at.starts[d], l = at.limits[d];
+    if (st < 0 || l < st || l > is[d] || a.out_shape[d] != l - st)
+      fail(a, fmt::format("slice [{}, {}) of dim {} does not fit size {} / the result", st, l, d, is[d]));
+    base += st * cs[d];
+  }
+  const std::size_t es = dtype_size(a.out_dtype);
+  ck::strided_copy(static_cast<const char*>(a.in[0]) + base * int64_t(es), a.out, es,
+                   make_loop(a.out_shape, {contiguous_strides(a.out_shape), cs}), s.handle());
+}
+
+void k_concat(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, std::size_t(-1));
+  check_same_dtype(a);
+  const Shape& os = a.out_shape;
+  const int64_t axis = normalize_dim(a, attrs_of(a).axis, os.size(), "concat axis");
+  const auto ostr = contiguous_strides(os);
+  const std::size_t es = dtype_size(a.out_dtype);
+  int64_t at_axis = 0;
+  for (std::size_t i = 0; i < a.in.size(); ++i) {
+    const Shape& sh = a.in_shapes[i];
+    if (sh.size() != os.size()) fail(a, fmt::format("operand {} rank differs", i));
+    ck::strided_copy(a.in[i], static_cast<char*>(a.out) + at_axis * ostr[axis] * int64_t(es), es,
+                     make_loop(sh, {ostr, contiguous_strides(sh)}), s.handle());
+    at_axis += sh[axis];
+  }
+  if (at_axis != os[axis]) fail(a, "operand extents along the axis do not add up");
+}
+
+void k_softmax(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  const Shape& sh = a.in_shapes[0];
+  if (sh != a.out_shape) fail(a, "operand and result shapes differ");
+  const int64_t axis = normalize_dim(a, attrs_of(a).axis, sh.size(), "softmax axis");
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= sh[d];
+  for (std::size_t d = axis + 1; d < sh.size(); ++d) inner *= sh[d];
+  ck::softmax(a.in[0], a.out, a.out_dtype, outer, sh[axis], inner, s.handle());
+}
+
+void k_layer_norm(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 3, 3);
+  const Shape& sh = a.in_shapes[0];
+  if (sh.empty() || sh != a.out_shape) fail(a, "layer_norm needs rank >= 1 and equal operand and result shapes");
+  const int64_t D = sh.back();
+  if (num_elements(a.in_shapes[1]) != D || num_elements(a.in_shapes[2]) != D)
+    fail(a, fmt::format("gamma and beta must have {} elements (the last dim)", D));
+  const int64_t rows = D > 0 ? num_elements(sh) / D : 0;
+  ck::layer_norm(a.in[0], a.in[1], a.in[2], a.out, a.out_dtype, rows, D, static_cast<float>(attrs_of(a).eps),
+                 s.handle());
+}
+
+void k_layer_norm_grad(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 3, 3);
+  const Shape& sh = a.in_shapes[0];
+  if (sh.empty()) fail(a, "layer_norm_grad needs rank >= 1");
+  if (a.extra_out.size() != 2 || a.extra_out_shapes.size() != 2 || a.extra_out_dtypes.size() != 2)
+    fail(a, "layer_norm_grad writes three results (dx, dgamma, dbeta)");
+  const int64_t D = sh.back();
+  if (a.in_shapes[2] != sh || a.out_shape != sh) fail(a, "x, dy and dx must have one shape");
+  if (num_elements(a.in_shapes[1]) != D || num_elements(a.extra_out_shapes[0]) != D ||
+      num_elements(a.extra_out_shapes[1]) != D)
+    fail(a, fmt::format("gamma, dgamma and dbeta must have {} elements (the last dim)", D));
+  const int64_t rows = D > 0 ? num_elements(sh) / D : 0;
+  float* stats = static_cast<float*>(be.scratch(static_cast<std::size_t>(2 * std::max<int64_t>(rows, 1)) * 4, s));
+  try {
+    ck::layer_norm_grad(a.in[0], a.in[1], a.in[2], a.out, a.extra_out[0], a.extra_out[1], a.out_dtype, rows, D,
+                        static_cast<float>(attrs_of(a).eps), stats, s.handle());
+  } catch (...) {
+    be.free_scratch(stats, s);
+    throw;
+  }
+  be.free_scratch(stats, s);
+}
+
+int64_t in_offset(const KernelArgs& a, std::size_t operand, std::size_t dim, std::size_t rank) {
+  if (operand < a.in_offsets.size() && a.in_offsets[operand].size() == rank) return a.in_offsets[operand][dim];
+  return 0;
+}
+
+void k_embedding(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 2, 2);
+  const Shape& ts = a.in_shapes[0];
+  if (ts.size() != 2) fail(a, "the table must be rank 2 [V, D]");
+  if (a.in_dtypes[1] != DType::i32) fail(a, "ids must be i32");
+  if (a.in_dtypes[0] != a.out_dtype) fail(a, "the result dtype must be the table dtype");
+  Shape expect = a.in_shapes[1];
+  expect.push_back(ts[1]);
+  if (a.out_shape != expect) fail(a, "the result shape must be ids shape + [D] = " + shape_str(expect));
+  const int64_t off = in_offset(a, 0, 0, 2);
+  const int64_t V = ts[0];
+  const int64_t V_global = !a.in_global_shapes.empty() && !a.in_global_shapes[0].empty() ? a.in_global_shapes[0][0]
+                           : off == 0 ? V
+                                      : std::numeric_limits<int64_t>::max();
+  const unsigned seq = s.next_checked_launch(describe(a));
+  ck::embedding(a.in[0], dtype_size(a.out_dtype), static_cast<const int32_t*>(a.in[1]), a.out,
+                num_elements(a.in_shapes[1]), V, ts[1], off, V_global, s.device_error(), seq, s.handle());
+}
+
+void k_cross_entropy(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 2, 2);
+  const Shape& ls = a.in_shapes[0];
+  if (ls.empty()) fail(a, "logits must have rank >= 1");
+  if (a.in_dtypes[1] != DType::i32) fail(a, "labels must be i32");
+  const Shape prefix(ls.begin(), ls.end() - 1);
+  if (a.in_shapes[1] != prefix || a.out_shape != prefix)
+    fail(a, "labels and result shapes must be the logits shape without its last dim");
+  const int64_t off = in_offset(a, 0, ls.size() - 1, ls.size());
+  const unsigned seq = s.next_checked_launch(describe(a));
+  ck::cross_entropy(a.in[0], a.in_dtypes[0], static_cast<const int32_t*>(a.in[1]), a.out, a.out_dtype,
+                    num_elements(prefix), ls.back(), off, s.device_error(), seq, s.handle());
+}
+
+void k_causal_mask(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  check_same_dtype(a);
+  const Shape& sh = a.in_shapes[0];
+  if (sh.size() < 2 || sh != a.out_shape) fail(a, "causal_mask needs rank >= 2 [..., Q, K] and equal shapes");
+  if (a.out_dtype == DType::i32) fail(a, "causal_mask needs a float type");
+  const std::size_t r = sh.size();
+  const int64_t qoff = in_offset(a, 0, r - 2, r), koff = in_offset(a, 0, r - 1, r);
+  const int64_t Q = sh[r - 2], K = sh[r - 1];
+  const int64_t mats = (Q > 0 && K > 0) ? num_elements(sh) / (Q * K) : 0;
+  const uint64_t neg_inf = a.out_dtype == DType::f32 ? 0xff800000u : a.out_dtype == DType::bf16 ? 0xff80u : 0xfc00u;
+  ck::causal_mask(a.in[0], a.out, dtype_size(a.out_dtype), neg_inf, mats, Q, K, qoff, koff, s.handle());
+}
+
+void k_cast(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  const int64_t n = num_elements(a.out_shape);
+  if (num_elements(a.in_shapes[0]) != n) fail(a, "operand and result sizes differ");
+  ck::cast(a.in[0], a.in_dtypes[0], a.out, a.out_dtype, n, s.handle());
+}
+
+void k_where(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 3, 3);
+  if (a.in_dtypes[0] != DType::i32) fail(a, "the condition must be i32");
+  if (a.in_dtypes[1] != a.out_dtype || a.in_dtypes[2] != a.out_dtype)
+    fail(a, "both branches must have the result's dtype");
+  const Shape& os = a.out_shape;
+  const auto loop = make_loop(os, {contiguous_strides(os), broadcast_strides(a.in_shapes[0], os),
+                                   broadcast_strides(a.in_shapes[1], os), broadcast_strides(a.in_shapes[2], os)});
+  ck::where(static_cast<const int32_t*>(a.in[0]), a.in[1], a.in[2], a.out, dtype_size(a.out_dtype), loop, s.handle());
+}
+
+void k_one_hot(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  if (a.in_dtypes[0] != DType::i32) fail(a, "ids must be i32");
+  if (a.out_shape.empty()) fail(a, "the result must be [..., depth]");
+  Shape expect = a.in_shapes[0];
+  expect.push_back(a.out_shape.back());
+  if (a.out_shape != expect) fail(a, "the result shape must be the ids shape + [classes]");
+  const int64_t C = a.out_shape.back();
+  const std::size_t last = a.out_shape.size() - 1;
+  const int64_t coff = last < a.out_offset.size() ? a.out_offset[last] : 0;
+  if (coff < 0 || coff + C > attrs_of(a).depth) fail(a, "the result block lies outside [0, depth)");
+  ck::one_hot(static_cast<const int32_t*>(a.in[0]), a.out, dtype_size(a.out_dtype), scalar_bits(a.out_dtype, 1.0),
+              num_elements(a.in_shapes[0]), C, coff, s.handle());
+}
+
+void k_gather(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 2, 2);
+  const Shape& t = a.in_shapes[0];
+  const Shape& ix = a.in_shapes[1];
+  if (a.in_dtypes[1] != DType::i32) fail(a, "indices must be i32");
+  if (a.in_dtypes[0] != a.out_dtype) fail(a, "the result dtype must be the table's");
+  const std::size_t ax = static_cast<std::size_t>(normalize_dim(a, attrs_of(a).axis, t.size(), "axis"));
+  Shape expect(t.begin(), t.begin() + static_cast<long>(ax));
+  expect.insert(expect.end(), ix.begin(), ix.end());
+  expect.insert(expect.end(), t.begin() + static_cast<long>(ax) + 1, t.end());
+  if (a.out_shape != expect) fail(a, "the result shape must be " + shape_str(expect));
+  int64_t P = 1, S = 1;
+  for (std::size_t d = 0; d < ax; ++d) P *= t[d];
+  for (std::size_t d = ax + 1; d < t.size(); ++d) S *= t[d];
+  const int64_t off = in_offset(a, 0, ax, t.size());
+  const int64_t N = !a.in_global_shapes.empty() && a.in_global_shapes[0].size() == t.size() ? a.in_global_shapes[0][ax]
+                    : off == 0 ? t[ax]
+                               : std::numeric_limits<int64_t>::max();
+  const unsigned seq = s.next_checked_launch(describe(a));
+  ck::gather(a.in[0], dtype_size(a.out_dtype), static_cast<const int32_t*>(a.in[1]), a.out, P, num_elements(ix), t[ax],
+             S, off, N, s.device_error(), seq, s.handle());
+}
+
+void k_scatter_add(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 2, 2);
+  const Shape& u = a.in_shapes[0];
+  const Shape& ix = a.in_shapes[1];
+  const Shape& os = a.out_shape;
+  if (a.in_dtypes[1] != DType::i32) fail(a, "indices must be i32");
+  if (a.in_dtypes[0] != a.out_dtype) fail(a, "the result dtype must be the updates'");
+  const OpAttrs& at = attrs_of(a);
+  const std::size_t ax = static_cast<std::size_t>(normalize_dim(a, at.axis, os.size(), "axis"));
+  if (u.size() < ax + ix.size()) fail(a, "updates have too few dims for the indices");
+  Shape expect(u.begin(), u.begin() + static_cast<long>(ax));
+  expect.push_back(os[ax]);
+  expect.insert(expect.end(), u.begin() + static_cast<long>(ax + ix.size()), u.end());
+  if (os != expect) fail(a, "the result shape must be " + shape_str(expect));
+  int64_t P = 1, S = 1;
+  for (std::size_t d = 0; d < ax; ++d) P *= os[d];
+  for (std::size_t d = ax + 1; d < os.size(); ++d) S *= os[d];
+  const int64_t off = ax < a.out_offset.size() ? a.out_offset[ax] : 0;
+  const unsigned seq = s.next_checked_launch(describe(a));
+  ck::scatter_add(a.in[0], static_cast<const int32_t*>(a.in[1]), a.out, a.out_dtype, P, num_elements(ix), os[ax], S,
+                  off, at.depth, s.device_error(), seq, s.handle());
+}
+
+void k_mask_padding(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 1, 1);
+  check_same_dtype(a);
+  const OpAttrs& at = attrs_of(a);
+  const Shape& sh = a.in_shapes[0];
+  if (sh != a.out_shape) fail(a, "operand and result shapes differ");
+  if (sh.empty()) {  // a scalar: nothing is padding
+    TESSEL_CUDA_CHECK(cudaMemcpyAsync(a.out, a.in[0], dtype_size(a.out_dtype), cudaMemcpyDeviceToDevice, s.handle()));
+    return;
+  }
+  const std::size_t ax = static_cast<std::size_t>(normalize_dim(a, at.axis, sh.size(), "axis"));
+  const int64_t off = in_offset(a, 0, ax, sh.size());
+  int64_t P = 1, S = 1;
+  for (std::size_t d = 0; d < ax; ++d) P *= sh[d];
+  for (std::size_t d = ax + 1; d < sh.size(); ++d) S *= sh[d];
+  const int64_t n = sh[ax];
+  const int64_t keep = std::max<int64_t>(0, std::min<int64_t>(n, at.depth - off));
+  const double v = at.scalar;
+  uint64_t bits;
+  if (a.out_dtype == DType::i32) {
+    const int32_t iv = v != v ? 0 : v <= -2147483648.0 ? std::numeric_limits<int32_t>::min()
+                                  : v >= 2147483647.0 ? std::numeric_limits<int32_t>::max()
+                                                      : static_cast<int32_t>(v);
+    bits = static_cast<uint32_t>(iv);
+  } else {
+    bits = scalar_bits(a.out_dtype, v);
+  }
+  ck::mask_padding(a.in[0], a.out, dtype_size(a.out_dtype), bits, P, n, S, keep, s.handle());
+}
+
+void k_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) { run_cuda_einsum(be, a, s); }
+
+using CudaKernelFn = void (*)(CudaBackend&, const KernelArgs&, CudaStream&);
+
+const KernelTable<CudaKernelFn>& cuda_kernel_table() {
+  static const KernelTable<CudaKernelFn> t = [] {
+    KernelTable<CudaKernelFn> k("cuda");
+    k.add(OpKind::Constant, k_constant);
+    k.add(OpKind::Einsum, k_einsum);
+    for (const auto& [kind, op] : kUnaries) k.add(kind, k_unary);
+    for (const auto& [kind, op] : kBinaries) k.add(kind, k_binary);
+    for (OpKind r : {OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMean}) k.add(r, k_reduce);
+    k.add(OpKind::Reshape, k_copy);
+    k.add(OpKind::ShardingConstraint, k_copy);
+    k.add(OpKind::Transpose, k_transpose);
+    k.add(OpKind::Broadcast, k_broadcast);
+    k.add(OpKind::Slice, k_slice);
+    k.add(OpKind::Concat, k_concat);
+    k.add(OpKind::Softmax, k_softmax);
+    k.add(OpKind::LayerNorm, k_layer_norm);
+    k.add(OpKind::LayerNormGrad, k_layer_norm_grad);
+    k.add(OpKind::Embedding, k_embedding);
+    k.add(OpKind::CrossEntropy, k_cross_entropy);
+    k.add(OpKind::CausalMask, k_causal_mask);
+    k.add(OpKind::Cast, k_cast);
+    k.add(OpKind::Where, k_where);
+    k.add(OpKind::OneHot, k_one_hot);
+    k.add(OpKind::Gather, k_gather);
+    k.add(OpKind::ScatterAdd, k_scatter_add);
+    k.add(OpKind::MaskPadding, k_mask_padding);
+    return k;
+  }();
+  return t;
+}
+
+// Ops whose kernels take one float dtype for every float operand and result.
+bool needs_uniform_floats(OpKind k) {
+  switch (k) {
+    case OpKind::Cast:
+    case OpKind::CrossEntropy:  // logits and result dtypes are independent in its kernel
+      return false;
+    default: return true;
+  }
+}
+
+}  // namespace
+
+void run_cuda_kernel(CudaBackend& be, const KernelArgs& args, CudaStream& s) {
+  const CudaKernelFn fn = cuda_kernel_table().get(args.kind);
+  if (needs_uniform_floats(args.kind)) {
+    with_uniform_floats(be, args, s, [&](const KernelArgs& a) { fn(be, a, s); });
+  } else {
+    fn(be, args, s);
+  }
+}
+
+bool has_cuda_kernel(OpKind kind) { return cuda_kernel_table().has(kind); }
+
+}  // namespace tessel::cuda

@@ -1,0 +1,341 @@
+// The NCCL collective world (built with TESSEL_WITH_NCCL; otherwise make_nccl_world throws).
+//
+// One world communicator per local device (ncclCommInitAll: this process drives every device
+// of the mesh, a thread each), then, the first time an axis set is asked for, one
+// ncclCommSplit per device inside one ncclGroupStart/End (a single thread drives all ranks of
+// the split, which NCCL requires to be grouped): colour = index of the device's axis group in
+// Mesh::groups(axes) and key = its index in the group, a pure function of the mesh, identical
+// on every rank (docs/backend-cuda.md). Collectives are enqueued on the caller's stream (the
+// executor's comm stream, ordered with compute by the program's events): all-gather,
+// reduce-scatter and all-reduce (sum, max) directly; all-to-all and collective-permute as
+// grouped ncclSend/ncclRecv.
+//
+// NCCL has no per-operation timeout: a watchdog thread polls ncclCommGetAsyncError on every
+// communicator and, when a collective has been pending (its end event not reached) for longer
+// than the timeout, aborts every communicator (ncclCommAbort), so blocked streams return and
+// the run fails with the reason instead of hanging.
+//
+// One process per GPU under mpirun / a launcher (the unique id broadcast over MPI or a shared
+// file) is the next step; this file covers the single-process world (issue 8, item 4a).
+#include <fmt/format.h>
+
+#include "cuda_backend.hpp"
+
+#ifdef TESSEL_HAVE_NCCL
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <thread>
+
+namespace tessel::cuda {
+namespace {
+
+#define TESSEL_NCCL_CHECK(expr)                                                                         \
+  do {                                                                                                  \
+    ncclResult_t _r = (expr);                                                                           \
+    if (_r != ncclSuccess)                                                                              \
+      throw RuntimeError(fmt::format("nccl: {} failed: {} at {}:{}", #expr, ncclGetErrorString(_r), __FILE__, __LINE__)); \
+  } while (0)
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Max ? ncclMax : ncclSum; }
+
+class NcclWorld;
+
+// A collective in flight, for the watchdog: its end event and when it was enqueued.
+struct Pending {
+  cudaEvent_t done = nullptr;
+  std::chrono::steady_clock::time_point since;
+  std::string what;
+  bool active = false;
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(NcclWorld& w, ncclComm_t comm, int device, int rank, int size, std::string group)
+      : w_(w), comm_(comm), device_(device), rank_(rank), size_(size), group_(std::move(group)) {
+    DeviceGuard g(device_);
+    TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&pending_.done, cudaEventDisableTiming));
+    TESSEL_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(int32_t)));
+  }
+  ~NcclCommunicator() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_gather(const void* send, void* recv, std::size_t bytes, Stream& s) override {
+    call("all_gather", s, [&](cudaStream_t st) { return ncclAllGather(send, recv, bytes, ncclUint8, comm_, st); });
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op, Stream& s) override {
+    call("reduce_scatter", s,
+         [&](cudaStream_t st) { return ncclReduceScatter(send, recv, count, nccl_type(t), nccl_op(op), comm_, st); });
+  }
+  void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op, Stream& s) override {
+    call("all_reduce", s,
+         [&](cudaStream_t st) { return ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, st); });
+  }
+  void all_to_all(const void* send, void* recv, std::size_t bytes, Stream& s) override {
+    call("all_to_all", s, [&](cudaStream_t st) {
+      ncclResult_t r = ncclGroupStart();
+      for (int j = 0; j < size_ && r == ncclSuccess; ++j) {
+        r = ncclSend(static_cast<const char*>(send) + std::size_t(j) * bytes, bytes, ncclUint8, j, comm_, st);
+        if (r == ncclSuccess) r = ncclRecv(static_cast<char*>(recv) + std::size_t(j) * bytes, bytes, ncclUint8, j, comm_, st);
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  void collective_permute(const void* send, int send_to, void* recv, int recv_from, std::size_t bytes,
+                          Stream& s) override {
+    call("collective_permute", s, [&](cudaStream_t st) {
+      ncclResult_t r = ncclGroupStart();
+      if (r == ncclSuccess && send_to >= 0) r = ncclSend(send, bytes, ncclUint8, send_to, comm_, st);
+      if (r == ncclSuccess && recv_from >= 0) r = ncclRecv(recv, bytes, ncclUint8, recv_from, comm_, st);
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  void send(const void* buf, std::size_t bytes, int peer, Stream& s) override {
+    call("send", s, [&](cudaStream_t st) { return ncclSend(buf, bytes, ncclUint8, peer, comm_, st); });
+  }
+  void recv(void* buf, std::size_t bytes, int peer, Stream& s) override {
+    call("recv", s, [&](cudaStream_t st) { return ncclRecv(buf, bytes, ncclUint8, peer, comm_, st); });
+  }
+  void broadcast(void* buf, std::size_t bytes, int root, Stream& s) override {
+    call("broadcast", s, [&](cudaStream_t st) { return ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, st); });
+  }
+  void barrier(Stream& s) override {
+    call("barrier", s, [&](cudaStream_t st) {
+      return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, st);
+    });
+  }
+  void group_start() override { TESSEL_NCCL_CHECK(ncclGroupStart()); ++group_depth_; }
+  void group_end() override {
+    --group_depth_;
+    TESSEL_NCCL_CHECK(ncclGroupEnd());
+  }
+  void abort(const std::string& reason) override;
+
+  // For the watchdog (under its lock): true when a collective has been pending too long.
+  bool overdue(double timeout, std::string& what) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!pending_.active) return false;
+    if (cudaEventQuery(pending_.done) == cudaSuccess) {
+      pending_.active = false;
+      return false;
+    }
+    cudaGetLastError();  // cudaErrorNotReady
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - pending_.since).count();
+    if (timeout > 0 && waited > timeout) {
+      what = fmt::format("{} on device {} (rank {} of {} in group {}) pending for {:.3g} s", pending_.what, device_, rank_,
+                         size_, group_, waited);
+      return true;
+    }
+    return false;
+  }
+  ncclComm_t comm() const { return comm_; }
+
+ private:
+  template <class F>
+  void call(const char* what, Stream& s, F&& f);
+
+  NcclWorld& w_;
+  ncclComm_t comm_;
+  int device_, rank_, size_;
+  std::string group_;
+  std::mutex mu_;
+  Pending pending_;
+  void* barrier_buf_ = nullptr;
+  int group_depth_ = 0;
+};
+
+class NcclWorld : public CollectiveWorld {
+ public:
+  NcclWorld(const Mesh& mesh, std::vector<int> gpus, const CudaWorldOptions& o)
+      : mesh_(mesh), gpus_(std::move(gpus)), options_(o) {
+    const int n = static_cast<int>(mesh_.num_devices());
+    if (static_cast<int>(gpus_.size()) != n)
+      throw RuntimeError(fmt::format("nccl world: {} GPUs given for the {} devices of mesh {}", gpus_.size(), n,
+                                     mesh_.to_string()));
+    world_.resize(static_cast<std::size_t>(n));
+    TESSEL_NCCL_CHECK(ncclCommInitAll(world_.data(), n, gpus_.data()));
+    watchdog_ = std::thread([this] { watch(); });
+  }
+  ~NcclWorld() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+    // Abort, not destroy: ncclCommDestroy may block forever on unfinished work (the communicators
+    // handed out must be gone by now).
+    for (auto& [axes, comms] : split_)
+      for (ncclComm_t c : comms) ncclCommAbort(c);
+    for (ncclComm_t c : world_) ncclCommAbort(c);
+  }
+
+  std::unique_ptr<Communicator> communicator(int64_t position, const std::vector<std::string>& axes) override {
+    if (aborted()) throw RuntimeError("nccl world: aborted: " + reason());
+    std::lock_guard<std::mutex> lk(split_mu_);
+    auto it = split_.find(axes);
+    if (it == split_.end()) it = split_.emplace(axes, split(axes)).first;
+    const auto members = mesh_.group(position, axes);
+    const int rank = static_cast<int>(std::find(members.begin(), members.end(), position) - members.begin());
+    auto c = std::make_unique<NcclCommunicator>(*this, it->second[static_cast<std::size_t>(position)],
+                                                gpus_[static_cast<std::size_t>(position)], rank,
+                                                static_cast<int>(members.size()), shape_str(members));
+    std::lock_guard<std::mutex> lk2(mu_);
+    live_.push_back(c.get());
+    return c;
+  }
+
+  void abort(std::string reason) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (aborted_.exchange(true)) return;
+      reason_ = std::move(reason);
+    }
+    // ncclCommAbort also stops kernels still running on the device: blocked streams return.
+    std::lock_guard<std::mutex> lk(split_mu_);
+    for (auto& [axes, comms] : split_)
+      for (ncclComm_t c : comms) ncclCommAbort(c);
+    split_.clear();
+    for (ncclComm_t c : world_) ncclCommAbort(c);
+    world_.clear();
+  }
+  bool aborted() const override { return aborted_.load(); }
+  std::string reason() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return reason_;
+  }
+  void forget(NcclCommunicator* c) {
+    std::lock_guard<std::mutex> lk(mu_);
+    live_.erase(std::remove(live_.begin(), live_.end(), c), live_.end());
+  }
+
+ private:
+  // One ncclCommSplit per device, grouped (one thread drives every rank here).
+  std::vector<ncclComm_t> split(const std::vector<std::string>& axes) {
+    const auto groups = mesh_.groups(axes);
+    std::vector<ncclComm_t> out(world_.size(), nullptr);
+    TESSEL_NCCL_CHECK(ncclGroupStart());
+    for (std::size_t color = 0; color < groups.size(); ++color)
+      for (std::size_t key = 0; key < groups[color].size(); ++key) {
+        const auto p = static_cast<std::size_t>(groups[color][key]);
+        const ncclResult_t r =
+            ncclCommSplit(world_[p], static_cast<int>(color), static_cast<int>(key), &out[p], nullptr);
+        if (r != ncclSuccess) {
+          ncclGroupEnd();
+          throw RuntimeError(fmt::format("nccl: ncclCommSplit for axes {} failed: {}", join(axes, ","),
+                                         ncclGetErrorString(r)));
+        }
+      }
+    TESSEL_NCCL_CHECK(ncclGroupEnd());
+    return out;
+  }
+
+  void watch() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(100));
+      if (stop_ || aborted_) continue;
+      std::string what;
+      for (NcclCommunicator* c : live_) {
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(c->comm(), &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+          what = fmt::format("NCCL reported an asynchronous error: {}", ncclGetErrorString(async));
+          break;
+        }
+        if (c->overdue(options_.timeout_seconds, what)) {
+          what = "timed out: " + what;
+          break;
+        }
+      }
+      if (!what.empty()) {
+        lk.unlock();
+        abort(what);
+        lk.lock();
+      }
+    }
+  }
+
+  Mesh mesh_;
+  std::vector<int> gpus_;
+  CudaWorldOptions options_;
+  std::vector<ncclComm_t> world_;
+  std::mutex split_mu_;
+  std::map<std::vector<std::string>, std::vector<ncclComm_t>> split_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<NcclCommunicator*> live_;
+  std::atomic<bool> aborted_{false};
+  std::string reason_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+NcclCommunicator::~NcclCommunicator() {
+  w_.forget(this);
+  if (pending_.done) cudaEventDestroy(pending_.done);
+  if (barrier_buf_) cudaFree(barrier_buf_);
+}
+
+void NcclCommunicator::abort(const std::string& reason) { w_.abort(reason); }
+
+template <class F>
+void NcclCommunicator::call(const char* what, Stream& s, F&& f) {
+  if (w_.aborted()) throw RuntimeError(fmt::format("nccl {}: the world was aborted: {}", what, w_.reason()));
+  CudaStream& cs = cuda_stream(s, "nccl communicator");
+  DeviceGuard g(device_);
+  const ncclResult_t r = f(cs.handle());
+  if (r != ncclSuccess && r != ncclInProgress) {
+    const std::string msg = fmt::format("nccl {} on device {} (rank {} of {} in group {}): {}", what, device_, rank_,
+                                        size_, group_, ncclGetErrorString(r));
+    w_.abort(msg);
+    throw RuntimeError(msg);
+  }
+  if (group_depth_ == 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    TESSEL_CUDA_CHECK(cudaEventRecord(pending_.done, cs.handle()));
+    pending_.since = std::chrono::steady_clock::now();
+    pending_.what = what;
+    pending_.active = true;
+  }
+}
+
+}  // namespace
+}  // namespace tessel::cuda
+
+namespace tessel {
+bool nccl_available() { return true; }
+std::unique_ptr<CollectiveWorld> make_nccl_world(const Mesh& mesh, const std::vector<int>& gpus,
+                                                 const CudaWorldOptions& options) {
+  return std::make_unique<cuda::NcclWorld>(mesh, gpus, options);
+}
+}  // namespace tessel
+
+#else  // no NCCL
+
+namespace tessel {
+bool nccl_available() { return false; }
+std::unique_ptr<CollectiveWorld> make_nccl_world(const Mesh& mesh, const std::vector<int>&, const CudaWorldOptions&) {
+  throw RuntimeError(fmt::format("make_nccl_world (mesh {}): tessel was built without NCCL; reconfigure with "
+                                 "-DTESSEL_WITH_NCCL=ON (and NCCL_ROOT pointing at an NCCL install)",
+                                 mesh.to_string()));
+}
+}  // namespace tessel
+
+#endif

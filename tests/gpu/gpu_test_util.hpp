@@ -1,0 +1,30 @@
+// Helpers of the GPU tests: skipping (exit code 77, CTest's SKIP_RETURN_CODE for this binary:
+// Debian's Catch2 2.13 has no SKIP), and host-side dtype conversion of test tensors.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "tessel/runtime/tensor.hpp"
+
+namespace tessel_gpu_test {
+
+constexpr int kSkipCode = 77;
+
+// Ends the process as SKIPPED: each CTest test runs one TEST_CASE in its own process.
+[[noreturn]] inline void skip(const std::string& why) {
+  std::printf("SKIPPED: %s\n", why.c_str());
+  std::fflush(stdout);
+  std::_Exit(kSkipCode);
+}
+
+// t converted element by element (through double) to dtype `to`.
+inline tessel::HostTensor converted(const tessel::HostTensor& t, tessel::DType to) {
+  if (t.dtype() == to) return t;
+  tessel::HostTensor r(to, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
+  return r;
+}
+
+}  // namespace tessel_gpu_test
