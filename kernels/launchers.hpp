@@ -88,6 +88,11 @@ void reduce_sources(const void* const* srcs, int nsrc, void* dst, DType t, Reduc
 void softmax(const void* in, void* out, DType t, int64_t outer, int64_t len, int64_t inner, StreamHandle s);
 void layer_norm(const void* x, const void* gamma, const void* beta, void* y, DType t, int64_t rows, int64_t D,
                 float eps, StreamHandle s);
+// One fused AdamW step over n elements (builders.hpp adamw): p and g of dtype t, m and v f32,
+// lr, bc1, bc2 and gscale device pointers to one f32 each; writes p_out (t), m_out, v_out.
+void adamw(const void* p, const void* g, const float* m, const float* v, const float* lr, const float* bc1,
+           const float* bc2, const float* gscale, void* p_out, float* m_out, float* v_out, DType t, int64_t n,
+           float beta1, float beta2, float eps, float weight_decay, StreamHandle s);
 // scratch: 2 * rows floats (per-row mean and rstd).
 void layer_norm_grad(const void* x, const void* gamma, const void* dy, void* dx, void* dgamma, void* dbeta, DType t,
                      int64_t rows, int64_t D, float eps, float* scratch, StreamHandle s);

@@ -213,7 +213,7 @@ __global__ void k_layer_norm_grad_cols(const T* x, const T* dy, const float* sta
     for (int64_t r = 0; r < rows; ++r) {
       const double d = to_f<T>(dy[r * D + j]);
       const double xhat = (double(to_f<T>(x[r * D + j])) - stats[2 * r]) * stats[2 * r + 1];
-      sg += d * xhat;
+      if (d != 0.0) sg += d * xhat;  // as the CPU kernel: a zero gradient adds nothing, even to a NaN row
       sb += d;
     }
     dgamma[j] = from_f<T>(static_cast<float>(sg));

@@ -312,6 +312,27 @@ void k_layer_norm_grad(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
   be.free_scratch(stats, s);
 }
 
+void k_adamw(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 8, 8);
+  const Shape& sh = a.in_shapes[0];
+  if (a.extra_out.size() != 2 || a.extra_out_shapes.size() != 2 || a.extra_out_dtypes.size() != 2)
+    fail(a, "adamw writes three results (the parameter, m and v)");
+  for (std::size_t i = 1; i <= 3; ++i)
+    if (a.in_shapes[i] != sh) fail(a, "g, m and v must have the parameter's shape");
+  if (a.in_dtypes[1] != a.in_dtypes[0] || a.out_dtype != a.in_dtypes[0])
+    fail(a, "on CUDA the gradient and the result have the parameter's dtype; cast the gradient first");
+  if (a.in_dtypes[2] != DType::f32 || a.in_dtypes[3] != DType::f32 || a.extra_out_dtypes[0] != DType::f32 ||
+      a.extra_out_dtypes[1] != DType::f32)
+    fail(a, "the moments must be f32");
+  for (std::size_t i = 4; i < 8; ++i)
+    if (num_elements(a.in_shapes[i]) != 1 || a.in_dtypes[i] != DType::f32) fail(a, "lr, bc1, bc2 and gscale must be f32 scalars");
+  const OpAttrs& at = attrs_of(a);
+  auto f = [&](std::size_t i) { return static_cast<const float*>(a.in[i]); };
+  ck::adamw(a.in[0], a.in[1], f(2), f(3), f(4), f(5), f(6), f(7), a.out, static_cast<float*>(a.extra_out[0]),
+            static_cast<float*>(a.extra_out[1]), a.out_dtype, num_elements(sh), static_cast<float>(at.beta1),
+            static_cast<float>(at.beta2), static_cast<float>(at.eps), static_cast<float>(at.weight_decay), s.handle());
+}
+
 int64_t in_offset(const KernelArgs& a, std::size_t operand, std::size_t dim, std::size_t rank) {
   if (operand < a.in_offsets.size() && a.in_offsets[operand].size() == rank) return a.in_offsets[operand][dim];
   return 0;
@@ -494,6 +515,7 @@ const KernelTable<CudaKernelFn>& cuda_kernel_table() {
     k.add(OpKind::Softmax, k_softmax);
     k.add(OpKind::LayerNorm, k_layer_norm);
     k.add(OpKind::LayerNormGrad, k_layer_norm_grad);
+    k.add(OpKind::AdamW, k_adamw);
     k.add(OpKind::Embedding, k_embedding);
     k.add(OpKind::CrossEntropy, k_cross_entropy);
     k.add(OpKind::CausalMask, k_causal_mask);
