@@ -14,6 +14,10 @@
 // Prints per step the loss, the one-device loss and their relative difference, the gradient
 // norm and tokens/s; then peak bytes per device and the collectives of the step. Exits 1 when
 // a step differs from the one-device run by more than the tolerance or the loss did not fall.
+//
+// Under mpirun (e.g. `mpirun -np 2 build/bin/gpt_train --mesh data=2,model=2 --zero 2`) it
+// runs on the MPI runtime: each process owns devices/np devices of the mesh, every process
+// draws the same batches from the same seed, and only rank 0 prints.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,6 +26,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -29,7 +34,9 @@
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
+#include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/mpi_runtime.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/train.hpp"
 
@@ -100,19 +107,36 @@ int run(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   tessel::TrainStep step = tessel::add_train_step(g, m.loss, m.weights, mesh, to);
   tessel::Executable exe = tessel::compile(g, mesh);
-  tessel::ThreadRuntimeOptions tro;
-  tro.kernel_threads = threads;
-  tessel::ThreadRuntime rt(mesh.num_devices(), tro);
+  // Under an MPI launcher: the MPI runtime (this process owns a block of the devices), and
+  // only rank 0 prints; otherwise every device is a thread of this process.
+  std::unique_ptr<tessel::Runtime> rt;
+  tessel::MpiRuntime* mpi = nullptr;
+  if (tessel::launched_by_mpi()) {
+    tessel::MpiRuntimeOptions mo;
+    mo.kernel_threads = threads;
+    auto r = std::make_unique<tessel::MpiRuntime>(mo);
+    mpi = r.get();
+    rt = std::move(r);
+  } else {
+    tessel::ThreadRuntimeOptions tro;
+    tro.kernel_threads = threads;
+    rt = std::make_unique<tessel::ThreadRuntime>(mesh.num_devices(), tro);
+  }
+  const bool printer = !mpi || mpi->rank() == 0;
+  auto print = [&](const std::string& text) {
+    if (printer) std::fputs(text.c_str(), stdout);
+  };
   tessel::LoadOptions lo;
   lo.donate = step.donations();
-  tessel::LoadedExecutable prog = tessel::load(exe, rt, lo);
+  tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab=256 params={} corpus={} bytes\n",
-             cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.layers, m.params, corpus.size());
-  fmt::print("mesh {} = {} virtual CPU devices, zero={}, lr={}, seed {}\n", mesh.to_string(), mesh.num_devices(),
-             to.zero, lr, seed);
-  fmt::print("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms, g.ops.size(),
-             prog.program().instrs.size());
+  print(fmt::format("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab=256 params={} corpus={} bytes\n",
+                    cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.layers, m.params, corpus.size()));
+  print(fmt::format("mesh {} = {} CPU devices{}, zero={}, lr={}, seed {}\n", mesh.to_string(), mesh.num_devices(),
+                    mpi ? fmt::format(" on {} MPI processes", mpi->world_size()) : std::string(" (virtual)"), to.zero,
+                    lr, seed));
+  print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms, g.ops.size(),
+                    prog.program().instrs.size()));
 
   // Initial values: GPT-2 scale weights, layer-norm gains 1, biases and moments 0.
   std::vector<tessel::HostTensor> host = tessel::random_inputs(g, seed);
@@ -168,7 +192,7 @@ int run(int argc, char** argv) {
       if (feeds[o] >= 0) args[static_cast<std::size_t>(feeds[o])] = r.outputs[o];
     losses.push_back(loss);
     std::string ref_text;
-    if (reference) {
+    if (reference && printer) {
       // The same step on one device, from the reference's own parameters and moments.
       std::vector<tessel::HostTensor> out = tessel::run_reference(g, host, threads);
       const double ref = out[loss_out].get(0);
@@ -178,9 +202,10 @@ int run(int argc, char** argv) {
       worst = std::max(worst, rel);
       ref_text = fmt::format("  one device {:.6f}  rel {:.2e}", ref, rel);
     }
-    fmt::print("step {:4d}  loss {:.6f}{}  grad_norm {:.4f}  {:.1f} ms  {:.0f} tokens/s\n", t, loss, ref_text, norm,
-               secs * 1e3, static_cast<double>(cfg.batch * cfg.seq) / secs);
+    print(fmt::format("step {:4d}  loss {:.6f}{}  grad_norm {:.4f}  {:.1f} ms  {:.0f} tokens/s\n", t, loss, ref_text,
+                      norm, secs * 1e3, static_cast<double>(cfg.batch * cfg.seq) / secs));
   }
+  if (!printer) return 0;
   const std::size_t n = losses.size(), w = std::max<std::size_t>(1, std::min<std::size_t>(5, n / 2));
   double first = 0, last = 0;
   for (std::size_t i = 0; i < w; ++i) {

@@ -47,5 +47,12 @@ if(TARGET tessel_example_gpt)
     list(APPEND _mpi_tests "mpi: gpt data=2 model=2 on ${np} processes matches one device")
   endforeach()
 endif()
+if(TARGET tessel_example_gpt_train)
+  add_test(NAME "mpi: gpt_train zero 2 data=2 model=2 on 2 processes matches one device"
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:tessel_example_gpt_train> --mesh data=2,model=2 --zero 2 --seed 1 --steps 6
+                   ${MPIEXEC_POSTFLAGS})
+  list(APPEND _mpi_tests "mpi: gpt_train zero 2 data=2 model=2 on 2 processes matches one device")
+endif()
 # RUN_SERIAL: 4 processes × their device and stream threads already oversubscribe 2 cores.
 set_tests_properties(${_mpi_tests} PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE ENVIRONMENT "${_mpi_env}")
