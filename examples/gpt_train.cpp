@@ -9,7 +9,7 @@
 //   build/bin/gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]
 //                       [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]
 //                       [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4]
-//                       [--no-reference]
+//                       [--no-reference] [--mixed]
 //
 // Prints per step the loss, the one-device loss and their relative difference, the gradient
 // norm and tokens/s; then peak bytes per device and the collectives of the step. Exits 1 when
@@ -46,8 +46,10 @@ const char* kUsage =
     "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]\n"
     "                 [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
+    "                 [--mixed]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
-    "checked against the same step on one device.\n";
+    "checked against the same step on one device. --mixed: bf16 activations with f32 master\n"
+    "weights and moments (tolerance 5e-3 unless given).\n";
 
 std::string read_corpus(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -69,7 +71,7 @@ int run(int argc, char** argv) {
   std::string mesh_spec = "data=2,model=2", corpus_path = std::string(TESSEL_SOURCE_DIR) + "/data/corpus.txt";
   int steps = 20, threads = 1;
   double lr = 3e-3, tolerance = 1e-4;
-  bool reference = true;
+  bool reference = true, tolerance_given = false;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -89,8 +91,15 @@ int run(int argc, char** argv) {
     else if (a == "--seed") seed = tessel::cli::parse_u64(a, next());
     else if (a == "--threads") threads = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
     else if (a == "--corpus") corpus_path = next();
-    else if (a == "--tolerance") tolerance = tessel::cli::parse_double(a, next(), 0, 1e300);
+    else if (a == "--tolerance") {
+      tolerance = tessel::cli::parse_double(a, next(), 0, 1e300);
+      tolerance_given = true;
+    }
     else if (a == "--no-reference") reference = false;
+    else if (a == "--mixed") {
+      cfg.compute = tessel::DType::bf16;  // f32 master weights and moments, bf16 activations
+      if (!tolerance_given) tolerance = 5e-3;
+    }
     else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
   }
   const std::string corpus = read_corpus(corpus_path);
@@ -132,9 +141,10 @@ int run(int argc, char** argv) {
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   print(fmt::format("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab=256 params={} corpus={} bytes\n",
                     cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.layers, m.params, corpus.size()));
-  print(fmt::format("mesh {} = {} CPU devices{}, zero={}, lr={}, seed {}\n", mesh.to_string(), mesh.num_devices(),
+  print(fmt::format("mesh {} = {} CPU devices{}, zero={}, lr={}, {}, seed {}\n", mesh.to_string(),
+                    mesh.num_devices(),
                     mpi ? fmt::format(" on {} MPI processes", mpi->world_size()) : std::string(" (virtual)"), to.zero,
-                    lr, seed));
+                    lr, cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
   print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms, g.ops.size(),
                     prog.program().instrs.size()));
 

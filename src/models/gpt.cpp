@@ -26,8 +26,10 @@ GptGraph build_gpt(const GptConfig& c) {
     if (c.annotate) g.annotate(t, Sharding::of(layout));
     m.weights.push_back(t);
     m.params += num_elements(shape);
-    return t;
+    return c.compute == c.dtype ? t : cast(t, c.compute);
   };
+  if (c.compute == DType::i32 || c.dtype == DType::i32)
+    throw ShapeError("gpt: the weights and activations must be float (f32, bf16 or f16)");
   m.tokens = input(g, "tokens", DType::i32, {B, S});
   m.labels = input(g, "labels", DType::i32, {B, S});
   if (c.annotate) {
@@ -71,7 +73,7 @@ GptGraph build_gpt(const GptConfig& c) {
   Tensor lnfb = weight("lnf_b", {D}, {{}});
   Tensor xf = layer_norm(x, lnfg, lnfb).named("xf");
   Tensor logits = einsum("bsd,vd->bsv", xf, wte).named("logits");
-  Tensor per_token = cross_entropy(logits, m.labels).named("token_loss");
+  Tensor per_token = cross_entropy(logits, m.labels).named("token_loss");  // f32 whatever the logits
   m.loss = reduce_mean(per_token, {0, 1}).named("loss");
   g.mark_output(m.loss);
   return m;

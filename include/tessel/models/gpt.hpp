@@ -29,7 +29,11 @@ struct GptConfig {
   int64_t layers = 2;
   int64_t vocab = 512;
   int64_t ffn_mult = 4;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;          // the weights' dtype (the graph's weight inputs)
+  // Activations' dtype: each weight is cast to it where it is used, so with dtype f32 and
+  // compute bf16 the weights are f32 master copies and the forward and backward run in bf16
+  // (mixed precision; gradients come back to the master weights in f32). The loss is f32.
+  DType compute = DType::f32;
   bool annotate = true;  // Megatron layout annotations (data × model)
   std::string data_axis = "data";
   std::string model_axis = "model";
@@ -39,7 +43,7 @@ struct GptGraph {
   Graph graph;
   Tensor tokens, labels;
   Tensor loss;            // scalar mean cross-entropy
-  std::vector<Tensor> weights;
+  std::vector<Tensor> weights;  // the weight inputs (in cfg.dtype: the master copies)
   int64_t params = 0;     // number of parameters
 };
 
