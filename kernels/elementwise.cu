@@ -81,6 +81,12 @@ __device__ __forceinline__ float binary_f(Binary op, float x, float y) {
     case Binary::Mul: return x * y;
     case Binary::Div: return x / y;
     case Binary::Max: return max_nan(x, y);
+    case Binary::GeluGrad: {
+      // y * gelu'(x), as the CPU kernel: s = sigmoid(2z), gelu' = s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2).
+      const float c = 0.7978845608028654f;
+      const float s = 1.0f / (1.0f + expf(-2.0f * c * (x + 0.044715f * (x * x * x))));
+      return y * (s + 2.0f * x * s * (1.0f - s) * c * (1.0f + 0.134145f * (x * x)));
+    }
     default: return 0.0f;
   }
 }

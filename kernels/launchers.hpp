@@ -65,7 +65,7 @@ enum class Unary : int { Neg, Exp, Log, Tanh, Gelu, Relu, Sqrt, Rsqrt, Sigmoid, 
 // Operand and result of dtype t (neg and relu also take i32).
 void unary(Unary op, const void* in, void* out, DType t, int64_t n, StreamHandle s);
 
-enum class Binary : int { Add, Sub, Mul, Div, Max, Eq, Ne, Lt, Le, Gt, Ge };
+enum class Binary : int { Add, Sub, Mul, Div, Max, GeluGrad, Eq, Ne, Lt, Le, Gt, Ge };  // comparisons last
 // Operands of dtype t (strides 1, 2), result (stride 0) of dtype t, or i32 for comparisons.
 void binary(Binary op, const void* a, const void* b, void* out, DType t, const Loop& loop, StreamHandle s);
 // out = cond != 0 ? a : b; strides: 0 result, 1 cond (i32), 2 a, 3 b.

@@ -29,6 +29,8 @@ Tensor sqrt(Tensor x);
 Tensor rsqrt(Tensor x);
 Tensor sigmoid(Tensor x);  // 1 / (1 + exp(-x))
 Tensor silu(Tensor x);     // x * sigmoid(x) (SiLU / swish)
+// g * gelu'(x), gelu's backward in one pass (the vjp of gelu uses it); float, broadcasting.
+Tensor gelu_grad(Tensor x, Tensor g);
 
 // Converts to `dtype`. Float -> i32 truncates toward zero, saturates at the i32 range and
 // maps NaN to 0; i32 -> float rounds to nearest; between floats rounds to nearest even.

@@ -38,6 +38,10 @@ void infer_binary_any(const char* op, const Ins& in, Shape& out, DType& dt) {
 #define TESSEL_BINARY_INFER(fn, opname) \
   void fn(const OpAttrs&, const Ins& in, Shape& out, DType& dt) { infer_binary_any(opname, in, out, dt); }
 TESSEL_BINARY_INFER(infer_add, "add")
+void infer_gelu_grad(const OpAttrs&, const Ins& in, Shape& out, DType& dt) {
+  infer_binary_any("gelu_grad", in, out, dt);
+  if (!is_float(dt)) shape_fail("gelu_grad", in, "needs float operands");
+}
 TESSEL_BINARY_INFER(infer_sub, "sub")
 TESSEL_BINARY_INFER(infer_mul, "mul")
 TESSEL_BINARY_INFER(infer_div, "div")
@@ -162,17 +166,11 @@ Grads vjp_tanh(const VjpArgs& a) {
   const Tensor& z = a.output;
   return {mul(a.grad_output, sub(scalar_like(z, 1.0), mul(z, z)))};
 }
-// gelu(x) = 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3), c = sqrt(2/pi):
-// gelu'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3 * 0.044715 x^2).
-Grads vjp_gelu(const VjpArgs& a) {
-  const Tensor& x = a.inputs[0];
-  auto k = [&](double v) { return scalar_like(x, v); };
-  const double c = 0.7978845608028654;
-  Tensor x2 = mul(x, x);
-  Tensor t = tanh(mul(mul(x, add(k(1.0), mul(x2, k(0.044715)))), k(c)));
-  Tensor left = mul(k(0.5), add(k(1.0), t));
-  Tensor right = mul(mul(mul(k(0.5 * c), x), sub(k(1.0), mul(t, t))), add(k(1.0), mul(x2, k(3 * 0.044715))));
-  return {mul(a.grad_output, add(left, right))};
+// One fused op (gelu_grad): g * gelu'(x) in one pass over memory.
+Grads vjp_gelu(const VjpArgs& a) { return {gelu_grad(a.inputs[0], a.grad_output)}; }
+Tensor sample_gelu_grad(Graph& g, SampleGen& r) {
+  auto [x, gr] = sample_binary_operands(g, r, false);
+  return gelu_grad(x, gr);
 }
 Grads vjp_relu(const VjpArgs& a) {
   const Tensor& x = a.inputs[0];
@@ -264,6 +262,9 @@ void register_elementwise_ops(std::vector<OpDef>& t) {
   put(t, with_vjp(binary(OpKind::Mul, "mul", infer_mul, PF::Multilinear, sample_mul), vjp_mul));
   put(t, with_vjp(binary(OpKind::Div, "div", infer_div, PF::None, sample_div), vjp_div));
   put(t, with_vjp(binary(OpKind::Max, "max", infer_max, PF::None, sample_max), vjp_max));
+  OpDef gg = binary(OpKind::GeluGrad, "gelu_grad", infer_gelu_grad, PF::None, sample_gelu_grad);
+  gg.flops = flops_out4;
+  put(t, std::move(gg));
 }
 
 }  // namespace ops_detail
@@ -294,6 +295,7 @@ Tensor where(Tensor cond, Tensor a, Tensor b) { return build(OpKind::Where, {con
 Tensor add(Tensor a, Tensor b) { return build(OpKind::Add, {a, b}); }
 Tensor sub(Tensor a, Tensor b) { return build(OpKind::Sub, {a, b}); }
 Tensor mul(Tensor a, Tensor b) { return build(OpKind::Mul, {a, b}); }
+Tensor gelu_grad(Tensor x, Tensor g) { return build(OpKind::GeluGrad, {x, g}); }
 Tensor div(Tensor a, Tensor b) { return build(OpKind::Div, {a, b}); }
 Tensor maximum(Tensor a, Tensor b) { return build(OpKind::Max, {a, b}); }
 Tensor add(Tensor a, double b) { return add(a, constant(ops_detail::graph_of(a), b, a.dtype())); }

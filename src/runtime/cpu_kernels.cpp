@@ -708,6 +708,15 @@ struct DivF {
   int32_t operator()(int32_t x, int32_t y) const { return div_i32(x, y); }
 };
 struct MaxF { template <class T> T operator()(T x, T y) const { return (x != x || x > y) ? x : y; } };
+// g * gelu'(x) for gelu(x) = x s, s = sigmoid(2z), z = c (x + 0.044715 x^3) (the forward's
+// stable form): gelu'(x) = s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2). Float only.
+struct GeluGradF {
+  template <class T> T operator()(T x, T g) const {
+    const float xf = static_cast<float>(x), c = 0.7978845608028654f;
+    const float s = 1.0f / (1.0f + std::exp(-2.0f * c * (xf + 0.044715f * xf * xf * xf)));
+    return static_cast<T>(static_cast<float>(g) * (s + 2.0f * xf * s * (1.0f - s) * c * (1.0f + 0.134145f * xf * xf)));
+  }
+};
 
 template <class T, class Op>
 void binary_loop(const KernelArgs& a, const T* x, const T* y, T* out, Op op) {
@@ -760,6 +769,7 @@ void with_binary_op(const KernelArgs& a, F&& f) {
     case OpKind::Mul: f(MulF{}); break;
     case OpKind::Div: f(DivF{}); break;
     case OpKind::Max: f(MaxF{}); break;
+    case OpKind::GeluGrad: f(GeluGradF{}); break;
     default: fail(a, "not a binary op");
   }
 }
@@ -770,6 +780,7 @@ void k_binary(const KernelArgs& a) {
   const bool io = a.out_dtype == DType::i32;
   if (i0 || i1 || io) {
     if (!(i0 && i1 && io)) fail(a, "i32 and float operands cannot be mixed");
+    if (a.kind == OpKind::GeluGrad) fail(a, "gelu_grad needs float operands");
     const int32_t* x = static_cast<const int32_t*>(a.in[0]);
     const int32_t* y = static_cast<const int32_t*>(a.in[1]);
     int32_t* o = static_cast<int32_t*>(a.out);
@@ -1525,7 +1536,7 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     for (OpKind u : {OpKind::Neg, OpKind::Exp, OpKind::Log, OpKind::Tanh, OpKind::Gelu,
                      OpKind::Relu, OpKind::Sqrt, OpKind::Rsqrt, OpKind::Sigmoid, OpKind::Silu})
       k.add(u, k_unary);
-    for (OpKind b : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Max})
+    for (OpKind b : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Max, OpKind::GeluGrad})
       k.add(b, k_binary);
     for (OpKind r : {OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMean}) k.add(r, k_reduce);
     k.add(OpKind::Reshape, k_copy);

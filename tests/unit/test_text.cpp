@@ -165,6 +165,7 @@ mesh data=2, model=4
 %mp = mask_padding(%h) axis=2 depth=60 value=-inf
 %dx, %dgamma, %dbeta = layer_norm_grad(%sm, %gamma, %h) eps=1e-05 sharding=([{data}, {?}, {}], _, [{}]) priority=(0, 0, 1)
 %lr = constant f32[] value=0.001
+%gg = gelu_grad(%h, %h)
 %pn, %mn, %vn = adamw(%h, %h, %h, %h, %lr, %c, %c, %c) beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0.01
 output %ce, %cm
 output %g2

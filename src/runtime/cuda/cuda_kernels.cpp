@@ -123,7 +123,8 @@ const std::pair<OpKind, ck::Unary> kUnaries[] = {
 
 const std::pair<OpKind, ck::Binary> kBinaries[] = {
     {OpKind::Add, ck::Binary::Add}, {OpKind::Sub, ck::Binary::Sub}, {OpKind::Mul, ck::Binary::Mul},
-    {OpKind::Div, ck::Binary::Div}, {OpKind::Max, ck::Binary::Max}, {OpKind::Eq, ck::Binary::Eq},
+    {OpKind::Div, ck::Binary::Div}, {OpKind::Max, ck::Binary::Max}, {OpKind::GeluGrad, ck::Binary::GeluGrad},
+    {OpKind::Eq, ck::Binary::Eq},
     {OpKind::Ne, ck::Binary::Ne},   {OpKind::Lt, ck::Binary::Lt},   {OpKind::Le, ck::Binary::Le},
     {OpKind::Gt, ck::Binary::Gt},   {OpKind::Ge, ck::Binary::Ge}};
 
