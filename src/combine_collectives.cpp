@@ -33,9 +33,12 @@
 
 #include "tessel/program_passes.hpp"
 #include "tessel/program_verify.hpp"
+#include "program_builders.hpp"
 
 namespace tessel {
 namespace {
+
+using namespace detail;
 
 using Bits = std::vector<uint64_t>;
 
@@ -206,21 +209,7 @@ Program combine_collectives_pass(Program p, int64_t threshold_bytes) {
     if (indeg[k] == 0) ready.push({node_priority[k], k});
 
   // ---- rewriting ----
-  std::unordered_set<std::string> names;
-  for (const auto& v : p.values) names.insert(v.name);
-  auto scratch = [&](const std::string& base, DType dt, const Shape& shape) {
-    std::string name = base;
-    for (int k = 1; names.count(name); ++k) name = fmt::format("{}.{}", base, k);
-    names.insert(name);
-    LocalValue lv;
-    lv.name = name;
-    lv.shape = shape;
-    lv.global_shape = shape;
-    lv.dtype = dt;
-    lv.sharding = Sharding::replicated(static_cast<int>(shape.size()));
-    p.values.push_back(std::move(lv));
-    return static_cast<int>(p.values.size()) - 1;
-  };
+  ScratchValues scratch(p);
   std::vector<bool> is_output(nv, false);
   for (int v : p.outputs) is_output[static_cast<std::size_t>(v)] = true;
   std::vector<Instr> out;
@@ -237,34 +226,15 @@ Program combine_collectives_pass(Program p, int64_t threshold_bytes) {
     if (it == pending.end()) return;
     const Packed where = it->second;
     pending.erase(it);
-    const LocalValue lv = p.values[static_cast<std::size_t>(v)];
-    Instr view;
-    view.kind = InstrKind::View;
-    view.in = {where.packed};
-    view.view_offset = where.offset;
-    view.stream = "compute";
-    view.graph_op = where.graph_op;
     if (!is_output[static_cast<std::size_t>(v)]) {
-      view.out = v;
-      out.push_back(std::move(view));
+      out.push_back(view_instr(where.packed, v, where.offset, "compute", where.graph_op));
       return;
     }
     // An output is a buffer of its own: view, then copy.
-    const int tmp = scratch(lv.name + ".unpacked", lv.dtype, lv.shape);
-    view.out = tmp;
-    out.push_back(std::move(view));
-    Instr cp;
-    cp.kind = InstrKind::Copy;
-    cp.in = {tmp};
-    cp.out = v;
-    cp.block = lv.shape;
-    CopyBlock blk;
-    blk.src.resize(lv.shape.size());
-    blk.dst.resize(lv.shape.size());
-    cp.copies = {blk};
-    cp.stream = "compute";
-    cp.graph_op = where.graph_op;
-    out.push_back(std::move(cp));
+    const LocalValue lv = p.values[static_cast<std::size_t>(v)];
+    const int tmp = scratch.add(lv.name + ".unpacked", lv.dtype, lv.shape);
+    out.push_back(view_instr(where.packed, tmp, where.offset, "compute", where.graph_op));
+    out.push_back(copy_instr(tmp, v, lv.shape, {whole_block(lv.shape.size())}, "compute", where.graph_op));
   };
   std::map<int, int> flat_of;  // operand -> its flat view
   std::size_t emitted = 0;
@@ -303,15 +273,9 @@ Program combine_collectives_pass(Program p, int64_t threshold_bytes) {
             flat = f->second;
           } else {
             const std::string base = xv.name + ".flat";
-            flat = scratch(base, dt, Shape{ne});
+            flat = scratch.add(base, dt, Shape{ne});
             flat_of[x] = flat;
-            Instr view;
-            view.kind = InstrKind::View;
-            view.in = {x};
-            view.out = flat;
-            view.stream = first.stream;
-            view.graph_op = m.graph_op;
-            out.push_back(std::move(view));
+            out.push_back(view_instr(x, flat, 0, first.stream, m.graph_op));
           }
         }
         cat.in.push_back(flat);
@@ -321,10 +285,10 @@ Program combine_collectives_pass(Program p, int64_t threshold_bytes) {
         seconds += m.seconds;
         what.push_back("%" + p.values[static_cast<std::size_t>(m.out)].name);
       }
-      const int packed_in = scratch("combined.in", dt, Shape{elems});
+      const int packed_in = scratch.add("combined.in", dt, Shape{elems});
       cat.out = packed_in;
       out.push_back(std::move(cat));
-      const int packed_out = scratch("combined.out", dt, Shape{elems});
+      const int packed_out = scratch.add("combined.out", dt, Shape{elems});
       Instr ar = first;
       ar.in = {packed_in};
       ar.out = packed_out;

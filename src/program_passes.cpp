@@ -6,13 +6,15 @@
 
 #include <algorithm>
 #include <set>
-#include <unordered_set>
 
 #include "tessel/program_text.hpp"
 #include "tessel/program_verify.hpp"
+#include "program_builders.hpp"
 
 namespace tessel {
 namespace {
+
+using namespace detail;
 
 // Product of the dims before `d`: 1 means blocks along `d` are contiguous (no packing).
 int64_t outer(const Shape& s, int d) {
@@ -23,27 +25,10 @@ int64_t outer(const Shape& s, int d) {
 
 struct Builder {
   Program p;
-  std::unordered_set<std::string> names;
+  ScratchValues scratch;  // adds to p
   std::vector<Instr> out;
 
-  explicit Builder(Program prog) : p(std::move(prog)) {
-    for (const auto& v : p.values) names.insert(v.name);
-  }
-  // A scratch value: per-device data with no global meaning; its global type is its local
-  // type and it is "replicated" (so the layout invariants hold trivially).
-  int scratch(const std::string& base, DType dt, const Shape& shape) {
-    std::string name = base;
-    for (int k = 1; names.count(name); ++k) name = fmt::format("{}.{}", base, k);
-    names.insert(name);
-    LocalValue lv;
-    lv.name = name;
-    lv.shape = shape;
-    lv.global_shape = shape;
-    lv.dtype = dt;
-    lv.sharding = Sharding::replicated(static_cast<int>(shape.size()));
-    p.values.push_back(std::move(lv));
-    return static_cast<int>(p.values.size()) - 1;
-  }
+  explicit Builder(Program prog) : p(std::move(prog)), scratch(p) {}
   const LocalValue& val(int v) const { return p.values[static_cast<std::size_t>(v)]; }
 };
 
@@ -53,18 +38,9 @@ std::vector<IndexExpr> at_dim(std::size_t rank, int dim, int64_t v) {
   return e;
 }
 
-// n blocks of `block`: block r from `from_dim` offset r*block[from_dim] (or r*block[0] rows
-// of the rank-major side) to the other side.
-Instr copy_instr(const Instr& like, int src, int dst, const Shape& block, std::vector<CopyBlock> copies) {
-  Instr c;
-  c.kind = InstrKind::Copy;
-  c.in = {src};
-  c.out = dst;
-  c.block = block;
-  c.copies = std::move(copies);
-  c.stream = like.stream;
-  c.graph_op = like.graph_op;
-  return c;
+// A copy next to `like` (its stream, its graph op).
+Instr copy_like(const Instr& like, int src, int dst, const Shape& block, std::vector<CopyBlock> copies) {
+  return copy_instr(src, dst, block, std::move(copies), like.stream, like.graph_op);
 }
 
 // Rank-major blocks r = 0..n-1: dim `d` of `spread` at r*block[d] <-> rows r*block[0] of the
@@ -104,14 +80,12 @@ Program pack_pass(Program prog) {
         b.out.push_back(std::move(v));
         continue;
       }
-      CopyBlock c;
-      c.src.resize(r);
-      c.dst.resize(r);
+      CopyBlock c = whole_block(r);
       if (!in.axes.empty()) {
         c.src[static_cast<std::size_t>(in.dim)].stride = o.shape[static_cast<std::size_t>(in.dim)];
         c.src[static_cast<std::size_t>(in.dim)].axes = in.axes;
       }
-      Instr cp = copy_instr(in, in.in[0], in.out, o.shape, {c});
+      Instr cp = copy_like(in, in.in[0], in.out, o.shape, {c});
       cp.note = in.note;
       b.out.push_back(std::move(cp));
       continue;
@@ -129,18 +103,18 @@ Program pack_pass(Program prog) {
       case CollectiveKind::AllGather: {
         if (outer(xs, in.dim) == 1) break;
         const int final_out = in.out;
-        const int tmp = b.scratch(b.val(final_out).name + ".packed", dt, times_rows(xs, n));
+        const int tmp = b.scratch.add(b.val(final_out).name + ".packed", dt, times_rows(xs, n));
         Instr g = in;
         g.dim = 0;
         g.out = tmp;
         b.out.push_back(std::move(g));
-        b.out.push_back(copy_instr(in, tmp, final_out, xs, rank_major(xs, in.dim, n, false)));
+        b.out.push_back(copy_like(in, tmp, final_out, xs, rank_major(xs, in.dim, n, false)));
         continue;
       }
       case CollectiveKind::ReduceScatter: {
         if (outer(xs, in.dim) == 1) break;
-        const int tmp = b.scratch(b.val(x).name + ".packed", dt, times_rows(os, n));
-        b.out.push_back(copy_instr(in, x, tmp, os, rank_major(os, in.dim, n, true)));
+        const int tmp = b.scratch.add(b.val(x).name + ".packed", dt, times_rows(os, n));
+        b.out.push_back(copy_like(in, x, tmp, os, rank_major(os, in.dim, n, true)));
         Instr rs = in;
         rs.dim = 0;
         rs.in = {tmp};
@@ -154,17 +128,17 @@ Program pack_pass(Program prog) {
         blk[static_cast<std::size_t>(in.dim)] /= n;
         Instr a = in;
         if (pack_in) {
-          const int send = b.scratch(b.val(x).name + ".packed", dt, times_rows(blk, n));
-          b.out.push_back(copy_instr(in, x, send, blk, rank_major(blk, in.dim, n, true)));
+          const int send = b.scratch.add(b.val(x).name + ".packed", dt, times_rows(blk, n));
+          b.out.push_back(copy_like(in, x, send, blk, rank_major(blk, in.dim, n, true)));
           a.in = {send};
           a.dim = 0;
         }
         if (unpack_out) {
-          const int recv = b.scratch(b.val(in.out).name + ".packed", dt, times_rows(blk, n));
+          const int recv = b.scratch.add(b.val(in.out).name + ".packed", dt, times_rows(blk, n));
           a.out = recv;
           a.dim2 = 0;
           b.out.push_back(a);
-          b.out.push_back(copy_instr(in, recv, in.out, blk, rank_major(blk, in.dim2, n, false)));
+          b.out.push_back(copy_like(in, recv, in.out, blk, rank_major(blk, in.dim2, n, false)));
         } else {
           b.out.push_back(a);
         }

@@ -1,16 +1,15 @@
 // src/program_text.cpp — the text form of a Program (docs/program-ir.md): printer and a
 // line-oriented recursive-descent parser in the style of the graph's (src/text.cpp): one
-// statement per line, a small lazy lexer, errors "file:line:col" with the line and a caret.
+// statement per line, the lazy lexer the two share (text_lexer.hpp), errors "file:line:col"
+// with the line and a caret.
 // Kernel attributes are printed and parsed through the op registry's schema (ops.hpp).
 #include "tessel/program_text.hpp"
 
 #include <fmt/format.h>
 
 #include <cerrno>
-#include <charconv>
-#include <cstring>
-#include <fstream>
-#include <iterator>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
@@ -18,45 +17,12 @@
 
 #include "tessel/ops.hpp"
 #include "tessel/program_verify.hpp"
+#include "text_lexer.hpp"
 
 namespace tessel {
 namespace {
 
-struct DTypeName {
-  DType dtype;
-  const char* name;
-};
-constexpr DTypeName kDTypes[] = {
-    {DType::f32, "f32"}, {DType::bf16, "bf16"}, {DType::f16, "f16"}, {DType::i32, "i32"}};
-
-const char* dtype_text(DType t) {
-  for (const auto& d : kDTypes)
-    if (d.dtype == t) return d.name;
-  return "?";
-}
-
-std::string ints_text(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
-
-std::string type_text(DType t, const Shape& s) { return dtype_text(t) + ints_text(s); }
-
-bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-bool is_ident_start(char c) { return is_alpha(c) || c == '_'; }
-bool is_ident_char(char c) { return is_alpha(c) || is_digit(c) || c == '_'; }
-bool is_name_char(char c) { return is_ident_char(c) || c == '.' || c == '-'; }
-
-std::string value_ref(std::string_view name) {
-  bool bare = !name.empty();
-  for (char c : name) bare = bare && is_name_char(c);
-  return "%" + (bare ? std::string(name) : quote_text(name));
-}
+using namespace detail;
 
 std::string axes_text(const std::vector<std::string>& axes) { return "{" + join(axes, ", ") + "}"; }
 
@@ -87,13 +53,6 @@ constexpr CollectiveKind kCollectives[] = {CollectiveKind::AllGather, Collective
                                            CollectiveKind::ReduceScatter, CollectiveKind::AllToAll,
                                            CollectiveKind::CollectivePermute};
 
-std::string echo_line(std::string_view line) {
-  std::string out(line);
-  for (char& c : out)
-    if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) c = '?';
-  return out;
-}
-
 // ---- printer --------------------------------------------------------------------------------
 
 std::string instr_text(const Program& p, const Instr& in) {
@@ -112,7 +71,7 @@ std::string instr_text(const Program& p, const Instr& in) {
     case InstrKind::Copy: {
       std::vector<std::string> cs;
       for (const auto& c : in.copies) cs.push_back(index_list_text(c.src) + "->" + index_list_text(c.dst));
-      s += fmt::format("copy{} block={} copies=[{}]", call, ints_text(in.block), join(cs, ", "));
+      s += fmt::format("copy{} block={} copies=[{}]", call, shape_str(in.block), join(cs, ", "));
       break;
     }
     case InstrKind::View: s += fmt::format("view{} offset={}", call, in.view_offset); break;
@@ -143,8 +102,8 @@ std::string instr_text(const Program& p, const Instr& in) {
   for (std::size_t r = 0; r < defs.size(); ++r) {
     const std::size_t v = static_cast<std::size_t>(defs[r]);
     const LocalValue& o = p.values[v];
-    s += fmt::format("{} : {} global={} sharding={}", r ? "," : "", type_text(o.dtype, o.shape),
-                     type_text(o.dtype, o.global_shape), o.sharding.to_string());
+    s += fmt::format("{} : {} global={} sharding={}", r ? "," : "", type_str(o.dtype, o.shape),
+                     type_str(o.dtype, o.global_shape), o.sharding.to_string());
     if (r == 0) s += " @" + in.stream;
     if (p.memory.planned && v < p.memory.offset.size() && p.memory.offset[v] >= 0)
       s += fmt::format(" at={}", p.memory.offset[v]);
@@ -163,13 +122,13 @@ std::string print_program(const Program& p) {
   for (std::size_t i = 0; i < p.mesh.device_ids().size(); ++i) identity = identity && p.mesh.device_ids()[i] == static_cast<int>(i);
   if (!identity) {
     std::vector<int64_t> ids(p.mesh.device_ids().begin(), p.mesh.device_ids().end());
-    out += " devices=" + ints_text(ids);
+    out += " devices=" + shape_str(ids);
   }
   out += "\n";
   for (int v : p.inputs) {
     const LocalValue& lv = p.values[static_cast<std::size_t>(v)];
-    out += fmt::format("{} = input {} global={} sharding={}\n", value_ref(lv.name), type_text(lv.dtype, lv.shape),
-                       type_text(lv.dtype, lv.global_shape), lv.sharding.to_string());
+    out += fmt::format("{} = input {} global={} sharding={}\n", value_ref(lv.name), type_str(lv.dtype, lv.shape),
+                       type_str(lv.dtype, lv.global_shape), lv.sharding.to_string());
   }
   for (const Instr& in : p.instrs) out += instr_text(p, in) + "\n";
   std::vector<std::string> outs;
@@ -185,44 +144,18 @@ namespace {
 
 // ---- lexer + parser -------------------------------------------------------------------------
 
-enum class TK { End, Ident, Value, Number, String, Punct };
+// The program's syntax: "->" in copies and pairs, '@' before a stream, '*' and '+' in block
+// offsets like 8+16*{model}.
+constexpr LexSyntax kProgramSyntax{" \t\r", "=,[]{}():?@*+", true};
 
-struct Token {
-  TK kind = TK::End;
-  std::string text;
-  int col = 1;
-};
-
-std::string describe(const Token& t) {
-  std::string s = t.text.size() > 40 ? t.text.substr(0, 37) + "..." : t.text;
-  switch (t.kind) {
-    case TK::End: return "end of line";
-    case TK::String: return "string " + quote_text(s);
-    case TK::Value: return "'" + value_ref(s) + "'";
-    default: return "'" + echo_line(s) + "'";
-  }
-}
-
-class Parser {
+class Parser : LineLexer {
  public:
-  Parser(std::string_view text, std::string_view file) : text_(text), file_(file) {}
+  Parser(std::string_view text, std::string_view file) : LineLexer(text, file, kProgramSyntax) {}
 
   Program run(const ProgramParseOptions& opts) {
-    std::size_t start = 0;
-    while (start <= text_.size()) {
-      std::size_t nl = text_.find('\n', start);
-      std::size_t end = nl == std::string_view::npos ? text_.size() : nl;
-      line_ = text_.substr(start, end - start);
-      if (!line_.empty() && line_.back() == '\r') line_.remove_suffix(1);
-      ++lineno_;
-      pos_ = 0;
-      ahead_.clear();
-      statement();
-      if (nl == std::string_view::npos) break;
-      start = nl + 1;
-    }
+    for_each_line([this] { statement(); });
     if (!seen_mesh_) fail_at(1, 1, "expected a 'mesh' line (e.g. 'mesh data=2, model=4') before the program");
-    if (!seen_output_) fail_at(lineno_, 1, "the program has no 'output' line");
+    if (!seen_output_) fail_at(lineno(), 1, "the program has no 'output' line");
     p_.memory.offset.resize(p_.values.size(), -1);
     if (p_.memory.planned) {
       // Inputs and outputs per device, as the memory-plan pass computes them.
@@ -244,192 +177,21 @@ class Parser {
       } catch (const ProgramError& e) {
         const int i = e.instruction();
         const int line = i >= 0 && static_cast<std::size_t>(i) < instr_line_.size() ? instr_line_[static_cast<std::size_t>(i)]
-                                                                                   : lineno_;
-        throw ParseError(fmt::format("{}:{}:1: {}", file_, line, e.what()));
+                                                                                   : lineno();
+        throw ParseError(fmt::format("{}:{}:1: {}", file(), line, e.what()));
       }
     }
     return std::move(p_);
   }
 
  private:
-  std::string_view text_, file_, line_;
-  int lineno_ = 0;
-  std::size_t pos_ = 0;
-  std::vector<Token> ahead_;
   Program p_;
   std::unordered_map<std::string, int> defined_;
   std::vector<int> instr_line_;
   bool seen_mesh_ = false, seen_output_ = false, seen_memory_ = false;
   int any_at_ = 0;
 
-  [[noreturn]] void fail(int col, const std::string& msg) const { fail_at(lineno_, col, msg); }
-  [[noreturn]] void fail_at(int line, int col, const std::string& msg) const {
-    if (line != lineno_) throw ParseError(fmt::format("{}:{}:{}: {}", file_, line, col, msg));
-    std::string caret;
-    for (int i = 0; i + 1 < col; ++i)
-      caret += (static_cast<std::size_t>(i) < line_.size() && line_[static_cast<std::size_t>(i)] == '\t') ? '\t' : ' ';
-    throw ParseError(fmt::format("{}:{}:{}: {}\n  {}\n  {}^", file_, lineno_, col, msg, echo_line(line_), caret));
-  }
-
-  int col_of(std::size_t p) const {
-    return p >= static_cast<std::size_t>(std::numeric_limits<int>::max()) ? std::numeric_limits<int>::max()
-                                                                           : static_cast<int>(p) + 1;
-  }
-  char at(std::size_t p) const { return p < line_.size() ? line_[p] : '\0'; }
-
-  std::string lex_string() {
-    const int col = col_of(pos_);
-    std::string out;
-    ++pos_;
-    while (true) {
-      if (pos_ >= line_.size()) fail(col, "unterminated string (missing closing '\"')");
-      char c = line_[pos_++];
-      if (c == '"') return out;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ >= line_.size()) fail(col, "unterminated string (missing closing '\"')");
-      char e = line_[pos_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'x': {
-          auto hex = [](char h) -> int {
-            if (is_digit(h)) return h - '0';
-            if (h >= 'a' && h <= 'f') return h - 'a' + 10;
-            if (h >= 'A' && h <= 'F') return h - 'A' + 10;
-            return -1;
-          };
-          int hi = hex(at(pos_)), lo = hex(at(pos_ + 1));
-          if (hi < 0 || lo < 0) fail(col_of(pos_ - 2), "expected two hex digits after \\x");
-          out += static_cast<char>(hi * 16 + lo);
-          pos_ += 2;
-          break;
-        }
-        default: fail(col_of(pos_ - 2), fmt::format("unknown escape '\\{}' in string", echo_line(std::string(1, e))));
-      }
-    }
-  }
-
-  Token lex() {
-    while (pos_ < line_.size() && (line_[pos_] == ' ' || line_[pos_] == '\t' || line_[pos_] == '\r')) ++pos_;
-    Token t;
-    t.col = col_of(pos_);
-    if (pos_ >= line_.size() || line_[pos_] == '#') return t;
-    const std::size_t start = pos_;
-    const char c = line_[pos_];
-    if (is_ident_start(c)) {
-      while (pos_ < line_.size() && is_ident_char(line_[pos_])) ++pos_;
-      t.kind = TK::Ident;
-      t.text = std::string(line_.substr(start, pos_ - start));
-      return t;
-    }
-    if (c == '%') {
-      ++pos_;
-      t.kind = TK::Value;
-      if (at(pos_) == '"') {
-        t.text = lex_string();
-        if (t.text.empty()) fail(t.col, "a value name must not be empty");
-        return t;
-      }
-      std::size_t s = pos_;
-      // A bare name stops before "->" so that "%a->" is not read as a name.
-      while (pos_ < line_.size() && is_name_char(line_[pos_]) && !(line_[pos_] == '-' && at(pos_ + 1) == '>')) ++pos_;
-      if (pos_ == s) fail(t.col, "expected a value name after '%'");
-      t.text = std::string(line_.substr(s, pos_ - s));
-      return t;
-    }
-    if (c == '"') {
-      t.kind = TK::String;
-      t.text = lex_string();
-      return t;
-    }
-    const char n = at(pos_ + 1);
-    if (c == '-' && n == '>') {
-      pos_ += 2;
-      t.kind = TK::Punct;
-      t.text = "->";
-      return t;
-    }
-    if (is_digit(c) || ((c == '-' || c == '+' || c == '.') && (is_digit(n) || n == '.' || is_alpha(n)))) {
-      ++pos_;
-      while (pos_ < line_.size()) {
-        char d = line_[pos_];
-        char prev = line_[pos_ - 1];
-        if (is_ident_char(d) || d == '.' || ((d == '+' || d == '-') && (prev == 'e' || prev == 'E')))
-          ++pos_;
-        else
-          break;
-      }
-      t.kind = TK::Number;
-      t.text = std::string(line_.substr(start, pos_ - start));
-      return t;
-    }
-    if (std::strchr("=,[]{}():?@*+", c) != nullptr) {
-      ++pos_;
-      t.kind = TK::Punct;
-      t.text = std::string(1, c);
-      return t;
-    }
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
-      fail(t.col, fmt::format("unexpected byte 0x{:02x}", static_cast<unsigned>(static_cast<unsigned char>(c))));
-    fail(t.col, fmt::format("unexpected character '{}'", c));
-  }
-
-  const Token& peek(std::size_t k = 0) {
-    while (ahead_.size() <= k) ahead_.push_back(lex());
-    return ahead_[k];
-  }
-  Token next() {
-    peek();
-    Token t = std::move(ahead_.front());
-    ahead_.erase(ahead_.begin());
-    return t;
-  }
-  static bool is_punct(const Token& t, std::string_view c) { return t.kind == TK::Punct && t.text == c; }
-  bool accept(std::string_view c) {
-    if (!is_punct(peek(), c)) return false;
-    next();
-    return true;
-  }
-  Token expect(std::string_view c, std::string_view context) {
-    Token t = next();
-    if (!is_punct(t, c)) fail(t.col, fmt::format("expected '{}' {}, got {}", c, context, describe(t)));
-    return t;
-  }
-  Token expect_ident(std::string_view what) {
-    Token t = next();
-    if (t.kind != TK::Ident) fail(t.col, fmt::format("expected {}, got {}", what, describe(t)));
-    return t;
-  }
-  void expect_end(std::string_view what) {
-    const Token& t = peek();
-    if (t.kind != TK::End) fail(t.col, fmt::format("expected end of line after {}, got {}", what, describe(t)));
-  }
-
-  int64_t to_int(const Token& t, std::string_view what) {
-    if (t.kind != TK::Number) fail(t.col, fmt::format("expected an integer ({}), got {}", what, describe(t)));
-    std::string_view s = t.text;
-    if (!s.empty() && s[0] == '+') s.remove_prefix(1);
-    int64_t v = 0;
-    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec == std::errc::result_out_of_range) fail(t.col, fmt::format("integer {} is out of range ({})", t.text, what));
-    if (ec != std::errc() || p != s.data() + s.size())
-      fail(t.col, fmt::format("expected an integer ({}), got {}", what, describe(t)));
-    return v;
-  }
-  int64_t parse_int(std::string_view what) { return to_int(next(), what); }
-  int parse_int32(std::string_view what) {
-    Token t = next();
-    int64_t v = to_int(t, what);
-    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
-      fail(t.col, fmt::format("integer {} is out of range ({})", t.text, what));
-    return static_cast<int>(v);
-  }
+  // A number in std::strtod's syntax (hex floats too), "+" allowed; `what` names it.
   double parse_double(std::string_view what) {
     Token t = next();
     if (t.kind != TK::Number && t.kind != TK::Ident)
@@ -443,12 +205,6 @@ class Parser {
       fail(t.col, fmt::format("expected a number ({}), got {}", what, describe(t)));
     if (errno == ERANGE && std::abs(v) > 1.0) fail(t.col, fmt::format("number {} is out of range ({})", t.text, what));
     return v;
-  }
-  bool parse_bool(std::string_view what) {
-    Token t = next();
-    if (t.kind == TK::Ident && t.text == "true") return true;
-    if (t.kind == TK::Ident && t.text == "false") return false;
-    fail(t.col, fmt::format("expected true or false ({}), got {}", what, describe(t)));
   }
   std::vector<int64_t> parse_int_list(std::string_view what, bool dims) {
     expect("[", fmt::format("to start the {} list", what));
@@ -468,8 +224,7 @@ class Parser {
   }
   DType parse_dtype(const Token& t, std::string_view context) {
     if (t.kind == TK::Ident)
-      for (const auto& d : kDTypes)
-        if (t.text == d.name) return d.dtype;
+      if (auto d = dtype_from_text(t.text)) return *d;
     fail(t.col, fmt::format("expected a type like f32[8,128] {} (dtypes: f32, bf16, f16, i32), got {}", context,
                             describe(t)));
   }
@@ -672,7 +427,7 @@ class Parser {
 
   void push(Instr in) {
     p_.instrs.push_back(std::move(in));
-    instr_line_.push_back(lineno_);
+    instr_line_.push_back(lineno());
   }
 
   void definition() {
@@ -807,7 +562,7 @@ class Parser {
           Token n = next();
           result_at[static_cast<std::size_t>(cur)] = to_int(n, "the arena offset");
           if (result_at[static_cast<std::size_t>(cur)] < 0) fail(n.col, "an arena offset must be >= 0");
-          any_at_ = any_at_ ? any_at_ : lineno_;
+          any_at_ = any_at_ ? any_at_ : lineno();
         }
         continue;
       }
@@ -982,11 +737,7 @@ Program parse_program(std::string_view text, std::string_view filename, const Pr
 }
 
 Program parse_program_file(const std::string& path, const ProgramParseOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ParseError(fmt::format("{}: cannot open file: {}", path, std::strerror(errno)));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw ParseError(fmt::format("{}: cannot read file", path));
-  return parse_program(text, path, options);
+  return parse_program(read_text_file(path), path, options);
 }
 
 }  // namespace tessel

@@ -1,25 +1,22 @@
 // src/text.cpp — the text form of a Graph (docs/ir.md): a line-oriented recursive-descent
 // parser and the matching printer.
 //
-// The parser reads one statement per line with a small lazy lexer, so the first mistake on
-// a line is the one reported, at its exact column. Graph construction goes through the
-// builder (Graph::add_input / add_op / annotate), which owns every shape rule: the parser
-// only checks the syntax, names and attribute sets, and re-reports builder errors at the
-// op's position. The printer emits exactly what the parser reads, with the shortest
-// decimal form of each double that reads back to the same bits, so print → parse → print
-// is the identity on the text and parse(print(g)) rebuilds g.
+// The parser reads one statement per line with a lazy lexer (text_lexer.hpp, shared with the
+// program text), so the first mistake on a line is the one reported, at its exact column.
+// Graph construction goes through the builder (Graph::add_input / add_op / annotate), which
+// owns every shape rule: the parser only checks the syntax, names and attribute sets, and
+// re-reports builder errors at the op's position. The printer emits exactly what the parser
+// reads, with the shortest decimal form of each double that reads back to the same bits, so
+// print → parse → print is the identity on the text and parse(print(g)) rebuilds g.
 #include "tessel/text.hpp"
 
 #include <fmt/format.h>
 
-#include <cerrno>
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <cstring>
-#include <fstream>
+#include <cstdlib>
 #include <functional>
-#include <iterator>
 #include <limits>
 #include <map>
 #include <optional>
@@ -28,56 +25,14 @@
 #include <utility>
 
 #include "tessel/ops.hpp"
+#include "text_lexer.hpp"
 
 namespace tessel {
 namespace {
 
-// ---- characters, names, dtypes ------------------------------------------------------------
+using namespace detail;
 
-bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-bool is_ident_start(char c) { return is_alpha(c) || c == '_'; }
-bool is_ident_char(char c) { return is_alpha(c) || is_digit(c) || c == '_'; }
-// Characters of a bare value name after '%' (anything else is written %"quoted").
-bool is_name_char(char c) { return is_ident_char(c) || c == '.' || c == '-'; }
-
-struct DTypeName {
-  DType dtype;
-  const char* name;
-};
-constexpr DTypeName kDTypes[] = {
-    {DType::f32, "f32"}, {DType::bf16, "bf16"}, {DType::f16, "f16"}, {DType::i32, "i32"}};
-
-const char* dtype_text(DType t) {
-  for (const auto& d : kDTypes)
-    if (d.dtype == t) return d.name;
-  return "?";
-}
-
-std::string ints_text(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
-
-std::string type_text(DType t, const Shape& s) { return dtype_text(t) + ints_text(s); }
-
-
-std::string quote(std::string_view s) { return quote_text(s); }
-
-bool is_bare_name(std::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s)
-    if (!is_name_char(c)) return false;
-  return true;
-}
-
-std::string value_ref(std::string_view name) {
-  return "%" + (is_bare_name(name) ? std::string(name) : quote(name));
-}
+// ---- printing -----------------------------------------------------------------------------
 
 std::string sharding_text(const Sharding& s) {
   std::string out = "[";
@@ -101,15 +56,6 @@ std::string sharding_text(const Sharding& s) {
     }
     out += '}';
   }
-  return out;
-}
-
-// Printable form of a source line for error messages: control bytes become '?', so the
-// message stays one readable line and the caret stays aligned.
-std::string echo_line(std::string_view line) {
-  std::string out(line);
-  for (char& c : out)
-    if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f) c = '?';
   return out;
 }
 
@@ -145,52 +91,19 @@ std::string suggest_op(std::string_view name) {
 
 // ---- lexer + parser -----------------------------------------------------------------------
 
-enum class TK { End, Ident, Value, Number, String, Punct };
+// The graph's syntax: '->' is not a token (an einsum equation is a "string").
+constexpr LexSyntax kGraphSyntax{" \t\v\f\r", "=,[]{}():?", false};
 
-struct Token {
-  TK kind = TK::End;
-  std::string text;  // decoded text for String and quoted Value names
-  int col = 1;       // 1-based byte column
-};
-
-std::string describe(const Token& t) {
-  auto clip = [](const std::string& s) {
-    return s.size() > 40 ? s.substr(0, 37) + "..." : s;
-  };
-  switch (t.kind) {
-    case TK::End: return "end of line";
-    case TK::String: return "string " + quote(clip(t.text));
-    case TK::Value: return "'" + value_ref(clip(t.text)) + "'";
-    default: return "'" + echo_line(clip(t.text)) + "'";
-  }
-}
-
-class Parser {
+class Parser : LineLexer {
  public:
-  Parser(std::string_view text, std::string_view filename) : text_(text), file_(filename) {}
+  Parser(std::string_view text, std::string_view filename) : LineLexer(text, filename, kGraphSyntax) {}
 
   Graph run() {
-    std::size_t start = 0;
-    while (start <= text_.size()) {
-      std::size_t nl = text_.find('\n', start);
-      std::size_t end = nl == std::string_view::npos ? text_.size() : nl;
-      line_ = text_.substr(start, end - start);
-      if (!line_.empty() && line_.back() == '\r') line_.remove_suffix(1);
-      ++lineno_;
-      pos_ = 0;
-      ahead_.clear();
-      statement();
-      if (nl == std::string_view::npos) break;
-      start = nl + 1;
-    }
+    for_each_line([this] { statement(); });
     return std::move(g_);
   }
 
  private:
-  std::string_view text_, file_, line_;
-  int lineno_ = 0;
-  std::size_t pos_ = 0;
-  std::vector<Token> ahead_;
   Graph g_;
   struct Definition {
     int id, line, col;
@@ -199,187 +112,7 @@ class Parser {
   int mesh_line_ = 0;
   bool seen_value_ = false;
 
-  [[noreturn]] void fail(int col, const std::string& msg) const {
-    std::string caret;
-    for (int i = 0; i + 1 < col; ++i)
-      caret += (static_cast<std::size_t>(i) < line_.size() && line_[i] == '\t') ? '\t' : ' ';
-    throw ParseError(fmt::format("{}:{}:{}: {}\n  {}\n  {}^", file_, lineno_, col, msg,
-                                 echo_line(line_), caret));
-  }
-
-  // -- lexer --
-  int col_of(std::size_t p) const {
-    return p >= static_cast<std::size_t>(std::numeric_limits<int>::max())
-               ? std::numeric_limits<int>::max()
-               : static_cast<int>(p) + 1;
-  }
-
-  char at(std::size_t p) const { return p < line_.size() ? line_[p] : '\0'; }
-
-  // Reads a "..." literal starting at pos_ (the opening quote); returns the decoded text.
-  std::string lex_string() {
-    const int col = col_of(pos_);
-    std::string out;
-    ++pos_;
-    while (true) {
-      if (pos_ >= line_.size()) fail(col, "unterminated string (missing closing '\"')");
-      char c = line_[pos_++];
-      if (c == '"') return out;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ >= line_.size()) fail(col, "unterminated string (missing closing '\"')");
-      char e = line_[pos_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'x': {
-          auto hex = [](char h) -> int {
-            if (is_digit(h)) return h - '0';
-            if (h >= 'a' && h <= 'f') return h - 'a' + 10;
-            if (h >= 'A' && h <= 'F') return h - 'A' + 10;
-            return -1;
-          };
-          int hi = hex(at(pos_)), lo = hex(at(pos_ + 1));
-          if (hi < 0 || lo < 0) fail(col_of(pos_ - 2), "expected two hex digits after \\x");
-          out += static_cast<char>(hi * 16 + lo);
-          pos_ += 2;
-          break;
-        }
-        default:
-          fail(col_of(pos_ - 2),
-               fmt::format("unknown escape '\\{}' in string", echo_line(std::string(1, e))));
-      }
-    }
-  }
-
-  Token lex() {
-    while (pos_ < line_.size() &&
-           (line_[pos_] == ' ' || line_[pos_] == '\t' || line_[pos_] == '\v' ||
-            line_[pos_] == '\f' || line_[pos_] == '\r'))
-      ++pos_;
-    Token t;
-    t.col = col_of(pos_);
-    if (pos_ >= line_.size() || line_[pos_] == '#') {
-      t.kind = TK::End;
-      return t;
-    }
-    const std::size_t start = pos_;
-    const char c = line_[pos_];
-    if (is_ident_start(c)) {
-      while (pos_ < line_.size() && is_ident_char(line_[pos_])) ++pos_;
-      t.kind = TK::Ident;
-      t.text = std::string(line_.substr(start, pos_ - start));
-      return t;
-    }
-    if (c == '%') {
-      ++pos_;
-      t.kind = TK::Value;
-      if (at(pos_) == '"') {
-        t.text = lex_string();
-        if (t.text.empty()) fail(t.col, "a value name must not be empty");
-        return t;
-      }
-      std::size_t s = pos_;
-      while (pos_ < line_.size() && is_name_char(line_[pos_])) ++pos_;
-      if (pos_ == s) fail(t.col, "expected a value name after '%'");
-      t.text = std::string(line_.substr(s, pos_ - s));
-      return t;
-    }
-    if (c == '"') {
-      t.kind = TK::String;
-      t.text = lex_string();
-      return t;
-    }
-    const char n = at(pos_ + 1);
-    if (is_digit(c) ||
-        ((c == '-' || c == '+' || c == '.') && (is_digit(n) || n == '.' || is_alpha(n)))) {
-      ++pos_;
-      while (pos_ < line_.size()) {
-        char d = line_[pos_];
-        char prev = line_[pos_ - 1];
-        if (is_ident_char(d) || d == '.' ||
-            ((d == '+' || d == '-') && (prev == 'e' || prev == 'E')))
-          ++pos_;
-        else
-          break;
-      }
-      t.kind = TK::Number;
-      t.text = std::string(line_.substr(start, pos_ - start));
-      return t;
-    }
-    if (std::strchr("=,[]{}():?", c) != nullptr) {
-      ++pos_;
-      t.kind = TK::Punct;
-      t.text = std::string(1, c);
-      return t;
-    }
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
-      fail(t.col, fmt::format("unexpected byte 0x{:02x}",
-                              static_cast<unsigned>(static_cast<unsigned char>(c))));
-    fail(t.col, fmt::format("unexpected character '{}'", c));
-  }
-
-  const Token& peek(std::size_t k = 0) {
-    while (ahead_.size() <= k) ahead_.push_back(lex());
-    return ahead_[k];
-  }
-  Token next() {
-    peek();
-    Token t = std::move(ahead_.front());
-    ahead_.erase(ahead_.begin());
-    return t;
-  }
-  static bool is_punct(const Token& t, char c) {
-    return t.kind == TK::Punct && t.text.size() == 1 && t.text[0] == c;
-  }
-  static bool is_ident(const Token& t, std::string_view s) {
-    return t.kind == TK::Ident && t.text == s;
-  }
-  bool accept(char c) {
-    if (!is_punct(peek(), c)) return false;
-    next();
-    return true;
-  }
-  Token expect(char c, std::string_view context) {
-    Token t = next();
-    if (!is_punct(t, c))
-      fail(t.col, fmt::format("expected '{}' {}, got {}", c, context, describe(t)));
-    return t;
-  }
-  void expect_end(std::string_view what) {
-    const Token& t = peek();
-    if (t.kind != TK::End)
-      fail(t.col, fmt::format("expected end of line after {}, got {}", what, describe(t)));
-  }
-
-  // -- literals --
-  int64_t to_int(const Token& t, std::string_view what) {
-    if (t.kind != TK::Number)
-      fail(t.col, fmt::format("expected an integer ({}), got {}", what, describe(t)));
-    std::string_view s = t.text;
-    if (!s.empty() && s[0] == '+') s.remove_prefix(1);
-    int64_t v = 0;
-    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec == std::errc::result_out_of_range)
-      fail(t.col, fmt::format("integer {} is out of range ({})", t.text, what));
-    if (ec != std::errc() || p != s.data() + s.size())
-      fail(t.col, fmt::format("expected an integer ({}), got {}", what, describe(t)));
-    return v;
-  }
-  int64_t parse_int(std::string_view what) { return to_int(next(), what); }
-  int parse_int32(std::string_view what) {
-    Token t = next();
-    int64_t v = to_int(t, what);
-    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
-      fail(t.col, fmt::format("integer {} is out of range ({})", t.text, what));
-    return static_cast<int>(v);
-  }
-
+  // A number in std::from_chars' syntax (no hex floats), "+" allowed; `what` names it.
   double parse_double(std::string_view what) {
     Token t = next();
     if (t.kind != TK::Number && t.kind != TK::Ident)
@@ -402,18 +135,11 @@ class Parser {
     return v;
   }
 
-  bool parse_bool(std::string_view what) {
-    Token t = next();
-    if (is_ident(t, "true")) return true;
-    if (is_ident(t, "false")) return false;
-    fail(t.col, fmt::format("expected true or false ({}), got {}", what, describe(t)));
-  }
-
   // [1, 2, 3]; with `dims` the entries are tensor dimensions: >= 0, product within int64.
   std::vector<int64_t> parse_int_list(std::string_view what, bool dims) {
-    expect('[', fmt::format("to start the {} list", what));
+    expect("[", fmt::format("to start the {} list", what));
     std::vector<int64_t> out;
-    if (accept(']')) return out;
+    if (accept("]")) return out;
     int64_t product = 1;
     while (true) {
       Token t = next();
@@ -426,8 +152,8 @@ class Parser {
       if (a != 0) product *= a;
       out.push_back(v);
       Token c = next();
-      if (is_punct(c, ',')) continue;
-      if (is_punct(c, ']')) break;
+      if (is_punct(c, ",")) continue;
+      if (is_punct(c, "]")) break;
       fail(c.col, fmt::format("expected ',' or ']' in the {} list, got {}", what, describe(c)));
     }
     return out;
@@ -458,11 +184,10 @@ class Parser {
       case AttrField::Keepdims: a.keepdims = parse_bool(spec.key); return;
       case AttrField::DType: {
         Token t = next();
-        for (const auto& d : kDTypes)
-          if (t.kind == TK::Ident && t.text == d.name) {
-            a.dtype = d.dtype;
-            return;
-          }
+        if (auto d = t.kind == TK::Ident ? dtype_from_text(t.text) : std::nullopt) {
+          a.dtype = *d;
+          return;
+        }
         fail(t.col, fmt::format("expected a dtype for '{}' (f32, bf16, f16, i32), got {}",
                                 spec.key, describe(t)));
       }
@@ -472,25 +197,19 @@ class Parser {
   // f32[8,128]
   void parse_type(DType& dtype, Shape& shape, std::string_view context) {
     Token t = next();
-    bool found = false;
-    if (t.kind == TK::Ident) {
-      for (const auto& d : kDTypes)
-        if (t.text == d.name) {
-          dtype = d.dtype;
-          found = true;
-        }
-    }
-    if (!found)
+    std::optional<DType> d = t.kind == TK::Ident ? dtype_from_text(t.text) : std::nullopt;
+    if (!d)
       fail(t.col, fmt::format("expected a type like f32[8,128] {} (dtypes: f32, bf16, f16, "
                               "i32), got {}",
                               context, describe(t)));
+    dtype = *d;
     shape = parse_int_list("shape", /*dims=*/true);
   }
 
   // [{data}, {}, {model, ?}] partial{x}
   Sharding parse_sharding() {
     Token open = next();
-    if (!is_punct(open, '['))
+    if (!is_punct(open, "["))
       fail(open.col,
            fmt::format("expected a sharding like [{{data}}, {{}}], got {}", describe(open)));
     std::vector<DimSharding> dims;
@@ -500,21 +219,21 @@ class Parser {
       if (!fresh)
         fail(a.col, fmt::format("mesh axis '{}' is used twice in the sharding", a.text));
     };
-    if (!accept(']')) {
+    if (!accept("]")) {
       while (true) {
         Token lb = next();
-        if (!is_punct(lb, '{'))
+        if (!is_punct(lb, "{"))
           fail(lb.col, fmt::format("expected '{{' to start a dim sharding like {{data}} or "
                                    "{{}}, got {}",
                                    describe(lb)));
         DimSharding d;
-        if (!accept('}')) {
+        if (!accept("}")) {
           while (true) {
             Token a = next();
-            if (is_punct(a, '?')) {
+            if (is_punct(a, "?")) {
               d.closed = false;
               Token c = next();
-              if (!is_punct(c, '}'))
+              if (!is_punct(c, "}"))
                 fail(c.col, fmt::format("expected '}}' after '?' (the open marker comes "
                                         "last in a dim), got {}",
                                         describe(c)));
@@ -527,24 +246,24 @@ class Parser {
             use(a);
             d.axes.push_back(a.text);
             Token c = next();
-            if (is_punct(c, ',')) continue;
-            if (is_punct(c, '}')) break;
+            if (is_punct(c, ",")) continue;
+            if (is_punct(c, "}")) break;
             fail(c.col, fmt::format("expected ',' or '}}' in the dim sharding, got {}",
                                     describe(c)));
           }
         }
         dims.push_back(std::move(d));
         Token c = next();
-        if (is_punct(c, ',')) continue;
-        if (is_punct(c, ']')) break;
+        if (is_punct(c, ",")) continue;
+        if (is_punct(c, "]")) break;
         fail(c.col, fmt::format("expected ',' or ']' in the sharding, got {}", describe(c)));
       }
     }
     Sharding s(std::move(dims));
     if (is_ident(peek(), "partial")) {
       next();
-      expect('{', "after 'partial'");
-      if (!accept('}')) {
+      expect("{", "after 'partial'");
+      if (!accept("}")) {
         while (true) {
           Token a = next();
           if (a.kind != TK::Ident)
@@ -553,8 +272,8 @@ class Parser {
           use(a);
           s.partial.push_back(a.text);
           Token c = next();
-          if (is_punct(c, ',')) continue;
-          if (is_punct(c, '}')) break;
+          if (is_punct(c, ",")) continue;
+          if (is_punct(c, "}")) break;
           fail(c.col, fmt::format("expected ',' or '}}' in partial{{...}}, got {}",
                                   describe(c)));
         }
@@ -575,7 +294,7 @@ class Parser {
   void check_sharding(const Sharding& s, int col, const Shape& shape, std::string_view what) {
     if (static_cast<std::size_t>(s.rank()) != shape.size())
       fail(col, fmt::format("sharding {} has {} dims but {} has rank {} ({})", sharding_text(s),
-                            s.rank(), what, shape.size(), ints_text(shape)));
+                            s.rank(), what, shape.size(), shape_str(shape)));
     if (g_.mesh) {
       try {
         s.validate(*g_.mesh, shape, what, /*allow_uneven=*/true);  // padded when compiled
@@ -601,28 +320,28 @@ class Parser {
     Token kw = next();
     if (mesh_line_) fail(kw.col, fmt::format("mesh declared twice (first on line {})", mesh_line_));
     if (seen_value_) fail(kw.col, "the mesh must be declared before the first value");
-    const bool brace = accept('{');
+    const bool brace = accept("{");
     std::vector<MeshAxis> axes;
     while (true) {
       const Token t = peek();  // a copy: peek(1) below may reallocate the lookahead
-      if (t.kind == TK::End || (brace && is_punct(t, '}'))) break;
-      if (is_ident(t, "devices") && is_punct(peek(1), '=') && is_punct(peek(2), '[')) break;
-      if (!axes.empty() && is_punct(t, ',')) next();
+      if (t.kind == TK::End || (brace && is_punct(t, "}"))) break;
+      if (is_ident(t, "devices") && is_punct(peek(1), "=") && is_punct(peek(2), "[")) break;
+      if (!axes.empty() && is_punct(t, ",")) next();
       Token name = next();
       if (name.kind != TK::Ident)
         fail(name.col, fmt::format("expected a mesh axis 'name=size', got {}", describe(name)));
-      expect('=', fmt::format("after mesh axis name '{}'", name.text));
+      expect("=", fmt::format("after mesh axis name '{}'", name.text));
       MeshAxis axis;
       axis.name = name.text;
       axis.size = parse_int(fmt::format("size of mesh axis '{}'", name.text));
       axes.push_back(std::move(axis));
     }
-    if (brace) expect('}', "to close the mesh");
+    if (brace) expect("}", "to close the mesh");
     std::vector<int> devices;
     bool has_devices = false;
     if (is_ident(peek(), "devices")) {
       next();
-      expect('=', "after 'devices'");
+      expect("=", "after 'devices'");
       for (int64_t d : parse_int_list("device id", false)) {
         if (d < 0 || d > std::numeric_limits<int>::max())
           fail(kw.col, fmt::format("device id {} is out of range", d));
@@ -647,7 +366,7 @@ class Parser {
     } catch (const Error& e) {
       fail(kw.col, e.what());
     }
-    mesh_line_ = lineno_;
+    mesh_line_ = lineno();
   }
 
   void output_statement() {
@@ -655,7 +374,7 @@ class Parser {
     do {
       int id = lookup(next());
       g_.mark_output(g_.tensor(id));
-    } while (accept(','));
+    } while (accept(","));
     expect_end("the outputs");
   }
 
@@ -664,7 +383,7 @@ class Parser {
     const std::string name = nt.text;
     // An op with several results names each: `%dx, %dg, %db = layer_norm_grad(...)`.
     std::vector<Token> name_tokens{nt};
-    while (accept(',')) {
+    while (accept(",")) {
       Token t = next();
       if (t.kind != TK::Value) fail(t.col, fmt::format("expected a value name after ',', got {}", describe(t)));
       name_tokens.push_back(std::move(t));
@@ -673,11 +392,11 @@ class Parser {
       const Token& t = name_tokens[i];
       if (auto it = defined_.find(t.text); it != defined_.end())
         fail(t.col, fmt::format("duplicate definition of {} (first defined at {}:{}:{})",
-                                value_ref(t.text), file_, it->second.line, it->second.col));
+                                value_ref(t.text), file(), it->second.line, it->second.col));
       for (std::size_t j = 0; j < i; ++j)
         if (name_tokens[j].text == t.text) fail(t.col, fmt::format("{} is named twice", value_ref(t.text)));
     }
-    expect('=', fmt::format("after {}", value_ref(name_tokens.back().text)));
+    expect("=", fmt::format("after {}", value_ref(name_tokens.back().text)));
     Token ot = next();
     if (ot.kind != TK::Ident)
       fail(ot.col, fmt::format("expected an op name after '=', got {}", describe(ot)));
@@ -700,19 +419,19 @@ class Parser {
     Shape shape;
     const bool leaf = kind == OpKind::Input || kind == OpKind::Constant;
     if (leaf) {
-      if (is_punct(peek(), '('))
+      if (is_punct(peek(), "("))
         fail(peek().col, fmt::format("{} takes no operands; write '{} = {} f32[8,16]{}'",
                                      opname, value_ref(name), opname,
                                      kind == OpKind::Constant ? " value=1" : ""));
       parse_type(dtype, shape, fmt::format("after '{}'", opname));
     } else {
-      expect('(', fmt::format("after op name '{}'", opname));
-      if (!accept(')')) {
+      expect("(", fmt::format("after op name '{}'", opname));
+      if (!accept(")")) {
         while (true) {
           operands.push_back(lookup(next()));
           Token c = next();
-          if (is_punct(c, ',')) continue;
-          if (is_punct(c, ')')) break;
+          if (is_punct(c, ",")) continue;
+          if (is_punct(c, ")")) break;
           fail(c.col, fmt::format("expected ',' or ')' in the operands of {}, got {}", opname,
                                   describe(c)));
         }
@@ -747,7 +466,7 @@ class Parser {
     while (true) {
       const Token t = peek();
       if (t.kind == TK::End) break;
-      if (is_punct(t, ':')) {
+      if (is_punct(t, ":")) {
         if (leaf)
           fail(t.col, fmt::format("the type of {} goes right after '{}', not after ':'",
                                   opname, opname));
@@ -756,7 +475,7 @@ class Parser {
         declared_col = peek().col;
         parse_type(declared_dtype, declared_shape, "after ':'");
         for (std::size_t r = 1; r < nres; ++r) {
-          expect(',', fmt::format("between the types of the {} results of {}", nres, opname));
+          expect(",", fmt::format("between the types of the {} results of {}", nres, opname));
           ResultType t;
           parse_type(t.dtype, t.shape, "after ','");
           declared_more.push_back(std::move(t));
@@ -784,26 +503,26 @@ class Parser {
       }
       if (!seen.emplace(key.text, key.col).second)
         fail(key.col, fmt::format("attribute '{}' is given twice", key.text));
-      expect('=', fmt::format("after attribute name '{}'", key.text));
+      expect("=", fmt::format("after attribute name '{}'", key.text));
       const std::string& k = key.text;
       if (k == "sharding" && nres > 1) {
         annotation_col = peek().col;
-        expect('(', fmt::format("to start the shardings of the {} results of {} (like sharding=([{{data}}], _, _); "
+        expect("(", fmt::format("to start the shardings of the {} results of {} (like sharding=([{{data}}], _, _); "
                                 "'_' for none)", nres, opname));
         for (std::size_t r = 0; r < nres; ++r) {
-          if (r) expect(',', "between the results' shardings");
+          if (r) expect(",", "between the results' shardings");
           if (peek().kind == TK::Ident && peek().text == "_") next();
           else result_annotations[r] = parse_sharding();
         }
-        expect(')', fmt::format("after the {} shardings of {}", nres, opname));
+        expect(")", fmt::format("after the {} shardings of {}", nres, opname));
         annotation = Sharding();  // marks "given" for the priority check
-      } else if (k == "priority" && nres > 1 && is_punct(peek(), '(')) {
+      } else if (k == "priority" && nres > 1 && is_punct(peek(), "(")) {
         next();
         for (std::size_t r = 0; r < nres; ++r) {
-          if (r) expect(',', "between the results' priorities");
+          if (r) expect(",", "between the results' priorities");
           result_priorities[r] = parse_int32("priority");
         }
-        expect(')', fmt::format("after the {} priorities of {}", nres, opname));
+        expect(")", fmt::format("after the {} priorities of {}", nres, opname));
       } else if (k == "sharding") {
         annotation_col = peek().col;
         annotation = parse_sharding();
@@ -848,8 +567,8 @@ class Parser {
                                               : declared_more[r - 1];
         if (v.dtype != want.dtype || v.shape != want.shape)
           fail(declared_col, fmt::format("type mismatch for {}: the text says {} but {} infers {}",
-                                         value_ref(v.name), type_text(want.dtype, want.shape), opname,
-                                         type_text(v.dtype, v.shape)));
+                                         value_ref(v.name), type_str(want.dtype, want.shape), opname,
+                                         type_str(v.dtype, v.shape)));
         if (result_annotations[r]) {
           check_sharding(*result_annotations[r], annotation_col, v.shape, value_ref(v.name));
           try {
@@ -858,7 +577,7 @@ class Parser {
             fail(annotation_col, e.what());
           }
         }
-        defined_.emplace(v.name, Definition{rs[r].id, lineno_, name_tokens[r].col});
+        defined_.emplace(v.name, Definition{rs[r].id, lineno(), name_tokens[r].col});
       }
       return;
     }
@@ -883,8 +602,8 @@ class Parser {
     if (has_declared && (v.dtype != declared_dtype || v.shape != declared_shape))
       fail(declared_col,
            fmt::format("type mismatch for {}: the text says {} but {} infers {}",
-                       value_ref(name), type_text(declared_dtype, declared_shape), opname,
-                       type_text(v.dtype, v.shape)));
+                       value_ref(name), type_str(declared_dtype, declared_shape), opname,
+                       type_str(v.dtype, v.shape)));
     if (annotation) {
       check_sharding(*annotation, annotation_col, v.shape, value_ref(name));
       try {
@@ -893,7 +612,7 @@ class Parser {
         fail(annotation_col, e.what());
       }
     }
-    defined_.emplace(name, Definition{id, lineno_, nt.col});
+    defined_.emplace(name, Definition{id, lineno(), nt.col});
   }
 };
 
@@ -914,7 +633,7 @@ std::string op_results_line(const Graph& g, const Op& op, const PrintOptions& op
   bool annotated = false;
   for (int v : rs) {
     names.push_back(ref(g, v));
-    types.push_back(type_text(g.values[static_cast<std::size_t>(v)].dtype, g.values[static_cast<std::size_t>(v)].shape));
+    types.push_back(type_str(g.values[static_cast<std::size_t>(v)].dtype, g.values[static_cast<std::size_t>(v)].shape));
     auto it = g.annotations.find(v);
     annotated = annotated || it != g.annotations.end();
     shardings.push_back(it != g.annotations.end() ? sharding_text(it->second.sharding) : "_");
@@ -952,11 +671,7 @@ Graph parse_graph(std::string_view text, std::string_view filename) {
 }
 
 Graph parse_graph_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ParseError(fmt::format("{}: cannot open file: {}", path, std::strerror(errno)));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw ParseError(fmt::format("{}: cannot read file", path));
-  return parse_graph(text, path);
+  return parse_graph(read_text_file(path), path);
 }
 
 std::string print_graph(const Graph& g, const PrintOptions& opts) {
@@ -985,7 +700,7 @@ std::string print_graph(const Graph& g, const PrintOptions& opts) {
     std::string line = ref(g, op.output) + " = ";
     const bool valid = op.output >= 0 && static_cast<std::size_t>(op.output) < g.values.size();
     const Value* v = valid ? &g.values[op.output] : nullptr;
-    const std::string type = v ? type_text(v->dtype, v->shape) : std::string("f32[]");
+    const std::string type = v ? type_str(v->dtype, v->shape) : std::string("f32[]");
     const char* name = op_def(op.kind).name;
     if (op.kind == OpKind::Input) {
       line += fmt::format("{} {}", name, type);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +82,13 @@ class Executable {
   // The loaded program for opts (loading it on first use or when the options changed), with
   // the cache's lock held by the caller.
   LoadedExecutable& loaded_for(const RunOptions& opts);
+  // What run() and run_sharded() share, with the cache's lock held throughout: the loaded
+  // program for opts runs on the arrays to_device(le, i) makes of inputs 0..num_inputs-1,
+  // the stats are kept for last_stats(), and take_output(le, o, array) reads each output.
+  using ToDevice = std::function<ShardedArray(LoadedExecutable&, std::size_t)>;
+  using TakeOutput = std::function<void(LoadedExecutable&, std::size_t, const ShardedArray&)>;
+  void run_locked(const RunOptions& opts, std::size_t num_inputs, const ToDevice& to_device,
+                  const TakeOutput& take_output);
   Graph graph_;
   std::vector<Shape> user_input_shapes_;
   Mesh mesh_;

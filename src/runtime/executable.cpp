@@ -124,20 +124,13 @@ std::vector<HostTensor> Executable::run(const std::vector<HostTensor>& inputs, c
       throw RuntimeError(fmt::format("run: input #{} %{} expects {} but got {}", i, v.name,
                                      type_str(v.dtype, want), type_str(inputs[i].dtype(), inputs[i].shape())));
   }
-  std::lock_guard<std::mutex> lk(cache_->mu);
-  LoadedExecutable& le = loaded_for(opts);
-  std::vector<ShardedArray> arrays;
-  for (std::size_t i = 0; i < inputs.size(); ++i) arrays.push_back(le.to_device(i, inputs[i]));
-  RunResult r = le.run(arrays, opts);
-  {
-    std::lock_guard<std::mutex> s(cache_->stats_mu);
-    cache_->stats = r.stats;
-  }
   std::vector<HostTensor> result;
-  for (std::size_t o = 0; o < r.outputs.size(); ++o) {
-    if (opts.poison || opts.check_replicas) result.push_back(gather(o, le.shards_to_host(r.outputs[o]), opts.check_replicas));
-    else result.push_back(le.to_host(r.outputs[o]));
-  }
+  run_locked(
+      opts, inputs.size(), [&](LoadedExecutable& le, std::size_t i) { return le.to_device(i, inputs[i]); },
+      [&](LoadedExecutable& le, std::size_t o, const ShardedArray& a) {
+        if (opts.poison || opts.check_replicas) result.push_back(gather(o, le.shards_to_host(a), opts.check_replicas));
+        else result.push_back(le.to_host(a));
+      });
   return result;
 }
 
@@ -157,18 +150,25 @@ std::vector<std::vector<HostTensor>> Executable::run_sharded(const std::vector<s
                                        "but got {}", i, lv.name, lv.sharding.to_string(),
                                        type_str(lv.dtype, lv.shape), type_str(t.dtype(), t.shape())));
   }
+  std::vector<std::vector<HostTensor>> outs;
+  run_locked(
+      opts, shards.size(), [&](LoadedExecutable& le, std::size_t i) { return le.shards_to_device(i, shards[i]); },
+      [&](LoadedExecutable& le, std::size_t, const ShardedArray& a) { outs.push_back(le.shards_to_host(a)); });
+  return outs;
+}
+
+void Executable::run_locked(const RunOptions& opts, std::size_t num_inputs, const ToDevice& to_device,
+                            const TakeOutput& take_output) {
   std::lock_guard<std::mutex> lk(cache_->mu);
   LoadedExecutable& le = loaded_for(opts);
   std::vector<ShardedArray> arrays;
-  for (std::size_t i = 0; i < shards.size(); ++i) arrays.push_back(le.shards_to_device(i, shards[i]));
+  for (std::size_t i = 0; i < num_inputs; ++i) arrays.push_back(to_device(le, i));
   RunResult r = le.run(arrays, opts);
   {
     std::lock_guard<std::mutex> s(cache_->stats_mu);
     cache_->stats = r.stats;
   }
-  std::vector<std::vector<HostTensor>> outs;
-  for (const auto& a : r.outputs) outs.push_back(le.shards_to_host(a));
-  return outs;
+  for (std::size_t o = 0; o < r.outputs.size(); ++o) take_output(le, o, r.outputs[o]);
 }
 
 }  // namespace tessel
