@@ -14,7 +14,7 @@ namespace tessel {
 std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const GradOptions& options) {
   loss.value();
   Graph& g = *loss.graph();
-  const Value& lv = loss.value();
+  const Value lv = loss.value();  // a copy: the graph grows below
   if (!lv.shape.empty() || lv.dtype == DType::i32)
     throw Error(fmt::format("grad: the loss must be a float scalar, got {}; reduce it first (reduce_sum or "
                             "reduce_mean over every dim)", g.describe(loss.id)));

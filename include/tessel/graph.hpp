@@ -87,6 +87,8 @@ struct Tensor {
   int id = -1;
   // The graph this handle belongs to (nullptr: a default handle, or its graph is gone).
   Graph* graph() const { return anchor ? anchor->graph : nullptr; }
+  // References into the graph's value table: adding ops may move it, so copy what you keep
+  // across builder calls (`Shape s = t.shape();`).
   const Value& value() const;
   const Shape& shape() const { return value().shape; }
   DType dtype() const { return value().dtype; }

@@ -134,7 +134,7 @@ Tensor einsum_operand_grad(const VjpArgs& a, const EinsumSpec& spec, std::size_t
   } else {
     r = einsum(spec.result + "->" + kept, gz);
   }
-  const Shape& shape = a.inputs[k].shape();
+  const Shape shape = a.inputs[k].shape();  // a copy: the builders below grow the graph
   if (kept == A) return r;
   Shape with_ones;
   for (std::size_t d = 0; d < A.size(); ++d) with_ones.push_back(kept.find(A[d]) != std::string::npos ? shape[d] : 1);

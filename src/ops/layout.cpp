@@ -278,7 +278,7 @@ Grads vjp_broadcast(const VjpArgs& a) { return {unbroadcast(a.grad_output, a.inp
 // The gradient placed at [starts, limits) of zeros of the operand's shape: zero blocks
 // concatenated before and after it, dim by dim.
 Grads vjp_slice(const VjpArgs& a) {
-  const Shape& x = a.inputs[0].shape();
+  const Shape x = a.inputs[0].shape();  // a copy: the builders below grow the graph
   Tensor g = a.grad_output;
   for (std::size_t d = 0; d < x.size(); ++d) {
     const int64_t lo = a.op.attrs.starts[d], hi = a.op.attrs.limits[d];

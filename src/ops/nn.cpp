@@ -113,7 +113,7 @@ Grads vjp_embedding(const VjpArgs& a) {
 // dlogits = (softmax(logits) - one_hot(labels)) * g, in f32, cast to the logits' type.
 Grads vjp_cross_entropy(const VjpArgs& a) {
   const Tensor& logits = a.inputs[0];
-  const Shape& ls = logits.shape();
+  const Shape ls = logits.shape();  // a copy: the builders below grow the graph
   Tensor lf = logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32);
   Tensor p = sub(softmax(lf, -1), one_hot(a.inputs[1], ls.back(), DType::f32));
   Shape gs = a.grad_output.shape();

@@ -141,8 +141,9 @@ inline Shape keep_shape(Shape shape, const std::vector<int64_t>& dims) {
   return shape;
 }
 // g, of a numpy-broadcast result's shape, summed back to `shape` (an operand's): the dims the
-// operand was broadcast along are reduced.
-inline Tensor unbroadcast(Tensor g, const Shape& shape) {
+// operand was broadcast along are reduced. `shape` is taken by value: callers pass a Tensor's
+// shape(), a reference into the graph that the builders below may move.
+inline Tensor unbroadcast(Tensor g, Shape shape) {
   const Shape gs = g.shape();
   if (gs == shape) return g;
   const std::size_t off = gs.size() - shape.size();

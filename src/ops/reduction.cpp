@@ -92,7 +92,7 @@ OpDef reduction(OpKind k, const char* name, InferFn infer, RuleFn rule, PartialF
 namespace {
 // The result's gradient in keepdims form, broadcast back over the reduced dims.
 Tensor spread(const VjpArgs& a, const Tensor& t) {
-  const Shape& x = a.inputs[0].shape();
+  const Shape x = a.inputs[0].shape();  // a copy: the builders below grow the graph
   return broadcast_to(reshape(t, keep_shape(x, a.op.attrs.dims)), x);
 }
 std::vector<Tensor> vjp_sum(const VjpArgs& a) { return {spread(a, a.grad_output)}; }

@@ -97,7 +97,9 @@ TEST_CASE("autodiff: every differentiable op kind's vjp equals central finite di
     // straight-through derivative).
     bool low = false;
     for (const Value& v : gc.g.values) low = low || v.dtype == DType::bf16 || v.dtype == DType::f16;
-    const double rel_step = low ? 1e-1 : 3e-4, tol = low ? 6e-2 : 2e-3;
+    // f32 outputs of long contractions (an einsum over 16^3 elements) carry rounding that a
+    // step of 3e-4 turns into a few 1e-3 of the derivative.
+    const double rel_step = low ? 1e-1 : 3e-4, tol = low ? 6e-2 : 6e-3;
     for (std::size_t a = 0; a < gc.args.size(); ++a) {
       const std::size_t pos = static_cast<std::size_t>(gc.args[a]);
       const HostTensor& ad = got.at(1 + a);
