@@ -23,6 +23,16 @@ else()
 endif()
 option(TESSEL_WITH_MPI "Build the MPI runtime (MpiRuntime; needs an MPI with MPI_THREAD_MULTIPLE)" ${_tessel_mpi_default})
 
+# oneDNN (Debian's libdnnl-dev) runs the CPU backend's einsums as batched matmuls
+# (docs/cpu-backend.md); defaults to ON where its CMake package is found. OFF: Eigen only.
+find_package(dnnl CONFIG QUIET)
+if(dnnl_FOUND)
+  set(_tessel_onednn_default ON)
+else()
+  set(_tessel_onednn_default OFF)
+endif()
+option(TESSEL_WITH_ONEDNN "Run CPU einsums on oneDNN matmuls (Eigen stays the fallback)" ${_tessel_onednn_default})
+
 option(TESSEL_NATIVE "Compile for the build machine's CPU (-march=native): Eigen then uses AVX/FMA" ON)
 
 set(TESSEL_WARNINGS -Wall -Wextra)

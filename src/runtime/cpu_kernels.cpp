@@ -16,7 +16,11 @@
 //    row-major buffer read as column-major is the transpose for free) + a batched GEMM with
 //    Eigen (mapped matrices, .noalias(), so no temporaries) + a permutation of the result
 //    when its letter order is not [batch, freeA, freeB] or [batch, freeB, freeA].
-//  * No global mutable state: many device threads call these kernels concurrently.
+//  * With oneDNN (TESSEL_WITH_ONEDNN), a two-operand einsum that maps onto a batched matmul
+//    runs as one, transposes folded into strides (onednn_einsum.cpp); the Eigen path is the
+//    fallback for the rest and the test oracle.
+//  * No global mutable state: many device threads call these kernels concurrently (the
+//    oneDNN primitive cache is the one shared structure; it is behind a mutex).
 #include "tessel/runtime/kernels.hpp"
 
 #include <algorithm>
@@ -35,6 +39,8 @@
 
 #include "tessel/ops.hpp"
 #include "tessel/runtime/tensor.hpp"
+
+#include "onednn_einsum.hpp"
 
 namespace tessel {
 namespace {
@@ -458,7 +464,9 @@ std::vector<int> positions_in(const std::string& sub, const std::string& letters
   return p;
 }
 
-void k_einsum(const KernelArgs& a) {
+// The einsum kernel: validates, then (two operands, impl not Eigen) tries oneDNN
+// (onednn_einsum.cpp) and otherwise runs the Eigen path below. Returns true when oneDNN ran.
+bool einsum_kernel(const KernelArgs& a, EinsumImpl impl) {
   check_arity(a, 1, 2);
   const OpAttrs& at = attrs_of(a);
   const std::size_t nin = a.in.size();
@@ -510,6 +518,10 @@ void k_einsum(const KernelArgs& a) {
     return st;
   };
 
+  if (nin == 2 && impl != EinsumImpl::Eigen &&
+      onednn_einsum(a, eq.operands[0], eq.operands[1], eq.result))
+    return true;
+
   FVec buf0, buf1, obuf;
   float* out = out_f32(a, obuf);
   const int64_t out_n = num_elements(a.out_shape);
@@ -523,7 +535,7 @@ void k_einsum(const KernelArgs& a) {
       reduce_into<float>(x, a.in_shapes[0], strides_for(sub, eq.result), out, out_n, SumR{});
     }
     finish_out(a, obuf);
-    return;
+    return false;
   }
 
   const std::string& sa = eq.operands[0];
@@ -603,7 +615,10 @@ void k_einsum(const KernelArgs& a) {
     permute_copy<float>(pc, cs, positions_in(seq_c, sr), out);
   }
   finish_out(a, obuf);
+  return false;
 }
+
+void k_einsum(const KernelArgs& a) { einsum_kernel(a, EinsumImpl::Auto); }
 
 // ---- elementwise -------------------------------------------------------------------------------
 
@@ -1564,6 +1579,8 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
   }();
   return t;
 }
+
+bool cpu_einsum(const KernelArgs& args, EinsumImpl impl) { return einsum_kernel(args, impl); }
 
 bool has_cpu_kernel(OpKind kind) { return cpu_kernel_table().has(kind); }
 

@@ -1,0 +1,393 @@
+// src/runtime/onednn_einsum.cpp — the CPU backend's two-operand einsum as one (batched)
+// oneDNN matmul (built with TESSEL_WITH_ONEDNN; otherwise onednn_einsum always declines and
+// the Eigen kernel in cpu_kernels.cpp runs).
+//
+// Mapping. The letters of `sa,sb->sr` fall into four groups: batch (in A, B and the result),
+// M (A and result), N (B and result), K (A and B, summed). Letters of size 1 are dropped
+// first (they carry no data). Each of M, N and K becomes one matmul dim: its letters must sit
+// next to each other, in the same order, in both tensors that hold them, so that the group is
+// one strided dim there. Batch letters stay separate dims of the matmul (oneDNN takes up to
+// 12 dims) with their own strides, merged only where they are contiguous in all three. The
+// tensors are then described to oneDNN as they lie in memory — src [batch.., M, K], weights
+// [batch.., K, N], dst [batch.., M, N], each dim with its stride — so a transposed operand or
+// result (`bqhk,bshk->bhqs`, `bhqs,bshk->bqhk`) costs no copy. Anything else returns false
+// and the caller runs the Eigen kernel (which permutes into copies where it must).
+//
+// Primitives are created once per (dims, strides, dtype) and kept in a cache
+// behind a mutex: many device threads run kernels at once, and creating a oneDNN primitive
+// (JIT code generation) costs far more than a small product. A layout for which oneDNN only
+// has its reference implementation (`ref:`) is cached as "declined": those are slower than
+// Eigen. Scratchpads are per call (user mode): the library-managed scratchpad is shared by
+// primitives of a thread and not meant for primitives executed on several threads at once.
+//
+// Threads. Debian's oneDNN uses OpenMP: a primitive takes omp_get_max_threads() threads, and
+// every device thread that called it would fork a team of all cores whose threads spin at
+// barriers. Every oneDNN call here runs with the calling thread's OpenMP thread count set to 1
+// (creation included: the work split is fixed then); KernelArgs::num_threads > 1 splits the
+// result's rows over plain threads instead, as the Eigen kernel does. Each block's summation
+// order is fixed by its primitive, the split by (shape, num_threads): a given shape and thread
+// count gives bit-identical results on every device (replicas agree bit for bit).
+#include "onednn_einsum.hpp"
+
+#include "tessel/ops.hpp"
+
+#if TESSEL_WITH_ONEDNN
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "tessel/runtime/tensor.hpp"
+
+#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
+// libgomp's API (linked by CMake); declared here so that no omp.h (and no -fopenmp) is needed.
+extern "C" int omp_get_max_threads(void);
+extern "C" void omp_set_num_threads(int);
+#endif
+
+namespace tessel {
+namespace {
+
+using dnnl::memory;
+
+// Sets the calling thread's OpenMP thread count for the scope (oneDNN's parallel regions
+// take it), restoring the previous one after.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) {
+#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
+    old_ = omp_get_max_threads();
+    if (old_ != n) omp_set_num_threads(n);
+    n_ = n;
+#else
+    (void)n;
+#endif
+  }
+  ~ScopedThreads() {
+#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
+    if (old_ != n_) omp_set_num_threads(old_);
+#endif
+  }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int old_ = 1, n_ = 1;
+};
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+bool cpu_has_bf16() {
+  static const bool ok = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const unsigned bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (isa & bf16) == bf16;
+  }();
+  return ok;
+}
+
+// One tensor's view as a matmul operand: dims and strides in elements.
+struct View {
+  memory::dims dims, strides;
+};
+
+struct Entry {
+  bool ok = false;  // false: oneDNN has no optimised implementation; run Eigen
+  dnnl::matmul prim;
+  memory::desc src, wei, dst, scratch;
+  std::size_t scratch_bytes = 0;
+};
+
+class PrimitiveCache {
+ public:
+  std::shared_ptr<const Entry> find(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? nullptr : it->second;
+  }
+  std::shared_ptr<const Entry> insert(const std::string& key, std::shared_ptr<const Entry> e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Bounded: a program has few distinct einsum shapes; a stream of new ones (random tests)
+    // must not grow without limit. Dropping all is simple and entries in use stay alive.
+    if (map_.size() >= kCapacity) map_.clear();
+    return map_.emplace(key, std::move(e)).first->second;  // first writer wins
+  }
+
+ private:
+  static constexpr std::size_t kCapacity = 4096;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const Entry>> map_;
+};
+
+PrimitiveCache& cache() {
+  static PrimitiveCache c;
+  return c;
+}
+
+std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d, memory::data_type dt) {
+  auto e = std::make_shared<Entry>();
+  try {
+    e->src = memory::desc(s.dims, dt, s.strides);
+    e->wei = memory::desc(w.dims, dt, w.strides);
+    e->dst = memory::desc(d.dims, dt, d.strides);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    ScopedThreads st(1);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->src, e->wei, e->dst), attr, cpu_engine(),
+                                    /*allow_empty=*/true);
+    if (!pd) return e;
+    const std::string impl = pd.impl_info_str();
+    if (impl.rfind("ref", 0) == 0) return e;  // oneDNN's reference loops: slower than Eigen
+    e->scratch = pd.scratchpad_desc();
+    e->scratch_bytes = e->scratch.get_size();
+    e->prim = dnnl::matmul(pd);
+    e->ok = true;
+  } catch (const dnnl::error&) {
+    e->ok = false;  // a layout oneDNN rejects: Eigen runs it
+  }
+  return e;
+}
+
+void append_view(std::string& key, const View& v) {
+  for (std::size_t i = 0; i < v.dims.size(); ++i) key += fmt::format("{}:{},", v.dims[i], v.strides[i]);
+  key += '|';
+}
+
+}  // namespace
+
+bool onednn_einsum_compiled() { return true; }
+
+bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string& sb, const std::string& sr) {
+  if (a.in.size() != 2) return false;
+  const DType dt = a.out_dtype;
+  if (a.in_dtypes[0] != dt || a.in_dtypes[1] != dt) return false;
+  memory::data_type mdt;
+  if (dt == DType::f32) {
+    mdt = memory::data_type::f32;
+  } else if (dt == DType::bf16 && cpu_has_bf16()) {
+    mdt = memory::data_type::bf16;
+  } else {
+    return false;
+  }
+
+  // Sizes and row-major strides of every letter in each tensor (0 = absent).
+  int64_t size[128] = {};
+  int64_t st_a[128] = {}, st_b[128] = {}, st_r[128] = {};
+  auto fill = [&](const std::string& sub, const Shape& shp, int64_t* st) {
+    int64_t acc = 1;
+    for (std::size_t k = sub.size(); k-- > 0;) {
+      size[int(sub[k])] = shp[k];
+      st[int(sub[k])] = acc;
+      acc *= shp[k];
+    }
+  };
+  fill(sa, a.in_shapes[0], st_a);
+  fill(sb, a.in_shapes[1], st_b);
+  fill(sr, a.out_shape, st_r);
+  for (const std::string* s : {&sa, &sb, &sr})
+    for (char c : *s)
+      if (size[int(c)] == 0) return false;  // empty: the Eigen kernel handles it
+
+  // Letters of size 1 carry no data: drop them. Then classify: batch in the result's order,
+  // M and K in A's, N in B's (the orders the groups must have to be one strided dim).
+  auto has = [](const std::string& s, char c) { return s.find(c) != std::string::npos; };
+  std::string batch, m, n, k;
+  for (char c : sr)
+    if (size[int(c)] != 1 && has(sa, c) && has(sb, c)) batch += c;
+  for (char c : sa) {
+    if (size[int(c)] == 1 || has(sb, c) == has(sr, c)) continue;  // size 1 or batch
+    if (has(sr, c)) m += c;
+    else k += c;
+  }
+  for (char c : sb) {
+    if (size[int(c)] == 1 || has(sa, c)) continue;
+    if (!has(sr, c)) return false;  // summed out of B alone: not a matmul
+    n += c;
+  }
+  for (char c : sa)
+    if (size[int(c)] != 1 && !has(sb, c) && !has(sr, c)) return false;  // summed out of A alone
+
+  // A group of letters as one dim of tensor `st`: its letters (in the group's order) must be
+  // contiguous there, each outer letter's stride = inner's stride * inner's size.
+  auto group_stride = [&](const std::string& g, const int64_t* st, int64_t& stride) {
+    if (g.empty()) return true;
+    for (std::size_t i = 0; i + 1 < g.size(); ++i)
+      if (st[int(g[i])] != st[int(g[i + 1])] * size[int(g[i + 1])]) return false;
+    stride = st[int(g.back())];
+    return true;
+  };
+  auto prod = [&](const std::string& g) {
+    int64_t p = 1;
+    for (char c : g) p *= size[int(c)];
+    return p;
+  };
+  int64_t m_a = 0, m_r = 0, n_b = 0, n_r = 0, k_a = 0, k_b = 0;
+  if (!group_stride(m, st_a, m_a) || !group_stride(m, st_r, m_r) || !group_stride(n, st_b, n_b) ||
+      !group_stride(n, st_r, n_r) || !group_stride(k, st_a, k_a) || !group_stride(k, st_b, k_b))
+    return false;
+  const int64_t M = prod(m), N = prod(n), K = prod(k);
+
+  // Batch dims in the result's order; adjacent ones merged where contiguous in all three.
+  std::vector<std::string> bgroups;
+  for (char c : batch) {
+    if (!bgroups.empty()) {
+      const char p = bgroups.back().back();
+      const int64_t sz = size[int(c)];
+      if (st_a[int(p)] == st_a[int(c)] * sz && st_b[int(p)] == st_b[int(c)] * sz &&
+          st_r[int(p)] == st_r[int(c)] * sz) {
+        bgroups.back() += c;
+        continue;
+      }
+    }
+    bgroups.push_back(std::string(1, c));
+  }
+  if (bgroups.size() + 2 > DNNL_MAX_NDIMS) return false;
+
+  // A size-1 M/N/K dim (an empty group) gets the stride a dense layout would give it, so that
+  // oneDNN recognises the plain layouts.
+  View vs, vw, vd;
+  for (const auto& g : bgroups) {
+    const int64_t sz = prod(g);
+    vs.dims.push_back(sz);
+    vw.dims.push_back(sz);
+    vd.dims.push_back(sz);
+    vs.strides.push_back(st_a[int(g.back())]);
+    vw.strides.push_back(st_b[int(g.back())]);
+    vd.strides.push_back(st_r[int(g.back())]);
+  }
+  auto unit = [](int64_t& s_outer, int64_t& s_inner, bool outer_empty, bool inner_empty, int64_t inner_size) {
+    if (outer_empty && inner_empty) {
+      s_outer = 1;
+      s_inner = 1;
+    } else if (outer_empty) {
+      s_outer = s_inner * inner_size;
+    } else if (inner_empty) {
+      s_inner = 1;
+    }
+  };
+  unit(m_a, k_a, m.empty(), k.empty(), K);
+  unit(k_b, n_b, k.empty(), n.empty(), N);
+  unit(m_r, n_r, m.empty(), n.empty(), N);
+  // oneDNN's optimised matmuls want the result's rows contiguous. A result stored transposed
+  // (M innermost, e.g. `ji,jk->ki`) is computed as C^T = B^T A^T: the operands swap roles.
+  const bool swap = n_r != 1 && m_r == 1;
+  auto rows_cols = [](View& v, int64_t rows, int64_t row_stride, int64_t cols, int64_t col_stride) {
+    v.dims.insert(v.dims.end(), {rows, cols});
+    v.strides.insert(v.strides.end(), {row_stride, col_stride});
+  };
+  if (swap) {
+    std::swap(vs, vw);
+    rows_cols(vs, N, n_b, K, k_b);
+    rows_cols(vw, K, k_a, M, m_a);
+    rows_cols(vd, N, n_r, M, m_r);
+  } else {
+    rows_cols(vs, M, m_a, K, k_a);
+    rows_cols(vw, K, k_b, N, n_b);
+    rows_cols(vd, M, m_r, N, n_r);
+  }
+
+  // Threads: the result's rows split into `threads` equal blocks (the last one may be
+  // shorter: a second primitive), each a single-threaded oneDNN call on a thread of its own,
+  // as the Eigen kernel splits its GEMMs. Not oneDNN's OpenMP team: libgomp's threads spin at
+  // barriers, and on a machine with more busy threads than cores (N device threads, other
+  // processes) that made a 2-thread product up to 9x slower than one thread (measured,
+  // docs/cpu-backend.md). Below 2^25 flops one thread, as in the Eigen kernel.
+  const double flops = 2.0 * double(prod(batch)) * double(M) * double(N) * double(K);
+  const std::size_t rd = vd.dims.size() - 2;  // the rows dim of src and dst
+  const int64_t R = vd.dims[rd];
+  const int64_t threads = flops < double(1 << 25) ? 1 : std::max<int64_t>(1, std::min<int64_t>(a.num_threads, R));
+  const int64_t rows_per = (R + threads - 1) / threads;
+  const int64_t blocks = (R + rows_per - 1) / rows_per;
+  auto primitive = [&](int64_t rows) {
+    View s2 = vs, d2 = vd;
+    s2.dims[rd] = rows;
+    d2.dims[rd] = rows;
+    std::string key = dt == DType::f32 ? "f32|" : "bf16|";
+    append_view(key, s2);
+    append_view(key, vw);
+    append_view(key, d2);
+    std::shared_ptr<const Entry> e = cache().find(key);
+    if (!e) e = cache().insert(key, create(s2, vw, d2, mdt));
+    return e;
+  };
+  const std::shared_ptr<const Entry> full = primitive(rows_per);
+  const int64_t last_rows = R - (blocks - 1) * rows_per;
+  const std::shared_ptr<const Entry> last = last_rows == rows_per ? full : primitive(last_rows);
+  if (!full->ok || !last->ok) return false;
+
+  const std::size_t esz = dtype_size(dt);
+  const auto* src = static_cast<const std::byte*>(a.in[swap ? 1 : 0]);
+  const void* wei = a.in[swap ? 0 : 1];
+  auto* dst = static_cast<std::byte*>(a.out);
+  auto run_block = [&](int64_t blk) {
+    const Entry& e = blk == blocks - 1 ? *last : *full;
+    const int64_t r0 = blk * rows_per;
+    const dnnl::engine& eng = cpu_engine();
+    dnnl::stream strm(eng);
+    memory ms(e.src, eng, const_cast<std::byte*>(src) + r0 * vs.strides[rd] * int64_t(esz));
+    memory mw(e.wei, eng, const_cast<void*>(wei));
+    memory md(e.dst, eng, dst + r0 * vd.strides[rd] * int64_t(esz));
+    std::vector<float, AlignedAllocator<float>> scratch((e.scratch_bytes + sizeof(float) - 1) / sizeof(float));
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}};
+    if (e.scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratch, eng, scratch.data()));
+    ScopedThreads st(1);
+    e.prim.execute(strm, args);
+    strm.wait();
+  };
+  std::string error;
+  std::mutex error_mu;
+  auto guarded = [&](int64_t blk) {
+    try {
+      run_block(blk);
+    } catch (const dnnl::error& err) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      error = fmt::format("{} (status {})", err.what(), static_cast<int>(err.status));
+    }
+  };
+  std::vector<std::thread> pool;
+  int64_t spawned = 1;
+  for (; spawned < blocks; ++spawned) {
+    try {
+      pool.emplace_back(guarded, spawned);
+    } catch (...) {
+      break;  // cannot spawn more threads: the calling thread does the rest
+    }
+  }
+  guarded(0);
+  for (int64_t blk = spawned; blk < blocks; ++blk) guarded(blk);
+  for (auto& t : pool) t.join();
+  if (!error.empty())
+    throw RuntimeError(fmt::format("{}:{}: einsum '{}' on oneDNN: {}", __FILE__, __LINE__,
+                                   a.attrs ? a.attrs->equation : std::string("?"), error));
+  return true;
+}
+
+}  // namespace tessel
+
+#else  // !TESSEL_WITH_ONEDNN
+
+namespace tessel {
+
+bool onednn_einsum_compiled() { return false; }
+
+bool onednn_einsum(const KernelArgs&, const std::string&, const std::string&, const std::string&) {
+  return false;
+}
+
+}  // namespace tessel
+
+#endif
