@@ -139,6 +139,11 @@ PrimitiveCache& cache() {
 }
 
 std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d, memory::data_type dt) {
+  // One creation at a time: Debian's libdnnl initialises shared state lazily on the first
+  // primitive descriptors, and ThreadSanitizer saw two device threads race there. Creation
+  // happens once per layout, so the lock costs nothing in the step loop.
+  static std::mutex create_mu;
+  std::lock_guard<std::mutex> create_lock(create_mu);
   auto e = std::make_shared<Entry>();
   try {
     e->src = memory::desc(s.dims, dt, s.strides);
