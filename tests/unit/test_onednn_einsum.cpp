@@ -66,8 +66,10 @@ HostTensor run(const Case& c, const HostTensor& a, const HostTensor& b, EinsumIm
 }
 
 bool same_bits(const HostTensor& x, const HostTensor& y) {
+  // An empty tensor has no buffer (memcmp must not see a null pointer, even for 0 bytes).
   return x.shape() == y.shape() &&
-         std::memcmp(x.data(), y.data(), static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype())) == 0;
+         (x.numel() == 0 ||
+          std::memcmp(x.data(), y.data(), static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype())) == 0);
 }
 
 // oneDNN (Auto) against Eigen on fresh random operands; returns whether oneDNN ran.
