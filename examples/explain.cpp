@@ -37,6 +37,7 @@
 #include "tessel/program_passes.hpp"
 #include "tessel/partition.hpp"
 #include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/propagate.hpp"
 #include "tessel/uneven.hpp"
@@ -115,6 +116,14 @@ int run(int argc, char** argv) {
       if (!mesh.has_axis(kv.first))
         throw tessel::Error(fmt::format("--links: axis '{}' is not in mesh {}", kv.first, mesh.to_string()));
   }
+  tessel::ProgramPassOptions lowering;
+  lowering.collective_matmul.cost = popts.cost;
+  lowering.collective_matmul.mode = opt.collective_matmul == "on"    ? tessel::OverlapMode::On
+                                    : opt.collective_matmul == "off" ? tessel::OverlapMode::Off
+                                                                     : tessel::OverlapMode::Auto;
+  lowering.collective_matmul.direction = opt.ring == "uni"  ? tessel::RingDirection::Uni
+                                         : opt.ring == "bi" ? tessel::RingDirection::Bi
+                                                            : tessel::RingDirection::Auto;
   if (dump_after == "parse") {
     std::fputs(tessel::print_graph(g).c_str(), stdout);
     return 0;
@@ -145,7 +154,7 @@ int run(int argc, char** argv) {
   if (dump_after != "parse" && dump_after != "propagate" && dump_after != "partition" && !dump_after.empty()) {
     // A lowering pass: the program after it, in the Program text form (parseable).
     fmt::print("== program after {}\n", dump_after);
-    std::fputs(tessel::dump_program_after(prog, dump_after).c_str(), stdout);
+    std::fputs(tessel::dump_program_after(prog, dump_after, lowering).c_str(), stdout);
     return 0;
   }
   fmt::print("== program\n");
@@ -155,6 +164,11 @@ int run(int argc, char** argv) {
   if (!prog.warnings.empty()) {
     fmt::print("== warnings\n");
     for (const auto& w : prog.warnings) fmt::print("warning: {}\n", w);
+  }
+  const auto sites = tessel::collective_matmul_sites(prog, lowering.collective_matmul);
+  if (!sites.empty()) {
+    fmt::print("== collective matmul ({}; docs/collective-matmul.md)\n", opt.collective_matmul);
+    for (const auto& site : sites) fmt::print("{}\n", site.line());
   }
   fmt::print("== cost per device (cost model: {:.0f} GFLOP/s, {:.0f} GB/s memory, default link {:.1f} GB/s, "
              "alpha {:.1f} us)\n",
@@ -166,7 +180,7 @@ int run(int argc, char** argv) {
   fmt::print("flops={:.6g} compute_s={:.6g} comm_s={:.6g}\n", prog.total_flops(),
              prog.compute_seconds(popts.cost), prog.comm_seconds());
   // The memory plan of the lowered program: what load() allocates, known before a run.
-  const tessel::MemoryPlan mem = tessel::lower_program(prog).memory_plan();
+  const tessel::MemoryPlan mem = tessel::lower_program(prog, false, lowering).memory_plan();
   fmt::print("peak_bytes_per_device={} (arena {}, inputs {}, outputs {})\n", mem.peak_bytes(), mem.arena_bytes,
              mem.input_bytes, mem.output_bytes);
   fmt::print("{}\n", s.line());
@@ -188,11 +202,20 @@ int run(int argc, char** argv) {
   tessel::Executable exe(g.clone(), mesh, prop, prog);
   exe.set_user_input_shapes(user_shapes);
   std::vector<tessel::HostTensor> inputs = tessel::random_inputs(user, seed);
+  // Loaded with the lowering options of this command (--collective-matmul, --ring).
+  tessel::ThreadRuntime rt(mesh.num_devices());
+  tessel::LoadOptions lo;
+  lo.lowering = lowering;
+  tessel::LoadedExecutable le = tessel::load(exe, rt, lo);
+  std::vector<tessel::ShardedArray> arrays;
+  for (std::size_t i = 0; i < inputs.size(); ++i) arrays.push_back(le.to_device(i, inputs[i]));
   tessel::RunOptions ro;
   ro.poison = true;
   ro.check_replicas = true;
   ro.trace_path = trace_path;
-  std::vector<tessel::HostTensor> got = exe.run(inputs, ro);
+  tessel::RunResult res = le.run(arrays, ro);
+  std::vector<tessel::HostTensor> got;
+  for (const auto& a : res.outputs) got.push_back(le.to_host(a, /*check_replicas=*/true));
   std::vector<tessel::HostTensor> want = tessel::run_reference(user, inputs);
   double worst = 0;
   fmt::print("== run (cpu backend, {} device threads, seed {})\n", mesh.num_devices(), seed);
@@ -201,7 +224,7 @@ int run(int argc, char** argv) {
     fmt::print("output %{}: {}\n", user.values[user.outputs[o]].name, c.to_string());
     worst = std::max(worst, c.max_rel_err);
   }
-  const auto& st = exe.last_stats();
+  const auto& st = res.stats;
   int64_t peak = 0;
   for (int64_t b : st.peak_bytes) peak = std::max(peak, b);
   fmt::print("peak_bytes_per_device={} wall_s={:.6f}\n", peak, st.seconds);

@@ -69,6 +69,7 @@ double parse_double(const std::string& flag, const std::string& text, double lo,
 std::string usage_explain() {
   return "usage: tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N] [--show VALUE]\n"
          "                      [--links SPEC|@FILE] [--dump-after=STEP]\n"
+         "                      [--collective-matmul auto|on|off] [--ring auto|uni|bi]\n"
          "                      [--run [--seed N] [--tolerance X] [--trace FILE]]\n"
          "  --show VALUE   draw the mesh with the block of VALUE each device holds (repeatable)\n"
          "  --links SPEC   per-axis link figures, e.g. 'model=bw:50e9,alpha:5e-6;data=bw:12.5e9'\n"
@@ -79,7 +80,11 @@ std::string usage_explain() {
          "  --tolerance X  the largest max_rel_err --run accepts (finite, >= 0; default 1e-5)\n"
          "  --dump-after STEP  stop after STEP and print its result: parse, propagate, partition,\n"
          "                 or a lowering pass (pack, combine-collectives, async-collectives,\n"
-         "                 memory-plan: the Program text form, docs/program-ir.md)\n";
+         "                 memory-plan: the Program text form, docs/program-ir.md)\n"
+         "  --collective-matmul MODE  all-gather->einsum and einsum->reduce-scatter as rings of\n"
+         "                 permutes overlapped with partial einsums: auto (where the cost model's\n"
+         "                 estimate wins; the default), on, off (docs/collective-matmul.md)\n"
+         "  --ring DIR     the ring's direction: auto (the cheaper estimate), uni, bi\n";
 }
 
 ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
@@ -114,6 +119,8 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
       o.show.push_back(v);
     }
     else if (is("--dump-after")) o.dump_after = value("--dump-after");
+    else if (is("--collective-matmul")) o.collective_matmul = value("--collective-matmul");
+    else if (is("--ring")) o.ring = value("--ring");
     else if (!a.empty() && a[0] == '-') throw UsageError(fmt::format("unknown option '{}'", a));
     else if (o.file.empty()) o.file = a;
     else throw UsageError(fmt::format("unexpected argument '{}' (one FILE only)", a));
@@ -147,6 +154,12 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
       o.links = text;
     }
   }
+  auto one_of = [](const char* flag, const std::string& v, std::vector<std::string> known) {
+    if (std::find(known.begin(), known.end(), v) == known.end())
+      throw UsageError(fmt::format("{}={}: expected one of {}", flag, v, join(known, ", ")));
+  };
+  one_of("--collective-matmul", o.collective_matmul, {"auto", "on", "off"});
+  one_of("--ring", o.ring, {"auto", "uni", "bi"});
   if (!o.dump_after.empty()) {
     std::vector<std::string> known = {"parse", "propagate", "partition"};
     for (const std::string& pass : default_program_pass_names()) known.push_back(pass);

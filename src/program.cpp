@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "tessel/ops.hpp"
 
 namespace tessel {
@@ -54,15 +56,29 @@ double Program::compute_seconds(const CostModel& cost) const {
   return t;
 }
 
+namespace {
+int64_t ring_index(int64_t index, int64_t shift, int64_t modulus) {
+  if (modulus <= 0) return index;
+  const int64_t r = (index + shift) % modulus;
+  return r < 0 ? r + modulus : r;
+}
+}  // namespace
+
 int64_t IndexExpr::eval(const Mesh& mesh, int64_t position) const {
   if (axes.empty() || stride == 0) return base;
-  return base + stride * mesh.index_in_group(position, axes);
+  return base + stride * ring_index(mesh.index_in_group(position, axes), shift, modulus);
 }
 
 int64_t IndexExpr::max_value(const Mesh& mesh) const {
   if (axes.empty() || stride == 0) return base;
   const int64_t n = mesh.axes_size(axes);
-  return stride > 0 ? base + stride * (n - 1) : base;
+  int64_t hi = 0;
+  if (modulus <= 0) {
+    hi = n - 1;
+  } else {
+    for (int64_t i = 0; i < n && hi < modulus - 1; ++i) hi = std::max(hi, ring_index(i, shift, modulus));
+  }
+  return stride > 0 ? base + stride * hi : base;
 }
 
 std::string collective_start_name(CollectiveKind k) {

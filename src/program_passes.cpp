@@ -353,6 +353,10 @@ Program ProgramPassManager::run(Program p) {
 
 ProgramPassManager default_program_pipeline(const ProgramPassOptions& options) {
   ProgramPassManager pm;
+  // First: it matches the partitioner's synchronous all-gathers and reduce-scatters next to
+  // their einsums, and its permutes and ring copies are lowered like any others.
+  const CollectiveMatmulOptions cm = options.collective_matmul;
+  pm.add("collective-matmul", [cm](Program p) { return collective_matmul_pass(std::move(p), cm); });
   pm.add("pack", pack_pass);
   // After pack (every collective then moves one contiguous buffer), before async-collectives
   // (which gives the combined collective one start/done and places its waits).

@@ -29,7 +29,9 @@ std::string axes_text(const std::vector<std::string>& axes) { return "{" + join(
 std::string index_text(const IndexExpr& e) {
   if (e.axes.empty() || e.stride == 0) return std::to_string(e.base);
   std::string s = e.base != 0 ? std::to_string(e.base) + "+" : std::string();
-  return s + std::to_string(e.stride) + "*{" + join(e.axes, ",") + "}";
+  const std::string axes = "{" + join(e.axes, ",") + "}";
+  if (e.modulus > 0) return s + fmt::format("{}*({}{:+d} mod {})", e.stride, axes, e.shift, e.modulus);
+  return s + std::to_string(e.stride) + "*" + axes;
 }
 
 std::string index_list_text(const std::vector<IndexExpr>& v) {
@@ -70,7 +72,9 @@ std::string instr_text(const Program& p, const Instr& in) {
     case InstrKind::ShardSlice: s += fmt::format("shard_slice{} axes={} dim={}", call, axes_text(in.axes), in.dim); break;
     case InstrKind::Copy: {
       std::vector<std::string> cs;
-      for (const auto& c : in.copies) cs.push_back(index_list_text(c.src) + "->" + index_list_text(c.dst));
+      for (const auto& c : in.copies)
+        cs.push_back((c.input != 0 ? std::to_string(c.input) + ":" : std::string()) + index_list_text(c.src) + "->" +
+                     index_list_text(c.dst));
       s += fmt::format("copy{} block={} copies=[{}]", call, shape_str(in.block), join(cs, ", "));
       break;
     }
@@ -280,14 +284,34 @@ class Parser : LineLexer {
       v = parse_int("a block offset stride");
       expect("*", "after the stride of a block offset (like 16*{model})");
       e.stride = v;
-      e.axes = parse_axes("a block offset");
+      parse_index_term(e);
     } else if (accept("*")) {
       e.stride = v;
-      e.axes = parse_axes("a block offset");
+      parse_index_term(e);
     } else {
       e.base = v;
     }
     return e;
+  }
+  // After `stride*`: `{axes}`, or a ring index `({axes}+shift mod m)`.
+  void parse_index_term(IndexExpr& e) {
+    if (!accept("(")) {
+      e.axes = parse_axes("a block offset");
+      return;
+    }
+    e.axes = parse_axes("a ring block offset");
+    Token sh = next();
+    if (sh.kind != TK::Number || sh.text.empty() || (sh.text[0] != '+' && sh.text[0] != '-'))
+      fail(sh.col, fmt::format("expected a signed shift like +1 in a ring block offset ({{model}}+1 mod 4), got {}",
+                               describe(sh)));
+    e.shift = to_int(sh, "a ring shift");
+    Token m = next();
+    if (m.kind != TK::Ident || m.text != "mod")
+      fail(m.col, fmt::format("expected 'mod' in a ring block offset ({{model}}+1 mod 4), got {}", describe(m)));
+    Token n = next();
+    e.modulus = to_int(n, "a ring modulus");
+    if (e.modulus < 1) fail(n.col, fmt::format("a ring modulus must be >= 1, got {}", e.modulus));
+    expect(")", "to close a ring block offset like ({model}+1 mod 4)");
   }
   std::vector<IndexExpr> parse_index_list() {
     expect("[", "to start a block offset like [0,16*{model}]");
@@ -638,6 +662,14 @@ class Parser : LineLexer {
         if (!accept("]")) {
           while (true) {
             CopyBlock c;
+            if (peek().kind == TK::Number) {  // `1:[..]->[..]`: a block of the second input
+              Token k = next();
+              const int64_t input = to_int(k, "a copy block's input");
+              if (input < 0 || input >= static_cast<int64_t>(in.in.size()))
+                fail(k.col, fmt::format("copy block input {} is not one of the copy's {} inputs", input, in.in.size()));
+              c.input = static_cast<int>(input);
+              expect(":", "after a copy block's input index (like 1:[0,0]->[16,0])");
+            }
             c.src = parse_index_list();
             expect("->", "between the source and destination offsets of a block");
             c.dst = parse_index_list();

@@ -319,20 +319,28 @@ void verify_program(const Program& p) {
         break;
       }
       case InstrKind::Copy: {
-        arity(1);
-        same_dtype();
-        const Shape& x = p.values[static_cast<std::size_t>(in.in[0])].shape;
+        if (in.in.empty()) throw err(i, "copies from no input");
+        for (int x : in.in)
+          if (p.values[static_cast<std::size_t>(x)].dtype != ov.dtype)
+            throw err(i, fmt::format("copies {} {} into {} {}: a copy keeps the dtype", dtype_name(p.values[static_cast<std::size_t>(x)].dtype),
+                                     vname(x), dtype_name(ov.dtype), vname(in.out)));
         const std::size_t r = in.block.size();
-        if (x.size() != r || ov.shape.size() != r)
-          throw err(i, fmt::format("block {} must have the rank of the source {} and the result {}", shape_str(in.block),
-                                   shape_str(x), shape_str(ov.shape)));
+        if (ov.shape.size() != r)
+          throw err(i, fmt::format("block {} must have the rank of the result {}", shape_str(in.block), shape_str(ov.shape)));
         if (in.copies.empty()) throw err(i, "copies nothing");
         for (std::size_t c = 0; c < in.copies.size(); ++c) {
           const CopyBlock& b = in.copies[c];
+          if (b.input < 0 || static_cast<std::size_t>(b.input) >= in.in.size())
+            throw err(i, fmt::format("block #{} takes input {}, but the copy has {} inputs", c, b.input, in.in.size()));
+          const Shape& x = p.values[static_cast<std::size_t>(in.in[static_cast<std::size_t>(b.input)])].shape;
+          if (x.size() != r)
+            throw err(i, fmt::format("block {} must have the rank of the source {} and the result {}", shape_str(in.block),
+                                     shape_str(x), shape_str(ov.shape)));
           if (b.src.size() != r || b.dst.size() != r) throw err(i, fmt::format("block #{} has offsets of the wrong rank", c));
           for (std::size_t d = 0; d < r; ++d) {
             for (const IndexExpr* e : {&b.src[d], &b.dst[d]}) {
-              if (e->base < 0 || e->stride < 0) throw err(i, fmt::format("block #{} has a negative offset", c));
+              if (e->base < 0 || e->stride < 0 || e->modulus < 0)
+                throw err(i, fmt::format("block #{} has a negative offset or ring modulus", c));
               group_size(e->axes);
             }
             if (b.src[d].max_value(p.mesh) + in.block[d] > x[d] || b.dst[d].max_value(p.mesh) + in.block[d] > ov.shape[d])

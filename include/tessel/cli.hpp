@@ -39,6 +39,8 @@ struct ExplainOptions {
   std::string links_file;  // the FILE of --links @FILE ("" otherwise)
   std::string dump_after;  // --dump-after: "", "parse", "propagate" or "partition"
   std::string trace;       // --trace
+  std::string collective_matmul = "auto";  // --collective-matmul auto|on|off
+  std::string ring = "auto";               // --ring auto|uni|bi
   std::vector<std::string> show;  // --show VALUE (repeatable; with or without the '%')
   bool why = false;
   bool run = false;

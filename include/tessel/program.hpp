@@ -40,23 +40,30 @@ enum class InstrKind {
                     // recorded there and waited on here); in = {}, out = -1
 };
 
-// One coordinate of a block copy's offset: `base + stride * (this device's index in its
-// group for axes)`; axes empty: the constant `base`. Text: 16, 64*{model}, 8+64*{data,model}.
+// One coordinate of a block copy's offset: `base + stride * i` where i is this device's index
+// in its group for `axes` — or, with a modulus m > 0, that index rotated around a ring of m:
+// i = (index + shift) mod m (the collective-matmul pass's ring steps: at step s a device holds
+// the chunk of its neighbour s places away). Axes empty: the constant `base`.
+// Text: 16, 64*{model}, 8+64*{data,model}, 64*({model}+3 mod 4).
 struct IndexExpr {
   int64_t base = 0;
   int64_t stride = 0;
   std::vector<std::string> axes;
+  int64_t shift = 0;    // with modulus: added to the index before the mod (any sign)
+  int64_t modulus = 0;  // 0: the plain index; else the index is taken mod this
   int64_t eval(const Mesh& mesh, int64_t position) const;
   int64_t max_value(const Mesh& mesh) const;  // over every device
   bool operator==(const IndexExpr& o) const {
-    return base == o.base && stride == o.stride && axes == o.axes;
+    return base == o.base && stride == o.stride && axes == o.axes && shift == o.shift && modulus == o.modulus;
   }
 };
 
-// A block of shape Instr::block copied from `src` (element offsets in in[0]) to `dst`
-// (element offsets in out).
+// A block of shape Instr::block copied from `src` (element offsets in in[input]) to `dst`
+// (element offsets in out). A copy with several inputs gathers blocks of each into one
+// result (text: `1:[0,0]->[16,0]` takes the block from the second input).
 struct CopyBlock {
   std::vector<IndexExpr> src, dst;
+  int input = 0;  // which of the copy's inputs the block comes from
 };
 
 // Where values live on a device (the memory-plan pass): every value an instruction defines,

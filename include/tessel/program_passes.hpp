@@ -3,6 +3,10 @@
 // The partitioner emits kernels, synchronous collectives and shard slices, all on `compute`.
 // The default pipeline lowers that into what the executor runs (docs/program-ir.md):
 //
+//   collective-matmul  an all-gather feeding an einsum, or an einsum feeding a reduce-scatter,
+//                      becomes a ring of collective-permutes overlapped with partial einsums
+//                      where the cost model's two-stream estimate says it wins
+//                      (collective_matmul.hpp; ProgramPassOptions::collective_matmul).
 //   pack               every layout decision the executor used to make at run time becomes an
 //                      instruction: a collective over a non-leading dim gets explicit `copy`
 //                      instructions packing the dim into rank-major blocks (and unpacking
@@ -28,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/collective_matmul.hpp"
 #include "tessel/program.hpp"
 
 namespace tessel {
@@ -38,6 +43,9 @@ struct ProgramPassOptions {
   // device (XLA's combine_threshold_in_bytes); a collective larger than it alone stays as it
   // is. 0 disables combining.
   int64_t combine_threshold_bytes = int64_t{32} << 20;
+  // collective-matmul: mode (auto: gated by the cost model; on; off), ring direction, and the
+  // cost model the gate uses.
+  CollectiveMatmulOptions collective_matmul;
 };
 
 Program pack_pass(Program p);
@@ -84,7 +92,7 @@ class ProgramPassManager {
   bool verify_ = false;
 };
 
-// pack, combine-collectives, async-collectives, memory-plan.
+// collective-matmul, pack, combine-collectives, async-collectives, memory-plan.
 ProgramPassManager default_program_pipeline(const ProgramPassOptions& options = {});
 std::vector<std::string> default_program_pass_names();
 

@@ -204,9 +204,9 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
         break;
       }
       case InstrKind::Copy: {
-        const LocalValue& src = p_.values[static_cast<std::size_t>(in.in[0])];
         const LocalValue& dst = p_.values[static_cast<std::size_t>(in.out)];
         for (const CopyBlock& c : in.copies) {
+          const LocalValue& src = p_.values[static_cast<std::size_t>(in.in[static_cast<std::size_t>(c.input)])];
           std::vector<int64_t> so, doff;
           for (const auto& e : c.src) so.push_back(e.eval(p_.mesh, pos_));
           for (const auto& e : c.dst) doff.push_back(e.eval(p_.mesh, pos_));
@@ -242,6 +242,40 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
     }
   }
   for (int s = 0; s < 2; ++s) donate_events_.push_back(ctx_.backend->create_event());
+  pair_permutes();
+}
+
+// Two collective-permutes on one stream with nothing between them on that stream but dones,
+// and nothing between them that waits for that stream or communicates, are issued as one
+// communicator group where the communicator runs grouped permutes concurrently: the two
+// directions of a bidirectional ring step then share the time of one.
+void DeviceExecutor::pair_permutes() {
+  const std::size_t n = p_.instrs.size();
+  permute_partner_.assign(n, -1);
+  auto is_permute = [&](const Instr& in) {
+    return (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) &&
+           in.collective == CollectiveKind::CollectivePermute;
+  };
+  const auto all = all_axes(p_.mesh);
+  auto it = ctx_.comms.find(all);
+  if (it == ctx_.comms.end() || !it->second->groups_permutes()) return;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!is_permute(p_.instrs[i]) || permute_partner_[i] >= 0) continue;
+    const std::string& s = p_.instrs[i].stream;
+    for (std::size_t j = i + 1; j < n; ++j) {
+      const Instr& q = p_.instrs[j];
+      if (q.kind == InstrKind::CollectiveDone && q.stream == s) continue;
+      if (q.kind == InstrKind::Wait && (q.stream == s || q.wait_for == s)) break;
+      if (q.kind == InstrKind::Collective || q.kind == InstrKind::CollectiveStart) {
+        if (is_permute(q) && q.stream == s && q.kind == p_.instrs[i].kind) {
+          permute_partner_[i] = static_cast<int>(j);
+          permute_partner_[j] = static_cast<int>(i);
+        }
+        break;
+      }
+      if (q.stream == s) break;
+    }
+  }
 }
 
 DeviceExecutor::~DeviceExecutor() = default;
@@ -374,11 +408,20 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
           break;
         }
         case InstrKind::Copy:
-          for (const BlockCopy& c : copies_[i])
-            be.copy_block(*st.buf[static_cast<std::size_t>(in.out)], *st.buf[static_cast<std::size_t>(in.in[0])], c, s);
+          for (std::size_t c = 0; c < copies_[i].size(); ++c) {
+            const int src = in.in[static_cast<std::size_t>(in.copies[c].input)];
+            be.copy_block(*st.buf[static_cast<std::size_t>(in.out)], *st.buf[static_cast<std::size_t>(src)], copies_[i][c], s);
+          }
           break;
         case InstrKind::Collective:
-        case InstrKind::CollectiveStart: collective(st, i); break;
+        case InstrKind::CollectiveStart: {
+          const int partner = permute_partner_[i];
+          Communicator* grouped = partner >= 0 ? ctx_.comms.at(all_axes(p_.mesh)) : nullptr;
+          if (grouped && partner > static_cast<int>(i)) grouped->group_start();
+          collective(st, i);
+          if (grouped && partner < static_cast<int>(i)) grouped->group_end();
+          break;
+        }
         default: break;
       }
       if (opts.trace) {

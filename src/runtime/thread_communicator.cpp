@@ -34,6 +34,7 @@
 #include <cmath>
 #include <functional>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -313,49 +314,54 @@ using Clock = std::chrono::steady_clock;
 class ThreadCommunicator final : public Communicator {
  public:
   ThreadCommunicator(ThreadWorld* world, std::shared_ptr<ThreadGroupState> group, int rank,
-                     int spin_us)
-      : world_(world), g_(std::move(group)), rank_(rank), spin_(spin_us),
+                     int spin_us, LinkModel link)
+      : world_(world), g_(std::move(group)), rank_(rank), spin_(spin_us), link_(link),
         ptrs_(static_cast<std::size_t>(g_->n)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return g_->n; }
+  bool groups_permutes() const override { return true; }
 
   // ---- the stream-ordered interface: each call is a task on the caller's CPU stream ----
 
   void all_gather(const void* send, void* recv, std::size_t bytes, Stream& s) override {
-    submit(s, [=] { do_all_gather(send, recv, bytes); });
+    submit(s, [=] { do_all_gather(send, recv, bytes); }, others() * static_cast<double>(bytes));
   }
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                       Stream& s) override {
-    submit(s, [=] { do_reduce_scatter(send, recv, count, dtype, op); });
+    submit(s, [=] { do_reduce_scatter(send, recv, count, dtype, op); },
+           others() * static_cast<double>(count * elem_size(dtype)));
   }
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& s) override {
-    submit(s, [=] { do_all_reduce(send, recv, count, dtype, op); });
+    submit(s, [=] { do_all_reduce(send, recv, count, dtype, op); },
+           2 * others() / g_->n * static_cast<double>(count * elem_size(dtype)));
   }
   void all_to_all(const void* send, void* recv, std::size_t bytes, Stream& s) override {
-    submit(s, [=] { do_all_to_all(send, recv, bytes); });
+    submit(s, [=] { do_all_to_all(send, recv, bytes); }, others() * static_cast<double>(bytes));
   }
   void collective_permute(const void* send, int send_to, void* recv, int recv_from,
                           std::size_t bytes, Stream& s) override {
-    submit(s, [=] { do_collective_permute(send, send_to, recv, recv_from, bytes); });
+    const bool moves = (send_to >= 0 && send_to != rank_) || (recv_from >= 0 && recv_from != rank_);
+    submit(s, [=] { do_collective_permute(send, send_to, recv, recv_from, bytes); },
+           moves ? static_cast<double>(bytes) : -1.0);
   }
   void send(const void* buf, std::size_t bytes, int peer, Stream& s) override {
     if (in_group_) {
       group_stream(s);
-      group_.push_back(GroupOp{nullptr, buf, bytes, peer});
+      group_.push_back(GroupOp{nullptr, buf, bytes, peer, link_.seconds(static_cast<double>(bytes))});
       return;
     }
-    submit(s, [=] { do_send(buf, bytes, peer); });
+    submit(s, [=] { do_send(buf, bytes, peer); }, static_cast<double>(bytes));
   }
   void recv(void* buf, std::size_t bytes, int peer, Stream& s) override {
-    submit(s, [=] { do_recv(buf, bytes, peer); });
+    submit(s, [=] { do_recv(buf, bytes, peer); }, static_cast<double>(bytes));
   }
   void broadcast(void* buf, std::size_t bytes, int root, Stream& s) override {
-    submit(s, [=] { do_broadcast(buf, bytes, root); });
+    submit(s, [=] { do_broadcast(buf, bytes, root); }, static_cast<double>(bytes));
   }
   void barrier(Stream& s) override {
-    submit(s, [=] { do_barrier(); });
+    submit(s, [=] { do_barrier(); }, 0.0);
   }
 
   void group_start() override {
@@ -598,7 +604,17 @@ class ThreadCommunicator final : public Communicator {
     const void* buf = nullptr;
     std::size_t bytes = 0;
     int peer = -1;
+    double model_s = 0;  // LinkModel time of this call
   };
+
+  // Members other than this one (the link model's ring factor).
+  double others() const { return static_cast<double>(g_->n - 1); }
+
+  // The link model: sleep until `t0 + seconds` (the wall time the transfer takes on the link).
+  static void hold_until(Clock::time_point t0, double seconds) {
+    if (seconds <= 0) return;
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  }
 
   void group_stream(Stream& s) {
     if (group_stream_ && group_stream_ != &s)
@@ -607,10 +623,20 @@ class ThreadCommunicator final : public Communicator {
     group_stream_ = &s;
   }
 
-  void submit(Stream& s, std::function<void()> fn) {
+  // wire_bytes: what the call moves on one link (LinkModel); < 0: nothing leaves the device.
+  void submit(Stream& s, std::function<void()> fn, double wire_bytes) {
+    const double model_s = wire_bytes < 0 || g_->n < 2 ? 0.0 : link_.seconds(wire_bytes);
     if (in_group_) {
       group_stream(s);
-      group_.push_back(GroupOp{std::move(fn), nullptr, 0, -1});
+      group_.push_back(GroupOp{std::move(fn), nullptr, 0, -1, model_s});
+      return;
+    }
+    if (model_s > 0) {
+      detail::cpu_stream(s, "thread communicator").enqueue([fn = std::move(fn), model_s] {
+        const auto t0 = Clock::now();
+        fn();
+        hold_until(t0, model_s);
+      });
       return;
     }
     detail::cpu_stream(s, "thread communicator").enqueue(std::move(fn));
@@ -621,6 +647,9 @@ class ThreadCommunicator final : public Communicator {
   // and no peer can read our buffers after we leave.
   void run_group(std::vector<GroupOp>& ops) {
     std::vector<int> posted;
+    const auto t0 = Clock::now();
+    double model_s = 0;  // the calls of a group use their links at once: the longest one
+    for (const auto& op : ops) model_s = std::max(model_s, op.model_s);
     try {
       for (const auto& op : ops)
         if (!op.fn) {
@@ -634,6 +663,7 @@ class ThreadCommunicator final : public Communicator {
         posted.pop_back();
         send_wait(peer);
       }
+      hold_until(t0, model_s);
     } catch (const std::exception& e) {
       world_->abort(std::string("tessel: group on ") + g_->describe() + " failed: " + e.what());
       for (int peer : posted) {
@@ -816,6 +846,7 @@ class ThreadCommunicator final : public Communicator {
   std::shared_ptr<ThreadGroupState> g_;
   int rank_;
   detail::SpinWait spin_;
+  LinkModel link_;
   int parity_ = 0;
   std::vector<const void*> ptrs_;
   std::vector<char> scratch_;
@@ -838,6 +869,43 @@ ThreadWorld::ThreadWorld(const Mesh& mesh, ThreadWorldOptions options)
 }
 
 ThreadWorld::~ThreadWorld() = default;
+
+LinkModel LinkModel::parse(const std::string& spec) {
+  LinkModel m;
+  std::size_t b = 0;
+  bool bw = false;
+  while (b < spec.size()) {
+    std::size_t e = spec.find(',', b);
+    const std::string part = spec.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    b = e == std::string::npos ? spec.size() : e + 1;
+    const auto eq = part.find('=');
+    const std::string key = part.substr(0, eq);
+    char* end = nullptr;
+    const std::string text = eq == std::string::npos ? std::string() : part.substr(eq + 1);
+    const double v = text.empty() ? NAN : std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v < 0 || (key != "alpha_us" && key != "gbps"))
+      throw RuntimeError(fmt::format("link model '{}': bad entry '{}' (expected alpha_us=MICROSECONDS,gbps=GB_PER_S, "
+                                     "e.g. alpha_us=5,gbps=10)", spec, part));
+    if (key == "alpha_us") m.alpha_s = v * 1e-6;
+    else {
+      if (v <= 0) throw RuntimeError(fmt::format("link model '{}': gbps must be > 0", spec));
+      m.bandwidth = v * 1e9;
+      bw = true;
+    }
+  }
+  if (!spec.empty() && !bw) throw RuntimeError(fmt::format("link model '{}': gbps= is missing", spec));
+  return m;
+}
+
+LinkModel LinkModel::from_env() {
+  const char* e = std::getenv("TESSEL_LINK_MODEL");
+  if (!e || !*e) return {};
+  try {
+    return parse(e);
+  } catch (const RuntimeError& err) {
+    throw RuntimeError(fmt::format("TESSEL_LINK_MODEL: {}", err.what()));
+  }
+}
 
 std::unique_ptr<Communicator> ThreadWorld::communicator(int64_t position,
                                                         const std::vector<std::string>& axes) {
@@ -865,7 +933,7 @@ std::unique_ptr<Communicator> ThreadWorld::communicator(int64_t position,
                   .first;
     state = found->second;
   }
-  return std::make_unique<ThreadCommunicator>(this, std::move(state), rank, spin_us_);
+  return std::make_unique<ThreadCommunicator>(this, std::move(state), rank, spin_us_, options_.link_model);
 }
 
 void ThreadWorld::abort(std::string reason) {

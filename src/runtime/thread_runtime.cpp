@@ -205,6 +205,7 @@ std::unique_ptr<CollectiveWorld> ThreadRuntime::make_world(const Mesh& mesh,
   ThreadWorldOptions wo;
   wo.timeout_seconds = timeout_s;
   wo.spin_us = spin_us_;  // the collectives run on this runtime's threads: same budget
+  wo.link_model = options_.link_model.on() ? options_.link_model : LinkModel::from_env();
   return std::make_unique<ThreadWorld>(mesh, wo);  // groups are created on first request
 }
 

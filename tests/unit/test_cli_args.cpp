@@ -72,7 +72,7 @@ TEST_CASE("cli args: a bad number names the flag and what it expects", "[cli]") 
       {{"f", "--links", "model=alpha:-1"}, {"--links", "alpha must be >= 0"}},
       {{"f", "--links", "=bw:1"}, {"--links", "axis name"}},
       {{"f", "--links", "model=speed:1"}, {"--links", "unknown key"}},
-      {{"f", "--dump-after=later"}, {"--dump-after", "expected one of parse, propagate, partition, pack"}},
+      {{"f", "--dump-after=later"}, {"--dump-after", "expected one of parse, propagate, partition, collective-matmul, pack"}},
       {{"f", "--seed"}, {"--seed needs a value"}},
       {{"f", "--frob"}, {"unknown option '--frob'"}},
       {{"f", "g"}, {"unexpected argument 'g'"}},

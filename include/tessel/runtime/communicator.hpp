@@ -59,6 +59,10 @@ class Communicator {
 
   // Calls between group_start and group_end are issued together (see above); groups do not
   // nest. group_end enqueues them on the stream of the calls (all on one stream).
+  // Whether collective_permute calls between group_start and group_end run concurrently (on
+  // separate links), so that the executor may issue the two permutes of a bidirectional ring
+  // step as one group. False unless the communicator says so.
+  virtual bool groups_permutes() const { return false; }
   virtual void group_start() = 0;
   virtual void group_end() = 0;
   // Fails every pending and later call of every member of this communicator's world.

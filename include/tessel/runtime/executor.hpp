@@ -77,6 +77,7 @@ class DeviceExecutor {
   DeviceRunResult run(const std::vector<std::shared_ptr<Buffer>>& inputs, const DeviceRunOptions& opts);
 
  private:
+  void pair_permutes();
   struct RunState;
   Stream& stream(std::size_t instr) const { return *streams_[stream_of_[instr]]; }
   void collective(RunState& st, std::size_t i);
@@ -90,6 +91,9 @@ class DeviceExecutor {
   std::vector<KernelArgs> kernel_args_;      // per instruction (kernels): all but the pointers
   std::vector<std::vector<BlockCopy>> copies_;  // per instruction (copies): this device's blocks
   std::vector<std::unique_ptr<Event>> events_;  // per instruction (waits)
+  // Per instruction: the index of the permute issued with this one in one communicator group
+  // (the two directions of a bidirectional collective-matmul ring step), else -1.
+  std::vector<int> permute_partner_;
   std::shared_ptr<Buffer> arena_;
   std::vector<std::shared_ptr<Buffer>> arena_views_;  // per value placed in the arena
   std::vector<int> output_of_;   // per value: index in outputs, -1

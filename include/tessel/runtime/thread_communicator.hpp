@@ -34,6 +34,26 @@
 
 namespace tessel {
 
+// A simulated interconnect for the thread communicator (off by default): every collective
+// takes at least alpha + wire_bytes / bandwidth of wall time from the moment its stream starts
+// it, waiting the rest of that time asleep, so that a transfer costs time without occupying a
+// core — as a real link does (the in-process copy itself is a memcpy that does occupy one).
+// wire_bytes is what one member sends or receives on its busiest link under a ring schedule:
+// all-gather / reduce-scatter / all-to-all (n-1)·block, all-reduce 2(n-1)/n·buffer, permute,
+// send, recv, broadcast the buffer. Calls of one group (group_start..group_end) are concurrent
+// on separate links: the group takes the longest of them. For benchmarks of overlap
+// (docs/collective-matmul.md), never for correctness.
+struct LinkModel {
+  double alpha_s = 0;    // seconds per call
+  double bandwidth = 0;  // bytes per second per link; 0: the model is off
+  bool on() const { return bandwidth > 0; }
+  double seconds(double wire_bytes) const { return on() ? alpha_s + wire_bytes / bandwidth : 0.0; }
+  // TESSEL_LINK_MODEL="alpha_us=5,gbps=10" (GB/s = 1e9 bytes/s); unset or empty: off.
+  // Throws RuntimeError naming the variable and the bad entry.
+  static LinkModel from_env();
+  static LinkModel parse(const std::string& spec);  // the same syntax
+};
+
 struct ThreadWorldOptions {
   // > 0: a member that waits longer than this for its peers aborts the world with a
   // RuntimeError naming the collective, the group and the ranks that have not arrived.
@@ -47,6 +67,7 @@ struct ThreadWorldOptions {
   // devices, else 0 (spinning with more threads than cores only steals time from the peers
   // being waited on). ThreadRuntime sets it from its own thread count.
   int spin_us = -1;
+  LinkModel link_model;  // off by default (see LinkModel)
 };
 
 namespace detail {

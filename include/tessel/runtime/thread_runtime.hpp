@@ -39,6 +39,7 @@
 
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/runtime.hpp"
+#include "tessel/runtime/thread_communicator.hpp"
 
 namespace tessel {
 
@@ -49,6 +50,9 @@ struct ThreadRuntimeOptions {
   // variable TESSEL_SPIN_US when set (0 turns spinning off, N forces N us), else 20 when the
   // machine has a hardware thread for every thread a step keeps busy, else 0. >= 0: exactly that.
   int spin_us = -1;
+  // A simulated interconnect for the collectives (thread_communicator.hpp, LinkModel); off by
+  // default. The environment variable TESSEL_LINK_MODEL turns it on when this is off.
+  LinkModel link_model;
   // For tests: called with the device before its thread is started (devices 1.., device 0
   // has none); an exception it throws is handled exactly like a failure to start that thread
   // (std::system_error).
