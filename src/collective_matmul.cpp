@@ -226,7 +226,9 @@ double step_einsum_s(const CostModel& m, const Costs& c, int64_t parts) {
 // Estimated seconds of the ring with `halves` chunks per step (1 uni, 2 bi), n steps.
 double ring_seconds(const CostModel& m, const Site& s, const Costs& c, int halves) {
   const double h = static_cast<double>(halves);
-  const double t_perm = c.comm_alpha + c.chunk_bytes / h / c.comm_bw;  // both directions at once
+  // Both directions at once on separate links — except on a ring of two, where both halves go
+  // to the one neighbour over the same link.
+  const double t_perm = c.comm_alpha + (s.n == 2 ? c.chunk_bytes : c.chunk_bytes / h) / c.comm_bw;
   const double t_e = step_einsum_s(m, c, s.n * halves) * h + c.slice_bytes / m.memory_bandwidth;
   double comp = 0, comm = 0;
   if (s.gather) {

@@ -344,12 +344,12 @@ class ThreadCommunicator final : public Communicator {
                           std::size_t bytes, Stream& s) override {
     const bool moves = (send_to >= 0 && send_to != rank_) || (recv_from >= 0 && recv_from != rank_);
     submit(s, [=] { do_collective_permute(send, send_to, recv, recv_from, bytes); },
-           moves ? static_cast<double>(bytes) : -1.0);
+           moves ? static_cast<double>(bytes) : -1.0, send_to);
   }
   void send(const void* buf, std::size_t bytes, int peer, Stream& s) override {
     if (in_group_) {
       group_stream(s);
-      group_.push_back(GroupOp{nullptr, buf, bytes, peer, link_.seconds(static_cast<double>(bytes))});
+      group_.push_back(GroupOp{nullptr, buf, bytes, peer, static_cast<double>(bytes), peer});
       return;
     }
     submit(s, [=] { do_send(buf, bytes, peer); }, static_cast<double>(bytes));
@@ -604,7 +604,8 @@ class ThreadCommunicator final : public Communicator {
     const void* buf = nullptr;
     std::size_t bytes = 0;
     int peer = -1;
-    double model_s = 0;  // LinkModel time of this call
+    double wire_bytes = -1;  // LinkModel: bytes this call moves (< 0: none)
+    int link = -1;           // the peer it sends to (-1: every link, a collective)
   };
 
   // Members other than this one (the link model's ring factor).
@@ -624,11 +625,12 @@ class ThreadCommunicator final : public Communicator {
   }
 
   // wire_bytes: what the call moves on one link (LinkModel); < 0: nothing leaves the device.
-  void submit(Stream& s, std::function<void()> fn, double wire_bytes) {
+  // link: the peer a point-to-point call sends to (-1: a collective over the whole group).
+  void submit(Stream& s, std::function<void()> fn, double wire_bytes, int link = -1) {
     const double model_s = wire_bytes < 0 || g_->n < 2 ? 0.0 : link_.seconds(wire_bytes);
     if (in_group_) {
       group_stream(s);
-      group_.push_back(GroupOp{std::move(fn), nullptr, 0, -1, model_s});
+      group_.push_back(GroupOp{std::move(fn), nullptr, 0, -1, g_->n < 2 ? -1.0 : wire_bytes, link});
       return;
     }
     if (model_s > 0) {
@@ -648,8 +650,13 @@ class ThreadCommunicator final : public Communicator {
   void run_group(std::vector<GroupOp>& ops) {
     std::vector<int> posted;
     const auto t0 = Clock::now();
-    double model_s = 0;  // the calls of a group use their links at once: the longest one
-    for (const auto& op : ops) model_s = std::max(model_s, op.model_s);
+    // The calls of a group use their links at once: bytes to one peer share that link, the
+    // group takes the busiest link's time.
+    std::map<int, double> per_link;
+    for (const auto& op : ops)
+      if (op.wire_bytes >= 0) per_link[op.link] += op.wire_bytes;
+    double model_s = 0;
+    for (const auto& [peer, bytes] : per_link) model_s = std::max(model_s, link_.seconds(bytes));
     try {
       for (const auto& op : ops)
         if (!op.fn) {

@@ -1,7 +1,8 @@
 // Golden tests for Program→Program passes: each tests/golden/program/NAME.pir is a program in
 // the text form (docs/program-ir.md) whose first line names the passes to run,
 //   # passes: pack, async-collectives
-// (combine-collectives takes its threshold as combine-collectives(threshold=BYTES)),
+// (combine-collectives takes its threshold as combine-collectives(threshold=BYTES);
+// collective-matmul its mode and direction as collective-matmul(on uni) or (on bi)),
 // and NAME.expected is print_program of the result. Every pass is verified. Regenerate with
 // TESSEL_UPDATE_GOLDEN=1 after an intended change, and review the diff.
 #include <catch2/catch.hpp>
@@ -42,6 +43,12 @@ std::string lower(const std::string& name) {
       const auto eq = pass.find("(threshold=");
       if (eq != std::string::npos) threshold = std::stoll(pass.substr(eq + 11));
       pm.add("combine-collectives", [threshold](Program q) { return combine_collectives_pass(std::move(q), threshold); });
+    } else if (pass.rfind("collective-matmul", 0) == 0) {
+      // collective-matmul(on,bi): mode and ring direction.
+      CollectiveMatmulOptions o;
+      o.mode = pass.find("(on") != std::string::npos ? OverlapMode::On : OverlapMode::Auto;
+      o.direction = pass.find("bi)") != std::string::npos ? RingDirection::Bi : RingDirection::Uni;
+      pm.add("collective-matmul", [o](Program q) { return collective_matmul_pass(std::move(q), o); });
     } else if (pass == "pack") pm.add(pass, pack_pass);
     else if (pass == "async-collectives") pm.add(pass, async_collectives_pass);
     else if (pass == "memory-plan") pm.add(pass, memory_plan_pass);
@@ -130,4 +137,20 @@ TEST_CASE("golden program: the combine threshold splits a run", "[golden][progra
   CHECK(count(out, "all_reduce(") == 3);
   CHECK(count(out, "bytes=32") == 2);
   CHECK(out.find("%big = all_reduce(%x)") != std::string::npos);
+}
+
+TEST_CASE("golden program: collective-matmul turns the MLP's all-gather and reduce-scatter into rings", "[golden][program-ir][collective_matmul]") {
+  const std::string uni = lower("collective_matmul_uni");
+  CHECK(uni.find("all_gather") == std::string::npos);
+  CHECK(uni.find("reduce_scatter") == std::string::npos);
+  CHECK(uni.find("collective_permute") != std::string::npos);
+  CHECK(uni.find("mod 4)") != std::string::npos);
+  const std::string bi = lower("collective_matmul_bi");
+  // The next chunk's permute (%u.ring0.2, from the chunk of step 1) starts before the einsum of
+  // step 1, so that it travels while that einsum runs.
+  const auto start = bi.find("%u.ring0.2 = collective_permute_start(%u.ring0.1)");
+  const auto einsum = bi.find("= einsum(%u.ring0.1");
+  REQUIRE(start != std::string::npos);
+  REQUIRE(einsum != std::string::npos);
+  CHECK(start < einsum);
 }

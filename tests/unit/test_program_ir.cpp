@@ -148,3 +148,52 @@ TEST_CASE("the verifier names the instruction that breaks an invariant", "[progr
                           "output %c\n");
   CHECK(msg.find("leaves the source") != std::string::npos);
 }
+
+TEST_CASE("ring block offsets: eval over every device, text round trip and errors", "[program-ir][collective_matmul]") {
+  const Mesh mesh = Mesh::parse("data=2,model=4");
+  IndexExpr e;
+  e.base = 1;
+  e.stride = 8;
+  e.axes = {"model"};
+  e.shift = 3;
+  e.modulus = 4;
+  for (int64_t d = 0; d < mesh.num_devices(); ++d) {
+    const int64_t r = mesh.index_in_group(d, {"model"});
+    CHECK(e.eval(mesh, d) == 1 + 8 * ((r + 3) % 4));
+  }
+  CHECK(e.max_value(mesh) == 1 + 8 * 3);
+  // A ring smaller than the group never reaches past modulus - 1.
+  e.modulus = 2;
+  CHECK(e.max_value(mesh) == 1 + 8 * 1);
+  e.modulus = 4;
+  e.shift = -1;  // a negative shift wraps around
+  CHECK(e.eval(mesh, 0) == 1 + 8 * 3);
+
+  // A copy gathering blocks of two inputs at ring offsets prints, parses and verifies.
+  const std::string text =
+      "mesh model=2\n"
+      "%a = input f32[2,3] global=f32[4,3] sharding=[{model}, {}]\n"
+      "%b = input f32[2,3] global=f32[4,3] sharding=[{model}, {}]\n"
+      "%c = copy(%a, %b) block=[2,3] copies=[[0,0]->[2*({model}+0 mod 2),0], 1:[0,0]->[2*({model}+1 mod 2),0]] : "
+      "f32[4,3] global=f32[4,3] sharding=[{}, {}] @compute\n"
+      "output %c\n";
+  Program p = parse_program(text, "ring.pir");
+  CHECK(p.instrs.at(0).copies.at(1).input == 1);
+  CHECK(p.instrs.at(0).copies.at(1).dst.at(0).modulus == 2);
+  CHECK(p.instrs.at(0).copies.at(1).dst.at(0).shift == 1);
+  CHECK(print_program(parse_program(print_program(p), "again.pir")) == print_program(p));
+  verify_program(p);
+
+  // Errors name what is wrong.
+  auto with_copies = [](const std::string& copies) {
+    return message_of("mesh model=2\n%a = input f32[2,3] global=f32[4,3] sharding=[{model}, {}]\n"
+                      "%c = copy(%a) block=[2,3] copies=[" + copies +
+                      "] : f32[2,3] global=f32[4,3] sharding=[{model}, {}] @compute\noutput %c\n");
+  };
+  CHECK(with_copies("[0,0]->[2*({model}+1 mod 0),0]").find("a ring modulus must be >= 1") != std::string::npos);
+  CHECK(with_copies("[0,0]->[2*({model} mod 2),0]").find("expected a signed shift") != std::string::npos);
+  CHECK(with_copies("[0,0]->[2*({model}+1 rem 2),0]").find("expected 'mod'") != std::string::npos);
+  CHECK(with_copies("1:[0,0]->[0,0]").find("copy block input 1 is not one of the copy's 1 inputs") != std::string::npos);
+  // A ring offset that can leave the result is caught by the verifier.
+  CHECK(with_copies("[0,0]->[1*({model}+1 mod 2),0]").find("leaves the source") != std::string::npos);
+}

@@ -719,3 +719,44 @@ TEST_CASE("thread communicator: an aborted collective fails its async stream and
   CHECK_THROWS_WITH(ev->synchronize(), Catch::Contains("failed"));
   s0->synchronize();  // the error was reported once
 }
+
+TEST_CASE("thread communicator: the link model holds each transfer for alpha + bytes / bandwidth", "[runtime][comm]") {
+  CHECK(LinkModel::parse("alpha_us=5,gbps=10").alpha_s == Approx(5e-6));
+  CHECK(LinkModel::parse("alpha_us=5,gbps=10").bandwidth == Approx(10e9));
+  CHECK_FALSE(LinkModel::parse("").on());
+  CHECK_THROWS_WITH(LinkModel::parse("alpha_us=5"), Catch::Contains("gbps= is missing"));
+  CHECK_THROWS_WITH(LinkModel::parse("gbps=0"), Catch::Contains("gbps must be > 0"));
+  CHECK_THROWS_WITH(LinkModel::parse("gbps=x"), Catch::Contains("bad entry 'gbps=x'"));
+  CHECK_THROWS_WITH(LinkModel::parse("speed=3"), Catch::Contains("bad entry 'speed=3'"));
+
+  // 64 KiB at 1.31 MB/s: 50 ms per transfer. Lower bounds only (the model sleeps at least
+  // that long; an upper bound would test the machine's load).
+  const Mesh mesh = Mesh::parse("x=4");
+  ThreadWorldOptions o = test_options();
+  o.link_model.bandwidth = 65536 / 0.05;
+  ThreadWorld world(mesh, o);
+  const std::size_t bytes = 65536;
+  std::vector<double> single(4), same_peer(4);
+  const auto errs = run_devices(world, [&](int64_t pos, std::vector<std::string>& e) {
+    auto comm = world.communicator(pos, {"x"});
+    std::vector<char> a(bytes, 1), b(bytes), c(bytes);
+    const int r = comm->rank(), next = (r + 1) % 4, prev = (r + 3) % 4;
+    auto t0 = std::chrono::steady_clock::now();
+    comm->collective_permute(a.data(), next, b.data(), prev, bytes, eager());
+    single[static_cast<std::size_t>(pos)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Two halves to the same neighbour in one group share its link: 2 x 25 ms.
+    t0 = std::chrono::steady_clock::now();
+    comm->group_start();
+    comm->collective_permute(a.data(), next, b.data(), prev, bytes / 2, eager());
+    comm->collective_permute(a.data() + bytes / 2, next, c.data(), prev, bytes / 2, eager());
+    comm->group_end();
+    same_peer[static_cast<std::size_t>(pos)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (b[0] != 1 || c[0] != 1) e.push_back("the permutes did not move the data");
+  });
+  INFO(first_errors(errs));
+  CHECK(errs.empty());
+  for (int d = 0; d < 4; ++d) {
+    CHECK(single[static_cast<std::size_t>(d)] >= 0.049);
+    CHECK(same_peer[static_cast<std::size_t>(d)] >= 0.049);
+  }
+}

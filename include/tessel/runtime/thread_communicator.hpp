@@ -41,7 +41,7 @@ namespace tessel {
 // wire_bytes is what one member sends or receives on its busiest link under a ring schedule:
 // all-gather / reduce-scatter / all-to-all (n-1)·block, all-reduce 2(n-1)/n·buffer, permute,
 // send, recv, broadcast the buffer. Calls of one group (group_start..group_end) are concurrent
-// on separate links: the group takes the longest of them. For benchmarks of overlap
+// on separate links (bytes to the same peer share one): the group takes the busiest link's time. For benchmarks of overlap
 // (docs/collective-matmul.md), never for correctness.
 struct LinkModel {
   double alpha_s = 0;    // seconds per call
