@@ -431,6 +431,7 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
         const bool coll = in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart;
         e.category = in.kind == InstrKind::Kernel ? "kernel" : in.kind == InstrKind::Copy ? "copy" : "collective";
         e.device = pos_;
+        e.stream = in.stream;
         e.args = fmt::format("\"value\": \"%{}\", \"shape\": \"{}\", \"sharding\": \"{}\", \"stream\": \"{}\"", o.name,
                              type_str(o.dtype, o.shape), o.sharding.to_string(), in.stream);
         if (coll) e.args += fmt::format(", \"bytes\": {}, \"axes\": \"{}\"", in.bytes, join(in.axes, ","));

@@ -38,18 +38,27 @@ std::string Trace::to_json() const {
     return a.device != b.device ? a.device < b.device : a.start_us < b.start_us;
   });
   std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  // One process per device, one thread (track) per stream of it: a collective on `comm`
+  // running under a kernel on `compute` shows as two overlapping bars.
+  std::vector<std::string> streams = {"compute"};
+  for (const auto& e : ev)
+    if (std::find(streams.begin(), streams.end(), e.stream) == streams.end()) streams.push_back(e.stream);
+  auto tid = [&](const std::string& s) { return std::find(streams.begin(), streams.end(), s) - streams.begin(); };
   int64_t maxdev = -1;
   for (const auto& e : ev) maxdev = std::max(maxdev, e.device);
   bool first = true;
   for (int64_t d = 0; d <= maxdev; ++d) {
-    out += fmt::format("{}{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": {}, "
-                       "\"args\": {{\"name\": \"device {}\"}}}}", first ? "" : ",\n", d, d);
+    out += fmt::format("{}{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, \"args\": {{\"name\": \"device {}\"}}}}",
+                       first ? "" : ",\n", d, d);
     first = false;
+    for (const auto& s : streams)
+      out += fmt::format(",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": {}, "
+                         "\"args\": {{\"name\": \"{}\"}}}}", d, tid(s), escape(s));
   }
   for (const auto& e : ev) {
-    out += fmt::format("{}{{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"X\", \"pid\": 0, \"tid\": {}, "
+    out += fmt::format("{}{{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"X\", \"pid\": {}, \"tid\": {}, "
                        "\"ts\": {:.3f}, \"dur\": {:.3f}, \"args\": {{{}}}}}",
-                       first ? "" : ",\n", escape(e.name), e.category, e.device, e.start_us,
+                       first ? "" : ",\n", escape(e.name), e.category, e.device, tid(e.stream), e.start_us,
                        e.dur_us, e.args);
     first = false;
   }

@@ -338,10 +338,13 @@ TEST_CASE("cli: --run --trace writes a Chrome trace of every device", "[integrat
   CHECK(brackets == 0);
   CHECK_FALSE(ever_negative);
   CHECK_THAT(j, Catch::Contains("\"traceEvents\""));
+  // A process per device, a track per stream (compute, comm) in each.
   for (int d = 0; d < 8; ++d) {
     INFO("device " << d);
-    CHECK(std::regex_search(j, std::regex(fmt::format(R"("tid"\s*:\s*{}\s*[,}}])", d))));
+    CHECK(std::regex_search(j, std::regex(fmt::format(R"("pid"\s*:\s*{}\s*[,}}])", d))));
+    CHECK_THAT(j, Catch::Contains(fmt::format("\"name\": \"device {}\"", d)));
   }
+  CHECK_THAT(j, Catch::Contains("\"name\": \"comm\""));
   CHECK(std::regex_search(j, std::regex(R"("cat"\s*:\s*"kernel")")));
   CHECK(std::regex_search(j, std::regex(R"("cat"\s*:\s*"collective")")));
 }

@@ -149,7 +149,7 @@ TEST_CASE("the verifier names the instruction that breaks an invariant", "[progr
   CHECK(msg.find("leaves the source") != std::string::npos);
 }
 
-TEST_CASE("ring block offsets: eval over every device, text round trip and errors", "[program-ir][collective_matmul]") {
+TEST_CASE("ring block offsets: eval over every device and text round trip and errors", "[program-ir][collective_matmul]") {
   const Mesh mesh = Mesh::parse("data=2,model=4");
   IndexExpr e;
   e.base = 1;

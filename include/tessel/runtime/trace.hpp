@@ -14,6 +14,7 @@ struct TraceEvent {
   std::string name;
   std::string category;  // "kernel", "collective", "slice", "io"
   int64_t device = 0;
+  std::string stream = "compute";  // the device's track it is drawn on (compute, comm, ...)
   double start_us = 0;
   double dur_us = 0;
   std::string args;  // JSON object body, e.g. "\"bytes\": 1024"
