@@ -9,7 +9,7 @@
 //   build/bin/gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]
 //                       [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]
 //                       [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4]
-//                       [--no-reference] [--mixed]
+//                       [--no-reference] [--mixed] [--remat none|einsums|all]
 //
 // Prints per step the loss, the one-device loss and their relative difference, the gradient
 // norm and tokens/s; then peak bytes per device and the collectives of the step. Exits 1 when
@@ -46,10 +46,12 @@ const char* kUsage =
     "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]\n"
     "                 [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
-    "                 [--mixed]\n"
+    "                 [--mixed] [--remat none|einsums|all]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --mixed: bf16 activations with f32 master\n"
-    "weights and moments (tolerance 5e-3 unless given).\n";
+    "weights and moments (tolerance 5e-3 unless given). --remat: which activations the backward\n"
+    "recomputes: none (saves all), einsums (saves einsum results only), all (recomputes each block\n"
+    "from its input).\n";
 
 std::string read_corpus(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -96,6 +98,7 @@ int run(int argc, char** argv) {
       tolerance_given = true;
     }
     else if (a == "--no-reference") reference = false;
+    else if (a == "--remat") to.remat = tessel::parse_remat_policy(next());
     else if (a == "--mixed") {
       cfg.compute = tessel::DType::bf16;  // f32 master weights and moments, bf16 activations
       if (!tolerance_given) tolerance = 5e-3;
@@ -113,6 +116,7 @@ int run(int argc, char** argv) {
 
   tessel::GptGraph m = tessel::build_gpt(cfg);
   tessel::Graph& g = m.graph;
+  to.checkpoints = m.checkpoints;
   auto t0 = std::chrono::steady_clock::now();
   tessel::TrainStep step = tessel::add_train_step(g, m.loss, m.weights, mesh, to);
   tessel::Executable exe = tessel::compile(g, mesh);
@@ -141,10 +145,10 @@ int run(int argc, char** argv) {
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   print(fmt::format("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab=256 params={} corpus={} bytes\n",
                     cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.layers, m.params, corpus.size()));
-  print(fmt::format("mesh {} = {} CPU devices{}, zero={}, lr={}, {}, seed {}\n", mesh.to_string(),
+  print(fmt::format("mesh {} = {} CPU devices{}, zero={}, remat={}, lr={}, {}, seed {}\n", mesh.to_string(),
                     mesh.num_devices(),
                     mpi ? fmt::format(" on {} MPI processes", mpi->world_size()) : std::string(" (virtual)"), to.zero,
-                    lr, cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
+                    tessel::remat_policy_name(to.remat), lr, cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
   print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms, g.ops.size(),
                     prog.program().instrs.size()));
 
