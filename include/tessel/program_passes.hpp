@@ -38,6 +38,13 @@ struct ProgramPassOptions {
   // device (XLA's combine_threshold_in_bytes); a collective larger than it alone stays as it
   // is. 0 disables combining.
   int64_t combine_threshold_bytes = int64_t{32} << 20;
+  // offload-activations (after async-collectives; off when offload_min_bytes is 0): a value of
+  // at least offload_min_bytes per device that no instruction reads for offload_min_gap
+  // instructions or more is copied to host memory before the gap and back offload_prefetch
+  // instructions before its next reader.
+  int64_t offload_min_bytes = 0;
+  int offload_min_gap = 64;
+  int offload_prefetch = 8;
 };
 
 Program pack_pass(Program p);
@@ -53,6 +60,16 @@ Program pack_pass(Program p);
 // already has async collectives or waits (run it before async-collectives).
 Program combine_collectives_pass(Program p, int64_t threshold_bytes = ProgramPassOptions{}.combine_threshold_bytes);
 Program async_collectives_pass(Program p);
+// Activation offload (src/offload.cpp, docs/program-ir.md "offload-activations"): for each
+// intermediate value defined and read on `compute` only, not viewed, of at least `min_bytes`,
+// whose longest stretch between two consecutive accesses is at least `min_gap` instructions:
+// after the access before the stretch, `wait compute @comm` and `%v.host = copy(%v) @comm`
+// (a host-memory value); `prefetch` instructions later `wait comm @compute` (the arena bytes
+// are free from there); `prefetch` instructions before the reader, `wait compute @comm` and
+// `%v.reload = copy(%v.host) @comm`; `wait comm @compute` before the reader, which reads
+// %v.reload from then on. Runs on a program with async collectives (after that pass). A
+// no-op when min_bytes <= 0; Error when min_gap < 2 or prefetch < 1.
+Program offload_activations_pass(Program p, int64_t min_bytes, int min_gap = 64, int prefetch = 8);
 // Liveness from compute_liveness (program_verify.hpp); the values defined by instructions,
 // except outputs and views, are placed greedily by size, largest first (ties: earliest
 // definition), each at the lowest offset of the smallest gap between already-placed values
@@ -84,7 +101,8 @@ class ProgramPassManager {
   bool verify_ = false;
 };
 
-// pack, combine-collectives, async-collectives, memory-plan.
+// pack, combine-collectives, async-collectives, [offload-activations when
+// options.offload_min_bytes > 0,] memory-plan.
 ProgramPassManager default_program_pipeline(const ProgramPassOptions& options = {});
 std::vector<std::string> default_program_pass_names();
 

@@ -91,6 +91,7 @@ class DeviceExecutor {
   std::vector<std::vector<BlockCopy>> copies_;  // per instruction (copies): this device's blocks
   std::vector<std::unique_ptr<Event>> events_;  // per instruction (waits)
   std::shared_ptr<Buffer> arena_;
+  std::shared_ptr<Buffer> host_pool_;  // offloaded activations (MemoryPlan::host_bytes), if any
   std::vector<std::shared_ptr<Buffer>> arena_views_;  // per value placed in the arena
   std::vector<int> output_of_;   // per value: index in outputs, -1
   std::vector<int> input_of_;    // per value: index in inputs, -1
