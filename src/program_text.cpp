@@ -555,7 +555,7 @@ class Parser : LineLexer {
       const bool per_value = t.kind == TK::Ident && (t.text == "global" || t.text == "sharding" || t.text == "at" ||
                                                      t.text == "memory");
       if (cur > 0 && !per_value)
-        fail(t.col, fmt::format("only global=, sharding=, memory= and at= follow the type of {} (the op's attributes "
+        fail(t.col, fmt::format("only global=, sharding= and at= follow the type of {} (and memory=; the op's attributes "
                                 "and its @stream come before the first ',')", value_ref(lv.name)));
       auto& rseen = result_seen[static_cast<std::size_t>(cur)];
       if (per_value) {
