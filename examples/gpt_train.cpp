@@ -9,7 +9,7 @@
 //   build/bin/gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]
 //                       [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]
 //                       [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4]
-//                       [--no-reference] [--mixed]
+//                       [--no-reference] [--mixed] [--remat none|einsums|all] [--offload]
 //
 // Prints per step the loss, the one-device loss and their relative difference, the gradient
 // norm and tokens/s; then peak bytes per device and the collectives of the step. Exits 1 when
@@ -46,10 +46,13 @@ const char* kUsage =
     "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]\n"
     "                 [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
-    "                 [--mixed]\n"
+    "                 [--mixed] [--remat none|einsums|all] [--offload]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --mixed: bf16 activations with f32 master\n"
-    "weights and moments (tolerance 5e-3 unless given).\n";
+    "weights and moments (tolerance 5e-3 unless given). --remat: which activations the backward\n"
+    "recomputes: none (saves all), einsums (saves einsum results only), all (recomputes each block\n"
+    "from its input). --offload: saved activations of 16 KiB or more move to host memory between\n"
+    "their forward and backward uses (the offload-activations pass).\n";
 
 std::string read_corpus(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -71,7 +74,7 @@ int run(int argc, char** argv) {
   std::string mesh_spec = "data=2,model=2", corpus_path = std::string(TESSEL_SOURCE_DIR) + "/data/corpus.txt";
   int steps = 20, threads = 1;
   double lr = 3e-3, tolerance = 1e-4;
-  bool reference = true, tolerance_given = false;
+  bool reference = true, tolerance_given = false, offload = false;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -96,6 +99,8 @@ int run(int argc, char** argv) {
       tolerance_given = true;
     }
     else if (a == "--no-reference") reference = false;
+    else if (a == "--remat") to.remat = tessel::parse_remat_policy(next());
+    else if (a == "--offload") offload = true;
     else if (a == "--mixed") {
       cfg.compute = tessel::DType::bf16;  // f32 master weights and moments, bf16 activations
       if (!tolerance_given) tolerance = 5e-3;
@@ -113,6 +118,7 @@ int run(int argc, char** argv) {
 
   tessel::GptGraph m = tessel::build_gpt(cfg);
   tessel::Graph& g = m.graph;
+  to.checkpoints = m.checkpoints;
   auto t0 = std::chrono::steady_clock::now();
   tessel::TrainStep step = tessel::add_train_step(g, m.loss, m.weights, mesh, to);
   tessel::Executable exe = tessel::compile(g, mesh);
@@ -137,14 +143,15 @@ int run(int argc, char** argv) {
   };
   tessel::LoadOptions lo;
   lo.donate = step.donations();
+  if (offload) lo.lowering.offload_min_bytes = 16 << 10;
   tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   print(fmt::format("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab=256 params={} corpus={} bytes\n",
                     cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.layers, m.params, corpus.size()));
-  print(fmt::format("mesh {} = {} CPU devices{}, zero={}, lr={}, {}, seed {}\n", mesh.to_string(),
+  print(fmt::format("mesh {} = {} CPU devices{}, zero={}, remat={}, lr={}, {}, seed {}\n", mesh.to_string(),
                     mesh.num_devices(),
                     mpi ? fmt::format(" on {} MPI processes", mpi->world_size()) : std::string(" (virtual)"), to.zero,
-                    lr, cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
+                    tessel::remat_policy_name(to.remat), lr, cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
   print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms, g.ops.size(),
                     prog.program().instrs.size()));
 
@@ -231,8 +238,9 @@ int run(int argc, char** argv) {
   if (steps > 1)
     fmt::print("step time: {:.2f} ms mean over steps 2..{} ({:.0f} tokens/s)\n", total_s * 1e3 / (steps - 1), steps,
                static_cast<double>(cfg.batch * cfg.seq * (steps - 1)) / total_s);
-  fmt::print("peak bytes per device: {} measured, {} planned (arena {}, inputs {}, outputs {})\n", peak,
-             mem.peak_bytes(), mem.arena_bytes, mem.input_bytes, mem.output_bytes);
+  fmt::print("peak bytes per device: {} measured, {} planned (arena {}, inputs {}, outputs {}){}\n", peak,
+             mem.peak_bytes(), mem.arena_bytes, mem.input_bytes, mem.output_bytes,
+             mem.host_bytes > 0 ? fmt::format("; host memory (offloaded activations) {}", mem.host_bytes) : std::string());
   fmt::print("{}\n", exe.program().summary().line());
   const bool ok = (!reference || worst <= tolerance) && (n < 2 || last < first) && std::isfinite(last);
   return ok ? 0 : 1;

@@ -100,6 +100,13 @@ void layer_norm_grad(const void* x, const void* gamma, const void* dy, void* dx,
 // i32 [rows] (global ids), out [rows] of dtype out_t.
 void cross_entropy(const void* logits, DType t, const int32_t* labels, void* out, DType out_t, int64_t rows,
                    int64_t V, int64_t off, DeviceError* err, unsigned seq, StreamHandle s);
+// softmax's backward over [outer, len, inner] along len: dx = y (dy - sum(dy y)); y, dy, dx of t.
+void softmax_grad(const void* y, const void* dy, void* dx, DType t, int64_t outer, int64_t len, int64_t inner,
+                  StreamHandle s);
+// cross_entropy's backward: dx [rows, V] (dtype t, like the logits) = (softmax - one_hot) g,
+// g f32 [rows]; labels and `off` as cross_entropy's.
+void cross_entropy_grad(const void* logits, DType t, const int32_t* labels, const float* g, void* dx, int64_t rows,
+                        int64_t V, int64_t off, DeviceError* err, unsigned seq, StreamHandle s);
 // table [V, D] rows [off, off+V) of a table of V_global rows; ids [n]; out [n, D].
 void embedding(const void* table, std::size_t elem, const int32_t* ids, void* out, int64_t n, int64_t V, int64_t D,
                int64_t off, int64_t V_global, DeviceError* err, unsigned seq, StreamHandle s);

@@ -223,6 +223,17 @@ __global__ void k_layer_norm_grad_cols(const T* x, const T* dy, const float* sta
 
 // ---- cross_entropy -----------------------------------------------------------------------------------
 
+// A row's max m and sum of exp(x - m), over the block's threads (cross_entropy and its grad).
+template <class T>
+__device__ void row_max_sumexp(const T* x, int64_t V, float& m, float& s) {
+  m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = max_nan(m, to_f<T>(x[j]));
+  m = block_reduce(m, MaxOp{}, -INFINITY);
+  s = 0.0f;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(to_f<T>(x[j]) - m);
+  s = block_reduce(s, SumOp{}, 0.0f);
+}
+
 template <class T, class O>
 __global__ void k_cross_entropy(const T* logits, const int32_t* labels, O* out, int64_t V, int64_t off,
                                 DeviceError* err, unsigned seq) {
@@ -236,13 +247,46 @@ __global__ void k_cross_entropy(const T* logits, const int32_t* labels, O* out, 
     }
     return;
   }
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = max_nan(m, to_f<T>(x[j]));
-  m = block_reduce(m, MaxOp{}, -INFINITY);
-  float s = 0.0f;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(to_f<T>(x[j]) - m);
-  s = block_reduce(s, SumOp{}, 0.0f);
+  float m, s;
+  row_max_sumexp(x, V, m, s);
   if (threadIdx.x == 0) out[r] = from_f<O>(m + logf(s) - to_f<T>(x[lab]));
+}
+
+// ---- fused backward kernels ---------------------------------------------------------------------
+
+
+// One block per row (o, i) of [outer, len, inner], as k_softmax.
+template <class T>
+__global__ void k_softmax_grad(const T* y, const T* dy, T* dx, int64_t len, int64_t inner) {
+  const int64_t row = blockIdx.x;
+  const int64_t base = (row / inner) * len * inner + row % inner;
+  float s = 0.0f;
+  for (int64_t l = threadIdx.x; l < len; l += blockDim.x)
+    s += to_f<T>(dy[base + l * inner]) * to_f<T>(y[base + l * inner]);
+  s = block_reduce(s, SumOp{}, 0.0f);
+  for (int64_t l = threadIdx.x; l < len; l += blockDim.x) {
+    const int64_t j = base + l * inner;
+    dx[j] = from_f<T>(to_f<T>(y[j]) * (to_f<T>(dy[j]) - s));
+  }
+}
+
+template <class T>
+__global__ void k_cross_entropy_grad(const T* logits, const int32_t* labels, const float* g, T* dx, int64_t V,
+                                     int64_t off, DeviceError* err, unsigned seq) {
+  const int64_t r = blockIdx.x;
+  const T* x = logits + r * V;
+  T* d = dx + r * V;
+  const int64_t lab = int64_t(labels[r]) - off;
+  if (lab < 0 || lab >= V) {
+    if (threadIdx.x == 0) report(err, seq, kErrLabel, labels[r], r, off + V);
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) d[j] = from_f<T>(0.0f);
+    return;
+  }
+  float m, s;
+  row_max_sumexp(x, V, m, s);
+  const float scale = g[r] / s;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+    d[j] = from_f<T>(expf(to_f<T>(x[j]) - m) * scale - (j == lab ? g[r] : 0.0f));
 }
 
 // Threads per row block: enough for the row, a multiple of 32, at most 1024.
@@ -355,6 +399,31 @@ void cross_entropy(const void* logits, DType t, const int32_t* labels, void* out
     });
   });
   TESSEL_CUDA_LAUNCH_CHECK("cross_entropy");
+}
+
+void softmax_grad(const void* y, const void* dy, void* dx, DType t, int64_t outer, int64_t len, int64_t inner,
+                  StreamHandle s) {
+  const int64_t rows = outer * inner;
+  if (rows <= 0 || len <= 0) return;
+  check_rows(rows, "softmax_grad");
+  dispatch_float(t, "softmax_grad", [&](auto tag) {
+    using T = decltype(tag);
+    k_softmax_grad<T><<<unsigned(rows), row_threads(len), 0, as_stream(s)>>>(
+        static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), len, inner);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("softmax_grad");
+}
+
+void cross_entropy_grad(const void* logits, DType t, const int32_t* labels, const float* g, void* dx, int64_t rows,
+                        int64_t V, int64_t off, DeviceError* err, unsigned seq, StreamHandle s) {
+  if (rows <= 0 || V <= 0) return;
+  check_rows(rows, "cross_entropy_grad");
+  dispatch_float(t, "cross_entropy_grad", [&](auto tag) {
+    using T = decltype(tag);
+    k_cross_entropy_grad<T><<<unsigned(rows), row_threads(V), 0, as_stream(s)>>>(
+        static_cast<const T*>(logits), labels, g, static_cast<T*>(dx), V, off, err, seq);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("cross_entropy_grad");
 }
 
 }  // namespace tessel::cuda_kernels

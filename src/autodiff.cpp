@@ -11,6 +11,103 @@
 
 namespace tessel {
 
+RematPolicy parse_remat_policy(const std::string& text) {
+  if (text == "none") return RematPolicy::none;
+  if (text == "einsums") return RematPolicy::einsums;
+  if (text == "all") return RematPolicy::all;
+  throw Error(fmt::format("unknown rematerialisation policy '{}': use none (save every activation), einsums "
+                          "(save einsum results, recompute the rest) or all (recompute each segment)", text));
+}
+
+const char* remat_policy_name(RematPolicy p) {
+  switch (p) {
+    case RematPolicy::none: return "none";
+    case RematPolicy::einsums: return "einsums";
+    case RematPolicy::all: return "all";
+  }
+  return "?";
+}
+
+namespace {
+
+// Rewrites the backward ops (g.ops[n_fwd_ops..]) to read recomputed clones of the forward
+// values that are not `saved`, and reorders the op list so that each clone stands just before
+// the first backward op that reads it (clones are made on first use, in backward order, and
+// shared by later readers). The forward ops keep their places and results; only the values'
+// producer indices of the moved ops change.
+void rematerialise(Graph& g, std::size_t n_fwd_ops, std::size_t n_fwd_values, const std::vector<bool>& saved) {
+  const std::size_t n_end = g.ops.size();
+  std::vector<int> order;
+  order.reserve(n_end * 2);
+  for (std::size_t i = 0; i < n_fwd_ops; ++i) order.push_back(static_cast<int>(i));
+  std::map<int, int> clone_of;  // forward value -> its recomputed clone
+  auto recomputed = [&](int v) {
+    const auto u = static_cast<std::size_t>(v);
+    if (u >= n_fwd_values || saved[u]) return false;
+    const int p = g.values[u].producer;
+    return p >= 0 && static_cast<std::size_t>(p) < n_fwd_ops;
+  };
+  // Iterative depth-first clone (a chain of recomputed values can be as long as the forward).
+  auto clone = [&](int root) {
+    std::vector<int> stack{root};
+    while (!stack.empty()) {
+      const int v = stack.back();
+      if (clone_of.count(v)) {
+        stack.pop_back();
+        continue;
+      }
+      const Op op = g.ops[static_cast<std::size_t>(g.values[static_cast<std::size_t>(v)].producer)];
+      bool ready = true;
+      for (int u : op.inputs)
+        if (recomputed(u) && !clone_of.count(u)) {
+          stack.push_back(u);
+          ready = false;
+        }
+      if (!ready) continue;
+      stack.pop_back();
+      std::vector<int> ins;
+      for (int u : op.inputs) ins.push_back(recomputed(u) ? clone_of.at(u) : u);
+      std::vector<std::string> names;
+      for (int r : op.results()) {
+        std::string nm = "remat." + g.values[static_cast<std::size_t>(r)].name;
+        names.push_back(g.find(nm) < 0 ? nm : std::string{});
+      }
+      bool all_named = true;
+      for (const std::string& nm : names) all_named = all_named && !nm.empty();
+      if (!all_named) names.clear();
+      const std::vector<Tensor> res = g.add_op_results(op.kind, ins, op.attrs, names);
+      order.push_back(static_cast<int>(g.ops.size()) - 1);
+      const std::vector<int> rs = op.results();
+      for (std::size_t k = 0; k < rs.size(); ++k) {
+        clone_of[rs[k]] = res[k].id;
+        // The clone is laid out as the user laid out the original (the same sharding).
+        auto a = g.annotations.find(rs[k]);
+        if (a != g.annotations.end()) {
+          const Annotation ann = a->second;
+          g.annotate(res[k].id, ann.sharding, ann.priority);
+        }
+      }
+    }
+  };
+  for (std::size_t b = n_fwd_ops; b < n_end; ++b) {
+    const std::vector<int> ins = g.ops[b].inputs;
+    for (std::size_t k = 0; k < ins.size(); ++k) {
+      if (!recomputed(ins[k])) continue;
+      clone(ins[k]);
+      g.ops[b].inputs[k] = clone_of.at(ins[k]);
+    }
+    order.push_back(static_cast<int>(b));
+  }
+  std::vector<Op> ops;
+  ops.reserve(order.size());
+  for (int i : order) ops.push_back(std::move(g.ops[static_cast<std::size_t>(i)]));
+  g.ops = std::move(ops);
+  for (std::size_t i = 0; i < g.ops.size(); ++i)
+    for (int r : g.ops[i].results()) g.values[static_cast<std::size_t>(r)].producer = static_cast<int>(i);
+}
+
+}  // namespace
+
 std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const GradOptions& options) {
   loss.value();
   Graph& g = *loss.graph();
@@ -25,7 +122,13 @@ std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const Grad
     if (w.dtype() == DType::i32)
       throw Error(fmt::format("grad: {} is an integer value and has no gradient", g.describe(w.id)));
   }
+  for (const Tensor& c : options.checkpoints) {
+    c.value();
+    if (c.graph() != &g)
+      throw Error(fmt::format("grad: the checkpoint %{} belongs to another graph than the loss %{}", c.name(), lv.name));
+  }
   const std::size_t nv = g.values.size();
+  const std::size_t n_fwd_ops = g.ops.size();
   const std::size_t n_ops = static_cast<std::size_t>(g.values[static_cast<std::size_t>(loss.id)].producer) + 1;
   // Values the loss depends on, and values that depend on an argument: an op is on the path
   // when both hold for one of its results.
@@ -89,6 +192,21 @@ std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const Grad
                                 "entry)", def.name, k, type_str(grads[k].dtype(), grads[k].shape()), g.describe(v)));
       accumulate(v, grads[k]);
     }
+  }
+
+  if (options.remat != RematPolicy::none) {
+    // What the backward may read without recomputing it.
+    std::vector<bool> saved(nv, false);
+    for (std::size_t i = 0; i < n_fwd_ops; ++i) {
+      const Op& op = g.ops[i];
+      const bool keep = op.kind == OpKind::Input || op.kind == OpKind::Constant ||
+                        (options.remat == RematPolicy::einsums && op.kind == OpKind::Einsum);
+      if (keep)
+        for (int r : op.results()) saved[static_cast<std::size_t>(r)] = true;
+    }
+    for (int o : g.outputs) saved[static_cast<std::size_t>(o)] = true;
+    for (const Tensor& c : options.checkpoints) saved[static_cast<std::size_t>(c.id)] = true;
+    rematerialise(g, n_fwd_ops, nv, saved);
   }
 
   std::vector<Tensor> out;

@@ -27,7 +27,12 @@ struct Partitioner {
   const PartitionOptions& opts;
   Program prog;
   std::vector<int> phys;                           // graph value -> local value holding it
-  std::map<std::pair<int, std::string>, int> cache;  // (local, target layout) -> local
+  struct Cached {
+    int value;               // the resharded local value
+    std::size_t last_use;    // instruction count when it was last handed out
+    bool gathers;            // its plan all-gathers (a copy larger than the source)
+  };
+  std::map<std::pair<int, std::string>, Cached> cache;  // (local, target layout) -> reshard
   std::map<int, int> name_count;
 
   int new_value(int graph_value, Sharding s, DType dtype, const Shape& global) {
@@ -50,7 +55,15 @@ struct Partitioner {
     if (src.sharding.same_layout(target)) return local;
     std::string key = target.closed_copy().to_string();
     auto it = cache.find({local, key});
-    if (it != cache.end()) return it->second;
+    if (it != cache.end()) {
+      Cached& c = it->second;
+      const bool far = opts.regather_distance > 0 &&
+                       prog.instrs.size() - c.last_use > static_cast<std::size_t>(opts.regather_distance);
+      if (!(c.gathers && far)) {
+        c.last_use = prog.instrs.size();
+        return c.value;
+      }
+    }
     ReshardPlan plan = plan_reshard(mesh, src.global_shape, src.dtype, src.sharding, target, opts.cost);
     for (const ReshardStep& st : plan.steps)
       if (st.kind == InstrKind::Collective && st.collective == CollectiveKind::AllGather)
@@ -90,7 +103,10 @@ struct Partitioner {
       cur = in.out;
       prog.instrs.push_back(std::move(in));
     }
-    cache[{local, key}] = cur;
+    bool gathers = false;
+    for (const ReshardStep& st : plan.steps)
+      gathers = gathers || (st.kind == InstrKind::Collective && st.collective == CollectiveKind::AllGather);
+    cache[{local, key}] = Cached{cur, prog.instrs.size(), gathers};
     return cur;
   }
 

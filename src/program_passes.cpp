@@ -266,36 +266,41 @@ Program memory_plan_pass(Program p) {
     int v;
     int64_t bytes;
   };
-  std::vector<Item> items;
+  // Two pools: the device arena, and the host pool of offloaded values (LocalValue::host).
+  std::vector<Item> items[2];
   for (const Instr& in : p.instrs) {
     if (in.kind == InstrKind::View) continue;
     for (int d : in.defs())
       if (!external[static_cast<std::size_t>(d)])
-        items.push_back({d, (p.values[static_cast<std::size_t>(d)].bytes() + 63) / 64 * 64});
+        items[p.values[static_cast<std::size_t>(d)].host ? 1 : 0].push_back(
+            {d, (p.values[static_cast<std::size_t>(d)].bytes() + 63) / 64 * 64});
   }
-  // Largest first; stable, so ties keep definition order.
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
-  std::vector<Item> placed;
-  for (const Item& it : items) {
-    const std::size_t v = static_cast<std::size_t>(it.v);
-    std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of placed values live with v
-    for (const Item& q : placed) {
-      const std::size_t w = static_cast<std::size_t>(q.v);
-      if (!L.may_share(static_cast<int>(v), static_cast<int>(w))) busy.emplace_back(m.offset[w], m.offset[w] + q.bytes);
-    }
-    std::sort(busy.begin(), busy.end());
-    int64_t best = -1, best_gap = 0, cursor = 0;
-    for (const auto& [b, e] : busy) {
-      if (b - cursor >= it.bytes && (best < 0 || b - cursor < best_gap)) {
-        best = cursor;
-        best_gap = b - cursor;
+  for (int pool = 0; pool < 2; ++pool) {
+    int64_t& size = pool == 0 ? m.arena_bytes : m.host_bytes;
+    // Largest first; stable, so ties keep definition order.
+    std::stable_sort(items[pool].begin(), items[pool].end(), [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
+    std::vector<Item> placed;
+    for (const Item& it : items[pool]) {
+      const std::size_t v = static_cast<std::size_t>(it.v);
+      std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of placed values live with v
+      for (const Item& q : placed) {
+        const std::size_t w = static_cast<std::size_t>(q.v);
+        if (!L.may_share(static_cast<int>(v), static_cast<int>(w))) busy.emplace_back(m.offset[w], m.offset[w] + q.bytes);
       }
-      cursor = std::max(cursor, e);
+      std::sort(busy.begin(), busy.end());
+      int64_t best = -1, best_gap = 0, cursor = 0;
+      for (const auto& [b, e] : busy) {
+        if (b - cursor >= it.bytes && (best < 0 || b - cursor < best_gap)) {
+          best = cursor;
+          best_gap = b - cursor;
+        }
+        cursor = std::max(cursor, e);
+      }
+      if (best < 0) best = cursor;
+      m.offset[v] = best;
+      size = std::max(size, best + it.bytes);
+      placed.push_back(it);
     }
-    if (best < 0) best = cursor;
-    m.offset[v] = best;
-    m.arena_bytes = std::max(m.arena_bytes, best + it.bytes);
-    placed.push_back(it);
   }
   p.memory = std::move(m);
   return p;
@@ -363,6 +368,12 @@ ProgramPassManager default_program_pipeline(const ProgramPassOptions& options) {
   const int64_t threshold = options.combine_threshold_bytes;
   pm.add("combine-collectives", [threshold](Program p) { return combine_collectives_pass(std::move(p), threshold); });
   pm.add("async-collectives", async_collectives_pass);
+  if (options.offload_min_bytes > 0) {
+    const int64_t bytes = options.offload_min_bytes;
+    const int gap = options.offload_min_gap, prefetch = options.offload_prefetch;
+    pm.add("offload-activations",
+           [bytes, gap, prefetch](Program p) { return offload_activations_pass(std::move(p), bytes, gap, prefetch); });
+  }
   pm.add("memory-plan", memory_plan_pass);
 #ifndef NDEBUG
   pm.verify_each(true);

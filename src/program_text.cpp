@@ -108,6 +108,7 @@ std::string instr_text(const Program& p, const Instr& in) {
     const LocalValue& o = p.values[v];
     s += fmt::format("{} : {} global={} sharding={}", r ? "," : "", type_str(o.dtype, o.shape),
                      type_str(o.dtype, o.global_shape), o.sharding.to_string());
+    if (o.host) s += " memory=host";
     if (r == 0) s += " @" + in.stream;
     if (p.memory.planned && v < p.memory.offset.size() && p.memory.offset[v] >= 0)
       s += fmt::format(" at={}", p.memory.offset[v]);
@@ -139,8 +140,10 @@ std::string print_program(const Program& p) {
   for (int v : p.outputs) outs.push_back(value_ref(p.values[static_cast<std::size_t>(v)].name));
   out += outs.empty() ? "output\n" : "output " + join(outs, ", ") + "\n";
   if (p.memory.planned)
-    out += fmt::format("memory arena={}  # peak {} bytes per device: arena + inputs {} + outputs {}\n",
-                       p.memory.arena_bytes, p.memory.peak_bytes(), p.memory.input_bytes, p.memory.output_bytes);
+    out += fmt::format("memory arena={}{}  # peak {} bytes per device: arena + inputs {} + outputs {}\n",
+                       p.memory.arena_bytes,
+                       p.memory.host_bytes > 0 ? fmt::format(" host={}", p.memory.host_bytes) : std::string(),
+                       p.memory.peak_bytes(), p.memory.input_bytes, p.memory.output_bytes);
   return out;
 }
 
@@ -421,6 +424,13 @@ class Parser : LineLexer {
     Token n = next();
     p_.memory.arena_bytes = to_int(n, "the arena size in bytes");
     if (p_.memory.arena_bytes < 0) fail(n.col, "the arena size must be >= 0");
+    if (peek().kind == TK::Ident && peek().text == "host") {  // the host pool (offloaded values)
+      next();
+      expect("=", "after host");
+      Token h = next();
+      p_.memory.host_bytes = to_int(h, "the host pool size in bytes");
+      if (p_.memory.host_bytes < 0) fail(h.col, "the host pool size must be >= 0");
+    }
     p_.memory.planned = true;
     expect_end("the memory plan");
   }
@@ -566,9 +576,10 @@ class Parser : LineLexer {
         result_typed[static_cast<std::size_t>(cur)] = true;
         continue;
       }
-      const bool per_value = t.kind == TK::Ident && (t.text == "global" || t.text == "sharding" || t.text == "at");
+      const bool per_value = t.kind == TK::Ident && (t.text == "global" || t.text == "sharding" || t.text == "at" ||
+                                                     t.text == "memory");
       if (cur > 0 && !per_value)
-        fail(t.col, fmt::format("only global=, sharding= and at= follow the type of {} (the op's attributes "
+        fail(t.col, fmt::format("only global=, sharding= and at= follow the type of {} (and memory=; the op's attributes "
                                 "and its @stream come before the first ',')", value_ref(lv.name)));
       auto& rseen = result_seen[static_cast<std::size_t>(cur)];
       if (per_value) {
@@ -582,6 +593,11 @@ class Parser : LineLexer {
             fail(t.col, "the global type must have the local type's dtype");
         } else if (t.text == "sharding") {
           lv.sharding = parse_sharding();
+        } else if (t.text == "memory") {
+          Token k = expect_ident("memory=host or memory=device");
+          if (k.text != "host" && k.text != "device")
+            fail(k.col, fmt::format("expected memory=host or memory=device, got {}", describe(k)));
+          lv.host = k.text == "host";
         } else {
           Token n = next();
           result_at[static_cast<std::size_t>(cur)] = to_int(n, "the arena offset");

@@ -206,6 +206,16 @@ void verify_program(const Program& p) {
       if (defined[static_cast<std::size_t>(d)]) throw err(i, fmt::format("defines {} a second time", vname(d)));
       check_layout(i, d);
     }
+    // Host memory (offloaded values) is moved by copies only; nothing else reads or writes it.
+    if (in.kind != InstrKind::Copy) {
+      for (int v : in.in)
+        if (p.values[static_cast<std::size_t>(v)].host)
+          throw err(i, fmt::format("reads {}, which lives in host memory (memory=host): only a copy may; reload it "
+                                   "into device memory first", vname(v)));
+      for (int d : in.defs())
+        if (p.values[static_cast<std::size_t>(d)].host)
+          throw err(i, fmt::format("defines {} in host memory (memory=host): only a copy may", vname(d)));
+    }
     for (std::size_t a = 0; a < in.extra_out.size(); ++a)
       if (in.extra_out[a] == in.out ||
           std::find(in.extra_out.begin() + static_cast<std::ptrdiff_t>(a) + 1, in.extra_out.end(), in.extra_out[a]) != in.extra_out.end())
@@ -391,7 +401,12 @@ void verify_program(const Program& p) {
       throw ProgramError(-1, fmt::format("program verifier: an output is not defined"));
     if (is_view[static_cast<std::size_t>(v)])
       throw err(def_instr[static_cast<std::size_t>(v)], fmt::format("output {} is a view; an output owns its buffer (copy it)", vname(v)));
+    if (p.values[static_cast<std::size_t>(v)].host)
+      throw err(def_instr[static_cast<std::size_t>(v)], fmt::format("output {} lives in host memory; outputs are device buffers", vname(v)));
   }
+  for (int v : p.inputs)
+    if (p.values[static_cast<std::size_t>(v)].host)
+      throw ProgramError(-1, fmt::format("program verifier: input {} lives in host memory; inputs are device buffers", vname(v)));
 
   // The memory plan.
   const MemoryPlan& m = p.memory;
@@ -400,7 +415,7 @@ void verify_program(const Program& p) {
   std::vector<bool> is_output(nv, false), is_input(nv, false);
   for (int v : p.outputs) is_output[static_cast<std::size_t>(v)] = true;
   for (int v : p.inputs) is_input[static_cast<std::size_t>(v)] = true;
-  std::vector<int> placed;
+  std::vector<int> pools[2];  // the arena's values, the host pool's
   for (std::size_t v = 0; v < nv; ++v) {
     const int i = def_instr[v];
     const bool wants = i >= 0 && !is_view[v] && !is_output[v] && !is_input[v];
@@ -409,24 +424,27 @@ void verify_program(const Program& p) {
                                is_input[v] ? "an input" : is_output[v] ? "an output" : is_view[v] ? "a view" : "not defined"));
     if (wants && m.offset[v] < 0) throw err(i, fmt::format("{} has no place in the arena (run the memory-plan pass)", vname(static_cast<int>(v))));
     if (!wants) continue;
-    if (m.offset[v] + p.values[v].bytes() > m.arena_bytes)
-      throw err(i, fmt::format("{} at {} ({} bytes) leaves the arena of {} bytes", vname(static_cast<int>(v)), m.offset[v],
-                               p.values[v].bytes(), m.arena_bytes));
-    placed.push_back(static_cast<int>(v));
+    const bool host = p.values[v].host;
+    if (m.offset[v] + p.values[v].bytes() > (host ? m.host_bytes : m.arena_bytes))
+      throw err(i, fmt::format("{} at {} ({} bytes) leaves the {} of {} bytes", vname(static_cast<int>(v)), m.offset[v],
+                               p.values[v].bytes(), host ? "host pool" : "arena", host ? m.host_bytes : m.arena_bytes));
+    pools[host ? 1 : 0].push_back(static_cast<int>(v));
   }
   const Liveness L = compute_liveness(p);
-  std::sort(placed.begin(), placed.end(), [&](int a, int b) { return m.offset[static_cast<std::size_t>(a)] < m.offset[static_cast<std::size_t>(b)]; });
-  for (std::size_t a = 0; a < placed.size(); ++a) {
-    const std::size_t va = static_cast<std::size_t>(placed[a]);
-    const int64_t end_a = m.offset[va] + p.values[va].bytes();
-    for (std::size_t b = a + 1; b < placed.size(); ++b) {
-      const std::size_t vb = static_cast<std::size_t>(placed[b]);
-      if (m.offset[vb] >= end_a) break;
-      if (!L.may_share(placed[a], placed[b]))
-        throw err(def_instr[vb], fmt::format("{} (arena [{}, {}), live #{}..#{}) overlaps {} (arena [{}, {}), live #{}..#{}) "
-                                             "while both are live (or without a wait ordering the reuse after the other stream)",
-                                             vname(placed[b]), m.offset[vb], m.offset[vb] + p.values[vb].bytes(), L.first[vb],
-                                             L.last[vb], vname(placed[a]), m.offset[va], end_a, L.first[va], L.last[va]));
+  for (std::vector<int>& placed : pools) {
+    std::sort(placed.begin(), placed.end(), [&](int a, int b) { return m.offset[static_cast<std::size_t>(a)] < m.offset[static_cast<std::size_t>(b)]; });
+    for (std::size_t a = 0; a < placed.size(); ++a) {
+      const std::size_t va = static_cast<std::size_t>(placed[a]);
+      const int64_t end_a = m.offset[va] + p.values[va].bytes();
+      for (std::size_t b = a + 1; b < placed.size(); ++b) {
+        const std::size_t vb = static_cast<std::size_t>(placed[b]);
+        if (m.offset[vb] >= end_a) break;
+        if (!L.may_share(placed[a], placed[b]))
+          throw err(def_instr[vb], fmt::format("{} (arena [{}, {}), live #{}..#{}) overlaps {} (arena [{}, {}), live #{}..#{}) "
+                                               "while both are live (or without a wait ordering the reuse after the other stream)",
+                                               vname(placed[b]), m.offset[vb], m.offset[vb] + p.values[vb].bytes(), L.first[vb],
+                                               L.last[vb], vname(placed[a]), m.offset[va], end_a, L.first[va], L.last[va]));
+      }
     }
   }
 }

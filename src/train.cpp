@@ -53,7 +53,10 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
   }
   TrainStep s;
   s.params = params;
-  s.grads = grad(loss, params);
+  GradOptions go;
+  go.remat = o.remat;
+  go.checkpoints = o.checkpoints;
+  s.grads = grad(loss, params, go);
 
   // Global-norm clipping: every gradient scaled by min(1, clip / norm).
   Tensor sq;

@@ -69,6 +69,9 @@ Tensor broadcast_to(Tensor x, Shape shape);
 Tensor slice(Tensor x, std::vector<int64_t> starts, std::vector<int64_t> limits);
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis);
 Tensor softmax(Tensor x, int64_t axis = -1);
+// softmax's backward from its result y and the result's gradient dy (same type):
+// y * (dy - sum(dy * y, axis, keepdims)), one pass per row (computed in f32).
+Tensor softmax_grad(Tensor y, Tensor dy, int64_t axis = -1);
 Tensor layer_norm(Tensor x, Tensor gamma, Tensor beta, double eps = 1e-5);
 // The backward of layer_norm(x, gamma, beta, eps) for the gradient dy of its result: one op
 // with three results (dx like x; dgamma and dbeta, [features], summed over every row).
@@ -88,6 +91,9 @@ AdamWResults adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor lr, Tensor bc1
                    double beta1, double beta2, double eps, double weight_decay);
 Tensor embedding(Tensor table, Tensor ids);
 Tensor cross_entropy(Tensor logits, Tensor labels);
+// cross_entropy's backward: (softmax(logits) - one_hot(labels)) * g[..., None], with g the
+// gradient of the per-row losses (f32, the labels' shape); the logits' type. One pass per row.
+Tensor cross_entropy_grad(Tensor logits, Tensor labels, Tensor g);
 Tensor causal_mask(Tensor x);
 // [..., depth] with 1 at [..., ids[...]] and 0 elsewhere; an id outside [0, depth) gives an
 // all-zero row (as JAX).

@@ -36,4 +36,6 @@
   X(MaskPadding)        /* x with positions >= attrs.depth along attrs.axis := scalar     */   \
   X(LayerNormGrad)      /* (x, gamma, dy) -> (dx, dgamma, dbeta): layer_norm's backward  */   \
   X(AdamW)              /* (p, g, m, v, lr, bc1, bc2, gscale) -> (p', m', v'): fused step */   \
-  X(GeluGrad)           /* (x, g) -> g * gelu'(x): gelu's backward, fused; broadcasting  */
+  X(GeluGrad)           /* (x, g) -> g * gelu'(x): gelu's backward, fused; broadcasting  */   \
+  X(SoftmaxGrad)        /* (y, dy) -> y (dy - sum(dy y, axis)): softmax's backward, fused */   \
+  X(CrossEntropyGrad)   /* (logits, labels, g) -> (softmax - one_hot) g: fused backward   */

@@ -20,6 +20,12 @@ struct PartitionOptions {
   // cheapest of all-reduce and reduce-scatter. false: in its propagated layout (open dims
   // replicated unless propagation split them), as before.
   bool open_outputs_cheapest = true;
+  // A value all-gathered for one op is reused by later ops that want the same layout only
+  // while its last use is at most this many instructions back; further on it is gathered
+  // again, so the gathered copy dies after its nearby uses (ZeRO-3/FSDP: a weight gathered
+  // for the forward is not kept alive until its backward use, the trap XLA falls into).
+  // 0: always reuse.
+  int regather_distance = 32;
 };
 
 Program partition(const Graph& g, const Mesh& mesh, const PropagationResult& prop,

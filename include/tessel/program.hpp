@@ -76,6 +76,9 @@ struct MemoryPlan {
   std::vector<int64_t> offset;  // per value: byte offset in the arena, or -1 (not in it)
   int64_t input_bytes = 0;      // per device, the program's inputs
   int64_t output_bytes = 0;     // per device, outputs that are not inputs
+  // Host pool per device (activation offload): values with LocalValue::host have their
+  // `offset` in it, not in the arena. Host memory (pinned on CUDA): not in peak_bytes().
+  int64_t host_bytes = 0;
   // Peak bytes per device: arena + inputs + outputs, known at compile time.
   int64_t peak_bytes() const { return arena_bytes + input_bytes + output_bytes; }
 };
@@ -87,6 +90,9 @@ struct LocalValue {
   Shape global_shape;
   Sharding sharding;     // layout of the global value (may be partial)
   int graph_value = -1;  // value of the graph it holds (or a reshard of)
+  // Lives in host memory (an offloaded activation, text `memory=host`): only copies read or
+  // write it, and the memory plan places it in the host pool (MemoryPlan::host_bytes).
+  bool host = false;
   int64_t bytes() const { return num_elements(shape) * static_cast<int64_t>(dtype_size(dtype)); }
 };
 

@@ -46,6 +46,13 @@ struct ProgramPassOptions {
   // collective-matmul: mode (auto: gated by the cost model; on; off), ring direction, and the
   // cost model the gate uses.
   CollectiveMatmulOptions collective_matmul;
+  // offload-activations (after async-collectives; off when offload_min_bytes is 0): a value of
+  // at least offload_min_bytes per device that no instruction reads for offload_min_gap
+  // instructions or more is copied to host memory before the gap and back offload_prefetch
+  // instructions before its next reader.
+  int64_t offload_min_bytes = 0;
+  int offload_min_gap = 64;
+  int offload_prefetch = 8;
 };
 
 Program pack_pass(Program p);
@@ -61,6 +68,16 @@ Program pack_pass(Program p);
 // already has async collectives or waits (run it before async-collectives).
 Program combine_collectives_pass(Program p, int64_t threshold_bytes = ProgramPassOptions{}.combine_threshold_bytes);
 Program async_collectives_pass(Program p);
+// Activation offload (src/offload.cpp, docs/program-ir.md "offload-activations"): for each
+// intermediate value defined and read on `compute` only, not viewed, of at least `min_bytes`,
+// whose longest stretch between two consecutive accesses is at least `min_gap` instructions:
+// after the access before the stretch, `wait compute @comm` and `%v.host = copy(%v) @comm`
+// (a host-memory value); `prefetch` instructions later `wait comm @compute` (the arena bytes
+// are free from there); `prefetch` instructions before the reader, `wait compute @comm` and
+// `%v.reload = copy(%v.host) @comm`; `wait comm @compute` before the reader, which reads
+// %v.reload from then on. Runs on a program with async collectives (after that pass). A
+// no-op when min_bytes <= 0; Error when min_gap < 2 or prefetch < 1.
+Program offload_activations_pass(Program p, int64_t min_bytes, int min_gap = 64, int prefetch = 8);
 // Liveness from compute_liveness (program_verify.hpp); the values defined by instructions,
 // except outputs and views, are placed greedily by size, largest first (ties: earliest
 // definition), each at the lowest offset of the smallest gap between already-placed values
@@ -92,7 +109,8 @@ class ProgramPassManager {
   bool verify_ = false;
 };
 
-// collective-matmul, pack, combine-collectives, async-collectives, memory-plan.
+// collective-matmul, pack, combine-collectives, async-collectives, [offload-activations when
+// options.offload_min_bytes > 0,] memory-plan.
 ProgramPassManager default_program_pipeline(const ProgramPassOptions& options = {});
 std::vector<std::string> default_program_pass_names();
 

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/autodiff.hpp"
 #include "tessel/graph.hpp"
 #include "tessel/mesh.hpp"
 
@@ -38,6 +39,11 @@ struct TrainOptions {
   AdamWConfig adamw;
   int zero = 0;                    // ZeRO stage 0..3
   std::string data_axis = "data";  // the axis the batch is split over
+  // Rematerialisation (autodiff.hpp): which activations the backward saves or recomputes, and
+  // the segment boundaries always saved (build_gpt's GptGraph::checkpoints: the residual stream
+  // between blocks).
+  RematPolicy remat = RematPolicy::none;
+  std::vector<Tensor> checkpoints;
 };
 
 // What add_train_step added. Inputs, in this order after the graph's own: `adam.lr`,

@@ -39,6 +39,7 @@ GptGraph build_gpt(const GptConfig& c) {
   Tensor wte = weight("wte", {V, D}, {{}, {}});
   Tensor wpe = weight("wpe", {S, D}, {{}, {}});
   Tensor x = add(embedding(wte, m.tokens), wpe).named("x0");
+  m.checkpoints.push_back(x);
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
   for (int64_t l = 0; l < c.layers; ++l) {
     auto nm = [&](const char* s) { return fmt::format("l{}_{}", l, s); };
@@ -68,6 +69,7 @@ GptGraph build_gpt(const GptConfig& c) {
     Tensor u = gelu(add(einsum("bsd,df->bsf", h2, w1), b1)).named(nm("mlp_h"));
     Tensor d = add(einsum("bsf,fd->bsd", u, w2), b2).named(nm("mlp_out"));
     x = add(x, d).named(nm("x_out"));
+    m.checkpoints.push_back(x);
   }
   Tensor lnfg = weight("lnf_g", {D}, {{}});
   Tensor lnfb = weight("lnf_b", {D}, {{}});

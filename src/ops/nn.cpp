@@ -93,13 +93,109 @@ Tensor sample_layer_norm(Graph& g, SampleGen& r) {
   return layer_norm(r.input(g, s), r.input(g, {s.back()}), r.input(g, {s.back()}));
 }
 
+// ---- softmax_grad: (y, dy) -> y (dy - sum(dy y, axis)) ----
+void infer_softmax_grad(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  if (in[0]->shape != in[1]->shape || in[0]->dtype != in[1]->dtype)
+    shape_fail("softmax_grad", in, "y and dy (softmax's result and its gradient) must have the same type");
+  if (!is_float(in[0]->dtype)) shape_fail("softmax_grad", in, "needs floating-point operands");
+  if (a.axis < 0 || a.axis >= static_cast<int64_t>(in[0]->shape.size()))
+    shape_fail("softmax_grad", in, fmt::format("axis {} is out of range", a.axis));
+  out = in[0]->shape;
+  dt = in[0]->dtype;
+}
+void normalize_axis_sg(OpAttrs& a, const Ins& in) {
+  a.axis = normalize_axis(a.axis, in.empty() ? 0 : in[0]->shape.size(), "softmax_grad");
+}
+// As softmax: the axis is combined (whole in the kernel; split, one all-reduced statistic).
+OpRule rule_softmax_grad(const OpAttrs& a, const Shapes&, const Shape& out) {
+  OpRule r = identity_rule(out, 2);
+  r.factors[static_cast<std::size_t>(a.axis)].kind = FactorKind::Combined;
+  return r;
+}
+// The axis split: the row sums of dy * y all-reduced (one per-row statistic), in f32.
+int distribute_softmax_grad(const DistributeArgs& x) {
+  LocalEmitter& e = x.emit;
+  const DType dt = e.dtype(x.ins[0]);
+  const int y = local_cast(e, x.ins[0], DType::f32), dy = local_cast(e, x.ins[1], DType::f32);
+  const int s = e.all_reduce(local_reduce(e, OpKind::ReduceSum, local_op(e, OpKind::Mul, {dy, y}), {x.attrs.axis}, true),
+                             ReduceOp::Sum);
+  return local_cast(e, local_op(e, OpKind::Mul, {y, local_op(e, OpKind::Sub, {dy, s})}), dt);
+}
+Tensor sample_softmax_grad(Graph& g, SampleGen& r) {
+  Shape s = r.shape(r.rank());
+  const int64_t axis = r.below(static_cast<int64_t>(s.size()));
+  return softmax_grad(softmax(r.input(g, s), axis), r.input(g, s), axis);
+}
+
+// ---- cross_entropy and its grad, distributed (the classes split) ----
+// The logits in f32, the row max m (all-reduced), exp(x - m) and its row sum s (all-reduced;
+// kept as [..., 1] when keep_sum), and this device's block of one_hot(labels) as `hot_dtype`.
+struct VocabRows {
+  int v, m, ex, s, hot;
+};
+VocabRows vocab_rows(const DistributeArgs& x, bool keep_sum, DType hot_dtype) {
+  LocalEmitter& e = x.emit;
+  VocabRows r{};
+  r.v = local_cast(e, x.ins[0], DType::f32);
+  const int64_t last = static_cast<int64_t>(x.global_in[0].size()) - 1;
+  r.m = e.all_reduce(local_reduce(e, OpKind::ReduceMax, r.v, {last}, true), ReduceOp::Max);
+  r.ex = local_op(e, OpKind::Exp, {local_op(e, OpKind::Sub, {r.v, r.m})});
+  r.s = e.all_reduce(local_reduce(e, OpKind::ReduceSum, r.ex, {last}, keep_sum), ReduceOp::Sum);
+  OpAttrs oh;
+  oh.depth = x.global_in[0].back();
+  oh.dtype = hot_dtype;
+  r.hot = e.kernel_block(OpKind::OneHot, oh, {x.ins[1]}, x.global_in[0], x.in_layouts[0].without_partial());
+  return r;
+}
+
+// ---- cross_entropy_grad: (logits, labels, g) -> (softmax(logits) - one_hot(labels)) g ----
+void infer_cross_entropy_grad(const OpAttrs&, const Ins& in, Shape& out, DType& dt) {
+  const Shape& l = in[0]->shape;
+  if (l.empty()) shape_fail("cross_entropy_grad", in, "logits must have rank >= 1 ([..., classes])");
+  if (!is_float(in[0]->dtype)) shape_fail("cross_entropy_grad", in, "logits must be floating-point");
+  if (in[1]->dtype != DType::i32) shape_fail("cross_entropy_grad", in, "labels must be i32");
+  const Shape want(l.begin(), l.end() - 1);
+  if (in[1]->shape != want || in[2]->shape != want)
+    shape_fail("cross_entropy_grad", in, fmt::format("labels and g must have shape {} (logits without the class dim)",
+                                                     shape_str(want)));
+  if (in[2]->dtype != DType::f32) shape_fail("cross_entropy_grad", in, "g (the losses' gradient) must be f32");
+  out = l;
+  dt = in[0]->dtype;
+}
+// Rows pass through; the classes are combined, as in cross_entropy.
+OpRule rule_cross_entropy_grad(const OpAttrs&, const Shapes&, const Shape& out) {
+  OpRule r = identity_rule(out, 1);
+  const int C = static_cast<int>(out.size()) - 1;
+  r.factors[static_cast<std::size_t>(C)].kind = FactorKind::Combined;
+  std::vector<DimFactors> rows;
+  for (int d = 0; d < C; ++d) rows.push_back({d});
+  r.operands.push_back(rows);
+  r.operands.push_back(rows);
+  return r;
+}
+// The classes split (Megatron's vocab-parallel backward): the row max and the sum of
+// exponentials all-reduced, the one-hot of this device's class block.
+int distribute_cross_entropy_grad(const DistributeArgs& x) {
+  LocalEmitter& e = x.emit;
+  const DType dt = e.dtype(x.ins[0]);
+  const VocabRows r = vocab_rows(x, /*keep_sum=*/true, DType::f32);
+  Shape gs = e.shape(x.ins[2]);
+  gs.push_back(1);
+  const int gr = local_reshape(e, x.ins[2], gs);
+  const int d = local_op(e, OpKind::Mul, {local_op(e, OpKind::Sub, {local_op(e, OpKind::Div, {r.ex, r.s}), r.hot}), gr});
+  return local_cast(e, d, dt);
+}
+Tensor sample_cross_entropy_grad(Graph& g, SampleGen& r) {
+  Shape lead = r.shape(1 + static_cast<int>(r.below(2)));
+  Shape logits = lead;
+  logits.push_back(r.dim());
+  return cross_entropy_grad(r.input(g, logits), r.input(g, lead, DType::i32), r.input(g, lead));
+}
+
 // ---- vector-Jacobian products ----
 using Grads = std::vector<Tensor>;
-// dx = z (g - sum(g z, axis)).
-Grads vjp_softmax(const VjpArgs& a) {
-  const Tensor &z = a.output, &gz = a.grad_output;
-  return {mul(z, sub(gz, reduce_sum(mul(gz, z), {a.op.attrs.axis}, /*keepdims=*/true)))};
-}
+// dx = z (g - sum(g z, axis)): one fused op (softmax_grad).
+Grads vjp_softmax(const VjpArgs& a) { return {softmax_grad(a.output, a.grad_output, a.op.attrs.axis)}; }
 // One fused op (layer_norm_grad) gives all three.
 Grads vjp_layer_norm(const VjpArgs& a) {
   LayerNormGrads d = layer_norm_grad(a.inputs[0], a.inputs[1], a.grad_output, a.op.attrs.eps);
@@ -110,17 +206,9 @@ Grads vjp_layer_norm(const VjpArgs& a) {
 Grads vjp_embedding(const VjpArgs& a) {
   return {scatter_add(a.grad_output, a.inputs[1], a.inputs[0].shape()[0], 0), Tensor{}};
 }
-// dlogits = (softmax(logits) - one_hot(labels)) * g, in f32, cast to the logits' type.
-Grads vjp_cross_entropy(const VjpArgs& a) {
-  const Tensor& logits = a.inputs[0];
-  const Shape ls = logits.shape();  // a copy: the builders below grow the graph
-  Tensor lf = logits.dtype() == DType::f32 ? logits : cast(logits, DType::f32);
-  Tensor p = sub(softmax(lf, -1), one_hot(a.inputs[1], ls.back(), DType::f32));
-  Shape gs = a.grad_output.shape();
-  gs.push_back(1);
-  Tensor d = mul(p, reshape(a.grad_output, gs));
-  return {logits.dtype() == DType::f32 ? d : cast(d, logits.dtype()), Tensor{}};
-}
+// dlogits = (softmax(logits) - one_hot(labels)) * g, in f32, in the logits' type: one fused
+// op (cross_entropy_grad).
+Grads vjp_cross_entropy(const VjpArgs& a) { return {cross_entropy_grad(a.inputs[0], a.inputs[1], a.grad_output), Tensor{}}; }
 // Masked positions are a constant (-inf): they pass no gradient. The mask is read off
 // causal_mask of zeros (0 where kept, -inf where masked).
 Grads vjp_causal_mask(const VjpArgs& a) {
@@ -245,18 +333,11 @@ OpRule rule_cross_entropy(const OpAttrs&, const Shapes& in, const Shape& out) {
 // loss = max + log(sum exp(x - max)) - x[label].
 int distribute_cross_entropy(const DistributeArgs& x) {
   LocalEmitter& e = x.emit;
-  const int v = local_cast(e, x.ins[0], DType::f32);
   const int64_t last = static_cast<int64_t>(x.global_in[0].size()) - 1;
-  const int m = e.all_reduce(local_reduce(e, OpKind::ReduceMax, v, {last}, true), ReduceOp::Max);
-  const int ex = local_op(e, OpKind::Exp, {local_op(e, OpKind::Sub, {v, m})});
-  const int s = e.all_reduce(local_reduce(e, OpKind::ReduceSum, ex, {last}, false), ReduceOp::Sum);
   // The label's logit: a one-hot of this device's class block picks it, or gives 0.
   // (A select, not a product: padded or masked logits may be -inf, and -inf * 0 is NaN.)
-  OpAttrs oh;
-  oh.depth = x.global_in[0].back();
-  oh.dtype = DType::i32;
-  const int hot = e.kernel_block(OpKind::OneHot, oh, {x.ins[1]}, x.global_in[0],
-                                 x.in_layouts[0].without_partial());
+  const VocabRows r = vocab_rows(x, /*keep_sum=*/false, DType::i32);
+  const int v = r.v, m = r.m, s = r.s, hot = r.hot;
   const int picked = local_op(e, OpKind::Where, {hot, v, e.scalar(0.0, DType::f32)});
   const int t = e.all_reduce(local_reduce(e, OpKind::ReduceSum, picked, {last}, false), ReduceOp::Sum);
   const int mr = local_reshape(e, m, e.shape(s));
@@ -293,6 +374,22 @@ void register_nn_ops(std::vector<OpDef>& t) {
   sm.distribute_stats = 2;
   sm.vjp = vjp_softmax;
   put(t, std::move(sm));
+
+  OpDef sg = entry(OpKind::SoftmaxGrad, "softmax_grad", 2, 2, infer_softmax_grad, rule_softmax_grad, flops_in5,
+                   sample_softmax_grad);
+  sg.attrs = {{"axis", AttrField::Axis, false}};
+  sg.normalize = normalize_axis_sg;
+  sg.distribute = distribute_softmax_grad;
+  sg.distribute_stats = 1;
+  put(t, std::move(sg));
+
+  OpDef ceg = entry(OpKind::CrossEntropyGrad, "cross_entropy_grad", 3, 3, infer_cross_entropy_grad,
+                    rule_cross_entropy_grad, flops_in5, sample_cross_entropy_grad);
+  ceg.needs_offsets = true;
+  ceg.distribute = distribute_cross_entropy_grad;
+  ceg.distribute_stats = 2;
+  ceg.index_bound = bound_cross_entropy;
+  put(t, std::move(ceg));
 
   OpDef ln = entry(OpKind::LayerNorm, "layer_norm", 3, 3, infer_layer_norm, rule_layer_norm,
                    flops_in8, sample_layer_norm);
@@ -341,6 +438,14 @@ Tensor softmax(Tensor x, int64_t axis) {
   OpAttrs a;
   a.axis = axis;
   return build(OpKind::Softmax, {x}, std::move(a));
+}
+Tensor softmax_grad(Tensor y, Tensor dy, int64_t axis) {
+  OpAttrs a;
+  a.axis = axis;
+  return build(OpKind::SoftmaxGrad, {y, dy}, std::move(a));
+}
+Tensor cross_entropy_grad(Tensor logits, Tensor labels, Tensor g) {
+  return build(OpKind::CrossEntropyGrad, {logits, labels, g});
 }
 Tensor layer_norm(Tensor x, Tensor gamma, Tensor beta, double eps) {
   OpAttrs a;

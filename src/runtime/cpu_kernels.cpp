@@ -1245,6 +1245,71 @@ void k_cross_entropy(const KernelArgs& a) {
   finish_out(a, ob);
 }
 
+// softmax's backward, fused: dx = y (dy - sum(dy y, axis)), one sweep for the row sums and one
+// for the result (the composed form made three temporaries of the operand's size).
+void k_softmax_grad(const KernelArgs& a) {
+  check_arity(a, 2, 2);
+  const Shape& s = a.in_shapes[0];
+  if (a.in_shapes[1] != s || s != a.out_shape) fail(a, "y, dy and the result must have the same shape");
+  const int64_t axis = normalize_dim(a, attrs_of(a).axis, s.size(), "softmax_grad axis");
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= s[static_cast<std::size_t>(d)];
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < s.size(); ++d) inner *= s[d];
+  const int64_t len = s[static_cast<std::size_t>(axis)];
+  FVec b0, b1, ob;
+  const float* y = in_f32(a, 0, b0);
+  const float* dy = in_f32(a, 1, b1);
+  float* dx = out_f32(a, ob);
+  FVec sum(static_cast<std::size_t>(inner));
+  for (int64_t o = 0; o < outer && len > 0; ++o) {
+    const int64_t base = o * len * inner;
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    for (int64_t l = 0; l < len; ++l)
+      for (int64_t i = 0; i < inner; ++i) sum[static_cast<std::size_t>(i)] += dy[base + l * inner + i] * y[base + l * inner + i];
+    for (int64_t l = 0; l < len; ++l)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t j = base + l * inner + i;
+        dx[j] = y[j] * (dy[j] - sum[static_cast<std::size_t>(i)]);
+      }
+  }
+  finish_out(a, ob);
+}
+
+// cross_entropy's backward, fused: dlogits = (softmax(logits) - one_hot(label)) g per row, in
+// f32; labels are global class ids (offset by the block's place, as the forward kernel).
+void k_cross_entropy_grad(const KernelArgs& a) {
+  check_arity(a, 3, 3);
+  const Shape& ls = a.in_shapes[0];
+  if (ls.empty()) fail(a, "logits must have rank >= 1");
+  if (a.in_dtypes[1] != DType::i32) fail(a, "labels must be i32");
+  if (a.in_dtypes[2] != DType::f32) fail(a, "g must be f32");
+  const Shape prefix(ls.begin(), ls.end() - 1);
+  if (a.in_shapes[1] != prefix || a.in_shapes[2] != prefix) fail(a, "labels and g must have the logits shape without its last dim");
+  if (a.out_shape != ls) fail(a, "the result must have the logits' shape");
+  const int64_t V = ls.back();
+  const int64_t off = a.in_offsets.size() > 0 && !a.in_offsets[0].empty() ? a.in_offsets[0].back() : 0;
+  FVec b0, ob;
+  const float* x = in_f32(a, 0, b0);
+  const int32_t* labels = static_cast<const int32_t*>(a.in[1]);
+  const float* g = static_cast<const float*>(a.in[2]);
+  float* dx = out_f32(a, ob);
+  const int64_t rows = num_elements(prefix);
+  for (int64_t r = 0; r < rows && V > 0; ++r) {
+    const int64_t lab = int64_t(labels[r]) - off;
+    if (lab < 0 || lab >= V)
+      fail(a, "label " + std::to_string(labels[r]) + " at position " + std::to_string(r) +
+                  " is outside the vocabulary [" + std::to_string(off) + ", " + std::to_string(off + V) + ")");
+    const float* xr = x + r * V;
+    float* dr = dx + r * V;
+    const float m = MaxR::row(xr, V);
+    Eigen::Map<Eigen::ArrayXf> d(dr, V);
+    d = (Eigen::Map<const Eigen::ArrayXf>(xr, V) - m).exp();
+    d *= g[r] / d.sum();
+    dr[lab] -= g[r];
+  }
+  finish_out(a, ob);
+}
+
 void k_causal_mask(const KernelArgs& a) {
   check_arity(a, 1, 1);
   check_same_dtype(a);
@@ -1566,6 +1631,8 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::AdamW, k_adamw);
     k.add(OpKind::Embedding, k_embedding);
     k.add(OpKind::CrossEntropy, k_cross_entropy);
+    k.add(OpKind::SoftmaxGrad, k_softmax_grad);
+    k.add(OpKind::CrossEntropyGrad, k_cross_entropy_grad);
     k.add(OpKind::CausalMask, k_causal_mask);
     k.add(OpKind::Cast, k_cast);
     for (OpKind c : {OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt, OpKind::Ge})

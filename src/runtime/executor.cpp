@@ -136,10 +136,13 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
                     m.arena_bytes, m.input_bytes, m.output_bytes, e.what()),
         e.bytes());
   }
+  // The host pool of offloaded activations (pinned memory on CUDA; see Backend::allocate_host).
+  if (p_.memory.host_bytes > 0) host_pool_ = ctx_.backend->allocate_host(static_cast<std::size_t>(p_.memory.host_bytes));
   arena_views_.resize(nv);
   for (std::size_t v = 0; v < nv && v < p_.memory.offset.size(); ++v)
     if (p_.memory.offset[v] >= 0)
-      arena_views_[v] = std::make_shared<ViewBuffer>(arena_, static_cast<std::size_t>(p_.memory.offset[v]),
+      arena_views_[v] = std::make_shared<ViewBuffer>(p_.values[v].host ? host_pool_ : arena_,
+                                                     static_cast<std::size_t>(p_.memory.offset[v]),
                                                      static_cast<std::size_t>(p_.values[v].bytes()));
   // Last instruction touching each input's storage (donation: reuse only when dead).
   std::vector<int> root(nv);

@@ -244,3 +244,39 @@ TEST_CASE("autodiff: errors name the loss or the argument or the op", "[autodiff
   CHECK_THROWS_WITH(grad(reduce_sum(lg.dx, {0, 1}), {x}),
                     Catch::Contains("layer_norm_grad") && Catch::Contains("no vector-Jacobian product"));
 }
+
+TEST_CASE("autodiff: fused softmax_grad and cross_entropy_grad equal their composed forms", "[autodiff]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("autodiff: fused softmax_grad and cross_entropy_grad equal their composed forms", seed, 1);
+  Graph g;
+  // softmax along a middle axis and along the last one.
+  Tensor x = input(g, "x", DType::f32, {3, 5, 4});
+  Tensor dy = input(g, "dy", DType::f32, {3, 5, 4});
+  for (int64_t axis : {1, 2}) {
+    Tensor y = softmax(x, axis);
+    g.mark_output(softmax_grad(y, dy, axis));
+    g.mark_output(mul(y, sub(dy, reduce_sum(mul(dy, y), {axis}, /*keepdims=*/true))));
+  }
+  Tensor logits = input(g, "logits", DType::f32, {6, 7});
+  Tensor labels = input(g, "labels", DType::i32, {6});
+  Tensor gl = input(g, "gl", DType::f32, {6});
+  g.mark_output(cross_entropy_grad(logits, labels, gl));
+  g.mark_output(mul(sub(softmax(logits, -1), one_hot(labels, 7, DType::f32)), reshape(gl, {6, 1})));
+  std::vector<HostTensor> in = random_inputs(g, seed);
+  for (int64_t j = 0; j < 6; ++j) in[3].set(j, static_cast<double>((seed + static_cast<uint64_t>(j) * 5) % 7));
+  const std::vector<HostTensor> out = run_reference(g, in);
+  for (std::size_t o = 0; o < out.size(); o += 2) {
+    CompareResult cmp = compare(out[o], out[o + 1], 1.0);
+    INFO("output " << o << ": " << cmp.to_string());
+    CHECK(cmp.max_rel_err <= 1e-6);
+  }
+  // The vjps use them.
+  Tensor loss = reduce_sum(mul(softmax(x, 1), dy), {0, 1, 2});
+  const std::size_t before = g.ops.size();
+  grad(loss, {x});
+  bool fused = false;
+  for (std::size_t i = before; i < g.ops.size(); ++i) fused = fused || g.ops[i].kind == OpKind::SoftmaxGrad;
+  CHECK(fused);
+  CHECK_THROWS_WITH(softmax_grad(x, logits), Catch::Contains("softmax_grad"));
+  CHECK_THROWS_WITH(cross_entropy_grad(logits, labels, x), Catch::Contains("labels and g must have shape [6]"));
+}

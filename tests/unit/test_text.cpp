@@ -166,6 +166,8 @@ mesh data=2, model=4
 %dx, %dgamma, %dbeta = layer_norm_grad(%sm, %gamma, %h) eps=1e-05 sharding=([{data}, {?}, {}], _, [{}]) priority=(0, 0, 1)
 %lr = constant f32[] value=0.001
 %gg = gelu_grad(%h, %h)
+%sgr = softmax_grad(%sm, %sm) axis=-1
+%ceg = cross_entropy_grad(%logits, %lbl, %ce)
 %pn, %mn, %vn = adamw(%h, %h, %h, %h, %lr, %c, %c, %c) beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0.01
 output %ce, %cm
 output %g2

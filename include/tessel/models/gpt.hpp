@@ -44,6 +44,9 @@ struct GptGraph {
   Tensor tokens, labels;
   Tensor loss;            // scalar mean cross-entropy
   std::vector<Tensor> weights;  // the weight inputs (in cfg.dtype: the master copies)
+  // The residual stream at each block's input and the last block's output (x0, l0_x_out, ...):
+  // the segment boundaries for rematerialisation (TrainOptions::checkpoints).
+  std::vector<Tensor> checkpoints;
   int64_t params = 0;     // number of parameters
 };
 

@@ -103,6 +103,10 @@ class Backend {
   // hands out memory that an enqueued operation still uses: see release). Throws
   // OutOfMemoryError when the memory cannot be had.
   virtual std::unique_ptr<Buffer> allocate(std::size_t bytes) = 0;
+  // Host memory that copy() moves to and from device buffers asynchronously (the host pool of
+  // offloaded activations, MemoryPlan::host_bytes): pinned memory on CUDA. The default is
+  // allocate(), right for a backend whose device memory is host memory (the CPU's).
+  virtual std::unique_ptr<Buffer> allocate_host(std::size_t bytes) { return allocate(bytes); }
   // Drops a reference to a buffer in stream order: the memory is freed (when this was the
   // last reference) only after everything enqueued on s before this call has run. Work of
   // other streams that used the buffer must be ordered before this point by events.

@@ -95,6 +95,7 @@ class DeviceExecutor {
   // (the two directions of a bidirectional collective-matmul ring step), else -1.
   std::vector<int> permute_partner_;
   std::shared_ptr<Buffer> arena_;
+  std::shared_ptr<Buffer> host_pool_;  // offloaded activations (MemoryPlan::host_bytes), if any
   std::vector<std::shared_ptr<Buffer>> arena_views_;  // per value placed in the arena
   std::vector<int> output_of_;   // per value: index in outputs, -1
   std::vector<int> input_of_;    // per value: index in inputs, -1

@@ -290,6 +290,30 @@ std::unique_ptr<Buffer> CudaBackend::allocate(std::size_t bytes) {
   return std::make_unique<CudaBuffer>(options_.device, p, bytes, cudaStream_t{0});
 }
 
+namespace {
+// Pinned, mapped host memory: the DMA engines copy it asynchronously and, mapped, kernels
+// (copy_block) reach it through unified addressing.
+class PinnedHostBuffer : public Buffer {
+ public:
+  PinnedHostBuffer(void* ptr, std::size_t bytes) : ptr_(ptr), bytes_(bytes) {}
+  ~PinnedHostBuffer() override { cudaFreeHost(ptr_); }
+  void* data() override { return ptr_; }
+  const void* data() const override { return ptr_; }
+  std::size_t bytes() const override { return bytes_; }
+
+ private:
+  void* ptr_;
+  std::size_t bytes_;
+};
+}  // namespace
+
+std::unique_ptr<Buffer> CudaBackend::allocate_host(std::size_t bytes) {
+  DeviceGuard g(options_.device);
+  void* p = nullptr;
+  TESSEL_CUDA_CHECK(cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocPortable | cudaHostAllocMapped));
+  return std::make_unique<PinnedHostBuffer>(p, bytes);
+}
+
 void CudaBackend::release(std::shared_ptr<Buffer> b, Stream& s) {
   CudaStream& cs = cuda_stream(s, "cuda backend release");
   if (auto* cb = dynamic_cast<CudaBuffer*>(b.get()); cb && b.use_count() == 1) cb->set_free_stream(cs.handle());
@@ -331,7 +355,7 @@ void CudaBackend::copy(Buffer& dst, std::size_t dst_off, const Buffer& src, std:
   if (bytes == 0) return;
   enqueue(cs, options_.device, [&] {
     TESSEL_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.data()) + dst_off,
-                                      static_cast<const char*>(src.data()) + src_off, bytes, cudaMemcpyDeviceToDevice,
+                                      static_cast<const char*>(src.data()) + src_off, bytes, cudaMemcpyDefault,
                                       cs.handle()));
   });
 }

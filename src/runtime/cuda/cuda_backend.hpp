@@ -144,6 +144,7 @@ class CudaBackend : public Backend {
 
   std::string name() const override { return "cuda"; }
   std::unique_ptr<Buffer> allocate(std::size_t bytes) override;
+  std::unique_ptr<Buffer> allocate_host(std::size_t bytes) override;
   void release(std::shared_ptr<Buffer> b, Stream& s) override;
   void copy_from_host(Buffer& dst, const void* src, std::size_t bytes, Stream& s) override;
   void copy_to_host(void* dst, const Buffer& src, std::size_t bytes, Stream& s) override;

@@ -372,6 +372,32 @@ void k_cross_entropy(CudaBackend&, const KernelArgs& a, CudaStream& s) {
                     num_elements(prefix), ls.back(), off, s.device_error(), seq, s.handle());
 }
 
+void k_softmax_grad(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 2, 2);
+  const Shape& sh = a.in_shapes[0];
+  if (a.in_shapes[1] != sh || sh != a.out_shape) fail(a, "y, dy and the result must have the same shape");
+  const int64_t axis = normalize_dim(a, attrs_of(a).axis, sh.size(), "softmax_grad axis");
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= sh[static_cast<std::size_t>(d)];
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < sh.size(); ++d) inner *= sh[d];
+  ck::softmax_grad(a.in[0], a.in[1], a.out, a.out_dtype, outer, sh[static_cast<std::size_t>(axis)], inner, s.handle());
+}
+
+void k_cross_entropy_grad(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 3, 3);
+  const Shape& ls = a.in_shapes[0];
+  if (ls.empty()) fail(a, "logits must have rank >= 1");
+  if (a.in_dtypes[1] != DType::i32 || a.in_dtypes[2] != DType::f32) fail(a, "labels must be i32 and g f32");
+  const Shape prefix(ls.begin(), ls.end() - 1);
+  if (a.in_shapes[1] != prefix || a.in_shapes[2] != prefix || a.out_shape != ls)
+    fail(a, "labels and g must have the logits shape without its last dim, the result the logits'");
+  const int64_t off = in_offset(a, 0, ls.size() - 1, ls.size());
+  const unsigned seq = s.next_checked_launch(describe(a));
+  ck::cross_entropy_grad(a.in[0], a.in_dtypes[0], static_cast<const int32_t*>(a.in[1]),
+                         static_cast<const float*>(a.in[2]), a.out, num_elements(prefix), ls.back(), off,
+                         s.device_error(), seq, s.handle());
+}
+
 void k_causal_mask(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   check_arity(a, 1, 1);
   check_same_dtype(a);
@@ -519,6 +545,8 @@ const KernelTable<CudaKernelFn>& cuda_kernel_table() {
     k.add(OpKind::AdamW, k_adamw);
     k.add(OpKind::Embedding, k_embedding);
     k.add(OpKind::CrossEntropy, k_cross_entropy);
+    k.add(OpKind::SoftmaxGrad, k_softmax_grad);
+    k.add(OpKind::CrossEntropyGrad, k_cross_entropy_grad);
     k.add(OpKind::CausalMask, k_causal_mask);
     k.add(OpKind::Cast, k_cast);
     k.add(OpKind::Where, k_where);
@@ -536,6 +564,7 @@ bool needs_uniform_floats(OpKind k) {
   switch (k) {
     case OpKind::Cast:
     case OpKind::CrossEntropy:  // logits and result dtypes are independent in its kernel
+    case OpKind::CrossEntropyGrad:  // g is f32 whatever the logits' dtype
       return false;
     default: return true;
   }
