@@ -56,8 +56,12 @@ void unite_op(Classes& c, const Graph& g, const Op& op) {
   }
 }
 
+// The value padding takes under a reduction of op k: -inf (the lowest i32) where the op takes a
+// max or a softmax over it (cross_entropy_grad's logits too), else 0. softmax_grad sums
+// y * dy over the axis: a zero y (softmax's own padding) is neutral there.
 double neutral_for(OpKind k, DType dt) {
-  const bool max_like = k == OpKind::ReduceMax || k == OpKind::Softmax || k == OpKind::CrossEntropy;
+  const bool max_like = k == OpKind::ReduceMax || k == OpKind::Softmax || k == OpKind::CrossEntropy ||
+                        k == OpKind::CrossEntropyGrad;
   if (!max_like) return 0.0;
   return dt == DType::i32 ? -2147483648.0 : -std::numeric_limits<double>::infinity();
 }
