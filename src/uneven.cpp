@@ -86,6 +86,19 @@ struct Padder {
     return t.named(n);
   }
 
+  // The padded graph names its helper values freshly ("v12"), which may be a name a later
+  // value of the user's graph has: before a user's name is given, a helper holding it is
+  // renamed out of the way (pad.N).
+  void claim(const std::string& name) {
+    const int id = out.graph.find(name);
+    if (id >= 0) own(out.graph.tensor(id));
+  }
+  Tensor name_as(Tensor t, const std::string& name) {
+    if (out.graph.find(name) == t.id) return t;
+    claim(name);
+    return t.named(name);
+  }
+
   int64_t padded(int v, std::size_t d) {
     auto it = padded_size.find(cls.find(cls.node(v, d)));
     return it == padded_size.end() ? g.values[static_cast<std::size_t>(v)].shape[d] : it->second;
@@ -246,7 +259,7 @@ struct Padder {
       Tensor t = rs[static_cast<std::size_t>(r)];
       const bool padded_v = padded_shape(v) != val.shape;
       if (!carry && padded_v) t = pad(own(t), v);
-      map[static_cast<std::size_t>(v)] = t.named(padded_v && is_output.count(v) ? val.name + ".padded" : val.name);
+      map[static_cast<std::size_t>(v)] = name_as(t, padded_v && is_output.count(v) ? val.name + ".padded" : val.name);
     }
   }
 
@@ -266,6 +279,7 @@ struct Padder {
       // shape takes the user's name.
       const std::string name = out_padded && is_output.count(op.output) ? ov.name + ".padded" : ov.name;
       if (op.kind == OpKind::Input) {
+        claim(name);
         map[op.output] = pg.add_input(name, ov.dtype, padded_shape(op.output));
         out.input_shapes.push_back(ov.shape);
         continue;
@@ -273,6 +287,7 @@ struct Padder {
       if (op.kind == OpKind::Constant) {
         OpAttrs a = op.attrs;
         a.shape = padded_shape(op.output);
+        claim(name);
         map[op.output] = pg.add_op(OpKind::Constant, {}, a, name);
         continue;
       }
@@ -285,12 +300,13 @@ struct Padder {
             ov.shape.size() >= 1) {
           // Features padded: masked sums over the real extent; other dims stay padded.
           r = layer_norm_padded(op, ins[0], ins[1], ins[2], ov.shape.back());
-          r = r.named(name);
+          r = name_as(r, name);
         } else {
           for (std::size_t i = 0; i < ins.size(); ++i) ins[i] = unpad(ins[i], op.inputs[i]);
+          if (!out_padded) claim(name);
           r = emit(op, ins, op.attrs, out_padded ? std::string() : name);
           if (out_padded) r = pad(own(r), op.output);
-          if (out_padded) r = r.named(name);
+          if (out_padded) r = name_as(r, name);
         }
       } else {
         mask_reduced(op, rule, ins);
@@ -306,8 +322,9 @@ struct Padder {
             rescale *= static_cast<double>(padded(op.inputs[0], static_cast<std::size_t>(d))) /
                        static_cast<double>(g.values[static_cast<std::size_t>(op.inputs[0])].shape[static_cast<std::size_t>(d)]);
         if (rescale != 1) {
-          r = mul(own(emit(op, ins, a, std::string())), own(constant(pg, rescale, ov.dtype))).named(name);
+          r = name_as(mul(own(emit(op, ins, a, std::string())), own(constant(pg, rescale, ov.dtype))), name);
         } else {
+          claim(name);
           r = emit(op, ins, a, name);
         }
       }
@@ -319,7 +336,7 @@ struct Padder {
       if (t.shape() != g.values[static_cast<std::size_t>(v)].shape) {
         t = unpad(t, v);
         const std::string& want = g.values[static_cast<std::size_t>(v)].name;
-        if (pg.find(want) < 0) t = t.named(want);
+        t = name_as(t, want);
       }
       pg.mark_output(t);
     }
