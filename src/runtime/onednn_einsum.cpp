@@ -34,6 +34,7 @@
 #if TESSEL_WITH_ONEDNN
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -48,48 +49,16 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "onednn_common.hpp"
+#include "onednn_ops.hpp"
 #include "tessel/runtime/tensor.hpp"
-
-#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
-// libgomp's API (linked by CMake); declared here so that no omp.h (and no -fopenmp) is needed.
-extern "C" int omp_get_max_threads(void);
-extern "C" void omp_set_num_threads(int);
-#endif
 
 namespace tessel {
 namespace {
 
 using dnnl::memory;
-
-// Sets the calling thread's OpenMP thread count for the scope (oneDNN's parallel regions
-// take it), restoring the previous one after.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n) {
-#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
-    old_ = omp_get_max_threads();
-    if (old_ != n) omp_set_num_threads(n);
-    n_ = n;
-#else
-    (void)n;
-#endif
-  }
-  ~ScopedThreads() {
-#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
-    if (old_ != n_) omp_set_num_threads(old_);
-#endif
-  }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int old_ = 1, n_ = 1;
-};
-
-const dnnl::engine& cpu_engine() {
-  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
+using onednn::cpu_engine;
+using onednn::ScopedThreads;
 
 bool cpu_has_bf16() {
   static const bool ok = [] {
@@ -112,38 +81,19 @@ struct Entry {
   std::size_t scratch_bytes = 0;
 };
 
-class PrimitiveCache {
- public:
-  std::shared_ptr<const Entry> find(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    return it == map_.end() ? nullptr : it->second;
-  }
-  std::shared_ptr<const Entry> insert(const std::string& key, std::shared_ptr<const Entry> e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    // Bounded: a program has few distinct einsum shapes; a stream of new ones (random tests)
-    // must not grow without limit. Dropping all is simple and entries in use stay alive.
-    if (map_.size() >= kCapacity) map_.clear();
-    return map_.emplace(key, std::move(e)).first->second;  // first writer wins
-  }
-
- private:
-  static constexpr std::size_t kCapacity = 4096;
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const Entry>> map_;
-};
-
-PrimitiveCache& cache() {
-  static PrimitiveCache c;
+onednn::PrimitiveCache<Entry>& cache() {
+  static onednn::PrimitiveCache<Entry> c;
   return c;
 }
 
-std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d, memory::data_type dt) {
-  // One creation at a time: Debian's libdnnl initialises shared state lazily on the first
-  // primitive descriptors, and ThreadSanitizer saw two device threads race there. Creation
-  // happens once per layout, so the lock costs nothing in the step loop.
-  static std::mutex create_mu;
-  std::lock_guard<std::mutex> create_lock(create_mu);
+// Counters for onednn_primitive_counts (tests: a loaded program's runs create none).
+std::atomic<long> g_created{0};
+std::atomic<long> g_created_running{0};
+
+std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d, memory::data_type dt,
+                                    bool running) {
+  onednn_count_creation(running);
+  std::lock_guard<std::mutex> create_lock(onednn::creation_mutex());  // see onednn_common.hpp
   auto e = std::make_shared<Entry>();
   try {
     e->src = memory::desc(s.dims, dt, s.strides);
@@ -176,7 +126,22 @@ void append_view(std::string& key, const View& v) {
 
 bool onednn_einsum_compiled() { return true; }
 
-bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string& sb, const std::string& sr) {
+OneDnnPrimitiveCounts onednn_primitive_counts() {
+  return {g_created.load(std::memory_order_relaxed), g_created_running.load(std::memory_order_relaxed)};
+}
+
+void onednn_clear_primitive_cache() {
+  cache().clear();
+  onednn_clear_op_cache();
+}
+
+void onednn_count_creation(bool running) {
+  g_created.fetch_add(1, std::memory_order_relaxed);
+  if (running) g_created_running.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string& sb, const std::string& sr,
+                   bool prepare_only) {
   if (a.in.size() != 2) return false;
   const DType dt = a.out_dtype;
   if (a.in_dtypes[0] != dt || a.in_dtypes[1] != dt) return false;
@@ -326,13 +291,14 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
     append_view(key, vw);
     append_view(key, d2);
     std::shared_ptr<const Entry> e = cache().find(key);
-    if (!e) e = cache().insert(key, create(s2, vw, d2, mdt));
+    if (!e) e = cache().insert(key, create(s2, vw, d2, mdt, /*running=*/!prepare_only));
     return e;
   };
   const std::shared_ptr<const Entry> full = primitive(rows_per);
   const int64_t last_rows = R - (blocks - 1) * rows_per;
   const std::shared_ptr<const Entry> last = last_rows == rows_per ? full : primitive(last_rows);
   if (!full->ok || !last->ok) return false;
+  if (prepare_only) return true;
 
   const std::size_t esz = dtype_size(dt);
   const auto* src = static_cast<const std::byte*>(a.in[swap ? 1 : 0]);
@@ -389,7 +355,13 @@ namespace tessel {
 
 bool onednn_einsum_compiled() { return false; }
 
-bool onednn_einsum(const KernelArgs&, const std::string&, const std::string&, const std::string&) {
+OneDnnPrimitiveCounts onednn_primitive_counts() { return {}; }
+
+void onednn_clear_primitive_cache() {}
+
+void onednn_count_creation(bool) {}
+
+bool onednn_einsum(const KernelArgs&, const std::string&, const std::string&, const std::string&, bool) {
   return false;
 }
 
