@@ -117,6 +117,37 @@ std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d,
   return e;
 }
 
+// dnnl_sgemm's (row-major) description of src [rows, K] · wei [K, N] -> dst [rows, N], or
+// ok = false when a stride pattern is not one it takes (no unit stride, or a leading dimension
+// smaller than the dim it strides over).
+struct Sgemm {
+  bool ok = false;
+  char ta = 'N', tb = 'N';
+  int64_t lda = 0, ldb = 0, ldc = 0;
+};
+
+Sgemm sgemm_layout(const View& s, const View& w, const View& d, int64_t block_rows) {
+  Sgemm g;
+  auto operand = [](const View& v, int64_t rows, char& t, int64_t& ld) {
+    if (v.strides[1] == 1 && v.strides[0] >= std::max<int64_t>(1, v.dims[1])) {
+      t = 'N';
+      ld = v.strides[0];
+      return true;
+    }
+    if (v.strides[0] == 1 && v.strides[1] >= std::max<int64_t>(1, rows)) {
+      t = 'T';
+      ld = v.strides[1];
+      return true;
+    }
+    return false;
+  };
+  if (d.strides[1] != 1 || d.strides[0] < std::max<int64_t>(1, d.dims[1])) return g;
+  if (!operand(s, block_rows, g.ta, g.lda) || !operand(w, w.dims[0], g.tb, g.ldb)) return g;
+  g.ldc = d.strides[0];
+  g.ok = true;
+  return g;
+}
+
 void append_view(std::string& key, const View& v) {
   for (std::size_t i = 0; i < v.dims.size(); ++i) key += fmt::format("{}:{},", v.dims[i], v.strides[i]);
   key += '|';
@@ -294,10 +325,18 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
     if (!e) e = cache().insert(key, create(s2, vw, d2, mdt, /*running=*/!prepare_only));
     return e;
   };
-  const std::shared_ptr<const Entry> full = primitive(rows_per);
-  const int64_t last_rows = R - (blocks - 1) * rows_per;
-  const std::shared_ptr<const Entry> last = last_rows == rows_per ? full : primitive(last_rows);
-  if (!full->ok || !last->ok) return false;
+  // A plain f32 matrix product (no batch dim; each operand with a unit stride in one of its
+  // two dims, the result's rows contiguous) runs as oneDNN's dnnl_sgemm instead of a matmul
+  // primitive: at the GPT's shapes sgemm ran 1-10% faster (BM_Matmul, docs/cpu-backend.md) and
+  // it needs no primitive. Each block's summation order is fixed by (shape, block rows).
+  const Sgemm g = dt == DType::f32 && vd.dims.size() == 2 ? sgemm_layout(vs, vw, vd, rows_per) : Sgemm{};
+  std::shared_ptr<const Entry> full, last;
+  if (!g.ok) {
+    full = primitive(rows_per);
+    const int64_t last_rows = R - (blocks - 1) * rows_per;
+    last = last_rows == rows_per ? full : primitive(last_rows);
+    if (!full->ok || !last->ok) return false;
+  }
   if (prepare_only) return true;
 
   const std::size_t esz = dtype_size(dt);
@@ -305,6 +344,16 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
   const void* wei = a.in[swap ? 0 : 1];
   auto* dst = static_cast<std::byte*>(a.out);
   auto run_block = [&](int64_t blk) {
+    if (g.ok) {
+      const int64_t r0 = blk * rows_per, rows = std::min(rows_per, R - r0);
+      ScopedThreads st(1);
+      const dnnl_status_t status =
+          dnnl_sgemm(g.ta, g.tb, rows, vd.dims[1], vs.dims[1], 1.0f,
+                     reinterpret_cast<const float*>(src) + r0 * vs.strides[0], g.lda, static_cast<const float*>(wei),
+                     g.ldb, 0.0f, reinterpret_cast<float*>(dst) + r0 * vd.strides[0], g.ldc);
+      if (status != dnnl_success) throw dnnl::error(status, "dnnl_sgemm");
+      return;
+    }
     const Entry& e = blk == blocks - 1 ? *last : *full;
     const int64_t r0 = blk * rows_per;
     const dnnl::engine& eng = cpu_engine();

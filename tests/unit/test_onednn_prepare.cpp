@@ -18,13 +18,14 @@
 using namespace tessel;
 
 TEST_CASE("onednn prepare: a kernel run without preparation creates its primitive while running", "[onednn]") {
-  // The counter the next test relies on does see creations on the run path.
+  // The counter the next test relies on does see creations on the run path. Batched products:
+  // plain 2-d ones run as dnnl_sgemm, which needs no primitive.
   onednn_clear_primitive_cache();
-  HostTensor a(DType::f32, {24, 40}), b(DType::f32, {40, 56}), c(DType::f32, {24, 56});
+  HostTensor a(DType::f32, {3, 24, 40}), b(DType::f32, {3, 40, 56}), c(DType::f32, {3, 24, 56});
   for (int64_t i = 0; i < a.numel(); ++i) a.set(i, 0.01 * double(i % 17));
   for (int64_t i = 0; i < b.numel(); ++i) b.set(i, 0.02 * double(i % 13));
   OpAttrs at;
-  at.equation = "ij,jk->ik";
+  at.equation = "bij,bjk->bik";
   KernelArgs k;
   k.kind = OpKind::Einsum;
   k.attrs = &at;
@@ -39,12 +40,12 @@ TEST_CASE("onednn prepare: a kernel run without preparation creates its primitiv
   CHECK(ran == onednn_einsum_compiled());
   CHECK(after.created_while_running - before.created_while_running == (ran ? 1 : 0));
   // Prepared first: the run finds it.
-  at.equation = "ik,jk->ij";
-  HostTensor e(DType::f32, {40, 56});
+  at.equation = "bik,bjk->bij";
+  HostTensor e(DType::f32, {3, 40, 56});
   for (int64_t i = 0; i < e.numel(); ++i) e.set(i, 0.03 * double(i % 11));
   k.in_shapes = {c.shape(), e.shape()};
   k.in = {c.data(), e.data()};
-  HostTensor d(DType::f32, {24, 40});
+  HostTensor d(DType::f32, {3, 24, 40});
   k.out = d.data();
   k.out_shape = d.shape();
   prepare_cpu_kernel(k);
