@@ -15,6 +15,7 @@
 #  (b) matmul GFLOP/s at the models' shapes on core 0, one thread: tessel's einsum kernel,
 #      oneDNN's dnnl_sgemm, OpenBLAS's cblas_sgemm (if libopenblas0 is installed), and the
 #      core's f32 peak measured by an FMA loop.
+#  (d) tessel only: softmax, layer_norm and GELU, hand-written vs oneDNN (BM_RowOp).
 #  (c) the per-run cost of a tiny program (relu + sum, sharded over N devices) on 1, 2, 8
 #      devices (cores 0,1): tessel LoadedExecutable::run vs JAX's jitted call.
 set -euo pipefail
@@ -96,6 +97,8 @@ for r in $(seq 1 $rounds); do
 done
 # (b) matmuls and the core's peak, one thread on core 0
 tessel matmul 0 'BM_Matmul|BM_FmaPeak' --benchmark_repetitions=$rounds --benchmark_report_aggregates_only=true
+# (d) tessel only: softmax / layer_norm / GELU, hand-written vs oneDNN (the kernel choice)
+tessel rowops 0 'BM_RowOp' --benchmark_repetitions=$rounds --benchmark_report_aggregates_only=true
 echo "uptime after the run: $(uptime)" >> "$out/machine.txt"
 
 "$py" bench/jax/summarise.py "$out" > "$out/SUMMARY.md"

@@ -141,4 +141,19 @@ for n in (1, 2, 8):
     tu, ju = us(tb), jb["median_s"] * 1e6
     out.append(f"| {n} | {tu:.1f} | {ju:.1f} | {fmt_ratio(ju / tu)} |")
 out.append("")
+
+# (d) row ops
+ro = gbench("rowops")
+if ro:
+    out.append("## (d) tessel's softmax / layer_norm / GELU kernels: hand-written vs oneDNN, one thread on core 0\n")
+    out.append("| op | hand-written (µs) | oneDNN (µs) | oneDNN speed-up |")
+    out.append("|---|---|---|---|")
+    for op in range(3):
+        for shape in range(2):
+            h, o = ro.get(f"BM_RowOp/op:{op}/shape:{shape}/impl:0"), ro.get(f"BM_RowOp/op:{op}/shape:{shape}/impl:1")
+            if not h or not o or "error" in h or "error" in o:
+                continue
+            label = h.get("label", "").replace(" hand-written", "")
+            out.append(f"| {label} | {us(h):.1f} | {us(o):.1f} | {us(h) / us(o):.2f}x |")
+    out.append("")
 print("\n".join(out))
