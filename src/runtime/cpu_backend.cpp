@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "cpu_stream.hpp"
+#include "onednn_einsum.hpp"
 #include "spin.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/block_copy.hpp"
@@ -337,6 +338,11 @@ class CpuBackend final : public Backend {
     KernelArgs a = args;
     a.num_threads = threads_;
     cs.enqueue([a = std::move(a)] { run_cpu_kernel(a); });
+  }
+  void prepare_kernel(const KernelArgs& args) override {
+    KernelArgs a = args;
+    a.num_threads = threads_;  // as run_kernel: the thread split is part of the primitives' keys
+    prepare_cpu_kernel(a);
   }
   void launch_host_func(Stream& s, std::function<void()> fn) override {
     cpu_stream(s, "launch_host_func").enqueue(std::move(fn), /*always=*/true);

@@ -204,6 +204,13 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
           a.out_offset = o.sharding.local_offset(p_.mesh, o.global_shape, pos_);
           a.out_global_shape = o.global_shape;
         }
+        // Load does the expensive once-per-shape work now (the CPU backend: oneDNN
+        // primitives), not the first run.
+        try {
+          ctx_.backend->prepare_kernel(a);
+        } catch (const Error& e) {
+          throw RuntimeError(fmt::format("{}: {}", labels_[i], e.what()));
+        }
         break;
       }
       case InstrKind::Copy: {

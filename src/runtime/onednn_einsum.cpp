@@ -34,6 +34,7 @@
 #if TESSEL_WITH_ONEDNN
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -48,48 +49,16 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "onednn_common.hpp"
+#include "onednn_ops.hpp"
 #include "tessel/runtime/tensor.hpp"
-
-#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
-// libgomp's API (linked by CMake); declared here so that no omp.h (and no -fopenmp) is needed.
-extern "C" int omp_get_max_threads(void);
-extern "C" void omp_set_num_threads(int);
-#endif
 
 namespace tessel {
 namespace {
 
 using dnnl::memory;
-
-// Sets the calling thread's OpenMP thread count for the scope (oneDNN's parallel regions
-// take it), restoring the previous one after.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n) {
-#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
-    old_ = omp_get_max_threads();
-    if (old_ != n) omp_set_num_threads(n);
-    n_ = n;
-#else
-    (void)n;
-#endif
-  }
-  ~ScopedThreads() {
-#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
-    if (old_ != n_) omp_set_num_threads(old_);
-#endif
-  }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int old_ = 1, n_ = 1;
-};
-
-const dnnl::engine& cpu_engine() {
-  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
+using onednn::cpu_engine;
+using onednn::ScopedThreads;
 
 bool cpu_has_bf16() {
   static const bool ok = [] {
@@ -112,38 +81,19 @@ struct Entry {
   std::size_t scratch_bytes = 0;
 };
 
-class PrimitiveCache {
- public:
-  std::shared_ptr<const Entry> find(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(key);
-    return it == map_.end() ? nullptr : it->second;
-  }
-  std::shared_ptr<const Entry> insert(const std::string& key, std::shared_ptr<const Entry> e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    // Bounded: a program has few distinct einsum shapes; a stream of new ones (random tests)
-    // must not grow without limit. Dropping all is simple and entries in use stay alive.
-    if (map_.size() >= kCapacity) map_.clear();
-    return map_.emplace(key, std::move(e)).first->second;  // first writer wins
-  }
-
- private:
-  static constexpr std::size_t kCapacity = 4096;
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<const Entry>> map_;
-};
-
-PrimitiveCache& cache() {
-  static PrimitiveCache c;
+onednn::PrimitiveCache<Entry>& cache() {
+  static onednn::PrimitiveCache<Entry> c;
   return c;
 }
 
-std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d, memory::data_type dt) {
-  // One creation at a time: Debian's libdnnl initialises shared state lazily on the first
-  // primitive descriptors, and ThreadSanitizer saw two device threads race there. Creation
-  // happens once per layout, so the lock costs nothing in the step loop.
-  static std::mutex create_mu;
-  std::lock_guard<std::mutex> create_lock(create_mu);
+// Counters for onednn_primitive_counts (tests: a loaded program's runs create none).
+std::atomic<long> g_created{0};
+std::atomic<long> g_created_running{0};
+
+std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d, memory::data_type dt,
+                                    bool running) {
+  onednn_count_creation(running);
+  std::lock_guard<std::mutex> create_lock(onednn::creation_mutex());  // see onednn_common.hpp
   auto e = std::make_shared<Entry>();
   try {
     e->src = memory::desc(s.dims, dt, s.strides);
@@ -167,6 +117,37 @@ std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d,
   return e;
 }
 
+// dnnl_sgemm's (row-major) description of src [rows, K] · wei [K, N] -> dst [rows, N], or
+// ok = false when a stride pattern is not one it takes (no unit stride, or a leading dimension
+// smaller than the dim it strides over).
+struct Sgemm {
+  bool ok = false;
+  char ta = 'N', tb = 'N';
+  int64_t lda = 0, ldb = 0, ldc = 0;
+};
+
+Sgemm sgemm_layout(const View& s, const View& w, const View& d, int64_t block_rows) {
+  Sgemm g;
+  auto operand = [](const View& v, int64_t rows, char& t, int64_t& ld) {
+    if (v.strides[1] == 1 && v.strides[0] >= std::max<int64_t>(1, v.dims[1])) {
+      t = 'N';
+      ld = v.strides[0];
+      return true;
+    }
+    if (v.strides[0] == 1 && v.strides[1] >= std::max<int64_t>(1, rows)) {
+      t = 'T';
+      ld = v.strides[1];
+      return true;
+    }
+    return false;
+  };
+  if (d.strides[1] != 1 || d.strides[0] < std::max<int64_t>(1, d.dims[1])) return g;
+  if (!operand(s, block_rows, g.ta, g.lda) || !operand(w, w.dims[0], g.tb, g.ldb)) return g;
+  g.ldc = d.strides[0];
+  g.ok = true;
+  return g;
+}
+
 void append_view(std::string& key, const View& v) {
   for (std::size_t i = 0; i < v.dims.size(); ++i) key += fmt::format("{}:{},", v.dims[i], v.strides[i]);
   key += '|';
@@ -176,7 +157,22 @@ void append_view(std::string& key, const View& v) {
 
 bool onednn_einsum_compiled() { return true; }
 
-bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string& sb, const std::string& sr) {
+OneDnnPrimitiveCounts onednn_primitive_counts() {
+  return {g_created.load(std::memory_order_relaxed), g_created_running.load(std::memory_order_relaxed)};
+}
+
+void onednn_clear_primitive_cache() {
+  cache().clear();
+  onednn_clear_op_cache();
+}
+
+void onednn_count_creation(bool running) {
+  g_created.fetch_add(1, std::memory_order_relaxed);
+  if (running) g_created_running.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string& sb, const std::string& sr,
+                   bool prepare_only) {
   if (a.in.size() != 2) return false;
   const DType dt = a.out_dtype;
   if (a.in_dtypes[0] != dt || a.in_dtypes[1] != dt) return false;
@@ -326,19 +322,38 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
     append_view(key, vw);
     append_view(key, d2);
     std::shared_ptr<const Entry> e = cache().find(key);
-    if (!e) e = cache().insert(key, create(s2, vw, d2, mdt));
+    if (!e) e = cache().insert(key, create(s2, vw, d2, mdt, /*running=*/!prepare_only));
     return e;
   };
-  const std::shared_ptr<const Entry> full = primitive(rows_per);
-  const int64_t last_rows = R - (blocks - 1) * rows_per;
-  const std::shared_ptr<const Entry> last = last_rows == rows_per ? full : primitive(last_rows);
-  if (!full->ok || !last->ok) return false;
+  // A plain f32 matrix product (no batch dim; each operand with a unit stride in one of its
+  // two dims, the result's rows contiguous) runs as oneDNN's dnnl_sgemm instead of a matmul
+  // primitive: at the GPT's shapes sgemm ran 1-10% faster (BM_Matmul, docs/cpu-backend.md) and
+  // it needs no primitive. Each block's summation order is fixed by (shape, block rows).
+  const Sgemm g = dt == DType::f32 && vd.dims.size() == 2 ? sgemm_layout(vs, vw, vd, rows_per) : Sgemm{};
+  std::shared_ptr<const Entry> full, last;
+  if (!g.ok) {
+    full = primitive(rows_per);
+    const int64_t last_rows = R - (blocks - 1) * rows_per;
+    last = last_rows == rows_per ? full : primitive(last_rows);
+    if (!full->ok || !last->ok) return false;
+  }
+  if (prepare_only) return true;
 
   const std::size_t esz = dtype_size(dt);
   const auto* src = static_cast<const std::byte*>(a.in[swap ? 1 : 0]);
   const void* wei = a.in[swap ? 0 : 1];
   auto* dst = static_cast<std::byte*>(a.out);
   auto run_block = [&](int64_t blk) {
+    if (g.ok) {
+      const int64_t r0 = blk * rows_per, rows = std::min(rows_per, R - r0);
+      ScopedThreads st(1);
+      const dnnl_status_t status =
+          dnnl_sgemm(g.ta, g.tb, rows, vd.dims[1], vs.dims[1], 1.0f,
+                     reinterpret_cast<const float*>(src) + r0 * vs.strides[0], g.lda, static_cast<const float*>(wei),
+                     g.ldb, 0.0f, reinterpret_cast<float*>(dst) + r0 * vd.strides[0], g.ldc);
+      if (status != dnnl_success) throw dnnl::error(status, "dnnl_sgemm");
+      return;
+    }
     const Entry& e = blk == blocks - 1 ? *last : *full;
     const int64_t r0 = blk * rows_per;
     const dnnl::engine& eng = cpu_engine();
@@ -389,7 +404,13 @@ namespace tessel {
 
 bool onednn_einsum_compiled() { return false; }
 
-bool onednn_einsum(const KernelArgs&, const std::string&, const std::string&, const std::string&) {
+OneDnnPrimitiveCounts onednn_primitive_counts() { return {}; }
+
+void onednn_clear_primitive_cache() {}
+
+void onednn_count_creation(bool) {}
+
+bool onednn_einsum(const KernelArgs&, const std::string&, const std::string&, const std::string&, bool) {
   return false;
 }
 

@@ -19,6 +19,27 @@ enum class EinsumImpl { Auto, Eigen, OneDnn };
 // true when oneDNN ran it. Defined in cpu_kernels.cpp.
 bool cpu_einsum(const KernelArgs& args, EinsumImpl impl);
 
+// Load-time preparation of a CPU kernel (Backend::prepare_kernel): `args` as the kernel will
+// get them, data pointers null. For an einsum that maps onto a oneDNN matmul it validates the
+// equation and creates the oneDNN primitives the run will use (same cache keys: local dims,
+// strides, dtype and the args' num_threads), so that no run creates one. Other kinds: nothing.
+// Throws what the kernel would throw for invalid args. Defined in cpu_kernels.cpp.
+void prepare_cpu_kernel(const KernelArgs& args);
+
+// oneDNN primitives (matmuls, and the ops of onednn_ops.hpp) created in this process so far (by a run or a preparation), and
+// how many were created while executing a kernel rather than preparing one: after load has
+// prepared a program, its runs leave the latter unchanged. 0 without oneDNN.
+struct OneDnnPrimitiveCounts {
+  long created = 0;
+  long created_while_running = 0;
+};
+OneDnnPrimitiveCounts onednn_primitive_counts();
+// Empties the primitive caches (tests: so that a load must create its primitives).
+void onednn_clear_primitive_cache();
+// Counts one primitive creation (every oneDNN kernel calls it when it creates one);
+// `running`: during a kernel's run rather than a preparation.
+void onednn_count_creation(bool running);
+
 // True when tessel was built with oneDNN (TESSEL_WITH_ONEDNN).
 bool onednn_einsum_compiled();
 
@@ -30,8 +51,9 @@ bool onednn_einsum_compiled();
 // two tensors that hold it, a size-0 dim, dtypes other than all-f32 or all-bf16 (bf16 only
 // where the CPU has native bf16 dot products), or no optimised oneDNN implementation for the
 // layout (oneDNN's reference kernels are never used). Thread-safe: primitives are created
-// once per (layout, dtype) and cached.
+// once per (layout, dtype) and cached. With `prepare_only` it creates (or finds) the
+// primitives and returns whether oneDNN would run it, touching no data.
 bool onednn_einsum(const KernelArgs& args, const std::string& sa, const std::string& sb,
-                   const std::string& sr);
+                   const std::string& sr, bool prepare_only = false);
 
 }  // namespace tessel

@@ -126,6 +126,11 @@ class Backend {
   virtual void poison(Buffer& b, DType dtype, Stream& s) = 0;
   // args' pointers are device pointers from Buffer::data(); args is copied.
   virtual void run_kernel(const KernelArgs& args, Stream& s) = 0;
+  // Does now what run_kernel would otherwise do on the first run of a kernel with these args
+  // (pointers null): the CPU backend creates the oneDNN primitives of einsums. Called at load
+  // for every kernel instruction, so that the first run is as fast as later ones. Synchronous;
+  // throws what run_kernel's kernel would throw for invalid args. Default: nothing to prepare.
+  virtual void prepare_kernel(const KernelArgs& args) { (void)args; }
   // Runs fn on the host when s reaches this point (cudaLaunchHostFunc): for timestamps and
   // bookkeeping only, never for touching device memory. fn must not throw.
   virtual void launch_host_func(Stream& s, std::function<void()> fn) = 0;
