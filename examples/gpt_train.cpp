@@ -107,6 +107,9 @@ int run(int argc, char** argv) {
     }
     else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
   }
+  if (cfg.vocab < 256)
+    throw tessel::UsageError(fmt::format("--vocab {}: the corpus is read as bytes (token ids 0..255), so the "
+                                         "vocabulary needs at least 256 rows", cfg.vocab));
   const std::string corpus = read_corpus(corpus_path);
   if (static_cast<int64_t>(corpus.size()) < cfg.seq + 2)
     throw tessel::Error(fmt::format("gpt_train: the corpus '{}' has {} bytes; --seq {} needs at least {}", corpus_path,
@@ -146,8 +149,8 @@ int run(int argc, char** argv) {
   if (offload) lo.lowering.offload_min_bytes = 16 << 10;
   tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  print(fmt::format("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab=256 params={} corpus={} bytes\n",
-                    cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.layers, m.params, corpus.size()));
+  print(fmt::format("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab={} params={} corpus={} bytes\n",
+                    cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.layers, cfg.vocab, m.params, corpus.size()));
   print(fmt::format("mesh {} = {} CPU devices{}, zero={}, remat={}, lr={}, {}, seed {}\n", mesh.to_string(),
                     mesh.num_devices(),
                     mpi ? fmt::format(" on {} MPI processes", mpi->world_size()) : std::string(" (virtual)"), to.zero,
