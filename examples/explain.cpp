@@ -142,10 +142,12 @@ int run(int argc, char** argv) {
   if (dump_after == "propagate") return 0;
   tessel::Program prog = tessel::partition(g, mesh, prop, popts);
   tessel::add_program_warnings(g, mesh, prog);
+  tessel::ProgramPassOptions lowering;
+  lowering.fuse_elementwise = lowering.fuse_elementwise && opt.fusion;
   if (dump_after != "parse" && dump_after != "propagate" && dump_after != "partition" && !dump_after.empty()) {
     // A lowering pass: the program after it, in the Program text form (parseable).
     fmt::print("== program after {}\n", dump_after);
-    std::fputs(tessel::dump_program_after(prog, dump_after).c_str(), stdout);
+    std::fputs(tessel::dump_program_after(prog, dump_after, lowering).c_str(), stdout);
     return 0;
   }
   fmt::print("== program\n");
@@ -166,7 +168,7 @@ int run(int argc, char** argv) {
   fmt::print("flops={:.6g} compute_s={:.6g} comm_s={:.6g}\n", prog.total_flops(),
              prog.compute_seconds(popts.cost), prog.comm_seconds());
   // The memory plan of the lowered program: what load() allocates, known before a run.
-  const tessel::MemoryPlan mem = tessel::lower_program(prog).memory_plan();
+  const tessel::MemoryPlan mem = tessel::lower_program(prog, false, lowering).memory_plan();
   fmt::print("peak_bytes_per_device={} (arena {}, inputs {}, outputs {})\n", mem.peak_bytes(), mem.arena_bytes,
              mem.input_bytes, mem.output_bytes);
   fmt::print("{}\n", s.line());
@@ -192,6 +194,7 @@ int run(int argc, char** argv) {
   ro.poison = true;
   ro.check_replicas = true;
   ro.trace_path = trace_path;
+  ro.lowering = lowering;
   std::vector<tessel::HostTensor> got = exe.run(inputs, ro);
   std::vector<tessel::HostTensor> want = tessel::run_reference(user, inputs);
   double worst = 0;

@@ -36,4 +36,5 @@
   X(MaskPadding)        /* x with positions >= attrs.depth along attrs.axis := scalar     */   \
   X(LayerNormGrad)      /* (x, gamma, dy) -> (dx, dgamma, dbeta): layer_norm's backward  */   \
   X(AdamW)              /* (p, g, m, v, lr, bc1, bc2, gscale) -> (p', m', v'): fused step */   \
-  X(GeluGrad)           /* (x, g) -> g * gelu'(x): gelu's backward, fused; broadcasting  */
+  X(GeluGrad)           /* (x, g) -> g * gelu'(x): gelu's backward, fused; broadcasting  */   \
+  X(FusedElementwise)   /* operands -> attrs.equation's elementwise expression (fused_expr) */

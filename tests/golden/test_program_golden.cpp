@@ -43,6 +43,7 @@ std::string lower(const std::string& name) {
       if (eq != std::string::npos) threshold = std::stoll(pass.substr(eq + 11));
       pm.add("combine-collectives", [threshold](Program q) { return combine_collectives_pass(std::move(q), threshold); });
     } else if (pass == "pack") pm.add(pass, pack_pass);
+    else if (pass == "fuse-elementwise") pm.add(pass, fuse_elementwise_pass);
     else if (pass == "async-collectives") pm.add(pass, async_collectives_pass);
     else if (pass == "memory-plan") pm.add(pass, memory_plan_pass);
     else FAIL("unknown pass " << pass);
@@ -130,4 +131,15 @@ TEST_CASE("golden program: the combine threshold splits a run", "[golden][progra
   CHECK(count(out, "all_reduce(") == 3);
   CHECK(count(out, "bytes=32") == 2);
   CHECK(out.find("%big = all_reduce(%x)") != std::string::npos);
+}
+
+TEST_CASE("golden program: fuse-elementwise makes bias + GELU and bias + residual one kernel each", "[golden][program-ir]") {
+  const std::string out = lower("fuse_elementwise");
+  // The MLP's bias + GELU, and its bias + the residual (after the all-reduce's done).
+  CHECK(out.find("fused_elementwise(%u, %b1) expr=\"gelu(add($0,$1))\"") != std::string::npos);
+  CHECK(out.find("%y = fused_elementwise(") != std::string::npos);
+  CHECK(out.find("done %d") < out.find("%y = fused_elementwise("));
+  // The scale before the causal mask is one op: not fused.
+  CHECK(out.find("= mul(%s, %scale)") != std::string::npos);
+  CHECK(out.find("= gelu(") == std::string::npos);
 }
