@@ -14,6 +14,9 @@
 //     broadcast over [B,S,D]) stays a kernel of its own, so the fused kernel never recomputes
 //     a value per element of a broadcast (XLA's "reuses operand elements" rule);
 //   - the group stays within kMaxOperands operands and kMaxNodes nodes.
+// A softmax is a root too: its group (its operand's producers, by the same rules, and also a
+// causal_mask of the softmax's shape, which reads positions) becomes one fused_softmax kernel,
+// softmax(expr) along the softmax's axis — the attention's scale + causal mask + softmax.
 // A group with fewer than two ops is left as it is. The fused kernel stands at its root's
 // place: every operand of the group is defined before any member, and no other instruction
 // reads a member's result, so moving the members' work there changes no dependence (and no
@@ -39,6 +42,8 @@ bool all_ones(const Shape& s) {
 }
 
 bool is_literal_constant(const Instr& in) { return in.kind == InstrKind::Kernel && in.op == OpKind::Constant && all_ones(in.attrs.shape); }
+
+bool is_softmax(const Instr& in) { return in.kind == InstrKind::Kernel && in.op == OpKind::Softmax; }
 
 bool is_member_kind(const Instr& in) {
   return in.kind == InstrKind::Kernel && in.extra_out.empty() &&
@@ -67,7 +72,8 @@ class Fuser {
     std::vector<Group> groups;
     for (int r = static_cast<int>(p_.instrs.size()) - 1; r >= 0; --r) {
       const Instr& root = p_.instrs[static_cast<std::size_t>(r)];
-      if (group_of[static_cast<std::size_t>(r)] >= 0 || !is_member_kind(root)) continue;
+      if (group_of[static_cast<std::size_t>(r)] >= 0 || !(is_member_kind(root) || is_softmax(root))) continue;
+      const Shape& root_shape = p_.values[static_cast<std::size_t>(root.out)].shape;
       std::set<int> members{r};
       const int64_t elems = num_elements(p_.values[static_cast<std::size_t>(root.out)].shape);
       for (bool grew = true; grew;) {
@@ -77,7 +83,10 @@ class Fuser {
             const int j = def_[static_cast<std::size_t>(v)];
             if (j < 0 || members.count(j) || group_of[static_cast<std::size_t>(j)] >= 0) continue;
             const Instr& pj = p_.instrs[static_cast<std::size_t>(j)];
-            if (!(is_member_kind(pj) || is_literal_constant(pj)) || pj.stream != root.stream || output_.count(v)) continue;
+            // A softmax takes a causal mask of its own shape into its prologue.
+            const bool mask = is_softmax(root) && pj.kind == InstrKind::Kernel && pj.op == OpKind::CausalMask &&
+                              p_.values[static_cast<std::size_t>(v)].shape == root_shape;
+            if (!(is_member_kind(pj) || is_literal_constant(pj) || mask) || pj.stream != root.stream || output_.count(v)) continue;
             if (!is_literal_constant(pj) && num_elements(p_.values[static_cast<std::size_t>(v)].shape) != elems) continue;
             const auto& rd = readers_[static_cast<std::size_t>(v)];
             if (!std::all_of(rd.begin(), rd.end(), [&](int x) { return members.count(x) > 0; })) continue;
@@ -152,11 +161,13 @@ class Fuser {
     Instr f;
     const Instr& root = p_.instrs[static_cast<std::size_t>(g.members.back())];
     std::vector<std::string> names;
+    const bool softmax = is_softmax(root);
     for (int m : g.members) {
       const Instr& mi = p_.instrs[static_cast<std::size_t>(m)];
       names.push_back(p_.values[static_cast<std::size_t>(mi.out)].name);
       f.flops += mi.flops;
       f.seconds += mi.seconds;
+      if (softmax && m == g.members.back()) break;  // the softmax itself: the op, not a node
       if (mi.op == OpKind::Constant) {
         FusedNode n;
         n.kind = FusedNode::Kind::Literal;
@@ -190,11 +201,14 @@ class Fuser {
         node_of[mi.out] = e.root();
       }
     }
-    // The root's node must be last (members are in program order, so it is, unless the root
-    // is an inlined fused op whose expression ends in a shared node: copy it last).
-    if (node_of.at(root.out) != e.root()) e.nodes.push_back(e.nodes[static_cast<std::size_t>(node_of.at(root.out))]);
+    // The expression's result (the softmax's operand for a softmax root) must be its last node:
+    // members are in program order, so it is, unless it is an inlined fused op's shared node
+    // or the operand of a softmax read by an earlier member too: then it is copied last.
+    const int result = softmax ? root.in[0] : root.out;
+    if (node_of.at(result) != e.root()) e.nodes.push_back(e.nodes[static_cast<std::size_t>(node_of.at(result))]);
     f.kind = InstrKind::Kernel;
-    f.op = OpKind::FusedElementwise;
+    f.op = softmax ? OpKind::FusedSoftmax : OpKind::FusedElementwise;
+    if (softmax) f.attrs.axis = root.attrs.axis;
     f.attrs.equation = print_fused_expr(e);
     f.in = ops;
     f.out = root.out;

@@ -139,7 +139,7 @@ class ExprParser {
         pos_ = name_at;
         fail(fmt::format("unknown op '{}'", name));
       }
-      if (!is_fusible_elementwise(*k)) {
+      if (!is_fusible_elementwise(*k) && *k != OpKind::CausalMask) {
         pos_ = name_at;
         fail(fmt::format("'{}' is not an elementwise op a fused expression may hold", name));
       }
@@ -247,7 +247,7 @@ std::string print_fused_expr(const FusedExpr& e) {
   return join(statements, ";");
 }
 
-ResultType type_fused_expr(FusedExpr& e, const std::vector<const Value*>& in) {
+ResultType type_fused_expr(FusedExpr& e, const std::vector<const Value*>& in, bool positional) {
   auto fail = [&](std::size_t node, const std::string& why) {
     std::vector<std::string> ops;
     for (const Value* v : in) ops.push_back(fmt::format("%{}: {}", v->name, type_str(v->dtype, v->shape)));
@@ -274,6 +274,8 @@ ResultType type_fused_expr(FusedExpr& e, const std::vector<const Value*>& in) {
           fail(i, fmt::format("literal {} is not an i32 value", n.value));
         break;
       case FusedNode::Kind::Op: {
+        if (n.op == OpKind::CausalMask && !positional)
+          fail(i, "causal_mask reads positions: only a fused_softmax's expression may hold it");
         std::vector<const Value*> args;
         for (int a : n.args) {
           if (a < 0 || static_cast<std::size_t>(a) >= i) fail(i, fmt::format("argument node {} is not an earlier node", a));
@@ -294,6 +296,12 @@ ResultType type_fused_expr(FusedExpr& e, const std::vector<const Value*>& in) {
     v.shape = n.shape;
     v.dtype = n.dtype;
   }
+  // A causal mask's positions are the result's: it must cover the whole result.
+  for (std::size_t i = 0; i < e.nodes.size(); ++i)
+    if (e.nodes[i].kind == FusedNode::Kind::Op && e.nodes[i].op == OpKind::CausalMask &&
+        e.nodes[i].shape != e.nodes.back().shape)
+      fail(i, fmt::format("causal_mask of {} inside a result of {}: the mask must have the result's shape",
+                          shape_str(e.nodes[i].shape), shape_str(e.nodes.back().shape)));
   // Every operand is read and reaches the result: the fused op's shape is the broadcast of
   // them all (which the partitioner's elementwise rule assumes).
   const FusedNode& r = e.nodes.back();

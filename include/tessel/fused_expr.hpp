@@ -10,7 +10,8 @@
 //   expr       = statement { ";" statement }        the last statement is the result
 //   statement  = term
 //   term       = NAME "(" term { "," term } ")"     an elementwise op: neg, exp, ..., add, ...,
-//                                                    eq, ..., where, gelu_grad
+//                                                    eq, ..., where, gelu_grad; causal_mask in a
+//                                                    fused_softmax only (it reads positions)
 //              | "cast" "<" DTYPE ">" "(" term ")"  cast to DTYPE
 //              | "$" INT                             operand INT of the op
 //              | "#" INT                             the result of an earlier statement
@@ -55,6 +56,9 @@ struct FusedExpr {
 // elementwise ops, comparisons, where, cast and gelu_grad (constants become literals).
 bool is_fusible_elementwise(OpKind kind);
 
+// fused_softmax (softmax along `axis` of such an expression: the attention's scale + causal
+// mask + softmax in one kernel) uses the same text for its prologue.
+//
 // Parses the `expr=` text. Throws ParseError "fused_elementwise: expr \"...\": <what> at
 // column N" for malformed text, an unknown or non-elementwise op, a wrong argument count, a
 // reference to a later statement or a literal whose shape is not all ones.
@@ -65,6 +69,8 @@ std::string print_fused_expr(const FusedExpr& e);
 // broadcast, dtypes as the unfused ops would have them) and returns the root's type. Throws
 // ShapeError naming fused_elementwise, the node and the operands (an operand index out of
 // range, shapes that do not broadcast, an i32 operand of a float op, ...).
-ResultType type_fused_expr(FusedExpr& e, const std::vector<const Value*>& in);
+// `positional`: the expression may hold causal_mask (fused_softmax's prologue), whose
+// positions are the result's elements' (the mask must have the result's shape).
+ResultType type_fused_expr(FusedExpr& e, const std::vector<const Value*>& in, bool positional = false);
 
 }  // namespace tessel

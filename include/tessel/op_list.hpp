@@ -37,4 +37,5 @@
   X(LayerNormGrad)      /* (x, gamma, dy) -> (dx, dgamma, dbeta): layer_norm's backward  */   \
   X(AdamW)              /* (p, g, m, v, lr, bc1, bc2, gscale) -> (p', m', v'): fused step */   \
   X(GeluGrad)           /* (x, g) -> g * gelu'(x): gelu's backward, fused; broadcasting  */   \
-  X(FusedElementwise)   /* operands -> attrs.equation's elementwise expression (fused_expr) */
+  X(FusedElementwise)   /* operands -> attrs.equation's elementwise expression (fused_expr) */ \
+  X(FusedSoftmax)       /* softmax along attrs.axis of attrs.equation's expression        */

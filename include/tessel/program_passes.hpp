@@ -64,7 +64,8 @@ Program combine_collectives_pass(Program p, int64_t threshold_bytes = ProgramPas
 // intermediate values have no reader outside the group and are not outputs into one
 // `fused_elementwise` kernel each, placed at the group's last instruction (docs/program-ir.md,
 // "fuse-elementwise"). Producers with fewer elements than the group's result (broadcast
-// statistics) and other streams' kernels stay outside. A pure function; idempotent.
+// statistics) and other streams' kernels stay outside. A softmax with its elementwise (and
+// causal_mask) producers becomes one `fused_softmax`. A pure function; idempotent.
 Program fuse_elementwise_pass(Program p);
 Program async_collectives_pass(Program p);
 // Liveness from compute_liveness (program_verify.hpp); the values defined by instructions,

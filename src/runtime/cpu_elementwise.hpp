@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include <Eigen/Dense>
 
 #include "tessel/graph.hpp"
 #include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/tensor.hpp"
 
 namespace tessel::cpu_detail {
 
@@ -101,7 +103,63 @@ inline int32_t f32_to_i32_sat(float v) {
 }
 
 
-// The fused_elementwise kernel (cpu_fused.cpp).
+// max reduction: identity, combine, and the max of one contiguous row.
+struct MaxR {
+  template <class T> static T identity() {
+    return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                                : std::numeric_limits<T>::lowest();
+  }
+  // NaN propagates (like numpy.maximum).
+  template <class T> T operator()(T x, T y) const { return (x != x || x > y) ? x : y; }
+  template <class T> static T row(const T* p, int64_t n) {
+    T m = p[0];
+    for (int64_t j = 1; j < n; ++j) m = (m != m || m > p[j]) ? m : p[j];
+    return m;
+  }
+};
+
+// softmax over the middle dim of x viewed as [outer, len, inner], in f32, into y (y may be
+// x). A row whose max is -inf (fully masked) gives zeros, not NaN.
+inline void softmax_f32(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  if (len > 0 && outer > 0 && inner > 0) {
+    if (inner == 1) {
+      for (int64_t o = 0; o < outer; ++o) {
+        Eigen::Map<const Eigen::ArrayXf> xr(x + o * len, len);
+        Eigen::Map<Eigen::ArrayXf> yr(y + o * len, len);
+        const float m = MaxR::row(x + o * len, len);
+        if (m == -std::numeric_limits<float>::infinity()) {  // fully masked row: define as zeros rather than NaN
+          yr.setZero();
+          continue;
+        }
+        yr = (xr - m).exp();
+        yr *= 1.0f / yr.sum();
+      }
+    } else {
+      // Axis not last: sweep whole [inner] rows at a time so accesses stay contiguous.
+      std::vector<float, AlignedAllocator<float>> mx(static_cast<std::size_t>(inner)), sum(static_cast<std::size_t>(inner));
+      for (int64_t o = 0; o < outer; ++o) {
+        const float* xb = x + o * len * inner;
+        float* yb = y + o * len * inner;
+        std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t l = 0; l < len; ++l)
+          for (int64_t i = 0; i < inner; ++i) mx[i] = MaxF{}(mx[i], xb[l * inner + i]);
+        for (int64_t l = 0; l < len; ++l)
+          for (int64_t i = 0; i < inner; ++i) {
+            const float e = mx[i] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(xb[l * inner + i] - mx[i]);
+            yb[l * inner + i] = e;
+            sum[i] += e;
+          }
+        for (int64_t i = 0; i < inner; ++i) sum[i] = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
+        for (int64_t l = 0; l < len; ++l)
+          for (int64_t i = 0; i < inner; ++i) yb[l * inner + i] *= sum[i];
+      }
+    }
+  }
+}
+
+// The fused_elementwise and fused_softmax kernels (cpu_fused.cpp).
 void fused_elementwise_kernel(const KernelArgs& a);
+void fused_softmax_kernel(const KernelArgs& a);
 
 }  // namespace tessel::cpu_detail

@@ -98,12 +98,24 @@ class Walker {
     }
     idx_.assign(shape_.size(), 0);
   }
+  // Moves to element `flat` of the result (row-major) when the walk is elsewhere.
+  void seek(int64_t flat) {
+    if (flat == pos_) return;
+    pos_ = flat;
+    off_ = 0;
+    for (std::size_t d = shape_.size(); d-- > 0;) {
+      idx_[d] = flat % shape_[d];
+      flat /= shape_[d];
+      off_ += idx_[d] * stride_[d];
+    }
+  }
   // Whether the operand is read in result order, element for element (no broadcast).
   bool contiguous() const { return shape_.size() == 1 && stride_[0] == 1; }
 
   // dst[0..m) = the next m elements (as f32, or as i32 for an i32 operand).
   void next(const void* src, DType t, Elem* dst, int64_t m) {
     const std::size_t r = shape_.size() - 1;
+    pos_ += m;
     while (m > 0) {
       const int64_t run = std::min(m, shape_[r] - idx_[r]);
       const int64_t s = stride_[r];
@@ -133,6 +145,7 @@ class Walker {
   Shape shape_;
   std::vector<int64_t> stride_, idx_;
   int64_t off_ = 0;
+  int64_t pos_ = 0;  // the result element the walk is at
 };
 
 template <class F>
@@ -230,111 +243,209 @@ void eval_op(const KernelArgs& a, const FusedNode& n, const std::vector<const El
   }
 }
 
-}  // namespace
 
-void fused_elementwise_kernel(const KernelArgs& a) {
-  if (!a.attrs) fail(a, "no attributes (the expression) were given");
-  if (a.in.size() != a.in_shapes.size() || a.in.size() != a.in_dtypes.size())
-    fail(a, "operand pointers, shapes and dtypes differ in number");
-  FusedExpr e;
-  std::vector<Value> vals(a.in.size());
-  std::vector<const Value*> ins;
-  for (std::size_t i = 0; i < a.in.size(); ++i) {
-    vals[i].name = fmt::format("in{}", i);
-    vals[i].shape = a.in_shapes[i];
-    vals[i].dtype = a.in_dtypes[i];
-    ins.push_back(&vals[i]);
+// The expression of a fused kernel, parsed and typed against the kernel's operands, and
+// evaluated a block of result elements at a time.
+class Evaluator {
+ public:
+  Evaluator(const KernelArgs& a, bool positional) : a_(a) {
+    if (!a.attrs) fail(a, "no attributes (the expression) were given");
+    if (a.in.size() != a.in_shapes.size() || a.in.size() != a.in_dtypes.size())
+      fail(a, "operand pointers, shapes and dtypes differ in number");
+    std::vector<Value> vals(a.in.size());
+    std::vector<const Value*> ins;
+    for (std::size_t i = 0; i < a.in.size(); ++i) {
+      vals[i].name = fmt::format("in{}", i);
+      vals[i].shape = a.in_shapes[i];
+      vals[i].dtype = a.in_dtypes[i];
+      ins.push_back(&vals[i]);
+    }
+    try {
+      e_ = parse_fused_expr(a.attrs->equation);
+      type_ = type_fused_expr(e_, ins, positional);
+    } catch (const Error& err) {
+      fail(a, err.what());
+    }
+    if (type_.shape != a.out_shape)
+      fail(a, fmt::format("the expression computes {}, the result buffer is {}", type_str(type_.dtype, type_.shape),
+                          type_str(a.out_dtype, a.out_shape)));
+    const Shape& os = a.out_shape;
+    for (std::size_t i = 0; i < a.in.size(); ++i) walkers_.emplace_back(a.in_shapes[i], os);
+    const std::size_t nn = e_.nodes.size();
+    scratch_.resize(nn * static_cast<std::size_t>(kBlock));
+    at_.assign(nn, nullptr);
+    filled_.assign(nn, false);
+    operand_block_.assign(a.in.size(), -1);
+    operand_at_.assign(a.in.size(), nullptr);
+    if (os.size() >= 2) {  // causal_mask: the result block's [.., Q, K] position
+      const std::size_t r = os.size();
+      q_ = os[r - 2];
+      k_ = os[r - 1];
+      if (a.out_offset.size() == r) {
+        qoff_ = a.out_offset[r - 2];
+        koff_ = a.out_offset[r - 1];
+      }
+    }
   }
-  ResultType rt;
-  try {
-    e = parse_fused_expr(a.attrs->equation);
-    rt = type_fused_expr(e, ins);
-  } catch (const Error& err) {
-    fail(a, err.what());
-  }
-  if (rt.shape != a.out_shape || rt.dtype != a.out_dtype)
-    fail(a, fmt::format("the expression computes {}, the result buffer is {}", type_str(rt.dtype, rt.shape),
-                        type_str(a.out_dtype, a.out_shape)));
-  const Shape& os = a.out_shape;
-  const int64_t n = num_elements(os);
-  if (n == 0) return;
+  const ResultType& type() const { return type_; }
 
-  const std::size_t nn = e.nodes.size();
-  std::vector<Walker> walkers;
-  walkers.reserve(a.in.size());
-  for (std::size_t i = 0; i < a.in.size(); ++i) walkers.emplace_back(a.in_shapes[i], os);
-  // Node -> where its block is: its own buffer, or straight into an operand or the result.
-  std::vector<Elem, AlignedAllocator<Elem>> scratch(nn * static_cast<std::size_t>(kBlock));
-  std::vector<const Elem*> at(nn, nullptr);
-  const std::size_t root = nn - 1;
-  const bool root_direct = a.out_dtype == DType::f32 || a.out_dtype == DType::i32;
-  std::vector<bool> filled(nn, false);  // literals: filled once
-  std::vector<int64_t> operand_block(a.in.size(), -1);  // the block each operand was last read for
-  std::vector<const Elem*> operand_at(a.in.size(), nullptr);
-  std::vector<const Elem*> args;
-  std::vector<DType> arg_types;
-  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
-    const int64_t m = std::min(kBlock, n - i0);
+  // Elements [i0, i0 + m) of the result (m <= kBlock) into `root` (4-byte f32 or i32 values,
+  // rounded to the result's dtype). `root` may alias an operand of the result's shape.
+  void block(int64_t i0, int64_t m, Elem* root) {
+    const std::size_t nn = e_.nodes.size(), last = nn - 1;
     for (std::size_t k = 0; k < nn; ++k) {
-      const FusedNode& node = e.nodes[k];
-      Elem* buf = (k == root && root_direct) ? static_cast<Elem*>(a.out) + i0
-                                             : scratch.data() + k * static_cast<std::size_t>(kBlock);
+      const FusedNode& node = e_.nodes[k];
+      Elem* buf = k == last ? root : scratch_.data() + k * static_cast<std::size_t>(kBlock);
       switch (node.kind) {
         case FusedNode::Kind::Operand: {
           // An operand read at several places of the text is several nodes: its block is
           // read (walked) once, by the first, and shared.
           const std::size_t op = static_cast<std::size_t>(node.operand);
-          const DType t = a.in_dtypes[op];
-          if (operand_block[op] != i0) {
-            if (walkers[op].contiguous() && (t == DType::f32 || t == DType::i32)) {
-              operand_at[op] = static_cast<const Elem*>(a.in[op]) + i0;
+          const DType t = a_.in_dtypes[op];
+          if (operand_block_[op] != i0) {
+            if (walkers_[op].contiguous() && (t == DType::f32 || t == DType::i32)) {
+              operand_at_[op] = static_cast<const Elem*>(a_.in[op]) + i0;
             } else {
-              walkers[op].next(a.in[op], t, buf, m);
-              operand_at[op] = buf;
+              walkers_[op].seek(i0);
+              walkers_[op].next(a_.in[op], t, buf, m);
+              operand_at_[op] = buf;
             }
-            operand_block[op] = i0;
+            operand_block_[op] = i0;
           }
-          at[k] = operand_at[op];
-          if (k == root) {  // an expression whose result is an operand (parseable, if pointless)
-            if (at[k] != buf) std::memcpy(buf, at[k], static_cast<std::size_t>(m) * sizeof(Elem));
-            at[k] = buf;
+          at_[k] = operand_at_[op];
+          if (k == last && at_[k] != buf) {  // a result that is an operand (parseable, if pointless)
+            std::memmove(buf, at_[k], static_cast<std::size_t>(m) * sizeof(Elem));
+            at_[k] = buf;
           }
           break;
         }
         case FusedNode::Kind::Literal:
-          if (!filled[k] || k == root) {
+          if (!filled_[k] || k == last) {
             Elem v;
             if (node.dtype == DType::i32) v.i = static_cast<int32_t>(node.value);
             else {
               v.f = static_cast<float>(node.value);
               round_to(node.dtype, &v.f, 1);
             }
-            std::fill(buf, buf + kBlock, v);
-            filled[k] = true;
+            std::fill(buf, buf + (k == last ? m : kBlock), v);
+            filled_[k] = true;
           }
-          at[k] = buf;
+          at_[k] = buf;
           break;
         case FusedNode::Kind::Op:
-          args.clear();
-          arg_types.clear();
+          args_.clear();
+          arg_types_.clear();
           for (int x : node.args) {
-            args.push_back(at[static_cast<std::size_t>(x)]);
-            arg_types.push_back(e.nodes[static_cast<std::size_t>(x)].dtype);
+            args_.push_back(at_[static_cast<std::size_t>(x)]);
+            arg_types_.push_back(e_.nodes[static_cast<std::size_t>(x)].dtype);
           }
-          eval_op(a, node, args, arg_types, buf, m);
+          if (node.op == OpKind::CausalMask) causal(args_[0], buf, i0, m);
+          else eval_op(a_, node, args_, arg_types_, buf, m);
           if (node.dtype != DType::i32) round_to(node.dtype, &buf[0].f, m);
-          at[k] = buf;
+          at_[k] = buf;
           break;
       }
     }
-    if (!root_direct) {
-      uint16_t* out = static_cast<uint16_t*>(a.out) + i0;
-      const Elem* r = at[root];
-      if (a.out_dtype == DType::bf16)
-        for (int64_t j = 0; j < m; ++j) out[j] = f32_to_bf16(r[j].f);
-      else
-        for (int64_t j = 0; j < m; ++j) out[j] = f32_to_f16(r[j].f);
+  }
+
+ private:
+  // -inf where key > query (global positions), as the causal_mask kernel; elements i0.. of
+  // the result, whose shape the mask has.
+  void causal(const Elem* x, Elem* o, int64_t i0, int64_t m) const {
+    int64_t kk = i0 % k_, qq = (i0 / k_) % q_;
+    for (int64_t j = 0; j < m; ++j) {
+      o[j].f = kk + koff_ > qq + qoff_ ? -std::numeric_limits<float>::infinity() : x[j].f;
+      if (++kk == k_) {
+        kk = 0;
+        if (++qq == q_) qq = 0;
+      }
     }
+  }
+
+  const KernelArgs& a_;
+  FusedExpr e_;
+  ResultType type_;
+  std::vector<Walker> walkers_;
+  std::vector<Elem, AlignedAllocator<Elem>> scratch_;
+  std::vector<const Elem*> at_;  // node -> its block: its buffer, an operand's, or the result
+  std::vector<bool> filled_;     // literals: filled once
+  std::vector<int64_t> operand_block_;  // the block each operand was last read for
+  std::vector<const Elem*> operand_at_;
+  std::vector<const Elem*> args_;
+  std::vector<DType> arg_types_;
+  int64_t q_ = 1, k_ = 1, qoff_ = 0, koff_ = 0;
+};
+
+// A float result's f32 values: the buffer itself, or `tmp` (bf16/f16), converted by finish().
+float* f32_result(const KernelArgs& a, std::vector<float, AlignedAllocator<float>>& tmp) {
+  if (a.out_dtype == DType::f32) return static_cast<float*>(a.out);
+  tmp.resize(static_cast<std::size_t>(num_elements(a.out_shape)));
+  return tmp.data();
+}
+// Result elements [i0, i0 + m) of a bf16/f16 result from their f32 values `r` (nothing for f32).
+void finish(const KernelArgs& a, const float* r, int64_t i0, int64_t m) {
+  uint16_t* out = static_cast<uint16_t*>(a.out) + i0;
+  if (a.out_dtype == DType::bf16)
+    for (int64_t j = 0; j < m; ++j) out[j] = f32_to_bf16(r[j]);
+  else if (a.out_dtype == DType::f16)
+    for (int64_t j = 0; j < m; ++j) out[j] = f32_to_f16(r[j]);
+}
+
+}  // namespace
+
+void fused_elementwise_kernel(const KernelArgs& a) {
+  Evaluator ev(a, /*positional=*/false);
+  if (ev.type().dtype != a.out_dtype)
+    fail(a, fmt::format("the expression computes {}, the result buffer is {}", dtype_name(ev.type().dtype),
+                        dtype_name(a.out_dtype)));
+  const int64_t n = num_elements(a.out_shape);
+  if (a.out_dtype == DType::f32 || a.out_dtype == DType::i32) {
+    for (int64_t i0 = 0; i0 < n; i0 += kBlock) ev.block(i0, std::min(kBlock, n - i0), static_cast<Elem*>(a.out) + i0);
+    return;
+  }
+  std::vector<Elem, AlignedAllocator<Elem>> root(static_cast<std::size_t>(kBlock));
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - i0);
+    ev.block(i0, m, root.data());
+    finish(a, &root[0].f, i0, m);
+  }
+}
+
+// softmax(expr, axis): the expression is evaluated into the result a block at a time (the
+// blocks of fused_elementwise, so its values are the unfused chain's bits), and each row of the
+// softmax axis is normalised in place as soon as its last block is written, while it is still
+// in cache: the operands are read once and the result written once. For an axis that is not
+// the last, the whole expression is evaluated first, then the strided softmax runs in place.
+void fused_softmax_kernel(const KernelArgs& a) {
+  Evaluator ev(a, /*positional=*/true);
+  if (ev.type().dtype != a.out_dtype || a.out_dtype == DType::i32)
+    fail(a, fmt::format("the expression computes {}, the result buffer is {} (a float type)",
+                        dtype_name(ev.type().dtype), dtype_name(a.out_dtype)));
+  const Shape& s = a.out_shape;
+  const int64_t axis = a.attrs->axis;
+  if (axis < 0 || axis >= static_cast<int64_t>(s.size())) fail(a, fmt::format("axis {} is out of range", axis));
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= s[static_cast<std::size_t>(d)];
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < s.size(); ++d) inner *= s[d];
+  const int64_t len = s[static_cast<std::size_t>(axis)], n = num_elements(s);
+  if (n == 0) return;
+  std::vector<float, AlignedAllocator<float>> tmp;
+  float* y = f32_result(a, tmp);
+  int64_t rows_done = 0;  // inner == 1: rows [0, rows_done) are normalised
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - i0);
+    ev.block(i0, m, reinterpret_cast<Elem*>(y + i0));
+    if (inner != 1) continue;
+    const int64_t rows = (i0 + m) / len;
+    if (rows > rows_done) {
+      softmax_f32(y + rows_done * len, y + rows_done * len, rows - rows_done, len, 1);
+      finish(a, y + rows_done * len, rows_done * len, (rows - rows_done) * len);
+      rows_done = rows;
+    }
+  }
+  if (inner != 1) {
+    softmax_f32(y, y, outer, len, inner);
+    finish(a, y, 0, n);
   }
 }
 

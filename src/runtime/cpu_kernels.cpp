@@ -288,19 +288,6 @@ struct SumR {
   }
 };
 
-struct MaxR {
-  template <class T> static T identity() {
-    return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
-                                                : std::numeric_limits<T>::lowest();
-  }
-  // NaN propagates (like numpy.maximum).
-  template <class T> T operator()(T x, T y) const { return (x != x || x > y) ? x : y; }
-  template <class T> static T row(const T* p, int64_t n) {
-    T m = p[0];
-    for (int64_t j = 1; j < n; ++j) m = (m != m || m > p[j]) ? m : p[j];
-    return m;
-  }
-};
 
 // Reduces the contiguous input into `out` where input dim d lands at out stride
 // out_strides[d] (0 for reduced dims, any permutation of the kept dims allowed).
@@ -942,41 +929,7 @@ void k_softmax(const KernelArgs& a) {
   FVec ib, ob;
   const float* x = in_f32(a, 0, ib);
   float* y = out_f32(a, ob);
-  if (len > 0 && num_elements(s) > 0) {
-    if (inner == 1) {
-      for (int64_t o = 0; o < outer; ++o) {
-        Eigen::Map<const Eigen::ArrayXf> xr(x + o * len, len);
-        Eigen::Map<Eigen::ArrayXf> yr(y + o * len, len);
-        const float m = MaxR::row(x + o * len, len);
-        if (m == -kInf) {  // fully masked row: define as zeros rather than NaN
-          yr.setZero();
-          continue;
-        }
-        yr = (xr - m).exp();
-        yr *= 1.0f / yr.sum();
-      }
-    } else {
-      // Axis not last: sweep whole [inner] rows at a time so accesses stay contiguous.
-      FVec mx(static_cast<std::size_t>(inner)), sum(static_cast<std::size_t>(inner));
-      for (int64_t o = 0; o < outer; ++o) {
-        const float* xb = x + o * len * inner;
-        float* yb = y + o * len * inner;
-        std::fill(mx.begin(), mx.end(), -kInf);
-        std::fill(sum.begin(), sum.end(), 0.0f);
-        for (int64_t l = 0; l < len; ++l)
-          for (int64_t i = 0; i < inner; ++i) mx[i] = MaxF{}(mx[i], xb[l * inner + i]);
-        for (int64_t l = 0; l < len; ++l)
-          for (int64_t i = 0; i < inner; ++i) {
-            const float e = mx[i] == -kInf ? 0.0f : std::exp(xb[l * inner + i] - mx[i]);
-            yb[l * inner + i] = e;
-            sum[i] += e;
-          }
-        for (int64_t i = 0; i < inner; ++i) sum[i] = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
-        for (int64_t l = 0; l < len; ++l)
-          for (int64_t i = 0; i < inner; ++i) yb[l * inner + i] *= sum[i];
-      }
-    }
-  }
+  softmax_f32(x, y, outer, len, inner);
   finish_out(a, ob);
 }
 
@@ -1504,6 +1457,7 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::ScatterAdd, k_scatter_add);
     k.add(OpKind::MaskPadding, k_mask_padding);
     k.add(OpKind::FusedElementwise, fused_elementwise_kernel);
+    k.add(OpKind::FusedSoftmax, fused_softmax_kernel);
     return k;
   }();
   return t;

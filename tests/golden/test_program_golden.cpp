@@ -133,13 +133,14 @@ TEST_CASE("golden program: the combine threshold splits a run", "[golden][progra
   CHECK(out.find("%big = all_reduce(%x)") != std::string::npos);
 }
 
-TEST_CASE("golden program: fuse-elementwise makes bias + GELU and bias + residual one kernel each", "[golden][program-ir]") {
+TEST_CASE("golden program: fuse-elementwise makes scale + mask + softmax and bias + GELU and bias + residual one kernel each", "[golden][program-ir]") {
   const std::string out = lower("fuse_elementwise");
   // The MLP's bias + GELU, and its bias + the residual (after the all-reduce's done).
   CHECK(out.find("fused_elementwise(%u, %b1) expr=\"gelu(add($0,$1))\"") != std::string::npos);
   CHECK(out.find("%y = fused_elementwise(") != std::string::npos);
   CHECK(out.find("done %d") < out.find("%y = fused_elementwise("));
-  // The scale before the causal mask is one op: not fused.
-  CHECK(out.find("= mul(%s, %scale)") != std::string::npos);
+  // The attention's scale, causal mask and softmax: one kernel.
+  CHECK(out.find("%p = fused_softmax(%s) expr=\"causal_mask(mul($0,0.17677669529663687:f32[]))\" axis=3") != std::string::npos);
   CHECK(out.find("= gelu(") == std::string::npos);
+  CHECK(out.find("= softmax(") == std::string::npos);
 }

@@ -256,3 +256,50 @@ TEST_CASE("fusion: the fused kernel gives the unfused chain's bits", "[fusion]")
     require_same_bits(run_with(g, mesh, true, 4), run_with(g, mesh, false, 4));
   }
 }
+
+TEST_CASE("fusion: scale and causal mask and softmax become one fused_softmax kernel", "[fusion]") {
+  SECTION("the gpt attention's scores, one device and the query dim split over devices") {
+    for (const char* mesh_text : {"d=1", "a=2,b=2"}) {
+      const Mesh mesh = Mesh::parse(mesh_text);
+      Graph g;
+      Tensor q = input(g, "q", DType::f32, {2, 12, 4, 8});  // [b, s, h, k]
+      Tensor k = input(g, "k", DType::f32, {2, 12, 4, 8});
+      if (mesh.num_devices() > 1) {
+        g.annotate(q, Sharding::parse("[{}, {a}, {b}, {}]"));
+        g.annotate(k, Sharding::parse("[{}, {}, {b}, {}]"));
+      }
+      Tensor s = mul(einsum("bqhk,bshk->bhqs", q, k), 0.35);
+      g.mark_output(softmax(causal_mask(s), -1));
+      const std::string on = lowered_text(g, mesh, true);
+      INFO(on);
+      CHECK(contains(on, "fused_softmax(%"));
+      CHECK(contains(on, "expr=\"causal_mask(mul($0,0.35:f32[]))\" axis=3"));
+      CHECK_FALSE(contains(on, "= causal_mask("));
+      CHECK_FALSE(contains(on, "= softmax("));
+      require_same_bits(run_with(g, mesh, true, 21), run_with(g, mesh, false, 21));
+    }
+  }
+  SECTION("bf16, a broadcast bias, and an axis that is not the last") {
+    for (int64_t axis : {2, 1}) {
+      Graph g;
+      Tensor x = input(g, "x", DType::f32, {3, 40, 33});
+      Tensor b = input(g, "b", DType::f32, {40, 33});
+      Tensor h = cast(add(x, b), DType::bf16);
+      g.mark_output(cast(softmax(mul(h, constant(g, 0.5, DType::bf16)), axis), DType::f32));
+      const Mesh one({{"d", 1}});
+      const std::string on = lowered_text(g, one, true);
+      INFO(on);
+      CHECK(contains(on, "fused_softmax("));
+      require_same_bits(run_with(g, one, true, 8), run_with(g, one, false, 8));
+    }
+  }
+  SECTION("a causal mask outside a fused_softmax is refused") {
+    Graph g;
+    Tensor x = input(g, "x", DType::f32, {4, 4});
+    CHECK(contains(error_of([&] { fused_elementwise({x}, "causal_mask(exp($0))"); }),
+                   "only a fused_softmax's expression may hold it"));
+    Tensor v = input(g, "v", DType::f32, {1, 4});
+    CHECK(contains(error_of([&] { fused_softmax({x, v}, "add($0,causal_mask($1))", -1); }),
+                   "must have the result's shape"));
+  }
+}

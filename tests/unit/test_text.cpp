@@ -167,6 +167,7 @@ mesh data=2, model=4
 %lr = constant f32[] value=0.001
 %gg = gelu_grad(%h, %h)
 %fe = fused_elementwise(%h, %c) expr="exp($0);where(gt(#0,$1),#0,mul($1,0.5:f32[]))"
+%fs = fused_softmax(%h) expr="causal_mask(mul($0,0.125:f32[]))" axis=-1
 %pn, %mn, %vn = adamw(%h, %h, %h, %h, %lr, %c, %c, %c) beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0.01
 output %ce, %cm
 output %g2

@@ -1,8 +1,7 @@
 # passes: pack, combine-collectives, fuse-elementwise, async-collectives, memory-plan
 # The partitioned transformer block of tests/golden/transformer_block_2d.tsl lowered by the default
-# pipeline: bias + GELU and bias + residual become one fused kernel each (the second after the
-# MLP's all-reduce); the attention scale stays a kernel of its own (one op). The arena's peak is
-# set by the attention, so it does not change.
+# pipeline: the attention's scale + causal mask + softmax become one fused_softmax kernel, bias +
+# GELU and bias + residual (after the MLP's all-reduce) one fused_elementwise kernel each.
 mesh data=2, model=4
 %x = input f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}]
 %ln1_g = input f32[256] global=f32[256] sharding=[{}]
