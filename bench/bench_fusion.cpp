@@ -1,0 +1,72 @@
+// fuse-elementwise, measured (docs/cpu-backend.md, "Fusion"):
+//
+// BM_FusionGptForward/fusion:<0|1>: the gpt example's forward pass (default config) on one
+//   device, lowered without (0) and with (1) the fuse-elementwise pass; counters tokens/s and
+//   fused kernels per run.
+// BM_FusionChain/elems:<n>/fusion:<0|1>: one elementwise chain of a transformer MLP's tail,
+//   y = x + gelu(h + b) * 0.5 (bias + GELU + scale + residual: four kernels unfused, one
+//   fused) over [n/256, 256] f32 on one device; counter bytes/s = the fused kernel's bytes
+//   (read h, b, x, write y) over real time, so the unfused row shows how much of that rate
+//   the extra round trips through memory cost.
+#include <benchmark/benchmark.h>
+
+#include "tessel/builders.hpp"
+#include "tessel/executable.hpp"
+#include "tessel/models/gpt.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/reference.hpp"
+
+namespace {
+
+int fused_kernels(const tessel::Program& p) {
+  int n = 0;
+  for (const tessel::Instr& in : p.instrs) n += in.kind == tessel::InstrKind::Kernel && in.op == tessel::OpKind::FusedElementwise;
+  return n;
+}
+
+// Loads `g` once on one device with fusion on or off and times run() on device-resident inputs.
+void run_loaded(benchmark::State& state, const tessel::Graph& g, bool fuse, double bytes_per_run) {
+  const tessel::Mesh mesh = tessel::Mesh::parse("data=1");
+  tessel::Executable exe = tessel::compile(g, mesh);
+  tessel::ThreadRuntime rt(1);
+  tessel::LoadOptions lo;
+  lo.lowering.fuse_elementwise = fuse;
+  tessel::LoadedExecutable le = tessel::load(exe, rt, lo);
+  const auto host = tessel::random_inputs(g, 1234);
+  std::vector<tessel::ShardedArray> inputs;
+  for (std::size_t i = 0; i < host.size(); ++i) inputs.push_back(le.to_device(i, host[i]));
+  for (auto _ : state) {
+    auto r = le.run(inputs);
+    benchmark::DoNotOptimize(r);
+  }
+  state.counters["fused_kernels"] = fused_kernels(le.program());
+  state.counters["instructions"] = static_cast<double>(le.program().instrs.size());
+  if (bytes_per_run > 0)
+    state.counters["bytes/s"] = benchmark::Counter(bytes_per_run, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_FusionGptForward(benchmark::State& state) {
+  tessel::GptConfig cfg;
+  tessel::GptGraph m = tessel::build_gpt(cfg);
+  run_loaded(state, m.graph, state.range(0) != 0, 0);
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(cfg.batch * cfg.seq),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FusionGptForward)->ArgName("fusion")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_FusionChain(benchmark::State& state) {
+  const int64_t n = state.range(0), cols = 256, rows = n / cols;
+  tessel::Graph g;
+  tessel::Tensor h = tessel::input(g, "h", tessel::DType::f32, {rows, cols});
+  tessel::Tensor b = tessel::input(g, "b", tessel::DType::f32, {cols});
+  tessel::Tensor x = tessel::input(g, "x", tessel::DType::f32, {rows, cols});
+  g.mark_output(tessel::add(x, tessel::mul(tessel::gelu(tessel::add(h, b)), 0.5)));
+  run_loaded(state, g, state.range(1) != 0, 4.0 * static_cast<double>(3 * n + cols));
+}
+BENCHMARK(BM_FusionChain)
+    ->ArgNames({"elems", "fusion"})
+    ->ArgsProduct({{int64_t{1} << 14, int64_t{1} << 18, int64_t{1} << 22}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+}  // namespace
