@@ -26,7 +26,7 @@ int fused_kernels(const tessel::Program& p) {
 
 // Loads `g` once on one device with fusion on or off and times run() on device-resident inputs.
 void run_loaded(benchmark::State& state, const tessel::Graph& g, bool fuse, double bytes_per_run) {
-  const tessel::Mesh mesh = tessel::Mesh::parse("data=1");
+  const tessel::Mesh mesh = tessel::Mesh::parse("data=1,model=1");
   tessel::Executable exe = tessel::compile(g, mesh);
   tessel::ThreadRuntime rt(1);
   tessel::LoadOptions lo;
