@@ -3,6 +3,10 @@
 // BM_FusionGptForward/fusion:<0|1>: the gpt example's forward pass (default config) on one
 //   device, lowered without (0) and with (1) the fuse-elementwise pass; counters tokens/s and
 //   fused kernels per run.
+// BM_FusionKernel/elems:<n>/fusion:<0|1>/chain:<0|1>: the same chain as bare CPU kernel calls
+//   on the benchmark's own thread (no runtime): four kernels and three intermediates, or one
+//   fused_elementwise; chain:1 drops the GELU (bias + scale + residual: three cheap ops, memory
+//   bound). Its CPU time is the kernels' own, whatever else the machine runs.
 // BM_FusionChain/elems:<n>/fusion:<0|1>: one elementwise chain of a transformer MLP's tail,
 //   y = x + gelu(h + b) * 0.5 (bias + GELU + scale + residual: four kernels unfused, one
 //   fused) over [n/256, 256] f32 on one device; counter bytes/s = the fused kernel's bytes
@@ -14,6 +18,7 @@
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/reference.hpp"
 
 namespace {
@@ -68,5 +73,52 @@ BENCHMARK(BM_FusionChain)
     ->ArgsProduct({{int64_t{1} << 14, int64_t{1} << 18, int64_t{1} << 22}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+tessel::KernelArgs kernel(tessel::OpKind k, const std::vector<const tessel::HostTensor*>& in, tessel::HostTensor& out,
+                          const tessel::OpAttrs* attrs) {
+  tessel::KernelArgs a;
+  a.kind = k;
+  a.attrs = attrs;
+  for (const tessel::HostTensor* t : in) {
+    a.in.push_back(t->data());
+    a.in_shapes.push_back(t->shape());
+    a.in_dtypes.push_back(t->dtype());
+  }
+  a.out = out.data();
+  a.out_shape = out.shape();
+  a.out_dtype = out.dtype();
+  return a;
+}
+
+void BM_FusionKernel(benchmark::State& state) {
+  using tessel::HostTensor;
+  using tessel::OpKind;
+  const int64_t n = state.range(0), cols = 256, rows = n / cols;
+  const tessel::DType f32 = tessel::DType::f32;
+  HostTensor h(f32, {rows, cols}), b(f32, {cols}), x(f32, {rows, cols}), c(f32, {}), y(f32, {rows, cols});
+  HostTensor t1(f32, {rows, cols}), t2(f32, {rows, cols}), t3(f32, {rows, cols});
+  for (int64_t i = 0; i < n; ++i) h.set(i, 0.001 * static_cast<double>(i % 2000) - 1.0), x.set(i, 0.5);
+  for (int64_t i = 0; i < cols; ++i) b.set(i, 0.01 * static_cast<double>(i));
+  c.set(0, 0.5);
+  tessel::OpAttrs none, fused;
+  const bool with_gelu = state.range(2) == 0;
+  fused.equation = with_gelu ? "add($2,mul(gelu(add($0,$1)),0.5:f32[]))" : "add($2,mul(add($0,$1),0.5:f32[]))";
+  std::vector<tessel::KernelArgs> calls;
+  if (state.range(1) != 0) {
+    calls.push_back(kernel(OpKind::FusedElementwise, {&h, &b, &x}, y, &fused));
+  } else {
+    calls.push_back(kernel(OpKind::Add, {&h, &b}, t1, &none));
+    if (with_gelu) calls.push_back(kernel(OpKind::Gelu, {&t1}, t2, &none));
+    calls.push_back(kernel(OpKind::Mul, {with_gelu ? &t2 : &t1, &c}, t3, &none));
+    calls.push_back(kernel(OpKind::Add, {&x, &t3}, y, &none));
+  }
+  for (auto _ : state)
+    for (const tessel::KernelArgs& a : calls) tessel::run_cpu_kernel(a);
+  state.counters["bytes/s"] = benchmark::Counter(4.0 * static_cast<double>(3 * n + cols), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FusionKernel)
+    ->ArgNames({"elems", "fusion", "chain"})
+    ->ArgsProduct({{int64_t{1} << 14, int64_t{1} << 18, int64_t{1} << 22}, {0, 1}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <vector>
 
 #include "cpu_elementwise.hpp"
@@ -119,12 +121,12 @@ class Walker {
     while (m > 0) {
       const int64_t run = std::min(m, shape_[r] - idx_[r]);
       const int64_t s = stride_[r];
-      if (t == DType::i32) {
-        const int32_t* p = static_cast<const int32_t*>(src) + off_;
-        for (int64_t j = 0; j < run; ++j) dst[j].i = p[j * s];
-      } else if (t == DType::f32) {
-        const float* p = static_cast<const float*>(src) + off_;
-        for (int64_t j = 0; j < run; ++j) dst[j].f = p[j * s];
+      if (t == DType::i32 || t == DType::f32) {  // 4-byte elements: copy the bits
+        const Elem* p = static_cast<const Elem*>(src) + off_;
+        if (s == 1) std::memcpy(dst, p, static_cast<std::size_t>(run) * sizeof(Elem));
+        else if (s == 0) std::fill(dst, dst + run, *p);
+        else
+          for (int64_t j = 0; j < run; ++j) dst[j] = p[j * s];
       } else {
         for (int64_t j = 0; j < run; ++j) dst[j].f = to_f32(src, t, off_ + j * s);
       }
@@ -244,6 +246,56 @@ void eval_op(const KernelArgs& a, const FusedNode& n, const std::vector<const El
 }
 
 
+// An expression parsed and typed for one list of operand types.
+struct Typed {
+  std::string text;
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  bool positional = false;
+  FusedExpr expr;
+  ResultType type;
+};
+
+// Parsing and typing cost a few microseconds, as much as the kernel itself on a small block,
+// and a loaded program calls the same kernel with the same expression and types every run: a
+// small per-thread cache of this pure function (each device thread keeps its own, so nothing
+// is shared and nothing locks) makes that cost once per thread and kernel.
+const Typed& typed(const KernelArgs& a, bool positional) {
+  constexpr std::size_t kEntries = 64;
+  thread_local std::vector<Typed> cache;
+  thread_local std::size_t next = 0;
+  const std::string& text = a.attrs->equation;
+  for (const Typed& t : cache)
+    if (t.positional == positional && t.text == text && t.shapes == a.in_shapes && t.dtypes == a.in_dtypes) return t;
+  Typed t;
+  t.text = text;
+  t.shapes = a.in_shapes;
+  t.dtypes = a.in_dtypes;
+  t.positional = positional;
+  std::vector<Value> vals(a.in.size());
+  std::vector<const Value*> ins;
+  for (std::size_t i = 0; i < a.in.size(); ++i) {
+    vals[i].name = fmt::format("in{}", i);
+    vals[i].shape = a.in_shapes[i];
+    vals[i].dtype = a.in_dtypes[i];
+    ins.push_back(&vals[i]);
+  }
+  try {
+    t.expr = parse_fused_expr(text);
+    t.type = type_fused_expr(t.expr, ins, positional);
+  } catch (const Error& err) {
+    fail(a, err.what());
+  }
+  if (cache.size() < kEntries) {
+    cache.push_back(std::move(t));
+    return cache.back();
+  }
+  cache[next] = std::move(t);  // round robin
+  const Typed& r = cache[next];
+  next = (next + 1) % kEntries;
+  return r;
+}
+
 // The expression of a fused kernel, parsed and typed against the kernel's operands, and
 // evaluated a block of result elements at a time.
 class Evaluator {
@@ -252,27 +304,17 @@ class Evaluator {
     if (!a.attrs) fail(a, "no attributes (the expression) were given");
     if (a.in.size() != a.in_shapes.size() || a.in.size() != a.in_dtypes.size())
       fail(a, "operand pointers, shapes and dtypes differ in number");
-    std::vector<Value> vals(a.in.size());
-    std::vector<const Value*> ins;
-    for (std::size_t i = 0; i < a.in.size(); ++i) {
-      vals[i].name = fmt::format("in{}", i);
-      vals[i].shape = a.in_shapes[i];
-      vals[i].dtype = a.in_dtypes[i];
-      ins.push_back(&vals[i]);
-    }
-    try {
-      e_ = parse_fused_expr(a.attrs->equation);
-      type_ = type_fused_expr(e_, ins, positional);
-    } catch (const Error& err) {
-      fail(a, err.what());
-    }
+    const Typed& t = typed(a, positional);
+    e_ = t.expr;
+    type_ = t.type;
     if (type_.shape != a.out_shape)
       fail(a, fmt::format("the expression computes {}, the result buffer is {}", type_str(type_.dtype, type_.shape),
                           type_str(a.out_dtype, a.out_shape)));
     const Shape& os = a.out_shape;
     for (std::size_t i = 0; i < a.in.size(); ++i) walkers_.emplace_back(a.in_shapes[i], os);
     const std::size_t nn = e_.nodes.size();
-    scratch_.resize(nn * static_cast<std::size_t>(kBlock));
+    // Uninitialised: every node's block is written before it is read.
+    scratch_.reset(static_cast<Elem*>(::operator new[](nn * static_cast<std::size_t>(kBlock) * sizeof(Elem), std::align_val_t(64))));
     at_.assign(nn, nullptr);
     filled_.assign(nn, false);
     operand_block_.assign(a.in.size(), -1);
@@ -295,7 +337,7 @@ class Evaluator {
     const std::size_t nn = e_.nodes.size(), last = nn - 1;
     for (std::size_t k = 0; k < nn; ++k) {
       const FusedNode& node = e_.nodes[k];
-      Elem* buf = k == last ? root : scratch_.data() + k * static_cast<std::size_t>(kBlock);
+      Elem* buf = k == last ? root : scratch_.get() + k * static_cast<std::size_t>(kBlock);
       switch (node.kind) {
         case FusedNode::Kind::Operand: {
           // An operand read at several places of the text is several nodes: its block is
@@ -366,7 +408,10 @@ class Evaluator {
   FusedExpr e_;
   ResultType type_;
   std::vector<Walker> walkers_;
-  std::vector<Elem, AlignedAllocator<Elem>> scratch_;
+  struct AlignedDelete {
+    void operator()(Elem* p) const { ::operator delete[](p, std::align_val_t(64)); }
+  };
+  std::unique_ptr<Elem[], AlignedDelete> scratch_;
   std::vector<const Elem*> at_;  // node -> its block: its buffer, an operand's, or the result
   std::vector<bool> filled_;     // literals: filled once
   std::vector<int64_t> operand_block_;  // the block each operand was last read for
