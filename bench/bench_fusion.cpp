@@ -2,7 +2,7 @@
 //
 // BM_FusionGptForward/fusion:<0|1>: the gpt example's forward pass (default config) on one
 //   device, lowered without (0) and with (1) the fuse-elementwise pass; counters tokens/s and
-//   fused kernels per run.
+//   fused kernels (fused_elementwise + fused_softmax) per run.
 // BM_FusionKernel/elems:<n>/fusion:<0|1>/chain:<0|1>: the same chain as bare CPU kernel calls
 //   on the benchmark's own thread (no runtime): four kernels and three intermediates, or one
 //   fused_elementwise; chain:1 drops the GELU (bias + scale + residual: three cheap ops, memory
@@ -25,7 +25,9 @@ namespace {
 
 int fused_kernels(const tessel::Program& p) {
   int n = 0;
-  for (const tessel::Instr& in : p.instrs) n += in.kind == tessel::InstrKind::Kernel && in.op == tessel::OpKind::FusedElementwise;
+  for (const tessel::Instr& in : p.instrs)
+    n += in.kind == tessel::InstrKind::Kernel &&
+         (in.op == tessel::OpKind::FusedElementwise || in.op == tessel::OpKind::FusedSoftmax);
   return n;
 }
 
