@@ -394,13 +394,18 @@ class Evaluator {
   // -inf where key > query (global positions), as the causal_mask kernel; elements i0.. of
   // the result, whose shape the mask has.
   void causal(const Elem* x, Elem* o, int64_t i0, int64_t m) const {
-    int64_t kk = i0 % k_, qq = (i0 / k_) % q_;
-    for (int64_t j = 0; j < m; ++j) {
-      o[j].f = kk + koff_ > qq + qoff_ ? -std::numeric_limits<float>::infinity() : x[j].f;
-      if (++kk == k_) {
-        kk = 0;
-        if (++qq == q_) qq = 0;
-      }
+    // Row segment by row segment: the kept keys [.., k0) are copied, the rest filled.
+    Elem neg_inf;
+    neg_inf.f = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < m;) {
+      const int64_t flat = i0 + j, kk = flat % k_, qq = (flat / k_) % q_;
+      const int64_t run = std::min(m - j, k_ - kk);
+      // Masked where key + koff > query + qoff: keys from k0 on.
+      const int64_t k0 = std::max<int64_t>(0, std::min<int64_t>(k_, qq + qoff_ - koff_ + 1));
+      const int64_t keep = std::max<int64_t>(0, std::min(run, k0 - kk));
+      if (x + j != o + j) std::memmove(o + j, x + j, static_cast<std::size_t>(keep) * sizeof(Elem));
+      std::fill(o + j + keep, o + j + run, neg_inf);
+      j += run;
     }
   }
 
