@@ -35,7 +35,7 @@ namespace tessel {
 namespace {
 
 constexpr std::size_t kMaxOperands = 16;  // buffers one block of the kernel reads
-constexpr std::size_t kMaxNodes = 64;     // node buffers of 2 KiB each per block
+constexpr std::size_t kMaxNodes = 64;     // node buffers of 4 KiB each per block (cpu_fused.cpp)
 
 bool all_ones(const Shape& s) {
   return std::all_of(s.begin(), s.end(), [](int64_t d) { return d == 1; });

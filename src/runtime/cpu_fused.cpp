@@ -2,7 +2,7 @@
 // expression (tessel/fused_expr.hpp) in one pass over memory.
 //
 // The result is walked in blocks of kBlock elements. Per block, every node of the expression
-// is evaluated in order into its own small buffer (a few KiB each, in L1): operands are read
+// is evaluated in order into its own small buffer (4 KiB each: L1 and L2): operands are read
 // straight from their buffer when they are f32/i32 and not broadcast, or gathered (broadcast,
 // converted from bf16/f16) into their buffer; literals fill theirs once; ops run the same
 // per-element code as the unfused kernels (cpu_elementwise.hpp: Eigen's vectorised math for
@@ -34,7 +34,9 @@
 namespace tessel::cpu_detail {
 namespace {
 
-constexpr int64_t kBlock = 512;  // elements per block: 2 KiB per node, a multiple of 64 bytes
+// Elements per block: 4 KiB per node, a multiple of 64 bytes. 512 measured up to 30% slower
+// on cheap chains in L2 (per-block dispatch), 1024 on par with the unfused kernels there.
+constexpr int64_t kBlock = 1024;
 
 // f32 and i32 share the buffers: every node's element is 4 bytes.
 union Elem {
