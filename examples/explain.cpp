@@ -151,6 +151,7 @@ int run(int argc, char** argv) {
   if (dump_after == "propagate") return 0;
   tessel::Program prog = tessel::partition(g, mesh, prop, popts);
   tessel::add_program_warnings(g, mesh, prog);
+  lowering.fuse_elementwise = lowering.fuse_elementwise && opt.fusion;
   if (dump_after != "parse" && dump_after != "propagate" && dump_after != "partition" && !dump_after.empty()) {
     // A lowering pass: the program after it, in the Program text form (parseable).
     fmt::print("== program after {}\n", dump_after);

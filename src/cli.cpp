@@ -68,7 +68,7 @@ double parse_double(const std::string& flag, const std::string& text, double lo,
 
 std::string usage_explain() {
   return "usage: tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N] [--show VALUE]\n"
-         "                      [--links SPEC|@FILE] [--dump-after=STEP]\n"
+         "                      [--links SPEC|@FILE] [--dump-after=STEP] [--no-fusion]\n"
          "                      [--collective-matmul auto|on|off] [--ring auto|uni|bi]\n"
          "                      [--run [--seed N] [--tolerance X] [--trace FILE]]\n"
          "  --show VALUE   draw the mesh with the block of VALUE each device holds (repeatable)\n"
@@ -79,8 +79,10 @@ std::string usage_explain() {
          "  --seed N       the seed of the random inputs of --run (unsigned 64-bit)\n"
          "  --tolerance X  the largest max_rel_err --run accepts (finite, >= 0; default 1e-5)\n"
          "  --dump-after STEP  stop after STEP and print its result: parse, propagate, partition,\n"
-         "                 or a lowering pass (pack, combine-collectives, async-collectives,\n"
-         "                 memory-plan: the Program text form, docs/program-ir.md)\n"
+         "                 or a lowering pass (collective-matmul, pack, combine-collectives,\n"
+         "                 fuse-elementwise, async-collectives, memory-plan: the Program text\n"
+         "                 form, docs/program-ir.md)\n"
+         "  --no-fusion    lower (and --run) without fusing elementwise chains (as TESSEL_FUSION=0)\n"
          "  --collective-matmul MODE  all-gather->einsum and einsum->reduce-scatter as rings of\n"
          "                 permutes overlapped with partial einsums: auto (where the cost model's\n"
          "                 estimate wins; the default), on, off (docs/collective-matmul.md)\n"
@@ -105,6 +107,7 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     };
     if (a == "--why") o.why = true;
     else if (a == "--run") o.run = true;
+    else if (a == "--no-fusion") o.fusion = false;
     else if (a == "-h" || a == "--help") o.help = true;
     else if (is("--seed")) pending.push_back({"--seed", value("--seed")});
     else if (is("--tolerance")) pending.push_back({"--tolerance", value("--tolerance")});

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "tessel/program_text.hpp"
@@ -356,6 +357,11 @@ Program ProgramPassManager::run(Program p) {
   return p;
 }
 
+bool ProgramPassOptions::fusion_default() {
+  const char* v = std::getenv("TESSEL_FUSION");
+  return !(v && std::string(v) == "0");
+}
+
 ProgramPassManager default_program_pipeline(const ProgramPassOptions& options) {
   ProgramPassManager pm;
   // First: it matches the partitioner's synchronous all-gathers and reduce-scatters next to
@@ -367,6 +373,12 @@ ProgramPassManager default_program_pipeline(const ProgramPassOptions& options) {
   // (which gives the combined collective one start/done and places its waits).
   const int64_t threshold = options.combine_threshold_bytes;
   pm.add("combine-collectives", [threshold](Program p) { return combine_collectives_pass(std::move(p), threshold); });
+  // After pack and combine-collectives (the kernels are final: combining adds concats and
+  // views, which fusion leaves alone), before async-collectives (a fused kernel stands at its
+  // root's place on compute; the async pass then places dones and waits for the fused
+  // program, and memory-plan sees only the values that still reach memory).
+  const bool fuse = options.fuse_elementwise;
+  pm.add("fuse-elementwise", [fuse](Program p) { return fuse ? fuse_elementwise_pass(std::move(p)) : p; });
   pm.add("async-collectives", async_collectives_pass);
   if (options.offload_min_bytes > 0) {
     const int64_t bytes = options.offload_min_bytes;

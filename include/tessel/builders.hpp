@@ -45,6 +45,12 @@ Tensor gt(Tensor a, Tensor b);
 Tensor ge(Tensor a, Tensor b);
 // a where cond != 0, else b (cond i32; a and b of one dtype; the three broadcast).
 Tensor where(Tensor cond, Tensor a, Tensor b);
+// Elementwise ops over `operands` evaluated in one pass (tessel/fused_expr.hpp gives the
+// expression text, e.g. "gelu(add($0,$1))"); what the fuse-elementwise pass makes of a chain.
+Tensor fused_elementwise(const std::vector<Tensor>& operands, const std::string& expr);
+// softmax(expr(operands), axis) in one pass: the expression may end in causal_mask (the
+// attention's scale + mask + softmax), e.g. fused_softmax({s}, "causal_mask(mul($0,0.125:f32[]))", -1).
+Tensor fused_softmax(const std::vector<Tensor>& operands, const std::string& expr, int64_t axis);
 
 Tensor add(Tensor a, Tensor b);
 Tensor sub(Tensor a, Tensor b);

@@ -45,6 +45,7 @@ struct ExplainOptions {
   bool why = false;
   bool run = false;
   bool help = false;       // -h / --help: print usage_explain() and exit 0
+  bool fusion = true;      // false: --no-fusion (the fuse-elementwise pass changes nothing)
   bool seed_given = false;
   uint64_t seed = 0;
   double tolerance = 1e-5;  // finite, >= 0

@@ -38,4 +38,6 @@
   X(AdamW)              /* (p, g, m, v, lr, bc1, bc2, gscale) -> (p', m', v'): fused step */   \
   X(GeluGrad)           /* (x, g) -> g * gelu'(x): gelu's backward, fused; broadcasting  */   \
   X(SoftmaxGrad)        /* (y, dy) -> y (dy - sum(dy y, axis)): softmax's backward, fused */   \
-  X(CrossEntropyGrad)   /* (logits, labels, g) -> (softmax - one_hot) g: fused backward   */
+  X(CrossEntropyGrad)   /* (logits, labels, g) -> (softmax - one_hot) g: fused backward   */   \
+  X(FusedElementwise)   /* operands -> attrs.equation's elementwise expression (fused_expr) */ \
+  X(FusedSoftmax)       /* softmax along attrs.axis of attrs.equation's expression        */

@@ -16,6 +16,9 @@
 //                      become one: operands packed into one buffer (views + concat), one
 //                      all-reduce, results unpacked as views (XLA's AllReduceCombiner), up to
 //                      ProgramPassOptions::combine_threshold_bytes per combined buffer.
+//   fuse-elementwise   each chain (a DAG) of elementwise kernels whose intermediates nothing else
+//                      reads becomes one fused_elementwise kernel: one pass over memory
+//                      (ProgramPassOptions::fuse_elementwise; off: the pass changes nothing).
 //   async-collectives  each collective becomes `X_start` on `comm` (after `wait compute @comm`)
 //                      and `done` just before the first reader of its result, with a `wait`
 //                      wherever a value crosses streams.
@@ -53,6 +56,11 @@ struct ProgramPassOptions {
   int64_t offload_min_bytes = 0;
   int offload_min_gap = 64;
   int offload_prefetch = 8;
+  // fuse-elementwise: chains of elementwise kernels become one fused_elementwise kernel each.
+  // Default: on, unless the environment variable TESSEL_FUSION is "0" (so a whole test run
+  // can go unfused: TESSEL_FUSION=0 ./scripts/test). tessel-explain: --no-fusion.
+  bool fuse_elementwise = fusion_default();
+  static bool fusion_default();
 };
 
 Program pack_pass(Program p);
@@ -67,6 +75,13 @@ Program pack_pass(Program p);
 // a combined result moves after the combined all-reduce. Throws Error on a program that
 // already has async collectives or waits (run it before async-collectives).
 Program combine_collectives_pass(Program p, int64_t threshold_bytes = ProgramPassOptions{}.combine_threshold_bytes);
+// Fuses maximal groups of elementwise kernels (and the scalar constants they read) whose
+// intermediate values have no reader outside the group and are not outputs into one
+// `fused_elementwise` kernel each, placed at the group's last instruction (docs/program-ir.md,
+// "fuse-elementwise"). Producers with fewer elements than the group's result (broadcast
+// statistics) and other streams' kernels stay outside. A softmax with its elementwise (and
+// causal_mask) producers becomes one `fused_softmax`. A pure function; idempotent.
+Program fuse_elementwise_pass(Program p);
 Program async_collectives_pass(Program p);
 // Activation offload (src/offload.cpp, docs/program-ir.md "offload-activations"): for each
 // intermediate value defined and read on `compute` only, not viewed, of at least `min_bytes`,
@@ -109,8 +124,8 @@ class ProgramPassManager {
   bool verify_ = false;
 };
 
-// collective-matmul, pack, combine-collectives, async-collectives, [offload-activations when
-// options.offload_min_bytes > 0,] memory-plan.
+// collective-matmul, pack, combine-collectives, fuse-elementwise, async-collectives,
+// [offload-activations when options.offload_min_bytes > 0,] memory-plan.
 ProgramPassManager default_program_pipeline(const ProgramPassOptions& options = {});
 std::vector<std::string> default_program_pass_names();
 

@@ -25,6 +25,7 @@ const std::vector<OpDef>& table() {
     ops_detail::register_nn_ops(v);
     ops_detail::register_index_ops(v);
     ops_detail::register_optim_ops(v);
+    ops_detail::register_fused_ops(v);
     // Every kind has exactly its own entry, with the functions every pass calls: a missing
     // entry is a programming error in the registry, caught by the first lookup (and by the
     // registry test).

@@ -40,11 +40,14 @@
 #include "tessel/ops.hpp"
 #include "tessel/runtime/tensor.hpp"
 
+#include "cpu_elementwise.hpp"
 #include "onednn_einsum.hpp"
 #include "onednn_ops.hpp"
 
 namespace tessel {
 namespace {
+
+using namespace cpu_detail;
 
 // Kernel temporaries are 64-byte aligned like every buffer (see tensor.hpp): vectorised
 // loops then split work the same way whatever the call, so results are bit-reproducible.
@@ -286,19 +289,6 @@ struct SumR {
   }
 };
 
-struct MaxR {
-  template <class T> static T identity() {
-    return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
-                                                : std::numeric_limits<T>::lowest();
-  }
-  // NaN propagates (like numpy.maximum).
-  template <class T> T operator()(T x, T y) const { return (x != x || x > y) ? x : y; }
-  template <class T> static T row(const T* p, int64_t n) {
-    T m = p[0];
-    for (int64_t j = 1; j < n; ++j) m = (m != m || m > p[j]) ? m : p[j];
-    return m;
-  }
-};
 
 // Reduces the contiguous input into `out` where input dim d lands at out stride
 // out_strides[d] (0 for reduced dims, any permutation of the kept dims allowed).
@@ -646,31 +636,7 @@ void k_unary(const KernelArgs& a) {
   FVec ib, ob;
   const float* px = in_f32(a, 0, ib);
   float* py = out_f32(a, ob);
-  Eigen::Map<const Eigen::ArrayXf> x(px, n);
-  Eigen::Map<Eigen::ArrayXf> y(py, n);
-  switch (a.kind) {
-    case OpKind::Neg: y = -x; break;
-    case OpKind::Exp: y = x.exp(); break;
-    case OpKind::Log: y = x.log(); break;
-    case OpKind::Tanh: y = x.tanh(); break;
-    case OpKind::Gelu: {
-      // GPT-2's tanh approximation: 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3),
-      // computed as x / (1 + exp(-2z)) — the same function (1 + tanh z = 2 sigmoid 2z)
-      // without the cancellation in 1 + tanh(z) for z << 0, where the f32 tanh form keeps
-      // only a few significant bits (x = -4.5 gives 1 + tanh = 2.3e-6, one ulp of 1 is 2.6%
-      // of it). Extremes are exact: x -> -inf gives -0, x -> +inf gives x.
-      const float c2 = 2.0f * 0.7978845608028654f;
-      y = x / (1.0f + (-c2 * (x + 0.044715f * x.cube())).exp());
-      break;
-    }
-    case OpKind::Relu: y = (x > 0.0f).select(x, 0.0f); break;
-    case OpKind::Sqrt: y = x.sqrt(); break;
-    case OpKind::Rsqrt: y = x.rsqrt(); break;
-    // exp(-x) overflows to inf for x << 0, giving exactly 0 (sigmoid) and -0 (silu).
-    case OpKind::Sigmoid: y = 1.0f / (1.0f + (-x).exp()); break;
-    case OpKind::Silu: y = x / (1.0f + (-x).exp()); break;
-    default: fail(a, "not a unary op");
-  }
+  if (!unary_f32(a.kind, px, py, n)) fail(a, "not a unary op");
   finish_out(a, ob);
 }
 
@@ -693,48 +659,6 @@ std::vector<int64_t> broadcast_strides(const KernelArgs& a, const Shape& in, con
   }
   return st;
 }
-
-// Integer semantics (docs/ir.md, "Integer semantics"): i32 add/sub/mul wrap around modulo
-// 2^32 (two's complement), computed in uint32 so there is no signed-overflow UB; i32 div
-// truncates toward zero and follows XLA for the two inputs C++ leaves undefined (x86 traps
-// on both): x / 0 = -1 and INT_MIN / -1 = INT_MIN. Every element gets a value, so a run
-// never stops on data, and the reference and the partitioned run agree element for element.
-inline int32_t wrap_i32(uint32_t u) { return static_cast<int32_t>(u); }
-inline int32_t add_i32(int32_t x, int32_t y) { return wrap_i32(uint32_t(x) + uint32_t(y)); }
-inline int32_t sub_i32(int32_t x, int32_t y) { return wrap_i32(uint32_t(x) - uint32_t(y)); }
-inline int32_t mul_i32(int32_t x, int32_t y) { return wrap_i32(uint32_t(x) * uint32_t(y)); }
-inline int32_t div_i32(int32_t x, int32_t y) {
-  if (y == 0) return -1;
-  if (y == -1) return wrap_i32(0u - uint32_t(x));  // INT_MIN / -1 wraps to INT_MIN
-  return x / y;
-}
-
-struct AddF {
-  template <class T> T operator()(T x, T y) const { return x + y; }
-  int32_t operator()(int32_t x, int32_t y) const { return add_i32(x, y); }
-};
-struct SubF {
-  template <class T> T operator()(T x, T y) const { return x - y; }
-  int32_t operator()(int32_t x, int32_t y) const { return sub_i32(x, y); }
-};
-struct MulF {
-  template <class T> T operator()(T x, T y) const { return x * y; }
-  int32_t operator()(int32_t x, int32_t y) const { return mul_i32(x, y); }
-};
-struct DivF {
-  template <class T> T operator()(T x, T y) const { return x / y; }
-  int32_t operator()(int32_t x, int32_t y) const { return div_i32(x, y); }
-};
-struct MaxF { template <class T> T operator()(T x, T y) const { return (x != x || x > y) ? x : y; } };
-// g * gelu'(x) for gelu(x) = x s, s = sigmoid(2z), z = c (x + 0.044715 x^3) (the forward's
-// stable form): gelu'(x) = s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2). Float only.
-struct GeluGradF {
-  template <class T> T operator()(T x, T g) const {
-    const float xf = static_cast<float>(x), c = 0.7978845608028654f;
-    const float s = 1.0f / (1.0f + std::exp(-2.0f * c * (xf + 0.044715f * xf * xf * xf)));
-    return static_cast<T>(static_cast<float>(g) * (s + 2.0f * xf * s * (1.0f - s) * c * (1.0f + 0.134145f * xf * xf)));
-  }
-};
 
 template <class T, class Op>
 void binary_loop(const KernelArgs& a, const T* x, const T* y, T* out, Op op) {
@@ -1010,41 +934,7 @@ void softmax_kernel(const KernelArgs& a, bool onednn) {
   FVec ib, ob;
   const float* x = in_f32(a, 0, ib);
   float* y = out_f32(a, ob);
-  if (len > 0 && num_elements(s) > 0) {
-    if (inner == 1) {
-      for (int64_t o = 0; o < outer; ++o) {
-        Eigen::Map<const Eigen::ArrayXf> xr(x + o * len, len);
-        Eigen::Map<Eigen::ArrayXf> yr(y + o * len, len);
-        const float m = MaxR::row(x + o * len, len);
-        if (m == -kInf) {  // fully masked row: define as zeros rather than NaN
-          yr.setZero();
-          continue;
-        }
-        yr = (xr - m).exp();
-        yr *= 1.0f / yr.sum();
-      }
-    } else {
-      // Axis not last: sweep whole [inner] rows at a time so accesses stay contiguous.
-      FVec mx(static_cast<std::size_t>(inner)), sum(static_cast<std::size_t>(inner));
-      for (int64_t o = 0; o < outer; ++o) {
-        const float* xb = x + o * len * inner;
-        float* yb = y + o * len * inner;
-        std::fill(mx.begin(), mx.end(), -kInf);
-        std::fill(sum.begin(), sum.end(), 0.0f);
-        for (int64_t l = 0; l < len; ++l)
-          for (int64_t i = 0; i < inner; ++i) mx[i] = MaxF{}(mx[i], xb[l * inner + i]);
-        for (int64_t l = 0; l < len; ++l)
-          for (int64_t i = 0; i < inner; ++i) {
-            const float e = mx[i] == -kInf ? 0.0f : std::exp(xb[l * inner + i] - mx[i]);
-            yb[l * inner + i] = e;
-            sum[i] += e;
-          }
-        for (int64_t i = 0; i < inner; ++i) sum[i] = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
-        for (int64_t l = 0; l < len; ++l)
-          for (int64_t i = 0; i < inner; ++i) yb[l * inner + i] *= sum[i];
-      }
-    }
-  }
+  softmax_f32(x, y, outer, len, inner);
   finish_out(a, ob);
 }
 
@@ -1357,15 +1247,6 @@ void k_causal_mask(const KernelArgs& a) {
 
 // ---- cast, comparisons, where -------------------------------------------------------------
 
-// Float -> i32 as documented in builders.hpp: truncate, saturate, NaN -> 0 (no UB for any
-// input, unlike a plain static_cast).
-int32_t f32_to_i32_sat(float v) {
-  if (v != v) return 0;
-  if (v >= 2147483648.0f) return std::numeric_limits<int32_t>::max();
-  if (v <= -2147483648.0f) return std::numeric_limits<int32_t>::min();
-  return static_cast<int32_t>(v);
-}
-
 void k_cast(const KernelArgs& a) {
   check_arity(a, 1, 1);
   const int64_t n = num_elements(a.out_shape);
@@ -1651,6 +1532,8 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::Gather, k_gather);
     k.add(OpKind::ScatterAdd, k_scatter_add);
     k.add(OpKind::MaskPadding, k_mask_padding);
+    k.add(OpKind::FusedElementwise, fused_elementwise_kernel);
+    k.add(OpKind::FusedSoftmax, fused_softmax_kernel);
     return k;
   }();
   return t;

@@ -41,6 +41,7 @@ struct Executable::RunCache {
   StreamMode mode = StreamMode::Async;
   int kernel_threads = 0;
   double timeout = 0;
+  ProgramPassOptions lowering;  // what `loaded` was lowered with
   mutable std::mutex stats_mu;
   RunStats stats;
 };
@@ -75,12 +76,16 @@ LoadedExecutable& Executable::loaded_for(const RunOptions& opts) {
     c.mode = opts.stream_mode;
     c.kernel_threads = opts.kernel_threads;
   }
-  if (!c.loaded || !(c.timeout == t)) {
+  const ProgramPassOptions& lw = opts.lowering;
+  if (!c.loaded || !(c.timeout == t) || c.lowering.fuse_elementwise != lw.fuse_elementwise ||
+      c.lowering.combine_threshold_bytes != lw.combine_threshold_bytes) {
     c.loaded.reset();
     LoadOptions lo;
     lo.collective_timeout_s = t;
+    lo.lowering = lw;
     c.loaded = std::make_unique<LoadedExecutable>(load(*this, *c.runtime, lo));
     c.timeout = t;
+    c.lowering = lw;
   }
   return *c.loaded;
 }

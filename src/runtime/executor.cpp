@@ -354,8 +354,18 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
     } else {
       const int o = output_of_[v];
       const int donor = o >= 0 ? donor_of_output[static_cast<std::size_t>(o)] : -1;
+      // A fused elementwise kernel may also write over a donor it reads last, when the donor
+      // has the result's shape: block by block it reads every operand element before it writes
+      // that element of the result (cpu_fused.cpp), so an in-place update stays in place.
+      const auto in_place = [&] {
+        const int dv = p_.inputs[static_cast<std::size_t>(donor)];
+        return in.kind == InstrKind::Kernel && in.op == OpKind::FusedElementwise &&
+               input_last_[static_cast<std::size_t>(donor)] == static_cast<int>(i) &&
+               std::find(in.in.begin(), in.in.end(), dv) != in.in.end() &&
+               p_.values[static_cast<std::size_t>(dv)].shape == lv.shape;
+      };
       if (donor >= 0 && !donor_taken[static_cast<std::size_t>(donor)] &&
-          input_last_[static_cast<std::size_t>(donor)] < static_cast<int>(i) &&
+          (input_last_[static_cast<std::size_t>(donor)] < static_cast<int>(i) || in_place()) &&
           st.buf[static_cast<std::size_t>(p_.inputs[static_cast<std::size_t>(donor)])]->bytes() == static_cast<std::size_t>(lv.bytes())) {
         // The donor is dead: order this write after every stream's work so far (its readers).
         const int mine = stream_of_[i];

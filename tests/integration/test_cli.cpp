@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../unit/test_util.hpp"
+#include "tessel/program_passes.hpp"
 #include "tessel/program_text.hpp"
 
 namespace fs = std::filesystem;
@@ -246,7 +247,7 @@ TEST_CASE("cli: --dump-after=parse and =propagate", "[integration][cli]") {
 }
 
 TEST_CASE("cli: --dump-after a lowering pass prints a Program that parses and verifies", "[integration][cli]") {
-  for (const char* pass : {"pack", "combine-collectives", "async-collectives", "memory-plan"}) {
+  for (const char* pass : {"pack", "combine-collectives", "fuse-elementwise", "async-collectives", "memory-plan"}) {
     INFO(pass);
     Result r = explain({golden("layer_norm_grad.tsl"), std::string("--dump-after=") + pass});
     REQUIRE(r.status == 0);
@@ -574,4 +575,16 @@ TEST_CASE("cli: random mutations of the golden files never crash tessel-explain"
   }
   std::printf("cli mutation test: %d accepted, %d rejected with status 1\n", ok, errors);
   CHECK(errors > 0);
+}
+
+TEST_CASE("cli: --dump-after=fuse-elementwise shows fused kernels and --no-fusion turns them off", "[integration][cli]") {
+  Result on = explain({golden("transformer_block_2d.tsl"), "--dump-after=fuse-elementwise"});
+  REQUIRE(on.status == 0);
+  // TESSEL_FUSION=0 (a whole test run without fusion) turns the pass off by default.
+  if (tessel::ProgramPassOptions::fusion_default())
+    CHECK_THAT(on.out, Catch::Contains("fused_elementwise(%u, %b1) expr=\"gelu(add($0,$1))\""));
+  Result off = explain({golden("transformer_block_2d.tsl"), "--dump-after=fuse-elementwise", "--no-fusion"});
+  REQUIRE(off.status == 0);
+  CHECK_THAT(off.out, !Catch::Contains("fused_elementwise"));
+  CHECK_THAT(off.out, Catch::Contains("= gelu(%ub)"));
 }

@@ -91,7 +91,7 @@ TEST_CASE("dump_program_after names the known passes", "[program-ir]") {
     dump_program_after(p, "nope");
     FAIL("no error");
   } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("pack, combine-collectives, async-collectives, memory-plan") != std::string::npos);
+    CHECK(std::string(e.what()).find("pack, combine-collectives, fuse-elementwise, async-collectives, memory-plan") != std::string::npos);
   }
 }
 

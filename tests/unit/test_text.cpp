@@ -104,7 +104,7 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 }
 
 // Every op kind, annotations, priorities, a mesh, several output lines.
-const char* const kAllOps = R"(# every op kind of the IR
+const char* const kAllOps = R"tsl(# every op kind of the IR
 mesh data=2, model=4
 %x = input f32[8,16,32] sharding=[{data}, {}, {}]
 %w = input f32[32,64] sharding=[{}, {model}] priority=1
@@ -168,10 +168,12 @@ mesh data=2, model=4
 %gg = gelu_grad(%h, %h)
 %sgr = softmax_grad(%sm, %sm) axis=-1
 %ceg = cross_entropy_grad(%logits, %lbl, %ce)
+%fe = fused_elementwise(%h, %c) expr="exp($0);where(gt(#0,$1),#0,mul($1,0.5:f32[]))"
+%fs = fused_softmax(%h) expr="causal_mask(mul($0,0.125:f32[]))" axis=-1
 %pn, %mn, %vn = adamw(%h, %h, %h, %h, %lr, %c, %c, %c) beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0.01
 output %ce, %cm
 output %g2
-)";
+)tsl";
 
 }  // namespace
 

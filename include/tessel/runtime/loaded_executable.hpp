@@ -73,6 +73,7 @@ struct RunOptions {
   int kernel_threads = 1;          // ThreadRuntimeOptions::kernel_threads
   double collective_timeout_s = 0; // LoadOptions::collective_timeout_s
   StreamMode stream_mode = StreamMode::Async;  // ThreadRuntimeOptions::stream_mode
+  ProgramPassOptions lowering;     // LoadOptions::lowering (e.g. fuse_elementwise = false)
 };
 
 struct RunStats {
