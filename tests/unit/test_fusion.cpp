@@ -9,6 +9,7 @@
 
 #include "tessel/builders.hpp"
 #include "tessel/executable.hpp"
+#include "tessel/runtime/compare.hpp"
 #include "tessel/fused_expr.hpp"
 #include "tessel/program_passes.hpp"
 #include "tessel/program_text.hpp"
@@ -62,6 +63,18 @@ void require_same_bits(const std::vector<HostTensor>& a, const std::vector<HostT
     INFO("output " << i << ": " << differ << " elements differ, the first at " << first << ": "
                    << (first >= 0 ? a[i].get(first) : 0.0) << " vs " << (first >= 0 ? b[i].get(first) : 0.0));
     CHECK(differ == 0);
+  }
+}
+
+// fused_softmax against an unfused softmax that may run on oneDNN (docs/cpu-backend.md: f32
+// softmax over the last axis, where built with TESSEL_WITH_ONEDNN): the row code differs, so
+// the results agree to rounding, not bit for bit (the hand-written softmax is bit-identical).
+void require_close(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CompareResult c = compare(a[i], b[i]);
+    INFO("output " << i << ": " << c.to_string());
+    CHECK(c.max_rel_err <= 1e-6);
   }
 }
 
@@ -276,7 +289,7 @@ TEST_CASE("fusion: scale and causal mask and softmax become one fused_softmax ke
       CHECK(contains(on, "expr=\"causal_mask(mul($0,0.35:f32[]))\" axis=3"));
       CHECK_FALSE(contains(on, "= causal_mask("));
       CHECK_FALSE(contains(on, "= softmax("));
-      require_same_bits(run_with(g, mesh, true, 21), run_with(g, mesh, false, 21));
+      require_close(run_with(g, mesh, true, 21), run_with(g, mesh, false, 21));
     }
   }
   SECTION("bf16, a broadcast bias, and an axis that is not the last") {
