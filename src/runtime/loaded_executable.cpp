@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -119,6 +121,7 @@ struct LoadedExecutable::Impl {
   std::vector<int> donate;  // per input: output index or -1
   std::vector<std::vector<std::string>> axes;
   std::vector<std::unique_ptr<DeviceExecutor>> executors;
+  bool inline_run = false;  // runs_inline()
 
   std::mutex run_mu;    // one run at a time
   std::mutex state_mu;  // guards world/comms replacement against cancel(), in_flight
@@ -197,6 +200,8 @@ std::shared_ptr<Buffer> allocate_input(Backend& be, std::size_t bytes, const std
 }
 }  // namespace
 
+bool LoadedExecutable::runs_inline() const { return impl_->inline_run; }
+
 std::size_t LoadedExecutable::input_index(const std::string& name) const {
   return index_of(impl_->input_names, name, "input");
 }
@@ -241,11 +246,17 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
   impl->make_world();
   const int64_t n = static_cast<int64_t>(impl->positions.size());
   ThreadRuntime& lr = *impl->local;
+  // Nothing to overlap (every instruction on compute): run on the device thread itself.
+  const bool serial = lr.options().inline_serial_programs &&
+                      std::all_of(p.instrs.begin(), p.instrs.end(), [](const Instr& in) {
+                        return in.stream == "compute" && in.kind != InstrKind::Wait;
+                      });
+  impl->inline_run = serial && lr.options().stream_mode == StreamMode::Async;
   for (int64_t d = 0; d < n; ++d) {
     DeviceContext ctx;
     ctx.backend = &lr.backend(d);
-    ctx.compute = &lr.compute_stream(d);
-    ctx.comm = &lr.comm_stream(d);
+    ctx.compute = serial ? &lr.inline_stream(d) : &lr.compute_stream(d);
+    ctx.comm = serial ? &lr.inline_stream(d) : &lr.comm_stream(d);
     for (auto& kv : impl->comms[d]) ctx.comms[kv.first] = kv.second.get();
     impl->executors.push_back(
         std::make_unique<DeviceExecutor>(impl->program, impl->positions[static_cast<std::size_t>(d)], std::move(ctx)));

@@ -3,6 +3,7 @@
 #include "tessel/runtime/thread_runtime.hpp"
 
 #include "tessel/runtime/thread_communicator.hpp"
+#include "cpu_stream.hpp"
 #include "spin.hpp"
 
 #include <fmt/format.h>
@@ -43,6 +44,7 @@ struct JobCompletion {
 struct RuntimeDevice {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Stream> compute, comm, transfer;
+  std::unique_ptr<Stream> inline_compute;  // Async mode: an eager stream on the device thread
   std::thread thread;  // none for device 0, whose jobs run on the caller of run_on_devices
   JobCompletion* completion = nullptr;
   std::unique_ptr<SpinWait> job_spin;  // the device thread polls for its next job
@@ -134,6 +136,8 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
       dev->compute = dev->backend->create_stream(fmt::format("device {} compute", d));
       dev->comm = dev->backend->create_stream(fmt::format("device {} comm", d));
       dev->transfer = dev->backend->create_stream(fmt::format("device {} transfer", d));
+      if (options_.stream_mode == StreamMode::Async)
+        dev->inline_compute = std::make_unique<detail::CpuStream>(StreamMode::Eager, fmt::format("device {} inline", d), spin_us_);
       dev->job_spin = std::make_unique<detail::SpinWait>(spin_us_);
       dev->completion = completion_.get();
       if (d > 0) {  // device 0 runs on the caller of run_on_devices
@@ -166,6 +170,10 @@ ThreadRuntime::~ThreadRuntime() {
 Backend& ThreadRuntime::backend(int64_t d) { return *devices_.at(static_cast<std::size_t>(d))->backend; }
 Stream& ThreadRuntime::compute_stream(int64_t d) { return *devices_.at(static_cast<std::size_t>(d))->compute; }
 Stream& ThreadRuntime::comm_stream(int64_t d) { return *devices_.at(static_cast<std::size_t>(d))->comm; }
+Stream& ThreadRuntime::inline_stream(int64_t d) {
+  auto& dev = *devices_.at(static_cast<std::size_t>(d));
+  return dev.inline_compute ? *dev.inline_compute : *dev.compute;
+}
 Stream& ThreadRuntime::transfer_stream(int64_t d) { return *devices_.at(static_cast<std::size_t>(d))->transfer; }
 
 std::vector<std::exception_ptr> ThreadRuntime::run_on_devices(const std::function<void(int64_t)>& job) {

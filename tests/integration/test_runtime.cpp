@@ -331,3 +331,39 @@ output %t
   RunResult r = guarded("traced run", [&] { return le.run({w}, ro); });
   check_outputs({le.to_host(r.outputs[0])}, run_reference(g, inputs), "traced");
 }
+
+TEST_CASE("runtime: a program with nothing to overlap runs inline on the device threads", "[integration][runtime]") {
+  // One device (no collective at all), and two devices with an all-reduce (comm work to
+  // overlap): the first runs inline, the second on the stream workers; both == reference, with
+  // inlining on and off, steps repeated over the same loaded executable.
+  for (const auto& [text, want_inline] :
+       {std::pair<std::string, bool>{"mesh d=1\n%x = input f32[64,32]\n%w = input f32[32,16]\n"
+                                     "%y = einsum(%x, %w) eq=\"ij,jk->ik\"\n%z = gelu(%y)\noutput %z\n",
+                                     true},
+        std::pair<std::string, bool>{"mesh d=2\n%x = input f32[64,32] sharding=[{}, {d}]\n%w = input f32[32,16] "
+                                     "sharding=[{d}, {}]\n%y = einsum(%x, %w) eq=\"ij,jk->ik\"\n%z = gelu(%y)\noutput %z\n",
+                                     false}}) {
+    Graph g = parse_graph(text, "inline.tsl");
+    Executable exe = compile(g, *g.mesh);
+    const auto inputs = random_inputs(g, 5);
+    const auto want = run_reference(g, inputs);
+    for (bool allow : {true, false}) {
+      ThreadRuntimeOptions ro;
+      ro.inline_serial_programs = allow;
+      ThreadRuntime rt(exe.mesh().num_devices(), ro);
+      LoadedExecutable le = load(exe, rt);
+      INFO(text << "inline allowed: " << allow);
+      CHECK(le.runs_inline() == (allow && want_inline));
+      std::vector<ShardedArray> in;
+      for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(le.to_device(i, inputs[i]));
+      for (int step = 0; step < 3; ++step) {
+        RunOptions opts;
+        opts.poison = true;
+        RunResult r = guarded("inline run", [&] { return le.run(in, opts); });
+        CompareResult c = compare(le.to_host(r.outputs[0], true), want[0]);
+        INFO(c.to_string());
+        CHECK(c.max_rel_err <= 1e-5);
+      }
+    }
+  }
+}

@@ -95,6 +95,9 @@ class LoadedExecutable {
   // The lowered program the executors run (lower_program of the Executable's: Program IR
   // v2 with its memory plan; program().memory_plan().peak_bytes() per device).
   const Program& program() const;
+  // True when the program runs on each device's own thread (ThreadRuntime::inline_stream):
+  // asynchronous streams, but nothing to overlap in the program.
+  bool runs_inline() const;
   const Mesh& mesh() const;
   Runtime& runtime() const;
   // The mesh positions of this process's devices (all of them on a ThreadRuntime).

@@ -53,6 +53,9 @@ struct ThreadRuntimeOptions {
   // A simulated interconnect for the collectives (thread_communicator.hpp, LinkModel); off by
   // default. The environment variable TESSEL_LINK_MODEL turns it on when this is off.
   LinkModel link_model;
+  // Async mode: a program whose instructions are all on `compute` runs on the device thread's
+  // inline stream (inline_stream) instead of the stream workers. false: always on the workers.
+  bool inline_serial_programs = true;
   // For tests: called with the device before its thread is started (devices 1.., device 0
   // has none); an exception it throws is handled exactly like a failure to start that thread
   // (std::system_error).
@@ -80,6 +83,12 @@ class ThreadRuntime : public Runtime {
   Stream& compute_stream(int64_t device);
   Stream& comm_stream(int64_t device);
   Stream& transfer_stream(int64_t device);
+  // An eager stream on the device's own thread (the compute stream itself in Eager mode):
+  // load() runs a program on it when the program has nothing to overlap — every instruction on
+  // `compute`, no collective, copy or wait on another stream — because handing each kernel to a
+  // stream worker and waiting for it costs more than it buys then (ThreadRuntimeOptions::
+  // inline_serial_programs).
+  Stream& inline_stream(int64_t device);
 
   // Runs job(device) on every device's thread at once (device 0's on the calling thread) and
   // waits for all of them. Returns each device's exception (nullptr when it returned
