@@ -115,7 +115,8 @@ TEST_CASE("fusion: malformed expressions are errors naming fused_elementwise and
       {"$0", "the expression has no op"},
       {"exp($0) junk", "expected ';'"},
   };
-  for (const auto& [text, why] : bad) {
+  for (const auto& [text_, why] : bad) {
+    const std::string text = text_;  // a structured binding cannot be captured in C++17
     INFO(text);
     const std::string m = error_of([&] { parse_fused_expr(text); });
     CHECK(contains(m, "fused_elementwise"));
