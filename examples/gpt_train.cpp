@@ -3,8 +3,10 @@
 // annotations and ZeRO as annotations (train.hpp). Forward, backward, clipping and AdamW are
 // one partitioned program, loaded once; parameters and optimizer state stay on the devices
 // between steps and are updated in place (donated). Every step is checked against the same
-// step on one device (the unpartitioned graph run by the reference executor, which keeps its
-// own parameters).
+// step on one device: the unpartitioned graph run by the reference executor from the same
+// state (the partitioned run's parameters and moments before the step, gathered to the host),
+// so the check measures each step's error and not the drift of two trajectories, which
+// training amplifies (a rounding difference grows step after step through a loss spike).
 //
 //   build/bin/gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]
 //                       [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]
@@ -201,6 +203,9 @@ int run(int argc, char** argv) {
     for (const char* name : {"tokens", "labels", "adam.lr", "adam.bc1", "adam.bc2"})
       args[in_index.at(name)] = prog.to_device(in_index.at(name), host[in_index.at(name)]);
 
+    if (reference)  // the state the step starts from, for the one-device step (every rank: a gather)
+      for (std::size_t o = 0; o < feeds.size(); ++o)
+        if (feeds[o] >= 0) host[static_cast<std::size_t>(feeds[o])] = prog.to_host(args[static_cast<std::size_t>(feeds[o])]);
     auto s0 = std::chrono::steady_clock::now();
     tessel::RunResult r = prog.run(args);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
@@ -213,11 +218,9 @@ int run(int argc, char** argv) {
     losses.push_back(loss);
     std::string ref_text;
     if (reference && printer) {
-      // The same step on one device, from the reference's own parameters and moments.
+      // The same step on one device, from the same parameters and moments.
       std::vector<tessel::HostTensor> out = tessel::run_reference(g, host, threads);
       const double ref = out[loss_out].get(0);
-      for (std::size_t o = 0; o < feeds.size(); ++o)
-        if (feeds[o] >= 0) host[static_cast<std::size_t>(feeds[o])] = out[o];
       const double rel = std::fabs(loss - ref) / std::max(std::fabs(ref), 1e-30);
       worst = std::max(worst, rel);
       ref_text = fmt::format("  one device {:.6f}  rel {:.2e}", ref, rel);
