@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tessel/collective_matmul.hpp"
+#include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/program_passes.hpp"
 #include "tessel/program_text.hpp"
@@ -29,16 +30,7 @@ using namespace tessel;
 
 namespace {
 
-template <class F>
-auto guarded(const std::string& what, F&& f) -> decltype(f()) {
-  auto fut = std::async(std::launch::async, std::forward<F>(f));
-  if (fut.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
-    std::fprintf(stderr, "\nFATAL: '%s' did not finish within 120 s (hang or deadlock)\n", what.c_str());
-    std::fflush(stderr);
-    std::_Exit(1);
-  }
-  return fut.get();
-}
+using tessel_test::guarded;
 
 // A site pattern: the graph text (with {n} ring devices over {ring}), and what it must become.
 struct Pattern {

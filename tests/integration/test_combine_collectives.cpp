@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/program_passes.hpp"
 #include "tessel/program_text.hpp"
@@ -26,16 +27,7 @@ using namespace tessel;
 
 namespace {
 
-template <class F>
-auto guarded(const std::string& what, F&& f) -> decltype(f()) {
-  auto fut = std::async(std::launch::async, std::forward<F>(f));
-  if (fut.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
-    std::fprintf(stderr, "\nFATAL: '%s' did not finish within 120 s (hang or deadlock)\n", what.c_str());
-    std::fflush(stderr);
-    std::_Exit(1);
-  }
-  return fut.get();
-}
+using tessel_test::guarded;
 
 // Two layers whose outputs are both partial over `model` (reduced separately: combined into
 // one), next to a cross-entropy whose small logits the partitioner gathers (one all-gather,

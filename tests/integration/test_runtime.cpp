@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
@@ -29,16 +30,7 @@ using namespace tessel;
 
 namespace {
 
-template <class F>
-auto guarded(const std::string& what, F&& f) -> decltype(f()) {
-  auto fut = std::async(std::launch::async, std::forward<F>(f));
-  if (fut.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
-    std::fprintf(stderr, "\nFATAL: '%s' did not finish within 120 s (hang or deadlock)\n", what.c_str());
-    std::fflush(stderr);
-    std::_Exit(1);
-  }
-  return fut.get();
-}
+using tessel_test::guarded;
 
 // Megatron MLP on data=2 x model=2 plus a replicated mean: all-reduces over model and data.
 Graph mlp_graph(const std::string& mesh = "data=2, model=2") {

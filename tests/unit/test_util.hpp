@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +20,19 @@
 #include "tessel/sharding.hpp"
 
 namespace tessel_test {
+
+// Runs f on another thread and ends the test process with a message naming `what` when it
+// has not finished within 120 s: a hang or deadlock fails loudly instead of stalling CTest.
+template <class F>
+auto guarded(const std::string& what, F&& f) -> decltype(f()) {
+  auto fut = std::async(std::launch::async, std::forward<F>(f));
+  if (fut.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    std::fprintf(stderr, "\nFATAL: '%s' did not finish within 120 s (hang or deadlock)\n", what.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  return fut.get();
+}
 
 inline uint64_t seed() {
   if (const char* s = std::getenv("TESSEL_SEED")) return std::strtoull(s, nullptr, 10);
