@@ -35,8 +35,18 @@ std::size_t dtype_size(DType t) {
 
 int64_t num_elements(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw ShapeError(fmt::format("shape {} has more elements than an int64 counts: use smaller dimensions", shape_str(s)));
   return n;
+}
+
+int64_t num_bytes(const Shape& s, DType t) {
+  int64_t b = 0;
+  if (__builtin_mul_overflow(num_elements(s), static_cast<int64_t>(dtype_size(t)), &b))
+    throw ShapeError(fmt::format("a {} value of shape {} has more bytes than an int64 counts: use smaller dimensions",
+                                 dtype_name(t), shape_str(s)));
+  return b;
 }
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ",")); }

@@ -236,8 +236,14 @@ class Parser : LineLexer {
                             describe(t)));
   }
   void parse_type(DType& dtype, Shape& shape, std::string_view context) {
-    dtype = parse_dtype(next(), context);
+    const Token t = next();
+    dtype = parse_dtype(t, context);
     shape = parse_int_list("shape", true);
+    try {
+      (void)num_bytes(shape, dtype);
+    } catch (const ShapeError& e) {
+      fail(t.col, e.what());
+    }
   }
   std::vector<std::string> parse_axes(std::string_view what) {
     expect("{", fmt::format("to start the axes of {} (like {{data, model}})", what));

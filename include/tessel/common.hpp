@@ -22,7 +22,10 @@ const char* dtype_name(DType t);
 DType parse_dtype(std::string_view s);
 std::size_t dtype_size(DType t);
 
+// Element count of a shape; throws ShapeError when it overflows int64 (never wraps).
 int64_t num_elements(const Shape& s);
+// Bytes of a value of shape `s` and dtype `t`; throws ShapeError when they overflow int64.
+int64_t num_bytes(const Shape& s, DType t);
 // "[8,16,32]"
 std::string shape_str(const Shape& s);
 // "f32[8,16,32]"

@@ -93,7 +93,7 @@ struct LocalValue {
   // Lives in host memory (an offloaded activation, text `memory=host`): only copies read or
   // write it, and the memory plan places it in the host pool (MemoryPlan::host_bytes).
   bool host = false;
-  int64_t bytes() const { return num_elements(shape) * static_cast<int64_t>(dtype_size(dtype)); }
+  int64_t bytes() const { return num_bytes(shape, dtype); }
 };
 
 struct Instr {

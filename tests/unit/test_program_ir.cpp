@@ -197,3 +197,25 @@ TEST_CASE("ring block offsets: eval over every device and text round trip and er
   // A ring offset that can leave the result is caught by the verifier.
   CHECK(with_copies("[0,0]->[1*({model}+1 mod 2),0]").find("leaves the source") != std::string::npos);
 }
+
+// Regression (CI's fuzz_program_text, UBSan at num_elements): a value whose element count fits
+// int64 but whose bytes do not, or an einsum whose letters multiply past int64, must be a clear
+// error, never a signed overflow.
+TEST_CASE("program text: a value too large for int64 bytes is refused where it is declared", "[program-ir][fuzz]") {
+  const std::string m = message_of(
+      "mesh model=2\n"
+      "%x = input f32[3000000000,3000000000] global=f32[3000000000,3000000000] sharding=[{}, {}]\n"
+      "output %x\n");
+  INFO(m);
+  CHECK(m.find("t.pir:2:") != std::string::npos);
+  CHECK(m.find("more bytes than an int64 counts") != std::string::npos);
+  CHECK(m.find("[3000000000,3000000000]") != std::string::npos);
+}
+
+TEST_CASE("num_elements and num_bytes throw ShapeError instead of overflowing", "[program-ir][fuzz]") {
+  CHECK(num_elements(Shape{1 << 20, 1 << 20, 1 << 20}) == int64_t{1} << 60);
+  CHECK_THROWS_AS(num_elements(Shape{int64_t{1} << 40, int64_t{1} << 40}), ShapeError);
+  CHECK(num_bytes(Shape{int64_t{1} << 30}, DType::bf16) == int64_t{1} << 31);
+  CHECK_THROWS_AS(num_bytes(Shape{int64_t{1} << 62}, DType::f32), ShapeError);
+  CHECK(num_elements(Shape{0, int64_t{1} << 62}) == 0);
+}
