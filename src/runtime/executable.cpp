@@ -40,6 +40,7 @@ struct Executable::RunCache {
   // The options the runtime and loaded program were made with.
   StreamMode mode = StreamMode::Async;
   int kernel_threads = 0;
+  int64_t inline_max_comm_bytes = 0;
   double timeout = 0;
   ProgramPassOptions lowering;  // what `loaded` was lowered with
   mutable std::mutex stats_mu;
@@ -64,7 +65,8 @@ LoadedExecutable& Executable::loaded_for(const RunOptions& opts) {
     throw RuntimeError(fmt::format("run: collective_timeout_s must be >= 0 seconds (0 or inf: no timeout), got {}", t));
   if (opts.kernel_threads < 1)
     throw RuntimeError(fmt::format("run: kernel_threads must be >= 1, got {}", opts.kernel_threads));
-  if (c.runtime && (c.mode != opts.stream_mode || c.kernel_threads != opts.kernel_threads)) {
+  if (c.runtime && (c.mode != opts.stream_mode || c.kernel_threads != opts.kernel_threads ||
+                    c.inline_max_comm_bytes != opts.inline_max_comm_bytes)) {
     c.loaded.reset();
     c.runtime.reset();
   }
@@ -72,9 +74,11 @@ LoadedExecutable& Executable::loaded_for(const RunOptions& opts) {
     ThreadRuntimeOptions ro;
     ro.stream_mode = opts.stream_mode;
     ro.kernel_threads = opts.kernel_threads;
+    ro.inline_max_comm_bytes = opts.inline_max_comm_bytes;
     c.runtime = std::make_unique<ThreadRuntime>(mesh_.num_devices(), ro);
     c.mode = opts.stream_mode;
     c.kernel_threads = opts.kernel_threads;
+    c.inline_max_comm_bytes = opts.inline_max_comm_bytes;
   }
   const ProgramPassOptions& lw = opts.lowering;
   if (!c.loaded || !(c.timeout == t) || c.lowering.fuse_elementwise != lw.fuse_elementwise ||

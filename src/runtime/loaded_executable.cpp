@@ -198,6 +198,14 @@ std::shared_ptr<Buffer> allocate_input(Backend& be, std::size_t bytes, const std
                            e.bytes());
   }
 }
+
+// Bytes per device that the program's collectives move (each one's nccl-tests buffer size).
+int64_t comm_bytes(const Program& p) {
+  int64_t total = 0;
+  for (const Instr& in : p.instrs)
+    if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) total += in.bytes;
+  return total;
+}
 }  // namespace
 
 bool LoadedExecutable::runs_inline() const { return impl_->inline_run; }
@@ -246,11 +254,13 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
   impl->make_world();
   const int64_t n = static_cast<int64_t>(impl->positions.size());
   ThreadRuntime& lr = *impl->local;
-  // Nothing to overlap (every instruction on compute): run on the device thread itself.
+  // Nothing to overlap (every instruction on compute), or too little communication for
+  // overlap to pay for the hand-offs to the stream workers: run on the device thread itself.
   const bool serial = lr.options().inline_serial_programs &&
-                      std::all_of(p.instrs.begin(), p.instrs.end(), [](const Instr& in) {
-                        return in.stream == "compute" && in.kind != InstrKind::Wait;
-                      });
+                      (std::all_of(p.instrs.begin(), p.instrs.end(), [](const Instr& in) {
+                         return in.stream == "compute" && in.kind != InstrKind::Wait;
+                       }) ||
+                       (!lr.link_model().on() && comm_bytes(p) <= lr.options().inline_max_comm_bytes));
   impl->inline_run = serial && lr.options().stream_mode == StreamMode::Async;
   for (int64_t d = 0; d < n; ++d) {
     DeviceContext ctx;

@@ -207,13 +207,17 @@ std::vector<int64_t> ThreadRuntime::devices_for(const Mesh& mesh) {
   return pos;
 }
 
+LinkModel ThreadRuntime::link_model() const {
+  return options_.link_model.on() ? options_.link_model : LinkModel::from_env();
+}
+
 std::unique_ptr<CollectiveWorld> ThreadRuntime::make_world(const Mesh& mesh,
                                                            const std::vector<std::vector<std::string>>& /*axes*/,
                                                            double timeout_s) {
   ThreadWorldOptions wo;
   wo.timeout_seconds = timeout_s;
   wo.spin_us = spin_us_;  // the collectives run on this runtime's threads: same budget
-  wo.link_model = options_.link_model.on() ? options_.link_model : LinkModel::from_env();
+  wo.link_model = link_model();
   return std::make_unique<ThreadWorld>(mesh, wo);  // groups are created on first request
 }
 

@@ -124,8 +124,7 @@ TEST_CASE("collective-matmul: overlapped == not overlapped == reference over ran
       REQUIRE(found);
 
       const StreamMode mode = pick(0, 1) ? StreamMode::Async : StreamMode::Eager;
-      ThreadRuntimeOptions ro;
-      ro.stream_mode = mode;
+      ThreadRuntimeOptions ro = tessel_test::stream_options<ThreadRuntimeOptions>(mode);
       ThreadRuntime rt(exe.mesh().num_devices(), ro);
       LoadOptions off, on;
       off.lowering.collective_matmul.mode = OverlapMode::Off;

@@ -51,8 +51,7 @@ void run_both_ways(const Graph& g, const std::string& what, int expect_fewer_by_
   const auto want = run_reference(g, inputs);
   const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   INFO(what << " on " << stream_mode_name(mode) << " streams");
-  ThreadRuntimeOptions ro;
-  ro.stream_mode = mode;
+  ThreadRuntimeOptions ro = tessel_test::stream_options<ThreadRuntimeOptions>(mode);
   ThreadRuntime rt(exe.mesh().num_devices(), ro);
   LoadOptions off;
   off.lowering.combine_threshold_bytes = 0;

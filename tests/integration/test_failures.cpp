@@ -2,10 +2,10 @@
 // reaches the caller as a tessel::Error subclass whose message names what went wrong, every
 // device thread stops, and nothing hangs or deadlocks.
 //
-// Each run goes through `guarded()`: it runs on a std::async thread and the test thread
-// waits at most kGuardSeconds. A hung run cannot be joined (the future's destructor would
-// block), so on a timeout the test prints what hung and calls std::_Exit(1): CTest then
-// reports a failure instead of waiting for its own 300 s timeout.
+// Each run goes through `tessel_test::guarded()` (test_util.hpp): it runs on a std::async
+// thread and the test thread waits a bounded time. A hung run cannot be joined (the future's
+// destructor would block), so on a timeout the test prints what hung and calls std::_Exit(1):
+// CTest then reports a failure instead of waiting for its own 300 s timeout.
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>
@@ -27,26 +27,13 @@
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/thread_communicator.hpp"
 #include "tessel/text.hpp"
+#include "../unit/test_util.hpp"
 
 using namespace tessel;
 
 namespace {
 
-constexpr int kGuardSeconds = 60;
-
-// Runs f on another thread; returns its result or rethrows its exception. A run that does
-// not finish within kGuardSeconds ends the process (a hang must never block the suite).
-template <class F>
-auto guarded(const std::string& what, F&& f) -> decltype(f()) {
-  auto fut = std::async(std::launch::async, std::forward<F>(f));
-  if (fut.wait_for(std::chrono::seconds(kGuardSeconds)) != std::future_status::ready) {
-    std::fprintf(stderr, "\nFATAL: '%s' did not finish within %d s (hang or deadlock)\n",
-                 what.c_str(), kGuardSeconds);
-    std::fflush(stderr);
-    std::_Exit(1);
-  }
-  return fut.get();
-}
+using tessel_test::guarded;
 
 // The message of the exception of type E thrown by f (guarded); fails the test when f
 // throws nothing or something else.
@@ -125,8 +112,7 @@ void check_names_owner(const std::string& msg, const std::vector<int64_t>& owner
 // Runs exe with the reference and checks every output.
 void check_against_reference(Executable& exe, const std::vector<HostTensor>& inputs,
                              const std::string& what, StreamMode mode = StreamMode::Async) {
-  RunOptions ro;
-  ro.stream_mode = mode;
+  RunOptions ro = tessel_test::stream_options<RunOptions>(mode);
   ro.poison = true;
   ro.check_replicas = true;
   ro.collective_timeout_s = 120;  // a lost peer fails the run instead of hanging it
@@ -144,8 +130,7 @@ void check_against_reference(Executable& exe, const std::vector<HostTensor>& inp
 // that device and the op, and the same Executable runs fine afterwards.
 void kernel_failure_case(const std::string& mesh_spec, int64_t bad_row, uint64_t seed, StreamMode mode) {
   INFO("mesh " << mesh_spec << " bad row " << bad_row << " seed " << seed << " streams " << stream_mode_name(mode));
-  RunOptions mode_only;
-  mode_only.stream_mode = mode;
+  RunOptions mode_only = tessel_test::stream_options<RunOptions>(mode);
   LossGraph lg(mesh_spec);
   Executable exe = compile(lg.g, lg.mesh);
   auto inputs = lg.inputs(seed);
@@ -419,8 +404,7 @@ TEST_CASE("failures: run with a collective timeout either succeeds or fails clea
   auto inputs = lg.inputs(5);
   const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   for (double t : {1e-9, 1e-6, 1e-4}) {
-    RunOptions ro;
-    ro.stream_mode = mode;
+    RunOptions ro = tessel_test::stream_options<RunOptions>(mode);
     ro.collective_timeout_s = t;
     try {
       guarded(fmt::format("run with collective_timeout_s={}", t), [&] { return exe.run(inputs, ro); });

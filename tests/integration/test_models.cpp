@@ -31,8 +31,7 @@ TEST_CASE("models: GPT partitioned == reference on data x model meshes", "[integ
     INFO("mesh " << spec);
     Mesh mesh = Mesh::parse(spec);
     Executable exe = compile(m.graph, mesh);
-    RunOptions ro;
-    ro.stream_mode = mode;
+    RunOptions ro = tessel_test::stream_options<RunOptions>(mode);
     ro.poison = true;
     ro.check_replicas = true;
     auto got = exe.run(inputs, ro);

@@ -57,16 +57,19 @@ TEST_CASE("property: partitioned run == reference for every op kind", "[integrat
     Executable exe = compile(g, mesh);
     INFO(exe.program().to_string(0));
     auto inputs = random_inputs(g, case_seed);
-    RunOptions ro;
+    RunOptions ro = tessel_test::stream_options<RunOptions>(mode);
     ro.poison = true;
     ro.check_replicas = true;
     ro.collective_timeout_s = 60;
-    ro.stream_mode = mode;
     // Each kind's cases alternate between lowering with fuse-elementwise and without it
     // (TESSEL_FUSION=0: always without).
     const bool fuse = (static_cast<std::size_t>(c) / kinds.size()) % 2 == 0;
     ro.lowering.fuse_elementwise = ro.lowering.fuse_elementwise && fuse;
-    INFO("streams " << stream_mode_name(mode) << ", fusion " << (ro.lowering.fuse_elementwise ? "on" : "off"));
+    // On async streams, every third case keeps the default inline threshold: programs with
+    // small collectives then run them on the device threads (the inline path).
+    if (c % 3 == 2) ro.inline_max_comm_bytes = RunOptions{}.inline_max_comm_bytes;
+    INFO("streams " << stream_mode_name(mode) << ", fusion " << (ro.lowering.fuse_elementwise ? "on" : "off")
+                    << ", inline up to " << ro.inline_max_comm_bytes << " comm bytes");
     auto got = exe.run(inputs, ro);
     auto want = run_reference(g, inputs);
     REQUIRE(got.size() == want.size());

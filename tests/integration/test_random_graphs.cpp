@@ -120,11 +120,10 @@ TEST_CASE("property: random multi-op graphs partitioned == reference", "[integra
     auto inputs = random_inputs(g, case_seed);
     for (auto& in : inputs)
       for (int64_t i = 0; i < in.numel(); ++i) in.set(i, 0.75 + 0.5 * in.get(i));
-    RunOptions ro;
+    RunOptions ro = tessel_test::stream_options<RunOptions>(mode);
     ro.poison = true;
     ro.check_replicas = true;
     ro.collective_timeout_s = 60;
-    ro.stream_mode = mode;
     // Every other case lowered without fuse-elementwise (TESSEL_FUSION=0: every case).
     ro.lowering.fuse_elementwise = ro.lowering.fuse_elementwise && c % 2 == 0;
     INFO("streams " << stream_mode_name(mode) << ", fusion " << (ro.lowering.fuse_elementwise ? "on" : "off"));

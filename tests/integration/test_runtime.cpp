@@ -69,8 +69,7 @@ TEST_CASE("runtime: load once and run steps over device-resident arrays", "[inte
   INFO("streams " << stream_mode_name(mode));
   Graph g = mlp_graph();
   Executable exe = compile(g, *g.mesh);
-  ThreadRuntimeOptions ro;
-  ro.stream_mode = mode;
+  ThreadRuntimeOptions ro = tessel_test::stream_options<ThreadRuntimeOptions>(mode);
   ThreadRuntime rt(exe.mesh().num_devices(), ro);
   LoadedExecutable le = load(exe, rt);
   CHECK(le.input_names() == std::vector<std::string>{"x", "w1", "w2"});
@@ -120,8 +119,7 @@ mesh data=2, model=2
 output %w_new
 )", "opt.tsl");
   Executable exe = compile(g, *g.mesh);
-  ThreadRuntimeOptions ro;
-  ro.stream_mode = mode;
+  ThreadRuntimeOptions ro = tessel_test::stream_options<ThreadRuntimeOptions>(mode);
   ThreadRuntime rt(4, ro);
   LoadOptions lo;
   lo.donate = {{"w", "w_new"}};
@@ -184,8 +182,7 @@ TEST_CASE("runtime: collective_timeout_s is validated and inf means no timeout",
 
 TEST_CASE("runtime: a device thread that cannot start is an error and not std::terminate", "[integration][runtime]") {
   const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
-  ThreadRuntimeOptions ro;
-  ro.stream_mode = mode;
+  ThreadRuntimeOptions ro = tessel_test::stream_options<ThreadRuntimeOptions>(mode);
   std::atomic<int> started{0};
   ro.before_thread_start = [&](int64_t d) {
     if (d == 5) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
@@ -217,8 +214,7 @@ TEST_CASE("runtime: runs from several threads at once are serialised and each ge
   INFO("streams " << stream_mode_name(mode));
   Graph g = mlp_graph();
   Executable exe = compile(g, *g.mesh);
-  ThreadRuntimeOptions ro;
-  ro.stream_mode = mode;
+  ThreadRuntimeOptions ro = tessel_test::stream_options<ThreadRuntimeOptions>(mode);
   ThreadRuntime rt(4, ro);
   LoadedExecutable le = load(exe, rt);
   constexpr int kThreads = 4, kRuns = 3;
@@ -239,8 +235,7 @@ TEST_CASE("runtime: runs from several threads at once are serialised and each ge
           RunResult r = le.run(a);
           got[t].push_back(to_host_all(le, r));
         }
-        RunOptions opts;
-        opts.stream_mode = mode;
+        RunOptions opts = tessel_test::stream_options<RunOptions>(mode);
         got_exe[t] = exe.run(in[t], opts);  // the convenience too
         (void)exe.last_stats();
       });
@@ -258,8 +253,7 @@ TEST_CASE("runtime: cancel from another thread stops every device", "[integratio
   INFO("streams " << stream_mode_name(mode));
   Graph g = mlp_graph("data=4, model=2");
   Executable exe = compile(g, *g.mesh);
-  ThreadRuntimeOptions ro;
-  ro.stream_mode = mode;
+  ThreadRuntimeOptions ro = tessel_test::stream_options<ThreadRuntimeOptions>(mode);
   ThreadRuntime rt(8, ro);
   LoadedExecutable le = load(exe, rt);
   auto inputs = random_inputs(g, 9);
@@ -325,36 +319,50 @@ output %t
 }
 
 TEST_CASE("runtime: a program with nothing to overlap runs inline on the device threads", "[integration][runtime]") {
-  // One device (no collective at all), and two devices with an all-reduce (comm work to
-  // overlap): the first runs inline, the second on the stream workers; both == reference, with
-  // inlining on and off, steps repeated over the same loaded executable.
-  for (const auto& [text, want_inline] :
-       {std::pair<std::string, bool>{"mesh d=1\n%x = input f32[64,32]\n%w = input f32[32,16]\n"
-                                     "%y = einsum(%x, %w) eq=\"ij,jk->ik\"\n%z = gelu(%y)\noutput %z\n",
-                                     true},
-        std::pair<std::string, bool>{"mesh d=2\n%x = input f32[64,32] sharding=[{}, {d}]\n%w = input f32[32,16] "
-                                     "sharding=[{d}, {}]\n%y = einsum(%x, %w) eq=\"ij,jk->ik\"\n%z = gelu(%y)\noutput %z\n",
-                                     false}}) {
-    Graph g = parse_graph(text, "inline.tsl");
+  // One device (no collective at all), and two devices with an all-reduce of 4 KiB per device
+  // (comm work, but too little for overlap to pay): inline unless inlining is off, or the
+  // all-reduce is above inline_max_comm_bytes, or a link model is on. Every variant == reference,
+  // steps repeated over the same loaded executable.
+  struct Case {
+    std::string text;
+    bool has_comm;
+  };
+  for (const Case& c : {Case{"mesh d=1\n%x = input f32[64,32]\n%w = input f32[32,16]\n"
+                             "%y = einsum(%x, %w) eq=\"ij,jk->ik\"\n%z = gelu(%y)\noutput %z\n",
+                             false},
+                        Case{"mesh d=2\n%x = input f32[64,32] sharding=[{}, {d}]\n%w = input f32[32,16] "
+                             "sharding=[{d}, {}]\n%y = einsum(%x, %w) eq=\"ij,jk->ik\"\n%z = gelu(%y)\noutput %z\n",
+                             true}}) {
+    Graph g = parse_graph(c.text, "inline.tsl");
     Executable exe = compile(g, *g.mesh);
     const auto inputs = random_inputs(g, 5);
     const auto want = run_reference(g, inputs);
-    for (bool allow : {true, false}) {
+    struct Variant {
+      bool allow;
+      int64_t max_comm_bytes;
+      bool link;
+      bool want_inline;
+    };
+    for (const Variant& v : {Variant{true, 256 << 10, false, true}, Variant{false, 256 << 10, false, false},
+                             Variant{true, 1024, false, !c.has_comm}, Variant{true, 0, false, !c.has_comm},
+                             Variant{true, 256 << 10, true, !c.has_comm}}) {
       ThreadRuntimeOptions ro;
-      ro.inline_serial_programs = allow;
+      ro.inline_serial_programs = v.allow;
+      ro.inline_max_comm_bytes = v.max_comm_bytes;
+      if (v.link) ro.link_model = LinkModel::parse("alpha_us=1,gbps=100");
       ThreadRuntime rt(exe.mesh().num_devices(), ro);
       LoadedExecutable le = load(exe, rt);
-      INFO(text << "inline allowed: " << allow);
-      CHECK(le.runs_inline() == (allow && want_inline));
+      INFO(c.text << "inline allowed: " << v.allow << ", max comm bytes " << v.max_comm_bytes << ", link model " << v.link);
+      CHECK(le.runs_inline() == v.want_inline);
       std::vector<ShardedArray> in;
       for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(le.to_device(i, inputs[i]));
       for (int step = 0; step < 3; ++step) {
         RunOptions opts;
         opts.poison = true;
         RunResult r = guarded("inline run", [&] { return le.run(in, opts); });
-        CompareResult c = compare(le.to_host(r.outputs[0], true), want[0]);
-        INFO(c.to_string());
-        CHECK(c.max_rel_err <= 1e-5);
+        CompareResult cmp = compare(le.to_host(r.outputs[0], true), want[0]);
+        INFO(cmp.to_string());
+        CHECK(cmp.max_rel_err <= 1e-5);
       }
     }
   }

@@ -35,6 +35,7 @@ uint64_t bcast(uint64_t v) {
 MpiRuntimeOptions test_options(StreamMode mode = StreamMode::Async) {
   MpiRuntimeOptions o;
   o.stream_mode = mode;
+  o.inline_max_comm_bytes = 0;  // the stream workers, not the inline path, are under test
   o.timeout_s = 120;
   return o;
 }

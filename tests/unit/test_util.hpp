@@ -21,6 +21,17 @@
 
 namespace tessel_test {
 
+// ThreadRuntimeOptions or RunOptions for a test of `mode`'s streams. A program whose
+// collectives are small runs inline on the device threads by default (inline_max_comm_bytes);
+// a test of StreamMode::Async means the stream workers, so this turns that off.
+template <class Options>
+Options stream_options(tessel::StreamMode mode) {
+  Options o;
+  o.stream_mode = mode;
+  o.inline_max_comm_bytes = 0;
+  return o;
+}
+
 // Runs f on another thread and ends the test process with a message naming `what` when it
 // has not finished within 120 s: a hang or deadlock fails loudly instead of stalling CTest.
 template <class F>

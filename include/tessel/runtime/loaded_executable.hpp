@@ -73,6 +73,7 @@ struct RunOptions {
   int kernel_threads = 1;          // ThreadRuntimeOptions::kernel_threads
   double collective_timeout_s = 0; // LoadOptions::collective_timeout_s
   StreamMode stream_mode = StreamMode::Async;  // ThreadRuntimeOptions::stream_mode
+  int64_t inline_max_comm_bytes = 256 << 10;   // ThreadRuntimeOptions::inline_max_comm_bytes
   ProgramPassOptions lowering;     // LoadOptions::lowering (e.g. fuse_elementwise = false)
 };
 
@@ -96,7 +97,8 @@ class LoadedExecutable {
   // v2 with its memory plan; program().memory_plan().peak_bytes() per device).
   const Program& program() const;
   // True when the program runs on each device's own thread (ThreadRuntime::inline_stream):
-  // asynchronous streams, but nothing to overlap in the program.
+  // asynchronous streams, but nothing to overlap in the program, or collectives too small for
+  // overlap to pay (ThreadRuntimeOptions::inline_max_comm_bytes).
   bool runs_inline() const;
   const Mesh& mesh() const;
   Runtime& runtime() const;

@@ -50,6 +50,8 @@ bool mpi_compiled();
 struct MpiRuntimeOptions {
   StreamMode stream_mode = StreamMode::Async;
   int kernel_threads = 1;
+  // As ThreadRuntimeOptions::inline_max_comm_bytes, for this process's devices.
+  int64_t inline_max_comm_bytes = 256 << 10;
   // A collective (or host exchange) waiting longer than this for its peers fails and aborts
   // every process. < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s. 0 or infinity: no timeout.
   double timeout_s = -1;

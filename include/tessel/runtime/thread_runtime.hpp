@@ -56,6 +56,14 @@ struct ThreadRuntimeOptions {
   // Async mode: a program whose instructions are all on `compute` runs on the device thread's
   // inline stream (inline_stream) instead of the stream workers. false: always on the workers.
   bool inline_serial_programs = true;
+  // Async mode, with inline_serial_programs: a program whose collectives move at most this
+  // many bytes per device in all runs inline too (its collectives then run on the device
+  // thread, in program order). Overlap could hide at most the time of those copies — about
+  // 25 us at memcpy speed for the default 256 KiB, the cost of a hand-off to a stream worker
+  // and back — while every hand-off costs a thread wake-up. Not applied while a link model is
+  // on (it simulates an interconnect worth overlapping). 0: only programs with nothing on
+  // another stream run inline.
+  int64_t inline_max_comm_bytes = 256 << 10;
   // For tests: called with the device before its thread is started (devices 1.., device 0
   // has none); an exception it throws is handled exactly like a failure to start that thread
   // (std::system_error).
@@ -84,11 +92,15 @@ class ThreadRuntime : public Runtime {
   Stream& comm_stream(int64_t device);
   Stream& transfer_stream(int64_t device);
   // An eager stream on the device's own thread (the compute stream itself in Eager mode):
-  // load() runs a program on it when the program has nothing to overlap — every instruction on
-  // `compute`, no collective, copy or wait on another stream — because handing each kernel to a
-  // stream worker and waiting for it costs more than it buys then (ThreadRuntimeOptions::
-  // inline_serial_programs).
+  // load() runs a program on it (its compute and comm instructions alike, in program order)
+  // when the program has nothing to overlap — every instruction on `compute` — or its
+  // collectives move too few bytes for overlap to pay, because handing each kernel to a stream
+  // worker and waiting for it costs more than it buys then (ThreadRuntimeOptions::
+  // inline_serial_programs, inline_max_comm_bytes).
   Stream& inline_stream(int64_t device);
+  // The link model the collectives of this runtime's worlds use (ThreadRuntimeOptions::
+  // link_model, else TESSEL_LINK_MODEL; off when neither is set).
+  LinkModel link_model() const;
 
   // Runs job(device) on every device's thread at once (device 0's on the calling thread) and
   // waits for all of them. Returns each device's exception (nullptr when it returned

@@ -878,6 +878,7 @@ std::vector<int64_t> MpiRuntime::devices_for(const Mesh& mesh) {
   ThreadRuntimeOptions ro;
   ro.stream_mode = im.opts.stream_mode;
   ro.kernel_threads = im.opts.kernel_threads;
+  ro.inline_max_comm_bytes = im.opts.inline_max_comm_bytes;
   im.local = std::make_unique<ThreadRuntime>(static_cast<int64_t>(mine.size()), ro);
   im.owner = owner;
   im.mine = mine;
