@@ -258,7 +258,8 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
 // Two collective-permutes on one stream with nothing between them on that stream but dones,
 // and nothing between them that waits for that stream or communicates, are issued as one
 // communicator group where the communicator runs grouped permutes concurrently: the two
-// directions of a bidirectional ring step then share the time of one.
+// directions of a bidirectional ring step then share the time of one. Never when the second
+// sends what the first receives (a chain of reshards): the group would send it unreceived.
 void DeviceExecutor::pair_permutes() {
   const std::size_t n = p_.instrs.size();
   permute_partner_.assign(n, -1);
@@ -277,7 +278,9 @@ void DeviceExecutor::pair_permutes() {
       if (q.kind == InstrKind::CollectiveDone && q.stream == s) continue;
       if (q.kind == InstrKind::Wait && (q.stream == s || q.wait_for == s)) break;
       if (q.kind == InstrKind::Collective || q.kind == InstrKind::CollectiveStart) {
-        if (is_permute(q) && q.stream == s && q.kind == p_.instrs[i].kind) {
+        const int first_out = p_.instrs[i].out;
+        if (is_permute(q) && q.stream == s && q.kind == p_.instrs[i].kind &&
+            std::find(q.in.begin(), q.in.end(), first_out) == q.in.end()) {
           permute_partner_[i] = static_cast<int>(j);
           permute_partner_[j] = static_cast<int>(i);
         }

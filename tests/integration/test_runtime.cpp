@@ -367,3 +367,35 @@ TEST_CASE("runtime: a program with nothing to overlap runs inline on the device 
     }
   }
 }
+
+TEST_CASE("runtime: a chain of collective-permute reshards is not issued as one group", "[integration][runtime]") {
+  // Regression (random multi-op graphs, seed 1795417098386041332 case 288): [{y},{x}] ->
+  // [{z},{x}] -> [{z},{y}] lowers to two collective-permutes in a row, the second sending what
+  // the first received; pairing them into one communicator group (meant for the two directions
+  // of a bidirectional ring) sent the second's data before it had arrived.
+  Graph g = parse_graph(R"(
+mesh x=2, y=2, z=2
+%x = input f32[4,4] sharding=[{y}, {}]
+%v0 = softmax(%x) axis=1
+%w0 = input f32[4] sharding=[{x}]
+%v1 = add(%v0, %w0)
+%v2 = sharding_constraint(%v1) sharding=[{z}, {x}]
+%w1 = input f32[4,8] sharding=[{y}, {}]
+%v3 = einsum(%v2, %w1) eq="ak,kn->an"
+output %v3
+)", "chain.tsl");
+  Executable exe = compile(g, *g.mesh);
+  int permutes = 0;
+  for (const Instr& in : exe.program().instrs)
+    permutes += in.kind == InstrKind::Collective && in.collective == CollectiveKind::CollectivePermute;
+  REQUIRE(permutes == 2);
+  const uint64_t seed = tessel_test::seed();
+  INFO("seed " << seed);
+  const auto inputs = random_inputs(g, seed);
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  RunOptions ro = tessel_test::stream_options<RunOptions>(mode);
+  ro.poison = true;
+  ro.check_replicas = true;
+  check_outputs(guarded("permute chain", [&] { return exe.run(inputs, ro); }), run_reference(g, inputs),
+                stream_mode_name(mode));
+}
