@@ -1,19 +1,24 @@
 // The runtime's backend hook (ThreadRuntimeOptions::make_backend), the kernel check of load()
 // (Backend::has_kernel: lowering without fusion for a backend with no fused kernels, a clear
-// error for any other missing kernel). A CPU backend behind a wrapper that hides some kernels
-// stands in for a GPU backend that lacks them.
+// error for any other missing kernel), and the file rendezvous of process_group.hpp. A CPU
+// backend behind a wrapper that hides some kernels stands in for a GPU backend that lacks them.
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <filesystem>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/cuda.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/process_group.hpp"
 #include "tessel/runtime/reference.hpp"
 
 using namespace tessel;
@@ -137,4 +142,60 @@ TEST_CASE("make_backend returning nothing is an error naming the device", "[runt
     return make_cpu_backend();
   };
   CHECK_THROWS_WITH(ThreadRuntime(3, o), Catch::Contains("no backend for device 1 of 3"));
+}
+
+TEST_CASE("CUDA runtime without a GPU or without CUDA is a clear error and not a crash", "[runtime][cuda]") {
+  if (cuda_device_count() > 0) return;  // a GPU machine runs the gpu suite instead
+  CHECK_THROWS_AS(CudaRuntime(2), RuntimeError);
+  CHECK_THROWS_WITH(CudaRuntime(2), Catch::Contains("no CUDA GPU is visible") || Catch::Contains("without CUDA"));
+  Graph g;
+  g.mark_output(g.add_input("x", DType::f32, {4}));
+  Executable exe = compile(g, Mesh::parse("x=1"));
+  CHECK_THROWS_AS(run_on_cuda(exe, random_inputs(g, 1)), RuntimeError);
+}
+
+TEST_CASE("file rendezvous: every rank gets every rank's bytes round after round", "[process-group]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("tessel-rdv-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  const int n = 3;
+  std::vector<std::vector<std::vector<std::string>>> got(n);
+  std::vector<std::string> errors(n);
+  {
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          FileRendezvousOptions o;
+          o.rank = r, o.size = n, o.local_rank = r, o.dir = dir.string(), o.timeout_s = 60;
+          auto pg = file_process_group(o);
+          for (int round = 0; round < 4; ++round)
+            got[r].push_back(pg->allgather(std::string(static_cast<std::size_t>(r + round), char('a' + r))));
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+  }
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    for (int round = 0; round < 4; ++round)
+      for (int from = 0; from < n; ++from)
+        CHECK(got[r][round][from] == std::string(static_cast<std::size_t>(from + round), char('a' + from)));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("file rendezvous: a missing peer times out naming it", "[process-group]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("tessel-rdv-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  FileRendezvousOptions o;
+  o.rank = 0, o.size = 2, o.dir = dir.string(), o.timeout_s = 0.2;
+  auto pg = file_process_group(o);
+  CHECK_THROWS_WITH(pg->allgather("x"), Catch::Contains("for ranks 1 of 2"));
+  o.rank = 2;
+  CHECK_THROWS_WITH(file_process_group(o), Catch::Contains("not a valid process"));
+  fs::remove_all(dir);
 }
