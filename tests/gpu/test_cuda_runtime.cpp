@@ -1,12 +1,10 @@
 // GPU tests of CudaRuntime (label gpu; skipped without a GPU, see gpu_main.cpp):
-//  * every op kind of the registry has a CUDA kernel, except the kinds only a lowering pass
-//    makes, which load() then keeps the lowering from making (Backend::has_kernel);
-//  * load(exe, CudaRuntime): device-resident arrays over several steps == reference, with
-//    fusion asked for (and turned off by load), donation, a second run, cancel between runs;
+//  * every op kind of the registry has a CUDA kernel (Backend::has_kernel says so, and load()
+//    keeps fusion on);
+//  * load(exe, CudaRuntime): device-resident arrays over several steps == reference, fused
+//    (fused_elementwise and fused_softmax kernels), donation, a second run, cancel between runs;
 //  * placement errors (a GPU that does not exist) name the GPU.
 #include <catch2/catch.hpp>
-
-#include <set>
 
 #include "../unit/test_util.hpp"
 #include "gpu_test_util.hpp"
@@ -20,28 +18,19 @@
 
 using namespace tessel;
 
-namespace {
-// Made only by the fuse-elementwise lowering pass, which load() turns off for a backend
-// without them. Adding a kind here needs a pass that load() can turn off the same way.
-const std::set<OpKind> kLoweringOnly = {OpKind::FusedElementwise, OpKind::FusedSoftmax};
-}  // namespace
-
 TEST_CASE("every op kind of the registry has a CUDA kernel", "[gpu][registry]") {
   std::vector<std::string> missing;
-  for (OpKind k : all_op_kinds()) {
-    if (k == OpKind::Input || kLoweringOnly.count(k)) continue;
-    if (!cuda_has_kernel(k)) missing.push_back(op_name(k));
-  }
+  for (OpKind k : all_op_kinds())
+    if (k != OpKind::Input && !cuda_has_kernel(k)) missing.push_back(op_name(k));
   INFO("op kinds without a CUDA kernel: " << join(missing, ", ")
                                           << " (add one in kernels/ and src/runtime/cuda/cuda_kernels.cpp)");
   CHECK(missing.empty());
-  // The kinds the lowering makes: either a kernel, or load() lowers without them.
+  // So load() keeps the fuse-elementwise pass on CUDA (Backend::has_kernel).
   CudaRuntime rt(1);
   ProgramPassOptions want_fusion;
   want_fusion.fuse_elementwise = true;
-  const bool fused_kernels = cuda_has_kernel(OpKind::FusedElementwise) && cuda_has_kernel(OpKind::FusedSoftmax);
-  CHECK(lowering_for(rt, want_fusion).fuse_elementwise == fused_kernels);
-  CHECK(rt.local().backend(0).has_kernel(OpKind::Einsum));
+  CHECK(lowering_for(rt, want_fusion).fuse_elementwise);
+  for (OpKind k : all_op_kinds()) CHECK(rt.local().backend(0).has_kernel(k) == (k != OpKind::Input));
 }
 
 TEST_CASE("load on a CudaRuntime: device-resident steps and donation and cancel", "[gpu][runtime]") {
@@ -56,10 +45,12 @@ TEST_CASE("load on a CudaRuntime: device-resident steps and donation and cancel"
   CHECK(rt.name() == "cuda");
   for (int64_t d = 0; d < rt.num_devices(); ++d) CHECK(rt.local().backend(d).name() == "cuda");
   LoadOptions lo;
-  lo.lowering.fuse_elementwise = true;  // asked for; the CUDA backend has no fused kernels
+  lo.lowering.fuse_elementwise = true;  // fused_elementwise and fused_softmax on the GPU
   LoadedExecutable le = load(exe, rt, lo);
+  int fused = 0;
   for (const Instr& i : le.program().instrs)
-    if (i.kind == InstrKind::Kernel) CHECK(rt.local().backend(0).has_kernel(i.op));
+    fused += i.kind == InstrKind::Kernel && (i.op == OpKind::FusedElementwise || i.op == OpKind::FusedSoftmax);
+  CHECK(fused > 0);
   std::vector<ShardedArray> args;
   for (std::size_t i = 0; i < in.size(); ++i) args.push_back(le.to_device(i, in[i]));
   for (int step = 0; step < 3; ++step) {
