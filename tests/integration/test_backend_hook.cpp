@@ -152,6 +152,10 @@ TEST_CASE("CUDA runtime without a GPU or without CUDA is a clear error and not a
   g.mark_output(g.add_input("x", DType::f32, {4}));
   Executable exe = compile(g, Mesh::parse("x=1"));
   CHECK_THROWS_AS(run_on_cuda(exe, random_inputs(g, 1)), RuntimeError);
+  // Before any launcher bootstrap (which could wait for other processes).
+  CHECK_THROWS_WITH(make_cuda_runtime(Mesh::parse("x=2")),
+                    Catch::Contains("make_cuda_runtime") &&
+                        (Catch::Contains("no CUDA GPU is visible") || Catch::Contains("without CUDA")));
 }
 
 TEST_CASE("file rendezvous: every rank gets every rank's bytes round after round", "[process-group]") {

@@ -17,6 +17,7 @@
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/process_group.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/thread_runtime.hpp"
 #include "tessel/text.hpp"
@@ -246,6 +247,35 @@ TEST_CASE("mpi: file rendezvous between the processes", "[mpi]") {
   auto all = file_rendezvous(dir, "job", rt.rank(), rt.world_size(), fmt::format("hello from {}\n\0x", rt.rank()), 60);
   REQUIRE(static_cast<int>(all.size()) == rt.world_size());
   for (int r = 0; r < rt.world_size(); ++r) CHECK(all[r] == fmt::format("hello from {}\n\0x", r));
+}
+
+TEST_CASE("mpi: process groups (MPI and file) allgather every rank's bytes in rank order", "[mpi]") {
+  // What a CudaRuntime bootstraps NCCL with (cuda.hpp): rank 0's unique id reaches every rank.
+  std::shared_ptr<ProcessGroup> pg = process_group_from_env();
+  REQUIRE(pg);
+  CHECK(pg->name() == "mpi");
+  int rank = -1, size = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  CHECK(pg->rank() == rank);
+  CHECK(pg->size() == size);
+  for (int round = 0; round < 3; ++round) {  // empty, short and uneven payloads
+    const std::string mine = round == 0 ? std::string() : std::string(static_cast<std::size_t>(rank * round), char('a' + rank));
+    const auto all = pg->allgather(mine);
+    REQUIRE(static_cast<int>(all.size()) == size);
+    for (int r = 0; r < size; ++r)
+      CHECK(all[static_cast<std::size_t>(r)] ==
+            (round == 0 ? std::string() : std::string(static_cast<std::size_t>(r * round), char('a' + r))));
+  }
+  // The file rendezvous with the same ranks, in a directory every process names alike.
+  FileRendezvousOptions fo;
+  fo.rank = rank, fo.size = size, fo.local_rank = pg->local_rank(), fo.timeout_s = 60;
+  fo.dir = fmt::format("{}/pg-rendezvous-{}", TESSEL_BINARY_DIR, bcast(static_cast<uint64_t>(std::random_device{}())));
+  auto fg = file_process_group(fo);
+  for (int round = 0; round < 2; ++round) {
+    const auto all = fg->allgather(fmt::format("{}:{}", round, rank));
+    for (int r = 0; r < size; ++r) CHECK(all[static_cast<std::size_t>(r)] == fmt::format("{}:{}", round, r));
+  }
 }
 
 TEST_CASE("mpi: property: partitioned run on the MPI runtime == reference", "[mpi][property]") {
