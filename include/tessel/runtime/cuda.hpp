@@ -96,7 +96,10 @@ std::string nccl_unique_id();
 // k = num_devices (the same on every process). The collectives are one NCCL world over every
 // process (the unique id made by rank 0 and shared through the process group at every
 // make_world); to_host gathers through the process group. load, to_device, run and to_host
-// are collective over the processes (SPMD).
+// are collective over the processes (SPMD). A failure or cancel aborts this process's NCCL
+// communicators only; the others fail when their NCCL calls do or their collective timeout
+// passes. As with MpiRuntime, a failed multi-process job is restarted, not repaired: a run
+// after an abort would make a new world on this process alone and wait for the others.
 //
 // GPU placement of local device i: num_gpus >= 1: GPU backend.device + i % num_gpus (on
 // every process alike, e.g. when the launcher gives each process its GPU through
