@@ -3,7 +3,8 @@
 //    keeps fusion on);
 //  * load(exe, CudaRuntime): device-resident arrays over several steps == reference, fused
 //    (fused_elementwise and fused_softmax kernels), donation, a second run, cancel between runs;
-//  * placement errors (a GPU that does not exist) name the GPU.
+//  * placement errors (a GPU that does not exist) name the GPU;
+//  * collective-matmul rings (uni and bi) on 4 virtual devices == reference.
 #include <catch2/catch.hpp>
 
 #include "../unit/test_util.hpp"
@@ -89,4 +90,40 @@ TEST_CASE("CudaRuntime placement errors name the GPU", "[gpu][runtime][errors]")
   o.backend.device = cuda_device_count();
   CHECK_THROWS_WITH(CudaRuntime(1, o), Catch::Contains("would run on GPU") && Catch::Contains("visible"));
   CHECK_THROWS_WITH(CudaRuntime(0), Catch::Contains("num_devices must be >= 1"));
+}
+
+TEST_CASE("collective-matmul rings on CUDA virtual devices == reference", "[gpu][collective_matmul]") {
+  // The sequence-parallel MLP on a ring of 4 virtual devices: the rings' permutes run on the
+  // comm streams and the partial einsums on compute, ordered by the program's events.
+  Graph g = parse_graph(R"(
+mesh model=4
+%x = input f32[8,6] sharding=[{model}, {}]
+%w1 = input f32[6,8] sharding=[{}, {model}]
+%w2 = input f32[8,6] sharding=[{model}, {}]
+%u = einsum(%x, %w1) eq="td,df->tf" sharding=[{}, {model}]
+%a = gelu(%u)
+%y = einsum(%a, %w2) eq="tf,fd->td" sharding=[{model}, {}]
+output %y
+)", "mlp.tsl");
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("gpu: collective-matmul rings on CUDA virtual devices", seed, 2);
+  Executable exe = compile(g, *g.mesh);
+  const auto inputs = random_inputs(g, seed);
+  const auto want = run_reference(g, inputs);
+  CudaRuntime rt(4);
+  for (RingDirection dir : {RingDirection::Uni, RingDirection::Bi}) {
+    LoadOptions lo;
+    lo.lowering.collective_matmul.mode = OverlapMode::On;
+    lo.lowering.collective_matmul.direction = dir;
+    LoadedExecutable prog = load(exe, rt, lo);
+    REQUIRE(prog.program().summary().collective_permute >= 3);
+    std::vector<ShardedArray> args;
+    for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
+    RunOptions ro;
+    ro.poison = true;
+    RunResult r = prog.run(args, ro);
+    const CompareResult cmp = compare(prog.to_host(r.outputs[0], /*check_replicas=*/true), want[0]);
+    INFO((dir == RingDirection::Uni ? "uni: " : "bi: ") << cmp.to_string());
+    CHECK(cmp.max_rel_err <= 1e-5);
+  }
 }
