@@ -93,37 +93,10 @@ TEST_CASE("CudaRuntime placement errors name the GPU", "[gpu][runtime][errors]")
 }
 
 TEST_CASE("collective-matmul rings on CUDA virtual devices == reference", "[gpu][collective_matmul]") {
-  // The sequence-parallel MLP on a ring of 4 virtual devices: the rings' permutes run on the
-  // comm streams and the partial einsums on compute, ordered by the program's events.
-  Graph g = parse_graph(R"(
-mesh model=4
-%x = input f32[8,6] sharding=[{model}, {}]
-%w1 = input f32[6,8] sharding=[{}, {model}]
-%w2 = input f32[8,6] sharding=[{model}, {}]
-%u = einsum(%x, %w1) eq="td,df->tf" sharding=[{}, {model}]
-%a = gelu(%u)
-%y = einsum(%a, %w2) eq="tf,fd->td" sharding=[{model}, {}]
-output %y
-)", "mlp.tsl");
+  // The rings' permutes run on the comm streams of 4 virtual devices and the partial einsums
+  // on compute, ordered by the program's events.
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("gpu: collective-matmul rings on CUDA virtual devices", seed, 2);
-  Executable exe = compile(g, *g.mesh);
-  const auto inputs = random_inputs(g, seed);
-  const auto want = run_reference(g, inputs);
   CudaRuntime rt(4);
-  for (RingDirection dir : {RingDirection::Uni, RingDirection::Bi}) {
-    LoadOptions lo;
-    lo.lowering.collective_matmul.mode = OverlapMode::On;
-    lo.lowering.collective_matmul.direction = dir;
-    LoadedExecutable prog = load(exe, rt, lo);
-    REQUIRE(prog.program().summary().collective_permute >= 3);
-    std::vector<ShardedArray> args;
-    for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
-    RunOptions ro;
-    ro.poison = true;
-    RunResult r = prog.run(args, ro);
-    const CompareResult cmp = compare(prog.to_host(r.outputs[0], /*check_replicas=*/true), want[0]);
-    INFO((dir == RingDirection::Uni ? "uni: " : "bi: ") << cmp.to_string());
-    CHECK(cmp.max_rel_err <= 1e-5);
-  }
+  tessel_test::check_sequence_parallel_rings(rt, seed);
 }

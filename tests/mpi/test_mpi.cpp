@@ -330,35 +330,6 @@ TEST_CASE("mpi: property: partitioned run on the MPI runtime == reference", "[mp
 TEST_CASE("mpi: collective-matmul rings across processes == reference", "[mpi][collective_matmul]") {
   // The sequence-parallel MLP on a ring of 4 spread over the processes: the permutes of the
   // rings (uni and bi) cross process boundaries.
-  Graph g = parse_graph(R"(
-mesh model=4
-%x = input f32[8,6] sharding=[{model}, {}]
-%w1 = input f32[6,8] sharding=[{}, {model}]
-%w2 = input f32[8,6] sharding=[{model}, {}]
-%u = einsum(%x, %w1) eq="td,df->tf" sharding=[{}, {model}]
-%a = gelu(%u)
-%y = einsum(%a, %w2) eq="tf,fd->td" sharding=[{model}, {}]
-output %y
-)", "mlp.tsl");
-  const uint64_t seed = bcast(tessel_test::seed());
-  INFO("seed " << seed);
-  Executable exe = compile(g, *g.mesh);
-  auto inputs = random_inputs(g, seed);
-  const auto want = run_reference(g, inputs);
-  for (RingDirection dir : {RingDirection::Uni, RingDirection::Bi}) {
-    MpiRuntime rt(test_options(StreamMode::Async));
-    LoadOptions lo;
-    lo.lowering.collective_matmul.mode = OverlapMode::On;
-    lo.lowering.collective_matmul.direction = dir;
-    LoadedExecutable prog = load(exe, rt, lo);
-    REQUIRE(prog.program().summary().collective_permute >= 3);
-    std::vector<ShardedArray> args;
-    for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
-    RunOptions ro;
-    ro.poison = true;
-    auto r = prog.run(args, ro);
-    CompareResult cmp = compare(prog.to_host(r.outputs[0], /*check_replicas=*/true), want[0]);
-    INFO(cmp.to_string());
-    CHECK(cmp.max_rel_err <= 1e-5);
-  }
+  MpiRuntime rt(test_options(StreamMode::Async));
+  tessel_test::check_sequence_parallel_rings(rt, bcast(tessel_test::seed()));
 }
