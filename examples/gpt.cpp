@@ -4,7 +4,7 @@
 //
 //   build/bin/gpt [--mesh data=2,model=4] [--batch 8] [--seq 64] [--d-model 128] [--heads 4]
 //                 [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]
-//                 [--trace FILE] [--print-program]
+//                 [--trace FILE] [--print-program] [--backend cpu|cuda] [--gpus N]
 //
 // Prints the loss, the loss of the same inputs on one device and their relative
 // difference, tokens/s, peak bytes per device, and the collectives summary line of
@@ -12,6 +12,12 @@
 //
 // Under mpirun (e.g. `mpirun -np 2 build/bin/gpt --mesh data=2,model=2`) it runs on the MPI
 // runtime: each process owns devices/np devices of the mesh, and only rank 0 prints.
+//
+// --backend cuda runs on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
+// device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
+// on the GPUs; under mpirun or a RANK/WORLD_SIZE launcher (with TESSEL_RENDEZVOUS_DIR), one
+// NCCL world over the processes, each owning devices/np devices placed by local rank. Without
+// a GPU, or built without CUDA, it stops with an error saying so.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
+#include "tessel/runtime/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi_runtime.hpp"
@@ -34,14 +41,14 @@ namespace {
 const char* kUsage =
     "usage: gpt [--mesh data=2,model=4] [--batch 8] [--seq 64] [--d-model 128] [--heads 4]\n"
     "           [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]\n"
-    "           [--trace FILE] [--print-program]\n"
-    "A GPT-2-style decoder on N virtual CPU devices, checked against one device.\n";
+    "           [--trace FILE] [--print-program] [--backend cpu|cuda] [--gpus N]\n"
+    "A GPT-2-style decoder on N virtual CPU (or CUDA) devices, checked against one device.\n";
 
 int run(int argc, char** argv) {
   tessel::GptConfig cfg;
   std::string mesh_spec = "data=2,model=4", trace;
-  int iters = 3, threads = 1;
-  bool print_program = false;
+  int iters = 3, threads = 1, gpus = 0;
+  bool print_program = false, cuda = false;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -60,31 +67,46 @@ int run(int argc, char** argv) {
     else if (a == "--threads") threads = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
     else if (a == "--trace") trace = next();
     else if (a == "--print-program") print_program = true;
+    else if (a == "--backend") cuda = tessel::cli::parse_backend_is_cuda(a, next());
+    else if (a == "--gpus") gpus = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 1024));
     else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
   }
   tessel::Mesh mesh = tessel::Mesh::parse(mesh_spec);
   if (!mesh.has_axis(cfg.data_axis) || !mesh.has_axis(cfg.model_axis))
     throw tessel::Error(fmt::format("gpt: the mesh {} needs axes '{}' and '{}' (size 1 is fine)",
                                     mesh.to_string(), cfg.data_axis, cfg.model_axis));
-  // Under an MPI launcher: the MPI runtime, and only rank 0 prints.
-  std::unique_ptr<tessel::MpiRuntime> mpi;
-  if (tessel::launched_by_mpi()) {
+  // CUDA: a CudaRuntime (one process, or one NCCL world over the launcher's processes). CPU
+  // under an MPI launcher: the MPI runtime. Only rank 0 prints.
+  std::unique_ptr<tessel::Runtime> runtime;
+  if (cuda) {
+    runtime = tessel::make_cuda_runtime(mesh, {}, gpus);
+  } else if (tessel::launched_by_mpi()) {
     tessel::MpiRuntimeOptions mo;
     mo.kernel_threads = threads;
-    mpi = std::make_unique<tessel::MpiRuntime>(mo);
+    runtime = std::make_unique<tessel::MpiRuntime>(mo);
   }
-  const bool printer = !mpi || mpi->rank() == 0;
+  tessel::Runtime* const rt = runtime.get();
+  const bool printer = !rt || rt->process_rank() == 0;
   auto print = [&](const std::string& text) {
     if (printer) std::fputs(text.c_str(), stdout);
   };
   tessel::GptGraph m = tessel::build_gpt(cfg);
   if (printer) fmt::print("gpt: batch={} seq={} d_model={} heads={} layers={} vocab={} params={}\n", cfg.batch,
              cfg.seq, cfg.d_model, cfg.heads, cfg.layers, cfg.vocab, m.params);
-  if (mpi)
+  if (cuda) {
+    auto* c = static_cast<tessel::CudaRuntime*>(rt);
+    std::vector<int> used;
+    for (int64_t d = 0; d < c->num_devices(); ++d)
+      if (std::find(used.begin(), used.end(), c->gpu(d)) == used.end()) used.push_back(c->gpu(d));
+    print(fmt::format("mesh {} = {} CUDA devices, {} per process on {} process(es) ({}), {} GPU(s) per process: {}, "
+                      "seed {}\n",
+                      mesh.to_string(), mesh.num_devices(), c->num_devices(), c->process_count(), c->name(),
+                      used.size(), tessel::cuda_device_name(used[0]), seed));
+  } else if (rt) {
     print(fmt::format("mesh {} = {} CPU devices on {} MPI processes ({} per process), seed {}\n", mesh.to_string(),
-                      mesh.num_devices(), mpi->world_size(), mesh.num_devices() / std::max(1, mpi->world_size()),
+                      mesh.num_devices(), rt->process_count(), mesh.num_devices() / std::max(1, rt->process_count()),
                       seed));
-  else
+  } else
     print(fmt::format("mesh {} = {} virtual CPU devices, seed {}\n", mesh.to_string(), mesh.num_devices(), seed));
 
   auto t0 = std::chrono::steady_clock::now();
@@ -100,14 +122,18 @@ int run(int argc, char** argv) {
   std::vector<tessel::HostTensor> out;
   double best = 1e300;
   int64_t peak = 0;
-  if (mpi) {
+  if (rt) {
     // Every process runs the same steps (SPMD); inputs are made from the same seed everywhere.
-    tessel::LoadedExecutable prog = tessel::load(exe, *mpi);
+    tessel::LoadOptions lo;
+    lo.collective_timeout_s = cuda ? 300 : 0;  // a hung GPU collective fails instead of waiting forever
+    tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
     std::vector<tessel::ShardedArray> args;
     for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
     tessel::RunResult r;
     for (int it = 0; it < iters; ++it) {
-      ro.trace_path = it == iters - 1 && !trace.empty() ? fmt::format("{}.rank{}", trace, mpi->rank()) : "";
+      ro.trace_path = it == iters - 1 && !trace.empty()
+                          ? (rt->process_count() > 1 ? fmt::format("{}.rank{}", trace, rt->process_rank()) : trace)
+                          : "";
       auto s = std::chrono::steady_clock::now();
       r = prog.run(args, ro);
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
@@ -131,14 +157,15 @@ int run(int argc, char** argv) {
   const double tokens = static_cast<double>(cfg.batch * cfg.seq);
   fmt::print("compile: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms,
              m.graph.ops.size(), exe.program().instrs.size());
-  fmt::print("loss (partitioned, {} devices{}) = {:.7f}\n", mesh.num_devices(),
-             mpi ? fmt::format(", {} processes", mpi->world_size()) : "", loss);
+  fmt::print("loss (partitioned, {} {} devices{}) = {:.7f}\n", mesh.num_devices(), cuda ? "CUDA" : "CPU",
+             rt && rt->process_count() > 1 ? fmt::format(", {} processes", rt->process_count()) : "", loss);
   fmt::print("loss (reference, 1 device)    = {:.7f}\n", ref_loss);
   fmt::print("relative difference = {:.3g} ({})\n", rel, rel <= 1e-5 ? "ok, <= 1e-5" : "FAILED, > 1e-5");
   fmt::print("forward: {:.2f} ms, {:.0f} tokens/s (best of {})\n", best * 1e3, tokens / best, iters);
   fmt::print("peak bytes per device = {} ({:.2f} MiB)\n", peak, static_cast<double>(peak) / (1 << 20));
   if (!trace.empty())
-    fmt::print("trace written to {}{} (open in https://ui.perfetto.dev)\n", trace, mpi ? ".rank<N>" : "");
+    fmt::print("trace written to {}{} (open in https://ui.perfetto.dev)\n", trace,
+               rt && rt->process_count() > 1 ? ".rank<N>" : "");
   fmt::print("{}\n", exe.program().summary().line());
   return rel <= 1e-5 && std::isfinite(loss) ? 0 : 1;
 }

@@ -12,6 +12,7 @@
 //                       [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]
 //                       [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4]
 //                       [--no-reference] [--mixed] [--remat none|einsums|all] [--offload]
+//                       [--backend cpu|cuda] [--gpus N]
 //
 // Prints per step the loss, the one-device loss and their relative difference, the gradient
 // norm and tokens/s; then peak bytes per device and the collectives of the step. Exits 1 when
@@ -20,6 +21,11 @@
 // Under mpirun (e.g. `mpirun -np 2 build/bin/gpt_train --mesh data=2,model=2 --zero 2`) it
 // runs on the MPI runtime: each process owns devices/np devices of the mesh, every process
 // draws the same batches from the same seed, and only rank 0 prints.
+//
+// --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
+// device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
+// on the GPUs; under mpirun or a RANK/WORLD_SIZE launcher, one NCCL world over the processes.
+// Without a GPU, or built without CUDA, it stops with an error saying so.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -36,6 +42,7 @@
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
+#include "tessel/runtime/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi_runtime.hpp"
@@ -48,7 +55,7 @@ const char* kUsage =
     "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]\n"
     "                 [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
-    "                 [--mixed] [--remat none|einsums|all] [--offload]\n"
+    "                 [--mixed] [--remat none|einsums|all] [--offload] [--backend cpu|cuda] [--gpus N]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --mixed: bf16 activations with f32 master\n"
     "weights and moments (tolerance 5e-3 unless given). --remat: which activations the backward\n"
@@ -74,7 +81,8 @@ int run(int argc, char** argv) {
   cfg.vocab = 256;  // bytes
   tessel::TrainOptions to;
   std::string mesh_spec = "data=2,model=2", corpus_path = std::string(TESSEL_SOURCE_DIR) + "/data/corpus.txt";
-  int steps = 20, threads = 1;
+  int steps = 20, threads = 1, gpus = 0;
+  bool cuda = false;
   double lr = 3e-3, tolerance = 1e-4;
   bool reference = true, tolerance_given = false, offload = false;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
@@ -103,6 +111,8 @@ int run(int argc, char** argv) {
     else if (a == "--no-reference") reference = false;
     else if (a == "--remat") to.remat = tessel::parse_remat_policy(next());
     else if (a == "--offload") offload = true;
+    else if (a == "--backend") cuda = tessel::cli::parse_backend_is_cuda(a, next());
+    else if (a == "--gpus") gpus = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 1024));
     else if (a == "--mixed") {
       cfg.compute = tessel::DType::bf16;  // f32 master weights and moments, bf16 activations
       if (!tolerance_given) tolerance = 5e-3;
@@ -127,35 +137,38 @@ int run(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   tessel::TrainStep step = tessel::add_train_step(g, m.loss, m.weights, mesh, to);
   tessel::Executable exe = tessel::compile(g, mesh);
-  // Under an MPI launcher: the MPI runtime (this process owns a block of the devices), and
-  // only rank 0 prints; otherwise every device is a thread of this process.
+  // CUDA: a CudaRuntime (one process, or one NCCL world over the launcher's processes). CPU
+  // under an MPI launcher: the MPI runtime (this process owns a block of the devices).
+  // Otherwise every device is a CPU thread of this process. Only rank 0 prints.
   std::unique_ptr<tessel::Runtime> rt;
-  tessel::MpiRuntime* mpi = nullptr;
-  if (tessel::launched_by_mpi()) {
+  if (cuda) {
+    rt = tessel::make_cuda_runtime(mesh, {}, gpus);
+  } else if (tessel::launched_by_mpi()) {
     tessel::MpiRuntimeOptions mo;
     mo.kernel_threads = threads;
-    auto r = std::make_unique<tessel::MpiRuntime>(mo);
-    mpi = r.get();
-    rt = std::move(r);
+    rt = std::make_unique<tessel::MpiRuntime>(mo);
   } else {
     tessel::ThreadRuntimeOptions tro;
     tro.kernel_threads = threads;
     rt = std::make_unique<tessel::ThreadRuntime>(mesh.num_devices(), tro);
   }
-  const bool printer = !mpi || mpi->rank() == 0;
+  const bool printer = rt->process_rank() == 0;
   auto print = [&](const std::string& text) {
     if (printer) std::fputs(text.c_str(), stdout);
   };
   tessel::LoadOptions lo;
   lo.donate = step.donations();
   if (offload) lo.lowering.offload_min_bytes = 16 << 10;
+  if (cuda) lo.collective_timeout_s = 300;  // a hung GPU collective fails instead of waiting forever
   tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   print(fmt::format("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab={} params={} corpus={} bytes\n",
                     cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.layers, cfg.vocab, m.params, corpus.size()));
-  print(fmt::format("mesh {} = {} CPU devices{}, zero={}, remat={}, lr={}, {}, seed {}\n", mesh.to_string(),
-                    mesh.num_devices(),
-                    mpi ? fmt::format(" on {} MPI processes", mpi->world_size()) : std::string(" (virtual)"), to.zero,
+  print(fmt::format("mesh {} = {} {} devices{}, zero={}, remat={}, lr={}, {}, seed {}\n", mesh.to_string(),
+                    mesh.num_devices(), cuda ? "CUDA" : "CPU",
+                    rt->process_count() > 1 ? fmt::format(" on {} processes ({})", rt->process_count(), rt->name())
+                                            : std::string(" (virtual)"),
+                    to.zero,
                     tessel::remat_policy_name(to.remat), lr, cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
   print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms, g.ops.size(),
                     prog.program().instrs.size()));

@@ -74,6 +74,46 @@ void where(const int32_t* cond, const void* a, const void* b, void* out, std::si
 // Any dtype to any dtype: float -> i32 truncates, saturates, NaN -> 0; i32 -> float rounds once.
 void cast(const void* in, DType from, void* out, DType to, int64_t n, StreamHandle s);
 
+// ---- fused expressions (fused_elementwise, fused_softmax's prologue) ----------------------------
+// The expression of tessel/fused_expr.hpp as straight-line steps, evaluated per result element
+// by one thread (fused.cu): operands read through broadcast strides and converted to f32 (i32
+// stays i32), each float step computed with the unfused op's per-element code and rounded to
+// its dtype (as the unfused chain's intermediate buffer would be), the last step stored in the
+// result's dtype. The limits are the fuse-elementwise pass's (src/fuse_elementwise.cpp).
+constexpr int kMaxFusedSteps = 64;
+constexpr int kMaxFusedOperands = 16;
+
+enum class FusedKind : int8_t { Operand, Literal, Unary, Binary, Compare, Where, Cast, CausalMask };
+
+struct FusedStep {
+  int8_t kind = 0;     // FusedKind
+  int8_t op = 0;       // Unary or Binary (comparisons included)
+  int8_t dtype = 0;    // the step's dtype (a DType)
+  int8_t arg_dtype = 0;  // the dtype of argument 0 (Binary/Compare: i32 math; Cast: the source)
+  int16_t arg[3] = {-1, -1, -1};  // earlier steps
+  int16_t operand = -1;           // Operand: which
+  float lit_f = 0;                // Literal (float dtypes, already rounded to dtype)
+  int32_t lit_i = 0;              // Literal (i32)
+};
+
+struct FusedProgram {
+  int nsteps = 0;
+  int noperands = 0;
+  int rank = 0;                      // of the result
+  int64_t shape[kMaxRank] = {};      // the result's shape
+  int64_t stride[kMaxFusedOperands][kMaxRank] = {};  // per operand, broadcast to the result
+  const void* in[kMaxFusedOperands] = {};
+  int8_t in_dtype[kMaxFusedOperands] = {};
+  FusedStep steps[kMaxFusedSteps];
+  // causal_mask steps: -inf where key + koff > query + qoff (the result's last two dims are
+  // [query, key]; the offsets are the result block's global position).
+  int64_t qoff = 0, koff = 0;
+};
+
+// out (dtype out_t, the result's shape, contiguous) = the program's last step. out may be the
+// buffer of an operand of the result's shape (each element reads its operands first).
+void fused_elementwise(const FusedProgram& p, void* out, DType out_t, StreamHandle s);
+
 // ---- reductions -------------------------------------------------------------------------------
 enum class Reduce : int { Sum, Max, Mean };
 // out[o] (contiguous, dtype t) = reduce over r in `reduced` of in[kept.off(o) + reduced.off(r)]

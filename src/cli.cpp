@@ -66,6 +66,12 @@ double parse_double(const std::string& flag, const std::string& text, double lo,
   return v;
 }
 
+bool parse_backend_is_cuda(const std::string& flag, const std::string& text) {
+  if (text == "cpu") return false;
+  if (text == "cuda") return true;
+  throw UsageError(fmt::format("{}: '{}' is not a backend (expected cpu or cuda)", flag, text));
+}
+
 std::string usage_explain() {
   return "usage: tessel-explain FILE [--mesh data=2,model=4] [--why] [--device N] [--show VALUE]\n"
          "                      [--links SPEC|@FILE] [--dump-after=STEP] [--no-fusion]\n"

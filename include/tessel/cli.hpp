@@ -30,6 +30,8 @@ uint64_t parse_u64(const std::string& flag, const std::string& text);
 int64_t parse_i64(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);
 // A finite double in [lo, hi].
 double parse_double(const std::string& flag, const std::string& text, double lo, double hi);
+// --backend of the examples: "cpu" (false) or "cuda" (true); UsageError naming the flag otherwise.
+bool parse_backend_is_cuda(const std::string& flag, const std::string& text);
 
 // tessel-explain's options (see examples/explain.cpp for what each does).
 struct ExplainOptions {

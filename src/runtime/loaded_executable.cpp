@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "tessel/executable.hpp"
+#include "tessel/ops.hpp"
 #include "tessel/program_passes.hpp"
 #include "tessel/program_verify.hpp"
 #include "tessel/runtime/block_copy.hpp"
@@ -217,18 +218,42 @@ std::size_t LoadedExecutable::output_index(const std::string& name) const {
   return index_of(impl_->output_names, name, "output");
 }
 
+ProgramPassOptions lowering_for(Runtime& rt, ProgramPassOptions lowering) {
+  ThreadRuntime& lr = rt.local();
+  for (int64_t d = 0; d < lr.num_devices(); ++d) {
+    const Backend& be = lr.backend(d);
+    // fuse-elementwise is the only pass that makes these two kinds: without their kernels the
+    // program runs unfused (the ops it would have fused have kernels of their own).
+    if (!be.has_kernel(OpKind::FusedElementwise) || !be.has_kernel(OpKind::FusedSoftmax))
+      lowering.fuse_elementwise = false;
+  }
+  return lowering;
+}
+
+void check_program_kernels(const Program& program, const Backend& backend, int64_t device) {
+  for (std::size_t i = 0; i < program.instrs.size(); ++i) {
+    const Instr& in = program.instrs[i];
+    if (in.kind != InstrKind::Kernel || backend.has_kernel(in.op)) continue;
+    const std::string out = in.out >= 0 ? "%" + program.values[static_cast<std::size_t>(in.out)].name : "(no result)";
+    throw RuntimeError(fmt::format("load: instruction #{} ({} = {}) of local device {}: {}", i, out, op_name(in.op),
+                                   device, missing_kernel_message(in.op, backend.name())));
+  }
+}
+
 LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& options) {
   auto impl = std::make_unique<LoadedExecutable::Impl>();
   impl->rt = &rt;
-  impl->program = lower_program(exe.program(), /*verify=*/false, options.lowering);
-  verify_program(impl->program);
-  impl->options = options;
-  const Program& p = impl->program;
   const double t = options.collective_timeout_s;
   if (std::isnan(t) || t < 0)
     throw RuntimeError(fmt::format("load: collective_timeout_s must be >= 0 seconds (0 or inf: no timeout), got {}", t));
-  impl->positions = rt.devices_for(p.mesh);  // throws on a runtime that cannot run this mesh
+  impl->positions = rt.devices_for(exe.mesh());  // throws on a runtime that cannot run this mesh
   impl->local = &rt.local();
+  // Lowered for the local backends: no pass makes a kernel one of them lacks.
+  impl->program = lower_program(exe.program(), /*verify=*/false, lowering_for(rt, options.lowering));
+  verify_program(impl->program);
+  impl->options = options;
+  const Program& p = impl->program;
+  for (int64_t d = 0; d < impl->local->num_devices(); ++d) check_program_kernels(p, impl->local->backend(d), d);
   for (int v : exe.graph().inputs) impl->input_names.push_back(exe.graph().values[v].name);
   impl->user_input_shapes = exe.user_input_shapes();
   for (int v : exe.graph().outputs) impl->output_names.push_back(exe.graph().values[v].name);

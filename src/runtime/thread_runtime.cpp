@@ -123,6 +123,10 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
   // the machine has a hardware thread for each of them (spin.hpp).
   const int64_t busy_threads = num_devices * (options_.stream_mode == StreamMode::Async ? 3 : 1);
   spin_us_ = detail::spin_budget_us(options_.spin_us, busy_threads);
+  // A backend of the caller's (make_backend): its streams are not CPU streams, so there is no
+  // inline CPU stream to run serial programs on.
+  const bool own_backend = static_cast<bool>(options_.make_backend);
+  if (own_backend) options_.inline_serial_programs = false;
   CpuBackendOptions bo;
   bo.mode = options_.stream_mode;
   bo.kernel_threads = options_.kernel_threads;
@@ -132,11 +136,18 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
     devices_.reserve(static_cast<std::size_t>(num_devices));
     for (int64_t d = 0; d < num_devices; ++d) {
       auto dev = std::make_unique<detail::RuntimeDevice>();
-      dev->backend = make_cpu_backend(bo);
+      if (own_backend) {
+        dev->backend = options_.make_backend(d);
+        if (!dev->backend)
+          throw RuntimeError(fmt::format("ThreadRuntime: make_backend returned no backend for device {} of {}", d,
+                                         num_devices));
+      } else {
+        dev->backend = make_cpu_backend(bo);
+      }
       dev->compute = dev->backend->create_stream(fmt::format("device {} compute", d));
       dev->comm = dev->backend->create_stream(fmt::format("device {} comm", d));
       dev->transfer = dev->backend->create_stream(fmt::format("device {} transfer", d));
-      if (options_.stream_mode == StreamMode::Async)
+      if (options_.stream_mode == StreamMode::Async && !own_backend)
         dev->inline_compute = std::make_unique<detail::CpuStream>(StreamMode::Eager, fmt::format("device {} inline", d), spin_us_);
       dev->job_spin = std::make_unique<detail::SpinWait>(spin_us_);
       dev->completion = completion_.get();

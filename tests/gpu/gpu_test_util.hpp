@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "tessel/models/gpt.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel_gpu_test {
@@ -25,6 +26,13 @@ inline tessel::HostTensor converted(const tessel::HostTensor& t, tessel::DType t
   tessel::HostTensor r(to, t.shape());
   for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
   return r;
+}
+
+// The GPT of the GPU tests: batch 4, seq 16, d_model 32, 4 heads, vocab 64.
+inline tessel::GptGraph tiny_gpt(int64_t layers) {
+  tessel::GptConfig cfg;
+  cfg.batch = 4, cfg.seq = 16, cfg.d_model = 32, cfg.heads = 4, cfg.layers = layers, cfg.vocab = 64;
+  return tessel::build_gpt(cfg);
 }
 
 }  // namespace tessel_gpu_test

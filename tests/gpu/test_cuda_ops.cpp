@@ -248,9 +248,7 @@ TEST_CASE("collectives on NCCL", "[gpu][nccl]") {
     tessel_gpu_test::skip("NCCL needs 2 GPUs here (NCCL < 2.30 refuses two ranks on one GPU)");
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("gpu: collectives on NCCL", seed, 1);
-  GptConfig cfg;
-  cfg.batch = 4, cfg.seq = 16, cfg.d_model = 32, cfg.heads = 4, cfg.layers = 1, cfg.vocab = 64;
-  GptGraph m = build_gpt(cfg);
+  GptGraph m = tessel_gpu_test::tiny_gpt(1);
   const Mesh mesh = Mesh::parse("data=1,model=2");
   Executable exe = compile(m.graph, mesh);
   const auto in = random_inputs(m.graph, seed);
@@ -265,9 +263,7 @@ TEST_CASE("collectives on NCCL", "[gpu][nccl]") {
 TEST_CASE("GPT forward on data=2 model=4 virtual devices matches the CPU loss", "[gpu][models]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("gpu: GPT forward on data=2 model=4 virtual devices matches the CPU loss", seed, 1);
-  GptConfig cfg;
-  cfg.batch = 4, cfg.seq = 16, cfg.d_model = 32, cfg.heads = 4, cfg.layers = 2, cfg.vocab = 64;
-  GptGraph m = build_gpt(cfg);
+  GptGraph m = tessel_gpu_test::tiny_gpt(2);
   const auto in = random_inputs(m.graph, seed);
   const auto want = run_reference(m.graph, in);
   for (const char* spec : {"data=1,model=1", "data=2,model=4"}) {

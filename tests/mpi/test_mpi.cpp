@@ -17,6 +17,7 @@
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/process_group.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/thread_runtime.hpp"
 #include "tessel/text.hpp"
@@ -249,6 +250,35 @@ TEST_CASE("mpi: file rendezvous between the processes", "[mpi]") {
   for (int r = 0; r < rt.world_size(); ++r) CHECK(all[r] == fmt::format("hello from {}\n\0x", r));
 }
 
+TEST_CASE("mpi: process groups (MPI and file) allgather every rank's bytes in rank order", "[mpi]") {
+  // What a CudaRuntime bootstraps NCCL with (cuda.hpp): rank 0's unique id reaches every rank.
+  std::shared_ptr<ProcessGroup> pg = process_group_from_env();
+  REQUIRE(pg);
+  CHECK(pg->name() == "mpi");
+  int rank = -1, size = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  CHECK(pg->rank() == rank);
+  CHECK(pg->size() == size);
+  for (int round = 0; round < 3; ++round) {  // empty, short and uneven payloads
+    const std::string mine = round == 0 ? std::string() : std::string(static_cast<std::size_t>(rank * round), char('a' + rank));
+    const auto all = pg->allgather(mine);
+    REQUIRE(static_cast<int>(all.size()) == size);
+    for (int r = 0; r < size; ++r)
+      CHECK(all[static_cast<std::size_t>(r)] ==
+            (round == 0 ? std::string() : std::string(static_cast<std::size_t>(r * round), char('a' + r))));
+  }
+  // The file rendezvous with the same ranks, in a directory every process names alike.
+  FileRendezvousOptions fo;
+  fo.rank = rank, fo.size = size, fo.local_rank = pg->local_rank(), fo.timeout_s = 60;
+  fo.dir = fmt::format("{}/pg-rendezvous-{}", TESSEL_BINARY_DIR, bcast(static_cast<uint64_t>(std::random_device{}())));
+  auto fg = file_process_group(fo);
+  for (int round = 0; round < 2; ++round) {
+    const auto all = fg->allgather(fmt::format("{}:{}", round, rank));
+    for (int r = 0; r < size; ++r) CHECK(all[static_cast<std::size_t>(r)] == fmt::format("{}:{}", round, r));
+  }
+}
+
 TEST_CASE("mpi: property: partitioned run on the MPI runtime == reference", "[mpi][property]") {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -301,35 +331,6 @@ TEST_CASE("mpi: property: partitioned run on the MPI runtime == reference", "[mp
 TEST_CASE("mpi: collective-matmul rings across processes == reference", "[mpi][collective_matmul]") {
   // The sequence-parallel MLP on a ring of 4 spread over the processes: the permutes of the
   // rings (uni and bi) cross process boundaries.
-  Graph g = parse_graph(R"(
-mesh model=4
-%x = input f32[8,6] sharding=[{model}, {}]
-%w1 = input f32[6,8] sharding=[{}, {model}]
-%w2 = input f32[8,6] sharding=[{model}, {}]
-%u = einsum(%x, %w1) eq="td,df->tf" sharding=[{}, {model}]
-%a = gelu(%u)
-%y = einsum(%a, %w2) eq="tf,fd->td" sharding=[{model}, {}]
-output %y
-)", "mlp.tsl");
-  const uint64_t seed = bcast(tessel_test::seed());
-  INFO("seed " << seed);
-  Executable exe = compile(g, *g.mesh);
-  auto inputs = random_inputs(g, seed);
-  const auto want = run_reference(g, inputs);
-  for (RingDirection dir : {RingDirection::Uni, RingDirection::Bi}) {
-    MpiRuntime rt(test_options(StreamMode::Async));
-    LoadOptions lo;
-    lo.lowering.collective_matmul.mode = OverlapMode::On;
-    lo.lowering.collective_matmul.direction = dir;
-    LoadedExecutable prog = load(exe, rt, lo);
-    REQUIRE(prog.program().summary().collective_permute >= 3);
-    std::vector<ShardedArray> args;
-    for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
-    RunOptions ro;
-    ro.poison = true;
-    auto r = prog.run(args, ro);
-    CompareResult cmp = compare(prog.to_host(r.outputs[0], /*check_replicas=*/true), want[0]);
-    INFO(cmp.to_string());
-    CHECK(cmp.max_rel_err <= 1e-5);
-  }
+  MpiRuntime rt(test_options(StreamMode::Async));
+  tessel_test::check_sequence_parallel_rings(rt, bcast(tessel_test::seed()));
 }

@@ -131,6 +131,15 @@ class Backend {
   // for every kernel instruction, so that the first run is as fast as later ones. Synchronous;
   // throws what run_kernel's kernel would throw for invalid args. Default: nothing to prepare.
   virtual void prepare_kernel(const KernelArgs& args) { (void)args; }
+  // Whether run_kernel has a kernel for op kind `kind`. load() asks every local backend: when
+  // one lacks a kind that only a lowering pass produces (fused_elementwise, fused_softmax:
+  // fuse-elementwise) it lowers without that pass; any other missing kind fails load with a
+  // RuntimeError naming the op, the instruction, the device and the backend
+  // (check_program_kernels in loaded_executable.hpp). Default: every kind (the CPU backend).
+  virtual bool has_kernel(OpKind kind) const {
+    (void)kind;
+    return true;
+  }
   // Runs fn on the host when s reaches this point (cudaLaunchHostFunc): for timestamps and
   // bookkeeping only, never for touching device memory. fn must not throw.
   virtual void launch_host_func(Stream& s, std::function<void()> fn) = 0;

@@ -4,6 +4,7 @@
 //
 //   int n = tessel::cuda_device_count();                // 0 without a GPU or driver: skip
 //   auto be = tessel::make_cuda_backend({.device = 0});  // one (virtual) device on GPU 0
+//   tessel::CudaRuntime rt(8);                            // load(exe, rt): 8 devices on GPU 0
 //
 // A CudaBackend is one *device* of a mesh: its own streams (cudaStream_t), events, memory from
 // the GPU's stream-ordered pool, pinned staging for host transfers, and the kernels of
@@ -20,6 +21,7 @@
 #include "tessel/mesh.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/process_group.hpp"
 #include "tessel/runtime/runtime.hpp"
 #include "tessel/runtime/tensor.hpp"
 
@@ -64,6 +66,101 @@ std::unique_ptr<CollectiveWorld> make_nccl_world(const Mesh& mesh, const std::ve
                                                  const CudaWorldOptions& options = {});
 bool nccl_available();
 
+// An NCCL world over the devices of several processes (one process per GPU, or several GPUs
+// per process): this process's devices are the mesh positions `positions`, on GPUs `gpus`
+// (one per position), and every process passes the same `unique_id` (nccl_unique_id() made
+// on one process and shared, e.g. by ProcessGroup::allgather). Each local position joins
+// with ncclCommInitRank(rank = position, nranks = mesh.num_devices()). Collective over the
+// processes. Throws RuntimeError when NCCL is not built in.
+std::unique_ptr<CollectiveWorld> make_nccl_world(const Mesh& mesh, const std::vector<int64_t>& positions,
+                                                 const std::vector<int>& gpus, const std::string& unique_id,
+                                                 const CudaWorldOptions& options = {});
+// A fresh ncclUniqueId as bytes. Throws RuntimeError when NCCL is not built in.
+std::string nccl_unique_id();
+
+// The CUDA runtime: load(exe, cuda_runtime) runs on GPUs with device-resident ShardedArrays,
+// donation and cancel, exactly as on the CPU runtime (loaded_executable.hpp).
+//
+//   tessel::CudaRuntime rt(mesh.num_devices());          // 8 virtual devices on GPU 0
+//   tessel::LoadedExecutable prog = tessel::load(exe, rt);
+//
+// It owns a ThreadRuntime whose backends are CUDA backends (ThreadRuntimeOptions::
+// make_backend): a host thread per local device walks its program; each device has its own
+// compute, communication and transfer CUDA streams. Local device i lives on GPU
+// backend.device + i % num_gpus (virtual devices when there are more devices than GPUs).
+// Collectives: the virtual-device world (make_cuda_virtual_world) or, with use_nccl (a GPU
+// per device: NCCL refuses two ranks on one GPU before 2.30), NCCL.
+//
+// Multi-process (processes set, process_group.hpp): one process per GPU (or per node) under
+// mpirun or a RANK/WORLD_SIZE launcher. Process r owns the mesh positions [r*k, (r+1)*k) with
+// k = num_devices (the same on every process). The collectives are one NCCL world over every
+// process (the unique id made by rank 0 and shared through the process group at every
+// make_world); to_host gathers through the process group. load, to_device, run and to_host
+// are collective over the processes (SPMD). A failure or cancel aborts this process's NCCL
+// communicators only; the others fail when their NCCL calls do or their collective timeout
+// passes. As with MpiRuntime, a failed multi-process job is restarted, not repaired: a run
+// after an abort would make a new world on this process alone and wait for the others.
+//
+// GPU placement of local device i: num_gpus >= 1: GPU backend.device + i % num_gpus (on
+// every process alike, e.g. when the launcher gives each process its GPU through
+// CUDA_VISIBLE_DEVICES). num_gpus == 0: one process: the GPUs visible from backend.device on;
+// several processes: GPU (local_rank * k + i) % cuda_device_count(), so local rank r of a node
+// with one process per GPU runs on GPU r.
+//
+// Throws RuntimeError when tessel was built without CUDA, no GPU is visible, or a GPU asked
+// for does not exist.
+struct CudaRuntimeOptions {
+  CudaBackendOptions backend;  // its device is the first GPU used
+  // GPUs the local devices are spread over (the placement above).
+  int num_gpus = 1;
+  bool use_nccl = false;  // one process: NCCL instead of the virtual-device world
+  std::shared_ptr<ProcessGroup> processes;  // several processes (then always NCCL); null: one
+  int spin_us = -1;  // ThreadRuntimeOptions::spin_us of the host threads
+};
+
+class CudaRuntime : public Runtime {
+ public:
+  // num_devices: this process's devices (one process: the mesh's device count).
+  explicit CudaRuntime(int64_t num_devices, CudaRuntimeOptions options = {});
+  ~CudaRuntime() override;
+  CudaRuntime(const CudaRuntime&) = delete;
+  CudaRuntime& operator=(const CudaRuntime&) = delete;
+
+  const CudaRuntimeOptions& options() const;
+  int64_t num_devices() const;
+  int gpu(int64_t local_device) const;  // the CUDA ordinal local device i runs on
+
+  std::string name() const override;  // "cuda" or "cuda+<process group name>"
+  int process_rank() const override;
+  int process_count() const override;
+  std::vector<int64_t> devices_for(const Mesh& mesh) override;
+  ThreadRuntime& local() override;
+  std::unique_ptr<CollectiveWorld> make_world(const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
+                                              double timeout_s) override;
+  std::vector<HostTensor> allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) override;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The CudaRuntime that runs `mesh` from this process, as the examples use it:
+//  - under a multi-process launcher (options.processes, else process_group_from_env(): mpirun,
+//    or RANK/WORLD_SIZE with TESSEL_RENDEZVOUS_DIR): mesh.num_devices() / processes devices
+//    (RuntimeError when that does not divide), GPUs by local rank (num_gpus = 0), NCCL;
+//  - alone: every device of the mesh, one per GPU when `max_gpus` GPUs (0: every visible
+//    one) are enough, otherwise virtual devices round-robin over min(max_gpus, visible) GPUs.
+// options.backend and use_nccl are kept.
+std::unique_ptr<CudaRuntime> make_cuda_runtime(const Mesh& mesh, CudaRuntimeOptions options = {}, int max_gpus = 0);
+
+// Whether the CUDA backend has a kernel for `kind` (no GPU needed): the kinds without one are
+// those load() keeps the lowering from producing (Backend::has_kernel).
+bool cuda_has_kernel(OpKind kind);
+// True when tessel was built with TESSEL_WITH_CUDA (this function is then in tessel::cuda;
+// without it, in tessel, where every function of this header throws RuntimeError saying so).
+bool cuda_compiled();
+
 // How run_on_cuda runs a compiled program.
 struct CudaRunOptions {
   bool poison = true;           // NaN / INT32_MIN in every buffer the run allocates, first
@@ -75,12 +172,11 @@ struct CudaRunOptions {
   LoadOptions load;             // lowering options
 };
 
-// Compiles nothing: lowers exe's program (lower_program), makes one CUDA backend per mesh
-// device (virtual devices, round-robin over num_gpus GPUs), a host thread per device, the
-// collective world, copies the global inputs' shards to the devices, runs the program once and
-// returns the gathered global outputs. The executors are the CPU runtime's (DeviceExecutor),
-// so exactly the program the CPU runs runs here. Throws RuntimeError naming the device and
-// instruction that failed.
+// One run of exe on a CudaRuntime made for it (mesh.num_devices() devices, round-robin over
+// num_gpus GPUs): load with options.load, inputs to the devices, run (poisoned when asked),
+// outputs gathered to the host (replicas checked when asked). A convenience for tests; a
+// program run more than once should load on a CudaRuntime once. Throws RuntimeError naming
+// the device and instruction that failed.
 std::vector<HostTensor> run_on_cuda(const Executable& exe, const std::vector<HostTensor>& inputs,
                                     const CudaRunOptions& options = {});
 

@@ -140,6 +140,14 @@ class LoadedExecutable {
   std::unique_ptr<Impl> impl_;
 };
 
+// The lowering options load() uses on `runtime`: `lowering`, with fuse_elementwise turned off
+// when a local backend has no fused_elementwise or fused_softmax kernel (Backend::has_kernel;
+// the CUDA backend has none yet), so the lowering makes no kernel the devices cannot run.
+ProgramPassOptions lowering_for(Runtime& runtime, ProgramPassOptions lowering);
+// Throws RuntimeError naming the instruction, its op, the device and the backend when a kernel
+// instruction of `program` has no kernel on `backend` (load() checks every local device).
+void check_program_kernels(const Program& program, const Backend& backend, int64_t device);
+
 // Loads `exe` on `runtime` (a ThreadRuntime must have exe.mesh().num_devices() devices; an
 // MpiRuntime's world size must divide it). The runtime must outlive the loaded executable.
 LoadedExecutable load(const Executable& exe, Runtime& runtime, const LoadOptions& options = {});

@@ -2,11 +2,12 @@
 // this process owns, the threads/backends/streams that run them, the collective world the
 // program's communicators come from, and the host exchange behind to_host.
 //
-// Two runtimes implement it: ThreadRuntime (every device of the mesh is a thread of this
-// process) and MpiRuntime (processes launched by mpirun, each owning a block of the mesh's
-// devices, which are threads of that process). Both run their local devices on the same
-// ThreadRuntime machinery (local()); they differ only in where the devices live and how
-// collectives cross processes. A CUDA runtime would plug in here the same way.
+// Three runtimes implement it: ThreadRuntime (every device of the mesh is a thread of this
+// process), MpiRuntime (processes launched by mpirun, each owning a block of the mesh's
+// devices, which are threads of that process) and CudaRuntime (cuda.hpp: CUDA devices, one
+// process or one per GPU, collectives on the GPU). All run their local devices on the same
+// ThreadRuntime machinery (local()); they differ only in the backends, where the devices live
+// and how collectives cross devices and processes.
 #pragma once
 
 #include <cstdint>

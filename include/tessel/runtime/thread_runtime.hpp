@@ -1,7 +1,8 @@
 // tessel/runtime/thread_runtime.hpp — the local devices of this process, one thread each.
 //
 // A ThreadRuntime is made once and owns, per device: a persistent device thread (which walks
-// the device's program, enqueuing work), a CPU backend, and three streams: compute,
+// the device's program, enqueuing work), a backend (CPU unless ThreadRuntimeOptions::
+// make_backend gives another, e.g. CUDA), and three streams: compute,
 // communication and transfer (host <-> device copies). Device 0 has no thread of its own: its
 // part of each job runs on the thread that called run_on_devices, which would otherwise only
 // wait (a hand-off there and back costs two wake-ups, more than a tiny step's work). Loading a
@@ -68,6 +69,13 @@ struct ThreadRuntimeOptions {
   // has none); an exception it throws is handled exactly like a failure to start that thread
   // (std::system_error).
   std::function<void(int64_t device)> before_thread_start;
+  // The backend of each local device (called once per device, in device order, on the
+  // constructing thread). Empty: a CPU backend (make_cpu_backend with stream_mode,
+  // kernel_threads and the spin budget above). CudaRuntime (cuda.hpp) passes CUDA backends
+  // here. With a backend of its own, the runtime has no inline stream (inline_stream() is the
+  // compute stream) and inline_serial_programs is turned off: the inline stream is a CPU
+  // stream. Returning nullptr makes the constructor throw RuntimeError naming the device.
+  std::function<std::unique_ptr<Backend>(int64_t device)> make_backend;
 };
 
 namespace detail {

@@ -392,6 +392,8 @@ void CudaBackend::run_kernel(const KernelArgs& args, Stream& s) {
   enqueue(cs, options_.device, [&] { run_cuda_kernel(*this, args, cs); });
 }
 
+bool CudaBackend::has_kernel(OpKind kind) const { return has_cuda_kernel(kind); }
+
 void CudaBackend::launch_host_func(Stream& s, std::function<void()> fn) {
   CudaStream& cs = cuda_stream(s, "cuda backend launch_host_func");
   enqueue(cs, options_.device, [&] {

@@ -153,6 +153,7 @@ class CudaBackend : public Backend {
   void copy_block(Buffer& dst, const Buffer& src, const BlockCopy& c, Stream& s) override;
   void poison(Buffer& b, DType dtype, Stream& s) override;
   void run_kernel(const KernelArgs& args, Stream& s) override;
+  bool has_kernel(OpKind kind) const override;  // has_cuda_kernel
   void launch_host_func(Stream& s, std::function<void()> fn) override;
   std::unique_ptr<Stream> create_stream(const std::string& name = "stream") override;
   std::unique_ptr<Event> create_event() override;

@@ -12,7 +12,9 @@
 
 #include "cuda_backend.hpp"
 #include "cuda_loop.hpp"
+#include "tessel/fused_expr.hpp"
 #include "tessel/ops.hpp"
+#include "tessel/runtime/tensor.hpp"
 
 namespace tessel::cuda {
 namespace {
@@ -523,6 +525,163 @@ void k_mask_padding(CudaBackend&, const KernelArgs& a, CudaStream& s) {
 
 void k_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) { run_cuda_einsum(be, a, s); }
 
+// ---- fused expressions -----------------------------------------------------------------------------
+
+// The expression of a fused kernel as the device program's steps, for one list of operand types
+// (everything but the pointers and the causal offsets). Parsing and typing cost microseconds,
+// as much as a small kernel's launch, and a loaded program makes the same calls every step: each
+// host thread (one per device) keeps a small cache of this pure function.
+struct FusedPlan {
+  std::string text;
+  std::vector<Shape> shapes;
+  std::vector<DType> dtypes;
+  Shape out_shape;
+  bool positional = false;
+  ResultType type;
+  ck::FusedProgram prog;  // pointers unset
+};
+
+ck::FusedProgram plan_fused(const KernelArgs& a, FusedExpr& e, bool positional, ResultType& type) {
+  std::vector<Value> vals(a.in.size());
+  std::vector<const Value*> ins;
+  for (std::size_t i = 0; i < a.in.size(); ++i) {
+    vals[i].name = fmt::format("in{}", i);
+    vals[i].shape = a.in_shapes[i];
+    vals[i].dtype = a.in_dtypes[i];
+    ins.push_back(&vals[i]);
+  }
+  try {
+    e = parse_fused_expr(attrs_of(a).equation);
+    type = type_fused_expr(e, ins, positional);
+  } catch (const Error& err) {
+    fail(a, err.what());
+  }
+  if (type.shape != a.out_shape || type.dtype != a.out_dtype)
+    fail(a, fmt::format("the expression computes {}, the result buffer is {}", type_str(type.dtype, type.shape),
+                        type_str(a.out_dtype, a.out_shape)));
+  const Shape& os = a.out_shape;
+  if (e.nodes.size() > static_cast<std::size_t>(ck::kMaxFusedSteps) || a.in.size() > ck::kMaxFusedOperands ||
+      os.size() > static_cast<std::size_t>(ck::kMaxRank))
+    fail(a, fmt::format("{} nodes, {} operands, rank {}: above the CUDA kernel's limits ({}, {}, {}); lower with "
+                        "fuse_elementwise off",
+                        e.nodes.size(), a.in.size(), os.size(), ck::kMaxFusedSteps, ck::kMaxFusedOperands,
+                        ck::kMaxRank));
+  ck::FusedProgram p;
+  p.nsteps = static_cast<int>(e.nodes.size());
+  p.noperands = static_cast<int>(a.in.size());
+  p.rank = static_cast<int>(os.size());
+  for (std::size_t d = 0; d < os.size(); ++d) p.shape[d] = os[d];
+  for (std::size_t i = 0; i < a.in.size(); ++i) {
+    const auto st = broadcast_strides(a.in_shapes[i], os);
+    for (std::size_t d = 0; d < os.size(); ++d) p.stride[i][d] = st[d];
+    p.in_dtype[i] = static_cast<int8_t>(a.in_dtypes[i]);
+  }
+  for (std::size_t k = 0; k < e.nodes.size(); ++k) {
+    const FusedNode& nd = e.nodes[k];
+    ck::FusedStep& st = p.steps[k];
+    st.dtype = static_cast<int8_t>(nd.dtype);
+    for (std::size_t j = 0; j < nd.args.size() && j < 3; ++j) st.arg[j] = static_cast<int16_t>(nd.args[j]);
+    if (!nd.args.empty()) st.arg_dtype = static_cast<int8_t>(e.nodes[static_cast<std::size_t>(nd.args[0])].dtype);
+    switch (nd.kind) {
+      case FusedNode::Kind::Operand:
+        st.kind = static_cast<int8_t>(ck::FusedKind::Operand);
+        st.operand = static_cast<int16_t>(nd.operand);
+        continue;
+      case FusedNode::Kind::Literal:
+        st.kind = static_cast<int8_t>(ck::FusedKind::Literal);
+        if (nd.dtype == DType::i32) {
+          st.lit_i = static_cast<int32_t>(nd.value);
+        } else {  // rounded once to its dtype, as the CPU kernel's literal
+          HostTensor t(nd.dtype, {1});
+          t.set(0, static_cast<double>(static_cast<float>(nd.value)));
+          st.lit_f = static_cast<float>(t.get(0));
+        }
+        continue;
+      case FusedNode::Kind::Op: break;
+    }
+    bool found = false;
+    for (const auto& [kind, op] : kUnaries)
+      if (kind == nd.op) st.kind = static_cast<int8_t>(ck::FusedKind::Unary), st.op = static_cast<int8_t>(op), found = true;
+    for (const auto& [kind, op] : kBinaries)
+      if (kind == nd.op) {
+        st.kind = static_cast<int8_t>(op >= ck::Binary::Eq ? ck::FusedKind::Compare : ck::FusedKind::Binary);
+        st.op = static_cast<int8_t>(op);
+        found = true;
+      }
+    if (nd.op == OpKind::Where) st.kind = static_cast<int8_t>(ck::FusedKind::Where), found = true;
+    if (nd.op == OpKind::Cast) st.kind = static_cast<int8_t>(ck::FusedKind::Cast), found = true;
+    if (nd.op == OpKind::CausalMask) st.kind = static_cast<int8_t>(ck::FusedKind::CausalMask), found = true;
+    if (!found) fail(a, fmt::format("'{}' is not an op the CUDA fused kernel evaluates", op_name(nd.op)));
+    if ((st.kind == static_cast<int8_t>(ck::FusedKind::Binary) ||
+         st.kind == static_cast<int8_t>(ck::FusedKind::Compare)) &&
+        (e.nodes[static_cast<std::size_t>(nd.args[0])].dtype == DType::i32) !=
+            (e.nodes[static_cast<std::size_t>(nd.args[1])].dtype == DType::i32))
+      fail(a, fmt::format("{}: i32 and float operands cannot be mixed", op_name(nd.op)));
+  }
+  return p;
+}
+
+// The device program of a fused kernel's args: planned (or found in this thread's cache), then
+// its pointers and the causal offsets set.
+ck::FusedProgram fused_program(const KernelArgs& a, bool positional) {
+  check_arity(a, 1, ck::kMaxFusedOperands);
+  constexpr std::size_t kEntries = 64;
+  thread_local std::vector<FusedPlan> cache;
+  thread_local std::size_t next = 0;
+  const std::string& text = attrs_of(a).equation;
+  const FusedPlan* hit = nullptr;
+  for (const FusedPlan& f : cache)
+    if (f.positional == positional && f.text == text && f.shapes == a.in_shapes && f.dtypes == a.in_dtypes &&
+        f.out_shape == a.out_shape && f.type.dtype == a.out_dtype)
+      hit = &f;
+  if (!hit) {
+    FusedPlan f;
+    f.text = text;
+    f.shapes = a.in_shapes;
+    f.dtypes = a.in_dtypes;
+    f.out_shape = a.out_shape;
+    f.positional = positional;
+    FusedExpr e;
+    f.prog = plan_fused(a, e, positional, f.type);
+    if (cache.size() < kEntries) {
+      cache.push_back(std::move(f));
+      hit = &cache.back();
+    } else {
+      cache[next] = std::move(f);
+      hit = &cache[next];
+      next = (next + 1) % kEntries;
+    }
+  }
+  ck::FusedProgram p = hit->prog;
+  for (std::size_t i = 0; i < a.in.size(); ++i) p.in[i] = a.in[i];
+  const std::size_t r = a.out_shape.size();
+  if (positional && r >= 2 && a.out_offset.size() == r) {
+    p.qoff = a.out_offset[r - 2];
+    p.koff = a.out_offset[r - 1];
+  }
+  return p;
+}
+
+void k_fused_elementwise(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  ck::fused_elementwise(fused_program(a, /*positional=*/false), a.out, a.out_dtype, s.handle());
+}
+
+// softmax(expr, axis): the expression into the result (rounded to its dtype, as the unfused
+// chain's softmax operand), then the softmax kernel in place (each row's elements are read
+// before they are written). Two passes over the result, not one: a one-pass kernel is later work.
+void k_fused_softmax(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  if (a.out_dtype == DType::i32) fail(a, "fused_softmax needs a float result");
+  const ck::FusedProgram p = fused_program(a, /*positional=*/true);
+  const Shape& sh = a.out_shape;
+  const int64_t axis = normalize_dim(a, attrs_of(a).axis, sh.size(), "softmax axis");
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= sh[static_cast<std::size_t>(d)];
+  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < sh.size(); ++d) inner *= sh[d];
+  ck::fused_elementwise(p, a.out, a.out_dtype, s.handle());
+  if (num_elements(sh) > 0)
+    ck::softmax(a.out, a.out, a.out_dtype, outer, sh[static_cast<std::size_t>(axis)], inner, s.handle());
+}
+
 using CudaKernelFn = void (*)(CudaBackend&, const KernelArgs&, CudaStream&);
 
 const KernelTable<CudaKernelFn>& cuda_kernel_table() {
@@ -554,6 +713,8 @@ const KernelTable<CudaKernelFn>& cuda_kernel_table() {
     k.add(OpKind::Gather, k_gather);
     k.add(OpKind::ScatterAdd, k_scatter_add);
     k.add(OpKind::MaskPadding, k_mask_padding);
+    k.add(OpKind::FusedElementwise, k_fused_elementwise);
+    k.add(OpKind::FusedSoftmax, k_fused_softmax);
     return k;
   }();
   return t;
@@ -565,6 +726,8 @@ bool needs_uniform_floats(OpKind k) {
     case OpKind::Cast:
     case OpKind::CrossEntropy:  // logits and result dtypes are independent in its kernel
     case OpKind::CrossEntropyGrad:  // g is f32 whatever the logits' dtype
+    case OpKind::FusedElementwise:  // each operand read in its own dtype, each node rounded to its own
+    case OpKind::FusedSoftmax:
       return false;
     default: return true;
   }

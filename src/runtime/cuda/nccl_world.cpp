@@ -15,8 +15,10 @@
 // than the timeout, aborts every communicator (ncclCommAbort), so blocked streams return and
 // the run fails with the reason instead of hanging.
 //
-// One process per GPU under mpirun / a launcher (the unique id broadcast over MPI or a shared
-// file) is the next step; this file covers the single-process world (issue 8, item 4a).
+// One process per GPU under mpirun / a launcher (issue 8, item 4b): each process owns some
+// positions and joins with ncclCommInitRank on a unique id made by one process and shared
+// through a ProcessGroup (MPI or a shared-file rendezvous; CudaRuntime does it); the splits
+// are then collective over the processes, each splitting its own devices.
 #include <fmt/format.h>
 
 #include "cuda_backend.hpp"
@@ -28,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <thread>
 
@@ -163,14 +166,55 @@ class NcclCommunicator : public Communicator {
 
 class NcclWorld : public CollectiveWorld {
  public:
-  NcclWorld(const Mesh& mesh, std::vector<int> gpus, const CudaWorldOptions& o)
-      : mesh_(mesh), gpus_(std::move(gpus)), options_(o) {
+  // This process drives the mesh positions `positions` (local index i on GPU gpus[i]).
+  // unique_id empty: every position is local, one ncclCommInitAll. Otherwise one
+  // ncclCommInitRank per local position (rank = position), grouped, with the id every
+  // process of the job was given.
+  NcclWorld(const Mesh& mesh, std::vector<int64_t> positions, std::vector<int> gpus, const std::string& unique_id,
+            const CudaWorldOptions& o)
+      : mesh_(mesh), positions_(std::move(positions)), gpus_(std::move(gpus)), options_(o) {
     const int n = static_cast<int>(mesh_.num_devices());
-    if (static_cast<int>(gpus_.size()) != n)
-      throw RuntimeError(fmt::format("nccl world: {} GPUs given for the {} devices of mesh {}", gpus_.size(), n,
+    const int local = static_cast<int>(positions_.size());
+    if (gpus_.size() != positions_.size())
+      throw RuntimeError(fmt::format("nccl world: {} GPUs given for {} local devices of mesh {}", gpus_.size(), local,
                                      mesh_.to_string()));
-    world_.resize(static_cast<std::size_t>(n));
-    TESSEL_NCCL_CHECK(ncclCommInitAll(world_.data(), n, gpus_.data()));
+    local_of_.assign(static_cast<std::size_t>(n), -1);
+    for (int i = 0; i < local; ++i) {
+      const int64_t p = positions_[static_cast<std::size_t>(i)];
+      if (p < 0 || p >= n || local_of_[static_cast<std::size_t>(p)] >= 0)
+        throw RuntimeError(fmt::format("nccl world: local device {} has position {}, not a fresh position of mesh {}",
+                                       i, p, mesh_.to_string()));
+      local_of_[static_cast<std::size_t>(p)] = i;
+    }
+    world_.resize(static_cast<std::size_t>(local));
+    if (unique_id.empty()) {
+      if (local != n)
+        throw RuntimeError(fmt::format("nccl world: {} of the {} devices of mesh {} are local and no NCCL unique id "
+                                       "was given; a multi-process world needs one (nccl_unique_id())",
+                                       local, n, mesh_.to_string()));
+      TESSEL_NCCL_CHECK(ncclCommInitAll(world_.data(), n, gpus_.data()));
+    } else {
+      ncclUniqueId id;
+      if (unique_id.size() != sizeof(id.internal))
+        throw RuntimeError(fmt::format("nccl world: the unique id has {} bytes, NCCL's has {}; every process must "
+                                       "pass the bytes of one nccl_unique_id()",
+                                       unique_id.size(), sizeof(id.internal)));
+      std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+      // Several local ranks join in one group (one thread drives them all).
+      TESSEL_NCCL_CHECK(ncclGroupStart());
+      for (int i = 0; i < local; ++i) {
+        DeviceGuard g(gpus_[static_cast<std::size_t>(i)]);
+        const ncclResult_t r = ncclCommInitRank(&world_[static_cast<std::size_t>(i)], n, id,
+                                                static_cast<int>(positions_[static_cast<std::size_t>(i)]));
+        if (r != ncclSuccess) {
+          ncclGroupEnd();
+          throw RuntimeError(fmt::format("nccl: ncclCommInitRank (rank {} of {}, GPU {}) failed: {}",
+                                         positions_[static_cast<std::size_t>(i)], n, gpus_[static_cast<std::size_t>(i)],
+                                         ncclGetErrorString(r)));
+        }
+      }
+      TESSEL_NCCL_CHECK(ncclGroupEnd());
+    }
     watchdog_ = std::thread([this] { watch(); });
   }
   ~NcclWorld() override {
@@ -192,10 +236,14 @@ class NcclWorld : public CollectiveWorld {
     std::lock_guard<std::mutex> lk(split_mu_);
     auto it = split_.find(axes);
     if (it == split_.end()) it = split_.emplace(axes, split(axes)).first;
+    const int li = position >= 0 && position < mesh_.num_devices() ? local_of_[static_cast<std::size_t>(position)] : -1;
+    if (li < 0)
+      throw RuntimeError(fmt::format("nccl world: position {} of mesh {} is not a device of this process", position,
+                                     mesh_.to_string()));
     const auto members = mesh_.group(position, axes);
     const int rank = static_cast<int>(std::find(members.begin(), members.end(), position) - members.begin());
-    auto c = std::make_unique<NcclCommunicator>(*this, it->second[static_cast<std::size_t>(position)],
-                                                gpus_[static_cast<std::size_t>(position)], rank,
+    auto c = std::make_unique<NcclCommunicator>(*this, it->second[static_cast<std::size_t>(li)],
+                                                gpus_[static_cast<std::size_t>(li)], rank,
                                                 static_cast<int>(members.size()), shape_str(members));
     std::lock_guard<std::mutex> lk2(mu_);
     live_.push_back(c.get());
@@ -227,14 +275,17 @@ class NcclWorld : public CollectiveWorld {
   }
 
  private:
-  // One ncclCommSplit per device, grouped (one thread drives every rank here).
+  // One ncclCommSplit per local device, grouped (one thread drives every local rank here);
+  // the other processes split their devices with the same colours (collective over them).
   std::vector<ncclComm_t> split(const std::vector<std::string>& axes) {
     const auto groups = mesh_.groups(axes);
     std::vector<ncclComm_t> out(world_.size(), nullptr);
     TESSEL_NCCL_CHECK(ncclGroupStart());
     for (std::size_t color = 0; color < groups.size(); ++color)
       for (std::size_t key = 0; key < groups[color].size(); ++key) {
-        const auto p = static_cast<std::size_t>(groups[color][key]);
+        const int li = local_of_[static_cast<std::size_t>(groups[color][key])];
+        if (li < 0) continue;  // another process's device
+        const auto p = static_cast<std::size_t>(li);
         const ncclResult_t r =
             ncclCommSplit(world_[p], static_cast<int>(color), static_cast<int>(key), &out[p], nullptr);
         if (r != ncclSuccess) {
@@ -273,7 +324,9 @@ class NcclWorld : public CollectiveWorld {
   }
 
   Mesh mesh_;
-  std::vector<int> gpus_;
+  std::vector<int64_t> positions_;  // per local device
+  std::vector<int> gpus_;           // per local device
+  std::vector<int> local_of_;       // per mesh position: its local device, -1 on another process
   CudaWorldOptions options_;
   std::vector<ncclComm_t> world_;
   std::mutex split_mu_;
@@ -323,7 +376,23 @@ namespace tessel {
 bool nccl_available() { return true; }
 std::unique_ptr<CollectiveWorld> make_nccl_world(const Mesh& mesh, const std::vector<int>& gpus,
                                                  const CudaWorldOptions& options) {
-  return std::make_unique<cuda::NcclWorld>(mesh, gpus, options);
+  std::vector<int64_t> positions(gpus.size());
+  for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int64_t>(i);
+  return std::make_unique<cuda::NcclWorld>(mesh, std::move(positions), gpus, std::string(), options);
+}
+std::unique_ptr<CollectiveWorld> make_nccl_world(const Mesh& mesh, const std::vector<int64_t>& positions,
+                                                 const std::vector<int>& gpus, const std::string& unique_id,
+                                                 const CudaWorldOptions& options) {
+  if (unique_id.empty())
+    throw RuntimeError(fmt::format("make_nccl_world (mesh {}): empty NCCL unique id; make one with nccl_unique_id() "
+                                   "on one process and give every process its bytes",
+                                   mesh.to_string()));
+  return std::make_unique<cuda::NcclWorld>(mesh, positions, gpus, unique_id, options);
+}
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  TESSEL_NCCL_CHECK(ncclGetUniqueId(&id));
+  return std::string(id.internal, sizeof(id.internal));
 }
 }  // namespace tessel
 
@@ -335,6 +404,14 @@ std::unique_ptr<CollectiveWorld> make_nccl_world(const Mesh& mesh, const std::ve
   throw RuntimeError(fmt::format("make_nccl_world (mesh {}): tessel was built without NCCL; reconfigure with "
                                  "-DTESSEL_WITH_NCCL=ON (and NCCL_ROOT pointing at an NCCL install)",
                                  mesh.to_string()));
+}
+std::unique_ptr<CollectiveWorld> make_nccl_world(const Mesh& mesh, const std::vector<int64_t>&, const std::vector<int>& gpus,
+                                                 const std::string&, const CudaWorldOptions& options) {
+  return make_nccl_world(mesh, gpus, options);  // throws: no NCCL
+}
+std::string nccl_unique_id() {
+  throw RuntimeError("nccl_unique_id: tessel was built without NCCL; reconfigure with -DTESSEL_WITH_NCCL=ON (and "
+                     "NCCL_ROOT pointing at an NCCL install)");
 }
 }  // namespace tessel
 

@@ -25,6 +25,7 @@
 // transport), which keeps one algorithm for every placement. Groups entirely inside one
 // process use the ThreadWorld (no MPI at all).
 #include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/process_group.hpp"
 
 #include <mpi.h>
 
@@ -944,5 +945,56 @@ std::vector<HostTensor> MpiRuntime::allgather_shards(const Mesh& mesh, std::vect
   }
   return out;
 }
+
+// ---- the MPI process group (process_group.hpp) ------------------------------------------------
+// Bootstrap only (a CudaRuntime's NCCL unique id, small to_host exchanges): blocking
+// MPI_Allgather(v) on a duplicate of MPI_COMM_WORLD, so it never matches a message of an
+// MpiRuntime in the same process.
+
+namespace {
+class MpiProcessGroup : public ProcessGroup {
+ public:
+  MpiProcessGroup() {
+    detail::Session& s = detail::session();
+    rank_ = s.rank;
+    size_ = s.size;
+    local_rank_ = s.local_rank;
+    TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    TESSEL_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  }
+  ~MpiProcessGroup() override {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Comm_free(&comm_);
+  }
+  std::string name() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  std::vector<std::string> allgather(const std::string& mine) override {
+    const int n = detail::int_count(mine.size(), "process group allgather");
+    std::vector<int> counts(static_cast<std::size_t>(size_)), displs(static_cast<std::size_t>(size_));
+    TESSEL_MPI(MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm_));
+    std::size_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      displs[static_cast<std::size_t>(r)] = detail::int_count(total, "process group allgather");
+      total += static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+    }
+    std::vector<char> recv(std::max<std::size_t>(total, 1));
+    TESSEL_MPI(MPI_Allgatherv(mine.data(), n, MPI_BYTE, recv.data(), counts.data(), displs.data(), MPI_BYTE, comm_));
+    std::vector<std::string> out;
+    for (int r = 0; r < size_; ++r)
+      out.emplace_back(recv.data() + displs[static_cast<std::size_t>(r)],
+                       static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]));
+    return out;
+  }
+
+ private:
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+}  // namespace
+
+std::shared_ptr<ProcessGroup> mpi_process_group() { return std::make_shared<MpiProcessGroup>(); }
 
 }  // namespace tessel

@@ -1,6 +1,7 @@
 // MpiRuntime without MPI (TESSEL_WITH_MPI=OFF): the class exists so that code using it
 // builds everywhere; constructing one throws, naming the build option.
 #include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/process_group.hpp"
 
 #include "tessel/runtime/thread_runtime.hpp"
 
@@ -33,5 +34,11 @@ std::unique_ptr<CollectiveWorld> MpiRuntime::make_world(const Mesh&, const std::
   no_mpi();
 }
 std::vector<HostTensor> MpiRuntime::allgather_shards(const Mesh&, std::vector<HostTensor>) { no_mpi(); }
+
+std::shared_ptr<ProcessGroup> mpi_process_group() {
+  throw RuntimeError("mpi_process_group: tessel was built without MPI (configure with -DTESSEL_WITH_MPI=ON where "
+                     "find_package(MPI) finds it), or launch with RANK, WORLD_SIZE and TESSEL_RENDEZVOUS_DIR set "
+                     "for a file rendezvous instead");
+}
 
 }  // namespace tessel

@@ -1,0 +1,340 @@
+// tessel-bench-gpu: the GPU benchmarks of issue 8 (built only with tessel::cuda; every
+// benchmark stops with an error without a GPU). scripts/bench-gpu runs them and records the
+// results with the device name (docs/backend-cuda.md, "Benchmarks").
+//
+//  * BM_EinsumBf16/<case> vs BM_CublasLtBf16/<case>: the CUDA backend's einsum kernel
+//    (cuBLASLt underneath, with tessel's layout mapping, descriptor cache and heuristic
+//    choice) against a direct cuBLASLt matmul of the same shape (row-major [M,K]·[K,N] in
+//    bf16, f32 accumulation, the heuristic's first algorithm, the same 32 MiB workspace) in the
+//    same run. Cases: the GPT-2 124M linear layers at 8×1024 tokens and one GPT-3 175B layer's
+//    at 2048 tokens. Counter FLOP/s = 2·M·N·K per call over wall time; each iteration enqueues
+//    kReps calls then synchronises once, so the host sync is amortised alike on both sides.
+//    The ratio einsum / cuBLASLt per case is the figure of merit (target >= 0.9).
+//  * BM_Gpt2Forward: the GPT-2 124M forward to the loss (batch 8 × 1024 tokens, 12 layers,
+//    d 768, 12 heads, vocab 50257, bf16 weights and activations) on one device of a
+//    CudaRuntime (load once, device-resident inputs, one run per iteration). Counters:
+//    tokens/s, model FLOP/s (the lowered program's kernel flops per step) and MFU against the
+//    bf16 GEMM ceiling measured in the same run (cuBLASLt 8192³, BM_GemmCeiling).
+//  * BM_AllReduce / BM_AllGather /<devices>/<bytes>: the virtual-device communicator on one
+//    GPU; counter busbw as nccl-tests defines it (all-reduce 2(n-1)/n · bytes / t, all-gather
+//    (n-1)/n · n·bytes / t).
+#include <benchmark/benchmark.h>
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tessel/executable.hpp"
+#include "tessel/models/gpt.hpp"
+#include "tessel/runtime/cuda.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/reference.hpp"
+
+namespace {
+
+constexpr int kReps = 10;
+constexpr std::size_t kWorkspace = std::size_t{32} << 20;
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+void check_lt(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("{}: cublas status {}", what, static_cast<int>(s)));
+}
+
+// Ends the benchmark with the reason when there is no GPU (the binary still lists them).
+bool need_gpu(benchmark::State& state) {
+  if (tessel::cuda_device_count() > 0) return true;
+  state.SkipWithError("no CUDA GPU is visible to this process");
+  return false;
+}
+
+struct GemmCase {
+  const char* name;
+  int64_t m, k, n;  // row-major [m,k]·[k,n]
+};
+
+const std::vector<GemmCase>& gemm_cases() {
+  static const std::vector<GemmCase> c = {
+      // GPT-2 124M, 8 × 1024 tokens: q/k/v (each d->d), MLP up and down, the tied LM head.
+      {"gpt2_qkv_8x1024x768x768", 8192, 768, 768},
+      {"gpt2_mlp_up_8x1024x768x3072", 8192, 768, 3072},
+      {"gpt2_mlp_down_8x1024x3072x768", 8192, 3072, 768},
+      {"gpt2_lm_head_8x1024x768x50257", 8192, 768, 50257},
+      // GPT-3 175B, one layer at 2048 tokens: fused qkv, MLP up and down.
+      {"gpt3_qkv_2048x12288x36864", 2048, 12288, 36864},
+      {"gpt3_mlp_up_2048x12288x49152", 2048, 12288, 49152},
+      {"gpt3_mlp_down_2048x49152x12288", 2048, 49152, 12288},
+      // The ceiling of MFU: a large square GEMM.
+      {"square_8192", 8192, 8192, 8192},
+  };
+  return c;
+}
+
+std::vector<uint16_t> random_bf16(std::size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<uint16_t> v(n);
+  tessel::HostTensor t(tessel::DType::bf16, {static_cast<int64_t>(n)});
+  for (std::size_t i = 0; i < n; ++i) t.set(static_cast<int64_t>(i), u(rng));
+  std::memcpy(v.data(), t.data(), n * 2);
+  return v;
+}
+
+// ---- cuBLASLt directly -------------------------------------------------------------------------
+
+struct LtGemm {
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  void* ws = nullptr;
+  cudaStream_t stream = nullptr;
+  void *da = nullptr, *db = nullptr, *dc = nullptr;
+  float alpha = 1, beta = 0;
+
+  // Row-major C[m,n] = A[m,k]·B[k,n] is column-major C^T[n,m] = B^T[n,k]·A^T[k,m]: B's buffer
+  // is cuBLAS's first operand (n×k, ld n), A's the second (k×m, ld k), no transposes.
+  explicit LtGemm(const GemmCase& g) {
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_lt(cublasLtCreate(&handle), "cublasLtCreate");
+    check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    check_lt(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, static_cast<uint64_t>(g.n), static_cast<uint64_t>(g.k), g.n),
+             "layout B");
+    check_lt(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, static_cast<uint64_t>(g.k), static_cast<uint64_t>(g.m), g.k),
+             "layout A");
+    check_lt(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, static_cast<uint64_t>(g.n), static_cast<uint64_t>(g.m), g.n),
+             "layout C");
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    std::size_t wsb = kWorkspace;
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)),
+             "workspace preference");
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    check_lt(cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, c, pref, 1, &res, &found), "heuristic");
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found < 1) throw std::runtime_error(fmt::format("cuBLASLt has no algorithm for {}", g.name));
+    algo = res.algo;
+    const auto ma = static_cast<std::size_t>(g.m * g.k), mb = static_cast<std::size_t>(g.k * g.n),
+               mc = static_cast<std::size_t>(g.m * g.n);
+    check_cuda(cudaMalloc(&ws, kWorkspace), "cudaMalloc workspace");
+    check_cuda(cudaMalloc(&da, ma * 2), "cudaMalloc A");
+    check_cuda(cudaMalloc(&db, mb * 2), "cudaMalloc B");
+    check_cuda(cudaMalloc(&dc, mc * 2), "cudaMalloc C");
+    const auto ha = random_bf16(ma, 1), hb = random_bf16(mb, 2);
+    check_cuda(cudaMemcpy(da, ha.data(), ma * 2, cudaMemcpyHostToDevice), "copy A");
+    check_cuda(cudaMemcpy(db, hb.data(), mb * 2, cudaMemcpyHostToDevice), "copy B");
+  }
+  ~LtGemm() {
+    cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(ws);
+    cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(handle);
+    cudaStreamDestroy(stream);
+  }
+  void run() {
+    check_lt(cublasLtMatmul(handle, desc, &alpha, db, a, da, b, &beta, dc, c, dc, c, &algo, ws, kWorkspace, stream),
+             "cublasLtMatmul");
+  }
+  void sync() { check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
+};
+
+double flops_of(const GemmCase& g) { return 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k); }
+
+void BM_CublasLtBf16(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const GemmCase& g = gemm_cases()[static_cast<std::size_t>(state.range(0))];
+  state.SetLabel(g.name);
+  LtGemm lt(g);
+  lt.run();
+  lt.sync();
+  for (auto _ : state) {
+    for (int r = 0; r < kReps; ++r) lt.run();
+    lt.sync();
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(flops_of(g) * kReps, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- tessel's einsum kernel --------------------------------------------------------------------
+
+void BM_EinsumBf16(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const GemmCase& g = gemm_cases()[static_cast<std::size_t>(state.range(0))];
+  state.SetLabel(g.name);
+  std::unique_ptr<tessel::Backend> be = tessel::make_cuda_backend();
+  std::unique_ptr<tessel::Stream> s = be->create_stream("bench");
+  const auto ma = static_cast<std::size_t>(g.m * g.k), mb = static_cast<std::size_t>(g.k * g.n),
+             mc = static_cast<std::size_t>(g.m * g.n);
+  std::shared_ptr<tessel::Buffer> a = be->allocate(ma * 2), b = be->allocate(mb * 2), c = be->allocate(mc * 2);
+  const auto ha = random_bf16(ma, 1), hb = random_bf16(mb, 2);
+  be->copy_from_host(*a, ha.data(), ma * 2, *s);
+  be->copy_from_host(*b, hb.data(), mb * 2, *s);
+  tessel::OpAttrs attrs;
+  attrs.equation = "mk,kn->mn";
+  tessel::KernelArgs k;
+  k.kind = tessel::OpKind::Einsum;
+  k.attrs = &attrs;
+  k.in = {a->data(), b->data()};
+  k.in_shapes = {{g.m, g.k}, {g.k, g.n}};
+  k.in_dtypes = {tessel::DType::bf16, tessel::DType::bf16};
+  k.out = c->data();
+  k.out_shape = {g.m, g.n};
+  k.out_dtype = tessel::DType::bf16;
+  be->run_kernel(k, *s);  // the descriptors and the heuristic's choice are made here, once
+  s->synchronize();
+  for (auto _ : state) {
+    for (int r = 0; r < kReps; ++r) be->run_kernel(k, *s);
+    s->synchronize();
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(flops_of(g) * kReps, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void gemm_args(benchmark::internal::Benchmark* b) {
+  for (std::size_t i = 0; i < gemm_cases().size(); ++i) b->Arg(static_cast<int64_t>(i));
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+}
+BENCHMARK(BM_CublasLtBf16)->Apply(gemm_args);
+BENCHMARK(BM_EinsumBf16)->Apply(gemm_args);
+
+// ---- the GPT-2 124M forward --------------------------------------------------------------------
+
+// The bf16 GEMM ceiling of this GPU (FLOP/s of cuBLASLt's 8192³), measured once per run.
+double gemm_ceiling() {
+  static const double c = [] {
+    const GemmCase& g = gemm_cases().back();
+    LtGemm lt(g);
+    for (int i = 0; i < 3; ++i) lt.run();
+    lt.sync();
+    double best = 0;
+    for (int t = 0; t < 5; ++t) {
+      cudaEvent_t e0, e1;
+      check_cuda(cudaEventCreate(&e0), "cudaEventCreate");
+      check_cuda(cudaEventCreate(&e1), "cudaEventCreate");
+      check_cuda(cudaEventRecord(e0, lt.stream), "cudaEventRecord");
+      for (int r = 0; r < kReps; ++r) lt.run();
+      check_cuda(cudaEventRecord(e1, lt.stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(e1), "cudaEventSynchronize");
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+      cudaEventDestroy(e0), cudaEventDestroy(e1);
+      best = std::max(best, flops_of(g) * kReps / (ms * 1e-3));
+    }
+    return best;
+  }();
+  return c;
+}
+
+void BM_GemmCeiling(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  double c = 0;
+  for (auto _ : state) c = gemm_ceiling();
+  state.counters["FLOP/s"] = c;
+}
+BENCHMARK(BM_GemmCeiling)->Iterations(1);
+
+void BM_Gpt2Forward(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  tessel::GptConfig cfg;
+  cfg.batch = 8, cfg.seq = 1024, cfg.d_model = 768, cfg.heads = 12, cfg.layers = 12, cfg.vocab = 50257;
+  cfg.dtype = tessel::DType::bf16;
+  cfg.compute = tessel::DType::bf16;
+  cfg.annotate = false;
+  tessel::GptGraph m = tessel::build_gpt(cfg);
+  const tessel::Mesh mesh = tessel::Mesh::parse("data=1,model=1");
+  tessel::Executable exe = tessel::compile(m.graph, mesh);
+  tessel::CudaRuntime rt(1);
+  const tessel::LoadOptions lo;  // named: GCC 12 warns (falsely) about a temporary's map
+  tessel::LoadedExecutable prog = tessel::load(exe, rt, lo);
+  double flops = 0;
+  for (const tessel::Instr& in : prog.program().instrs) flops += in.flops;
+  std::vector<tessel::HostTensor> inputs = tessel::random_inputs(m.graph, 1);
+  for (std::size_t i = 0; i < inputs.size(); ++i)  // token ids and labels in [0, vocab)
+    if (inputs[i].dtype() == tessel::DType::i32)
+      for (int64_t j = 0; j < inputs[i].numel(); ++j)
+        inputs[i].set(j, static_cast<double>((j * 7919) % cfg.vocab));
+  tessel::gpt_init(m.graph, inputs);
+  std::vector<tessel::ShardedArray> args;
+  for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
+  const tessel::RunOptions ro;
+  prog.run(args, ro);  // warm-up: the einsums' cuBLASLt descriptors are made on first use
+  double loss = 0;
+  for (auto _ : state) {
+    tessel::RunResult r = prog.run(args, ro);
+    state.PauseTiming();
+    loss = prog.to_host(r.outputs[0]).get(0);
+    state.ResumeTiming();
+  }
+  const double tokens = static_cast<double>(cfg.batch * cfg.seq);
+  state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["model_flops_per_step"] = flops;
+  state.counters["gemm_ceiling_FLOP/s"] = gemm_ceiling();
+  state.counters["loss"] = loss;
+  state.SetLabel(fmt::format("{} params; MFU = FLOP/s / gemm_ceiling_FLOP/s", m.params));
+}
+BENCHMARK(BM_Gpt2Forward)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+
+// ---- collectives on virtual devices --------------------------------------------------------------
+
+template <bool kAllReduce>
+void BM_Collective(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const int64_t n = state.range(0);
+  const auto bytes = static_cast<std::size_t>(state.range(1));  // per device (all-gather: its block)
+  const tessel::Mesh mesh = tessel::Mesh::parse(fmt::format("x={}", n));
+  tessel::CudaRuntime rt(n);
+  std::unique_ptr<tessel::CollectiveWorld> world = rt.make_world(mesh, {{"x"}}, 0);
+  std::vector<std::unique_ptr<tessel::Communicator>> comms;
+  std::vector<std::shared_ptr<tessel::Buffer>> send, recv;
+  tessel::ThreadRuntime& lr = rt.local();
+  for (int64_t d = 0; d < n; ++d) {
+    comms.push_back(world->communicator(d, {"x"}));
+    send.push_back(lr.backend(d).allocate(bytes));
+    recv.push_back(lr.backend(d).allocate(kAllReduce ? bytes : bytes * static_cast<std::size_t>(n)));
+    lr.backend(d).poison(*send.back(), tessel::DType::f32, lr.comm_stream(d));
+  }
+  auto step = [&](int reps) {
+    const auto errors = lr.run_on_devices([&](int64_t d) {
+      const auto u = static_cast<std::size_t>(d);
+      tessel::Stream& s = lr.comm_stream(d);
+      for (int r = 0; r < reps; ++r) {
+        if (kAllReduce)
+          comms[u]->all_reduce(send[u]->data(), recv[u]->data(), bytes / 4, tessel::DType::f32, tessel::ReduceOp::Sum, s);
+        else
+          comms[u]->all_gather(send[u]->data(), recv[u]->data(), bytes, s);
+      }
+      s.synchronize();
+    });
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  };
+  step(1);
+  for (auto _ : state) step(kReps);
+  const double nn = static_cast<double>(n);
+  const double bus = kAllReduce ? 2.0 * (nn - 1) / nn * static_cast<double>(bytes)
+                                : (nn - 1) / nn * nn * static_cast<double>(bytes);
+  state.counters["busbw"] = benchmark::Counter(bus * kReps, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1024);
+  state.SetLabel(fmt::format("{} virtual devices on GPU 0, {} bytes per device", n, bytes));
+}
+
+void collective_args(benchmark::internal::Benchmark* b) {
+  for (int64_t n : {2, 4, 8})
+    for (int64_t bytes : {int64_t{1} << 20, int64_t{64} << 20, int64_t{256} << 20}) b->Args({n, bytes});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK_TEMPLATE(BM_Collective, true)->Name("BM_AllReduce")->Apply(collective_args);
+BENCHMARK_TEMPLATE(BM_Collective, false)->Name("BM_AllGather")->Apply(collective_args);
+
+}  // namespace
+
+BENCHMARK_MAIN();
