@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cpu_elementwise.hpp"
+#include "onednn_einsum.hpp"
 #include "tessel/fused_expr.hpp"
 #include "tessel/ops.hpp"
 #include "tessel/runtime/kernels.hpp"
@@ -44,12 +45,16 @@ union Elem {
   int32_t i;
 };
 
-[[noreturn]] void fail(const KernelArgs& a, const std::string& why) {
+// "f32[4,8], f32[8] -> f32[4,8]": a kernel call's operand and result types, for messages.
+std::string call_types(const KernelArgs& a) {
   std::vector<std::string> ins;
   for (std::size_t i = 0; i < a.in_shapes.size() && i < a.in_dtypes.size(); ++i)
     ins.push_back(type_str(a.in_dtypes[i], a.in_shapes[i]));
-  throw RuntimeError(fmt::format("cpu kernel fused_elementwise({}) -> {} expr {}: {}", join(ins, ", "),
-                                 type_str(a.out_dtype, a.out_shape),
+  return fmt::format("{}) -> {}", join(ins, ", "), type_str(a.out_dtype, a.out_shape));
+}
+
+[[noreturn]] void fail(const KernelArgs& a, const std::string& why) {
+  throw RuntimeError(fmt::format("cpu kernel fused_elementwise({} expr {}: {}", call_types(a),
                                  quote_text(a.attrs ? a.attrs->equation : std::string()), why));
 }
 
@@ -501,4 +506,165 @@ void fused_softmax_kernel(const KernelArgs& a) {
   }
 }
 
+namespace {
+[[noreturn]] void fail_fused_einsum(const KernelArgs& a, const std::string& why) {
+  throw RuntimeError(fmt::format("cpu kernel fused_einsum({} eq {} epilogue {}: {}", call_types(a),
+                                 quote_text(a.attrs ? a.attrs->equation : std::string()),
+                                 quote_text(a.attrs ? a.attrs->epilogue : std::string()), why));
+}
+}  // namespace
+
+KernelArgs fused_einsum_product_args(const KernelArgs& a) {
+  if (!a.attrs) fail_fused_einsum(a, "no attributes (the equation and the epilogue) were given");
+  if (a.in.size() != a.in_shapes.size() || a.in.size() != a.in_dtypes.size())
+    fail_fused_einsum(a, "operand pointers, shapes and dtypes differ in number");
+  const int n = fused_einsum_operands(a.attrs->equation);
+  if (n < 1 || n > 2 || static_cast<std::size_t>(n) > a.in.size())
+    fail_fused_einsum(a, fmt::format("the equation names {} einsum operands, the kernel has {} operands", n, a.in.size()));
+  KernelArgs e = a;
+  e.kind = OpKind::Einsum;
+  const auto cut = [n](auto& v) {
+    if (v.size() > static_cast<std::size_t>(n)) v.resize(static_cast<std::size_t>(n));
+  };
+  cut(e.in);
+  cut(e.in_shapes);
+  cut(e.in_dtypes);
+  cut(e.in_offsets);
+  cut(e.in_global_shapes);
+  return e;
+}
+
+bool fused_einsum_post_ops(const KernelArgs& a, EinsumEpilogue& ep) {
+  if (!a.attrs) return false;
+  // Parsed epilogues per device thread (a loaded program has a handful): text -> steps.
+  struct Parsed {
+    std::string text;
+    bool ok = false;
+    std::vector<EinsumEpilogue::Step> steps;
+  };
+  constexpr std::size_t kEntries = 32;
+  thread_local std::vector<Parsed> cache;
+  thread_local std::size_t next = 0;
+  const std::string& text = a.attrs->epilogue;
+  const Parsed* hit = nullptr;
+  for (const Parsed& p : cache)
+    if (p.text == text) hit = &p;
+  if (!hit) {
+    Parsed p;
+    p.text = text;
+    try {
+      p.ok = einsum_epilogue_steps(parse_fused_expr(text), p.steps);
+    } catch (const Error&) {
+      p.ok = false;  // the fallback path reports it
+    }
+    if (cache.size() < kEntries) {
+      cache.push_back(std::move(p));
+      hit = &cache.back();
+    } else {
+      cache[next] = std::move(p);
+      hit = &cache[next];
+      next = (next + 1) % kEntries;
+    }
+  }
+  if (!hit->ok) return false;
+  const std::size_t n = static_cast<std::size_t>(std::max(1, fused_einsum_operands(a.attrs->equation)));
+  if (n > a.in.size()) return false;
+  ep.steps = hit->steps;
+  ep.in.assign(1, nullptr);
+  ep.in_shapes.assign(1, a.out_shape);
+  for (std::size_t i = n; i < a.in.size(); ++i) {
+    if (a.in_dtypes[i] != DType::f32) return false;
+    ep.in.push_back(a.in[i]);
+    ep.in_shapes.push_back(a.in_shapes[i]);
+  }
+  for (const EinsumEpilogue::Step& st : ep.steps)
+    if (st.kind == EinsumEpilogue::Step::Kind::Add && static_cast<std::size_t>(st.operand) >= ep.in.size()) return false;
+  return true;
+}
+
+// With oneDNN: the matmul with the epilogue as post-ops, where it maps (onednn_einsum.hpp).
+// Otherwise the product is written into the result, then the epilogue runs over it in place as
+// a fused_elementwise over {result, the other operands}: its blocks read every operand's
+// elements before writing them, so the result may be its own operand $0 (cpu_fused's
+// in-place rule), and its values are the unfused chain's bits.
+void fused_einsum_kernel(const KernelArgs& a) { run_fused_einsum(a); }
+
+void fused_einsum_loop(const KernelArgs& a, const KernelArgs& e) {
+  cpu_einsum(e, EinsumImpl::Auto);
+  const std::size_t n = e.in.size();
+  OpAttrs at;
+  at.equation = a.attrs->epilogue;
+  KernelArgs ep;
+  ep.kind = OpKind::FusedElementwise;
+  ep.attrs = &at;
+  ep.in.push_back(a.out);
+  ep.in_shapes.push_back(a.out_shape);
+  ep.in_dtypes.push_back(a.out_dtype);
+  ep.in.insert(ep.in.end(), a.in.begin() + static_cast<long>(n), a.in.end());
+  ep.in_shapes.insert(ep.in_shapes.end(), a.in_shapes.begin() + static_cast<long>(n), a.in_shapes.end());
+  ep.in_dtypes.insert(ep.in_dtypes.end(), a.in_dtypes.begin() + static_cast<long>(n), a.in_dtypes.end());
+  ep.out = a.out;
+  ep.out_shape = a.out_shape;
+  ep.out_dtype = a.out_dtype;
+  ep.num_threads = a.num_threads;
+  try {
+    fused_elementwise_kernel(ep);
+  } catch (const RuntimeError& err) {
+    fail_fused_einsum(a, fmt::format("epilogue ($0 is the product): {}", err.what()));
+  }
+}
+
 }  // namespace tessel::cpu_detail
+
+namespace tessel {
+
+bool einsum_epilogue_steps(const FusedExpr& e, std::vector<EinsumEpilogue::Step>& steps) {
+  using Step = EinsumEpilogue::Step;
+  steps.clear();
+  if (e.nodes.empty()) return false;
+  auto node = [&](int k) -> const FusedNode& { return e.nodes[static_cast<std::size_t>(k)]; };
+  auto is_operand = [&](int k) { return node(k).kind == FusedNode::Kind::Operand && node(k).operand >= 1; };
+  auto is_f32_literal = [&](int k) { return node(k).kind == FusedNode::Kind::Literal && node(k).dtype == DType::f32; };
+  // From the root down to the product, one step per node.
+  for (int k = e.root();;) {
+    const FusedNode& n = node(k);
+    if (n.kind == FusedNode::Kind::Operand && n.operand == 0) break;
+    if (n.kind != FusedNode::Kind::Op) return false;
+    Step st;
+    if (n.op == OpKind::Gelu) {
+      st.kind = Step::Kind::Gelu;
+      k = n.args[0];
+    } else if (n.op == OpKind::Add && n.args.size() == 2 && (is_operand(n.args[1]) || is_operand(n.args[0]))) {
+      const bool right = is_operand(n.args[1]);
+      st.kind = Step::Kind::Add;
+      st.operand = node(n.args[right ? 1 : 0]).operand;
+      k = n.args[right ? 0 : 1];
+    } else if (n.op == OpKind::Mul && n.args.size() == 2 && (is_f32_literal(n.args[1]) || is_f32_literal(n.args[0]))) {
+      const bool right = is_f32_literal(n.args[1]);
+      st.kind = Step::Kind::Scale;
+      st.scale = static_cast<float>(node(n.args[right ? 1 : 0]).value);
+      k = n.args[right ? 0 : 1];
+    } else {
+      return false;
+    }
+    steps.push_back(st);
+  }
+  std::reverse(steps.begin(), steps.end());
+  return !steps.empty();
+}
+
+bool run_fused_einsum(const KernelArgs& a) {
+  const KernelArgs e = cpu_detail::fused_einsum_product_args(a);
+  EinsumEpilogue ep;
+  if (e.in.size() == 2 && a.out_dtype == DType::f32 && cpu_detail::fused_einsum_post_ops(a, ep) &&
+      cpu_einsum(e, EinsumImpl::Auto, &ep))
+    return true;
+  cpu_detail::fused_einsum_loop(a, e);
+  return false;
+}
+
+void run_fused_einsum_fallback(const KernelArgs& args) {
+  cpu_detail::fused_einsum_loop(args, cpu_detail::fused_einsum_product_args(args));
+}
+
+}  // namespace tessel

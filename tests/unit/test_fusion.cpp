@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tessel/builders.hpp"
+#include "test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/fused_expr.hpp"
@@ -18,34 +19,17 @@
 #include "tessel/text.hpp"
 
 using namespace tessel;
+using tessel_test::contains;
+using tessel_test::count;
+using tessel_test::error_of;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-int count(const std::string& s, const std::string& part) {
-  int n = 0;
-  for (std::size_t at = s.find(part); at != std::string::npos; at = s.find(part, at + 1)) ++n;
-  return n;
-}
-
 // The graph's outputs computed on `mesh`, lowered with fusion on or off.
+// This file tests the elementwise groups, bit for bit; an einsum's epilogue (fused_einsum,
+// whose oneDNN post-ops round differently) has tests/unit/test_fused_einsum.cpp.
 std::vector<HostTensor> run_with(const Graph& g, const Mesh& mesh, bool fuse, uint64_t seed) {
-  Executable exe = compile(g, mesh);
-  RunOptions ro;
-  ro.poison = true;
-  ro.check_replicas = true;
-  ro.lowering.fuse_elementwise = fuse;
-  return exe.run(random_inputs(g, seed), ro);
+  return tessel_test::run_fused(g, mesh, fuse, /*epilogues=*/false, seed);
 }
 
 void require_same_bits(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
@@ -81,6 +65,7 @@ void require_close(const std::vector<HostTensor>& a, const std::vector<HostTenso
 std::string lowered_text(const Graph& g, const Mesh& mesh, bool fuse) {
   ProgramPassOptions o;
   o.fuse_elementwise = fuse;
+  o.fuse_einsum_epilogue = false;  // as in run_with
   return print_program(lower_program(compile(g, mesh).program(), /*verify=*/true, o));
 }
 
@@ -194,7 +179,7 @@ TEST_CASE("fusion: the pass fuses chains whose intermediates nothing else reads"
 
   // Pure and idempotent; the text round-trips.
   Program p = parse_program(on);
-  CHECK(print_program(fuse_elementwise_pass(p)) == on);
+  CHECK(print_program(fuse_elementwise_pass(p, /*einsum_epilogues=*/false)) == on);
   CHECK(print_program(parse_program(print_program(p))) == on);
 }
 
