@@ -416,8 +416,14 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
   // two dims, the result's rows contiguous) runs as oneDNN's dnnl_sgemm instead of a matmul
   // primitive: at the GPT's shapes sgemm ran 1-10% faster (BM_Matmul, docs/cpu-backend.md) and
   // it needs no primitive. Each block's summation order is fixed by (shape, block rows).
-  // (With an epilogue: the matmul primitive and its post-ops, sgemm has none.)
-  const Sgemm g = !epilogue && dt == DType::f32 && vd.dims.size() == 2 ? sgemm_layout(vs, vw, vd, rows_per) : Sgemm{};
+  Sgemm g = dt == DType::f32 && vd.dims.size() == 2 ? sgemm_layout(vs, vw, vd, rows_per) : Sgemm{};
+  // An epilogue as post-ops needs the matmul primitive (sgemm has none). Where the plain
+  // product runs as sgemm, the caller's sgemm + epilogue loop is faster: the primitive with
+  // bias + gelu_tanh post-ops took 11-15% more CPU time than sgemm and a fused_elementwise
+  // for the gpt example's and the GPT-2-small block's MLP (BM_FusionMlp, docs/cpu-backend.md).
+  // So post-ops only where the product runs on a primitive anyway (batched products).
+  if (epilogue && g.ok && !epilogue->force_primitive) return false;
+  if (epilogue) g.ok = false;
   std::shared_ptr<const Entry> full, last;
   if (!g.ok) {
     full = primitive(rows_per);

@@ -61,8 +61,9 @@ bool onednn_einsum_compiled();
 // With `epilogue` (a fused_einsum's, as post-op steps: see EinsumEpilogue) the epilogue runs as
 // the matmul's post-ops, and the call returns false, having written nothing, where it cannot
 // (f32 only; a binary operand whose broadcast does not map onto the matmul's dims; no
-// optimised implementation with those post-ops): the caller then runs the product and the
-// epilogue loop.
+// optimised implementation with those post-ops) or should not (a plain product that runs as
+// dnnl_sgemm: sgemm then the loop measured faster than the primitive with post-ops): the
+// caller then runs the product and the epilogue loop.
 struct EinsumEpilogue;
 bool onednn_einsum(const KernelArgs& args, const std::string& sa, const std::string& sb,
                    const std::string& sr, bool prepare_only = false, const EinsumEpilogue* epilogue = nullptr);
@@ -87,6 +88,8 @@ struct EinsumEpilogue {
   // Epilogue operands by $k (index 0, the product, unused): data and shape.
   std::vector<const void*> in;
   std::vector<Shape> in_shapes;
+  // Post-ops also where the plain product would run as dnnl_sgemm (benchmarks: BM_FusionMlp).
+  bool force_primitive = false;
 };
 // The post-op steps of a parsed epilogue; false when it is not such a chain.
 struct FusedExpr;
