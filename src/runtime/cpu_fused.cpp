@@ -118,6 +118,12 @@ class Walker {
       off_ += idx_[d] * stride_[d];
     }
   }
+  // Back to element 0 (a walker kept between kernel calls).
+  void reset() {
+    std::fill(idx_.begin(), idx_.end(), 0);
+    off_ = 0;
+    pos_ = 0;
+  }
   // Whether the operand is read in result order, element for element (no broadcast).
   bool contiguous() const { return shape_.size() == 1 && stride_[0] == 1; }
 
@@ -253,7 +259,14 @@ void eval_op(const KernelArgs& a, const FusedNode& n, const std::vector<const El
 }
 
 
-// An expression parsed and typed for one list of operand types.
+struct AlignedDelete {
+  void operator()(Elem* p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+
+// An expression parsed and typed for one list of operand types, with what evaluating it needs
+// (operand walkers, a scratch block per node, per-node bookkeeping), made once: a kernel call
+// then allocates nothing. Entries live in a per-thread cache and one evaluator uses an entry
+// at a time (fused kernels do not nest), so the workspace is reset, not shared.
 struct Typed {
   std::string text;
   std::vector<Shape> shapes;
@@ -261,18 +274,28 @@ struct Typed {
   bool positional = false;
   FusedExpr expr;
   ResultType type;
+  // Workspace.
+  std::vector<Walker> walkers;  // per operand, over the expression's result
+  std::unique_ptr<Elem[], AlignedDelete> scratch;  // kBlock elements per node
+  std::vector<const Elem*> at;
+  std::vector<char> filled;
+  std::vector<int64_t> operand_block;
+  std::vector<const Elem*> operand_at;
+  std::vector<const Elem*> args;
+  std::vector<DType> arg_types;
 };
 
 // Parsing and typing cost a few microseconds, as much as the kernel itself on a small block,
 // and a loaded program calls the same kernel with the same expression and types every run: a
 // small per-thread cache of this pure function (each device thread keeps its own, so nothing
 // is shared and nothing locks) makes that cost once per thread and kernel.
-const Typed& typed(const KernelArgs& a, bool positional) {
+Typed& typed(const KernelArgs& a, bool positional) {
   constexpr std::size_t kEntries = 64;
   thread_local std::vector<Typed> cache;
   thread_local std::size_t next = 0;
+  if (cache.capacity() < kEntries) cache.reserve(kEntries);  // entries never move
   const std::string& text = a.attrs->equation;
-  for (const Typed& t : cache)
+  for (Typed& t : cache)
     if (t.positional == positional && t.text == text && t.shapes == a.in_shapes && t.dtypes == a.in_dtypes) return t;
   Typed t;
   t.text = text;
@@ -293,12 +316,20 @@ const Typed& typed(const KernelArgs& a, bool positional) {
   } catch (const Error& err) {
     fail(a, err.what());
   }
+  for (const Shape& in : a.in_shapes) t.walkers.emplace_back(in, t.type.shape);
+  const std::size_t nn = t.expr.nodes.size();
+  // Uninitialised: every node's block is written before it is read.
+  t.scratch.reset(static_cast<Elem*>(::operator new[](nn * static_cast<std::size_t>(kBlock) * sizeof(Elem), std::align_val_t(64))));
+  t.at.assign(nn, nullptr);
+  t.filled.assign(nn, 0);
+  t.operand_block.assign(a.in.size(), -1);
+  t.operand_at.assign(a.in.size(), nullptr);
   if (cache.size() < kEntries) {
     cache.push_back(std::move(t));
     return cache.back();
   }
   cache[next] = std::move(t);  // round robin
-  const Typed& r = cache[next];
+  Typed& r = cache[next];
   next = (next + 1) % kEntries;
   return r;
 }
@@ -307,25 +338,17 @@ const Typed& typed(const KernelArgs& a, bool positional) {
 // evaluated a block of result elements at a time.
 class Evaluator {
  public:
-  Evaluator(const KernelArgs& a, bool positional) : a_(a) {
-    if (!a.attrs) fail(a, "no attributes (the expression) were given");
-    if (a.in.size() != a.in_shapes.size() || a.in.size() != a.in_dtypes.size())
-      fail(a, "operand pointers, shapes and dtypes differ in number");
-    const Typed& t = typed(a, positional);
-    e_ = t.expr;
-    type_ = t.type;
+  Evaluator(const KernelArgs& a, bool positional)
+      : a_(a), t_(checked_typed(a, positional)), e_(t_.expr), type_(t_.type), walkers_(t_.walkers),
+        scratch_(t_.scratch), at_(t_.at), filled_(t_.filled), operand_block_(t_.operand_block),
+        operand_at_(t_.operand_at), args_(t_.args), arg_types_(t_.arg_types) {
     if (type_.shape != a.out_shape)
       fail(a, fmt::format("the expression computes {}, the result buffer is {}", type_str(type_.dtype, type_.shape),
                           type_str(a.out_dtype, a.out_shape)));
+    for (Walker& w : walkers_) w.reset();
+    std::fill(filled_.begin(), filled_.end(), 0);
+    std::fill(operand_block_.begin(), operand_block_.end(), -1);
     const Shape& os = a.out_shape;
-    for (std::size_t i = 0; i < a.in.size(); ++i) walkers_.emplace_back(a.in_shapes[i], os);
-    const std::size_t nn = e_.nodes.size();
-    // Uninitialised: every node's block is written before it is read.
-    scratch_.reset(static_cast<Elem*>(::operator new[](nn * static_cast<std::size_t>(kBlock) * sizeof(Elem), std::align_val_t(64))));
-    at_.assign(nn, nullptr);
-    filled_.assign(nn, false);
-    operand_block_.assign(a.in.size(), -1);
-    operand_at_.assign(a.in.size(), nullptr);
     if (os.size() >= 2) {  // causal_mask: the result block's [.., Q, K] position
       const std::size_t r = os.size();
       q_ = os[r - 2];
@@ -398,6 +421,12 @@ class Evaluator {
   }
 
  private:
+  static Typed& checked_typed(const KernelArgs& a, bool positional) {
+    if (!a.attrs) fail(a, "no attributes (the expression) were given");
+    if (a.in.size() != a.in_shapes.size() || a.in.size() != a.in_dtypes.size())
+      fail(a, "operand pointers, shapes and dtypes differ in number");
+    return typed(a, positional);
+  }
   // -inf where key > query (global positions), as the causal_mask kernel; elements i0.. of
   // the result, whose shape the mask has.
   void causal(const Elem* x, Elem* o, int64_t i0, int64_t m) const {
@@ -417,19 +446,17 @@ class Evaluator {
   }
 
   const KernelArgs& a_;
-  FusedExpr e_;
-  ResultType type_;
-  std::vector<Walker> walkers_;
-  struct AlignedDelete {
-    void operator()(Elem* p) const { ::operator delete[](p, std::align_val_t(64)); }
-  };
-  std::unique_ptr<Elem[], AlignedDelete> scratch_;
-  std::vector<const Elem*> at_;  // node -> its block: its buffer, an operand's, or the result
-  std::vector<bool> filled_;     // literals: filled once
-  std::vector<int64_t> operand_block_;  // the block each operand was last read for
-  std::vector<const Elem*> operand_at_;
-  std::vector<const Elem*> args_;
-  std::vector<DType> arg_types_;
+  Typed& t_;  // the expression and the workspace (this thread's cache entry)
+  const FusedExpr& e_;
+  const ResultType& type_;
+  std::vector<Walker>& walkers_;
+  std::unique_ptr<Elem[], AlignedDelete>& scratch_;
+  std::vector<const Elem*>& at_;  // node -> its block: its buffer, an operand's, or the result
+  std::vector<char>& filled_;     // literals: filled once
+  std::vector<int64_t>& operand_block_;  // the block each operand was last read for
+  std::vector<const Elem*>& operand_at_;
+  std::vector<const Elem*>& args_;
+  std::vector<DType>& arg_types_;
   int64_t q_ = 1, k_ = 1, qoff_ = 0, koff_ = 0;
 };
 

@@ -419,7 +419,7 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
   Sgemm g = dt == DType::f32 && vd.dims.size() == 2 ? sgemm_layout(vs, vw, vd, rows_per) : Sgemm{};
   // An epilogue as post-ops needs the matmul primitive (sgemm has none). Where the plain
   // product runs as sgemm, the caller's sgemm + epilogue loop is faster: the primitive with
-  // bias + gelu_tanh post-ops took 11-15% more CPU time than sgemm and a fused_elementwise
+  // bias + gelu_tanh post-ops took 12-17% more CPU time than sgemm and a fused_elementwise
   // for the gpt example's and the GPT-2-small block's MLP (BM_FusionMlp, docs/cpu-backend.md).
   // So post-ops only where the product runs on a primitive anyway (batched products).
   if (epilogue && g.ok && !epilogue->force_primitive) return false;
