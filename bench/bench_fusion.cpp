@@ -1,9 +1,20 @@
 // fuse-elementwise, measured (docs/cpu-backend.md, "Fusion"):
 //
-// BM_FusionGptForward/fusion:<0|1>: the gpt example's forward pass (default config) on one
-//   device, lowered without (0) and with (1) the fuse-elementwise pass; counters tokens/s and
-//   fused kernels (fused_elementwise + fused_softmax) per run; process_cpu_us is the CPU time
-//   of every thread of the process per run (the device threads', robust to a loaded machine).
+// BM_FusionGptForward/fusion:<0|1|2>: the gpt example's forward pass (default config) on one
+//   device, lowered without (0) and with the fuse-elementwise pass: elementwise groups only
+//   (1), and also einsum epilogues (2: fused_einsum, oneDNN post-ops); counters tokens/s and
+//   fused kernels (fused_elementwise + fused_softmax + fused_einsum) per run; process_cpu_us is
+//   the CPU time of every thread of the process per run (the device threads', robust to a
+//   loaded machine).
+// BM_FusionMlp/rows:<m>/d:<k>/f:<n>/mode:<0|1|2>: the MLP's first product with its bias and
+//   GELU, gelu(x w1 + b1), x [m,k], w1 [k,n], as bare kernel calls on the benchmark's thread:
+//   mode 0 unfused as the pass leaves it without epilogues (einsum, then a fused_elementwise
+//   bias + GELU), 1 one fused_einsum as the kernel table runs it (these plain products: sgemm,
+//   then the epilogue loop), 2 fused_einsum's fallback (the same, by the fallback entry), 3 the
+//   einsum as the matmul primitive with binary-add and gelu_tanh post-ops (forced: what the
+//   kernel declines for a product sgemm can run). Shapes: the gpt example's (512x128x512) and
+//   the GPT-2-small block's (1024x768x3072). Counter GFLOP/s of the product over the thread's
+//   CPU time; post_ops 1 where the epilogue ran as post-ops.
 // BM_FusionKernel/elems:<n>/fusion:<0|1>/chain:<0|1>: the same chain as bare CPU kernel calls
 //   on the benchmark's own thread (no runtime): four kernels and three intermediates, or one
 //   fused_elementwise; chain:1 drops the GELU (bias + scale + residual: three cheap ops, memory
@@ -22,6 +33,7 @@
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/reference.hpp"
+#include "../src/runtime/onednn_einsum.hpp"
 
 namespace {
 
@@ -37,17 +49,20 @@ int fused_kernels(const tessel::Program& p) {
   int n = 0;
   for (const tessel::Instr& in : p.instrs)
     n += in.kind == tessel::InstrKind::Kernel &&
-         (in.op == tessel::OpKind::FusedElementwise || in.op == tessel::OpKind::FusedSoftmax);
+         (in.op == tessel::OpKind::FusedElementwise || in.op == tessel::OpKind::FusedSoftmax ||
+          in.op == tessel::OpKind::FusedEinsum);
   return n;
 }
 
 // Loads `g` once on one device with fusion on or off and times run() on device-resident inputs.
-void run_loaded(benchmark::State& state, const tessel::Graph& g, bool fuse, double bytes_per_run) {
+// fuse: 0 off, 1 elementwise groups, 2 also einsum epilogues.
+void run_loaded(benchmark::State& state, const tessel::Graph& g, int fuse, double bytes_per_run) {
   const tessel::Mesh mesh = tessel::Mesh::parse("data=1,model=1");
   tessel::Executable exe = tessel::compile(g, mesh);
   tessel::ThreadRuntime rt(1);
   tessel::LoadOptions lo;
-  lo.lowering.fuse_elementwise = fuse;
+  lo.lowering.fuse_elementwise = fuse != 0;
+  lo.lowering.fuse_einsum_epilogue = fuse == 2;
   tessel::LoadedExecutable le = tessel::load(exe, rt, lo);
   const auto host = tessel::random_inputs(g, 1234);
   std::vector<tessel::ShardedArray> inputs;
@@ -70,11 +85,11 @@ void run_loaded(benchmark::State& state, const tessel::Graph& g, bool fuse, doub
 void BM_FusionGptForward(benchmark::State& state) {
   tessel::GptConfig cfg;
   tessel::GptGraph m = tessel::build_gpt(cfg);
-  run_loaded(state, m.graph, state.range(0) != 0, 0);
+  run_loaded(state, m.graph, static_cast<int>(state.range(0)), 0);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(cfg.batch * cfg.seq),
                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_FusionGptForward)->ArgName("fusion")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FusionGptForward)->ArgName("fusion")->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_FusionChain(benchmark::State& state) {
   const int64_t n = state.range(0), cols = 256, rows = n / cols;
@@ -83,7 +98,7 @@ void BM_FusionChain(benchmark::State& state) {
   tessel::Tensor b = tessel::input(g, "b", tessel::DType::f32, {cols});
   tessel::Tensor x = tessel::input(g, "x", tessel::DType::f32, {rows, cols});
   g.mark_output(tessel::add(x, tessel::mul(tessel::gelu(tessel::add(h, b)), 0.5)));
-  run_loaded(state, g, state.range(1) != 0, 4.0 * static_cast<double>(3 * n + cols));
+  run_loaded(state, g, state.range(1) != 0 ? 2 : 0, 4.0 * static_cast<double>(3 * n + cols));
 }
 BENCHMARK(BM_FusionChain)
     ->ArgNames({"elems", "fusion"})
@@ -136,6 +151,60 @@ void BM_FusionKernel(benchmark::State& state) {
 BENCHMARK(BM_FusionKernel)
     ->ArgNames({"elems", "fusion", "chain"})
     ->ArgsProduct({{int64_t{1} << 14, int64_t{1} << 18, int64_t{1} << 22}, {0, 1}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_FusionMlp(benchmark::State& state) {
+  using tessel::HostTensor;
+  using tessel::OpKind;
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  const int mode = static_cast<int>(state.range(3));
+  const tessel::DType f32 = tessel::DType::f32;
+  HostTensor x(f32, {m, k}), w(f32, {k, n}), b(f32, {n}), u(f32, {m, n}), y(f32, {m, n});
+  for (int64_t i = 0; i < m * k; ++i) x.set(i, 0.001 * static_cast<double>(i % 1999) - 1.0);
+  for (int64_t i = 0; i < k * n; ++i) w.set(i, 0.0005 * static_cast<double>(i % 997) - 0.25);
+  for (int64_t i = 0; i < n; ++i) b.set(i, 0.01 * static_cast<double>(i % 100));
+  tessel::OpAttrs ein, ep, fe;
+  ein.equation = "mk,kn->mn";
+  ep.equation = "gelu(add($0,$1))";
+  fe.equation = "mk,kn->mn";
+  fe.epilogue = "gelu(add($0,$1))";
+  std::vector<tessel::KernelArgs> calls;
+  if (mode == 0) {
+    calls.push_back(kernel(OpKind::Einsum, {&x, &w}, u, &ein));
+    calls.push_back(kernel(OpKind::FusedElementwise, {&u, &b}, y, &ep));
+  } else {
+    calls.push_back(kernel(OpKind::FusedEinsum, {&x, &w, &b}, y, &fe));
+  }
+  bool post_ops = false;
+  tessel::EinsumEpilogue forced;
+  forced.steps = {{tessel::EinsumEpilogue::Step::Kind::Add, 1, 1.0f}, {tessel::EinsumEpilogue::Step::Kind::Gelu, -1, 1.0f}};
+  forced.in = {nullptr, b.data()};
+  forced.in_shapes = {{m, n}, {n}};
+  forced.force_primitive = true;
+  tessel::KernelArgs product = kernel(OpKind::Einsum, {&x, &w}, y, &ein);
+  for (auto _ : state) {
+    if (mode == 3) {
+      post_ops = tessel::cpu_einsum(product, tessel::EinsumImpl::Auto, &forced);
+      continue;
+    }
+    if (mode == 2) {
+      tessel::run_fused_einsum_fallback(calls[0]);
+      continue;
+    }
+    if (mode == 1) {
+      post_ops = tessel::run_fused_einsum(calls[0]);
+      continue;
+    }
+    for (const tessel::KernelArgs& a : calls) tessel::run_cpu_kernel(a);
+  }
+  state.counters["post_ops"] = post_ops;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2e-9 * static_cast<double>(m * k * n), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FusionMlp)
+    ->ArgNames({"rows", "d", "f", "mode"})
+    ->ArgsProduct({{512}, {128}, {512}, {0, 1, 2, 3}})
+    ->ArgsProduct({{1024}, {768}, {3072}, {0, 1, 2, 3}})
     ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -17,7 +17,12 @@
 // A softmax is a root too: its group (its operand's producers, by the same rules, and also a
 // causal_mask of the softmax's shape, which reads positions) becomes one fused_softmax kernel,
 // softmax(expr) along the softmax's axis — the attention's scale + causal mask + softmax.
-// A group with fewer than two ops is left as it is. The fused kernel stands at its root's
+// An einsum is a group's head when the group alone reads its result (every reader a member,
+// not an output, the root's stream) and the group keeps the product's shape and dtype: the
+// group becomes one fused_einsum, the einsum with the group's expression as its epilogue
+// (`$0` the product: the matmul's bias, GELU, residual and scale as post-ops, so the product
+// is written once, already finished). Then one op is enough; otherwise a group with fewer
+// than two ops is left as it is. The fused kernel stands at its root's
 // place: every operand of the group is defined before any member, and no other instruction
 // reads a member's result, so moving the members' work there changes no dependence (and no
 // stream order: a value ready for a member is ready later too).
@@ -51,13 +56,14 @@ bool is_member_kind(const Instr& in) {
 }
 
 struct Group {
-  std::vector<int> members;  // instruction indices, program order
-  std::vector<int> operands; // leaf values, in order of first read
+  std::vector<int> members;  // instruction indices, program order (the head included)
+  int head = -1;             // the einsum whose product the group's expression finishes, or -1
 };
 
 class Fuser {
  public:
-  explicit Fuser(const Program& p) : p_(p), def_(p.values.size(), -1), readers_(p.values.size()) {
+  Fuser(const Program& p, bool einsum_epilogues)
+      : p_(p), einsum_epilogues_(einsum_epilogues), def_(p.values.size(), -1), readers_(p.values.size()) {
     for (std::size_t i = 0; i < p.instrs.size(); ++i) {
       const Instr& in = p.instrs[i];
       for (int v : in.defs()) def_[static_cast<std::size_t>(v)] = static_cast<int>(i);
@@ -104,8 +110,11 @@ class Fuser {
                : mi.op == OpKind::Constant   ? 0
                                               : 1;
       }
-      if (ops < 2) continue;
+      const int head = is_softmax(root) || ops < 1 ? -1 : einsum_head(members, root);
+      if (ops < 2 && head < 0) continue;
       Group g;
+      g.head = head;
+      if (head >= 0) members.insert(head);
       g.members.assign(members.begin(), members.end());
       for (int m : g.members) group_of[static_cast<std::size_t>(m)] = static_cast<int>(groups.size());
       groups.push_back(std::move(g));
@@ -126,6 +135,29 @@ class Fuser {
   }
 
  private:
+  // The einsum that only this group reads (see the file comment), the latest if several, or -1.
+  int einsum_head(const std::set<int>& members, const Instr& root) const {
+    if (!einsum_epilogues_) return -1;
+    const LocalValue& rv = p_.values[static_cast<std::size_t>(root.out)];
+    int best = -1;
+    for (int v : leaves(members)) {
+      const int j = def_[static_cast<std::size_t>(v)];
+      if (j < 0 || j <= best) continue;
+      const Instr& e = p_.instrs[static_cast<std::size_t>(j)];
+      const LocalValue& ev = p_.values[static_cast<std::size_t>(v)];
+      if (e.kind != InstrKind::Kernel || e.op != OpKind::Einsum || !e.extra_out.empty() || e.stream != root.stream ||
+          output_.count(v) || ev.shape != rv.shape || ev.dtype != rv.dtype)
+        continue;
+      const auto& rd = readers_[static_cast<std::size_t>(v)];
+      if (!std::all_of(rd.begin(), rd.end(), [&](int x) { return members.count(x) > 0; })) continue;
+      std::set<int> grown = members;
+      grown.insert(j);
+      if (!fits(grown)) continue;
+      best = j;
+    }
+    return best;
+  }
+
   // Values read by the members that no member defines, in order of first read.
   std::vector<int> leaves(const std::set<int>& members) const {
     std::vector<int> ls;
@@ -145,8 +177,15 @@ class Fuser {
   }
 
   Instr fused_instr(const Group& g) const {
-    const std::set<int> members(g.members.begin(), g.members.end());
-    const std::vector<int> ops = leaves(members);
+    std::set<int> members(g.members.begin(), g.members.end());
+    members.erase(g.head);
+    // The expression's operands; with a head, its product first ($0 of the epilogue).
+    std::vector<int> ops = leaves(members);
+    const Instr* head = g.head >= 0 ? &p_.instrs[static_cast<std::size_t>(g.head)] : nullptr;
+    if (head) {
+      ops.erase(std::find(ops.begin(), ops.end(), head->out));
+      ops.insert(ops.begin(), head->out);
+    }
     FusedExpr e;
     std::map<int, int> node_of;  // value -> node
     auto value_node = [&](int v) {
@@ -168,6 +207,7 @@ class Fuser {
       f.flops += mi.flops;
       f.seconds += mi.seconds;
       if (softmax && m == g.members.back()) break;  // the softmax itself: the op, not a node
+      if (m == g.head) continue;                     // the einsum: the op, its product is $0
       if (mi.op == OpKind::Constant) {
         FusedNode n;
         n.kind = FusedNode::Kind::Literal;
@@ -211,6 +251,13 @@ class Fuser {
     if (softmax) f.attrs.axis = root.attrs.axis;
     f.attrs.equation = print_fused_expr(e);
     f.in = ops;
+    if (head) {  // einsum(head's operands) then the expression over {product, the other leaves}
+      f.op = OpKind::FusedEinsum;
+      f.attrs.epilogue = f.attrs.equation;
+      f.attrs.equation = head->attrs.equation;
+      f.in = head->in;
+      f.in.insert(f.in.end(), ops.begin() + 1, ops.end());
+    }
     f.out = root.out;
     f.stream = root.stream;
     f.graph_op = root.graph_op;
@@ -219,6 +266,7 @@ class Fuser {
   }
 
   const Program& p_;
+  bool einsum_epilogues_ = true;
   std::vector<int> def_;
   std::vector<std::set<int>> readers_;
   std::set<int> output_;
@@ -226,6 +274,6 @@ class Fuser {
 
 }  // namespace
 
-Program fuse_elementwise_pass(Program p) { return Fuser(p).run(); }
+Program fuse_elementwise_pass(Program p, bool einsum_epilogues) { return Fuser(p, einsum_epilogues).run(); }
 
 }  // namespace tessel

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -319,6 +320,11 @@ ResultType type_fused_expr(FusedExpr& e, const std::vector<const Value*>& in, bo
                                                   shape_str(s), shape_str(r.shape)));
   }
   return {r.shape, r.dtype};
+}
+
+int fused_einsum_operands(std::string_view equation) {
+  const std::string_view lhs = equation.substr(0, equation.find("->"));
+  return 1 + static_cast<int>(std::count(lhs.begin(), lhs.end(), ','));
 }
 
 }  // namespace tessel

@@ -377,8 +377,9 @@ ProgramPassManager default_program_pipeline(const ProgramPassOptions& options) {
   // views, which fusion leaves alone), before async-collectives (a fused kernel stands at its
   // root's place on compute; the async pass then places dones and waits for the fused
   // program, and memory-plan sees only the values that still reach memory).
-  const bool fuse = options.fuse_elementwise;
-  pm.add("fuse-elementwise", [fuse](Program p) { return fuse ? fuse_elementwise_pass(std::move(p)) : p; });
+  const bool fuse = options.fuse_elementwise, epilogues = options.fuse_einsum_epilogue;
+  pm.add("fuse-elementwise",
+         [fuse, epilogues](Program p) { return fuse ? fuse_elementwise_pass(std::move(p), epilogues) : p; });
   pm.add("async-collectives", async_collectives_pass);
   if (options.offload_min_bytes > 0) {
     const int64_t bytes = options.offload_min_bytes;

@@ -162,12 +162,14 @@ class Parser : LineLexer {
   // One attribute value, in the syntax of its field (ops.hpp: attr_value_text prints it).
   void parse_attr(const AttrSpec& spec, OpAttrs& a) {
     switch (spec.field) {
-      case AttrField::Equation: {
+      case AttrField::Equation:
+      case AttrField::Epilogue: {
         Token s = next();
+        const bool eq = spec.field == AttrField::Equation;
         if (s.kind != TK::String)
-          fail(s.col, fmt::format("expected an einsum equation string like \"bsd,df->bsf\", "
-                                  "got {}", describe(s)));
-        a.equation = s.text;
+          fail(s.col, fmt::format("expected {} string like {}, got {}", eq ? "an einsum equation" : "an epilogue expression",
+                                  eq ? "\"bsd,df->bsf\"" : "\"gelu(add($0,$1))\"", describe(s)));
+        (eq ? a.equation : a.epilogue) = s.text;
         return;
       }
       case AttrField::Dims: a.dims = parse_int_list(spec.key, false); return;

@@ -51,6 +51,13 @@ Tensor fused_elementwise(const std::vector<Tensor>& operands, const std::string&
 // softmax(expr(operands), axis) in one pass: the expression may end in causal_mask (the
 // attention's scale + mask + softmax), e.g. fused_softmax({s}, "causal_mask(mul($0,0.125:f32[]))", -1).
 Tensor fused_softmax(const std::vector<Tensor>& operands, const std::string& expr, int64_t axis);
+// An einsum with an epilogue (what the fuse-elementwise pass makes of an einsum and the
+// elementwise chain that alone reads it): epilogue(einsum(equation, operands[0..n))), where n
+// is the equation's operand count, `$0` in the epilogue is the product and `$k` operand n-1+k,
+// e.g. fused_einsum("bsd,df->bsf", {x, w1, b1}, "gelu(add($0,$1))"). The epilogue must keep
+// the product's shape and dtype. Its summed letters are never sharded (no partial product
+// goes through the epilogue).
+Tensor fused_einsum(const std::string& equation, const std::vector<Tensor>& operands, const std::string& epilogue);
 
 Tensor add(Tensor a, Tensor b);
 Tensor sub(Tensor a, Tensor b);

@@ -73,4 +73,12 @@ std::string print_fused_expr(const FusedExpr& e);
 // positions are the result's elements' (the mask must have the result's shape).
 ResultType type_fused_expr(FusedExpr& e, const std::vector<const Value*>& in, bool positional = false);
 
+// fused_einsum (an einsum with an epilogue: the matmul's bias, GELU, residual add and scale
+// applied to the product before it is stored, oneDNN's post-ops) uses the same text for its
+// epilogue: there `$0` is the einsum's product and `$k` (k >= 1) the op's operand
+// fused_einsum_operands(equation) - 1 + k, the operands that follow the einsum's own.
+// The number of the einsum's own operands: the terms left of "->" (1 or 2 for a valid
+// equation; the registry's shape function checks the rest).
+int fused_einsum_operands(std::string_view equation);
+
 }  // namespace tessel

@@ -16,7 +16,8 @@
 namespace tessel {
 
 struct OpAttrs {
-  std::string equation;          // Einsum
+  std::string equation;          // Einsum; FusedElementwise / FusedSoftmax: the expression
+  std::string epilogue;          // FusedEinsum: the elementwise expression applied to the product
   std::vector<int64_t> dims;     // Reduce*: reduced dims; Transpose: permutation
   Shape shape;                   // Reshape / Broadcast / Constant target shape
   std::vector<int64_t> starts;   // Slice
@@ -35,10 +36,10 @@ struct OpAttrs {
 };
 
 // The fields of OpAttrs an attribute schema can name. Each has one text syntax:
-//   Equation "bsd,df->bsf" · Ints / Shape [1,2] · Int / Depth 3 · Float 1e-5 · Bool true ·
+//   Equation "bsd,df->bsf" · Epilogue "gelu(add($0,$1))" · Ints / Shape [1,2] · Int / Depth 3 · Float 1e-5 · Bool true ·
 //   DType bf16
 enum class AttrField { Equation, Dims, Shape, Starts, Limits, Axis, Depth, Scalar, Eps, Keepdims, DType, Beta1, Beta2,
-                       WeightDecay };
+                       WeightDecay, Epilogue };
 
 struct AttrSpec {
   const char* key;          // text-form name, e.g. "perm" for Transpose's dims

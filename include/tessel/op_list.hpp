@@ -40,4 +40,5 @@
   X(SoftmaxGrad)        /* (y, dy) -> y (dy - sum(dy y, axis)): softmax's backward, fused */   \
   X(CrossEntropyGrad)   /* (logits, labels, g) -> (softmax - one_hot) g: fused backward   */   \
   X(FusedElementwise)   /* operands -> attrs.equation's elementwise expression (fused_expr) */ \
-  X(FusedSoftmax)       /* softmax along attrs.axis of attrs.equation's expression        */
+  X(FusedSoftmax)       /* softmax along attrs.axis of attrs.equation's expression        */ \
+  X(FusedEinsum)        /* einsum attrs.equation, then attrs.epilogue over the product    */

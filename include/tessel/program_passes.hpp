@@ -18,7 +18,9 @@
 //                      ProgramPassOptions::combine_threshold_bytes per combined buffer.
 //   fuse-elementwise   each chain (a DAG) of elementwise kernels whose intermediates nothing else
 //                      reads becomes one fused_elementwise kernel: one pass over memory
-//                      (ProgramPassOptions::fuse_elementwise; off: the pass changes nothing).
+//                      (ProgramPassOptions::fuse_elementwise; off: the pass changes nothing);
+//                      an einsum that only such a chain reads takes it as its epilogue
+//                      (fused_einsum; ProgramPassOptions::fuse_einsum_epilogue).
 //   async-collectives  each collective becomes `X_start` on `comm` (after `wait compute @comm`)
 //                      and `done` just before the first reader of its result, with a `wait`
 //                      wherever a value crosses streams.
@@ -61,6 +63,11 @@ struct ProgramPassOptions {
   // can go unfused: TESSEL_FUSION=0 ./scripts/test). tessel-explain: --no-fusion.
   bool fuse_elementwise = fusion_default();
   static bool fusion_default();
+  // With fuse_elementwise: an einsum and the elementwise chain that alone reads its product
+  // become one fused_einsum (the chain as the einsum's epilogue: oneDNN matmul post-ops on the
+  // CPU). Only backends with a fused_einsum kernel can run it (the CPU's); a backend without
+  // one turns fuse_elementwise off (the CUDA runner does).
+  bool fuse_einsum_epilogue = true;
 };
 
 Program pack_pass(Program p);
@@ -80,8 +87,11 @@ Program combine_collectives_pass(Program p, int64_t threshold_bytes = ProgramPas
 // `fused_elementwise` kernel each, placed at the group's last instruction (docs/program-ir.md,
 // "fuse-elementwise"). Producers with fewer elements than the group's result (broadcast
 // statistics) and other streams' kernels stay outside. A softmax with its elementwise (and
-// causal_mask) producers becomes one `fused_softmax`. A pure function; idempotent.
-Program fuse_elementwise_pass(Program p);
+// causal_mask) producers becomes one `fused_softmax`. With `einsum_epilogues`, an einsum whose
+// result only such a group reads (same shape and dtype as the group's result) joins it as its
+// head: one `fused_einsum` whose epilogue is the group's expression ($0 the product). A pure
+// function; idempotent.
+Program fuse_elementwise_pass(Program p, bool einsum_epilogues = true);
 Program async_collectives_pass(Program p);
 // Activation offload (src/offload.cpp, docs/program-ir.md "offload-activations"): for each
 // intermediate value defined and read on `compute` only, not viewed, of at least `min_bytes`,

@@ -4,7 +4,8 @@
 // the op's own shape function; its rule is the elementwise one (operands broadcast against
 // the result), so a fused op partitions like the chain it stands for. fused_softmax is a
 // softmax of such an expression (which may end in causal_mask): the attention's scale + mask +
-// softmax in one kernel.
+// softmax in one kernel. fused_einsum is an einsum whose product goes through such an expression
+// (its epilogue: bias, GELU, residual, scale) before it is stored: the matmul's post-ops.
 #include "op_helpers.hpp"
 #include "tessel/fused_expr.hpp"
 
@@ -96,6 +97,85 @@ Tensor sample_fused_softmax(Graph& g, SampleGen& r) {
   return fused_softmax({x, b}, "add($0,$1)", axis);
 }
 
+// ---- fused_einsum: epilogue(einsum(a[, b]), extra operands...) ----
+std::size_t einsum_arity(const OpAttrs& a, const Ins& in) {
+  const int n = fused_einsum_operands(a.equation);
+  if (n < 1 || n > 2 || static_cast<std::size_t>(n) > in.size())
+    shape_fail("fused_einsum", in, fmt::format("equation '{}' names {} einsum operands; the op has {} operands "
+                                               "(the einsum's one or two, then the epilogue's)",
+                                               a.equation, n, in.size()));
+  return static_cast<std::size_t>(n);
+}
+// The product's type (einsum's shape function on the einsum's operands) and the epilogue's
+// typed over {product, the other operands}: it must keep the product's shape and dtype (the
+// kernel applies it in place to the product it has just written).
+void infer_fused_einsum(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  const std::size_t n = einsum_arity(a, in);
+  Value product;
+  product.name = "product";
+  op_def(OpKind::Einsum).infer(a, Ins(in.begin(), in.begin() + static_cast<long>(n)), product.shape, product.dtype);
+  Ins ep{&product};
+  ep.insert(ep.end(), in.begin() + static_cast<long>(n), in.end());
+  FusedExpr e = parse_fused_expr(a.epilogue);
+  ResultType r;
+  try {
+    r = type_fused_expr(e, ep);
+  } catch (const ShapeError& err) {
+    shape_fail("fused_einsum", in, fmt::format("epilogue {} ($0 is the product {}): {}", quote_text(a.epilogue),
+                                               type_str(product.dtype, product.shape), err.what()));
+  }
+  if (!(r.shape == product.shape && r.dtype == product.dtype))
+    shape_fail("fused_einsum", in, fmt::format("epilogue {} computes {} from the product {}; it must keep the "
+                                               "product's shape and dtype",
+                                               quote_text(a.epilogue), type_str(r.dtype, r.shape),
+                                               type_str(product.dtype, product.shape)));
+  out = r.shape;
+  dt = r.dtype;
+}
+void normalize_fused_einsum(OpAttrs& a, const Ins&) { a.epilogue = print_fused_expr(parse_fused_expr(a.epilogue)); }
+// The einsum's factors, with its summed letters replicated (the epilogue is not linear: it
+// needs the whole sum, never a partial one); the epilogue's operands broadcast against the
+// result, on the result's factors.
+OpRule rule_fused_einsum(const OpAttrs& a, const Shapes& in, const Shape& out) {
+  const std::size_t n = std::min<std::size_t>(in.size(), static_cast<std::size_t>(std::max(1, fused_einsum_operands(a.equation))));
+  OpRule r = op_def(OpKind::Einsum).rule(a, Shapes(in.begin(), in.begin() + static_cast<long>(n)), out);
+  for (Factor& f : r.factors)
+    if (f.kind == FactorKind::Reduction) f.kind = FactorKind::Replicated;
+  for (std::size_t i = n; i < in.size(); ++i) {
+    std::vector<DimFactors> dims = broadcast_dims(in[i], out);
+    for (DimFactors& d : dims)
+      if (!d.empty()) d = r.result[static_cast<std::size_t>(d[0])];
+    r.operands.push_back(std::move(dims));
+  }
+  return r;
+}
+double flops_fused_einsum(const OpAttrs& a, const Shapes& in, const Shape& out) {
+  const std::size_t n = std::min<std::size_t>(in.size(), static_cast<std::size_t>(std::max(1, fused_einsum_operands(a.equation))));
+  OpAttrs ep;
+  ep.equation = a.epilogue;
+  return op_def(OpKind::Einsum).flops(a, Shapes(in.begin(), in.begin() + static_cast<long>(n)), out) +
+         flops_fused(ep, in, out);
+}
+// A matmul (with batch letters or without, an operand sometimes transposed) and one of the
+// MLP's epilogues: bias, bias + GELU, residual, scale, and a chain of all four.
+Tensor sample_fused_einsum(Graph& g, SampleGen& r) {
+  const bool batch = r.coin(), trans = r.coin(0.3);
+  const int64_t B = r.dim(), M = r.dim(), K = r.dim(), N = r.dim();
+  const std::string eq = batch ? (trans ? "bmk,bnk->bmn" : "bmk,bkn->bmn") : (trans ? "mk,nk->mn" : "mk,kn->mn");
+  Shape sa = batch ? Shape{B, M, K} : Shape{M, K};
+  Shape sb = batch ? (trans ? Shape{B, N, K} : Shape{B, K, N}) : (trans ? Shape{N, K} : Shape{K, N});
+  Shape so = batch ? Shape{B, M, N} : Shape{M, N};
+  Tensor x = r.input(g, sa), w = r.input(g, sb);
+  Tensor bias = r.input(g, {N}), res = r.input(g, so);
+  switch (r.below(5)) {
+    case 0: return fused_einsum(eq, {x, w, bias}, "add($0,$1)");
+    case 1: return fused_einsum(eq, {x, w, bias}, "gelu(add($0,$1))");
+    case 2: return fused_einsum(eq, {x, w, res}, "add($1,$0)");
+    case 3: return fused_einsum(eq, {x, w}, "mul($0,0.125:f32[])");
+    default: return fused_einsum(eq, {x, w, bias, res}, "add(mul(gelu(add($0,$1)),0.5:f32[]),$2)");
+  }
+}
+
 }  // namespace
 
 void register_fused_ops(std::vector<OpDef>& t) {
@@ -110,6 +190,11 @@ void register_fused_ops(std::vector<OpDef>& t) {
   sm.normalize = normalize_fused_softmax;
   sm.needs_offsets = true;  // causal_mask nodes read the result block's global position
   put(t, std::move(sm));
+  OpDef fe = entry(OpKind::FusedEinsum, "fused_einsum", 1, -1, infer_fused_einsum, rule_fused_einsum,
+                   flops_fused_einsum, sample_fused_einsum);
+  fe.attrs = {{"eq", AttrField::Equation}, {"epilogue", AttrField::Epilogue}};
+  fe.normalize = normalize_fused_einsum;
+  put(t, std::move(fe));
 }
 
 }  // namespace ops_detail
@@ -127,6 +212,14 @@ Tensor fused_softmax(const std::vector<Tensor>& operands, const std::string& exp
   a.axis = axis;
   if (operands.empty()) throw Error("fused_softmax: give at least one operand (a graph to add the op to)");
   return ops_detail::build(OpKind::FusedSoftmax, operands, std::move(a));
+}
+
+Tensor fused_einsum(const std::string& equation, const std::vector<Tensor>& operands, const std::string& epilogue) {
+  OpAttrs a;
+  a.equation = equation;
+  a.epilogue = epilogue;
+  if (operands.empty()) throw Error("fused_einsum: give the einsum's operands (and the epilogue's)");
+  return ops_detail::build(OpKind::FusedEinsum, operands, std::move(a));
 }
 
 }  // namespace tessel

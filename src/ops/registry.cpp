@@ -47,6 +47,7 @@ bool is_default(AttrField f, const OpAttrs& a) {
   static const OpAttrs d;
   switch (f) {
     case AttrField::Equation: return a.equation == d.equation;
+    case AttrField::Epilogue: return a.epilogue == d.epilogue;
     case AttrField::Dims: return a.dims == d.dims;
     case AttrField::Shape: return a.shape == d.shape;
     case AttrField::Starts: return a.starts == d.starts;
@@ -128,6 +129,7 @@ double op_bytes(OpKind kind, const OpAttrs& attrs, const std::vector<Shape>& in,
 std::string attr_value_text(AttrField f, const OpAttrs& a) {
   switch (f) {
     case AttrField::Equation: return quote_text(a.equation);
+    case AttrField::Epilogue: return quote_text(a.epilogue);
     case AttrField::Dims: return ints_text(a.dims);
     case AttrField::Shape: return ints_text(a.shape);
     case AttrField::Starts: return ints_text(a.starts);

@@ -14,6 +14,7 @@
 #include "tessel/graph.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
+#include "onednn_einsum.hpp"
 
 namespace tessel::cpu_detail {
 
@@ -161,5 +162,13 @@ inline void softmax_f32(const float* x, float* y, int64_t outer, int64_t len, in
 // The fused_elementwise and fused_softmax kernels (cpu_fused.cpp).
 void fused_elementwise_kernel(const KernelArgs& a);
 void fused_softmax_kernel(const KernelArgs& a);
+// fused_einsum: the einsum of the first operands, then its epilogue over the product in place.
+void fused_einsum_kernel(const KernelArgs& a);
+// fused_einsum's epilogue as post-op steps over the args' epilogue operands (cached per thread
+// by the epilogue's text); false when it is not a post-op chain (onednn_einsum.hpp).
+bool fused_einsum_post_ops(const KernelArgs& a, EinsumEpilogue& ep);
+// fused_einsum without post-ops: the product (`product`: fused_einsum_product_args(a)) into the
+// result, then the epilogue over it in place.
+void fused_einsum_loop(const KernelArgs& a, const KernelArgs& product);
 
 }  // namespace tessel::cpu_detail

@@ -26,10 +26,72 @@
 #include <vector>
 
 #include "cpu_elementwise.hpp"
+#include "onednn_einsum.hpp"
 #include "tessel/fused_expr.hpp"
 #include "tessel/ops.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
+
+namespace tessel {
+
+namespace {
+// "f32[4,8], f32[8] -> f32[4,8]": a kernel call's operand and result types, for messages.
+std::string call_types(const KernelArgs& a) {
+  std::vector<std::string> ins;
+  for (std::size_t i = 0; i < a.in_shapes.size() && i < a.in_dtypes.size(); ++i)
+    ins.push_back(type_str(a.in_dtypes[i], a.in_shapes[i]));
+  return fmt::format("{}) -> {}", join(ins, ", "), type_str(a.out_dtype, a.out_shape));
+}
+
+[[noreturn]] void fail_fused_einsum(const KernelArgs& a, const std::string& why) {
+  throw RuntimeError(fmt::format("kernel fused_einsum({} eq {} epilogue {}: {}", call_types(a),
+                                 quote_text(a.attrs ? a.attrs->equation : std::string()),
+                                 quote_text(a.attrs ? a.attrs->epilogue : std::string()), why));
+}
+}  // namespace
+
+KernelArgs fused_einsum_product_args(const KernelArgs& a) {
+  if (!a.attrs) fail_fused_einsum(a, "no attributes (the equation and the epilogue) were given");
+  if (a.in.size() != a.in_shapes.size() || a.in.size() != a.in_dtypes.size())
+    fail_fused_einsum(a, "operand pointers, shapes and dtypes differ in number");
+  const int n = fused_einsum_operands(a.attrs->equation);
+  if (n < 1 || n > 2 || static_cast<std::size_t>(n) > a.in.size())
+    fail_fused_einsum(a, fmt::format("the equation names {} einsum operands, the kernel has {} operands", n, a.in.size()));
+  KernelArgs e = a;
+  e.kind = OpKind::Einsum;
+  const auto cut = [n](auto& v) {
+    if (v.size() > static_cast<std::size_t>(n)) v.resize(static_cast<std::size_t>(n));
+  };
+  cut(e.in);
+  cut(e.in_shapes);
+  cut(e.in_dtypes);
+  cut(e.in_offsets);
+  cut(e.in_global_shapes);
+  return e;
+}
+
+
+KernelArgs fused_einsum_epilogue_args(const KernelArgs& a, OpAttrs& attrs) {
+  const std::size_t n = fused_einsum_product_args(a).in.size();
+  attrs = OpAttrs{};
+  attrs.equation = a.attrs->epilogue;
+  KernelArgs ep;
+  ep.kind = OpKind::FusedElementwise;
+  ep.attrs = &attrs;
+  ep.in.push_back(a.out);
+  ep.in_shapes.push_back(a.out_shape);
+  ep.in_dtypes.push_back(a.out_dtype);
+  ep.in.insert(ep.in.end(), a.in.begin() + static_cast<long>(n), a.in.end());
+  ep.in_shapes.insert(ep.in_shapes.end(), a.in_shapes.begin() + static_cast<long>(n), a.in_shapes.end());
+  ep.in_dtypes.insert(ep.in_dtypes.end(), a.in_dtypes.begin() + static_cast<long>(n), a.in_dtypes.end());
+  ep.out = a.out;
+  ep.out_shape = a.out_shape;
+  ep.out_dtype = a.out_dtype;
+  ep.num_threads = a.num_threads;
+  return ep;
+}
+
+}  // namespace tessel
 
 namespace tessel::cpu_detail {
 namespace {
@@ -45,11 +107,7 @@ union Elem {
 };
 
 [[noreturn]] void fail(const KernelArgs& a, const std::string& why) {
-  std::vector<std::string> ins;
-  for (std::size_t i = 0; i < a.in_shapes.size() && i < a.in_dtypes.size(); ++i)
-    ins.push_back(type_str(a.in_dtypes[i], a.in_shapes[i]));
-  throw RuntimeError(fmt::format("cpu kernel fused_elementwise({}) -> {} expr {}: {}", join(ins, ", "),
-                                 type_str(a.out_dtype, a.out_shape),
+  throw RuntimeError(fmt::format("cpu kernel fused_elementwise({} expr {}: {}", call_types(a),
                                  quote_text(a.attrs ? a.attrs->equation : std::string()), why));
 }
 
@@ -112,6 +170,12 @@ class Walker {
       flat /= shape_[d];
       off_ += idx_[d] * stride_[d];
     }
+  }
+  // Back to element 0 (a walker kept between kernel calls).
+  void reset() {
+    std::fill(idx_.begin(), idx_.end(), 0);
+    off_ = 0;
+    pos_ = 0;
   }
   // Whether the operand is read in result order, element for element (no broadcast).
   bool contiguous() const { return shape_.size() == 1 && stride_[0] == 1; }
@@ -248,7 +312,14 @@ void eval_op(const KernelArgs& a, const FusedNode& n, const std::vector<const El
 }
 
 
-// An expression parsed and typed for one list of operand types.
+struct AlignedDelete {
+  void operator()(Elem* p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+
+// An expression parsed and typed for one list of operand types, with what evaluating it needs
+// (operand walkers, a scratch block per node, per-node bookkeeping), made once: a kernel call
+// then allocates nothing. Entries live in a per-thread cache and one evaluator uses an entry
+// at a time (fused kernels do not nest), so the workspace is reset, not shared.
 struct Typed {
   std::string text;
   std::vector<Shape> shapes;
@@ -256,19 +327,28 @@ struct Typed {
   bool positional = false;
   FusedExpr expr;
   ResultType type;
+  // Workspace.
+  std::vector<Walker> walkers;  // per operand, over the expression's result
+  std::unique_ptr<Elem[], AlignedDelete> scratch;  // kBlock elements per node
+  std::vector<const Elem*> at;
+  std::vector<char> filled;
+  std::vector<int64_t> operand_block;
+  std::vector<const Elem*> operand_at;
+  std::vector<const Elem*> args;
+  std::vector<DType> arg_types;
 };
 
 // Parsing and typing cost a few microseconds, as much as the kernel itself on a small block,
 // and a loaded program calls the same kernel with the same expression and types every run: a
 // small per-thread cache of this pure function (each device thread keeps its own, so nothing
 // is shared and nothing locks) makes that cost once per thread and kernel.
-const Typed& typed(const KernelArgs& a, bool positional) {
-  constexpr std::size_t kEntries = 64;
-  thread_local std::vector<Typed> cache;
-  thread_local std::size_t next = 0;
+Typed& typed(const KernelArgs& a, bool positional) {
+  thread_local PlanCache<Typed, 64> cache;
   const std::string& text = a.attrs->equation;
-  for (const Typed& t : cache)
-    if (t.positional == positional && t.text == text && t.shapes == a.in_shapes && t.dtypes == a.in_dtypes) return t;
+  if (Typed* hit = cache.find([&](const Typed& t) {
+        return t.positional == positional && t.text == text && t.shapes == a.in_shapes && t.dtypes == a.in_dtypes;
+      }))
+    return *hit;
   Typed t;
   t.text = text;
   t.shapes = a.in_shapes;
@@ -288,39 +368,32 @@ const Typed& typed(const KernelArgs& a, bool positional) {
   } catch (const Error& err) {
     fail(a, err.what());
   }
-  if (cache.size() < kEntries) {
-    cache.push_back(std::move(t));
-    return cache.back();
-  }
-  cache[next] = std::move(t);  // round robin
-  const Typed& r = cache[next];
-  next = (next + 1) % kEntries;
-  return r;
+  for (const Shape& in : a.in_shapes) t.walkers.emplace_back(in, t.type.shape);
+  const std::size_t nn = t.expr.nodes.size();
+  // Uninitialised: every node's block is written before it is read.
+  t.scratch.reset(static_cast<Elem*>(::operator new[](nn * static_cast<std::size_t>(kBlock) * sizeof(Elem), std::align_val_t(64))));
+  t.at.assign(nn, nullptr);
+  t.filled.assign(nn, 0);
+  t.operand_block.assign(a.in.size(), -1);
+  t.operand_at.assign(a.in.size(), nullptr);
+  return cache.insert(std::move(t));
 }
 
 // The expression of a fused kernel, parsed and typed against the kernel's operands, and
 // evaluated a block of result elements at a time.
 class Evaluator {
  public:
-  Evaluator(const KernelArgs& a, bool positional) : a_(a) {
-    if (!a.attrs) fail(a, "no attributes (the expression) were given");
-    if (a.in.size() != a.in_shapes.size() || a.in.size() != a.in_dtypes.size())
-      fail(a, "operand pointers, shapes and dtypes differ in number");
-    const Typed& t = typed(a, positional);
-    e_ = t.expr;
-    type_ = t.type;
+  Evaluator(const KernelArgs& a, bool positional)
+      : a_(a), t_(checked_typed(a, positional)), e_(t_.expr), type_(t_.type), walkers_(t_.walkers),
+        scratch_(t_.scratch), at_(t_.at), filled_(t_.filled), operand_block_(t_.operand_block),
+        operand_at_(t_.operand_at), args_(t_.args), arg_types_(t_.arg_types) {
     if (type_.shape != a.out_shape)
       fail(a, fmt::format("the expression computes {}, the result buffer is {}", type_str(type_.dtype, type_.shape),
                           type_str(a.out_dtype, a.out_shape)));
+    for (Walker& w : walkers_) w.reset();
+    std::fill(filled_.begin(), filled_.end(), 0);
+    std::fill(operand_block_.begin(), operand_block_.end(), -1);
     const Shape& os = a.out_shape;
-    for (std::size_t i = 0; i < a.in.size(); ++i) walkers_.emplace_back(a.in_shapes[i], os);
-    const std::size_t nn = e_.nodes.size();
-    // Uninitialised: every node's block is written before it is read.
-    scratch_.reset(static_cast<Elem*>(::operator new[](nn * static_cast<std::size_t>(kBlock) * sizeof(Elem), std::align_val_t(64))));
-    at_.assign(nn, nullptr);
-    filled_.assign(nn, false);
-    operand_block_.assign(a.in.size(), -1);
-    operand_at_.assign(a.in.size(), nullptr);
     if (os.size() >= 2) {  // causal_mask: the result block's [.., Q, K] position
       const std::size_t r = os.size();
       q_ = os[r - 2];
@@ -393,6 +466,12 @@ class Evaluator {
   }
 
  private:
+  static Typed& checked_typed(const KernelArgs& a, bool positional) {
+    if (!a.attrs) fail(a, "no attributes (the expression) were given");
+    if (a.in.size() != a.in_shapes.size() || a.in.size() != a.in_dtypes.size())
+      fail(a, "operand pointers, shapes and dtypes differ in number");
+    return typed(a, positional);
+  }
   // -inf where key > query (global positions), as the causal_mask kernel; elements i0.. of
   // the result, whose shape the mask has.
   void causal(const Elem* x, Elem* o, int64_t i0, int64_t m) const {
@@ -412,19 +491,17 @@ class Evaluator {
   }
 
   const KernelArgs& a_;
-  FusedExpr e_;
-  ResultType type_;
-  std::vector<Walker> walkers_;
-  struct AlignedDelete {
-    void operator()(Elem* p) const { ::operator delete[](p, std::align_val_t(64)); }
-  };
-  std::unique_ptr<Elem[], AlignedDelete> scratch_;
-  std::vector<const Elem*> at_;  // node -> its block: its buffer, an operand's, or the result
-  std::vector<bool> filled_;     // literals: filled once
-  std::vector<int64_t> operand_block_;  // the block each operand was last read for
-  std::vector<const Elem*> operand_at_;
-  std::vector<const Elem*> args_;
-  std::vector<DType> arg_types_;
+  Typed& t_;  // the expression and the workspace (this thread's cache entry)
+  const FusedExpr& e_;
+  const ResultType& type_;
+  std::vector<Walker>& walkers_;
+  std::unique_ptr<Elem[], AlignedDelete>& scratch_;
+  std::vector<const Elem*>& at_;  // node -> its block: its buffer, an operand's, or the result
+  std::vector<char>& filled_;     // literals: filled once
+  std::vector<int64_t>& operand_block_;  // the block each operand was last read for
+  std::vector<const Elem*>& operand_at_;
+  std::vector<const Elem*>& args_;
+  std::vector<DType>& arg_types_;
   int64_t q_ = 1, k_ = 1, qoff_ = 0, koff_ = 0;
 };
 
@@ -501,4 +578,112 @@ void fused_softmax_kernel(const KernelArgs& a) {
   }
 }
 
+bool fused_einsum_post_ops(const KernelArgs& a, EinsumEpilogue& ep) {
+  if (!a.attrs) return false;
+  // Parsed epilogues per device thread (a loaded program has a handful): text -> steps.
+  struct Parsed {
+    std::string text;
+    bool ok = false;
+    std::vector<EinsumEpilogue::Step> steps;
+  };
+  thread_local PlanCache<Parsed, 32> cache;
+  const std::string& text = a.attrs->epilogue;
+  const Parsed* hit = cache.find([&](const Parsed& p) { return p.text == text; });
+  if (!hit) {
+    Parsed p;
+    p.text = text;
+    try {
+      p.ok = einsum_epilogue_steps(parse_fused_expr(text), p.steps);
+    } catch (const Error&) {
+      p.ok = false;  // the fallback path reports it
+    }
+    hit = &cache.insert(std::move(p));
+  }
+  if (!hit->ok) return false;
+  const std::size_t n = static_cast<std::size_t>(std::max(1, fused_einsum_operands(a.attrs->equation)));
+  if (n > a.in.size()) return false;
+  ep.steps = hit->steps;
+  ep.in.assign(1, nullptr);
+  ep.in_shapes.assign(1, a.out_shape);
+  for (std::size_t i = n; i < a.in.size(); ++i) {
+    if (a.in_dtypes[i] != DType::f32) return false;
+    ep.in.push_back(a.in[i]);
+    ep.in_shapes.push_back(a.in_shapes[i]);
+  }
+  for (const EinsumEpilogue::Step& st : ep.steps)
+    if (st.kind == EinsumEpilogue::Step::Kind::Add && static_cast<std::size_t>(st.operand) >= ep.in.size()) return false;
+  return true;
+}
+
+// With oneDNN: the matmul with the epilogue as post-ops, where it maps (onednn_einsum.hpp).
+// Otherwise the product is written into the result, then the epilogue runs over it in place as
+// a fused_elementwise over {result, the other operands}: its blocks read every operand's
+// elements before writing them, so the result may be its own operand $0 (cpu_fused's
+// in-place rule), and its values are the unfused chain's bits.
+void fused_einsum_kernel(const KernelArgs& a) { run_fused_einsum(a); }
+
+void fused_einsum_loop(const KernelArgs& a, const KernelArgs& e) {
+  cpu_einsum(e, EinsumImpl::Auto);
+  OpAttrs at;
+  const KernelArgs ep = fused_einsum_epilogue_args(a, at);
+  try {
+    fused_elementwise_kernel(ep);
+  } catch (const RuntimeError& err) {
+    fail_fused_einsum(a, fmt::format("epilogue ($0 is the product): {}", err.what()));
+  }
+}
+
 }  // namespace tessel::cpu_detail
+
+namespace tessel {
+
+bool einsum_epilogue_steps(const FusedExpr& e, std::vector<EinsumEpilogue::Step>& steps) {
+  using Step = EinsumEpilogue::Step;
+  steps.clear();
+  if (e.nodes.empty()) return false;
+  auto node = [&](int k) -> const FusedNode& { return e.nodes[static_cast<std::size_t>(k)]; };
+  auto is_operand = [&](int k) { return node(k).kind == FusedNode::Kind::Operand && node(k).operand >= 1; };
+  auto is_f32_literal = [&](int k) { return node(k).kind == FusedNode::Kind::Literal && node(k).dtype == DType::f32; };
+  // From the root down to the product, one step per node.
+  for (int k = e.root();;) {
+    const FusedNode& n = node(k);
+    if (n.kind == FusedNode::Kind::Operand && n.operand == 0) break;
+    if (n.kind != FusedNode::Kind::Op) return false;
+    Step st;
+    if (n.op == OpKind::Gelu) {
+      st.kind = Step::Kind::Gelu;
+      k = n.args[0];
+    } else if (n.op == OpKind::Add && n.args.size() == 2 && (is_operand(n.args[1]) || is_operand(n.args[0]))) {
+      const bool right = is_operand(n.args[1]);
+      st.kind = Step::Kind::Add;
+      st.operand = node(n.args[right ? 1 : 0]).operand;
+      k = n.args[right ? 0 : 1];
+    } else if (n.op == OpKind::Mul && n.args.size() == 2 && (is_f32_literal(n.args[1]) || is_f32_literal(n.args[0]))) {
+      const bool right = is_f32_literal(n.args[1]);
+      st.kind = Step::Kind::Scale;
+      st.scale = static_cast<float>(node(n.args[right ? 1 : 0]).value);
+      k = n.args[right ? 0 : 1];
+    } else {
+      return false;
+    }
+    steps.push_back(st);
+  }
+  std::reverse(steps.begin(), steps.end());
+  return !steps.empty();
+}
+
+bool run_fused_einsum(const KernelArgs& a) {
+  const KernelArgs e = fused_einsum_product_args(a);
+  EinsumEpilogue ep;
+  if (e.in.size() == 2 && a.out_dtype == DType::f32 && cpu_detail::fused_einsum_post_ops(a, ep) &&
+      cpu_einsum(e, EinsumImpl::Auto, &ep))
+    return true;
+  cpu_detail::fused_einsum_loop(a, e);
+  return false;
+}
+
+void run_fused_einsum_fallback(const KernelArgs& args) {
+  cpu_detail::fused_einsum_loop(args, fused_einsum_product_args(args));
+}
+
+}  // namespace tessel

@@ -458,7 +458,9 @@ std::vector<int> positions_in(const std::string& sub, const std::string& letters
 // The einsum kernel: validates, then (two operands, impl not Eigen) tries oneDNN
 // (onednn_einsum.cpp) and otherwise runs the Eigen path below. Returns true when oneDNN ran.
 // prepare_only: validate and create the oneDNN primitives, run nothing (prepare_cpu_kernel).
-bool einsum_kernel(const KernelArgs& a, EinsumImpl impl, bool prepare_only = false) {
+// epilogue: only try oneDNN with these post-ops (false: nothing ran; the caller falls back).
+bool einsum_kernel(const KernelArgs& a, EinsumImpl impl, bool prepare_only = false,
+                   const EinsumEpilogue* epilogue = nullptr) {
   check_arity(a, 1, 2);
   const OpAttrs& at = attrs_of(a);
   const std::size_t nin = a.in.size();
@@ -510,6 +512,9 @@ bool einsum_kernel(const KernelArgs& a, EinsumImpl impl, bool prepare_only = fal
     return st;
   };
 
+  if (epilogue)
+    return nin == 2 && impl != EinsumImpl::Eigen &&
+           onednn_einsum(a, eq.operands[0], eq.operands[1], eq.result, prepare_only, epilogue);
   if (nin == 2 && impl != EinsumImpl::Eigen &&
       onednn_einsum(a, eq.operands[0], eq.operands[1], eq.result, prepare_only))
     return true;
@@ -1534,24 +1539,32 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::MaskPadding, k_mask_padding);
     k.add(OpKind::FusedElementwise, fused_elementwise_kernel);
     k.add(OpKind::FusedSoftmax, fused_softmax_kernel);
+    k.add(OpKind::FusedEinsum, fused_einsum_kernel);
     return k;
   }();
   return t;
 }
 
-bool cpu_einsum(const KernelArgs& args, EinsumImpl impl) { return einsum_kernel(args, impl); }
+bool cpu_einsum(const KernelArgs& args, EinsumImpl impl, const EinsumEpilogue* epilogue) {
+  return einsum_kernel(args, impl, false, epilogue);
+}
 
 void prepare_cpu_kernel(const KernelArgs& args) {
   if (args.kind == OpKind::Softmax) onednn_softmax(args, /*prepare_only=*/true);
   if (args.kind == OpKind::LayerNorm) onednn_layer_norm(args, /*prepare_only=*/true);
-  if (args.kind != OpKind::Einsum) return;
+  if (args.kind != OpKind::Einsum && args.kind != OpKind::FusedEinsum) return;
   // The kernel's validation rejects null data pointers; preparing reads and writes no data,
   // so null pointers are replaced by one that is never dereferenced.
   static const float placeholder = 0.0f;
-  KernelArgs a = args;
+  KernelArgs a = args.kind == OpKind::FusedEinsum ? fused_einsum_product_args(args) : args;
   for (const void*& p : a.in)
     if (!p) p = &placeholder;
   if (!a.out) a.out = const_cast<float*>(&placeholder);
+  // fused_einsum: the primitive with the epilogue's post-ops, or (declined) the plain product's.
+  if (args.kind == OpKind::FusedEinsum) {
+    EinsumEpilogue ep;
+    if (fused_einsum_post_ops(args, ep) && einsum_kernel(a, EinsumImpl::Auto, /*prepare_only=*/true, &ep)) return;
+  }
   einsum_kernel(a, EinsumImpl::Auto, /*prepare_only=*/true);
 }
 

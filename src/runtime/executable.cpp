@@ -82,6 +82,7 @@ LoadedExecutable& Executable::loaded_for(const RunOptions& opts) {
   }
   const ProgramPassOptions& lw = opts.lowering;
   if (!c.loaded || !(c.timeout == t) || c.lowering.fuse_elementwise != lw.fuse_elementwise ||
+      c.lowering.fuse_einsum_epilogue != lw.fuse_einsum_epilogue ||
       c.lowering.combine_threshold_bytes != lw.combine_threshold_bytes) {
     c.loaded.reset();
     LoadOptions lo;

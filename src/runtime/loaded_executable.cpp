@@ -222,10 +222,11 @@ ProgramPassOptions lowering_for(Runtime& rt, ProgramPassOptions lowering) {
   ThreadRuntime& lr = rt.local();
   for (int64_t d = 0; d < lr.num_devices(); ++d) {
     const Backend& be = lr.backend(d);
-    // fuse-elementwise is the only pass that makes these two kinds: without their kernels the
-    // program runs unfused (the ops it would have fused have kernels of their own).
+    // fuse-elementwise is the only pass that makes these three kinds: without their kernels
+    // the program runs unfused (the ops it would have fused have kernels of their own).
     if (!be.has_kernel(OpKind::FusedElementwise) || !be.has_kernel(OpKind::FusedSoftmax))
       lowering.fuse_elementwise = false;
+    if (!be.has_kernel(OpKind::FusedEinsum)) lowering.fuse_einsum_epilogue = false;
   }
   return lowering;
 }

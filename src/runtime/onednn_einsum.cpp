@@ -79,6 +79,14 @@ struct Entry {
   dnnl::matmul prim;
   memory::desc src, wei, dst, scratch;
   std::size_t scratch_bytes = 0;
+  std::vector<memory::desc> binary;  // per post-op: the binary operand's desc (else empty)
+};
+
+// The post-ops of a fused_einsum's epilogue for one primitive: per step its kind, scale and,
+// for a binary add, the operand's view in the dst's dims (broadcast dims of size 1).
+struct PostOps {
+  std::vector<EinsumEpilogue::Step> steps;
+  std::vector<View> binary;  // per step (dims empty: not binary)
 };
 
 onednn::PrimitiveCache<Entry>& cache() {
@@ -91,7 +99,7 @@ std::atomic<long> g_created{0};
 std::atomic<long> g_created_running{0};
 
 std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d, memory::data_type dt,
-                                    bool running) {
+                                    bool running, const PostOps* post = nullptr) {
   onednn_count_creation(running);
   std::lock_guard<std::mutex> create_lock(onednn::creation_mutex());  // see onednn_common.hpp
   auto e = std::make_shared<Entry>();
@@ -101,6 +109,22 @@ std::shared_ptr<const Entry> create(const View& s, const View& w, const View& d,
     e->dst = memory::desc(d.dims, dt, d.strides);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (post) {
+      dnnl::post_ops ops;
+      for (std::size_t i = 0; i < post->steps.size(); ++i) {
+        const EinsumEpilogue::Step& st = post->steps[i];
+        e->binary.emplace_back();
+        switch (st.kind) {
+          case EinsumEpilogue::Step::Kind::Add:
+            e->binary.back() = memory::desc(post->binary[i].dims, dt, post->binary[i].strides);
+            ops.append_binary(dnnl::algorithm::binary_add, e->binary.back());
+            break;
+          case EinsumEpilogue::Step::Kind::Gelu: ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_tanh, 0.0f, 0.0f); break;
+          case EinsumEpilogue::Step::Kind::Scale: ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_linear, st.scale, 0.0f); break;
+        }
+      }
+      attr.set_post_ops(ops);
+    }
     ScopedThreads st(1);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e->src, e->wei, e->dst), attr, cpu_engine(),
                                     /*allow_empty=*/true);
@@ -172,9 +196,10 @@ void onednn_count_creation(bool running) {
 }
 
 bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string& sb, const std::string& sr,
-                   bool prepare_only) {
+                   bool prepare_only, const EinsumEpilogue* epilogue) {
   if (a.in.size() != 2) return false;
   const DType dt = a.out_dtype;
+  if (epilogue && dt != DType::f32) return false;  // post-ops on f32 products only
   if (a.in_dtypes[0] != dt || a.in_dtypes[1] != dt) return false;
   memory::data_type mdt;
   if (dt == DType::f32) {
@@ -301,6 +326,52 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
     rows_cols(vd, M, m_r, N, n_r);
   }
 
+  // The epilogue's binary operands as views in the dst's dims: per result letter its stride in
+  // the operand (0 where broadcast), each group of letters one dim (size 1 where the operand
+  // is broadcast along the whole group; a group partly broadcast is not one dim: decline).
+  std::vector<View> bin_views;
+  if (epilogue) {
+    for (const EinsumEpilogue::Step& step : epilogue->steps) {
+      bin_views.emplace_back();
+      if (step.kind != EinsumEpilogue::Step::Kind::Add) continue;
+      const std::size_t k = static_cast<std::size_t>(step.operand);
+      if (k >= epilogue->in_shapes.size()) return false;
+      const Shape& os = epilogue->in_shapes[k];
+      if (os.size() > sr.size()) return false;
+      int64_t st_o[128] = {};
+      int64_t acc = 1;
+      for (std::size_t d = os.size(); d-- > 0;) {
+        const std::size_t rd_ = d + (sr.size() - os.size());
+        if (os[d] != 1) {
+          if (os[d] != size[int(sr[rd_])]) return false;
+          st_o[int(sr[rd_])] = acc;
+        }
+        acc *= os[d];
+      }
+      auto group_dim = [&](const std::string& g, View& v) {
+        bool any = false, all = true;
+        for (char c : g) {
+          if (st_o[int(c)]) any = true;
+          else all = false;
+        }
+        if (!any) {
+          v.dims.push_back(1);
+          v.strides.push_back(1);
+          return true;
+        }
+        int64_t stride = 0;
+        if (!all || !group_stride(g, st_o, stride)) return false;
+        v.dims.push_back(prod(g));
+        v.strides.push_back(stride);
+        return true;
+      };
+      View& v = bin_views.back();
+      for (const auto& g : bgroups)
+        if (!group_dim(g, v)) return false;
+      if (!(swap ? group_dim(n, v) && group_dim(m, v) : group_dim(m, v) && group_dim(n, v))) return false;
+    }
+  }
+
   // Threads: the result's rows split into `threads` equal blocks (the last one may be
   // shorter: a second primitive), each a single-threaded oneDNN call on a thread of its own,
   // as the Eigen kernel splits its GEMMs. Not oneDNN's OpenMP team: libgomp's threads spin at
@@ -321,15 +392,38 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
     append_view(key, s2);
     append_view(key, vw);
     append_view(key, d2);
+    PostOps post;
+    if (epilogue) {
+      post.steps = epilogue->steps;
+      post.binary = bin_views;
+      for (std::size_t i = 0; i < post.steps.size(); ++i) {
+        const EinsumEpilogue::Step& st = post.steps[i];
+        if (st.kind == EinsumEpilogue::Step::Kind::Add) {
+          View& b = post.binary[i];
+          if (b.dims[rd] != 1) b.dims[rd] = rows;
+          key += "add:";
+          append_view(key, b);
+        } else {
+          key += st.kind == EinsumEpilogue::Step::Kind::Gelu ? "gelu|" : fmt::format("scale:{}|", st.scale);
+        }
+      }
+    }
     std::shared_ptr<const Entry> e = cache().find(key);
-    if (!e) e = cache().insert(key, create(s2, vw, d2, mdt, /*running=*/!prepare_only));
+    if (!e) e = cache().insert(key, create(s2, vw, d2, mdt, /*running=*/!prepare_only, epilogue ? &post : nullptr));
     return e;
   };
   // A plain f32 matrix product (no batch dim; each operand with a unit stride in one of its
   // two dims, the result's rows contiguous) runs as oneDNN's dnnl_sgemm instead of a matmul
   // primitive: at the GPT's shapes sgemm ran 1-10% faster (BM_Matmul, docs/cpu-backend.md) and
   // it needs no primitive. Each block's summation order is fixed by (shape, block rows).
-  const Sgemm g = dt == DType::f32 && vd.dims.size() == 2 ? sgemm_layout(vs, vw, vd, rows_per) : Sgemm{};
+  Sgemm g = dt == DType::f32 && vd.dims.size() == 2 ? sgemm_layout(vs, vw, vd, rows_per) : Sgemm{};
+  // An epilogue as post-ops needs the matmul primitive (sgemm has none). Where the plain
+  // product runs as sgemm, the caller's sgemm + epilogue loop is faster: the primitive with
+  // bias + gelu_tanh post-ops took 12-17% more CPU time than sgemm and a fused_elementwise
+  // for the gpt example's and the GPT-2-small block's MLP (BM_FusionMlp, docs/cpu-backend.md).
+  // So post-ops only where the product runs on a primitive anyway (batched products).
+  if (epilogue && g.ok && !epilogue->force_primitive) return false;
+  if (epilogue) g.ok = false;
   std::shared_ptr<const Entry> full, last;
   if (!g.ok) {
     full = primitive(rows_per);
@@ -364,6 +458,14 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
     std::vector<float, AlignedAllocator<float>> scratch((e.scratch_bytes + sizeof(float) - 1) / sizeof(float));
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}};
     if (e.scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratch, eng, scratch.data()));
+    for (std::size_t i = 0; i < e.binary.size(); ++i) {
+      if (!epilogue || epilogue->steps[i].kind != EinsumEpilogue::Step::Kind::Add) continue;
+      const View& b = bin_views[i];
+      const auto* base = static_cast<const std::byte*>(epilogue->in[static_cast<std::size_t>(epilogue->steps[i].operand)]);
+      const int64_t off = b.dims[rd] == 1 ? 0 : r0 * b.strides[rd] * int64_t(esz);
+      args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1,
+                   memory(e.binary[i], eng, const_cast<std::byte*>(base) + off));
+    }
     ScopedThreads st(1);
     e.prim.execute(strm, args);
     strm.wait();
@@ -410,7 +512,8 @@ void onednn_clear_primitive_cache() {}
 
 void onednn_count_creation(bool) {}
 
-bool onednn_einsum(const KernelArgs&, const std::string&, const std::string&, const std::string&, bool) {
+bool onednn_einsum(const KernelArgs&, const std::string&, const std::string&, const std::string&, bool,
+                   const EinsumEpilogue*) {
   return false;
 }
 

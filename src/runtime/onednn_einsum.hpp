@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "tessel/runtime/kernels.hpp"
 
@@ -17,7 +18,10 @@ enum class EinsumImpl { Auto, Eigen, OneDnn };
 // Runs the einsum of `args` (OpKind::Einsum, one or two operands) with `impl`; OneDnn
 // behaves like Auto (falls back to Eigen where oneDNN cannot take the equation). Returns
 // true when oneDNN ran it. Defined in cpu_kernels.cpp.
-bool cpu_einsum(const KernelArgs& args, EinsumImpl impl);
+// With `epilogue` it only tries oneDNN with the epilogue as post-ops and returns whether that
+// ran (false: nothing was written).
+struct EinsumEpilogue;
+bool cpu_einsum(const KernelArgs& args, EinsumImpl impl, const EinsumEpilogue* epilogue = nullptr);
 
 // Load-time preparation of a CPU kernel (Backend::prepare_kernel): `args` as the kernel will
 // get them, data pointers null. For an einsum that maps onto a oneDNN matmul it validates the
@@ -53,7 +57,49 @@ bool onednn_einsum_compiled();
 // layout (oneDNN's reference kernels are never used). Thread-safe: primitives are created
 // once per (layout, dtype) and cached. With `prepare_only` it creates (or finds) the
 // primitives and returns whether oneDNN would run it, touching no data.
+//
+// With `epilogue` (a fused_einsum's, as post-op steps: see EinsumEpilogue) the epilogue runs as
+// the matmul's post-ops, and the call returns false, having written nothing, where it cannot
+// (f32 only; a binary operand whose broadcast does not map onto the matmul's dims; no
+// optimised implementation with those post-ops) or should not (a plain product that runs as
+// dnnl_sgemm: sgemm then the loop measured faster than the primitive with post-ops): the
+// caller then runs the product and the epilogue loop.
+struct EinsumEpilogue;
 bool onednn_einsum(const KernelArgs& args, const std::string& sa, const std::string& sb,
-                   const std::string& sr, bool prepare_only = false);
+                   const std::string& sr, bool prepare_only = false, const EinsumEpilogue* epilogue = nullptr);
+
+// A fused_einsum epilogue that is a chain of oneDNN post-ops over the product: each step reads
+// the previous step's value (the product first) once and is one of
+//   add(x, $k) / add($k, x)  binary add of epilogue operand k (a bias broadcast over the
+//                            product, or a residual of its shape)
+//   gelu(x)                  eltwise gelu_tanh: tessel's GELU is the tanh approximation (the
+//                            same function; tessel evaluates it as x / (1 + exp(-2z)), so the
+//                            two differ by rounding)
+//   mul(x, c) / mul(c, x)    eltwise linear alpha = c, beta = 0 (exactly x * c): a scalar scale
+// (a literal c). Anything else (another op, a shared node, a cast, a non-f32 node) is not.
+struct EinsumEpilogue {
+  struct Step {
+    enum class Kind { Add, Gelu, Scale };
+    Kind kind = Kind::Add;
+    int operand = -1;   // Add: the epilogue operand ($k, k >= 1)
+    float scale = 1.0f; // Scale
+  };
+  std::vector<Step> steps;
+  // Epilogue operands by $k (index 0, the product, unused): data and shape.
+  std::vector<const void*> in;
+  std::vector<Shape> in_shapes;
+  // Post-ops also where the plain product would run as dnnl_sgemm (benchmarks: BM_FusionMlp).
+  bool force_primitive = false;
+};
+// The post-op steps of a parsed epilogue; false when it is not such a chain.
+struct FusedExpr;
+bool einsum_epilogue_steps(const FusedExpr& epilogue, std::vector<EinsumEpilogue::Step>& steps);
+
+// fused_einsum without post-ops: the einsum (Auto), then the epilogue as a loop over the
+// result (cpu_fused.cpp). The oracle the post-ops are tested against.
+void run_fused_einsum_fallback(const KernelArgs& args);
+// The fused_einsum kernel (what the kernel table runs); returns true when the epilogue ran as
+// oneDNN post-ops, false when the fallback ran.
+bool run_fused_einsum(const KernelArgs& args);
 
 }  // namespace tessel

@@ -50,7 +50,7 @@ std::string lower(const std::string& name) {
       o.direction = pass.find("bi)") != std::string::npos ? RingDirection::Bi : RingDirection::Uni;
       pm.add("collective-matmul", [o](Program q) { return collective_matmul_pass(std::move(q), o); });
     } else if (pass == "pack") pm.add(pass, pack_pass);
-    else if (pass == "fuse-elementwise") pm.add(pass, fuse_elementwise_pass);
+    else if (pass == "fuse-elementwise") pm.add(pass, [](Program p) { return fuse_elementwise_pass(std::move(p)); });
     else if (pass == "async-collectives") pm.add(pass, async_collectives_pass);
     else if (pass == "memory-plan") pm.add(pass, memory_plan_pass);
     else FAIL("unknown pass " << pass);
@@ -158,8 +158,11 @@ TEST_CASE("golden program: collective-matmul turns the MLP's all-gather and redu
 
 TEST_CASE("golden program: fuse-elementwise makes scale + mask + softmax and bias + GELU and bias + residual one kernel each", "[golden][program-ir]") {
   const std::string out = lower("fuse_elementwise");
-  // The MLP's bias + GELU, and its bias + the residual (after the all-reduce's done).
-  CHECK(out.find("fused_elementwise(%u, %b1) expr=\"gelu(add($0,$1))\"") != std::string::npos);
+  // The MLP's first einsum with its bias + GELU as the epilogue (the product %u is gone), and
+  // its bias + the residual (after the all-reduce's done: the partial einsum keeps no epilogue).
+  CHECK(out.find("%a = fused_einsum(%h2, %w1, %b1) eq=\"bsd,df->bsf\" epilogue=\"gelu(add($0,$1))\"") != std::string::npos);
+  CHECK(out.find("%u = ") == std::string::npos);
+  CHECK(out.find("%d = einsum(%a, %w2)") != std::string::npos);
   CHECK(out.find("%y = fused_elementwise(") != std::string::npos);
   CHECK(out.find("done %d") < out.find("%y = fused_elementwise("));
   // The attention's scale, causal mask and softmax: one kernel.

@@ -582,9 +582,10 @@ TEST_CASE("cli: --dump-after=fuse-elementwise shows fused kernels and --no-fusio
   REQUIRE(on.status == 0);
   // TESSEL_FUSION=0 (a whole test run without fusion) turns the pass off by default.
   if (tessel::ProgramPassOptions::fusion_default())
-    CHECK_THAT(on.out, Catch::Contains("fused_elementwise(%u, %b1) expr=\"gelu(add($0,$1))\""));
+    CHECK_THAT(on.out, Catch::Contains("fused_einsum(%h2, %w1, %b1) eq=\"bsd,df->bsf\" epilogue=\"gelu(add($0,$1))\""));
   Result off = explain({golden("transformer_block_2d.tsl"), "--dump-after=fuse-elementwise", "--no-fusion"});
   REQUIRE(off.status == 0);
   CHECK_THAT(off.out, !Catch::Contains("fused_elementwise"));
+  CHECK_THAT(off.out, !Catch::Contains("fused_einsum"));
   CHECK_THAT(off.out, Catch::Contains("= gelu(%ub)"));
 }

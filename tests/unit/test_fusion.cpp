@@ -8,8 +8,10 @@
 #include <string>
 
 #include "tessel/builders.hpp"
+#include "test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/kernels.hpp"
 #include "tessel/fused_expr.hpp"
 #include "tessel/program_passes.hpp"
 #include "tessel/program_text.hpp"
@@ -18,34 +20,17 @@
 #include "tessel/text.hpp"
 
 using namespace tessel;
+using tessel_test::contains;
+using tessel_test::count;
+using tessel_test::error_of;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-int count(const std::string& s, const std::string& part) {
-  int n = 0;
-  for (std::size_t at = s.find(part); at != std::string::npos; at = s.find(part, at + 1)) ++n;
-  return n;
-}
-
 // The graph's outputs computed on `mesh`, lowered with fusion on or off.
+// This file tests the elementwise groups, bit for bit; an einsum's epilogue (fused_einsum,
+// whose oneDNN post-ops round differently) has tests/unit/test_fused_einsum.cpp.
 std::vector<HostTensor> run_with(const Graph& g, const Mesh& mesh, bool fuse, uint64_t seed) {
-  Executable exe = compile(g, mesh);
-  RunOptions ro;
-  ro.poison = true;
-  ro.check_replicas = true;
-  ro.lowering.fuse_elementwise = fuse;
-  return exe.run(random_inputs(g, seed), ro);
+  return tessel_test::run_fused(g, mesh, fuse, /*epilogues=*/false, seed);
 }
 
 void require_same_bits(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
@@ -81,6 +66,7 @@ void require_close(const std::vector<HostTensor>& a, const std::vector<HostTenso
 std::string lowered_text(const Graph& g, const Mesh& mesh, bool fuse) {
   ProgramPassOptions o;
   o.fuse_elementwise = fuse;
+  o.fuse_einsum_epilogue = false;  // as in run_with
   return print_program(lower_program(compile(g, mesh).program(), /*verify=*/true, o));
 }
 
@@ -194,7 +180,7 @@ TEST_CASE("fusion: the pass fuses chains whose intermediates nothing else reads"
 
   // Pure and idempotent; the text round-trips.
   Program p = parse_program(on);
-  CHECK(print_program(fuse_elementwise_pass(p)) == on);
+  CHECK(print_program(fuse_elementwise_pass(p, /*einsum_epilogues=*/false)) == on);
   CHECK(print_program(parse_program(print_program(p))) == on);
 }
 
@@ -315,5 +301,61 @@ TEST_CASE("fusion: scale and causal mask and softmax become one fused_softmax ke
     Tensor v = input(g, "v", DType::f32, {1, 4});
     CHECK(contains(error_of([&] { fused_softmax({x, v}, "add($0,causal_mask($1))", -1); }),
                    "must have the result's shape"));
+  }
+}
+
+TEST_CASE("fusion: the fused kernel's per-thread workspace carries nothing from one call to the next", "[fusion]") {
+  // The walkers, scratch blocks and bookkeeping are kept per thread and expression (made once);
+  // calls with other buffers of the same types (a broadcast bias, so the walk is not trivial)
+  // must give the unfused chain's bits every time, also after an error and after another
+  // expression used the cache.
+  const uint64_t seed = 77;
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  OpAttrs fused, none, other;
+  fused.equation = "gelu(add($0,$1))";
+  other.equation = "exp(neg($0))";
+  for (int call = 0; call < 8; ++call) {
+    // One block (a stale "block already read" mark would skip reading the new operands) and three.
+    const Shape s = call % 2 ? Shape{3, 100} : Shape{7, 300}, sb{s[1]};
+    HostTensor x(DType::f32, s), b(DType::f32, sb), y(DType::f32, s), t(DType::f32, s), want(DType::f32, s);
+    for (int64_t i = 0; i < x.numel(); ++i) x.set(i, nd(rng));
+    for (int64_t i = 0; i < b.numel(); ++i) b.set(i, nd(rng));
+    KernelArgs a;
+    a.kind = OpKind::FusedElementwise;
+    a.attrs = &fused;
+    a.in = {x.data(), b.data()};
+    a.in_shapes = {s, sb};
+    a.in_dtypes = {DType::f32, DType::f32};
+    a.out = y.data();
+    a.out_shape = s;
+    a.out_dtype = DType::f32;
+    run_cpu_kernel(a);
+    KernelArgs add_args = a, gelu_args;
+    add_args.kind = OpKind::Add;
+    add_args.attrs = &none;
+    add_args.out = t.data();
+    run_cpu_kernel(add_args);
+    gelu_args = add_args;
+    gelu_args.kind = OpKind::Gelu;
+    gelu_args.in = {t.data()};
+    gelu_args.in_shapes = {s};
+    gelu_args.in_dtypes = {DType::f32};
+    gelu_args.out = want.data();
+    run_cpu_kernel(gelu_args);
+    INFO("call " << call);
+    CHECK(std::memcmp(y.data(), want.data(), static_cast<std::size_t>(y.numel()) * sizeof(float)) == 0);
+    // Between calls: a failing call (the result buffer's type is wrong) and another expression.
+    KernelArgs bad = a;
+    bad.out_shape = {s[0], s[1] - 1};
+    CHECK(contains(error_of([&] { run_cpu_kernel(bad); }), "the result buffer is f32["));
+    KernelArgs o = a;
+    o.attrs = &other;
+    o.in = {x.data()};
+    o.in_shapes = {s};
+    o.in_dtypes = {DType::f32};
+    o.out = t.data();
+    run_cpu_kernel(o);
   }
 }

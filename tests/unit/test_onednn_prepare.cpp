@@ -7,7 +7,10 @@
 #include <cmath>
 
 #include "../../src/runtime/onednn_einsum.hpp"
+#include "tessel/builders.hpp"
 #include "tessel/executable.hpp"
+#include "tessel/program_passes.hpp"
+#include "tessel/runtime/compare.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
@@ -95,4 +98,35 @@ TEST_CASE("onednn prepare: load creates the GPT's einsum primitives and runs cre
       CHECK(std::abs(l1 - ref) <= 1e-5 * std::abs(ref));
     }
   }
+}
+
+TEST_CASE("onednn prepare: load creates a fused_einsum's post-op primitive and runs create none", "[onednn][runtime][fused_einsum]") {
+  // A batched product (a matmul primitive) with bias + GELU + residual as its epilogue.
+  Graph g;
+  Tensor x = input(g, "x", DType::f32, {3, 24, 40});
+  Tensor w = input(g, "w", DType::f32, {3, 40, 56});
+  Tensor b = input(g, "b", DType::f32, {56});
+  Tensor r = input(g, "r", DType::f32, {3, 24, 56});
+  g.mark_output(add(gelu(add(einsum("bij,bjk->bik", x, w), b)), r));
+  onednn_clear_primitive_cache();
+  const Executable exe = compile(g, Mesh::parse("d=1"));
+  ThreadRuntime rt(1);
+  const OneDnnPrimitiveCounts c0 = onednn_primitive_counts();
+  LoadedExecutable le = load(exe, rt);
+  const OneDnnPrimitiveCounts c1 = onednn_primitive_counts();
+  if (ProgramPassOptions::fusion_default()) {
+    bool fused = false;
+    for (const Instr& in : le.program().instrs) fused = fused || in.op == OpKind::FusedEinsum;
+    CHECK(fused);
+  }
+  CHECK(c1.created == c0.created + (onednn_einsum_compiled() ? 1 : 0));
+  const auto inputs = random_inputs(g, 5);
+  std::vector<ShardedArray> in;
+  for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(le.to_device(i, inputs[i]));
+  RunResult r1 = le.run(in);
+  le.run(in);
+  CHECK(onednn_primitive_counts().created == c1.created);
+  const CompareResult c = compare(le.to_host(r1.outputs[0]), run_reference(g, inputs)[0]);
+  INFO(c.to_string());
+  CHECK(c.max_rel_err <= 2e-6);
 }

@@ -170,6 +170,7 @@ mesh data=2, model=4
 %ceg = cross_entropy_grad(%logits, %lbl, %ce)
 %fe = fused_elementwise(%h, %c) expr="exp($0);where(gt(#0,$1),#0,mul($1,0.5:f32[]))"
 %fs = fused_softmax(%h) expr="causal_mask(mul($0,0.125:f32[]))" axis=-1
+%fei = fused_einsum(%x, %w, %gamma, %h) eq="bsd,df->bsf" epilogue="add(gelu(add($0,$1)),$2)"
 %pn, %mn, %vn = adamw(%h, %h, %h, %h, %lr, %c, %c, %c) beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0.01
 output %ce, %cm
 output %g2

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <random>
 #include <string>
@@ -45,6 +46,38 @@ auto guarded(const std::string& what, F&& f) -> decltype(f()) {
     std::_Exit(1);
   }
   return fut.get();
+}
+
+// The message of the tessel::Error that f throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const tessel::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Occurrences of `part` in `s` (overlapping ones too).
+inline int count(const std::string& s, const std::string& part) {
+  int n = 0;
+  for (std::size_t at = s.find(part); at != std::string::npos; at = s.find(part, at + 1)) ++n;
+  return n;
+}
+
+// The graph's outputs on `mesh` from random inputs of `seed` (outputs poisoned first, replicas
+// checked), lowered with fusion on or off, einsum epilogues as `epilogues` says.
+inline std::vector<tessel::HostTensor> run_fused(const tessel::Graph& g, const tessel::Mesh& mesh, bool fuse,
+                                                 bool epilogues, uint64_t seed) {
+  tessel::Executable exe = tessel::compile(g, mesh);
+  tessel::RunOptions ro;
+  ro.poison = true;
+  ro.check_replicas = true;
+  ro.lowering.fuse_elementwise = fuse;
+  ro.lowering.fuse_einsum_epilogue = epilogues;
+  return exe.run(tessel::random_inputs(g, seed), ro);
 }
 
 inline uint64_t seed() {

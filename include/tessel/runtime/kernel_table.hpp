@@ -8,7 +8,10 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessel/common.hpp"
 #include "tessel/graph.hpp"
@@ -54,5 +57,35 @@ template <class Fn>
 std::string KernelTable<Fn>::missing_message(OpKind kind) const {
   return missing_kernel_message(kind, backend_);
 }
+
+// A kernel's cache of plans (an expression parsed and typed for one list of operand types):
+// a loaded program calls the same kernels with the same types every run, so each kernel keeps
+// a thread_local PlanCache and plans once per thread. At most N entries; once full, an insert
+// replaces the entries in turn. Entries never move (pointers stay valid until replaced).
+template <class T, std::size_t N>
+class PlanCache {
+ public:
+  template <class Match>
+  T* find(Match&& match) {
+    for (T& t : items_)
+      if (match(t)) return &t;
+    return nullptr;
+  }
+  T& insert(T t) {
+    if (items_.size() < N) {
+      if (items_.capacity() < N) items_.reserve(N);
+      items_.push_back(std::move(t));
+      return items_.back();
+    }
+    T& slot = items_[next_];
+    slot = std::move(t);
+    next_ = (next_ + 1) % N;
+    return slot;
+  }
+
+ private:
+  std::vector<T> items_;
+  std::size_t next_ = 0;
+};
 
 }  // namespace tessel

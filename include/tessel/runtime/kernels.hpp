@@ -53,4 +53,12 @@ void run_cpu_kernel(const KernelArgs& args);
 // True when the CPU backend has a kernel for `kind` (every kind but Input).
 bool has_cpu_kernel(OpKind kind);
 
+// fused_einsum's two halves, for any backend: the product (kind Einsum over the einsum's own
+// operands, into the result) and the epilogue (kind FusedElementwise over {the result, the
+// operands after the einsum's}, written in place; `attrs` holds its expression and must
+// outlive the args). Throw RuntimeError naming fused_einsum when the equation's operand count
+// does not fit the args.
+KernelArgs fused_einsum_product_args(const KernelArgs& a);
+KernelArgs fused_einsum_epilogue_args(const KernelArgs& a, OpAttrs& attrs);
+
 }  // namespace tessel

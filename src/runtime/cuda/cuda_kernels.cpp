@@ -625,15 +625,12 @@ ck::FusedProgram plan_fused(const KernelArgs& a, FusedExpr& e, bool positional, 
 // its pointers and the causal offsets set.
 ck::FusedProgram fused_program(const KernelArgs& a, bool positional) {
   check_arity(a, 1, ck::kMaxFusedOperands);
-  constexpr std::size_t kEntries = 64;
-  thread_local std::vector<FusedPlan> cache;
-  thread_local std::size_t next = 0;
+  thread_local PlanCache<FusedPlan, 64> cache;
   const std::string& text = attrs_of(a).equation;
-  const FusedPlan* hit = nullptr;
-  for (const FusedPlan& f : cache)
-    if (f.positional == positional && f.text == text && f.shapes == a.in_shapes && f.dtypes == a.in_dtypes &&
-        f.out_shape == a.out_shape && f.type.dtype == a.out_dtype)
-      hit = &f;
+  const FusedPlan* hit = cache.find([&](const FusedPlan& f) {
+    return f.positional == positional && f.text == text && f.shapes == a.in_shapes && f.dtypes == a.in_dtypes &&
+           f.out_shape == a.out_shape && f.type.dtype == a.out_dtype;
+  });
   if (!hit) {
     FusedPlan f;
     f.text = text;
@@ -643,14 +640,7 @@ ck::FusedProgram fused_program(const KernelArgs& a, bool positional) {
     f.positional = positional;
     FusedExpr e;
     f.prog = plan_fused(a, e, positional, f.type);
-    if (cache.size() < kEntries) {
-      cache.push_back(std::move(f));
-      hit = &cache.back();
-    } else {
-      cache[next] = std::move(f);
-      hit = &cache[next];
-      next = (next + 1) % kEntries;
-    }
+    hit = &cache.insert(std::move(f));
   }
   ck::FusedProgram p = hit->prog;
   for (std::size_t i = 0; i < a.in.size(); ++i) p.in[i] = a.in[i];
@@ -680,6 +670,17 @@ void k_fused_softmax(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   ck::fused_elementwise(p, a.out, a.out_dtype, s.handle());
   if (num_elements(sh) > 0)
     ck::softmax(a.out, a.out, a.out_dtype, outer, sh[static_cast<std::size_t>(axis)], inner, s.handle());
+}
+
+// einsum + epilogue: the product into the result through cuBLASLt, then the epilogue as a
+// fused_elementwise over {result, the other operands} in place (each element is read before
+// it is written, at its own index). Two passes over the result: a cuBLASLt epilogue (bias,
+// GELU) would save the second, later work.
+void k_fused_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
+  if (!a.attrs) fail(a, "no attributes (the equation and the epilogue) were given");
+  run_cuda_einsum(be, fused_einsum_product_args(a), s);
+  OpAttrs at;
+  k_fused_elementwise(be, fused_einsum_epilogue_args(a, at), s);
 }
 
 using CudaKernelFn = void (*)(CudaBackend&, const KernelArgs&, CudaStream&);
@@ -715,6 +716,7 @@ const KernelTable<CudaKernelFn>& cuda_kernel_table() {
     k.add(OpKind::MaskPadding, k_mask_padding);
     k.add(OpKind::FusedElementwise, k_fused_elementwise);
     k.add(OpKind::FusedSoftmax, k_fused_softmax);
+    k.add(OpKind::FusedEinsum, k_fused_einsum);
     return k;
   }();
   return t;

@@ -1,7 +1,8 @@
 # passes: pack, combine-collectives, fuse-elementwise, async-collectives, memory-plan
 # The partitioned transformer block of tests/golden/transformer_block_2d.tsl lowered by the default
-# pipeline: the attention's scale + causal mask + softmax become one fused_softmax kernel, bias +
-# GELU and bias + residual (after the MLP's all-reduce) one fused_elementwise kernel each.
+# pipeline: the attention's scale + causal mask + softmax become one fused_softmax kernel, the
+# MLP's first einsum takes its bias + GELU as an epilogue (one fused_einsum), and bias + residual
+# (after the MLP's all-reduce) become one fused_elementwise kernel.
 mesh data=2, model=4
 %x = input f32[4,64,256] global=f32[8,64,256] sharding=[{data}, {}, {}]
 %ln1_g = input f32[256] global=f32[256] sharding=[{}]
