@@ -21,7 +21,8 @@ file(GLOB TESSEL_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.
 # NCCL_ROOT at an install (e.g. the nvidia-nccl-cu13 wheel's nvidia/nccl folder).
 find_path(TESSEL_NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS}
           PATH_SUFFIXES include)
-find_library(TESSEL_NCCL_LIBRARY nccl HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR}
+# The wheel has only libnccl.so.2 (no unversioned libnccl.so): both names are looked for.
+find_library(TESSEL_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR}
              PATH_SUFFIXES lib lib64)
 if(TESSEL_NCCL_INCLUDE_DIR AND TESSEL_NCCL_LIBRARY)
   set(_tessel_nccl_default ON)
