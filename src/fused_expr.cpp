@@ -327,4 +327,19 @@ int fused_einsum_operands(std::string_view equation) {
   return 1 + static_cast<int>(std::count(lhs.begin(), lhs.end(), ','));
 }
 
+ResultType type_fused_expr(FusedExpr& e, const std::vector<Shape>& shapes, const std::vector<DType>& dtypes,
+                           bool positional) {
+  if (shapes.size() != dtypes.size())
+    throw ShapeError(fmt::format("fused_elementwise: {} operand shapes but {} dtypes", shapes.size(), dtypes.size()));
+  std::vector<Value> vals(shapes.size());
+  std::vector<const Value*> ins;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    vals[i].name = fmt::format("in{}", i);
+    vals[i].shape = shapes[i];
+    vals[i].dtype = dtypes[i];
+    ins.push_back(&vals[i]);
+  }
+  return type_fused_expr(e, ins, positional);
+}
+
 }  // namespace tessel

@@ -72,6 +72,9 @@ std::string print_fused_expr(const FusedExpr& e);
 // `positional`: the expression may hold causal_mask (fused_softmax's prologue), whose
 // positions are the result's elements' (the mask must have the result's shape).
 ResultType type_fused_expr(FusedExpr& e, const std::vector<const Value*>& in, bool positional = false);
+// The same on a kernel's operand types (operand i is named in<i> in messages).
+ResultType type_fused_expr(FusedExpr& e, const std::vector<Shape>& shapes, const std::vector<DType>& dtypes,
+                           bool positional = false);
 
 // fused_einsum (an einsum with an epilogue: the matmul's bias, GELU, residual add and scale
 // applied to the product before it is stored, oneDNN's post-ops) uses the same text for its

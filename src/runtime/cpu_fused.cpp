@@ -354,17 +354,9 @@ Typed& typed(const KernelArgs& a, bool positional) {
   t.shapes = a.in_shapes;
   t.dtypes = a.in_dtypes;
   t.positional = positional;
-  std::vector<Value> vals(a.in.size());
-  std::vector<const Value*> ins;
-  for (std::size_t i = 0; i < a.in.size(); ++i) {
-    vals[i].name = fmt::format("in{}", i);
-    vals[i].shape = a.in_shapes[i];
-    vals[i].dtype = a.in_dtypes[i];
-    ins.push_back(&vals[i]);
-  }
   try {
     t.expr = parse_fused_expr(text);
-    t.type = type_fused_expr(t.expr, ins, positional);
+    t.type = type_fused_expr(t.expr, a.in_shapes, a.in_dtypes, positional);
   } catch (const Error& err) {
     fail(a, err.what());
   }

@@ -542,17 +542,9 @@ struct FusedPlan {
 };
 
 ck::FusedProgram plan_fused(const KernelArgs& a, FusedExpr& e, bool positional, ResultType& type) {
-  std::vector<Value> vals(a.in.size());
-  std::vector<const Value*> ins;
-  for (std::size_t i = 0; i < a.in.size(); ++i) {
-    vals[i].name = fmt::format("in{}", i);
-    vals[i].shape = a.in_shapes[i];
-    vals[i].dtype = a.in_dtypes[i];
-    ins.push_back(&vals[i]);
-  }
   try {
     e = parse_fused_expr(attrs_of(a).equation);
-    type = type_fused_expr(e, ins, positional);
+    type = type_fused_expr(e, a.in_shapes, a.in_dtypes, positional);
   } catch (const Error& err) {
     fail(a, err.what());
   }
