@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Dense>
@@ -112,7 +113,12 @@ struct MaxR {
   }
   // NaN propagates (like numpy.maximum).
   template <class T> T operator()(T x, T y) const { return (x != x || x > y) ? x : y; }
+  // Float rows go through Eigen's vectorised max with NaN propagation (the scalar loop with its
+  // NaN test was most of softmax's and cross-entropy's time); the value is the same element
+  // (max is exact), only the sign of a zero maximum may come from another equal element.
   template <class T> static T row(const T* p, int64_t n) {
+    if constexpr (std::is_same_v<T, float>)
+      return Eigen::Map<const Eigen::ArrayXf>(p, n).template maxCoeff<Eigen::PropagateNaN>();
     T m = p[0];
     for (int64_t j = 1; j < n; ++j) m = (m != m || m > p[j]) ? m : p[j];
     return m;

@@ -540,6 +540,69 @@ TEST_CASE("cross_entropy is logsumexp minus the label logit", "[kernels][cross_e
   REQUIRE_THROWS_AS(run(OpKind::CrossEntropy, at, {&logits, &bad}, DType::f32, {2, 3}), RuntimeError);
 }
 
+TEST_CASE("row maxima of reduce_max and softmax and cross_entropy at every length and NaN place", "[kernels][reduce]") {
+  // The float row max is vectorised (16 floats at a time with a scalar tail): lengths around
+  // the vector widths, the maximum and a NaN at the first, a middle and the last place, and
+  // rows of -inf. reduce_max must return the largest element exactly and NaN where the row has
+  // one; softmax and cross_entropy then agree with a double loop.
+  const uint64_t seed = 59;
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (int64_t len : {1, 2, 7, 8, 15, 16, 17, 31, 33, 64, 100}) {
+    for (int64_t place : {int64_t(0), len / 2, len - 1}) {
+      for (int what = 0; what < 3; ++what) {  // 0: max at `place`, 1: NaN there, 2: all -inf but +inf there
+        INFO("length " << len << ", place " << place << ", case " << what);
+        HostTensor x = rand_tensor(rng, DType::f32, {2, len}, -5, 5);
+        if (what == 0) x.set(len + place, 9.5);
+        if (what == 1) x.set(len + place, std::nan(""));
+        if (what == 2)
+          for (int64_t j = 0; j < len; ++j) x.set(len + j, j == place ? kInf : -kInf);
+        OpAttrs at;
+        at.dims = {1};
+        HostTensor mx = run(OpKind::ReduceMax, at, {&x}, DType::f32, {2});
+        for (int64_t r = 0; r < 2; ++r) {
+          double want = -kInf;
+          bool nan = false;
+          for (int64_t j = 0; j < len; ++j) {
+            nan = nan || std::isnan(x.get(r * len + j));
+            want = std::max(want, x.get(r * len + j));
+          }
+          if (nan) CHECK(std::isnan(mx.get(r)));
+          else CHECK(mx.get(r) == want);
+        }
+        if (what == 2) continue;  // inf - inf: softmax of such a row is NaN by definition
+        OpAttrs sm;
+        sm.axis = 1;
+        HostTensor y = run(OpKind::Softmax, sm, {&x}, DType::f32, {2, len});
+        HostTensor labels = from_values(DType::i32, {2}, {0, static_cast<double>(len - 1)});
+        HostTensor ce = run(OpKind::CrossEntropy, OpAttrs{}, {&x, &labels}, DType::f32, {2});
+        for (int64_t r = 0; r < 2; ++r) {
+          double m = -1e300, sum = 0;
+          bool nan = false;
+          for (int64_t j = 0; j < len; ++j) {
+            nan = nan || std::isnan(x.get(r * len + j));
+            m = std::max(m, x.get(r * len + j));
+          }
+          for (int64_t j = 0; j < len; ++j) sum += std::exp(x.get(r * len + j) - m);
+          const double lab = x.get(r * len + static_cast<int64_t>(labels.get(r)));
+          if (nan) {
+            // NaN where the NaN was; oneDNN's softmax (the last axis) leaves the others as
+            // they come, the loops make the whole row NaN.
+            CHECK(std::isnan(ce.get(r)));
+            CHECK(std::isnan(y.get(r * len + place)));
+            continue;
+          }
+          CHECK(std::fabs(ce.get(r) - (m + std::log(sum) - lab)) <= 1e-5 * (1 + std::fabs(m + std::log(sum) - lab)));
+          for (int64_t j = 0; j < len; ++j) {
+            const double want = std::exp(x.get(r * len + j) - m) / sum;
+            CHECK(std::fabs(y.get(r * len + j) - want) <= 1e-6 + 1e-5 * want);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("causal_mask uses the global offsets of the local block", "[kernels][causal_mask]") {
   const uint64_t seed = 41;
   INFO("seed " << seed);
