@@ -14,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "tessel/executable.hpp"
 #include "tessel/ops.hpp"
@@ -200,11 +201,50 @@ std::shared_ptr<Buffer> allocate_input(Backend& be, std::size_t bytes, const std
   }
 }
 
-// Bytes per device that the program's collectives move (each one's nccl-tests buffer size).
-int64_t comm_bytes(const Program& p) {
+// Bytes per device moved by the collectives that can overlap with other work. A collective on
+// stream S overlaps when, at its start, another stream has work enqueued that S has not
+// waited for, or when another stream is given work after its start and before that stream
+// waits for S. The rest sit on the critical path — the tensor-parallel all-reduce between two
+// einsums: compute waits for it before its next kernel — so the stream workers could only add
+// hand-offs to them.
+int64_t overlappable_comm_bytes(const Program& p) {
+  std::set<std::string> streams;
+  for (const Instr& in : p.instrs) streams.insert(in.stream);
+  // unwaited[S]: the streams with work enqueued that S has not waited for since.
+  std::map<std::string, std::set<std::string>> unwaited;
+  struct Started {
+    std::string stream;
+    int64_t bytes;
+    std::set<std::string> waited_by;  // the other streams that have waited for it
+  };
+  std::vector<Started> open;  // collectives not yet overlapped nor waited for by every stream
   int64_t total = 0;
-  for (const Instr& in : p.instrs)
-    if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) total += in.bytes;
+  for (const Instr& in : p.instrs) {
+    if (in.kind == InstrKind::Wait) {
+      unwaited[in.stream].erase(in.wait_for);
+      for (Started& c : open)
+        if (c.stream == in.wait_for) c.waited_by.insert(in.stream);
+    } else if (in.kind != InstrKind::CollectiveDone) {
+      // Work on this stream: it runs beside every collective of another stream it has not
+      // waited for.
+      for (Started& c : open)
+        if (c.stream != in.stream && !c.waited_by.count(in.stream)) {
+          total += c.bytes;
+          c.bytes = 0;
+        }
+      if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) {
+        const std::set<std::string>& pending = unwaited[in.stream];
+        const bool beside = std::any_of(pending.begin(), pending.end(), [&](const std::string& t) { return t != in.stream; });
+        if (beside) total += in.bytes;
+        else open.push_back(Started{in.stream, in.bytes, {}});
+      }
+      for (const std::string& t : streams)
+        if (t != in.stream) unwaited[t].insert(in.stream);
+    }
+    open.erase(std::remove_if(open.begin(), open.end(),
+                              [&](const Started& c) { return c.bytes == 0 || c.waited_by.size() + 1 >= streams.size(); }),
+               open.end());
+  }
   return total;
 }
 }  // namespace
@@ -280,13 +320,15 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
   impl->make_world();
   const int64_t n = static_cast<int64_t>(impl->positions.size());
   ThreadRuntime& lr = *impl->local;
-  // Nothing to overlap (every instruction on compute), or too little communication for
-  // overlap to pay for the hand-offs to the stream workers: run on the device thread itself.
+  // Nothing to overlap (every instruction on compute, or every collective on the critical
+  // path), or too little communication that could overlap for it to pay for the hand-offs to
+  // the stream workers: run on the device thread itself.
   const bool serial = lr.options().inline_serial_programs &&
                       (std::all_of(p.instrs.begin(), p.instrs.end(), [](const Instr& in) {
                          return in.stream == "compute" && in.kind != InstrKind::Wait;
                        }) ||
-                       (!lr.link_model().on() && comm_bytes(p) <= lr.options().inline_max_comm_bytes));
+                       (!lr.link_model().on() && lr.options().inline_max_comm_bytes > 0 &&
+                        overlappable_comm_bytes(p) <= lr.options().inline_max_comm_bytes));
   impl->inline_run = serial && lr.options().stream_mode == StreamMode::Async;
   for (int64_t d = 0; d < n; ++d) {
     DeviceContext ctx;

@@ -20,6 +20,7 @@
 
 #include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
+#include "tessel/program_text.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
@@ -319,24 +320,34 @@ output %t
 }
 
 TEST_CASE("runtime: a program with nothing to overlap runs inline on the device threads", "[integration][runtime]") {
-  // One device (no collective at all), and two devices with an all-reduce of 4 KiB per device
-  // (comm work, but too little for overlap to pay): inline unless inlining is off, or the
-  // all-reduce is above inline_max_comm_bytes, or a link model is on. Every variant == reference,
-  // steps repeated over the same loaded executable.
+  // Three programs: one device (no collective at all); two devices with an all-reduce of
+  // 4 KiB per device between two kernels (on the critical path: nothing can run beside it);
+  // and an all-gather -> einsum decomposed into a ring of permutes overlapped with partial
+  // einsums (4 KiB per device that can overlap). Inline unless inlining is off, or the
+  // threshold is 0 and there are collectives, or the overlappable bytes are above it, or a
+  // link model is on. Every variant == reference, steps repeated over the same loaded
+  // executable.
   struct Case {
     std::string text;
     bool has_comm;
+    bool ring;  // collective matmul forced on: comm that overlaps
   };
   for (const Case& c : {Case{"mesh d=1\n%x = input f32[64,32]\n%w = input f32[32,16]\n"
                              "%y = einsum(%x, %w) eq=\"ij,jk->ik\"\n%z = gelu(%y)\noutput %z\n",
-                             false},
+                             false, false},
                         Case{"mesh d=2\n%x = input f32[64,32] sharding=[{}, {d}]\n%w = input f32[32,16] "
                              "sharding=[{d}, {}]\n%y = einsum(%x, %w) eq=\"ij,jk->ik\"\n%z = gelu(%y)\noutput %z\n",
-                             true}}) {
+                             true, false},
+                        Case{"mesh d=2\n%x = input f32[64,32] sharding=[{d}, {}]\n%w = input f32[32,16] "
+                             "sharding=[{}, {d}]\n%y = einsum(%x, %w) eq=\"ij,jk->ik\" sharding=[{}, {d}]\n"
+                             "%z = gelu(%y)\noutput %z\n",
+                             true, true}}) {
     Graph g = parse_graph(c.text, "inline.tsl");
     Executable exe = compile(g, *g.mesh);
     const auto inputs = random_inputs(g, 5);
     const auto want = run_reference(g, inputs);
+    LoadOptions lo;
+    lo.lowering.collective_matmul.mode = c.ring ? OverlapMode::On : OverlapMode::Off;
     struct Variant {
       bool allow;
       int64_t max_comm_bytes;
@@ -344,15 +355,17 @@ TEST_CASE("runtime: a program with nothing to overlap runs inline on the device 
       bool want_inline;
     };
     for (const Variant& v : {Variant{true, 256 << 10, false, true}, Variant{false, 256 << 10, false, false},
-                             Variant{true, 1024, false, !c.has_comm}, Variant{true, 0, false, !c.has_comm},
+                             Variant{true, 1024, false, !c.ring}, Variant{true, 0, false, !c.has_comm},
                              Variant{true, 256 << 10, true, !c.has_comm}}) {
       ThreadRuntimeOptions ro;
       ro.inline_serial_programs = v.allow;
       ro.inline_max_comm_bytes = v.max_comm_bytes;
       if (v.link) ro.link_model = LinkModel::parse("alpha_us=1,gbps=100");
       ThreadRuntime rt(exe.mesh().num_devices(), ro);
-      LoadedExecutable le = load(exe, rt);
-      INFO(c.text << "inline allowed: " << v.allow << ", max comm bytes " << v.max_comm_bytes << ", link model " << v.link);
+      LoadedExecutable le = load(exe, rt, lo);
+      INFO(c.text << "inline allowed: " << v.allow << ", max comm bytes " << v.max_comm_bytes << ", link model " << v.link
+                  << "\n" << print_program(le.program()));
+      if (c.ring) REQUIRE(le.program().summary().collective_permute > 0);
       CHECK(le.runs_inline() == v.want_inline);
       std::vector<ShardedArray> in;
       for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(le.to_device(i, inputs[i]));

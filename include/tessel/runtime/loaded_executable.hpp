@@ -97,8 +97,9 @@ class LoadedExecutable {
   // v2 with its memory plan; program().memory_plan().peak_bytes() per device).
   const Program& program() const;
   // True when the program runs on each device's own thread (ThreadRuntime::inline_stream):
-  // asynchronous streams, but nothing to overlap in the program, or collectives too small for
-  // overlap to pay (ThreadRuntimeOptions::inline_max_comm_bytes).
+  // asynchronous streams, but nothing to overlap in the program (no collective, or each one
+  // on the critical path), or overlappable collectives too small for overlap to pay
+  // (ThreadRuntimeOptions::inline_max_comm_bytes).
   bool runs_inline() const;
   const Mesh& mesh() const;
   Runtime& runtime() const;

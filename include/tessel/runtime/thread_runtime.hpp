@@ -57,13 +57,16 @@ struct ThreadRuntimeOptions {
   // Async mode: a program whose instructions are all on `compute` runs on the device thread's
   // inline stream (inline_stream) instead of the stream workers. false: always on the workers.
   bool inline_serial_programs = true;
-  // Async mode, with inline_serial_programs: a program whose collectives move at most this
-  // many bytes per device in all runs inline too (its collectives then run on the device
-  // thread, in program order). Overlap could hide at most the time of those copies — about
-  // 25 us at memcpy speed for the default 256 KiB, the cost of a hand-off to a stream worker
-  // and back — while every hand-off costs a thread wake-up. Not applied while a link model is
-  // on (it simulates an interconnect worth overlapping). 0: only programs with nothing on
-  // another stream run inline.
+  // Async mode, with inline_serial_programs: a program whose collectives that can overlap
+  // with other work move at most this many bytes per device in all runs inline too (its
+  // collectives then run on the device thread, in program order). A collective can overlap
+  // when another stream has work enqueued beside it that does not wait for it; the rest sit
+  // on the critical path (a tensor-parallel all-reduce between two einsums), where the stream
+  // workers only add hand-offs, whatever their size. Overlap could hide at most the time of
+  // the others — about 25 us at memcpy speed for the default 256 KiB, the cost of a hand-off
+  // to a stream worker and back — while every hand-off costs a thread wake-up. Not applied
+  // while a link model is on (it simulates an interconnect worth overlapping). 0: only
+  // programs with nothing on another stream run inline (the stream workers under test).
   int64_t inline_max_comm_bytes = 256 << 10;
   // For tests: called with the device before its thread is started (devices 1.., device 0
   // has none); an exception it throws is handled exactly like a failure to start that thread
