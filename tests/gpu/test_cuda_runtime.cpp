@@ -48,6 +48,10 @@ TEST_CASE("load on a CudaRuntime: device-resident steps and donation and cancel"
   LoadOptions lo;
   lo.lowering.fuse_elementwise = true;  // fused_elementwise and fused_softmax on the GPU
   LoadedExecutable le = load(exe, rt, lo);
+  // load made the cuBLASLt plans of the program's products; the runs below make none.
+  std::vector<int64_t> plans;
+  for (int64_t d = 0; d < rt.num_devices(); ++d) plans.push_back(rt.gemm_plans(d));
+  CHECK(plans[0] > 0);
   int fused = 0;
   for (const Instr& i : le.program().instrs)
     fused += i.kind == InstrKind::Kernel && (i.op == OpKind::FusedElementwise || i.op == OpKind::FusedSoftmax);
@@ -62,6 +66,8 @@ TEST_CASE("load on a CudaRuntime: device-resident steps and donation and cancel"
     INFO("step " << step << ": " << c.to_string());
     CHECK(c.max_rel_err <= 1e-5);
   }
+  for (int64_t d = 0; d < rt.num_devices(); ++d) CHECK(rt.gemm_plans(d) == plans[static_cast<std::size_t>(d)]);
+  CHECK_THROWS_AS(rt.gemm_plans(rt.num_devices()), RuntimeError);
   CHECK_FALSE(le.cancel("nothing in flight"));
   RunResult again = le.run(args);
   CHECK(compare(le.to_host(again.outputs[0]), want[0]).max_rel_err <= 1e-5);

@@ -129,6 +129,9 @@ class CudaRuntime : public Runtime {
   const CudaRuntimeOptions& options() const;
   int64_t num_devices() const;
   int gpu(int64_t local_device) const;  // the CUDA ordinal local device i runs on
+  // cuBLASLt plans (descriptors and algorithm per GEMM problem) local device i holds: load()
+  // makes those of its program's einsums, so a run adds none for buffers the arena aligns.
+  int64_t gemm_plans(int64_t local_device) const;
 
   std::string name() const override;  // "cuda" or "cuda+<process group name>"
   int process_rank() const override;

@@ -394,6 +394,17 @@ void CudaBackend::run_kernel(const KernelArgs& args, Stream& s) {
 
 bool CudaBackend::has_kernel(OpKind kind) const { return has_cuda_kernel(kind); }
 
+void CudaBackend::prepare_kernel(const KernelArgs& args) {
+  if (args.kind != OpKind::Einsum && args.kind != OpKind::FusedEinsum) return;
+  if (!args.attrs) return;  // the run reports it
+  const KernelArgs product = args.kind == OpKind::Einsum ? args : fused_einsum_product_args(args);
+  // Mixed float dtypes are cast to one first (with_uniform_floats): planned on the first run.
+  for (DType d : product.in_dtypes)
+    if (d != product.out_dtype) return;
+  DeviceGuard g(options_.device);
+  run_cuda_einsum(*this, product, nullptr);
+}
+
 void CudaBackend::launch_host_func(Stream& s, std::function<void()> fn) {
   CudaStream& cs = cuda_stream(s, "cuda backend launch_host_func");
   enqueue(cs, options_.device, [&] {

@@ -136,6 +136,7 @@ class PinnedPool {
 struct GemmCache;  // cuBLASLt descriptors and algorithms per problem (cuda_einsum.cpp)
 GemmCache* make_gemm_cache(int device);
 void destroy_gemm_cache(GemmCache* c);
+int64_t gemm_plan_count(GemmCache& c);
 
 class CudaBackend : public Backend {
  public:
@@ -154,6 +155,8 @@ class CudaBackend : public Backend {
   void poison(Buffer& b, DType dtype, Stream& s) override;
   void run_kernel(const KernelArgs& args, Stream& s) override;
   bool has_kernel(OpKind kind) const override;  // has_cuda_kernel
+  // Einsums and fused_einsum's product: the cuBLASLt descriptors and algorithm, at load.
+  void prepare_kernel(const KernelArgs& args) override;
   void launch_host_func(Stream& s, std::function<void()> fn) override;
   std::unique_ptr<Stream> create_stream(const std::string& name = "stream") override;
   std::unique_ptr<Event> create_event() override;
@@ -179,7 +182,8 @@ CudaStream& cuda_stream(Stream& s, const char* who);
 void run_cuda_kernel(CudaBackend& be, const KernelArgs& args, CudaStream& s);
 bool has_cuda_kernel(OpKind kind);
 // Einsum through cuBLASLt (cuda_einsum.cpp).
-void run_cuda_einsum(CudaBackend& be, const KernelArgs& args, CudaStream& s);
+// s == nullptr: prepare only (load): the checks and the cuBLASLt plan, no kernel, no allocation.
+void run_cuda_einsum(CudaBackend& be, const KernelArgs& args, CudaStream* s);
 
 // The bits of NaN / INT32_MIN / a scalar in a dtype (for fills).
 uint64_t poison_bits(DType t);

@@ -15,9 +15,12 @@
 // Precision: f32 uses CUBLAS_COMPUTE_32F (exact f32 products, TF32 off) unless
 // CudaBackendOptions::allow_tf32; bf16 and f16 use f32 accumulation and scale type.
 //
-// Descriptors and the heuristic's algorithm are made on the first product of a given problem
-// (types, shapes, layouts, alignments) and cached per backend, so a step's einsums only look
-// them up. One-operand einsums are a permutation or a reduction.
+// Descriptors and the heuristic's algorithm are made per problem (types, shapes, layouts,
+// alignments, workspace) and cached per backend: at load, by CudaBackend::prepare_kernel
+// (run_cuda_einsum without a stream: every check and the plan, no kernel), for buffers at the
+// 16-byte alignment the arena and the allocators give, so a step's einsums only look them up;
+// a buffer less aligned at run time gets its own plan on its first product. One-operand
+// einsums are a permutation or a reduction.
 #include <cublasLt.h>
 #include <fmt/format.h>
 
@@ -137,6 +140,11 @@ GemmCache* make_gemm_cache(int /*device*/) {
   return c.release();
 }
 
+int64_t gemm_plan_count(GemmCache& c) {
+  std::lock_guard<std::mutex> lk(c.mu);
+  return static_cast<int64_t>(c.plans.size());
+}
+
 void destroy_gemm_cache(GemmCache* c) {
   if (!c) return;
   c->plans.clear();
@@ -160,22 +168,25 @@ cudaDataType_t cuda_type(const KernelArgs& a, DType t) {
 }
 
 // Scratch freed on the stream when the scope ends (after the kernels that use it were enqueued).
+// Without a stream (preparing at load) nothing is allocated: a stand-in address with the
+// alignment the stream-ordered allocator gives, never dereferenced.
 struct Scratch {
   CudaBackend& be;
-  CudaStream& s;
+  CudaStream* s;
   std::vector<void*> ptrs;
   void* get(std::size_t bytes) {
-    ptrs.push_back(be.scratch(bytes, s));
+    if (!s) return reinterpret_cast<void*>(uintptr_t{256});
+    ptrs.push_back(be.scratch(bytes, *s));
     return ptrs.back();
   }
   ~Scratch() {
-    for (void* p : ptrs) cudaFreeAsync(p, s.handle());
+    for (void* p : ptrs) cudaFreeAsync(p, s->handle());
   }
 };
 
 }  // namespace
 
-void run_cuda_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
+void run_cuda_einsum(CudaBackend& be, const KernelArgs& a, CudaStream* s) {
   if (!a.attrs) efail(a, "KernelArgs.attrs is null");
   const std::size_t nin = a.in.size();
   if (nin < 1 || nin > 2 || a.in_shapes.size() != nin || a.in_dtypes.size() != nin) efail(a, "takes 1 or 2 operands");
@@ -224,12 +235,13 @@ void run_cuda_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
   Scratch scratch{be, s, {}};
   // Operand i brought to the letter order `target`, summing `summed` out (scratch when needed).
   auto arrange = [&](std::size_t i, const std::string& target, const std::string& summed, void* dst) {
+    if (!s) return;  // preparing: no kernel
     const Shape ts = shape_of(target);
     if (summed.empty()) {
-      ck::strided_copy(a.in[i], dst, es, make_loop(ts, {contiguous_strides(ts), strides_in(i, target)}), s.handle());
+      ck::strided_copy(a.in[i], dst, es, make_loop(ts, {contiguous_strides(ts), strides_in(i, target)}), s->handle());
     } else {
       ck::reduce(ck::Reduce::Sum, a.in[i], dst, t, make_loop(ts, {strides_in(i, target)}),
-                 make_loop(shape_of(summed), {strides_in(i, summed)}), s.handle());
+                 make_loop(shape_of(summed), {strides_in(i, summed)}), s->handle());
     }
   };
 
@@ -282,7 +294,7 @@ void run_cuda_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
   else if (sr != seq_c) pc = scratch.get(static_cast<std::size_t>(out_n) * es);
 
   if (K == 0) {
-    ck::fill_bits(pc, out_n, es, 0, s.handle());
+    if (s) ck::fill_bits(pc, out_n, es, 0, s->handle());
   } else {
     GemmKey key{};
     key.dtype = cuda_type(a, t);
@@ -316,21 +328,24 @@ void run_cuda_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
     key.align_a = alignment_of(lt_a);
     key.align_b = alignment_of(lt_b);
     key.align_c = alignment_of(pc);
-    std::size_t ws_bytes = 0;
-    void* ws = s.gemm_workspace(ws_bytes);
+    // The workspace the stream will have: its size is part of the plan's key.
+    std::size_t ws_bytes = be.options().gemm_workspace_bytes;
+    void* ws = s ? s->gemm_workspace(ws_bytes) : nullptr;
     key.workspace = ws_bytes;
     GemmCache& cache = be.gemm();
     const GemmPlan& plan = cache.plan(key);
+    if (!s) return;  // prepared: the descriptors and the algorithm are in the cache
     const float alpha = 1.0f, beta = 0.0f;
     TESSEL_CUBLAS_CHECK(cublasLtMatmul(cache.handle, plan.op, &alpha, lt_a, plan.a, lt_b, plan.b, &beta, pc, plan.c, pc,
-                                       plan.c, &plan.algo, ws, ws_bytes, s.handle()));
+                                       plan.c, &plan.algo, ws, ws_bytes, s->handle()));
   }
+  if (!s) return;
   if (pc != a.out) {
     const Shape cs = shape_of(seq_c);
     std::vector<int64_t> st;
     const auto cst = contiguous_strides(cs);
     for (char c : sr) st.push_back(cst[seq_c.find(c)]);
-    ck::strided_copy(pc, a.out, es, make_loop(a.out_shape, {contiguous_strides(a.out_shape), st}), s.handle());
+    ck::strided_copy(pc, a.out, es, make_loop(a.out_shape, {contiguous_strides(a.out_shape), st}), s->handle());
   }
 }
 

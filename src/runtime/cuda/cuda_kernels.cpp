@@ -523,7 +523,7 @@ void k_mask_padding(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   ck::mask_padding(a.in[0], a.out, dtype_size(a.out_dtype), bits, P, n, S, keep, s.handle());
 }
 
-void k_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) { run_cuda_einsum(be, a, s); }
+void k_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) { run_cuda_einsum(be, a, &s); }
 
 // ---- fused expressions -----------------------------------------------------------------------------
 
@@ -670,7 +670,7 @@ void k_fused_softmax(CudaBackend&, const KernelArgs& a, CudaStream& s) {
 // GELU) would save the second, later work.
 void k_fused_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
   if (!a.attrs) fail(a, "no attributes (the equation and the epilogue) were given");
-  run_cuda_einsum(be, fused_einsum_product_args(a), s);
+  run_cuda_einsum(be, fused_einsum_product_args(a), &s);
   OpAttrs at;
   k_fused_elementwise(be, fused_einsum_epilogue_args(a, at), s);
 }

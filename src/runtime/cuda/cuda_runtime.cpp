@@ -109,6 +109,12 @@ CudaRuntime::~CudaRuntime() = default;
 const CudaRuntimeOptions& CudaRuntime::options() const { return impl_->options; }
 int64_t CudaRuntime::num_devices() const { return static_cast<int64_t>(impl_->gpus.size()); }
 int CudaRuntime::gpu(int64_t local_device) const { return impl_->gpus.at(static_cast<std::size_t>(local_device)); }
+int64_t CudaRuntime::gemm_plans(int64_t local_device) const {
+  if (local_device < 0 || local_device >= num_devices())
+    throw RuntimeError(fmt::format("CudaRuntime::gemm_plans: local device {} is outside [0, {})", local_device, num_devices()));
+  auto* be = dynamic_cast<cuda::CudaBackend*>(&impl_->threads->backend(local_device));
+  return be ? cuda::gemm_plan_count(be->gemm()) : 0;
+}
 
 std::string CudaRuntime::name() const {
   return impl_->options.processes ? "cuda+" + impl_->options.processes->name() : "cuda";

@@ -46,6 +46,7 @@ CudaRuntime::~CudaRuntime() = default;
 const CudaRuntimeOptions& CudaRuntime::options() const { no_cuda("CudaRuntime"); }
 int64_t CudaRuntime::num_devices() const { no_cuda("CudaRuntime"); }
 int CudaRuntime::gpu(int64_t) const { no_cuda("CudaRuntime"); }
+int64_t CudaRuntime::gemm_plans(int64_t) const { no_cuda("CudaRuntime"); }
 std::string CudaRuntime::name() const { no_cuda("CudaRuntime"); }
 int CudaRuntime::process_rank() const { no_cuda("CudaRuntime"); }
 int CudaRuntime::process_count() const { no_cuda("CudaRuntime"); }
