@@ -191,6 +191,39 @@ TEST_CASE("file rendezvous: every rank gets every rank's bytes round after round
   fs::remove_all(dir);
 }
 
+TEST_CASE("file rendezvous: abort notices reach the other ranks once", "[process-group]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("tessel-abort-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::vector<std::shared_ptr<ProcessGroup>> pg;
+  for (int r = 0; r < 3; ++r) {
+    FileRendezvousOptions o;
+    o.rank = r, o.size = 3, o.dir = dir.string(), o.key = "job";
+    pg.push_back(file_process_group(o));
+  }
+  for (auto& g : pg) CHECK_FALSE(g->poll_abort());  // nothing posted (no directory yet)
+  pg[1]->post_abort("rank 1: NCCL error: unhandled system error");
+  CHECK_FALSE(pg[1]->poll_abort());  // never its own
+  for (int r : {0, 2}) {
+    const auto n = pg[static_cast<std::size_t>(r)]->poll_abort();
+    REQUIRE(n);
+    CHECK(n->rank == 1);
+    CHECK(n->reason == "rank 1: NCCL error: unhandled system error");
+    CHECK_FALSE(pg[static_cast<std::size_t>(r)]->poll_abort());  // once
+  }
+  // A second notice (a later world's abort) is a new one.
+  pg[2]->post_abort("timed out");
+  const auto n0 = pg[0]->poll_abort();
+  REQUIRE(n0);
+  CHECK(n0->rank == 2);
+  CHECK(n0->reason == "timed out");
+  // Another job's key does not see them.
+  FileRendezvousOptions other;
+  other.rank = 0, other.size = 3, other.dir = dir.string(), other.key = "another-job";
+  CHECK_FALSE(file_process_group(other)->poll_abort());
+  fs::remove_all(dir);
+}
+
 TEST_CASE("file rendezvous: a missing peer times out naming it", "[process-group]") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() /

@@ -7,8 +7,11 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
+#include <optional>
 #include <random>
+#include <thread>
 
 #include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
@@ -276,6 +279,26 @@ TEST_CASE("mpi: process groups (MPI and file) allgather every rank's bytes in ra
   for (int round = 0; round < 2; ++round) {
     const auto all = fg->allgather(fmt::format("{}:{}", round, rank));
     for (int r = 0; r < size; ++r) CHECK(all[static_cast<std::size_t>(r)] == fmt::format("{}:{}", round, r));
+  }
+  // The abort channel of both: the last rank posts, every other rank sees its notice (once),
+  // the poster sees none of its own.
+  for (ProcessGroup* g : {pg.get(), fg.get()}) {
+    INFO("process group " << g->name());
+    const int last = size - 1;
+    if (rank == last) g->post_abort(fmt::format("rank {} failed", last));
+    if (rank != last) {
+      std::optional<AbortNotice> n;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!n && std::chrono::steady_clock::now() < deadline) {
+        n = g->poll_abort();
+        if (!n) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      REQUIRE(n);
+      CHECK(n->rank == last);
+      CHECK(n->reason == fmt::format("rank {} failed", last));
+    }
+    g->allgather("");  // every notice delivered before anyone polls again
+    CHECK_FALSE(g->poll_abort());
   }
 }
 

@@ -48,6 +48,10 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {
 struct CudaWorldOptions {
   // > 0: a member waiting longer than this for its peers (in seconds) aborts the world.
   double timeout_seconds = 0;
+  // A multi-process NCCL world: the processes' abort channel (ProcessGroup::post_abort /
+  // poll_abort). An abort here is posted to the other processes, and the watchdog aborts this
+  // process's communicators when another one posts. Null: each process aborts alone.
+  std::shared_ptr<ProcessGroup> processes;
 };
 
 // The collectives of `mesh` among virtual devices of one process (any number per GPU, any

@@ -14,10 +14,17 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace tessel {
+
+// What a process told the others when it aborted (ProcessGroup::post_abort).
+struct AbortNotice {
+  int rank = -1;
+  std::string reason;
+};
 
 class ProcessGroup {
  public:
@@ -30,6 +37,16 @@ class ProcessGroup {
   // of times, in the same order. Throws RuntimeError when a peer does not arrive in time
   // (file rendezvous) or MPI fails.
   virtual std::vector<std::string> allgather(const std::string& mine) = 0;
+
+  // The abort channel (a CudaRuntime's NCCL watchdog uses it, so an error on one process
+  // aborts every process's communicators instead of leaving them to their own timeouts).
+  // post_abort tells every other process that this one aborted, and why; poll_abort returns
+  // a notice from another process not yet returned here (never this process's own), or
+  // nothing. Neither is collective nor blocks on peers; both may be called from a watchdog
+  // thread beside allgather. Default (a group of your own): no channel, nothing is sent or
+  // received.
+  virtual void post_abort(const std::string& reason) { (void)reason; }
+  virtual std::optional<AbortNotice> poll_abort() { return std::nullopt; }
 };
 
 // MPI_COMM_WORLD (a duplicate of it). Throws RuntimeError when tessel was built without MPI.
@@ -48,6 +65,8 @@ struct FileRendezvousOptions {
   // would be read as this job's. The files stay (the launcher removes them).
   std::string key = "tessel";
   double timeout_s = 300;  // a peer missing for longer fails allgather, naming the peer
+  // Abort notices are files <dir>/<key>.abort/<rank>.<n> (post_abort; n counts this rank's
+  // notices); poll_abort lists that directory.
 };
 // A process group whose allgather is file_rendezvous (launch.hpp). Throws RuntimeError for a
 // bad rank/size or key.

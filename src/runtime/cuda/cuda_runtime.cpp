@@ -145,6 +145,7 @@ std::unique_ptr<CollectiveWorld> CudaRuntime::make_world(const Mesh& mesh,
     // load makes a new world, and NCCL ids are single-use.
     const std::string mine = im.rank == 0 ? nccl_unique_id() : std::string();
     const std::vector<std::string> all = im.options.processes->allgather(mine);
+    wo.processes = im.options.processes;  // the abort channel
     return make_nccl_world(mesh, im.positions(), im.gpus, all.at(0), wo);
   }
   if (im.options.use_nccl) return make_nccl_world(mesh, im.gpus, wo);

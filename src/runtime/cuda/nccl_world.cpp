@@ -13,7 +13,9 @@
 // NCCL has no per-operation timeout: a watchdog thread polls ncclCommGetAsyncError on every
 // communicator and, when a collective has been pending (its end event not reached) for longer
 // than the timeout, aborts every communicator (ncclCommAbort), so blocked streams return and
-// the run fails with the reason instead of hanging.
+// the run fails with the reason instead of hanging. Across processes the abort is posted on
+// the ProcessGroup's abort channel, and each watchdog polls it: a failure on one process
+// aborts every process's communicators with "process r aborted: <reason>".
 //
 // One process per GPU under mpirun / a launcher (issue 8, item 4b): each process owns some
 // positions and joins with ncclCommInitRank on a unique id made by one process and shared
@@ -32,6 +34,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 
 namespace tessel::cuda {
@@ -215,6 +218,13 @@ class NcclWorld : public CollectiveWorld {
       }
       TESSEL_NCCL_CHECK(ncclGroupEnd());
     }
+    // Notices of an earlier world's abort (this load follows it) are not for this one.
+    if (options_.processes)
+      try {
+        while (options_.processes->poll_abort()) {
+        }
+      } catch (const std::exception&) {
+      }
     watchdog_ = std::thread([this] { watch(); });
   }
   ~NcclWorld() override {
@@ -250,11 +260,22 @@ class NcclWorld : public CollectiveWorld {
     return c;
   }
 
-  void abort(std::string reason) override {
+  void abort(std::string reason) override { abort_world(std::move(reason), /*from_peer=*/false); }
+
+  // Aborts this process's communicators; unless the abort came from another process, tells
+  // the others first (options_.processes), so theirs stop too instead of timing out.
+  void abort_world(std::string reason, bool from_peer) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (aborted_.exchange(true)) return;
       reason_ = std::move(reason);
+    }
+    if (!from_peer && options_.processes) {
+      try {
+        options_.processes->post_abort(reason_);
+      } catch (const std::exception&) {
+        // best effort: the peers still have their own watchdogs
+      }
     }
     // ncclCommAbort also stops kernels still running on the device: blocked streams return.
     std::lock_guard<std::mutex> lk(split_mu_);
@@ -303,6 +324,19 @@ class NcclWorld : public CollectiveWorld {
     while (!stop_) {
       cv_.wait_for(lk, std::chrono::milliseconds(100));
       if (stop_ || aborted_) continue;
+      if (options_.processes) {
+        std::optional<AbortNotice> n;
+        try {
+          n = options_.processes->poll_abort();
+        } catch (const std::exception&) {
+        }
+        if (n) {
+          lk.unlock();
+          abort_world(fmt::format("process {} aborted: {}", n->rank, n->reason), /*from_peer=*/true);
+          lk.lock();
+          continue;
+        }
+      }
       std::string what;
       for (NcclCommunicator* c : live_) {
         ncclResult_t async = ncclSuccess;

@@ -41,6 +41,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -66,6 +67,17 @@ namespace {
 
 constexpr int kAbortTag = 7;
 constexpr std::size_t kAbortMax = 8192;
+
+// An abort message to every rank but `self` on `comm` (kAbortTag); the requests are appended
+// to `sends` (`msg` must outlive them).
+void isend_abort_to_peers(const std::string& msg, int self, int size, MPI_Comm comm, std::vector<MPI_Request>& sends) {
+  for (int r = 0; r < size; ++r) {
+    if (r == self) continue;
+    MPI_Request q;
+    if (MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_CHAR, r, kAbortTag, comm, &q) == MPI_SUCCESS)
+      sends.push_back(q);
+  }
+}
 
 // MPI is initialised once per process (it cannot be re-initialised after MPI_Finalize):
 // on the first MpiRuntime, finalised at exit unless a failure left peers in an unknown state.
@@ -684,13 +696,7 @@ void MpiRuntime::Impl::fail(const std::string& reason, bool remote) {
     ws = worlds;
     if (!remote) {
       abort_msg = reason.substr(0, detail::kAbortMax - 1);
-      for (int r = 0; r < size; ++r) {
-        if (r == rank) continue;
-        MPI_Request q;
-        if (MPI_Isend(abort_msg.data(), static_cast<int>(abort_msg.size()), MPI_CHAR, r, detail::kAbortTag, ctrl, &q) ==
-            MPI_SUCCESS)
-          abort_sends.push_back(q);
-      }
+      detail::isend_abort_to_peers(abort_msg, rank, size, ctrl, abort_sends);
     }
   }
   for (auto* w : ws) w->abort_local(reason);
@@ -961,11 +967,24 @@ class MpiProcessGroup : public ProcessGroup {
     local_rank_ = s.local_rank;
     TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
     TESSEL_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &abort_comm_));
+    TESSEL_MPI(MPI_Comm_set_errhandler(abort_comm_, MPI_ERRORS_RETURN));
   }
   ~MpiProcessGroup() override {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin) MPI_Comm_free(&comm_);
+    if (fin) return;
+    {
+      // Posted notices not yet delivered: give them a bounded time, then let go.
+      std::lock_guard<std::mutex> lk(abort_mu_);
+      drive_sends(1.0);
+      for (MPI_Request& q : sends_) MPI_Request_free(&q);
+      // A freed send may still read its buffer: leave those buffers alive.
+      if (!sends_.empty())
+        for (auto& b : posted_) (void)b.release();
+    }
+    MPI_Comm_free(&abort_comm_);
+    MPI_Comm_free(&comm_);
   }
   std::string name() const override { return "mpi"; }
   int rank() const override { return rank_; }
@@ -989,9 +1008,54 @@ class MpiProcessGroup : public ProcessGroup {
     return out;
   }
 
+  // One message per other rank on a communicator of its own (nothing else is ever sent on
+  // it); MPI_THREAD_MULTIPLE (the session's) lets the watchdog thread call these.
+  void post_abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    posted_.push_back(std::make_unique<std::string>(reason.substr(0, detail::kAbortMax - 1)));
+    detail::isend_abort_to_peers(*posted_.back(), rank_, size_, abort_comm_, sends_);
+    // MPI delivers a send only while the sender makes progress: drive it a little now (a
+    // process often exits right after an abort).
+    drive_sends(2.0);
+  }
+
+  std::optional<AbortNotice> poll_abort() override {
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, detail::kAbortTag, abort_comm_, &flag, &st) != MPI_SUCCESS || !flag)
+      return std::nullopt;
+    int count = 0;
+    MPI_Get_count(&st, MPI_CHAR, &count);
+    std::string reason(static_cast<std::size_t>(std::max(count, 0)), '\0');
+    if (MPI_Recv(reason.data(), count, MPI_CHAR, st.MPI_SOURCE, detail::kAbortTag, abort_comm_, MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS)
+      return std::nullopt;
+    return AbortNotice{st.MPI_SOURCE, reason};
+  }
+
  private:
+  // Under abort_mu_: test the posted sends until they are done or `seconds` pass.
+  void drive_sends(double seconds) {
+    const double deadline = detail::now_s() + seconds;
+    while (!sends_.empty()) {
+      int flag = 0;
+      if (MPI_Testall(static_cast<int>(sends_.size()), sends_.data(), &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
+      if (flag) {
+        sends_.clear();
+        break;
+      }
+      if (detail::now_s() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm abort_comm_ = MPI_COMM_NULL;  // abort notices only
+  std::mutex abort_mu_;
+  std::vector<std::unique_ptr<std::string>> posted_;  // the buffers of sends in flight
+  std::vector<MPI_Request> sends_;
 };
 }  // namespace
 
