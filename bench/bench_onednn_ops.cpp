@@ -17,6 +17,28 @@
 
 namespace {
 
+// Times `k` on the hand-written kernel or on `onednn_fn` (which may decline: skipped), with
+// the bytes read and written per second and `label` + the implementation as the label.
+void time_row_op(benchmark::State& state, const tessel::KernelArgs& k, bool onednn,
+                 bool (*onednn_fn)(const tessel::KernelArgs&, bool), const std::string& label) {
+  auto run = [&] {
+    if (onednn) return onednn_fn(k, false);
+    tessel::run_handwritten_kernel(k);
+    return true;
+  };
+  if (!run()) {
+    state.SkipWithError("oneDNN declined (built without oneDNN, or no optimised implementation)");
+    return;
+  }
+  for (auto _ : state) {
+    run();
+    benchmark::ClobberMemory();
+  }
+  state.counters["bytes/s"] = benchmark::Counter(2.0 * 4.0 * double(tessel::num_elements(k.out_shape)),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(label + (onednn ? " onednn" : " hand-written"));
+}
+
 void BM_RowOp(benchmark::State& state) {
   const int64_t op = state.range(0), shape = state.range(1);
   const bool onednn = state.range(2) != 0;
@@ -47,29 +69,45 @@ void BM_RowOp(benchmark::State& state) {
   }
   k.out = y.data();
   k.out_shape = s;
-  auto run = [&] {
-    if (!onednn) {
-      tessel::run_handwritten_kernel(k);
-      return true;
-    }
-    return op == 0 ? tessel::onednn_softmax(k) : op == 1 ? tessel::onednn_layer_norm(k) : tessel::onednn_gelu(k);
-  };
-  if (!run()) {
-    state.SkipWithError("oneDNN declined (built without oneDNN, or no optimised implementation)");
-    return;
-  }
-  for (auto _ : state) {
-    run();
-    benchmark::ClobberMemory();
-  }
-  state.counters["bytes/s"] =
-      benchmark::Counter(2.0 * 4.0 * double(x.numel()), benchmark::Counter::kIsIterationInvariantRate);
   const char* names[] = {"softmax", "layer_norm", "gelu"};
-  state.SetLabel(std::string(names[op]) + " " + tessel::shape_str(s) + (onednn ? " onednn" : " hand-written"));
+  time_row_op(state, k, onednn,
+              op == 0   ? tessel::onednn_softmax
+              : op == 1 ? tessel::onednn_layer_norm
+                        : tessel::onednn_gelu,
+              std::string(names[op]) + " " + tessel::shape_str(s));
 }
 BENCHMARK(BM_RowOp)
     ->ArgsProduct({{0, 1, 2}, {0, 1}, {0, 1}})
     ->ArgNames({"op", "shape", "impl"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// BM_SoftmaxRows/len:<L>/impl:<i>: softmax over the last axis of [2^20 / L, L] f32 on one
+// thread, hand-written (impl 0) against oneDNN (impl 1): where the kernel table's choice
+// between them crosses over with the row length (docs/cpu-backend.md).
+void BM_SoftmaxRows(benchmark::State& state) {
+  const int64_t len = state.range(0);
+  const bool onednn = state.range(1) != 0;
+  const tessel::Shape s = {(int64_t{1} << 20) / len, len};
+  tessel::HostTensor x(tessel::DType::f32, s), y(tessel::DType::f32, s);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<double> d(-3.0, 3.0);
+  for (int64_t i = 0; i < x.numel(); ++i) x.set(i, d(rng));
+  tessel::OpAttrs at;
+  at.axis = 1;
+  tessel::KernelArgs k;
+  k.kind = tessel::OpKind::Softmax;
+  k.attrs = &at;
+  k.in = {x.data()};
+  k.in_shapes = {s};
+  k.in_dtypes = {tessel::DType::f32};
+  k.out = y.data();
+  k.out_shape = s;
+  time_row_op(state, k, onednn, tessel::onednn_softmax, tessel::shape_str(s));
+}
+BENCHMARK(BM_SoftmaxRows)
+    ->ArgsProduct({{16, 32, 64, 128, 256, 512, 1024, 4096}, {0, 1}})
+    ->ArgNames({"len", "impl"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -924,6 +924,19 @@ void k_concat(const KernelArgs& a) {
 
 // ---- normalisations and the NN ops -------------------------------------------------------------
 
+// Softmax rows shorter than this run on oneDNN, longer ones on the hand-written loops:
+// BM_SoftmaxRows measured oneDNN 1.22-1.34x faster at 16-32 floats a row, even at 64, and the
+// loops 1.19-1.65x faster from 128 on (docs/cpu-backend.md).
+constexpr int64_t kSoftmaxOnednnBelowLen = 64;
+
+// The last axis of a softmax operand, when that softmax runs on oneDNN (see above).
+bool softmax_on_onednn(const KernelArgs& a) {
+  if (!a.attrs || a.in_shapes.size() != 1 || a.in_shapes[0].empty()) return false;
+  const Shape& s = a.in_shapes[0];
+  const int64_t axis = a.attrs->axis < 0 ? a.attrs->axis + static_cast<int64_t>(s.size()) : a.attrs->axis;
+  return axis == static_cast<int64_t>(s.size()) - 1 && s.back() < kSoftmaxOnednnBelowLen;
+}
+
 // onednn: try oneDNN first (the kernel table); false: the hand-written loops only (the oracle).
 void softmax_kernel(const KernelArgs& a, bool onednn) {
   check_arity(a, 1, 1);
@@ -935,7 +948,7 @@ void softmax_kernel(const KernelArgs& a, bool onednn) {
   for (int64_t d = 0; d < axis; ++d) outer *= s[d];
   for (std::size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
   const int64_t len = s[axis];
-  if (onednn && inner == 1 && onednn_softmax(a)) return;  // f32, last axis: 3x faster (docs/cpu-backend.md)
+  if (onednn && inner == 1 && softmax_on_onednn(a) && onednn_softmax(a)) return;  // f32, short rows
   FVec ib, ob;
   const float* x = in_f32(a, 0, ib);
   float* y = out_f32(a, ob);
@@ -1550,7 +1563,7 @@ bool cpu_einsum(const KernelArgs& args, EinsumImpl impl, const EinsumEpilogue* e
 }
 
 void prepare_cpu_kernel(const KernelArgs& args) {
-  if (args.kind == OpKind::Softmax) onednn_softmax(args, /*prepare_only=*/true);
+  if (args.kind == OpKind::Softmax && softmax_on_onednn(args)) onednn_softmax(args, /*prepare_only=*/true);
   if (args.kind == OpKind::LayerNorm) onednn_layer_norm(args, /*prepare_only=*/true);
   if (args.kind != OpKind::Einsum && args.kind != OpKind::FusedEinsum) return;
   // The kernel's validation rejects null data pointers; preparing reads and writes no data,
