@@ -426,6 +426,18 @@ struct Rewriter {
     int acc = -1;
     for (int64_t i = 0; i < s.n; ++i) {
       std::vector<int> next(static_cast<std::size_t>(halves), -1);
+      // The chunks received at the previous step are read on compute through views (no
+      // copy) emitted before this step's permutes: async-collectives then makes compute wait
+      // for those chunks before the next permutes start, not after — a wait placed at the
+      // einsum would cover the next permutes too, and each einsum would follow the transfer
+      // of the chunk after its own (the ring serialised; docs/collective-matmul.md).
+      std::vector<int> held = cur;
+      if (i > 0)
+        for (int h = 0; h < halves; ++h) {
+          const int c = cur[static_cast<std::size_t>(h)];
+          held[static_cast<std::size_t>(h)] = scratch.add(fmt::format("{}.held{}.{}", base, h, i), val(c).dtype, shape(c));
+          out.push_back(view_instr(c, held[static_cast<std::size_t>(h)], 0, e.stream, e.graph_op));
+        }
       if (i + 1 < s.n)
         for (int h = 0; h < halves; ++h) {
           const int c = cur[static_cast<std::size_t>(h)];
@@ -436,7 +448,7 @@ struct Rewriter {
         // Ring h holds, at step i, the chunk of device r+i (h = 0) or r-i (h = 1).
         const int64_t shift = h == 0 ? i : -i;
         std::vector<int> ins(2);
-        ins[static_cast<std::size_t>(gi)] = cur[static_cast<std::size_t>(h)];
+        ins[static_cast<std::size_t>(gi)] = held[static_cast<std::size_t>(h)];
         ins[static_cast<std::size_t>(wi)] =
             wdim < 0 ? w : ring_slice(e, w, wdim, part, h * part, shift, s, fmt::format("{}.w{}.{}", base, h, i));
         Shape ps = shape(e.out);
@@ -515,7 +527,13 @@ struct Rewriter {
           continue;
         }
         const int sum = final_half ? rs.out : scratch.add(fmt::format("{}.acc{}.{}", base, h, i), val(rs.out).dtype, ps);
-        out.push_back(kernel(e, OpKind::Add, {recv[static_cast<std::size_t>(h)], pv}, sum));
+        // The add reads the partial through a view (no copy): a fusion barrier. Made the
+        // einsum's epilogue (fuse-elementwise), the add would make the einsum wait for the
+        // accumulator's permute, and each step's product would follow its transfer instead of
+        // running under it (the ring serialised; docs/collective-matmul.md).
+        const int pview = scratch.add(fmt::format("{}.p{}.{}", base, h, i), val(pv).dtype, ps);
+        out.push_back(view_instr(pv, pview, 0, e.stream, e.graph_op));
+        out.push_back(kernel(e, OpKind::Add, {recv[static_cast<std::size_t>(h)], pview}, sum));
         acc[static_cast<std::size_t>(h)] = sum;
         if (last) results[static_cast<std::size_t>(h)] = sum;
       }
