@@ -16,7 +16,8 @@
 //            that the modelled communication of the program is L/100 times its measured
 //            compute: 50, 100 and 200 sweep comm/compute over 0.5, 1 and 2.
 // Counters: compute_ms (the program without the pass and without link model: kernels and
-// memcpys), comm_ms (the link model's time of every collective of the program without the
+// memcpys; timed in the same round robin), sizing_compute_ms (the same, timed just before, by
+// which the link bandwidth and the gate's flop rate were chosen), comm_ms (the link model's time of every collective of the program without the
 // pass, one after the other), comm_over_compute, off_ms / uni_ms / bi_ms / auto_ms (step
 // times), speedup_uni/_bi/_auto (off / that), ratio_off/_uni/_bi (that / max(compute, comm):
 // 1.0 is perfect overlap), sites, auto_sites (sites the gate takes with a cost model of this
@@ -151,18 +152,19 @@ void BM_CollectiveMatmul(benchmark::State& state) {
   tessel::Executable exe = tessel::compile(g, *g.mesh);
   auto inputs = tessel::random_inputs(g, 7);
 
-  // Compute: the program without the pass, no link model.
+  // Compute: the program without the pass, no link model; measured first to size the link,
+  // then again side by side with the variants (the counters use the side-by-side median).
+  tessel::ThreadRuntime rt0(n);
+  tessel::LoadOptions lo0;
+  lo0.lowering.collective_matmul.mode = tessel::OverlapMode::Off;
+  tessel::LoadedExecutable le0 = tessel::load(exe, rt0, lo0);
+  std::vector<tessel::ShardedArray> in0;
+  for (std::size_t i = 0; i < inputs.size(); ++i) in0.push_back(le0.to_device(i, inputs[i]));
   double compute_s = 0;
   {
-    tessel::ThreadRuntime rt(n);
-    tessel::LoadOptions lo;
-    lo.lowering.collective_matmul.mode = tessel::OverlapMode::Off;
-    tessel::LoadedExecutable le = tessel::load(exe, rt, lo);
-    std::vector<tessel::ShardedArray> in;
-    for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(le.to_device(i, inputs[i]));
-    time_runs(le, in);
+    time_runs(le0, in0);
     std::vector<double> t;
-    for (int r = 0; r < 5; ++r) t.push_back(time_runs(le, in));
+    for (int r = 0; r < 5; ++r) t.push_back(time_runs(le0, in0));
     compute_s = median(t);
   }
   int count = 0;
@@ -211,10 +213,14 @@ void BM_CollectiveMatmul(benchmark::State& state) {
     ins.push_back(std::move(in));
     time_runs(les.back(), ins.back());  // warm-up
   }
-  std::vector<double> t[kVariants];
-  for (auto _ : state)
+  std::vector<double> t[kVariants], t0;
+  for (auto _ : state) {
+    t0.push_back(time_runs(le0, in0));
     for (std::size_t v = 0; v < kVariants; ++v) t[v].push_back(time_runs(les[v], ins[v]));
+  }
   const double off = median(t[0]), uni = median(t[1]), bi = median(t[2]), gated = median(t[3]);
+  const double sizing_s = compute_s;  // what the link and the gate's flop rate were sized by
+  compute_s = median(t0);
   if (const char* dir = std::getenv("TESSEL_CM_TRACE_DIR")) {
     // One more (warm) run of each variant, traced: <dir>/g<graph>_n<devices>_l<link>_<variant>.json.
     const char* names[] = {"off", "uni", "bi", "auto"};
@@ -228,6 +234,7 @@ void BM_CollectiveMatmul(benchmark::State& state) {
   state.counters["compute_ms"] = compute_s * 1e3;
   state.counters["comm_ms"] = comm_s * 1e3;
   state.counters["comm_over_compute"] = comm_s / compute_s;
+  state.counters["sizing_compute_ms"] = sizing_s * 1e3;
   state.counters["off_ms"] = off * 1e3;
   state.counters["uni_ms"] = uni * 1e3;
   state.counters["bi_ms"] = bi * 1e3;
