@@ -1,7 +1,8 @@
 // BM_CollectiveMatmul/<graph>/<devices>/<link>: the collective-matmul pass on CPU device threads,
 // side by side in one run: the same program lowered with the pass off, with unidirectional
-// rings and with bidirectional rings, run in turn (round robin, so that noise on this shared
-// machine hits all three alike); the counters are medians.
+// rings, with bidirectional rings, and with the gate deciding per site (auto), run in turn
+// (round robin, so that noise on this shared machine hits all four alike); the counters are
+// medians.
 //   graph 0: the Megatron MLP with sequence parallelism — x [T, D] sharded over `model` on T;
 //            all-gather → x·W1 (columns over model) → gelu → ·W2 (rows over model) →
 //            reduce-scatter back to T-sharded: one all-gather → einsum and one einsum →
@@ -10,22 +11,29 @@
 //            over the local heads, output projection, MLP): four sites.
 //   link 0:  no link model — a transfer is an in-process memcpy, which occupies a core as the
 //            einsums do (no real interconnect does): what the pass costs on bare threads.
-//   link 1:  the thread communicator's LinkModel (a simulated interconnect: each transfer takes
-//            alpha + bytes/bandwidth of wall time asleep), with the bandwidth chosen so that the
-//            modelled communication of the program equals its measured compute: the regime
-//            where overlap matters most (compute ≈ comm).
+//   link L > 0: the thread communicator's LinkModel (a simulated interconnect: each transfer
+//            takes alpha + bytes/bandwidth of wall time asleep), with the bandwidth chosen so
+//            that the modelled communication of the program is L/100 times its measured
+//            compute: 50, 100 and 200 sweep comm/compute over 0.5, 1 and 2.
 // Counters: compute_ms (the program without the pass and without link model: kernels and
-// memcpys), comm_ms (the link model's time of every collective of the program without the
-// pass, one after the other), off_ms / uni_ms / bi_ms (step times), speedup_uni/_bi (off / on),
-// ratio_bi (bi / max(compute, comm): 1.0 is perfect overlap), auto_sites (sites the gate takes
-// with a cost model of this machine: its measured flop rate and the link model).
+// memcpys; timed in the same round robin), sizing_compute_ms (the same, timed just before, by
+// which the link bandwidth and the gate's flop rate were chosen), comm_ms (the link model's time of every collective of the program without the
+// pass, one after the other), comm_over_compute, off_ms / uni_ms / bi_ms / auto_ms (step
+// times), speedup_uni/_bi/_auto (off / that), ratio_off/_uni/_bi (that / max(compute, comm):
+// 1.0 is perfect overlap), sites, auto_sites (sites the gate takes with a cost model of this
+// machine: its measured flop rate per core, compute_sharing(devices, cores), the dispatch cost
+// per instruction — kCpuDispatchUs, or TESSEL_CM_DISPATCH_US — and the link model's link).
+// TESSEL_CM_TRACE_DIR=DIR: one more run of each variant writes its trace there.
 #include <benchmark/benchmark.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessel/collective_matmul.hpp"
@@ -35,6 +43,10 @@
 #include "tessel/text.hpp"
 
 namespace {
+
+// Seconds per instruction beyond its kernel that the gate charges on this machine (CPU device
+// threads, async streams): measured, see docs/collective-matmul.md.
+constexpr double kCpuDispatchUs = 20;
 
 std::string mlp_text(int64_t n) {
   const int64_t T = 512, D = 512, F = 2048;
@@ -123,25 +135,36 @@ double time_runs(tessel::LoadedExecutable& le, const std::vector<tessel::Sharded
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The seconds each instruction a device stream runs costs on this machine beyond its
+// kernel, for the gate's CostModel::dispatch_s: TESSEL_CM_DISPATCH_US when set, else the
+// figure measured on the 2-core box (docs/collective-matmul.md, "The gate").
+double dispatch_s() {
+  const char* v = std::getenv("TESSEL_CM_DISPATCH_US");
+  return (v ? std::atof(v) : kCpuDispatchUs) * 1e-6;
+}
+
 void BM_CollectiveMatmul(benchmark::State& state) {
   const int64_t graph = state.range(0), n = state.range(1);
-  const bool link = state.range(2) != 0;
+  // 0: no link model; else the link model with comm / compute = link / 100.
+  const int64_t link_pct = state.range(2);
+  const bool link = link_pct != 0;
   tessel::Graph g = tessel::parse_graph(graph == 0 ? mlp_text(n) : block_text(n), "cm.tsl");
   tessel::Executable exe = tessel::compile(g, *g.mesh);
   auto inputs = tessel::random_inputs(g, 7);
 
-  // Compute: the program without the pass, no link model.
+  // Compute: the program without the pass, no link model; measured first to size the link,
+  // then again side by side with the variants (the counters use the side-by-side median).
+  tessel::ThreadRuntime rt0(n);
+  tessel::LoadOptions lo0;
+  lo0.lowering.collective_matmul.mode = tessel::OverlapMode::Off;
+  tessel::LoadedExecutable le0 = tessel::load(exe, rt0, lo0);
+  std::vector<tessel::ShardedArray> in0;
+  for (std::size_t i = 0; i < inputs.size(); ++i) in0.push_back(le0.to_device(i, inputs[i]));
   double compute_s = 0;
   {
-    tessel::ThreadRuntime rt(n);
-    tessel::LoadOptions lo;
-    lo.lowering.collective_matmul.mode = tessel::OverlapMode::Off;
-    tessel::LoadedExecutable le = tessel::load(exe, rt, lo);
-    std::vector<tessel::ShardedArray> in;
-    for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(le.to_device(i, inputs[i]));
-    time_runs(le, in);
+    time_runs(le0, in0);
     std::vector<double> t;
-    for (int r = 0; r < 5; ++r) t.push_back(time_runs(le, in));
+    for (int r = 0; r < 5; ++r) t.push_back(time_runs(le0, in0));
     compute_s = median(t);
   }
   int count = 0;
@@ -149,14 +172,20 @@ void BM_CollectiveMatmul(benchmark::State& state) {
   tessel::ThreadRuntimeOptions ro;
   if (link) {
     ro.link_model.alpha_s = 10e-6;
-    ro.link_model.bandwidth = wire / std::max(compute_s - count * ro.link_model.alpha_s, 1e-6);
+    const double comm_target = compute_s * static_cast<double>(link_pct) / 100;
+    ro.link_model.bandwidth = wire / std::max(comm_target - count * ro.link_model.alpha_s, 1e-6);
   }
   const double comm_s = link ? count * ro.link_model.alpha_s + wire / ro.link_model.bandwidth : 0.0;
 
-  // The gate with this machine's figures: its measured flop rate, the link model's link.
+  // The gate with this machine's figures: its measured flop rate per device thread with a
+  // core to itself (the measured rate times the sharing), the device threads per core, the
+  // dispatch cost per instruction, the link model's link.
   tessel::CollectiveMatmulOptions gate;
-  gate.cost.flops_per_s = exe.program().total_flops() / compute_s;
+  const int64_t cores = std::thread::hardware_concurrency();
+  gate.cost.compute_sharing = tessel::compute_sharing(n, cores);
+  gate.cost.flops_per_s = exe.program().total_flops() / compute_s * gate.cost.compute_sharing;
   gate.cost.memory_bandwidth = 5e9;
+  gate.cost.dispatch_s = dispatch_s();
   if (link) gate.cost.default_link = tessel::LinkSpec{ro.link_model.alpha_s, ro.link_model.bandwidth};
   int auto_sites = 0, sites = 0;
   for (const auto& s : tessel::collective_matmul_sites(exe.program(), gate)) {
@@ -168,11 +197,14 @@ void BM_CollectiveMatmul(benchmark::State& state) {
   tessel::ThreadRuntime rt(n, ro);
   const Variant variants[] = {{tessel::OverlapMode::Off, tessel::RingDirection::Uni},
                               {tessel::OverlapMode::On, tessel::RingDirection::Uni},
-                              {tessel::OverlapMode::On, tessel::RingDirection::Bi}};
+                              {tessel::OverlapMode::On, tessel::RingDirection::Bi},
+                              {tessel::OverlapMode::Auto, tessel::RingDirection::Auto}};
+  constexpr std::size_t kVariants = std::size(variants);
   std::vector<tessel::LoadedExecutable> les;
   std::vector<std::vector<tessel::ShardedArray>> ins;
   for (const Variant& v : variants) {
     tessel::LoadOptions lo;
+    lo.lowering.collective_matmul = gate;
     lo.lowering.collective_matmul.mode = v.mode;
     lo.lowering.collective_matmul.direction = v.dir;
     les.push_back(tessel::load(exe, rt, lo));
@@ -181,27 +213,47 @@ void BM_CollectiveMatmul(benchmark::State& state) {
     ins.push_back(std::move(in));
     time_runs(les.back(), ins.back());  // warm-up
   }
-  std::vector<double> t[3];
-  for (auto _ : state)
-    for (int v = 0; v < 3; ++v) t[v].push_back(time_runs(les[static_cast<std::size_t>(v)], ins[static_cast<std::size_t>(v)]));
-  const double off = median(t[0]), uni = median(t[1]), bi = median(t[2]);
+  std::vector<double> t[kVariants], t0;
+  for (auto _ : state) {
+    t0.push_back(time_runs(le0, in0));
+    for (std::size_t v = 0; v < kVariants; ++v) t[v].push_back(time_runs(les[v], ins[v]));
+  }
+  const double off = median(t[0]), uni = median(t[1]), bi = median(t[2]), gated = median(t[3]);
+  const double sizing_s = compute_s;  // what the link and the gate's flop rate were sized by
+  compute_s = median(t0);
+  if (const char* dir = std::getenv("TESSEL_CM_TRACE_DIR")) {
+    // One more (warm) run of each variant, traced: <dir>/g<graph>_n<devices>_l<link>_<variant>.json.
+    const char* names[] = {"off", "uni", "bi", "auto"};
+    for (std::size_t v = 0; v < kVariants; ++v) {
+      tessel::RunOptions opts;
+      opts.trace_path = fmt::format("{}/g{}_n{}_l{}_{}.json", dir, graph, n, link_pct, names[v]);
+      les[v].run(ins[v], opts);
+    }
+  }
+  const double bound = std::max(compute_s, comm_s);
   state.counters["compute_ms"] = compute_s * 1e3;
   state.counters["comm_ms"] = comm_s * 1e3;
+  state.counters["comm_over_compute"] = comm_s / compute_s;
+  state.counters["sizing_compute_ms"] = sizing_s * 1e3;
   state.counters["off_ms"] = off * 1e3;
   state.counters["uni_ms"] = uni * 1e3;
   state.counters["bi_ms"] = bi * 1e3;
+  state.counters["auto_ms"] = gated * 1e3;
   state.counters["speedup_uni"] = off / uni;
   state.counters["speedup_bi"] = off / bi;
-  state.counters["ratio_bi"] = bi / std::max(compute_s, comm_s);
-  state.counters["ratio_uni"] = uni / std::max(compute_s, comm_s);
+  state.counters["speedup_auto"] = off / gated;
+  state.counters["ratio_off"] = off / bound;
+  state.counters["ratio_uni"] = uni / bound;
+  state.counters["ratio_bi"] = bi / bound;
   state.counters["sites"] = sites;
   state.counters["auto_sites"] = auto_sites;
   state.SetLabel(fmt::format("{} {} devices, {}", graph == 0 ? "megatron-mlp" : "transformer-block", n,
-                             link ? fmt::format("link model alpha 10 us, {:.3g} GB/s", ro.link_model.bandwidth / 1e9)
+                             link ? fmt::format("link model alpha 10 us, {:.3g} GB/s (comm/compute {:.2f})",
+                                                ro.link_model.bandwidth / 1e9, comm_s / compute_s)
                                   : std::string("no link model")));
 }
 BENCHMARK(BM_CollectiveMatmul)
-    ->ArgsProduct({{0, 1}, {2, 4, 8}, {0, 1}})
+    ->ArgsProduct({{0, 1}, {2, 4, 8}, {0, 50, 100, 200}})
     ->ArgNames({"graph", "devices", "link"})
     ->Iterations(7)
     ->Unit(benchmark::kMillisecond)

@@ -213,7 +213,8 @@ struct Costs {
   double einsum_bytes = 0;             // its operands + result
   double flops = 0;
   double out_bytes = 0;                // the einsum's result (gather) / the scattered result (scatter)
-  double slice_bytes = 0;              // per step: the other operand's slice (batch / contracted)
+  double slice_bytes = 0;              // per step: the operand slices (ring-indexed copies), read + write
+  int slices = 0;                      // ring-indexed copies per step and half
   double chunk_bytes = 0;              // one ring block of the travelling value
   double coll_s = 0;                   // the collective as it is
 };
@@ -223,29 +224,61 @@ double step_einsum_s(const CostModel& m, const Costs& c, int64_t parts) {
   return m.op_seconds(c.flops / k, c.einsum_bytes / k);
 }
 
-// Estimated seconds of the ring with `halves` chunks per step (1 uni, 2 bi), n steps.
-double ring_seconds(const CostModel& m, const Site& s, const Costs& c, int halves) {
+// The two-stream estimate of one ring: its seconds and the instructions it runs (each pays
+// CostModel::dispatch_seconds on its stream).
+struct RingEstimate {
+  double seconds = 0;
+  int64_t instrs = 0;
+};
+
+// Estimated seconds of the ring with `halves` chunks per step (1 uni, 2 bi), n steps. Every
+// instruction the rewrite emits is charged its roofline time (op_seconds: compute_sharing
+// included) plus one dispatch: the einsums, the ring-indexed slices, the adds and the
+// assembling copies on compute, the permutes on comm.
+RingEstimate ring_seconds(const CostModel& m, const Site& s, const Costs& c, int halves) {
   const double h = static_cast<double>(halves);
+  const double d = m.dispatch_seconds();
+  RingEstimate r;
   // Both directions at once on separate links — except on a ring of two, where both halves go
-  // to the one neighbour over the same link.
-  const double t_perm = c.comm_alpha + (s.n == 2 ? c.chunk_bytes : c.chunk_bytes / h) / c.comm_bw;
-  const double t_e = step_einsum_s(m, c, s.n * halves) * h + c.slice_bytes / m.memory_bandwidth;
+  // to the one neighbour over the same link. The permutes of a step are one group: one
+  // dispatch each, the transfers at once.
+  const double t_perm = c.comm_alpha + (s.n == 2 ? c.chunk_bytes : c.chunk_bytes / h) / c.comm_bw + h * d;
+  const double t_e = (step_einsum_s(m, c, s.n * halves) + d) * h + m.op_seconds(0, c.slice_bytes) + c.slices * h * d;
+  const int64_t e_instrs = halves * (1 + c.slices);
   double comp = 0, comm = 0;
   if (s.gather) {
+    if (halves == 2) {  // the chunk split into its halves: two copies before anything travels
+      comp = comm = m.op_seconds(0, 2 * c.chunk_bytes) + 2 * d;
+      r.instrs += 2;
+    }
+    // Contracted ring letter: the partial products are summed (one add per half and step).
+    const double t_add = s.out_dim < 0 ? h * (m.op_seconds(0, 3 * c.out_bytes) + d) : 0;
     // Permute s+1 leaves as soon as chunk s is here; einsum s needs chunk s.
     for (int64_t i = 0; i < s.n; ++i) {
       if (i > 0) {
         comm += t_perm;
         comp = std::max(comp, comm);
+        r.instrs += halves;
       }
       comp += t_e;
+      r.instrs += e_instrs;
+      if (t_add > 0 && (i > 0 || halves == 2)) {
+        comp += i > 0 ? t_add : t_add / h;
+        r.instrs += i > 0 ? halves : 1;
+      }
     }
-    return comp + 2 * c.out_bytes / m.memory_bandwidth;  // assembling the result: read + write
+    if (s.out_dim >= 0) {  // assembling the result: read + write, one copy
+      comp += m.op_seconds(0, 2 * c.out_bytes) + d;
+      r.instrs += 1;
+    }
+    r.seconds = comp;
+    return r;
   }
-  const double t_add = 3 * c.chunk_bytes / m.memory_bandwidth;
+  const double t_add = m.op_seconds(0, 3 * c.chunk_bytes) + h * d;
   double acc_ready = 0;
   for (int64_t i = 0; i < s.n; ++i) {
     const double e_end = comp + t_e;
+    r.instrs += e_instrs;
     if (i == 0) {
       comp = acc_ready = e_end;
       continue;
@@ -253,8 +286,14 @@ double ring_seconds(const CostModel& m, const Site& s, const Costs& c, int halve
     comm = std::max(comm, acc_ready) + t_perm;
     comp = std::max(e_end, comm) + t_add;
     acc_ready = comp;
+    r.instrs += 2 * halves;  // the permutes and the adds
   }
-  return comp;
+  if (halves == 2) {  // the two halves of this device's block, side by side
+    comp += m.op_seconds(0, 2 * c.chunk_bytes) + d;
+    r.instrs += 1;
+  }
+  r.seconds = comp;
+  return r;
 }
 
 Costs site_costs(const Program& p, const Site& s, const CostModel& m) {
@@ -274,14 +313,18 @@ Costs site_costs(const Program& p, const Site& s, const CostModel& m) {
     k.chunk_bytes = static_cast<double>(p.values[static_cast<std::size_t>(c.in[0])].bytes());
     k.out_bytes = static_cast<double>(p.values[static_cast<std::size_t>(e.out)].bytes());
     const int w = e.in[static_cast<std::size_t>(1 - s.operand)];
-    if (s.op_dim[static_cast<std::size_t>(1 - s.operand)] >= 0)
+    if (s.op_dim[static_cast<std::size_t>(1 - s.operand)] >= 0) {
       k.slice_bytes = 2 * static_cast<double>(p.values[static_cast<std::size_t>(w)].bytes()) / n;
+      k.slices = 1;
+    }
   } else {
     k.chunk_bytes = static_cast<double>(p.values[static_cast<std::size_t>(c.out)].bytes());
     k.out_bytes = k.chunk_bytes;
     for (int j = 0; j < 2; ++j)
-      if (s.op_dim[static_cast<std::size_t>(j)] >= 0)
+      if (s.op_dim[static_cast<std::size_t>(j)] >= 0) {
         k.slice_bytes += 2 * static_cast<double>(p.values[static_cast<std::size_t>(e.in[static_cast<std::size_t>(j)])].bytes()) / n;
+        ++k.slices;
+      }
   }
   return k;
 }
@@ -302,9 +345,18 @@ CollectiveMatmulSite decide(const Program& p, const Site& s, const CollectiveMat
                            : fmt::format("{} = einsum \"{}\" -> {} = reduce_scatter({}) axes={{{}}} dim={}", vn(e.out),
                                          e.attrs.equation, vn(c.out), vn(c.in[0]), fmt::join(s.axes, ","), c.dim);
   const Costs k = site_costs(p, s, o.cost);
-  d.before_s = k.einsum_s + k.coll_s;
-  d.uni_s = ring_seconds(o.cost, s, k, 1);
-  d.bi_s = bidirectional_possible(s) ? ring_seconds(o.cost, s, k, 2) : -1;
+  const double disp = o.cost.dispatch_seconds();
+  d.dispatch_s = disp;
+  d.compute_sharing = o.cost.compute_sharing;
+  d.before_s = k.einsum_s + k.coll_s + 2 * disp;  // two instructions: the collective, the einsum
+  const RingEstimate uni = ring_seconds(o.cost, s, k, 1);
+  d.uni_s = uni.seconds;
+  d.uni_instrs = uni.instrs;
+  if (bidirectional_possible(s)) {
+    const RingEstimate bi = ring_seconds(o.cost, s, k, 2);
+    d.bi_s = bi.seconds;
+    d.bi_instrs = bi.instrs;
+  }
   const bool bi_ok = d.bi_s >= 0;
   RingVariant best = RingVariant::Uni;
   if (o.direction == RingDirection::Bi && bi_ok) best = RingVariant::Bi;
@@ -327,9 +379,20 @@ CollectiveMatmulSite decide(const Program& p, const Site& s, const CollectiveMat
         d.reason = fmt::format("the ring is estimated {:.2f}x faster", d.before_s / best_s);
       } else {
         d.variant = RingVariant::None;
+        // Would the ring win without its per-instruction costs? Then they are why it loses.
+        CostModel free = o.cost;
+        free.dispatch_s = 0;
+        const double free_before = k.einsum_s + k.coll_s;
+        const double free_ring = ring_seconds(free, s, k, best == RingVariant::Bi ? 2 : 1).seconds;
         const double t_perm = k.comm_alpha + k.chunk_bytes / k.comm_bw;
         const double t_e = k.einsum_s / static_cast<double>(s.n);
-        d.reason = t_perm < 0.2 * t_e ? "the collective is too small to be worth hiding"
+        d.reason = disp > 0 && free_ring < free_before * (1 - o.min_gain)
+                       ? fmt::format("the ring's {} instructions at {:.1f} us each (dispatch{}) outweigh the overlap",
+                                     best == RingVariant::Bi ? d.bi_instrs : d.uni_instrs, disp * 1e6,
+                                     o.cost.compute_sharing > 1
+                                         ? fmt::format(", x{:.2g} for device programs sharing a core", o.cost.compute_sharing)
+                                         : std::string())
+                   : t_perm < 0.2 * t_e          ? "the collective is too small to be worth hiding"
                    : k.comm_alpha > 0.5 * t_perm ? "chunks are small: latency dominates each ring step"
                                                  : "the einsum is too small to hide the communication";
       }
@@ -426,6 +489,18 @@ struct Rewriter {
     int acc = -1;
     for (int64_t i = 0; i < s.n; ++i) {
       std::vector<int> next(static_cast<std::size_t>(halves), -1);
+      // The chunks received at the previous step are read on compute through views (no
+      // copy) emitted before this step's permutes: async-collectives then makes compute wait
+      // for those chunks before the next permutes start, not after — a wait placed at the
+      // einsum would cover the next permutes too, and each einsum would follow the transfer
+      // of the chunk after its own (the ring serialised; docs/collective-matmul.md).
+      std::vector<int> held = cur;
+      if (i > 0)
+        for (int h = 0; h < halves; ++h) {
+          const int c = cur[static_cast<std::size_t>(h)];
+          held[static_cast<std::size_t>(h)] = scratch.add(fmt::format("{}.held{}.{}", base, h, i), val(c).dtype, shape(c));
+          out.push_back(view_instr(c, held[static_cast<std::size_t>(h)], 0, e.stream, e.graph_op));
+        }
       if (i + 1 < s.n)
         for (int h = 0; h < halves; ++h) {
           const int c = cur[static_cast<std::size_t>(h)];
@@ -436,7 +511,7 @@ struct Rewriter {
         // Ring h holds, at step i, the chunk of device r+i (h = 0) or r-i (h = 1).
         const int64_t shift = h == 0 ? i : -i;
         std::vector<int> ins(2);
-        ins[static_cast<std::size_t>(gi)] = cur[static_cast<std::size_t>(h)];
+        ins[static_cast<std::size_t>(gi)] = held[static_cast<std::size_t>(h)];
         ins[static_cast<std::size_t>(wi)] =
             wdim < 0 ? w : ring_slice(e, w, wdim, part, h * part, shift, s, fmt::format("{}.w{}.{}", base, h, i));
         Shape ps = shape(e.out);
@@ -515,7 +590,13 @@ struct Rewriter {
           continue;
         }
         const int sum = final_half ? rs.out : scratch.add(fmt::format("{}.acc{}.{}", base, h, i), val(rs.out).dtype, ps);
-        out.push_back(kernel(e, OpKind::Add, {recv[static_cast<std::size_t>(h)], pv}, sum));
+        // The add reads the partial through a view (no copy): a fusion barrier. Made the
+        // einsum's epilogue (fuse-elementwise), the add would make the einsum wait for the
+        // accumulator's permute, and each step's product would follow its transfer instead of
+        // running under it (the ring serialised; docs/collective-matmul.md).
+        const int pview = scratch.add(fmt::format("{}.p{}.{}", base, h, i), val(pv).dtype, ps);
+        out.push_back(view_instr(pv, pview, 0, e.stream, e.graph_op));
+        out.push_back(kernel(e, OpKind::Add, {recv[static_cast<std::size_t>(h)], pview}, sum));
         acc[static_cast<std::size_t>(h)] = sum;
         if (last) results[static_cast<std::size_t>(h)] = sum;
       }
@@ -542,6 +623,7 @@ struct Rewriter {
 }  // namespace
 
 std::vector<CollectiveMatmulSite> collective_matmul_sites(const Program& p, const CollectiveMatmulOptions& options) {
+  options.cost.validate();
   std::vector<std::pair<int, std::string>> declined;
   const std::vector<Site> sites = find_sites(p, &declined);
   std::vector<CollectiveMatmulSite> out;
@@ -566,15 +648,21 @@ std::vector<CollectiveMatmulSite> collective_matmul_sites(const Program& p, cons
 std::string CollectiveMatmulSite::line() const {
   std::string s = fmt::format("{} over {{{}}} (ring of {}): {}", gather ? "all-gather -> einsum" : "einsum -> reduce-scatter",
                               fmt::join(axes, ","), ring, description);
-  if (before_s > 0)
+  if (before_s > 0) {
     s += fmt::format("\n    estimate: as is {:.3f} us, ring {:.3f} us{}", before_s * 1e6, uni_s * 1e6,
                      bi_s >= 0 ? fmt::format(", bidirectional ring {:.3f} us", bi_s * 1e6) : std::string());
+    s += fmt::format("\n    terms: dispatch {:.3f} us per instruction (as is 2, ring {}{}), compute x{:.3g} "
+                     "(device programs per device's compute)",
+                     dispatch_s * 1e6, uni_instrs, bi_s >= 0 ? fmt::format(", bidirectional ring {}", bi_instrs) : std::string(),
+                     compute_sharing);
+  }
   s += fmt::format("\n    decision: {} ({})", variant == RingVariant::None ? "keep" : variant_name(variant), reason);
   return s;
 }
 
 Program collective_matmul_pass(Program p, const CollectiveMatmulOptions& options) {
   if (options.mode == OverlapMode::Off) return p;
+  options.cost.validate();
   for (const Instr& in : p.instrs)
     if (in.kind == InstrKind::CollectiveStart || in.kind == InstrKind::Wait)
       throw Error("collective-matmul: the program already has asynchronous collectives; run the pass before "

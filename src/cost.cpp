@@ -57,7 +57,36 @@ double CostModel::collective_seconds(CollectiveKind k, const Mesh& mesh,
 }
 
 double CostModel::op_seconds(double flops, double bytes) const {
-  return std::max(flops / flops_per_s, bytes / memory_bandwidth);
+  return std::max(flops / flops_per_s, bytes / memory_bandwidth) * compute_sharing;
+}
+
+double CostModel::dispatch_seconds() const { return dispatch_s * compute_sharing; }
+
+void CostModel::validate() const {
+  const auto positive = [](const char* what, double v) {
+    if (!std::isfinite(v) || v <= 0)
+      throw Error(fmt::format("cost model: {} must be a finite number > 0, got {}", what, v));
+  };
+  positive("flops_per_s", flops_per_s);
+  positive("memory_bandwidth", memory_bandwidth);
+  if (!std::isfinite(dispatch_s) || dispatch_s < 0)
+    throw Error(fmt::format("cost model: dispatch_s must be a finite number >= 0 seconds, got {}", dispatch_s));
+  if (!std::isfinite(compute_sharing) || compute_sharing < 1)
+    throw Error(fmt::format("cost model: compute_sharing must be a finite number >= 1 (device programs per "
+                            "device's worth of compute), got {}", compute_sharing));
+  const auto link_ok = [&](const std::string& what, const LinkSpec& l) {
+    positive((what + " bandwidth").c_str(), l.bandwidth);
+    if (!std::isfinite(l.alpha_s) || l.alpha_s < 0)
+      throw Error(fmt::format("cost model: {} alpha must be a finite number >= 0 seconds, got {}", what, l.alpha_s));
+  };
+  link_ok("default link", default_link);
+  for (const auto& kv : links) link_ok("link '" + kv.first + "'", kv.second);
+}
+
+double compute_sharing(int64_t devices, int64_t cores) {
+  if (devices < 1) throw Error(fmt::format("compute_sharing: devices must be >= 1, got {}", devices));
+  if (cores <= 0 || devices <= cores) return 1;
+  return static_cast<double>(devices) / static_cast<double>(cores);
 }
 
 void CostModel::parse_links(std::string_view spec_in) {

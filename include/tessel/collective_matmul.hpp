@@ -22,7 +22,11 @@ struct CollectiveMatmulOptions {
   RingDirection direction = RingDirection::Auto;
   // Auto decomposes a site when the ring's estimate is below (1 - min_gain) x today's.
   double min_gain = 0.05;
-  CostModel cost;  // the figures the gate uses (flops, memory bandwidth, links per axis)
+  // The figures the gate uses: flops, memory bandwidth, links per axis, the dispatch cost per
+  // instruction and the compute sharing. The defaults model H100s; for CPU device threads
+  // set cost.compute_sharing = compute_sharing(devices, cores) and cost.dispatch_s to the
+  // machine's (docs/collective-matmul.md, "The gate").
+  CostModel cost;
 };
 
 // One candidate site and what the gate made of it (tessel-explain prints these).
@@ -35,6 +39,13 @@ struct CollectiveMatmulSite {
   double before_s = 0;  // collective + einsum, one after the other
   double uni_s = 0;     // the unidirectional ring (two-stream timeline)
   double bi_s = -1;     // the bidirectional ring, -1 where the chunk does not halve
+  // The terms of the estimates beyond flops and bytes (CostModel): the seconds each
+  // instruction pays on its stream (dispatch_s x compute_sharing), the instructions each ring
+  // runs (the pair "as is" runs 2), and the device programs sharing one device's compute.
+  double dispatch_s = 0;
+  int64_t uni_instrs = 0;
+  int64_t bi_instrs = 0;
+  double compute_sharing = 1;
   RingVariant variant = RingVariant::None;
   std::string reason;
   std::string line() const;
@@ -42,7 +53,8 @@ struct CollectiveMatmulSite {
 
 // Every all-gather → einsum and einsum → reduce-scatter of a partitioned program (synchronous
 // collectives), with both estimates and the decision; also the candidates the pass cannot
-// rewrite, and why (e.g. the gathered value has other readers).
+// rewrite, and why (e.g. the gathered value has other readers). Throws Error when the cost
+// model's figures are invalid (CostModel::validate), as does the pass.
 std::vector<CollectiveMatmulSite> collective_matmul_sites(const Program& partitioned,
                                                           const CollectiveMatmulOptions& options = {});
 

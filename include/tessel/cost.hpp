@@ -35,13 +35,29 @@ struct CostModel {
   double memory_bandwidth = 3.35e12;  // bytes/s per device, for memory-bound ops (H100 HBM3)
   LinkSpec default_link;
   std::map<std::string, LinkSpec> links;  // per mesh axis; default_link otherwise
+  // Fixed seconds per instruction a stream runs, beyond its roofline time: the launch (or the
+  // hand-off to a stream worker), the event it waits on, the wake-up. Negligible next to a
+  // large einsum, it is what a decomposition into many small steps pays: the collective-matmul
+  // gate charges it per instruction of a ring step. Default: a CUDA kernel launch with its
+  // event wait on a busy stream (~2 us). CPU device threads: docs/collective-matmul.md ("The gate").
+  double dispatch_s = 2e-6;
+  // How many device programs share one device's worth of compute (>= 1): 1 where each device
+  // has its own (a GPU per device, the default); on CPU device threads with more devices than
+  // cores, devices / cores (compute_sharing() below). Compute (op_seconds) and dispatch times
+  // are multiplied by it: while all devices compute, each gets 1/compute_sharing of a core.
+  double compute_sharing = 1;
 
   LinkSpec link(const std::vector<std::string>& axes) const;
   static double ring_factor(CollectiveKind k, int64_t n);
   double collective_seconds(CollectiveKind k, const Mesh& mesh,
                             const std::vector<std::string>& axes, int64_t bytes) const;
-  // Roofline: max(flops / rate, bytes / memory bandwidth).
+  // Roofline: max(flops / rate, bytes / memory bandwidth), times compute_sharing.
   double op_seconds(double flops, double bytes) const;
+  // dispatch_s times compute_sharing: a woken stream waits its turn for a shared core.
+  double dispatch_seconds() const;
+  // Throws Error naming the field when a figure is not a finite positive number (dispatch_s
+  // may be 0) or compute_sharing < 1.
+  void validate() const;
 
   // Parses "model=bw:50e9,alpha:5e-6;data=bw:12.5e9" (per-axis overrides; a key left out
   // keeps default_link's figure). Entries are separated by ';' or newlines, '#' starts a
@@ -49,6 +65,12 @@ struct CostModel {
   // Throws Error naming the entry.
   void parse_links(std::string_view spec);
 };
+
+// CostModel::compute_sharing for `devices` device threads on `cores` hardware threads: 1 when
+// every device has a core of its own, else devices / cores. cores <= 0 (unknown, as
+// std::thread::hardware_concurrency() may say) counts as one core per device. Throws Error
+// when devices < 1.
+double compute_sharing(int64_t devices, int64_t cores);
 
 // The whole text of a link figures file (for parse_links); throws Error naming the file.
 std::string read_links_file(const std::string& path);

@@ -147,13 +147,21 @@ TEST_CASE("golden program: collective-matmul turns the MLP's all-gather and redu
   CHECK(uni.find("collective_permute") != std::string::npos);
   CHECK(uni.find("mod 4)") != std::string::npos);
   const std::string bi = lower("collective_matmul_bi");
-  // The next chunk's permute (%u.ring0.2, from the chunk of step 1) starts before the einsum of
-  // step 1, so that it travels while that einsum runs.
+  // Compute takes the chunk of step 1 (%u.ring0.1, through a view) before the next chunk's
+  // permute (%u.ring0.2) starts, and that permute starts before the einsum of step 1: it
+  // travels while that einsum runs, and the einsum waits for its own chunk only.
+  const auto held = bi.find("%u.held0.1 = view(%u.ring0.1)");
   const auto start = bi.find("%u.ring0.2 = collective_permute_start(%u.ring0.1)");
-  const auto einsum = bi.find("= einsum(%u.ring0.1");
+  const auto einsum = bi.find("= einsum(%u.held0.1");
+  REQUIRE(held != std::string::npos);
   REQUIRE(start != std::string::npos);
   REQUIRE(einsum != std::string::npos);
+  CHECK(held < start);
   CHECK(start < einsum);
+  // Reduce-scatter ring: the received accumulator is added by an add of its own, never as an
+  // einsum's epilogue (which would make the step's product wait for the transfer).
+  CHECK(bi.find("%y.1.acc0.1 = add(%y.1.ring0.1, %y.1.p0.1)") != std::string::npos);
+  CHECK(bi.find("fused_einsum") == std::string::npos);
 }
 
 TEST_CASE("golden program: fuse-elementwise makes scale + mask + softmax and bias + GELU and bias + residual one kernel each", "[golden][program-ir]") {

@@ -1,5 +1,5 @@
-# passes: collective-matmul(on bi), pack, async-collectives
-# The same MLP with bidirectional rings, lowered to start/done: each ring step's permutes start before the step's einsums.
+# passes: collective-matmul(on bi), pack, fuse-elementwise, async-collectives
+# The same MLP with bidirectional rings, lowered to start/done: compute waits for each received chunk before the next permutes start, and they start before the step's einsums; the reduce-scatter ring's adds stay kernels of their own (not einsum epilogues).
 mesh model=4
 %x = input f32[2,6] global=f32[8,6] sharding=[{model}, {}]
 %w1 = input f32[6,2] global=f32[6,8] sharding=[{}, {model}]
