@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "tessel/executable.hpp"
 #include "tessel/ops.hpp"
@@ -268,6 +269,11 @@ ProgramPassOptions lowering_for(Runtime& rt, ProgramPassOptions lowering) {
       lowering.fuse_elementwise = false;
     if (!be.has_kernel(OpKind::FusedEinsum)) lowering.fuse_einsum_epilogue = false;
   }
+  // CPU device threads share the machine's cores: the collective-matmul gate prices compute
+  // at devices / cores of a core each (CostModel::compute_sharing), unless the caller set it.
+  CostModel& cost = lowering.collective_matmul.cost;
+  if (cost.compute_sharing == 1 && lr.num_devices() > 0 && lr.backend(0).name().rfind("cpu", 0) == 0)
+    cost.compute_sharing = compute_sharing(lr.num_devices(), static_cast<int64_t>(std::thread::hardware_concurrency()));
   return lowering;
 }
 

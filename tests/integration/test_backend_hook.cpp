@@ -158,6 +158,20 @@ TEST_CASE("CUDA runtime without a GPU or without CUDA is a clear error and not a
                         (Catch::Contains("no CUDA GPU is visible") || Catch::Contains("without CUDA")));
 }
 
+TEST_CASE("lowering_for: the collective-matmul gate knows CPU device threads share the cores", "[backend]") {
+  const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
+  for (int64_t devices : {1, 2, 8}) {
+    ThreadRuntime rt(devices);
+    const ProgramPassOptions got = lowering_for(rt, ProgramPassOptions{});
+    INFO(devices << " devices, " << hw << " hardware threads");
+    CHECK(got.collective_matmul.cost.compute_sharing == compute_sharing(devices, hw));
+    if (hw > 0 && devices > hw) CHECK(got.collective_matmul.cost.compute_sharing > 1);
+    ProgramPassOptions mine;
+    mine.collective_matmul.cost.compute_sharing = 3;  // the caller's figure is kept
+    CHECK(lowering_for(rt, mine).collective_matmul.cost.compute_sharing == 3);
+  }
+}
+
 TEST_CASE("file rendezvous: every rank gets every rank's bytes round after round", "[process-group]") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() /

@@ -141,9 +141,11 @@ class LoadedExecutable {
   std::unique_ptr<Impl> impl_;
 };
 
-// The lowering options load() uses on `runtime`: `lowering`, with fuse_elementwise turned off
-// when a local backend has no fused_elementwise or fused_softmax kernel (Backend::has_kernel;
-// the CUDA backend has none yet), so the lowering makes no kernel the devices cannot run.
+// The lowering options load() uses on `runtime`: `lowering`, with fuse_elementwise (or the
+// einsum epilogues) turned off when a local backend has no fused_elementwise / fused_softmax
+// (fused_einsum) kernel (Backend::has_kernel), so the lowering makes no kernel the devices
+// cannot run; and on CPU backends, the collective-matmul gate's compute_sharing set to
+// devices / hardware threads when the caller left it at 1 (cost.hpp).
 ProgramPassOptions lowering_for(Runtime& runtime, ProgramPassOptions lowering);
 // Throws RuntimeError naming the instruction, its op, the device and the backend when a kernel
 // instruction of `program` has no kernel on `backend` (load() checks every local device).
