@@ -141,6 +141,10 @@ struct LoadedExecutable::Impl {
     for (auto& m : comms) m.clear();
     world.reset();
     world = rt->make_world(program.mesh, axes, options.collective_timeout_s);
+    // An inline program's collectives run on the device threads alone: they may spin as long
+    // as those threads have cores (the runtime's budget counts its stream workers too).
+    if (inline_run && rt == local)
+      if (auto* tw = dynamic_cast<ThreadWorld*>(world.get())) tw->set_spin_us(local->inline_spin_us());
     comms.resize(static_cast<std::size_t>(n));
     for (int64_t d = 0; d < n; ++d) {
       for (const auto& a : axes) comms[d][a] = world->communicator(positions[static_cast<std::size_t>(d)], a);
@@ -323,7 +327,6 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
     impl->donate[i] = static_cast<int>(o);
   }
   impl->axes = communicator_axes(p);
-  impl->make_world();
   const int64_t n = static_cast<int64_t>(impl->positions.size());
   ThreadRuntime& lr = *impl->local;
   // Nothing to overlap (every instruction on compute, or every collective on the critical
@@ -336,6 +339,7 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
                        (!lr.link_model().on() && lr.options().inline_max_comm_bytes > 0 &&
                         overlappable_comm_bytes(p) <= lr.options().inline_max_comm_bytes));
   impl->inline_run = serial && lr.options().stream_mode == StreamMode::Async;
+  impl->make_world();
   for (int64_t d = 0; d < n; ++d) {
     DeviceContext ctx;
     ctx.backend = &lr.backend(d);
@@ -530,7 +534,8 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
   std::vector<char> root_cause(static_cast<std::size_t>(n), 0);
   CollectiveWorld* world = im.world.get();
   auto t0 = std::chrono::steady_clock::now();
-  auto errors = im.local->run_on_devices([&](int64_t d) {
+  auto errors = im.local->run_on_devices(
+      [&](int64_t d) {
     DeviceRunOptions dopts;
     dopts.poison = opts.poison;
     dopts.trace = trace_path.empty() ? nullptr : &trace;
@@ -543,7 +548,8 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
       }
     };
     results[d] = im.executors[d]->run(per[d], dopts);
-  });
+      },
+      im.inline_run);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string cancel_reason;
   {

@@ -877,6 +877,12 @@ ThreadWorld::ThreadWorld(const Mesh& mesh, ThreadWorldOptions options)
 
 ThreadWorld::~ThreadWorld() = default;
 
+void ThreadWorld::set_spin_us(int spin_us) {
+  if (spin_us < 0) throw RuntimeError(fmt::format("ThreadWorld::set_spin_us: {} us is negative", spin_us));
+  std::lock_guard<std::mutex> lk(mutex_);
+  spin_us_ = spin_us;
+}
+
 LinkModel LinkModel::parse(const std::string& spec) {
   LinkModel m;
   std::size_t b = 0;

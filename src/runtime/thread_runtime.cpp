@@ -19,9 +19,10 @@ namespace detail {
 // The end of a job on the device threads: the last one to finish wakes the caller, once (not
 // once per device).
 struct JobCompletion {
-  explicit JobCompletion(int spin_us) : spin(spin_us) {}
+  JobCompletion(int spin_us, int inline_spin_us) : spin(spin_us), inline_spin(inline_spin_us) {}
   std::atomic<int64_t> pending{0};  // device threads still running the current job
   SpinWait spin;                    // the caller polls `pending` before blocking
+  SpinWait inline_spin;             // ... for a job that runs its program inline
   std::mutex mu;
   std::condition_variable cv;
   bool caller_waiting = false;  // guarded by mu
@@ -31,9 +32,9 @@ struct JobCompletion {
     std::lock_guard<std::mutex> lk(mu);
     if (caller_waiting) cv.notify_one();
   }
-  void wait() {  // the caller
+  void wait(bool inline_job) {  // the caller
     const auto done = [&] { return pending.load(std::memory_order_acquire) == 0; };
-    spin(done);
+    (inline_job ? inline_spin : spin)(done);
     std::unique_lock<std::mutex> lk(mu);
     caller_waiting = true;
     cv.wait(lk, done);
@@ -123,6 +124,9 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
   // the machine has a hardware thread for each of them (spin.hpp).
   const int64_t busy_threads = num_devices * (options_.stream_mode == StreamMode::Async ? 3 : 1);
   spin_us_ = detail::spin_budget_us(options_.spin_us, busy_threads);
+  // The device threads alone: a job's hand-offs when its program runs inline, and the device
+  // threads' waits for their next job (between steps no stream worker runs).
+  inline_spin_us_ = detail::spin_budget_us(options_.spin_us, num_devices);
   // A backend of the caller's (make_backend): its streams are not CPU streams, so there is no
   // inline CPU stream to run serial programs on.
   const bool own_backend = static_cast<bool>(options_.make_backend);
@@ -131,7 +135,7 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
   bo.mode = options_.stream_mode;
   bo.kernel_threads = options_.kernel_threads;
   bo.spin_us = spin_us_;
-  completion_ = std::make_unique<detail::JobCompletion>(spin_us_);
+  completion_ = std::make_unique<detail::JobCompletion>(spin_us_, inline_spin_us_);
   try {
     devices_.reserve(static_cast<std::size_t>(num_devices));
     for (int64_t d = 0; d < num_devices; ++d) {
@@ -149,7 +153,7 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
       dev->transfer = dev->backend->create_stream(fmt::format("device {} transfer", d));
       if (options_.stream_mode == StreamMode::Async && !own_backend)
         dev->inline_compute = std::make_unique<detail::CpuStream>(StreamMode::Eager, fmt::format("device {} inline", d), spin_us_);
-      dev->job_spin = std::make_unique<detail::SpinWait>(spin_us_);
+      dev->job_spin = std::make_unique<detail::SpinWait>(inline_spin_us_);
       dev->completion = completion_.get();
       if (d > 0) {  // device 0 runs on the caller of run_on_devices
         try {
@@ -187,7 +191,8 @@ Stream& ThreadRuntime::inline_stream(int64_t d) {
 }
 Stream& ThreadRuntime::transfer_stream(int64_t d) { return *devices_.at(static_cast<std::size_t>(d))->transfer; }
 
-std::vector<std::exception_ptr> ThreadRuntime::run_on_devices(const std::function<void(int64_t)>& job) {
+std::vector<std::exception_ptr> ThreadRuntime::run_on_devices(const std::function<void(int64_t)>& job,
+                                                              bool inline_job) {
   std::lock_guard<std::mutex> guard(job_mutex_);
   const std::size_t n = devices_.size();
   std::vector<std::exception_ptr> errors(n);  // before any start: nothing may throw after it
@@ -200,7 +205,7 @@ std::vector<std::exception_ptr> ThreadRuntime::run_on_devices(const std::functio
   } catch (...) {
     errors[0] = std::current_exception();
   }
-  if (n > 1) completion_->wait();
+  if (n > 1) completion_->wait(inline_job);
   for (std::size_t d = 1; d < n; ++d) {
     errors[d] = std::move(devices_[d]->error);
     devices_[d]->error = nullptr;

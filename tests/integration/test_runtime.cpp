@@ -381,6 +381,31 @@ TEST_CASE("runtime: a program with nothing to overlap runs inline on the device 
   }
 }
 
+TEST_CASE("runtime: waits among the device threads alone spin when the cores cover those threads", "[integration][runtime]") {
+  // The runtime's budget counts every thread a step may keep busy (3 per device with async
+  // streams); an inline program's waits (job hand-offs, collectives) involve the device
+  // threads only, so their budget counts num_devices threads.
+  for (int requested : {0, 7}) {
+    ThreadRuntimeOptions o;
+    o.spin_us = requested;
+    ThreadRuntime rt(2, o);
+    CHECK(rt.spin_us() == requested);
+    CHECK(rt.inline_spin_us() == requested);
+  }
+  const char* env = std::getenv("TESSEL_SPIN_US");
+  if (env == nullptr || *env == '\0') {
+    const int64_t hw = static_cast<int64_t>(std::thread::hardware_concurrency());
+    for (int64_t devices : {1, 2, 4}) {
+      ThreadRuntime rt(devices);
+      INFO(devices << " devices, " << hw << " hardware threads");
+      CHECK(rt.spin_us() == (hw >= 3 * devices ? 20 : 0));
+      CHECK(rt.inline_spin_us() == (hw >= devices ? 20 : 0));
+    }
+  }
+  ThreadWorld w(Mesh::parse("d=2"));
+  CHECK_THROWS_WITH(w.set_spin_us(-1), Catch::Contains("negative"));
+}
+
 TEST_CASE("runtime: a chain of collective-permute reshards is not issued as one group", "[integration][runtime]") {
   // Regression (random multi-op graphs, seed 1795417098386041332 case 288): [{y},{x}] ->
   // [{z},{x}] -> [{z},{y}] lowers to two collective-permutes in a row, the second sending what

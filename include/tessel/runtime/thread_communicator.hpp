@@ -100,6 +100,11 @@ class ThreadWorld : public CollectiveWorld {
   // Internal: throws RuntimeError when aborted (used by the communicators).
   void check_not_aborted(const char* what) const;
 
+  // The spin budget of the communicators made from now on (microseconds, >= 0): load() gives
+  // a program that runs inline on the device threads the budget of those threads alone
+  // (ThreadRuntime::inline_spin_us), where the runtime's own counts its stream workers too.
+  void set_spin_us(int spin_us);
+
  private:
   Mesh mesh_;
   ThreadWorldOptions options_;

@@ -17,7 +17,9 @@
 // from the machine: a spin only when std::thread::hardware_concurrency() covers the threads a
 // step keeps busy (per device 1 with eager streams, 3 with async ones: the device thread and
 // the compute and comm workers), since a spinner with too few cores steals the time of the
-// thread it waits for.
+// thread it waits for. Waits among the device threads alone — a job's hand-offs when its
+// program runs inline, a device thread waiting for its next job, an inline program's
+// collectives — use inline_spin_us(), decided the same way for num_devices threads.
 //
 // Threads are real resources: when one cannot be started (a resource limit, a very large
 // mesh) the constructor throws RuntimeError naming the device and the reason, after stopping
@@ -97,6 +99,11 @@ class ThreadRuntime : public Runtime {
   const ThreadRuntimeOptions& options() const { return options_; }
   // The spin budget in force (microseconds; ThreadRuntimeOptions::spin_us resolved).
   int spin_us() const { return spin_us_; }
+  // The budget of waits among the device threads alone (ThreadRuntimeOptions::spin_us
+  // resolved for num_devices() threads): the hand-off of a job to a device thread and back
+  // when the program runs inline (no stream worker is runnable then), a device thread waiting
+  // for its next job, and the collectives of an inline program.
+  int inline_spin_us() const { return inline_spin_us_; }
 
   Backend& backend(int64_t device);
   Stream& compute_stream(int64_t device);
@@ -115,8 +122,10 @@ class ThreadRuntime : public Runtime {
 
   // Runs job(device) on every device's thread at once (device 0's on the calling thread) and
   // waits for all of them. Returns each device's exception (nullptr when it returned
-  // normally). Jobs are serialised.
-  std::vector<std::exception_ptr> run_on_devices(const std::function<void(int64_t device)>& job);
+  // normally). Jobs are serialised. inline_job: the job runs its program inline (no stream
+  // worker works meanwhile): the caller waits for the others with inline_spin_us().
+  std::vector<std::exception_ptr> run_on_devices(const std::function<void(int64_t device)>& job,
+                                                 bool inline_job = false);
 
   // Runtime: every device local, positions 0..num_devices()-1, a ThreadWorld.
   std::string name() const override { return "threads"; }
@@ -131,6 +140,7 @@ class ThreadRuntime : public Runtime {
  private:
   ThreadRuntimeOptions options_;
   int spin_us_ = 0;
+  int inline_spin_us_ = 0;
   std::unique_ptr<detail::JobCompletion> completion_;  // before devices_: their threads use it
   std::vector<std::unique_ptr<detail::RuntimeDevice>> devices_;
   std::mutex job_mutex_;
