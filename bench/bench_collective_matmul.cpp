@@ -3,12 +3,9 @@
 // rings, with bidirectional rings, and with the gate deciding per site (auto), run in turn
 // (round robin, so that noise on this shared machine hits all four alike); the counters are
 // medians.
-//   graph 0: the Megatron MLP with sequence parallelism — x [T, D] sharded over `model` on T;
-//            all-gather → x·W1 (columns over model) → gelu → ·W2 (rows over model) →
-//            reduce-scatter back to T-sharded: one all-gather → einsum and one einsum →
-//            reduce-scatter site.
-//   graph 1: a sequence-parallel transformer block (layer norm, fused QKV projection, attention
-//            over the local heads, output projection, MLP): four sites.
+//   graph 0: the Megatron MLP with sequence parallelism (collective_matmul_graphs.hpp): one
+//            all-gather → einsum and one einsum → reduce-scatter site.
+//   graph 1: a sequence-parallel transformer block (collective_matmul_graphs.hpp): four sites.
 //   link 0:  no link model — a transfer is an in-process memcpy, which occupies a core as the
 //            einsums do (no real interconnect does): what the pass costs on bare threads.
 //   link L > 0: the thread communicator's LinkModel (a simulated interconnect: each transfer
@@ -36,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "collective_matmul_graphs.hpp"
 #include "tessel/collective_matmul.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
@@ -47,60 +45,6 @@ namespace {
 // Seconds per instruction beyond its kernel that the gate charges on this machine (CPU device
 // threads, async streams): measured, see docs/collective-matmul.md.
 constexpr double kCpuDispatchUs = 20;
-
-std::string mlp_text(int64_t n) {
-  const int64_t T = 512, D = 512, F = 2048;
-  return fmt::format(R"(
-mesh model={n}
-%x = input f32[{T},{D}] sharding=[{{model}}, {{}}]
-%w1 = input f32[{D},{F}] sharding=[{{}}, {{model}}]
-%w2 = input f32[{F},{D}] sharding=[{{model}}, {{}}]
-%u = einsum(%x, %w1) eq="td,df->tf" sharding=[{{}}, {{model}}]
-%a = gelu(%u)
-%y = einsum(%a, %w2) eq="tf,fd->td" sharding=[{{model}}, {{}}]
-output %y
-)", fmt::arg("n", n), fmt::arg("T", T), fmt::arg("D", D), fmt::arg("F", F));
-}
-
-std::string block_text(int64_t n) {
-  const int64_t T = 256, D = 512, H = 8, K = 64, F = 2048;
-  return fmt::format(R"(
-mesh model={n}
-%x = input f32[{T},{D}] sharding=[{{model}}, {{}}]
-%g1 = input f32[{D}]
-%b1 = input f32[{D}]
-%wqkv = input f32[{D},3,{H},{K}] sharding=[{{}}, {{}}, {{model}}, {{}}]
-%wo = input f32[{H},{K},{D}] sharding=[{{model}}, {{}}, {{}}]
-%g2 = input f32[{D}]
-%b2 = input f32[{D}]
-%w1 = input f32[{D},{F}] sharding=[{{}}, {{model}}]
-%w2 = input f32[{F},{D}] sharding=[{{model}}, {{}}]
-%h = layer_norm(%x, %g1, %b1) eps=1e-05
-%qkv = einsum(%h, %wqkv) eq="td,dchk->tchk" sharding=[{{}}, {{}}, {{model}}, {{}}]
-%q3 = slice(%qkv) starts=[0,0,0,0] limits=[{T},1,{H},{K}]
-%k3 = slice(%qkv) starts=[0,1,0,0] limits=[{T},2,{H},{K}]
-%v3 = slice(%qkv) starts=[0,2,0,0] limits=[{T},3,{H},{K}]
-%q = reshape(%q3) shape=[{T},{H},{K}]
-%k = reshape(%k3) shape=[{T},{H},{K}]
-%v = reshape(%v3) shape=[{T},{H},{K}]
-%s = einsum(%q, %k) eq="qhk,shk->hqs"
-%p = softmax(%s) axis=2
-%o = einsum(%p, %v) eq="hqs,shk->qhk"
-%attn = einsum(%o, %wo) eq="qhk,hkd->qd" sharding=[{{model}}, {{}}]
-%x1 = add(%x, %attn)
-%h2 = layer_norm(%x1, %g2, %b2) eps=1e-05
-%u = einsum(%h2, %w1) eq="td,df->tf" sharding=[{{}}, {{model}}]
-%a = gelu(%u)
-%d = einsum(%a, %w2) eq="tf,fd->td" sharding=[{{model}}, {{}}]
-%y = add(%x1, %d)
-output %y
-)", fmt::arg("n", n), fmt::arg("T", T), fmt::arg("D", D), fmt::arg("H", H), fmt::arg("K", K), fmt::arg("F", F));
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Wire bytes per device of every collective of a partitioned program (the link model's
 // accounting: all-gather / reduce-scatter (n-1)·block, all-reduce 2(n-1)/n·buffer).
@@ -123,18 +67,6 @@ double wire_bytes(const tessel::Program& p, int* count) {
   return w;
 }
 
-struct Variant {
-  tessel::OverlapMode mode;
-  tessel::RingDirection dir;
-};
-
-double time_runs(tessel::LoadedExecutable& le, const std::vector<tessel::ShardedArray>& in) {
-  const auto t0 = std::chrono::steady_clock::now();
-  tessel::RunResult r = le.run(in);
-  benchmark::DoNotOptimize(r);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // The seconds each instruction a device stream runs costs on this machine beyond its
 // kernel, for the gate's CostModel::dispatch_s: TESSEL_CM_DISPATCH_US when set, else the
 // figure measured on the 2-core box (docs/collective-matmul.md, "The gate").
@@ -148,7 +80,7 @@ void BM_CollectiveMatmul(benchmark::State& state) {
   // 0: no link model; else the link model with comm / compute = link / 100.
   const int64_t link_pct = state.range(2);
   const bool link = link_pct != 0;
-  tessel::Graph g = tessel::parse_graph(graph == 0 ? mlp_text(n) : block_text(n), "cm.tsl");
+  tessel::Graph g = tessel::parse_graph(graph == 0 ? tessel_bench::mlp_text(n) : tessel_bench::block_text(n), "cm.tsl");
   tessel::Executable exe = tessel::compile(g, *g.mesh);
   auto inputs = tessel::random_inputs(g, 7);
 
@@ -162,10 +94,10 @@ void BM_CollectiveMatmul(benchmark::State& state) {
   for (std::size_t i = 0; i < inputs.size(); ++i) in0.push_back(le0.to_device(i, inputs[i]));
   double compute_s = 0;
   {
-    time_runs(le0, in0);
+    tessel_bench::time_run(le0, in0);
     std::vector<double> t;
-    for (int r = 0; r < 5; ++r) t.push_back(time_runs(le0, in0));
-    compute_s = median(t);
+    for (int r = 0; r < 5; ++r) t.push_back(tessel_bench::time_run(le0, in0));
+    compute_s = tessel_bench::median(t);
   }
   int count = 0;
   const double wire = wire_bytes(exe.program(), &count);
@@ -195,38 +127,23 @@ void BM_CollectiveMatmul(benchmark::State& state) {
   }
 
   tessel::ThreadRuntime rt(n, ro);
-  const Variant variants[] = {{tessel::OverlapMode::Off, tessel::RingDirection::Uni},
-                              {tessel::OverlapMode::On, tessel::RingDirection::Uni},
-                              {tessel::OverlapMode::On, tessel::RingDirection::Bi},
-                              {tessel::OverlapMode::Auto, tessel::RingDirection::Auto}};
-  constexpr std::size_t kVariants = std::size(variants);
-  std::vector<tessel::LoadedExecutable> les;
-  std::vector<std::vector<tessel::ShardedArray>> ins;
-  for (const Variant& v : variants) {
-    tessel::LoadOptions lo;
-    lo.lowering.collective_matmul = gate;
-    lo.lowering.collective_matmul.mode = v.mode;
-    lo.lowering.collective_matmul.direction = v.dir;
-    les.push_back(tessel::load(exe, rt, lo));
-    std::vector<tessel::ShardedArray> in;
-    for (std::size_t i = 0; i < inputs.size(); ++i) in.push_back(les.back().to_device(i, inputs[i]));
-    ins.push_back(std::move(in));
-    time_runs(les.back(), ins.back());  // warm-up
-  }
+  constexpr std::size_t kVariants = tessel_bench::kCmVariantCount;
+  tessel_bench::CmLoaded loaded = tessel_bench::load_cm_variants(exe, rt, gate, inputs);
+  std::vector<tessel::LoadedExecutable>& les = loaded.les;
+  std::vector<std::vector<tessel::ShardedArray>>& ins = loaded.ins;
   std::vector<double> t[kVariants], t0;
   for (auto _ : state) {
-    t0.push_back(time_runs(le0, in0));
-    for (std::size_t v = 0; v < kVariants; ++v) t[v].push_back(time_runs(les[v], ins[v]));
+    t0.push_back(tessel_bench::time_run(le0, in0));
+    for (std::size_t v = 0; v < kVariants; ++v) t[v].push_back(tessel_bench::time_run(les[v], ins[v]));
   }
-  const double off = median(t[0]), uni = median(t[1]), bi = median(t[2]), gated = median(t[3]);
+  const double off = tessel_bench::median(t[0]), uni = tessel_bench::median(t[1]), bi = tessel_bench::median(t[2]), gated = tessel_bench::median(t[3]);
   const double sizing_s = compute_s;  // what the link and the gate's flop rate were sized by
-  compute_s = median(t0);
+  compute_s = tessel_bench::median(t0);
   if (const char* dir = std::getenv("TESSEL_CM_TRACE_DIR")) {
     // One more (warm) run of each variant, traced: <dir>/g<graph>_n<devices>_l<link>_<variant>.json.
-    const char* names[] = {"off", "uni", "bi", "auto"};
     for (std::size_t v = 0; v < kVariants; ++v) {
       tessel::RunOptions opts;
-      opts.trace_path = fmt::format("{}/g{}_n{}_l{}_{}.json", dir, graph, n, link_pct, names[v]);
+      opts.trace_path = fmt::format("{}/g{}_n{}_l{}_{}.json", dir, graph, n, link_pct, tessel_bench::kCmVariants[v].name);
       les[v].run(ins[v], opts);
     }
   }
@@ -235,13 +152,8 @@ void BM_CollectiveMatmul(benchmark::State& state) {
   state.counters["comm_ms"] = comm_s * 1e3;
   state.counters["comm_over_compute"] = comm_s / compute_s;
   state.counters["sizing_compute_ms"] = sizing_s * 1e3;
-  state.counters["off_ms"] = off * 1e3;
-  state.counters["uni_ms"] = uni * 1e3;
-  state.counters["bi_ms"] = bi * 1e3;
-  state.counters["auto_ms"] = gated * 1e3;
-  state.counters["speedup_uni"] = off / uni;
-  state.counters["speedup_bi"] = off / bi;
-  state.counters["speedup_auto"] = off / gated;
+  const double medians[] = {off, uni, bi, gated};
+  tessel_bench::set_cm_counters(state, medians);
   state.counters["ratio_off"] = off / bound;
   state.counters["ratio_uni"] = uni / bound;
   state.counters["ratio_bi"] = bi / bound;

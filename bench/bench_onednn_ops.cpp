@@ -82,13 +82,14 @@ BENCHMARK(BM_RowOp)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// BM_SoftmaxRows/len:<L>/impl:<i>: softmax over the last axis of [2^20 / L, L] f32 on one
-// thread, hand-written (impl 0) against oneDNN (impl 1): where the kernel table's choice
-// between them crosses over with the row length (docs/cpu-backend.md).
+// BM_SoftmaxRows/len:<L>/log2n:<e>/impl:<i>: softmax over the last axis of [2^e / L, L] f32
+// on one thread, hand-written (impl 0) against oneDNN (impl 1): where the kernel table's
+// choice between them crosses over with the row length, in cache (2^17 floats, 512 KiB) and
+// out of it (2^20, 4 MiB) (docs/cpu-backend.md).
 void BM_SoftmaxRows(benchmark::State& state) {
   const int64_t len = state.range(0);
-  const bool onednn = state.range(1) != 0;
-  const tessel::Shape s = {(int64_t{1} << 20) / len, len};
+  const bool onednn = state.range(2) != 0;
+  const tessel::Shape s = {(int64_t{1} << state.range(1)) / len, len};
   tessel::HostTensor x(tessel::DType::f32, s), y(tessel::DType::f32, s);
   std::mt19937 rng(1);
   std::uniform_real_distribution<double> d(-3.0, 3.0);
@@ -106,8 +107,8 @@ void BM_SoftmaxRows(benchmark::State& state) {
   time_row_op(state, k, onednn, tessel::onednn_softmax, tessel::shape_str(s));
 }
 BENCHMARK(BM_SoftmaxRows)
-    ->ArgsProduct({{16, 32, 64, 128, 256, 512, 1024, 4096}, {0, 1}})
-    ->ArgNames({"len", "impl"})
+    ->ArgsProduct({{16, 32, 64, 128, 256, 512, 1024, 4096}, {17, 20}, {0, 1}})
+    ->ArgNames({"len", "log2n", "impl"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

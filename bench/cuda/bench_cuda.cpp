@@ -18,6 +18,11 @@
 //  * BM_AllReduce / BM_AllGather /<devices>/<bytes>: the virtual-device communicator on one
 //    GPU; counter busbw as nccl-tests defines it (all-reduce 2(n-1)/n · bytes / t, all-gather
 //    (n-1)/n · n·bytes / t).
+//  * BM_CollectiveMatmulCuda/<graph>/<devices>: issue 9's benchmark on the GPU — the Megatron
+//    MLP (T 8192, D 4096, F 16384) and the transformer block (T 4096, D 4096, 32 heads of 128,
+//    F 16384) in bf16 on 2, 4, 8 devices (one per GPU when there are enough, else virtual
+//    devices): step time with the collective-matmul pass off, uni, bi and auto, round robin;
+//    speedups over off.
 #include <benchmark/benchmark.h>
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -27,16 +32,21 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <iterator>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "../collective_matmul_graphs.hpp"
+#include "tessel/collective_matmul.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/cuda.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
+#include "tessel/text.hpp"
 
 namespace {
 
@@ -265,7 +275,7 @@ void BM_Gpt2Forward(benchmark::State& state) {
   std::vector<tessel::ShardedArray> args;
   for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
   const tessel::RunOptions ro;
-  prog.run(args, ro);  // warm-up: the einsums' cuBLASLt descriptors are made on first use
+  prog.run(args, ro);  // warm-up (the einsums' cuBLASLt plans were made at load)
   double loss = 0;
   for (auto _ : state) {
     tessel::RunResult r = prog.run(args, ro);
@@ -334,6 +344,51 @@ void collective_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK_TEMPLATE(BM_Collective, true)->Name("BM_AllReduce")->Apply(collective_args);
 BENCHMARK_TEMPLATE(BM_Collective, false)->Name("BM_AllGather")->Apply(collective_args);
+
+// ---- collective matmul -------------------------------------------------------------------------
+
+// The Megatron MLP and the transformer block (../collective_matmul_graphs.hpp) at GPT-3-sized
+// layers in bf16 on `devices` devices of a CudaRuntime (one per GPU when there are enough,
+// else virtual devices on the visible GPUs): the pass off, unidirectional rings,
+// bidirectional rings and the gate's choice, run in turn (round robin) and timed per step.
+void BM_CollectiveMatmulCuda(benchmark::State& state) {
+  if (!need_gpu(state)) return;
+  const int64_t graph = state.range(0), n = state.range(1);
+  const std::string text = graph == 0 ? tessel_bench::mlp_text(n, "bf16", 8192, 4096, 16384)
+                                      : tessel_bench::block_text(n, "bf16", 4096, 4096, 32, 128, 16384);
+  tessel::Graph g = tessel::parse_graph(text, "cm.tsl");
+  tessel::Executable exe = tessel::compile(g, *g.mesh);
+  const auto inputs = tessel::random_inputs(g, 7);
+  std::unique_ptr<tessel::CudaRuntime> rt = tessel::make_cuda_runtime(exe.mesh());
+  std::set<int> gpus;
+  for (int64_t d = 0; d < rt->num_devices(); ++d) gpus.insert(rt->gpu(d));
+  // The gate: this GPU's figures are the CostModel's defaults; devices on one GPU share it.
+  tessel::CollectiveMatmulOptions gate;
+  gate.cost.compute_sharing = tessel::compute_sharing(n, static_cast<int64_t>(gpus.size()));
+  constexpr std::size_t kVariants = tessel_bench::kCmVariantCount;
+  tessel_bench::CmLoaded loaded = tessel_bench::load_cm_variants(exe, *rt, gate, inputs);
+  std::vector<tessel::LoadedExecutable>& les = loaded.les;
+  std::vector<std::vector<tessel::ShardedArray>>& ins = loaded.ins;
+  int auto_sites = 0;
+  for (const auto& site : tessel::collective_matmul_sites(exe.program(), gate))
+    if (site.variant != tessel::RingVariant::None) ++auto_sites;
+  std::vector<double> t[kVariants];
+  for (auto _ : state)
+    for (std::size_t v = 0; v < kVariants; ++v) t[v].push_back(tessel_bench::time_run(les[v], ins[v]));
+  double medians[kVariants];
+  for (std::size_t v = 0; v < kVariants; ++v) medians[v] = tessel_bench::median(t[v]);
+  tessel_bench::set_cm_counters(state, medians);
+  state.counters["auto_sites"] = auto_sites;
+  state.counters["flops_per_step"] = exe.program().total_flops();
+  state.SetLabel(fmt::format("{} {} devices on {} GPU(s), bf16", graph == 0 ? "megatron-mlp" : "transformer-block", n,
+                             gpus.size()));
+}
+BENCHMARK(BM_CollectiveMatmulCuda)
+    ->ArgsProduct({{0, 1}, {2, 4, 8}})
+    ->ArgNames({"graph", "devices"})
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 

@@ -925,9 +925,10 @@ void k_concat(const KernelArgs& a) {
 // ---- normalisations and the NN ops -------------------------------------------------------------
 
 // Softmax rows shorter than this run on oneDNN, longer ones on the hand-written loops:
-// BM_SoftmaxRows measured oneDNN 1.22-1.34x faster at 16-32 floats a row, even at 64, and the
-// loops 1.19-1.65x faster from 128 on (docs/cpu-backend.md).
-constexpr int64_t kSoftmaxOnednnBelowLen = 64;
+// BM_SoftmaxRows and BM_RowOp measured oneDNN faster up to 64 floats a row, the loops faster
+// from 512 on, and 128-256 either way from run to run; the GPT-2 block's rows of 256 went to
+// the loops in all three BM_RowOp runs (docs/cpu-backend.md).
+constexpr int64_t kSoftmaxOnednnBelowLen = 256;
 
 // The last axis of a softmax operand, when that softmax runs on oneDNN (see above).
 bool softmax_on_onednn(const KernelArgs& a) {
