@@ -935,8 +935,10 @@ std::unique_ptr<Communicator> ThreadWorld::communicator(int64_t position,
                     std::to_string(position) + " does not contain it");
   const int rank = static_cast<int>(it - members.begin());
   std::shared_ptr<detail::ThreadGroupState> state;
+  int spin_us = 0;
   {
     std::lock_guard<std::mutex> lk(mutex_);
+    spin_us = spin_us_;  // set_spin_us may change it
     auto key = std::make_pair(axes, members);
     auto found = groups_.find(key);
     if (found == groups_.end())
@@ -946,7 +948,7 @@ std::unique_ptr<Communicator> ThreadWorld::communicator(int64_t position,
                   .first;
     state = found->second;
   }
-  return std::make_unique<ThreadCommunicator>(this, std::move(state), rank, spin_us_, options_.link_model);
+  return std::make_unique<ThreadCommunicator>(this, std::move(state), rank, spin_us, options_.link_model);
 }
 
 void ThreadWorld::abort(std::string reason) {
