@@ -33,9 +33,9 @@
 #include <thread>
 #include <vector>
 
-#include "tessel/mesh.hpp"
+#include "tessel/core/mesh.hpp"
 #include "tessel/runtime/backend.hpp"
-#include "tessel/runtime/thread_communicator.hpp"
+#include "tessel/runtime/cpu/thread_communicator.hpp"
 
 namespace {
 

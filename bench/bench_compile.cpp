@@ -5,9 +5,9 @@
 #include <benchmark/benchmark.h>
 
 #include "tessel/models/gpt.hpp"
-#include "tessel/partition.hpp"
-#include "tessel/propagate.hpp"
-#include "tessel/train.hpp"
+#include "tessel/compiler/partition.hpp"
+#include "tessel/compiler/propagate.hpp"
+#include "tessel/train/train_step.hpp"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "../src/runtime/onednn_einsum.hpp"
+#include "../src/runtime/cpu/onednn_einsum.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 

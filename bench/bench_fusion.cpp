@@ -27,13 +27,13 @@
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
-#include "tessel/builders.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "../src/runtime/onednn_einsum.hpp"
+#include "../src/runtime/cpu/onednn_einsum.hpp"
 
 namespace {
 

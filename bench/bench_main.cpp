@@ -20,7 +20,7 @@
 
 #include "tessel/cli.hpp"
 #include "tessel/runtime/calibrate.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include "tessel/executable.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 namespace {
 

@@ -32,7 +32,7 @@
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/train.hpp"
+#include "tessel/train/train_step.hpp"
 
 namespace {
 

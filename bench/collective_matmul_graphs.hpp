@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/collective_matmul.hpp"
+#include "tessel/passes/collective_matmul.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 

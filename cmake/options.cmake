@@ -42,8 +42,8 @@ if(TESSEL_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     # GCC 12 warns inside its own AVX-512 intrinsics headers when Eigen uses them (GCC bug
     # 105593, a false positive in avx512fintrin.h: -Wmaybe-uninitialized at -O2/-O3,
     # -Wuninitialized at -O1). Only the Eigen kernels include them; silence it there.
-    set_source_files_properties(${PROJECT_SOURCE_DIR}/src/runtime/cpu_kernels.cpp
-                                ${PROJECT_SOURCE_DIR}/src/runtime/cpu_fused.cpp PROPERTIES
+    set_source_files_properties(${PROJECT_SOURCE_DIR}/src/runtime/cpu/cpu_kernels.cpp
+                                ${PROJECT_SOURCE_DIR}/src/runtime/cpu/cpu_fused.cpp PROPERTIES
       COMPILE_OPTIONS "-Wno-maybe-uninitialized;-Wno-uninitialized")
   endif()
 endif()

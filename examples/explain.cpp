@@ -7,7 +7,7 @@
 //                       [--run [--seed N] [--tolerance X] [--trace FILE]]
 //
 // --show VALUE draws the mesh as a grid with the block of VALUE each device holds, for
-// every layout the value takes in the program (tessel/visualize.hpp). --links @FILE reads
+// every layout the value takes in the program (tessel/compiler/visualize.hpp). --links @FILE reads
 // the link figures from a file (docs/links.md; tessel-bench --calibrate-links writes one).
 // The cost section gives the estimated time and the peak bytes per device of the memory
 // plan (before anything runs):
@@ -31,18 +31,18 @@
 #include <string>
 #include <vector>
 
-#include "tessel/checks.hpp"
+#include "tessel/compiler/checks.hpp"
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/partition.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/compiler/partition.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/propagate.hpp"
-#include "tessel/uneven.hpp"
-#include "tessel/text.hpp"
-#include "tessel/visualize.hpp"
+#include "tessel/compiler/propagate.hpp"
+#include "tessel/compiler/uneven.hpp"
+#include "tessel/ir/graph_text.hpp"
+#include "tessel/compiler/visualize.hpp"
 
 namespace {
 

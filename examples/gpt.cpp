@@ -30,10 +30,10 @@
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
-#include "tessel/runtime/cuda.hpp"
+#include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
-#include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/reference.hpp"
 
 namespace {

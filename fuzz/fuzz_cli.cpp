@@ -11,7 +11,7 @@
 
 #include "fuzz_util.hpp"
 #include "tessel/cli.hpp"
-#include "tessel/cost.hpp"
+#include "tessel/core/cost.hpp"
 
 using tessel_fuzz::law_broken;
 

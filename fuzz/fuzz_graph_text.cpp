@@ -18,7 +18,7 @@
 #include "tessel/executable.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 namespace {
 

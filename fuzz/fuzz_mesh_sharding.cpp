@@ -15,8 +15,8 @@
 #include <string_view>
 
 #include "fuzz_util.hpp"
-#include "tessel/mesh.hpp"
-#include "tessel/sharding.hpp"
+#include "tessel/core/mesh.hpp"
+#include "tessel/core/sharding.hpp"
 
 using tessel_fuzz::law_broken;
 

@@ -10,9 +10,9 @@
 #include <string>
 
 #include "fuzz_util.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_text.hpp"
-#include "tessel/program_verify.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_text.hpp"
+#include "tessel/ir/program_verify.hpp"
 
 using tessel_fuzz::law_broken;
 

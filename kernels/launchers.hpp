@@ -5,7 +5,7 @@
 // C++ and only the .cu files see device code. Every launcher enqueues its kernel(s) on the
 // stream and returns at once; a launch failure throws tessel::RuntimeError with file:line.
 //
-// Semantics follow the CPU reference kernels (src/runtime/cpu_kernels.cpp) exactly: float math
+// Semantics follow the CPU reference kernels (src/runtime/cpu/cpu_kernels.cpp) exactly: float math
 // in f32 (bf16/f16 are loaded to f32 and rounded once on store, round to nearest even), i32
 // add/sub/mul/sums wrap modulo 2^32, i32 division truncates with x/0 = -1 and INT_MIN/-1 =
 // INT_MIN, max propagates NaN, a fully masked softmax row is zeros. Reductions use a fixed
@@ -20,7 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 
 namespace tessel::cuda_kernels {
 
@@ -75,11 +75,11 @@ void where(const int32_t* cond, const void* a, const void* b, void* out, std::si
 void cast(const void* in, DType from, void* out, DType to, int64_t n, StreamHandle s);
 
 // ---- fused expressions (fused_elementwise, fused_softmax's prologue) ----------------------------
-// The expression of tessel/fused_expr.hpp as straight-line steps, evaluated per result element
+// The expression of tessel/ir/fused_expr.hpp as straight-line steps, evaluated per result element
 // by one thread (fused.cu): operands read through broadcast strides and converted to f32 (i32
 // stays i32), each float step computed with the unfused op's per-element code and rounded to
 // its dtype (as the unfused chain's intermediate buffer would be), the last step stored in the
-// result's dtype. The limits are the fuse-elementwise pass's (src/fuse_elementwise.cpp).
+// result's dtype. The limits are the fuse-elementwise pass's (src/passes/fuse_elementwise.cpp).
 constexpr int kMaxFusedSteps = 64;
 constexpr int kMaxFusedOperands = 16;
 

@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "tessel/cost.hpp"
-#include "tessel/program_passes.hpp"
+#include "tessel/core/cost.hpp"
+#include "tessel/passes/program_passes.hpp"
 
 namespace tessel::cli {
 

@@ -40,13 +40,13 @@
 #include <vector>
 
 #include "../collective_matmul_graphs.hpp"
-#include "tessel/collective_matmul.hpp"
+#include "tessel/passes/collective_matmul.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
-#include "tessel/runtime/cuda.hpp"
+#include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 namespace {
 

@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "tessel/runtime/calibrate.hpp"
-#include "tessel/runtime/mpi_runtime.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/runtime/mpi/mpi_runtime.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 using namespace tessel;
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 
 namespace tessel {
 

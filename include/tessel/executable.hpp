@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "tessel/graph.hpp"
-#include "tessel/mesh.hpp"
-#include "tessel/partition.hpp"
-#include "tessel/program.hpp"
-#include "tessel/propagate.hpp"
+#include "tessel/ir/graph.hpp"
+#include "tessel/core/mesh.hpp"
+#include "tessel/compiler/partition.hpp"
+#include "tessel/ir/program.hpp"
+#include "tessel/compiler/propagate.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/tensor.hpp"
 

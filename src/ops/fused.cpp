@@ -1,5 +1,5 @@
 // src/ops/fused.cpp — registry entries of fused_elementwise and fused_softmax: a DAG of elementwise ops over its
-// operands (tessel/fused_expr.hpp), written by the fuse-elementwise Program pass and
+// operands (tessel/ir/fused_expr.hpp), written by the fuse-elementwise Program pass and
 // evaluated by one kernel in one pass over memory. Its shape function types every node with
 // the op's own shape function; its rule is the elementwise one (operands broadcast against
 // the result), so a fused op partitions like the chain it stands for. fused_softmax is a
@@ -7,7 +7,7 @@
 // softmax in one kernel. fused_einsum is an einsum whose product goes through such an expression
 // (its epilogue: bias, GELU, residual, scale) before it is stored: the matmul's post-ops.
 #include "op_helpers.hpp"
-#include "tessel/fused_expr.hpp"
+#include "tessel/ir/fused_expr.hpp"
 
 namespace tessel {
 namespace ops_detail {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/ops.hpp"
+#include "tessel/ops/registry.hpp"
 
 namespace tessel::ops_detail {
 

@@ -11,7 +11,7 @@
 
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/tensor.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 namespace tessel {
 

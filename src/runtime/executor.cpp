@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <set>
 
-#include "tessel/ops.hpp"
+#include "tessel/ops/registry.hpp"
 
 namespace tessel {
 namespace {
@@ -104,7 +104,7 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
     : p_(program), pos_(position), ctx_(std::move(ctx)) {
   if (!p_.memory.planned)
     throw RuntimeError("executor: the program has no memory plan; lower it first (lower_program in "
-                       "tessel/program_passes.hpp; load() does)");
+                       "tessel/passes/program_passes.hpp; load() does)");
   streams_[kCompute] = ctx_.compute;
   streams_[kComm] = ctx_.comm;
   const std::size_t n = p_.instrs.size(), nv = p_.values.size();

@@ -1,7 +1,7 @@
 // src/runtime/kernel_table.cpp — the message for an op kind a backend has no kernel for.
 #include "tessel/runtime/kernel_table.hpp"
 
-#include "tessel/ops.hpp"
+#include "tessel/ops/registry.hpp"
 
 namespace tessel {
 

@@ -22,7 +22,7 @@
 #include <sstream>
 #include <thread>
 
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 
 namespace tessel {
 namespace {

@@ -18,12 +18,12 @@
 #include <thread>
 
 #include "tessel/executable.hpp"
-#include "tessel/ops.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_verify.hpp"
+#include "tessel/ops/registry.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_verify.hpp"
 #include "tessel/runtime/block_copy.hpp"
 #include "tessel/runtime/executor.hpp"
-#include "tessel/runtime/thread_communicator.hpp"
+#include "tessel/runtime/cpu/thread_communicator.hpp"
 #include "tessel/runtime/trace.hpp"
 
 namespace tessel {

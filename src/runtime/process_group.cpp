@@ -12,7 +12,7 @@
 #include <set>
 #include <system_error>
 
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 #include "tessel/runtime/launch.hpp"
 
 namespace tessel {

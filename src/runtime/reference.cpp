@@ -10,7 +10,7 @@
 #include <random>
 #include <string>
 
-#include "tessel/ops.hpp"
+#include "tessel/ops/registry.hpp"
 #include "tessel/runtime/kernels.hpp"
 
 namespace tessel {

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <fstream>
 
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 
 namespace tessel {
 

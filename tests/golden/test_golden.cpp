@@ -9,10 +9,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "tessel/partition.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/propagate.hpp"
-#include "tessel/text.hpp"
+#include "tessel/compiler/partition.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/compiler/propagate.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "tessel/program_passes.hpp"
-#include "tessel/program_text.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_text.hpp"
 
 using namespace tessel;
 

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "gpu_test_util.hpp"
-#include "tessel/runtime/cuda.hpp"
+#include "tessel/runtime/cuda/cuda.hpp"
 
 int main(int argc, char** argv) {
   bool listing = false;

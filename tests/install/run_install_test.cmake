@@ -27,7 +27,7 @@ file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
 step(install ${CMAKE_COMMAND} --install ${TESSEL_BUILD_DIR} --prefix ${prefix} --config ${CONFIG})
-foreach(f include/tessel/graph.hpp include/tessel/executable.hpp include/tessel/runtime/reference.hpp)
+foreach(f include/tessel/ir/graph.hpp include/tessel/executable.hpp include/tessel/runtime/reference.hpp)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "install test: ${prefix}/${f} was not installed")
   endif()

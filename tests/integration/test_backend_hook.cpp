@@ -16,7 +16,7 @@
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/compare.hpp"
-#include "tessel/runtime/cuda.hpp"
+#include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/process_group.hpp"
 #include "tessel/runtime/reference.hpp"

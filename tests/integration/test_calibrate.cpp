@@ -7,9 +7,9 @@
 #include <cmath>
 #include <string>
 
-#include "tessel/cost.hpp"
+#include "tessel/core/cost.hpp"
 #include "tessel/runtime/calibrate.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 using namespace tessel;
 

@@ -1,4 +1,4 @@
-// The checks users trip over (tessel/checks.hpp and the runtime's allocation errors):
+// The checks users trip over (tessel/compiler/checks.hpp and the runtime's allocation errors):
 // compile() of a graph with no output is an error; an unused mesh axis and a program with
 // no annotation get a warning in Program::warnings; a tensor too large to allocate names
 // the value or arena, the bytes per device and the device; the memory estimate returned
@@ -8,12 +8,12 @@
 #include <algorithm>
 #include <string>
 
-#include "tessel/builders.hpp"
-#include "tessel/checks.hpp"
+#include "tessel/ops/builders.hpp"
+#include "tessel/compiler/checks.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "../unit/test_util.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_text.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_text.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,6 +1,6 @@
 // tessel-explain's views added with issue 6: --show VALUE (the mesh grid of a value's
 // blocks), the peak bytes per device of the memory plan in the cost section, --links @FILE
-// (a calibration file), and the warnings of tessel/checks.hpp.
+// (a calibration file), and the warnings of tessel/compiler/checks.hpp.
 #include <catch2/catch.hpp>
 
 #include <string>

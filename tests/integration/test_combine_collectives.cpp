@@ -15,13 +15,13 @@
 
 #include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_text.hpp"
-#include "tessel/program_verify.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_text.hpp"
+#include "tessel/ir/program_verify.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

@@ -25,8 +25,8 @@
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/runtime/thread_communicator.hpp"
-#include "tessel/text.hpp"
+#include "tessel/runtime/cpu/thread_communicator.hpp"
+#include "tessel/ir/graph_text.hpp"
 #include "../unit/test_util.hpp"
 
 using namespace tessel;

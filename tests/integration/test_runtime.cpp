@@ -20,12 +20,12 @@
 
 #include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
-#include "tessel/program_text.hpp"
+#include "tessel/ir/program_text.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/runtime/thread_communicator.hpp"
-#include "tessel/text.hpp"
+#include "tessel/runtime/cpu/thread_communicator.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

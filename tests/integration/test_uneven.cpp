@@ -11,10 +11,10 @@
 
 #include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
-#include "tessel/ops.hpp"
+#include "tessel/ops/registry.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

@@ -17,10 +17,10 @@
 #include <cstdio>
 #include <string>
 
-#include "tessel/builders.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
-#include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/mpi/mpi_runtime.hpp"
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "ok";

@@ -15,15 +15,15 @@
 
 #include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"
-#include "tessel/ops.hpp"
+#include "tessel/ops/registry.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
-#include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/process_group.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
-#include "tessel/text.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

@@ -7,11 +7,11 @@
 #include <random>
 #include <set>
 
-#include "tessel/autodiff.hpp"
+#include "tessel/train/autodiff.hpp"
 #include "tessel/executable.hpp"
-#include "tessel/ops.hpp"
+#include "tessel/ops/registry.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 #include "test_util.hpp"
 
 using namespace tessel;

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "tessel/collective_matmul.hpp"
-#include "tessel/cost.hpp"
+#include "tessel/passes/collective_matmul.hpp"
+#include "tessel/core/cost.hpp"
 #include "tessel/executable.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

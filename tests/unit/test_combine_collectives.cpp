@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "test_util.hpp"
-#include "tessel/ops.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_text.hpp"
-#include "tessel/program_verify.hpp"
+#include "tessel/ops/registry.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_text.hpp"
+#include "tessel/ir/program_verify.hpp"
 
 using namespace tessel;
 

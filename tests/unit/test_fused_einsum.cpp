@@ -13,13 +13,13 @@
 #include <random>
 #include <string>
 
-#include "../../src/runtime/onednn_einsum.hpp"
-#include "tessel/builders.hpp"
+#include "../../src/runtime/cpu/onednn_einsum.hpp"
+#include "tessel/ops/builders.hpp"
 #include "test_util.hpp"
 #include "tessel/executable.hpp"
-#include "tessel/fused_expr.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_text.hpp"
+#include "tessel/ir/fused_expr.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_text.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/reference.hpp"

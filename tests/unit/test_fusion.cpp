@@ -7,17 +7,17 @@
 #include <random>
 #include <string>
 
-#include "tessel/builders.hpp"
+#include "tessel/ops/builders.hpp"
 #include "test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/kernels.hpp"
-#include "tessel/fused_expr.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_text.hpp"
-#include "tessel/program_verify.hpp"
+#include "tessel/ir/fused_expr.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_text.hpp"
+#include "tessel/ir/program_verify.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 using tessel_test::contains;

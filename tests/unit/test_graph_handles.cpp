@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "tessel/models/gpt.hpp"
-#include "tessel/ops.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ops/registry.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

@@ -15,7 +15,7 @@
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/tensor.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

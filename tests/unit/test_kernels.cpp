@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "tessel/graph.hpp"
+#include "tessel/ir/graph.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/tensor.hpp"

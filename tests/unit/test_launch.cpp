@@ -7,7 +7,7 @@
 #include <random>
 #include <thread>
 
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 #include "tessel/runtime/launch.hpp"
 
 using namespace tessel;

@@ -5,8 +5,8 @@
 #include <random>
 #include <set>
 
-#include "tessel/mesh.hpp"
-#include "tessel/sharding.hpp"
+#include "tessel/core/mesh.hpp"
+#include "tessel/core/sharding.hpp"
 #include "test_util.hpp"
 
 using namespace tessel;

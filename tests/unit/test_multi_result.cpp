@@ -8,12 +8,12 @@
 #include <random>
 
 #include "tessel/executable.hpp"
-#include "tessel/ops.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_text.hpp"
+#include "tessel/ops/registry.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_text.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 #include "test_util.hpp"
 
 using namespace tessel;

@@ -1,4 +1,4 @@
-// tests/unit/test_onednn_einsum.cpp — the CPU einsum on oneDNN (src/runtime/onednn_einsum.cpp)
+// tests/unit/test_onednn_einsum.cpp — the CPU einsum on oneDNN (src/runtime/cpu/onednn_einsum.cpp)
 // against the Eigen kernel, its oracle: the GPT example's einsums (projections, attention in
 // both directions, weight gradients), random equations with random letter orders and sizes,
 // bf16, several kernel threads, and bit-identical results on repeated and concurrent calls.
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../src/runtime/onednn_einsum.hpp"
+#include "../../src/runtime/cpu/onednn_einsum.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "test_util.hpp"

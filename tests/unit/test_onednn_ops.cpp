@@ -1,5 +1,5 @@
 // tests/unit/test_onednn_ops.cpp — softmax, layer_norm and GELU on oneDNN
-// (src/runtime/onednn_ops.cpp) against the hand-written CPU kernels, their oracle, over random
+// (src/runtime/cpu/onednn_ops.cpp) against the hand-written CPU kernels, their oracle, over random
 // shapes and inputs; the cases oneDNN must decline (bf16/f16, empty tensors, softmax over a
 // non-last axis) and the fully masked softmax row. Built without oneDNN every call declines.
 //
@@ -15,8 +15,8 @@
 #include <random>
 #include <string>
 
-#include "../../src/runtime/onednn_einsum.hpp"
-#include "../../src/runtime/onednn_ops.hpp"
+#include "../../src/runtime/cpu/onednn_einsum.hpp"
+#include "../../src/runtime/cpu/onednn_ops.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 

@@ -6,17 +6,17 @@
 
 #include <cmath>
 
-#include "../../src/runtime/onednn_einsum.hpp"
-#include "tessel/builders.hpp"
+#include "../../src/runtime/cpu/onednn_einsum.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
-#include "tessel/program_passes.hpp"
+#include "tessel/passes/program_passes.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/tensor.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 using namespace tessel;
 

@@ -1,10 +1,10 @@
 // Propagation and partitioning on graphs built with the builder.
 #include <catch2/catch.hpp>
 
-#include "tessel/graph.hpp"
-#include "tessel/ops.hpp"
-#include "tessel/partition.hpp"
-#include "tessel/propagate.hpp"
+#include "tessel/ir/graph.hpp"
+#include "tessel/ops/registry.hpp"
+#include "tessel/compiler/partition.hpp"
+#include "tessel/compiler/propagate.hpp"
 #include "tessel/runtime/kernels.hpp"
 
 using namespace tessel;

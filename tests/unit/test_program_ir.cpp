@@ -6,12 +6,12 @@
 
 #include <string>
 
-#include "tessel/partition.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_text.hpp"
-#include "tessel/program_verify.hpp"
-#include "tessel/propagate.hpp"
-#include "tessel/text.hpp"
+#include "tessel/compiler/partition.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_text.hpp"
+#include "tessel/ir/program_verify.hpp"
+#include "tessel/compiler/propagate.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

@@ -7,9 +7,9 @@
 #include <set>
 #include <string>
 
-#include "tessel/ops.hpp"
+#include "tessel/ops/registry.hpp"
 #include "tessel/runtime/kernels.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;
 

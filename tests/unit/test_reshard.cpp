@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "tessel/reshard.hpp"
+#include "tessel/compiler/reshard.hpp"
 #include "test_util.hpp"
 
 using namespace tessel;

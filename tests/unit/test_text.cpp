@@ -1,4 +1,4 @@
-// Tests of the text form (tessel/text.hpp, docs/ir.md): round trips for every op kind and
+// Tests of the text form (tessel/ir/graph_text.hpp, docs/ir.md): round trips for every op kind and
 // for builder-made graphs, exact error positions, and a seeded random-mutation test that
 // the parser only ever succeeds or throws tessel::Error.
 #include <catch2/catch.hpp>
@@ -16,9 +16,9 @@
 
 #include <unistd.h>
 
-#include "tessel/graph.hpp"
-#include "tessel/ops.hpp"
-#include "tessel/text.hpp"
+#include "tessel/ir/graph.hpp"
+#include "tessel/ops/registry.hpp"
+#include "tessel/ir/graph_text.hpp"
 #include "test_util.hpp"
 
 using namespace tessel;

@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "tessel/mesh.hpp"
+#include "tessel/core/mesh.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/tensor.hpp"
-#include "tessel/runtime/thread_communicator.hpp"
+#include "tessel/runtime/cpu/thread_communicator.hpp"
 
 using namespace tessel;
 

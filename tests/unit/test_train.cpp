@@ -8,11 +8,11 @@
 
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
-#include "tessel/program_passes.hpp"
-#include "tessel/program_verify.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/ir/program_verify.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/train.hpp"
+#include "tessel/train/train_step.hpp"
 #include "test_util.hpp"
 
 using namespace tessel;

@@ -14,13 +14,13 @@
 #include <catch2/catch.hpp>
 
 #include "tessel/executable.hpp"
-#include "tessel/mesh.hpp"
-#include "tessel/ops.hpp"
+#include "tessel/core/mesh.hpp"
+#include "tessel/ops/registry.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/sharding.hpp"
-#include "tessel/text.hpp"
+#include "tessel/core/sharding.hpp"
+#include "tessel/ir/graph_text.hpp"
 
 namespace tessel_test {
 

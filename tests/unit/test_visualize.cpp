@@ -1,11 +1,11 @@
-// show_sharding (tessel/visualize.hpp): the mesh as a grid of per-device blocks, for 1-D,
+// show_sharding (tessel/compiler/visualize.hpp): the mesh as a grid of per-device blocks, for 1-D,
 // 2-D and 3-D meshes, replicated dims, partial values and custom device ids.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <string>
 
-#include "tessel/visualize.hpp"
+#include "tessel/compiler/visualize.hpp"
 
 using namespace tessel;
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/graph.hpp"
+#include "tessel/ir/graph.hpp"
 
 namespace tessel {
 

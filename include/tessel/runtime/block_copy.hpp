@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 
 namespace tessel {
 

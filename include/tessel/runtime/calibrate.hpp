@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "tessel/cost.hpp"
-#include "tessel/mesh.hpp"
+#include "tessel/core/cost.hpp"
+#include "tessel/core/mesh.hpp"
 #include "tessel/runtime/runtime.hpp"
 
 namespace tessel {

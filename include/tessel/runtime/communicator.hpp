@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <string>
 
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 
 namespace tessel {
 

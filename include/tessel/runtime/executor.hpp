@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/program.hpp"
+#include "tessel/ir/program.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/communicator.hpp"
 #include "tessel/runtime/trace.hpp"

@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "tessel/common.hpp"
-#include "tessel/graph.hpp"
+#include "tessel/core/common.hpp"
+#include "tessel/ir/graph.hpp"
 
 namespace tessel {
 

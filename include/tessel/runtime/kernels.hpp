@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "tessel/common.hpp"
-#include "tessel/graph.hpp"
+#include "tessel/core/common.hpp"
+#include "tessel/ir/graph.hpp"
 #include "tessel/runtime/kernel_table.hpp"
 
 namespace tessel {

@@ -32,12 +32,12 @@
 #include <utility>
 #include <vector>
 
-#include "tessel/program.hpp"
-#include "tessel/program_passes.hpp"
+#include "tessel/ir/program.hpp"
+#include "tessel/passes/program_passes.hpp"
 #include "tessel/runtime/sharded_array.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "tessel/runtime/runtime.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 namespace tessel {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tessel/graph.hpp"
+#include "tessel/ir/graph.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/mesh.hpp"
+#include "tessel/core/mesh.hpp"
 #include "tessel/runtime/communicator.hpp"
 #include "tessel/runtime/tensor.hpp"
 

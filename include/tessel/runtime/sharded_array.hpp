@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "tessel/common.hpp"
-#include "tessel/mesh.hpp"
+#include "tessel/core/common.hpp"
+#include "tessel/core/mesh.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/tensor.hpp"
-#include "tessel/sharding.hpp"
+#include "tessel/core/sharding.hpp"
 
 namespace tessel {
 

@@ -8,7 +8,7 @@
 #include <new>
 #include <vector>
 
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 
 namespace tessel {
 

@@ -1,5 +1,5 @@
 // src/runtime/cuda/cuda_backend.hpp — the CUDA backend's classes, internal to tessel::cuda
-// (the communicators need the cudaStream_t behind a Stream). Public: tessel/runtime/cuda.hpp.
+// (the communicators need the cudaStream_t behind a Stream). Public: tessel/runtime/cuda/cuda.hpp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,7 +14,7 @@
 
 #include "launchers.hpp"
 #include "tessel/runtime/backend.hpp"
-#include "tessel/runtime/cuda.hpp"
+#include "tessel/runtime/cuda/cuda.hpp"
 
 namespace tessel::cuda {
 

@@ -30,7 +30,7 @@
 
 #include "cuda_backend.hpp"
 #include "cuda_loop.hpp"
-#include "tessel/ops.hpp"
+#include "tessel/ops/registry.hpp"
 
 namespace tessel::cuda {
 

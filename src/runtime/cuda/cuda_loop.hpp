@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "launchers.hpp"
-#include "tessel/common.hpp"
+#include "tessel/core/common.hpp"
 
 namespace tessel::cuda {
 

@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "tessel/executable.hpp"
-#include "tessel/runtime/cuda.hpp"
+#include "tessel/runtime/cuda/cuda.hpp"
 
 namespace tessel {
 

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "cuda_backend.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 namespace tessel {
 

@@ -24,7 +24,7 @@
 // Members of one group in the same process also talk through MPI (the shared-memory
 // transport), which keeps one algorithm for every placement. Groups entirely inside one
 // process use the ThreadWorld (no MPI at all).
-#include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/process_group.hpp"
 
 #include <mpi.h>
@@ -45,9 +45,9 @@
 #include <set>
 #include <thread>
 
-#include "../cpu_stream.hpp"
-#include "tessel/runtime/thread_communicator.hpp"
-#include "tessel/runtime/thread_runtime.hpp"
+#include "../cpu/cpu_stream.hpp"
+#include "tessel/runtime/cpu/thread_communicator.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 #define TESSEL_MPI(call) ::tessel::detail::mpi_check((call), #call, __FILE__, __LINE__)
 

@@ -1,9 +1,9 @@
 // MpiRuntime without MPI (TESSEL_WITH_MPI=OFF): the class exists so that code using it
 // builds everywhere; constructing one throws, naming the build option.
-#include "tessel/runtime/mpi_runtime.hpp"
+#include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/process_group.hpp"
 
-#include "tessel/runtime/thread_runtime.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 namespace tessel {
 

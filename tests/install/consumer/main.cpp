@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "tessel/tessel.hpp"
-#include "tessel/graph.hpp"
-#include "tessel/partition.hpp"
-#include "tessel/propagate.hpp"
+#include "tessel/ir/graph.hpp"
+#include "tessel/compiler/partition.hpp"
+#include "tessel/compiler/propagate.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
 

@@ -1,0 +1,55 @@
+// tessel/core/common.hpp — basic value types shared by every concept: shapes, dtypes, errors.
+//
+// Every user mistake surfaces as a tessel::Error subclass whose message names the op, the
+// value, the shape and the sharding involved and what to do about it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessel {
+
+using Shape = std::vector<int64_t>;
+
+enum class DType { f32, bf16, f16, i32 };
+
+const char* dtype_name(DType t);
+// Parses "f32", "bf16", "f16", "i32"; throws ParseError otherwise.
+DType parse_dtype(std::string_view s);
+std::size_t dtype_size(DType t);
+
+// Element count of a shape; throws ShapeError when it overflows int64 (never wraps).
+int64_t num_elements(const Shape& s);
+// Bytes of a value of shape `s` and dtype `t`; throws ShapeError when they overflow int64.
+int64_t num_bytes(const Shape& s, DType t);
+// "[8,16,32]"
+std::string shape_str(const Shape& s);
+// "f32[8,16,32]"
+std::string type_str(DType t, const Shape& s);
+
+// How a collective combines contributions (all-reduce, reduce-scatter).
+enum class ReduceOp { Sum, Max };
+
+// Base of every error the library throws for a user mistake or a backend failure.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+class MeshError : public Error { public: using Error::Error; };
+class ShapeError : public Error { public: using Error::Error; };
+class ShardingError : public Error { public: using Error::Error; };
+class ParseError : public Error { public: using Error::Error; };
+class PartitionError : public Error { public: using Error::Error; };
+class RuntimeError : public Error { public: using Error::Error; };
+
+// A double-quoted string with \" \\ \n \t \r and \xNN escapes (the text forms' string syntax).
+std::string quote_text(std::string_view s);
+
+// Joins items with a separator using operator<< style to_string conversions.
+std::string join(const std::vector<std::string>& items, std::string_view sep);
+
+}  // namespace tessel

@@ -1,0 +1,99 @@
+// tessel/runtime/mpi/mpi_runtime.hpp — the multi-process runtime: processes launched by mpirun,
+// each owning a block of the mesh's devices (threads of that process, as in ThreadRuntime),
+// collectives across processes through MPI.
+//
+//   mpirun -np 2 build/bin/gpt --mesh data=2,model=2     # two devices per process
+//
+//   tessel::MpiRuntime rt;                          // MPI_Init_thread(MULTIPLE) if needed
+//   tessel::LoadedExecutable prog = tessel::load(exe, rt);   // every process, same order
+//   auto r = prog.run({prog.to_device("x", x), ...});        // SPMD: every process runs it
+//   tessel::HostTensor y = prog.to_host(r.outputs[0]);       // the whole tensor everywhere
+//
+// Mesh <-> process map: by default process p owns the contiguous block of positions
+// [p*k, (p+1)*k) with k = devices / world size (the world size must divide the device count:
+// load throws RuntimeError naming both otherwise); MpiRuntimeOptions::process_of_device gives
+// an explicit map. Groups whose members are all in one process use the in-process thread
+// communicator; groups that span processes get an MPI communicator (MPI_Comm_split, at load)
+// and exchange point-to-point nonblocking messages from each device's communication stream
+// (MPI_THREAD_MULTIPLE). docs/runtime-mpi.md has the algorithms and the failure semantics.
+//
+// Failure: a device failing on one process aborts the run on every process (an abort
+// message on a control communicator), and a collective waiting longer than the timeout for
+// a peer (e.g. a killed process) fails naming the collective, the device and the rank it
+// waits for, and aborts the others. After such a failure the runtime refuses further work
+// (a failed multi-process job is restarted, not repaired) and MPI is not finalised (which
+// could block on a dead peer): the process should exit with an error.
+//
+// No MPI header here: without TESSEL_WITH_MPI the class exists and its constructor throws.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/core/common.hpp"
+#include "tessel/runtime/backend.hpp"
+#include "tessel/runtime/runtime.hpp"
+
+namespace tessel {
+
+// An MPI call that failed, with the call, MPI's error string and file:line.
+class MpiError : public RuntimeError {
+ public:
+  using RuntimeError::RuntimeError;
+};
+
+// True when tessel was built with TESSEL_WITH_MPI.
+bool mpi_compiled();
+
+struct MpiRuntimeOptions {
+  StreamMode stream_mode = StreamMode::Async;
+  int kernel_threads = 1;
+  // As ThreadRuntimeOptions::inline_max_comm_bytes, for this process's devices.
+  int64_t inline_max_comm_bytes = 256 << 10;
+  // A collective (or host exchange) waiting longer than this for its peers fails and aborts
+  // every process. < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s. 0 or infinity: no timeout.
+  double timeout_s = -1;
+  // Explicit mesh <-> process map: process_of_device[position] = the rank owning it (every
+  // rank must own at least one device). Empty: contiguous blocks.
+  std::vector<int> process_of_device;
+};
+
+class MpiRuntime : public Runtime {
+ public:
+  // Initialises MPI with MPI_THREAD_MULTIPLE when nobody did (and finalises it at exit);
+  // throws MpiError when MPI cannot give MPI_THREAD_MULTIPLE, RuntimeError without MPI.
+  explicit MpiRuntime(MpiRuntimeOptions options = {});
+  ~MpiRuntime() override;
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+  int rank() const;        // MPI_COMM_WORLD rank
+  int world_size() const;  // MPI_COMM_WORLD size
+  int local_rank() const;  // rank among the processes of this node (MPI_COMM_TYPE_SHARED)
+  double timeout_s() const;
+
+  // The failure that stopped the runtime (empty while healthy).
+  bool failed() const;
+  std::string failure() const;
+  // Aborts every process's runs with `reason` (as a failing device does).
+  void abort(const std::string& reason);
+
+  // Runtime
+  std::string name() const override { return "mpi"; }
+  int process_rank() const override { return rank(); }
+  int process_count() const override { return world_size(); }
+  std::vector<int64_t> devices_for(const Mesh& mesh) override;
+  ThreadRuntime& local() override;
+  std::unique_ptr<CollectiveWorld> make_world(const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
+                                              double timeout_s) override;
+  std::vector<HostTensor> allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) override;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tessel

@@ -1,0 +1,68 @@
+// The checks users trip over (tessel/compiler/checks.hpp): compile-time errors and warnings about
+// work repeated on every device.
+#include "tessel/compiler/checks.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "tessel/core/common.hpp"
+
+namespace tessel {
+
+void check_compilable(const Graph& graph, const Mesh& mesh) {
+  if (graph.outputs.empty())
+    throw Error(fmt::format(
+        "compile: the graph ({} values) has no output, so nothing would be computed on mesh {}; "
+        "mark the results with g.mark_output(t) (text form: a line `output %VALUE`)",
+        graph.values.size(), mesh.to_string()));
+}
+
+std::vector<std::string> program_warnings(const Graph& graph, const Mesh& mesh, const Program& program) {
+  std::vector<std::string> out;
+  if (graph.outputs.empty())
+    out.push_back("the graph has no output: nothing is computed (compile() refuses it); mark the results "
+                  "with `output %VALUE`");
+  if (mesh.num_devices() <= 1) return out;
+  bool annotated = !graph.annotations.empty();
+  for (const Op& op : graph.ops)
+    if (op.kind == OpKind::ShardingConstraint) annotated = true;
+  if (!annotated) {
+    std::string axis = mesh.axes().front().name;
+    for (const MeshAxis& a : mesh.axes())
+      if (a.size > 1) {
+        axis = a.name;
+        break;
+      }
+    out.push_back(fmt::format(
+        "no value is annotated: with nothing to propagate from, every value is replicated and each of "
+        "the {} devices of mesh {} runs the whole program; annotate an input, e.g. "
+        "`sharding=[{{{}}}, {{}}]` (g.annotate(x, Sharding::parse(\"[{{{}}}, {{}}]\")))",
+        mesh.num_devices(), mesh.to_string(), axis, axis));
+    return out;
+  }
+  std::set<std::string> used;
+  for (const LocalValue& v : program.values)
+    for (const MeshAxis& a : mesh.axes())
+      if (v.sharding.uses_axis(a.name)) used.insert(a.name);
+  for (const Instr& in : program.instrs)
+    for (const std::string& a : in.axes) used.insert(a);
+  for (const MeshAxis& a : mesh.axes()) {
+    if (a.size <= 1 || used.count(a.name)) continue;
+    out.push_back(fmt::format(
+        "mesh axis '{}' (size {}) is used by no value: everything is replicated over it, so its {} "
+        "devices repeat the same work; split a dim over it (e.g. sharding=[{{{}}}, ...]) or drop it "
+        "from the mesh",
+        a.name, a.size, a.size, a.name));
+  }
+  return out;
+}
+
+void add_program_warnings(const Graph& graph, const Mesh& mesh, Program& program) {
+  for (std::string& w : program_warnings(graph, mesh, program))
+    if (std::find(program.warnings.begin(), program.warnings.end(), w) == program.warnings.end())
+      program.warnings.push_back(std::move(w));
+}
+
+}  // namespace tessel

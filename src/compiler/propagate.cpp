@@ -1,0 +1,323 @@
+// Sharding propagation through factor rules, to a fixed point (policy in propagate.hpp).
+#include "tessel/compiler/propagate.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "tessel/ops/registry.hpp"
+
+namespace tessel {
+
+std::vector<std::vector<std::string>> project_onto_factors(const Mesh& mesh,
+                                                           const std::vector<DimFactors>& dims,
+                                                           const std::vector<Factor>& factors,
+                                                           const Sharding& s) {
+  std::vector<std::vector<std::string>> out(factors.size());
+  for (std::size_t d = 0; d < dims.size() && d < s.dims.size(); ++d) {
+    const auto& axes = s.dims[d].axes;
+    std::size_t idx = 0;
+    for (int f : dims[d]) {
+      int64_t prod = 1;
+      while (idx < axes.size() && factors[f].size % (prod * mesh.axis_size(axes[idx])) == 0) {
+        prod *= mesh.axis_size(axes[idx]);
+        out[f].push_back(axes[idx]);
+        ++idx;
+      }
+      if (prod != factors[f].size) break;  // a minor factor cannot be split now
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> compose_dim(const Mesh& mesh, const DimFactors& dim,
+                                     const std::vector<Factor>& factors,
+                                     const std::vector<std::vector<std::string>>& fs) {
+  std::vector<std::string> axes;
+  for (int f : dim) {
+    axes.insert(axes.end(), fs[f].begin(), fs[f].end());
+    if (mesh.axes_size(fs[f]) != factors[f].size) break;
+  }
+  return axes;
+}
+
+namespace {
+
+bool is_prefix(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+struct Propagator {
+  const Graph& g;
+  const Mesh& mesh;
+  PropagationResult& res;
+  std::vector<bool> annotated;
+  // Each op's rule, computed on first use: rules depend on shapes and attributes only, and
+  // every op is visited twice per pass.
+  std::vector<std::optional<OpRule>> rules;
+
+  const OpRule& rule_of(int op_index) {
+    if (rules.empty()) rules.resize(g.ops.size());
+    auto& r = rules[static_cast<std::size_t>(op_index)];
+    if (!r) r = op_rule(g, g.ops[static_cast<std::size_t>(op_index)]);
+    return *r;
+  }
+
+  double bytes(int v) const {
+    return static_cast<double>(num_elements(g.values[v].shape)) *
+           static_cast<double>(dtype_size(g.values[v].dtype));
+  }
+  // Larger tensor first; ties: lower value id.
+  bool larger(int a, int b) const {
+    double ba = bytes(a), bb = bytes(b);
+    if (ba != bb) return ba > bb;
+    return a < b;
+  }
+  // Which source wins a conflict: the stronger (lower) priority its sharding derives from,
+  // whatever the sizes; among equal priorities the larger tensor (it stays put).
+  bool stronger(int a, int b) const {
+    if (res.source_priority[a] != res.source_priority[b])
+      return res.source_priority[a] < res.source_priority[b];
+    return larger(a, b);
+  }
+  // "%w (from the annotation on %w, priority 0)" for decision lines.
+  std::string source_text(int v, int dim) const {
+    int origin = -1;
+    if (dim >= 0 && dim < static_cast<int>(res.why[v].size())) origin = res.why[v][dim].origin;
+    const int p = res.source_priority[v];
+    if (origin == v) return fmt::format("%{} (annotated, priority {})", g.values[v].name, p);
+    if (origin >= 0)
+      return fmt::format("%{} (from the annotation on %{}, priority {})", g.values[v].name,
+                         g.values[origin].name, p);
+    return fmt::format("%{} (priority {})", g.values[v].name, p);
+  }
+  std::string why_won(int winner, int loser) const {
+    const int pw = res.source_priority[winner], pl = res.source_priority[loser];
+    if (pw != pl) return fmt::format("stronger priority ({} < {})", pw, pl);
+    return fmt::format("equal priority {}: the larger tensor stays put ({} vs {} bytes)", pw,
+                       bytes(winner), bytes(loser));
+  }
+  int dim_of_factor(const std::vector<DimFactors>& dims, int f) const {
+    for (std::size_t d = 0; d < dims.size(); ++d)
+      if (std::find(dims[d].begin(), dims[d].end(), f) != dims[d].end()) return static_cast<int>(d);
+    return -1;
+  }
+
+  // The dim of tensor v (one of this op's tensors) that holds factor f, -1 when none.
+  int source_dim_of(int v, int f, const std::vector<const std::vector<DimFactors>*>& tdims,
+                    const std::vector<int>& tensors) const {
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      if (tensors[t] == v) {
+        const int d = dim_of_factor(*tdims[t], f);
+        if (d >= 0) return d;
+      }
+    return -1;
+  }
+
+  // One op, in round p. Returns true when a value changed.
+  bool step(int op_index, int round) {
+    const Op& op = g.ops[op_index];
+    if (op.kind == OpKind::Input || op.kind == OpKind::Constant) return false;
+    const OpRule& rule = rule_of(op_index);
+    std::vector<int> tensors = op.inputs;
+    std::vector<const std::vector<DimFactors>*> tdims;
+    for (std::size_t i = 0; i < op.inputs.size(); ++i) tdims.push_back(&rule.operands[i]);
+    for (int r = 0; r < op.num_results(); ++r) {
+      tensors.push_back(op.result(r));
+      tdims.push_back(&rule.result_dims(r));
+    }
+
+    std::size_t nf = rule.factors.size();
+    std::vector<std::vector<std::string>> chosen(nf);
+    std::vector<int> source(nf, -1), source_dim(nf, -1);
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      int v = tensors[t];
+      if (res.source_priority[v] > round) continue;  // not active in this round
+      bool any_axis = false;
+      for (const auto& d : res.shardings[v].dims) any_axis = any_axis || !d.axes.empty();
+      if (!any_axis) continue;  // nothing to project
+      auto proj = project_onto_factors(mesh, *tdims[t], rule.factors, res.shardings[v]);
+      for (std::size_t f = 0; f < nf; ++f) {
+        if (rule.factors[f].kind == FactorKind::Replicated || proj[f].empty()) continue;
+        if (source[f] < 0 || is_prefix(chosen[f], proj[f])) {
+          if (source[f] >= 0 && chosen[f] == proj[f]) continue;
+          chosen[f] = proj[f];
+        } else if (is_prefix(proj[f], chosen[f])) {
+          continue;
+        } else {
+          // A conflict: name both sides, their annotations and priorities, and the reason.
+          const int u = source[f];
+          const bool wins = stronger(v, u);
+          const int w = wins ? v : u, l = wins ? u : v;
+          const auto& wa = wins ? proj[f] : chosen[f];
+          const auto& la = wins ? chosen[f] : proj[f];
+          res.decisions.push_back(fmt::format(
+              "{} factor '{}': {{{}}} of {} wins over {{{}}} of {}: {}", g.describe_op(op_index),
+              rule.factors[f].name, fmt::join(wa, ","), source_text(w, source_dim_of(w, f, tdims, tensors)),
+              fmt::join(la, ","), source_text(l, source_dim_of(l, f, tdims, tensors)), why_won(w, l)));
+          if (!wins) continue;
+          chosen[f] = proj[f];
+        }
+        source[f] = v;
+        // the dim of v that holds factor f
+        for (std::size_t d = 0; d < tdims[t]->size(); ++d)
+          if (std::find((*tdims[t])[d].begin(), (*tdims[t])[d].end(), static_cast<int>(f)) !=
+              (*tdims[t])[d].end())
+            source_dim[f] = static_cast<int>(d);
+      }
+    }
+    // An axis claimed by two factors goes to the one whose source tensor is larger.
+    std::vector<int> order(nf);
+    for (std::size_t f = 0; f < nf; ++f) order[f] = static_cast<int>(f);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      if (source[a] < 0 || source[b] < 0) return source[a] >= 0 && source[b] < 0;
+      if (source[a] == source[b]) return false;
+      return stronger(source[a], source[b]);
+    });
+    std::map<std::string, int> taken;  // axis -> factor that holds it
+    for (int f : order) {
+      auto& axes = chosen[f];
+      for (std::size_t i = 0; i < axes.size(); ++i)
+        if (auto it = taken.find(axes[i]); it != taken.end()) {
+          const int h = it->second;
+          res.decisions.push_back(fmt::format(
+              "{} factor '{}': axis '{}' goes to factor '{}' of {} over factor '{}' of {}: {}",
+              g.describe_op(op_index), rule.factors[f].name, axes[i], rule.factors[h].name,
+              source_text(source[h], source_dim_of(source[h], h, tdims, tensors)),
+              rule.factors[f].name, source_text(source[f], source_dim_of(source[f], f, tdims, tensors)),
+              source[h] == source[f] ? std::string("one tensor's dims are split in order")
+                                     : why_won(source[h], source[f])));
+          axes.resize(i);
+          break;
+        }
+      for (const auto& a : axes) taken.emplace(a, f);
+    }
+    // Write back to open dims that the factor shardings extend.
+    bool changed = false;
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      int v = tensors[t];
+      Sharding& s = res.shardings[v];
+      for (std::size_t d = 0; d < tdims[t]->size(); ++d) {
+        if (s.dims[d].closed) continue;
+        auto want = compose_dim(mesh, (*tdims[t])[d], rule.factors, chosen);
+        const auto& cur = s.dims[d].axes;
+        if (want.size() <= cur.size() || !is_prefix(cur, want)) continue;
+        // Truncate at an axis the tensor already uses on another dim.
+        std::vector<std::string> ext = cur;
+        for (std::size_t i = cur.size(); i < want.size(); ++i) {
+          if (s.dim_of_axis(want[i]) >= 0 || s.uses_axis(want[i])) break;
+          ext.push_back(want[i]);
+        }
+        if (ext.size() == cur.size()) continue;
+        if (g.values[v].shape[d] % mesh.axes_size(ext) != 0) continue;
+        s.dims[d].axes = ext;
+        // provenance: the factor that contributed the last axis
+        int contributing = -1;
+        for (int f : (*tdims[t])[d])
+          if (!chosen[f].empty() && std::find(chosen[f].begin(), chosen[f].end(), ext.back()) != chosen[f].end())
+            contributing = f;
+        DimProvenance pv;
+        pv.op = op_index;
+        pv.round = round;
+        if (contributing >= 0 && source[contributing] >= 0) {
+          pv.from_value = source[contributing];
+          int sd = source_dim[contributing];
+          if (sd >= 0 && sd < static_cast<int>(res.why[pv.from_value].size()))
+            pv.origin = res.why[pv.from_value][sd].origin;
+        }
+        res.why[v][d] = pv;
+        res.source_priority[v] = std::min(res.source_priority[v], round);
+        changed = true;
+      }
+    }
+    return changed;
+  }
+};
+
+}  // namespace
+
+PropagationResult propagate(const Graph& g, const Mesh& mesh, const PropagationOptions& opts) {
+  PropagationResult res;
+  std::size_t nv = g.values.size();
+  res.shardings.resize(nv);
+  res.why.resize(nv);
+  res.source_priority.assign(nv, INT_MAX);
+  for (std::size_t v = 0; v < nv; ++v) {
+    res.shardings[v] = Sharding::open(static_cast<int>(g.values[v].shape.size()));
+    res.why[v].assign(g.values[v].shape.size(), DimProvenance{});
+  }
+  std::set<int> rounds;
+  auto seed = [&](int v, const Sharding& s, int priority, const std::string& what) {
+    s.validate(mesh, g.values[v].shape, what);
+    if (!s.partial.empty())
+      throw ShardingError(fmt::format("{}: sharding {} is partial; annotate materialized "
+                                      "layouts only", what, s.to_string()));
+    res.shardings[v] = s;
+    res.source_priority[v] = priority;
+    for (std::size_t d = 0; d < s.dims.size(); ++d) {
+      DimProvenance pv;
+      pv.origin = v;
+      pv.round = priority;
+      res.why[v][d] = pv;
+    }
+    rounds.insert(priority);
+  };
+  for (const auto& [v, ann] : g.annotations)
+    seed(v, ann.sharding, ann.priority, fmt::format("annotation on {}", g.describe(v)));
+  for (std::size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    if (op.kind == OpKind::ShardingConstraint)
+      seed(op.output, op.attrs.sharding->closed_copy(), op.attrs.priority,
+           fmt::format("sharding_constraint {}", g.describe(op.output)));
+  }
+  Propagator pr{g, mesh, res, {}, {}};
+  int passes = 0;
+  for (int round : rounds) {
+    bool changed = true;
+    while (changed) {
+      if (++passes > opts.max_passes)
+        throw PartitionError(fmt::format("sharding propagation did not converge in {} passes; "
+                                         "this is a bug in tessel, please report the graph",
+                                         opts.max_passes));
+      changed = false;
+      for (std::size_t i = 0; i < g.ops.size(); ++i) changed |= pr.step(static_cast<int>(i), round);
+      for (std::size_t i = g.ops.size(); i-- > 0;) changed |= pr.step(static_cast<int>(i), round);
+    }
+  }
+  res.passes = passes;
+  return res;
+}
+
+std::string PropagationResult::explain(const Graph& g, int value) const {
+  std::string out = fmt::format("%{} : {} {}\n", g.values[value].name,
+                                type_str(g.values[value].dtype, g.values[value].shape),
+                                shardings[value].to_string());
+  for (std::size_t d = 0; d < why[value].size(); ++d) {
+    const DimProvenance& pv = why[value][d];
+    const auto& axes = shardings[value].dims[d].axes;
+    std::string axes_s = axes.empty() ? "replicated" : "{" + join(axes, ", ") + "}";
+    if (pv.op < 0 && pv.origin == value) {
+      auto it = g.annotations.find(value);
+      int prio = it != g.annotations.end() ? it->second.priority : pv.round;
+      out += fmt::format("  dim {}: {} — user annotation (priority {})\n", d, axes_s, prio);
+    } else if (pv.op < 0) {
+      out += fmt::format("  dim {}: {} — no annotation reaches this dim\n", d, axes_s);
+    } else {
+      int v = pv.from_value;
+      std::string chain = fmt::format("from %{} through {}", v >= 0 ? g.values[v].name : "?",
+                          g.describe_op(pv.op));
+      std::string origin = pv.origin >= 0
+                               ? fmt::format("; derives from the annotation on %{}",
+                                             g.values[pv.origin].name)
+                               : std::string();
+      out += fmt::format("  dim {}: {} — {}{} (round {})\n", d, axes_s, chain, origin, pv.round);
+    }
+  }
+  return out;
+}
+
+}  // namespace tessel
