@@ -3,11 +3,20 @@
 # launchers (kernels/launchers.hpp), src/runtime/cuda/ the backend, the virtual-device and NCCL
 # communicators (C++ files that include the CUDA runtime, cuBLASLt and NCCL headers).
 #
-# Architectures: sm_90 (H100/H200) and sm_80 (A100) by default, real SASS only (no PTX), so CI
-# compiles each kernel twice and no more; override with -DCMAKE_CUDA_ARCHITECTURES=... (e.g.
-# "native" on a GPU machine to build for the local GPU only).
+# Architectures: the local GPU's when one is present (nvidia-smi lists it: "native"), else
+# sm_90 alone (H100/H200), real SASS only, so a build without a GPU compiles every kernel once.
+# All architectures on request: -DCMAKE_CUDA_ARCHITECTURES=all (or any list, e.g. "80-real;90-real").
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
-  set(CMAKE_CUDA_ARCHITECTURES "90-real;80-real" CACHE STRING "CUDA architectures of tessel::cuda")
+  set(_tessel_cuda_arch 90-real)
+  find_program(TESSEL_NVIDIA_SMI nvidia-smi)
+  if(TESSEL_NVIDIA_SMI)
+    execute_process(COMMAND ${TESSEL_NVIDIA_SMI} -L OUTPUT_VARIABLE _gpus RESULT_VARIABLE _rc ERROR_QUIET)
+    if(_rc EQUAL 0 AND _gpus MATCHES "GPU [0-9]")
+      set(_tessel_cuda_arch native)
+    endif()
+  endif()
+  set(CMAKE_CUDA_ARCHITECTURES ${_tessel_cuda_arch} CACHE STRING "CUDA architectures of tessel::cuda")
+  message(STATUS "tessel: CUDA architectures ${CMAKE_CUDA_ARCHITECTURES}")
 endif()
 enable_language(CUDA)
 set(CMAKE_CUDA_STANDARD 17)

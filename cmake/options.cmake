@@ -35,7 +35,19 @@ option(TESSEL_WITH_ONEDNN "Run CPU einsums on oneDNN matmuls (Eigen stays the fa
 
 option(TESSEL_NATIVE "Compile for the build machine's CPU (-march=native): Eigen then uses AVX/FMA" ON)
 
+# Warnings: -Wall -Wextra on the project's own code (library, tests, examples, benchmarks,
+# fuzzers). TESSEL_WERROR turns them into errors; it defaults to ON under CI (the CI
+# environment variable set and not "false"), so a change that adds a warning fails there.
+if(DEFINED ENV{CI} AND NOT "$ENV{CI}" STREQUAL "" AND NOT "$ENV{CI}" STREQUAL "false")
+  set(_tessel_werror_default ON)
+else()
+  set(_tessel_werror_default OFF)
+endif()
+option(TESSEL_WERROR "Treat compiler warnings in tessel's own code as errors" ${_tessel_werror_default})
 set(TESSEL_WARNINGS -Wall -Wextra)
+if(TESSEL_WERROR)
+  list(APPEND TESSEL_WARNINGS -Werror)
+endif()
 if(TESSEL_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-march=native>)
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")

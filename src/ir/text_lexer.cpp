@@ -21,6 +21,31 @@ std::optional<DType> dtype_from_text(std::string_view name) {
   return std::nullopt;
 }
 
+std::string sharding_text(const Sharding& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.dims.size(); ++i) {
+    if (i) out += ", ";
+    out += '{';
+    const DimSharding& d = s.dims[i];
+    for (std::size_t j = 0; j < d.axes.size(); ++j) {
+      if (j) out += ", ";
+      out += d.axes[j];
+    }
+    if (!d.closed) out += d.axes.empty() ? "?" : ", ?";
+    out += '}';
+  }
+  out += ']';
+  if (!s.partial.empty()) {
+    out += " partial{";
+    for (std::size_t j = 0; j < s.partial.size(); ++j) {
+      if (j) out += ", ";
+      out += s.partial[j];
+    }
+    out += '}';
+  }
+  return out;
+}
+
 std::string value_ref(std::string_view name) {
   bool bare = !name.empty();
   for (char c : name) bare = bare && is_name_char(c);

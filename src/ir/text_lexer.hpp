@@ -1,5 +1,5 @@
 // text_lexer.hpp (private) — the line lexer shared by the two text parsers: the graph's
-// (src/ir/graph_text.cpp, docs/ir.md) and the program's (src/ir/program_text.cpp, docs/program-ir.md),
+// (src/ir/graph_text_parse.cpp, docs/ir.md) and the program's (src/ir/program_text_parse.cpp, docs/program-ir.md),
 // with the spelling of value names both printers use.
 //
 // Why one lexer: both text forms read one statement per line with the same tokens (idents,
@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "tessel/core/common.hpp"
+#include "tessel/core/cost.hpp"
+#include "tessel/core/sharding.hpp"
 
 namespace tessel {
 namespace detail {
@@ -37,6 +39,26 @@ inline bool is_name_char(char c) { return is_ident_char(c) || c == '.' || c == '
 std::optional<DType> dtype_from_text(std::string_view name);
 // %name when every character is a name character, else %"quoted".
 std::string value_ref(std::string_view name);
+// A sharding as the graph text writes it: `[{data}, {?}, {model, ?}] partial{x}` (open dims
+// end in `?`); the parser (graph_text_parse.cpp) quotes it in errors, the printer writes it.
+std::string sharding_text(const Sharding& s);
+// A collective as the program text spells it (`all_gather`, ...), and every kind, in the
+// order the parser tries them.
+inline const char* collective_text(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::AllGather: return "all_gather";
+    case CollectiveKind::AllReduce: return "all_reduce";
+    case CollectiveKind::ReduceScatter: return "reduce_scatter";
+    case CollectiveKind::AllToAll: return "all_to_all";
+    case CollectiveKind::CollectivePermute: return "collective_permute";
+  }
+  return "?";
+}
+
+constexpr CollectiveKind kCollectives[] = {CollectiveKind::AllGather, CollectiveKind::AllReduce,
+                                           CollectiveKind::ReduceScatter, CollectiveKind::AllToAll,
+                                           CollectiveKind::CollectivePermute};
+
 // Printable form of a source line for error messages: control bytes become '?', so the
 // message stays one readable line and the caret stays aligned.
 std::string echo_line(std::string_view line);

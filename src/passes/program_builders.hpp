@@ -1,5 +1,5 @@
-// program_builders.hpp (private) — small builders the Program passes share (pack and the
-// others in program_passes.cpp, combine-collectives in combine_collectives.cpp): fresh
+// program_builders.hpp (private) — small builders the Program passes share (pack.cpp,
+// offload.cpp, collective_matmul.cpp, combine_collectives.cpp): fresh
 // scratch values, and the copy and view instructions the passes insert.
 #pragma once
 

@@ -1,6 +1,8 @@
 // The documentation links only files inside the repository: every relative Markdown link
 // in README.md and docs/*.md names a file that exists in the source tree, and no path
 // climbs out of it ("../" from the repository root), which a fresh clone would not have.
+// Every repository path the docs quote in backquotes (`src/ir/graph.cpp`, `tests/unit/`)
+// exists too, so a file that moves or splits takes its docs along.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -46,4 +48,31 @@ TEST_CASE("docs: README and docs link only files inside the repository", "[docs]
       CHECK(fs::exists(resolved));
     }
   }
+}
+
+TEST_CASE("docs: every repository path quoted in README and docs exists", "[docs]") {
+  const fs::path root = TESSEL_SOURCE_DIR;
+  std::vector<fs::path> files = {root / "README.md"};
+  for (const auto& e : fs::directory_iterator(root / "docs"))
+    if (e.path().extension() == ".md") files.push_back(e.path());
+  const std::regex quoted(R"(`((?:src|include|tests|bench|scripts|kernels|examples|cmake|fuzz|docs)/[^`\s]*)`)");
+  // Patterns and placeholders are not paths: globs, <...>, {...}, $VARS, an ALLCAPS segment
+  // such as NAME or X.
+  const std::regex pattern(R"([*<>{}$|]|\.\.\.|(^|/)[A-Z]+(/|\.|$))");
+  const std::regex line_suffix(R"(:\d+(-\d+)?$)");
+  int checked = 0;
+  for (const fs::path& f : files) {
+    const std::string text = read_text(f);
+    for (std::sregex_iterator it(text.begin(), text.end(), quoted), end; it != end; ++it) {
+      std::string p = (*it)[1].str();
+      if (std::regex_search(p, pattern)) continue;
+      p = std::regex_replace(p, line_suffix, "");
+      while (!p.empty() && (p.back() == '/' || p.back() == ':' || p.back() == ',' || p.back() == '.'))
+        p.pop_back();
+      INFO(f.filename().string() << " quotes `" << (*it)[1].str() << "`");
+      CHECK(fs::exists(root / p));
+      ++checked;
+    }
+  }
+  CHECK(checked > 50);  // the docs quote many paths: zero would mean the pattern broke
 }

@@ -62,7 +62,7 @@ struct ProgramPassOptions {
   // Default: on, unless the environment variable TESSEL_FUSION is "0" (so a whole test run
   // can go unfused: TESSEL_FUSION=0 ./scripts/test). tessel-explain: --no-fusion.
   bool fuse_elementwise = fusion_default();
-  static bool fusion_default();
+  static bool fusion_default() noexcept;
   // With fuse_elementwise: an einsum and the elementwise chain that alone reads its product
   // become one fused_einsum (the chain as the einsum's epilogue: oneDNN matmul post-ops on the
   // CPU). Only backends with a fused_einsum kernel can run it (the CPU's); a backend without

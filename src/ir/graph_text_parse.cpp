@@ -1,13 +1,11 @@
-// src/ir/graph_text.cpp — the text form of a Graph (docs/ir.md): a line-oriented recursive-descent
-// parser and the matching printer.
+// src/ir/graph_text_parse.cpp — the parser of the Graph's text form (docs/ir.md): line-oriented
+// recursive descent; graph_text_print.cpp is its printer.
 //
 // The parser reads one statement per line with a lazy lexer (text_lexer.hpp, shared with the
 // program text), so the first mistake on a line is the one reported, at its exact column.
 // Graph construction goes through the builder (Graph::add_input / add_op / annotate), which
 // owns every shape rule: the parser only checks the syntax, names and attribute sets, and
-// re-reports builder errors at the op's position. The printer emits exactly what the parser
-// reads, with the shortest decimal form of each double that reads back to the same bits, so
-// print → parse → print is the identity on the text and parse(print(g)) rebuilds g.
+// re-reports builder errors at the op's position.
 #include "tessel/ir/graph_text.hpp"
 
 #include <fmt/format.h>
@@ -31,33 +29,6 @@ namespace tessel {
 namespace {
 
 using namespace detail;
-
-// ---- printing -----------------------------------------------------------------------------
-
-std::string sharding_text(const Sharding& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.dims.size(); ++i) {
-    if (i) out += ", ";
-    out += '{';
-    const DimSharding& d = s.dims[i];
-    for (std::size_t j = 0; j < d.axes.size(); ++j) {
-      if (j) out += ", ";
-      out += d.axes[j];
-    }
-    if (!d.closed) out += d.axes.empty() ? "?" : ", ?";
-    out += '}';
-  }
-  out += ']';
-  if (!s.partial.empty()) {
-    out += " partial{";
-    for (std::size_t j = 0; j < s.partial.size(); ++j) {
-      if (j) out += ", ";
-      out += s.partial[j];
-    }
-    out += '}';
-  }
-  return out;
-}
 
 // " (did you mean 'gelu'?)" for a near miss of an op name, else "".
 std::string suggest_op(std::string_view name) {
@@ -618,54 +589,6 @@ class Parser : LineLexer {
   }
 };
 
-// ---- printer ------------------------------------------------------------------------------
-
-std::string ref(const Graph& g, int id) {
-  if (id < 0 || static_cast<std::size_t>(id) >= g.values.size())
-    return fmt::format("%\"<invalid value {}>\"", id);
-  return value_ref(g.values[id].name);
-}
-
-// `%a, %b, %c = op(%x, ...) attrs sharding=(S, _, S) priority=P : T, T, T` for an op with
-// several results (the sharding and priority lists only when a result is annotated).
-std::string op_results_line(const Graph& g, const Op& op, const PrintOptions& opts) {
-  const std::vector<int> rs = op.results();
-  std::vector<std::string> names, args, shardings, types;
-  std::vector<int> prios;
-  bool annotated = false;
-  for (int v : rs) {
-    names.push_back(ref(g, v));
-    types.push_back(type_str(g.values[static_cast<std::size_t>(v)].dtype, g.values[static_cast<std::size_t>(v)].shape));
-    auto it = g.annotations.find(v);
-    annotated = annotated || it != g.annotations.end();
-    shardings.push_back(it != g.annotations.end() ? sharding_text(it->second.sharding) : "_");
-    prios.push_back(it != g.annotations.end() ? it->second.priority : 0);
-  }
-  for (int v : op.inputs) args.push_back(ref(g, v));
-  std::string line = fmt::format("{} = {}({}){}", join(names, ", "), op_def(op.kind).name, join(args, ", "),
-                                 attrs_text(op.kind, op.attrs));
-  if (annotated) {
-    line += " sharding=(" + join(shardings, ", ") + ")";
-    if (std::adjacent_find(prios.begin(), prios.end(), std::not_equal_to<>()) == prios.end()) {
-      if (prios[0] != 0) line += fmt::format(" priority={}", prios[0]);
-    } else {
-      line += fmt::format(" priority=({})", fmt::join(prios, ", "));
-    }
-  }
-  if (opts.types) line += " : " + join(types, ", ");
-  if (opts.comment) {
-    std::vector<std::string> cs;
-    for (int v : rs) {
-      std::string c = opts.comment(v);
-      for (char& ch : c)
-        if (ch == '\n' || ch == '\r') ch = ' ';
-      if (!c.empty()) cs.push_back(c);
-    }
-    if (!cs.empty()) line += "  # " + join(cs, "; ");
-  }
-  return line;
-}
-
 }  // namespace
 
 Graph parse_graph(std::string_view text, std::string_view filename) {
@@ -674,82 +597,6 @@ Graph parse_graph(std::string_view text, std::string_view filename) {
 
 Graph parse_graph_file(const std::string& path) {
   return parse_graph(read_text_file(path), path);
-}
-
-std::string print_graph(const Graph& g, const PrintOptions& opts) {
-  std::string out;
-  if (g.mesh) {
-    const Mesh& m = *g.mesh;
-    out += "mesh ";
-    if (m.axes().empty()) out += "{}";
-    for (std::size_t i = 0; i < m.axes().size(); ++i)
-      out += fmt::format("{}{}={}", i ? ", " : "", m.axes()[i].name, m.axes()[i].size);
-    const auto& ids = m.device_ids();
-    bool identity = true;
-    for (std::size_t i = 0; i < ids.size(); ++i) identity = identity && ids[i] == static_cast<int>(i);
-    if (!identity) {
-      out += " devices=[";
-      for (std::size_t i = 0; i < ids.size(); ++i) out += fmt::format("{}{}", i ? "," : "", ids[i]);
-      out += "]";
-    }
-    out += '\n';
-  }
-  for (const Op& op : g.ops) {
-    if (op.num_results() > 1) {
-      out += op_results_line(g, op, opts) + '\n';
-      continue;
-    }
-    std::string line = ref(g, op.output) + " = ";
-    const bool valid = op.output >= 0 && static_cast<std::size_t>(op.output) < g.values.size();
-    const Value* v = valid ? &g.values[op.output] : nullptr;
-    const std::string type = v ? type_str(v->dtype, v->shape) : std::string("f32[]");
-    const char* name = op_def(op.kind).name;
-    if (op.kind == OpKind::Input) {
-      line += fmt::format("{} {}", name, type);
-    } else if (op.kind == OpKind::Constant) {
-      line += fmt::format("{} {}{}", name, type, attrs_text(op.kind, op.attrs));
-    } else {
-      line += name;
-      line += '(';
-      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
-        if (i) line += ", ";
-        line += ref(g, op.inputs[i]);
-      }
-      line += ')';
-      line += attrs_text(op.kind, op.attrs);
-      if (op.kind == OpKind::ShardingConstraint) {
-        if (op.attrs.sharding) line += " sharding=" + sharding_text(*op.attrs.sharding);
-        if (op.attrs.priority != 0) line += fmt::format(" priority={}", op.attrs.priority);
-      }
-    }
-    if (op.kind != OpKind::ShardingConstraint) {
-      if (auto it = g.annotations.find(op.output); it != g.annotations.end()) {
-        line += " sharding=" + sharding_text(it->second.sharding);
-        if (it->second.priority != 0) line += fmt::format(" priority={}", it->second.priority);
-      }
-    }
-    if (opts.types && op.kind != OpKind::Input && op.kind != OpKind::Constant)
-      line += " : " + type;
-    if (opts.comment) {
-      std::string c = opts.comment(op.output);
-      if (!c.empty()) {
-        for (char& ch : c)
-          if (ch == '\n' || ch == '\r') ch = ' ';
-        line += "  # " + c;
-      }
-    }
-    out += line;
-    out += '\n';
-  }
-  if (!g.outputs.empty()) {
-    out += "output ";
-    for (std::size_t i = 0; i < g.outputs.size(); ++i) {
-      if (i) out += ", ";
-      out += ref(g, g.outputs[i]);
-    }
-    out += '\n';
-  }
-  return out;
 }
 
 }  // namespace tessel
