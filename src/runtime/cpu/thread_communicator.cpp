@@ -25,201 +25,43 @@
 // can never complete with a member that has left (and whose buffers may be freed). Once
 // barrier A has completed every member is only copying memory until B, which therefore
 // always completes and is never abandoned.
+//
+// The shared state of a group: thread_group_state.hpp; the reduction loops: thread_reduce.hpp;
+// ThreadWorld: thread_world.cpp.
 #include "tessel/runtime/cpu/thread_communicator.hpp"
-
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <functional>
-#include <condition_variable>
-#include <cstdlib>
+#include <cstdint>
 #include <cstring>
-#include <limits>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "cpu_stream.hpp"
 #include "spin.hpp"
+#include "thread_group_state.hpp"
+#include "thread_reduce.hpp"
 
 namespace tessel {
 namespace {
 
-enum class Kind : int {
-  None,
-  AllGather,
-  ReduceScatter,
-  AllReduce,
-  AllToAll,
-  Permute,
-  Broadcast,
-  Barrier
-};
+using detail::elem_size;
+using detail::Kind;
+using detail::kind_name;
+using detail::reduce;
+using detail::ThreadGroupState;
+using detail::ThreadSlot;
+using Clock = std::chrono::steady_clock;
 
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::None: return "none";
-    case Kind::AllGather: return "all_gather";
-    case Kind::ReduceScatter: return "reduce_scatter";
-    case Kind::AllReduce: return "all_reduce";
-    case Kind::AllToAll: return "all_to_all";
-    case Kind::Permute: return "collective_permute";
-    case Kind::Broadcast: return "broadcast";
-    case Kind::Barrier: return "barrier";
-  }
-  return "?";
-}
-
-// ---- bf16 / f16 <-> f32 (private and inline: the reduction loops must vectorise) ----
-
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline float bf16_to_float(uint16_t v) { return float_of(static_cast<uint32_t>(v) << 16); }
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u = bits_of(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // qNaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float f16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    const float mag = static_cast<float>(mant) * (1.0f / 16777216.0f);  // subnormal: m·2^-24
-    return float_of(bits_of(mag) | sign);
-  }
-  if (exp == 31) return float_of(sign | 0x7f800000u | (mant << 13));
-  return float_of(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-// Round to nearest even (F. Giesen's float_to_half_fast3_rtne).
-inline uint16_t float_to_f16(float f) {
-  uint32_t u = bits_of(f);
-  const uint32_t sign = u & 0x80000000u;
-  u ^= sign;
-  uint32_t o;
-  if (u >= (127u + 16u) << 23) {
-    o = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  } else if (u < (113u << 23)) {
-    const uint32_t magic_u = ((127u - 15u) + (23u - 10u) + 1u) << 23;
-    o = bits_of(float_of(u) + float_of(magic_u)) - magic_u;
-  } else {
-    const uint32_t mant_odd = (u >> 13) & 1u;
-    u += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;
-    u += mant_odd;
-    o = u >> 13;
-  }
-  return static_cast<uint16_t>(o | (sign >> 16));
-}
-
-struct F32T {
-  using Store = float;
-  using Acc = float;
-  static Acc load(Store v) { return v; }
-  static Store store(Acc v) { return v; }
-};
-struct I32T {
-  using Store = int32_t;
-  using Acc = int32_t;
-  static Acc load(Store v) { return v; }
-  static Store store(Acc v) { return v; }
-};
-struct BF16T {
-  using Store = uint16_t;
-  using Acc = float;
-  static Acc load(Store v) { return bf16_to_float(v); }
-  static Store store(Acc v) { return float_to_bf16(v); }
-};
-struct F16T {
-  using Store = uint16_t;
-  using Acc = float;
-  static Acc load(Store v) { return f16_to_float(v); }
-  static Store store(Acc v) { return float_to_f16(v); }
-};
-
-struct SumOp {
-  static float apply(float a, float b) { return a + b; }
-  // Two's complement wrap-around instead of signed-overflow UB.
-  static int32_t apply(int32_t a, int32_t b) {
-    return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
-  }
-};
-struct MaxOp {
-  // NaN-propagating: a NaN anywhere makes the result NaN, whatever the member order.
-  static float apply(float a, float b) { return (b > a || b != b) ? b : a; }
-  static int32_t apply(int32_t a, int32_t b) { return b > a ? b : a; }
-};
-
-// out[k] = src[0][k] op src[1][k] op ... op src[n-1][k], member order 0..n-1 (so every
-// member computing an element gets the same bits). Works tile by tile through an
-// accumulator that stays in L1, reading every source of a tile before writing that tile:
-// `out` may therefore alias one of the sources exactly (in-place reduce_scatter and
-// all_reduce). bf16/f16 accumulate in f32 and round once.
-template <class T, class Op>
-__attribute__((always_inline)) inline void reduce_tile(typename T::Store* out,
-                                                       const void* const* src_v, int n,
-                                                       std::size_t base, std::size_t m,
-                                                       typename T::Acc* acc) {
-  using Store = typename T::Store;
-  const Store* s0 = static_cast<const Store*>(src_v[0]) + base;
-  for (std::size_t k = 0; k < m; ++k) acc[k] = T::load(s0[k]);
-  for (int i = 1; i < n; ++i) {
-    const Store* si = static_cast<const Store*>(src_v[i]) + base;
-    for (std::size_t k = 0; k < m; ++k) acc[k] = Op::apply(acc[k], T::load(si[k]));
-  }
-  for (std::size_t k = 0; k < m; ++k) out[base + k] = T::store(acc[k]);
-}
-
-template <class T, class Op>
-void reduce_typed(void* out_v, const void* const* src_v, int n, std::size_t count) {
-  constexpr std::size_t kTile = 2048;
-  typename T::Acc acc[kTile];
-  auto* out = static_cast<typename T::Store*>(out_v);
-  std::size_t base = 0;
-  // Full tiles with a compile-time trip count: GCC's -O2 vectoriser (very-cheap cost model)
-  // only vectorises loops that need no scalar epilogue; this makes f32 sums ~2x faster.
-  for (; base + kTile <= count; base += kTile)
-    reduce_tile<T, Op>(out, src_v, n, base, kTile, acc);
-  if (base < count) reduce_tile<T, Op>(out, src_v, n, base, count - base, acc);
-}
-
-template <class Op>
-void reduce_op(void* out, const void* const* src, int n, std::size_t count, DType dtype) {
-  switch (dtype) {
-    case DType::f32: return reduce_typed<F32T, Op>(out, src, n, count);
-    case DType::i32: return reduce_typed<I32T, Op>(out, src, n, count);
-    case DType::bf16: return reduce_typed<BF16T, Op>(out, src, n, count);
-    case DType::f16: return reduce_typed<F16T, Op>(out, src, n, count);
-  }
-}
-
-void reduce(void* out, const void* const* src, int n, std::size_t count, DType dtype,
-            ReduceOp op) {
-  if (count == 0) return;
-  if (op == ReduceOp::Sum)
-    reduce_op<SumOp>(out, src, n, count, dtype);
-  else
-    reduce_op<MaxOp>(out, src, n, count, dtype);
-}
-
-std::size_t elem_size(DType t) {
-  switch (t) {
-    case DType::f32: return 4;
-    case DType::i32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-  }
-  return 4;
-}
 const char* dtype_str(DType t) {
   switch (t) {
     case DType::f32: return "f32";
@@ -240,76 +82,6 @@ bool overlaps(const void* a, std::size_t na, const void* b, std::size_t nb) {
   const auto pb = reinterpret_cast<std::uintptr_t>(b);
   return pa < pb + nb && pb < pa + na;
 }
-
-}  // namespace
-
-namespace detail {
-
-// What one member publishes for one call.
-struct alignas(64) ThreadSlot {
-  Kind kind = Kind::None;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  std::size_t bytes = 0;  // per-block bytes (all_gather, all_to_all, permute, broadcast) or
-                          // count·elem_size (reduce_scatter: the recv block; all_reduce)
-  DType dtype = DType::f32;
-  ReduceOp op = ReduceOp::Sum;
-  int peer_a = -1;  // broadcast root; permute send_to
-  int peer_b = -1;  // permute recv_from
-};
-
-// A send/recv rendezvous from one rank to another.
-struct P2PChannel {
-  enum State { Empty, Posted, Taken, Done };
-  State state = Empty;
-  const void* ptr = nullptr;
-  std::size_t bytes = 0;
-};
-
-struct ThreadGroupState {
-  ThreadGroupState(std::vector<std::string> axes_, std::vector<int64_t> members_)
-      : axes(std::move(axes_)), members(std::move(members_)),
-        n(static_cast<int>(members.size())),
-        arrived(static_cast<std::size_t>(n), 0),
-        call_seq(static_cast<std::size_t>(n), 0),
-        p2p(static_cast<std::size_t>(n) * static_cast<std::size_t>(n)) {
-    slots[0].resize(static_cast<std::size_t>(n));
-    slots[1].resize(static_cast<std::size_t>(n));
-  }
-
-  std::string describe() const {
-    std::ostringstream os;
-    os << "group {";
-    for (std::size_t i = 0; i < axes.size(); ++i) os << (i ? "," : "") << axes[i];
-    os << "} devices [";
-    for (std::size_t i = 0; i < members.size(); ++i) os << (i ? "," : "") << members[i];
-    os << "]";
-    return os.str();
-  }
-
-  const std::vector<std::string> axes;
-  const std::vector<int64_t> members;
-  const int n;
-
-  std::mutex mu;
-  std::condition_variable cv;
-  // Barrier: members arrived at the current phase, and the number of completed phases.
-  int count = 0;                       // guarded by mu
-  std::atomic<uint64_t> gen{0};        // written under mu, read lock-free by spinners
-  std::vector<uint64_t> arrived;       // guarded by mu: last phase each rank arrived at
-  // Per rank, only touched by that rank's thread: number of collective calls made.
-  std::vector<uint64_t> call_seq;
-  std::vector<ThreadSlot> slots[2];    // [call parity][rank]
-  std::vector<P2PChannel> p2p;         // [from * n + to], guarded by mu
-};
-
-}  // namespace detail
-
-namespace {
-
-using detail::ThreadGroupState;
-using detail::ThreadSlot;
-using Clock = std::chrono::steady_clock;
 
 class ThreadCommunicator final : public Communicator {
  public:
@@ -865,120 +637,10 @@ class ThreadCommunicator final : public Communicator {
 
 }  // namespace
 
-ThreadWorld::ThreadWorld(const Mesh& mesh, ThreadWorldOptions options)
-    : mesh_(mesh), options_(options) {
-  if (std::isnan(options_.timeout_seconds) || options_.timeout_seconds < 0)
-    throw RuntimeError(fmt::format("tessel: ThreadWorldOptions::timeout_seconds must be >= 0 "
-                                   "(0 or inf: no timeout), got {}", options_.timeout_seconds));
-  // Automatic: one thread per device is the caller's usual set-up (ThreadRuntime passes its own
-  // budget, counting its stream workers too).
-  spin_us_ = detail::spin_budget_us(options_.spin_us, mesh_.num_devices());
-}
-
-ThreadWorld::~ThreadWorld() = default;
-
-void ThreadWorld::set_spin_us(int spin_us) {
-  if (spin_us < 0) throw RuntimeError(fmt::format("ThreadWorld::set_spin_us: {} us is negative", spin_us));
-  std::lock_guard<std::mutex> lk(mutex_);
-  spin_us_ = spin_us;
-}
-
-LinkModel LinkModel::parse(const std::string& spec) {
-  LinkModel m;
-  std::size_t b = 0;
-  bool bw = false;
-  while (b < spec.size()) {
-    std::size_t e = spec.find(',', b);
-    const std::string part = spec.substr(b, e == std::string::npos ? std::string::npos : e - b);
-    b = e == std::string::npos ? spec.size() : e + 1;
-    const auto eq = part.find('=');
-    const std::string key = part.substr(0, eq);
-    char* end = nullptr;
-    const std::string text = eq == std::string::npos ? std::string() : part.substr(eq + 1);
-    const double v = text.empty() ? NAN : std::strtod(text.c_str(), &end);
-    if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v < 0 || (key != "alpha_us" && key != "gbps"))
-      throw RuntimeError(fmt::format("link model '{}': bad entry '{}' (expected alpha_us=MICROSECONDS,gbps=GB_PER_S, "
-                                     "e.g. alpha_us=5,gbps=10)", spec, part));
-    if (key == "alpha_us") m.alpha_s = v * 1e-6;
-    else {
-      if (v <= 0) throw RuntimeError(fmt::format("link model '{}': gbps must be > 0", spec));
-      m.bandwidth = v * 1e9;
-      bw = true;
-    }
-  }
-  if (!spec.empty() && !bw) throw RuntimeError(fmt::format("link model '{}': gbps= is missing", spec));
-  return m;
-}
-
-LinkModel LinkModel::from_env() {
-  const char* e = std::getenv("TESSEL_LINK_MODEL");
-  if (!e || !*e) return {};
-  try {
-    return parse(e);
-  } catch (const RuntimeError& err) {
-    throw RuntimeError(fmt::format("TESSEL_LINK_MODEL: {}", err.what()));
-  }
-}
-
-std::unique_ptr<Communicator> ThreadWorld::communicator(int64_t position,
-                                                        const std::vector<std::string>& axes) {
-  check_not_aborted("communicator");
-  if (position < 0 || position >= mesh_.num_devices())
-    throw MeshError("tessel: ThreadWorld::communicator: position " + std::to_string(position) +
-                    " is not a device of mesh " + mesh_.to_string() + " (0.." +
-                    std::to_string(mesh_.num_devices() - 1) + ")");
-  // Throws MeshError naming an unknown or repeated axis.
-  std::vector<int64_t> members = mesh_.group(position, axes);
-  const auto it = std::find(members.begin(), members.end(), position);
-  if (it == members.end())
-    throw MeshError("tessel: ThreadWorld::communicator: mesh group of device " +
-                    std::to_string(position) + " does not contain it");
-  const int rank = static_cast<int>(it - members.begin());
-  std::shared_ptr<detail::ThreadGroupState> state;
-  int spin_us = 0;
-  {
-    std::lock_guard<std::mutex> lk(mutex_);
-    spin_us = spin_us_;  // set_spin_us may change it
-    auto key = std::make_pair(axes, members);
-    auto found = groups_.find(key);
-    if (found == groups_.end())
-      found = groups_
-                  .emplace(std::move(key),
-                           std::make_shared<detail::ThreadGroupState>(axes, members))
-                  .first;
-    state = found->second;
-  }
-  return std::make_unique<ThreadCommunicator>(this, std::move(state), rank, spin_us, options_.link_model);
-}
-
-void ThreadWorld::abort(std::string reason) {
-  std::vector<std::shared_ptr<detail::ThreadGroupState>> groups;
-  {
-    std::lock_guard<std::mutex> lk(mutex_);
-    if (!aborted_.load(std::memory_order_relaxed)) {
-      reason_ = std::move(reason);
-      aborted_.store(true, std::memory_order_release);
-    }
-    groups.reserve(groups_.size());
-    for (auto& kv : groups_) groups.push_back(kv.second);
-  }
-  // Lock each group's mutex once so a member between its predicate check and its wait
-  // cannot miss the notification.
-  for (auto& g : groups) {
-    { std::lock_guard<std::mutex> lk(g->mu); }
-    g->cv.notify_all();
-  }
-}
-
-std::string ThreadWorld::abort_reason() const {
-  std::lock_guard<std::mutex> lk(mutex_);
-  return reason_;
-}
-
-void ThreadWorld::check_not_aborted(const char* what) const {
-  if (aborted())
-    throw RuntimeError(std::string("tessel: ") + what + ": the thread world of mesh " +
-                       mesh_.to_string() + " was aborted: " + abort_reason());
+std::unique_ptr<Communicator> detail::make_thread_communicator(
+    ThreadWorld* world, std::shared_ptr<ThreadGroupState> group, int rank, int spin_us,
+    LinkModel link) {
+  return std::make_unique<ThreadCommunicator>(world, std::move(group), rank, spin_us, link);
 }
 
 }  // namespace tessel

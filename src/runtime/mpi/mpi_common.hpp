@@ -1,0 +1,190 @@
+// mpi_common.hpp (private) — what the MPI runtime's files share: the MPI session (MPI is
+// initialised once per process), the check that turns a failed MPI call into an MpiError, the
+// abort messages between processes, the runtime state shared by the worlds (MpiRuntime::Impl)
+// and the MpiWorld that holds the communicators of the groups spanning processes. Included
+// only by src/runtime/mpi/*.cpp built with TESSEL_WITH_MPI (mpi_stub.cpp otherwise), so mpi.h
+// never reaches a public header. The definitions here are inline: session() keeps one Session
+// per process across the files that include it.
+#pragma once
+
+#include <mpi.h>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tessel/runtime/cpu/thread_communicator.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/runtime/mpi/mpi_runtime.hpp"
+
+#define TESSEL_MPI(call) ::tessel::detail::mpi_check((call), #call, __FILE__, __LINE__)
+
+namespace tessel {
+namespace detail {
+
+inline void mpi_check(int rc, const char* what, const char* file, int line) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;
+  throw MpiError(fmt::format("{} failed: {} (error {}, {}:{})", what, std::string(msg, static_cast<std::size_t>(len)),
+                             rc, file, line));
+}
+
+constexpr int kAbortTag = 7;
+constexpr std::size_t kAbortMax = 8192;
+
+// An abort message to every rank but `self` on `comm` (kAbortTag); the requests are appended
+// to `sends` (`msg` must outlive them).
+inline void isend_abort_to_peers(const std::string& msg, int self, int size, MPI_Comm comm,
+                                 std::vector<MPI_Request>& sends) {
+  for (int r = 0; r < size; ++r) {
+    if (r == self) continue;
+    MPI_Request q;
+    if (MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_CHAR, r, kAbortTag, comm, &q) == MPI_SUCCESS)
+      sends.push_back(q);
+  }
+}
+
+// MPI is initialised once per process (it cannot be re-initialised after MPI_Finalize):
+// on the first MpiRuntime, finalised at exit unless a failure left peers in an unknown state.
+struct Session {
+  bool we_initialised = false;
+  std::atomic<bool> failed{false};
+  int rank = 0, size = 1, local_rank = 0;
+
+  Session() {
+    int inited = 0, provided = 0;
+    TESSEL_MPI(MPI_Initialized(&inited));
+    if (!inited) {
+      TESSEL_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+      we_initialised = true;
+    }
+    TESSEL_MPI(MPI_Query_thread(&provided));
+    if (provided < MPI_THREAD_MULTIPLE)
+      throw MpiError(fmt::format("MpiRuntime: MPI gives thread level {} but tessel needs MPI_THREAD_MULTIPLE (every "
+                                 "device's communication stream calls MPI); initialise MPI with MPI_Init_thread("
+                                 "MPI_THREAD_MULTIPLE) or let MpiRuntime do it",
+                                 provided));
+    TESSEL_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    TESSEL_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    TESSEL_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    MPI_Comm node;
+    TESSEL_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+    TESSEL_MPI(MPI_Comm_rank(node, &local_rank));
+    MPI_Comm_free(&node);
+  }
+  ~Session() {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (we_initialised && !fin && !failed.load()) MPI_Finalize();
+  }
+};
+
+inline Session& session() {
+  static Session s;
+  return s;
+}
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline bool finite_timeout(double t) { return t > 0 && std::isfinite(t); }
+
+inline int int_count(std::size_t bytes, const char* what) {
+  if (bytes > static_cast<std::size_t>(INT_MAX))
+    throw RuntimeError(fmt::format("{}: a message of {} bytes is above MPI's int count limit", what, bytes));
+  return static_cast<int>(bytes);
+}
+
+// ---- runtime state shared by the worlds -------------------------------------------------------
+
+class MpiWorld;
+
+}  // namespace detail
+
+struct MpiRuntime::Impl {
+  MpiRuntimeOptions opts;
+  int rank = 0, size = 1, local_rank = 0;
+  double timeout = 300;
+  MPI_Comm ctrl = MPI_COMM_NULL;  // abort messages
+  MPI_Comm host = MPI_COMM_NULL;  // splits and host exchanges (user thread only)
+  std::unique_ptr<ThreadRuntime> local;
+  int64_t mesh_devices = -1;
+  std::vector<int> owner;  // position -> rank
+  std::vector<int64_t> mine;
+
+  mutable std::mutex mu;  // guards failure, worlds, abort_sends
+  std::atomic<bool> failed{false};
+  std::string failure;
+  std::vector<detail::MpiWorld*> worlds;
+  std::vector<MPI_Request> abort_sends;
+  std::string abort_msg;
+
+  std::thread watcher;
+  std::atomic<bool> stop{false};
+
+  // First failure wins: remembers it, tells the other processes (unless it came from one),
+  // and aborts every live world of this process.
+  void fail(const std::string& reason, bool remote);
+  void watch();
+  // Waits for reqs with the runtime's deadline; `what` names the operation.
+  void wait_host(std::vector<MPI_Request>& reqs, const std::string& what);
+};
+
+namespace detail {
+
+// One group spanning processes: its communicator and where each member lives.
+struct MpiGroup {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::vector<int64_t> members;  // mesh positions, member order
+  std::vector<int> comm_rank;    // per member: rank of its process in comm
+  std::vector<int> world_rank;   // per member: MPI_COMM_WORLD rank of its process
+  std::string axes;              // "{data}"
+};
+
+class MpiWorld final : public CollectiveWorld {
+ public:
+  MpiWorld(std::shared_ptr<MpiRuntime::Impl> rt, const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
+           double timeout_s);
+  ~MpiWorld() override;
+
+  std::unique_ptr<Communicator> communicator(int64_t position, const std::vector<std::string>& axes) override;
+  void abort(std::string reason) override;
+  bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
+  // Local part of an abort (no message to other processes): from the runtime.
+  void abort_local(const std::string& reason);
+  std::string reason() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return reason_;
+  }
+
+  MpiRuntime::Impl& rt() { return *rt_; }
+  double timeout() const { return timeout_; }
+
+ private:
+  std::shared_ptr<MpiRuntime::Impl> rt_;
+  Mesh mesh_;
+  double timeout_;
+  std::unique_ptr<ThreadWorld> local_;
+  std::map<std::pair<std::vector<std::string>, std::vector<int64_t>>, std::shared_ptr<MpiGroup>> groups_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;
+  std::string reason_;
+};
+
+}  // namespace detail
+}  // namespace tessel

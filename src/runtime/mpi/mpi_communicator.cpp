@@ -1,0 +1,510 @@
+// mpi_communicator.cpp — the MPI side of MpiRuntime's collectives: MpiWorld (at load, one MPI
+// communicator per axis group that spans processes, split from the runtime's host
+// communicator) and MpiCommunicator (the communicator of one device in such a group).
+//
+// Collectives over a group that spans processes (member r = Mesh::group order, a device):
+// direct point-to-point exchange with MPI_Isend/MPI_Irecv on the group's communicator, tag
+// (src member * G + dst member), so several members in one process are told apart by tag;
+// then MPI_Testall with a deadline. Per member and call:
+//   all_gather      send own block to every peer, receive every peer's block in place
+//   reduce_scatter  send block j to member j, receive block r from every peer, reduce them
+//                   in member order 0..G-1 (so every chunk is reduced the same way)
+//   all_reduce      reduce_scatter of G chunks of count/G elements, then all_gather of the
+//                   reduced chunks (bandwidth-optimal: 2(G-1)/G of the buffer out and in;
+//                   every replica gets bit-identical results)
+//   all_to_all      block j to member j; collective_permute, send/recv: the pairs only;
+//   broadcast       root sends to every member; barrier: empty messages with every member.
+// Members of one group in the same process also talk through MPI (the shared-memory
+// transport), which keeps one algorithm for every placement. Groups entirely inside one
+// process use the ThreadWorld (no MPI at all).
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <thread>
+
+#include "../cpu/cpu_stream.hpp"
+#include "mpi_common.hpp"
+
+namespace tessel {
+namespace detail {
+
+namespace {
+
+// ---- reductions ----------------------------------------------------------------------------
+
+template <class Load, class Store, class T>
+void reduce_blocks(const std::vector<const T*>& blocks, T* out, std::size_t n, ReduceOp op, Load load, Store store) {
+  // Block by block into an accumulator (tight loops that vectorise), in member order; out may
+  // alias any block, so it is written only at the end.
+  using Acc = decltype(load(blocks[0][0]));
+  thread_local std::vector<Acc> acc_buf;
+  acc_buf.resize(n);
+  Acc* acc = acc_buf.data();
+  const T* b0 = blocks[0];
+  for (std::size_t i = 0; i < n; ++i) acc[i] = load(b0[i]);
+  for (std::size_t k = 1; k < blocks.size(); ++k) {
+    const T* b = blocks[k];
+    if (op == ReduceOp::Sum) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] += load(b[i]);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const Acc v = load(b[i]);
+        acc[i] = (v > acc[i] || v != v) ? v : acc[i];
+      }
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) out[i] = store(acc[i]);
+}
+
+// out[i] = blocks[0][i] op blocks[1][i] op ... (member order); out may alias a block.
+void reduce_into(const std::vector<const void*>& blocks, void* out, std::size_t n, DType dt, ReduceOp op) {
+  switch (dt) {
+    case DType::f32: {
+      std::vector<const float*> b;
+      for (auto* p : blocks) b.push_back(static_cast<const float*>(p));
+      reduce_blocks(b, static_cast<float*>(out), n, op, [](float v) { return v; }, [](float v) { return v; });
+      return;
+    }
+    case DType::i32: {
+      std::vector<const int32_t*> b;
+      for (auto* p : blocks) b.push_back(static_cast<const int32_t*>(p));
+      reduce_blocks(b, static_cast<int32_t*>(out), n, op, [](int32_t v) { return static_cast<int64_t>(v); },
+                    [](int64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v)); });
+      return;
+    }
+    case DType::bf16: {
+      std::vector<const uint16_t*> b;
+      for (auto* p : blocks) b.push_back(static_cast<const uint16_t*>(p));
+      reduce_blocks(b, static_cast<uint16_t*>(out), n, op, [](uint16_t v) { return bf16_to_f32(v); },
+                    [](float v) { return f32_to_bf16(v); });
+      return;
+    }
+    case DType::f16: {
+      std::vector<const uint16_t*> b;
+      for (auto* p : blocks) b.push_back(static_cast<const uint16_t*>(p));
+      reduce_blocks(b, static_cast<uint16_t*>(out), n, op, [](uint16_t v) { return f16_to_f32(v); },
+                    [](float v) { return f32_to_f16(v); });
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+// ---- the communicator of one device in a spanning group -------------------------------------
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MpiWorld& world, std::shared_ptr<MpiGroup> g, int member)
+      : world_(world), g_(std::move(g)), r_(member), n_(static_cast<int>(g_->members.size())) {
+    who_ = fmt::format("rank {} device {}", world_.rt().rank, g_->members[static_cast<std::size_t>(r_)]);
+  }
+  int rank() const override { return r_; }
+  int size() const override { return n_; }
+
+  void all_gather(const void* send, void* recv, std::size_t bytes, Stream& s) override {
+    submit(s, "all_gather", [=](Op& op) {
+      char* out = static_cast<char*>(recv);
+      if (send != out + r_ * bytes) std::memmove(out + r_ * bytes, send, bytes);
+      for (int j = 0; j < n_; ++j)
+        if (j != r_) {
+          op.recv(out + j * bytes, bytes, j);
+          op.send(out + r_ * bytes, bytes, j);
+        }
+    });
+  }
+
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dt, ReduceOp rop, Stream& s) override {
+    const std::size_t es = dtype_size(dt), chunk = count * es;
+    submit(s, "reduce_scatter", [=](Op& op) {
+      auto scratch = std::make_shared<std::vector<char>>(chunk * static_cast<std::size_t>(n_));
+      const char* in = static_cast<const char*>(send);
+      for (int j = 0; j < n_; ++j)
+        if (j != r_) {
+          op.recv(scratch->data() + j * chunk, chunk, j);
+          op.send(in + j * chunk, chunk, j);
+        }
+      op.then = [=](Op&) {
+        std::vector<const void*> blocks;
+        for (int j = 0; j < n_; ++j) blocks.push_back(j == r_ ? in + r_ * chunk : scratch->data() + j * chunk);
+        reduce_into(blocks, recv, count, dt, rop);
+      };
+    });
+  }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp rop, Stream& s) override {
+    const std::size_t es = dtype_size(dt);
+    submit(s, "all_reduce", [=](Op& op) {
+      auto lo = [=](int j) { return count * static_cast<std::size_t>(j) / static_cast<std::size_t>(n_); };
+      const char* in = static_cast<const char*>(send);
+      char* out = static_cast<char*>(recv);
+      const std::size_t mine = lo(r_ + 1) - lo(r_);
+      auto scratch = std::make_shared<std::vector<char>>(mine * es * static_cast<std::size_t>(n_));
+      // Phase 1: reduce-scatter of the G chunks.
+      for (int j = 0; j < n_; ++j)
+        if (j != r_) {
+          op.recv(scratch->data() + j * mine * es, mine * es, j);
+          op.send(in + lo(j) * es, (lo(j + 1) - lo(j)) * es, j);
+        }
+      op.then = [=](Op& op2) {
+        std::vector<const void*> blocks;
+        for (int j = 0; j < n_; ++j) blocks.push_back(j == r_ ? in + lo(r_) * es : scratch->data() + j * mine * es);
+        reduce_into(blocks, out + lo(r_) * es, mine, dt, rop);
+        // Phase 2: all-gather of the reduced chunks.
+        for (int j = 0; j < n_; ++j)
+          if (j != r_) {
+            op2.recv(out + lo(j) * es, (lo(j + 1) - lo(j)) * es, j);
+            op2.send(out + lo(r_) * es, mine * es, j);
+          }
+        op2.then = nullptr;
+        op2.keep = scratch;
+      };
+    });
+  }
+
+  void all_to_all(const void* send, void* recv, std::size_t bytes, Stream& s) override {
+    submit(s, "all_to_all", [=](Op& op) {
+      const char* in = static_cast<const char*>(send);
+      char* out = static_cast<char*>(recv);
+      if (in == out) {  // in place: stage the blocks we send
+        auto copy = std::make_shared<std::vector<char>>(in, in + bytes * static_cast<std::size_t>(n_));
+        op.keep = copy;
+        in = copy->data();
+      } else {
+        std::memcpy(out + r_ * bytes, in + r_ * bytes, bytes);
+      }
+      for (int j = 0; j < n_; ++j)
+        if (j != r_) {
+          op.recv(out + j * bytes, bytes, j);
+          op.send(in + j * bytes, bytes, j);
+        }
+    });
+  }
+
+  void collective_permute(const void* send, int send_to, void* recv, int recv_from, std::size_t bytes,
+                          Stream& s) override {
+    submit(s, "collective_permute", [=](Op& op) {
+      if (send_to == r_ && recv_from == r_) {
+        if (send != recv) std::memmove(recv, send, bytes);
+        return;
+      }
+      if (recv_from >= 0 && recv_from != r_) op.recv(recv, bytes, recv_from);
+      if (send_to >= 0 && send_to != r_) op.send(send, bytes, send_to);
+    });
+  }
+
+  void send(const void* buf, std::size_t bytes, int peer, Stream& s) override {
+    submit(s, "send", [=](Op& op) { op.send(buf, bytes, peer); });
+  }
+  void recv(void* buf, std::size_t bytes, int peer, Stream& s) override {
+    submit(s, "recv", [=](Op& op) { op.recv(buf, bytes, peer); });
+  }
+  void broadcast(void* buf, std::size_t bytes, int root, Stream& s) override {
+    submit(s, "broadcast", [=](Op& op) {
+      if (r_ == root) {
+        for (int j = 0; j < n_; ++j)
+          if (j != r_) op.send(buf, bytes, j);
+      } else {
+        op.recv(buf, bytes, root);
+      }
+    });
+  }
+  void barrier(Stream& s) override {
+    submit(s, "barrier", [=](Op& op) {
+      for (int j = 0; j < n_; ++j)
+        if (j != r_) {
+          op.recv(nullptr, 0, j);
+          op.send(nullptr, 0, j);
+        }
+    });
+  }
+
+  void group_start() override {
+    if (grouping_) throw RuntimeError(fmt::format("{}: group_start inside a group (groups do not nest)", who_));
+    grouping_ = true;
+    group_.clear();
+    group_stream_ = nullptr;
+  }
+  void group_end() override {
+    if (!grouping_) throw RuntimeError(fmt::format("{}: group_end without group_start", who_));
+    grouping_ = false;
+    if (group_.empty()) return;
+    auto ops = std::make_shared<std::vector<Pending>>(std::move(group_));
+    group_.clear();
+    detail::cpu_stream(*group_stream_, "mpi communicator").enqueue([this, ops] { run(*ops); });
+  }
+  void abort(const std::string& reason) override { world_.abort(reason); }
+
+ private:
+  // One call's messages: posted together, then waited for; `then` runs after they complete
+  // and may post a second phase.
+  struct Op {
+    MpiCommunicator* c;
+    std::vector<MPI_Request> reqs;
+    std::vector<int> peer;  // per request: member
+    std::function<void(Op&)> then;
+    std::shared_ptr<void> keep;
+    void send(const void* buf, std::size_t bytes, int to) {
+      reqs.emplace_back();
+      peer.push_back(to);
+      TESSEL_MPI(MPI_Isend(buf, int_count(bytes, "mpi communicator"), MPI_BYTE, c->g_->comm_rank[to],
+                           c->r_ * c->n_ + to, c->g_->comm, &reqs.back()));
+    }
+    void recv(void* buf, std::size_t bytes, int from) {
+      reqs.emplace_back();
+      peer.push_back(from);
+      TESSEL_MPI(MPI_Irecv(buf, int_count(bytes, "mpi communicator"), MPI_BYTE, c->g_->comm_rank[from],
+                           from * c->n_ + c->r_, c->g_->comm, &reqs.back()));
+    }
+  };
+  struct Pending {
+    const char* kind;
+    std::function<void(Op&)> post;
+  };
+
+  void submit(Stream& s, const char* kind, std::function<void(Op&)> post) {
+    if (grouping_) {
+      if (group_stream_ && group_stream_ != &s)
+        throw RuntimeError(fmt::format("{}: the calls of a group must use one stream", who_));
+      group_stream_ = &s;
+      group_.push_back({kind, std::move(post)});
+      return;
+    }
+    auto ops = std::make_shared<std::vector<Pending>>();
+    ops->push_back({kind, std::move(post)});
+    detail::cpu_stream(s, "mpi communicator").enqueue([this, ops] { run(*ops); });
+  }
+
+  std::string describe(const char* kind) const {
+    std::vector<std::string> m;
+    for (std::size_t j = 0; j < g_->members.size(); ++j)
+      m.push_back(fmt::format("{}@rank{}", g_->members[j], g_->world_rank[j]));
+    return fmt::format("{} over {} (devices {})", kind, g_->axes, join(m, ","));
+  }
+
+  // Runs on the stream's worker: posts every call's first phase, then completes them in order.
+  void run(std::vector<Pending>& pend) {
+    const double deadline = finite_timeout(world_.timeout()) ? now_s() + world_.timeout() : 0;
+    std::vector<Op> ops(pend.size());
+    const char* kind = pend.empty() ? "?" : pend[0].kind;
+    try {
+      if (world_.aborted()) throw_aborted(kind);
+      for (std::size_t i = 0; i < pend.size(); ++i) {
+        kind = pend[i].kind;
+        ops[i].c = this;
+        pend[i].post(ops[i]);
+      }
+      for (std::size_t i = 0; i < pend.size(); ++i) {
+        kind = pend[i].kind;
+        while (true) {
+          wait(ops[i], kind, deadline);
+          if (!ops[i].then) break;
+          auto then = std::move(ops[i].then);
+          ops[i].then = nullptr;
+          ops[i].reqs.clear();
+          ops[i].peer.clear();
+          then(ops[i]);
+        }
+      }
+    } catch (const MpiError& e) {
+      for (auto& op : ops) cancel(op);
+      const std::string msg = fmt::format("{}: {} failed: {}", who_, describe(kind), e.what());
+      world_.abort(msg);
+      throw RuntimeError(msg);
+    } catch (...) {
+      for (auto& op : ops) cancel(op);
+      throw;
+    }
+  }
+
+  [[noreturn]] void throw_aborted(const char* kind) {
+    throw RuntimeError(fmt::format("{}: {} stopped: {}", who_, describe(kind), world_.reason()));
+  }
+
+  void cancel(Op& op) {
+    for (auto& r : op.reqs) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+    op.reqs.clear();
+  }
+
+  void wait(Op& op, const char* kind, double deadline) {
+    if (op.reqs.empty()) return;
+    int spins = 0;
+    while (true) {
+      int flag = 0;
+      TESSEL_MPI(MPI_Testall(static_cast<int>(op.reqs.size()), op.reqs.data(), &flag, MPI_STATUSES_IGNORE));
+      if (flag) return;
+      if (world_.aborted()) {
+        cancel(op);
+        throw_aborted(kind);
+      }
+      if (deadline > 0 && now_s() > deadline) {
+        std::set<int> waiting;
+        for (std::size_t k = 0; k < op.reqs.size(); ++k) {
+          int done = 0;
+          if (op.reqs[k] != MPI_REQUEST_NULL) MPI_Test(&op.reqs[k], &done, MPI_STATUS_IGNORE);
+          if (op.reqs[k] != MPI_REQUEST_NULL && !done) waiting.insert(op.peer[k]);
+        }
+        std::vector<std::string> ws;
+        for (int m : waiting)
+          ws.push_back(fmt::format("device {} on rank {}", g_->members[static_cast<std::size_t>(m)],
+                                   g_->world_rank[static_cast<std::size_t>(m)]));
+        const std::string msg = fmt::format(
+            "{}: {} timed out after {} s waiting for {} (is that process alive? a killed or stuck process looks like "
+            "this; MpiRuntimeOptions::timeout_s / TESSEL_MPI_TIMEOUT_S set the limit)",
+            who_, describe(kind), world_.timeout(), join(ws, ", "));
+        cancel(op);
+        world_.abort(msg);
+        throw RuntimeError(msg);
+      }
+      if (++spins < 200) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(spins < 2000 ? 20 : 200));
+      }
+    }
+  }
+
+  MpiWorld& world_;
+  std::shared_ptr<MpiGroup> g_;
+  int r_, n_;
+  std::string who_;
+  bool grouping_ = false;
+  std::vector<Pending> group_;
+  Stream* group_stream_ = nullptr;
+};
+
+// ---- MpiWorld ---------------------------------------------------------------------------------
+
+MpiWorld::MpiWorld(std::shared_ptr<MpiRuntime::Impl> rt, const Mesh& mesh,
+                   const std::vector<std::vector<std::string>>& axes_list, double timeout_s)
+    : rt_(std::move(rt)), mesh_(mesh), timeout_(timeout_s) {
+  ThreadWorldOptions wo;
+  wo.timeout_seconds = timeout_s;
+  local_ = std::make_unique<ThreadWorld>(mesh, wo);
+  const auto& owner = rt_->owner;
+  const int me = rt_->rank;
+  for (const auto& axes : axes_list) {
+    // Every group of these axes that spans processes, in a order every process agrees on.
+    std::vector<std::vector<int64_t>> spanning;
+    std::set<std::vector<int64_t>> seen;
+    for (int64_t p = 0; p < mesh.num_devices(); ++p) {
+      auto g = mesh.group(p, axes);
+      if (!seen.insert(g).second) continue;
+      std::set<int> procs;
+      for (int64_t m : g) procs.insert(owner[static_cast<std::size_t>(m)]);
+      if (procs.size() > 1) spanning.push_back(g);
+    }
+    // Rounds of MPI_Comm_split: a process is in at most one group per round (greedy).
+    std::vector<int> round(spanning.size());
+    std::map<int, std::set<int>> used;  // process -> rounds taken
+    int rounds = 0;
+    for (std::size_t gi = 0; gi < spanning.size(); ++gi) {
+      std::set<int> procs;
+      for (int64_t m : spanning[gi]) procs.insert(owner[static_cast<std::size_t>(m)]);
+      int rd = 0;
+      while (true) {
+        bool free_all = true;
+        for (int pr : procs) free_all = free_all && !used[pr].count(rd);
+        if (free_all) break;
+        ++rd;
+      }
+      round[gi] = rd;
+      for (int pr : procs) used[pr].insert(rd);
+      rounds = std::max(rounds, rd + 1);
+    }
+    const std::string axes_str = "{" + join(axes, ",") + "}";
+    for (int rd = 0; rd < rounds; ++rd) {
+      int color = MPI_UNDEFINED, key = 0;
+      std::size_t mine = spanning.size();
+      for (std::size_t gi = 0; gi < spanning.size(); ++gi) {
+        if (round[gi] != rd) continue;
+        const auto& g = spanning[gi];
+        for (std::size_t j = 0; j < g.size(); ++j)
+          if (owner[static_cast<std::size_t>(g[j])] == me) {
+            color = static_cast<int>(gi);
+            key = static_cast<int>(j);
+            mine = gi;
+            break;
+          }
+        if (mine != spanning.size()) break;
+      }
+      MPI_Comm comm = MPI_COMM_NULL;
+      TESSEL_MPI(MPI_Comm_split(rt_->host, color, key, &comm));
+      if (mine == spanning.size()) continue;
+      TESSEL_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+      auto grp = std::make_shared<MpiGroup>();
+      grp->comm = comm;
+      grp->members = spanning[mine];
+      grp->axes = axes_str;
+      std::vector<int> procs_in_order;  // distinct owners by first member = comm rank order
+      for (int64_t m : grp->members) {
+        const int pr = owner[static_cast<std::size_t>(m)];
+        auto it = std::find(procs_in_order.begin(), procs_in_order.end(), pr);
+        const int cr = static_cast<int>(it - procs_in_order.begin());
+        if (it == procs_in_order.end()) procs_in_order.push_back(pr);
+        grp->comm_rank.push_back(cr);
+        grp->world_rank.push_back(pr);
+      }
+      int got = -1;
+      TESSEL_MPI(MPI_Comm_rank(comm, &got));
+      const int want = static_cast<int>(std::find(procs_in_order.begin(), procs_in_order.end(), me) -
+                                        procs_in_order.begin());
+      if (got != want)
+        throw RuntimeError(fmt::format("MpiRuntime: rank {} got rank {} in the communicator of group {} but expected {}",
+                                       me, got, shape_str(grp->members), want));
+      groups_[{axes, grp->members}] = grp;
+    }
+  }
+  std::lock_guard<std::mutex> lk(rt_->mu);
+  rt_->worlds.push_back(this);
+}
+
+MpiWorld::~MpiWorld() {
+  {
+    std::lock_guard<std::mutex> lk(rt_->mu);
+    rt_->worlds.erase(std::remove(rt_->worlds.begin(), rt_->worlds.end(), this), rt_->worlds.end());
+  }
+  // After a failure a peer may be dead: freeing could wait for it, so the communicators leak.
+  if (!rt_->failed.load())
+    for (auto& kv : groups_) MPI_Comm_free(&kv.second->comm);
+}
+
+std::unique_ptr<Communicator> MpiWorld::communicator(int64_t position, const std::vector<std::string>& axes) {
+  auto g = mesh_.group(position, axes);
+  bool all_here = true;
+  for (int64_t m : g) all_here = all_here && rt_->owner[static_cast<std::size_t>(m)] == rt_->rank;
+  if (all_here) return local_->communicator(position, axes);
+  auto it = groups_.find({axes, g});
+  if (it == groups_.end())
+    throw RuntimeError(fmt::format("MpiRuntime: no communicator for device {} and axes {{{}}} (load creates one per "
+                                   "group of communicator_axes(program))",
+                                   position, join(axes, ",")));
+  const int member = static_cast<int>(std::find(g.begin(), g.end(), position) - g.begin());
+  return std::make_unique<MpiCommunicator>(*this, it->second, member);
+}
+
+void MpiWorld::abort_local(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (aborted_.load()) return;
+    reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  local_->abort(reason);
+}
+
+void MpiWorld::abort(std::string reason) {
+  if (aborted()) return;
+  const std::string r = fmt::format("rank {}: {}", rt_->rank, reason);
+  abort_local(r);
+  rt_->fail(r, false);
+}
+
+}  // namespace detail
+}  // namespace tessel
