@@ -1,6 +1,7 @@
 // BM_RowOp/op:<o>/shape:<s>/impl:<i>: softmax (o=0), layer_norm (1) and GELU (2) on one
-// thread, the hand-written CPU kernel (impl 0, cpu_kernels.cpp) against oneDNN's primitive
-// (impl 1, src/runtime/cpu/onednn_ops.cpp), at the shapes the GPT forward runs them:
+// thread, the hand-written CPU kernel (impl 0, cpu_kernels_nn.cpp; GELU in
+// cpu_kernels_elementwise.cpp) against oneDNN's primitive (impl 1,
+// src/runtime/cpu/onednn_ops.cpp), at the shapes the GPT forward runs them:
 //   shape 0, the gpt example (B8 S64 D128 H4): softmax [8,4,64,64], layer_norm [8,64,128],
 //            gelu [8,64,512];
 //   shape 1, the GPT-2-small block (B4 S256 D768 H12): softmax [4,12,256,256],

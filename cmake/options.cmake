@@ -53,9 +53,13 @@ if(TESSEL_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     # GCC 12 warns inside its own AVX-512 intrinsics headers when Eigen uses them (GCC bug
     # 105593, a false positive in avx512fintrin.h: -Wmaybe-uninitialized at -O2/-O3,
-    # -Wuninitialized at -O1). Only the Eigen kernels include them; silence it there.
-    set_source_files_properties(${PROJECT_SOURCE_DIR}/src/runtime/cpu/cpu_kernels.cpp
-                                ${PROJECT_SOURCE_DIR}/src/runtime/cpu/cpu_fused.cpp PROPERTIES
+    # -Wuninitialized at -O1). Only the Eigen kernels include them (the kernel families
+    # cpu_kernels*.cpp, their shared cpu_kernel_util.cpp, cpu_fused.cpp); silence it there.
+    file(GLOB TESSEL_EIGEN_KERNEL_SOURCES CONFIGURE_DEPENDS
+         ${PROJECT_SOURCE_DIR}/src/runtime/cpu/cpu_kernels*.cpp
+         ${PROJECT_SOURCE_DIR}/src/runtime/cpu/cpu_kernel_util.cpp
+         ${PROJECT_SOURCE_DIR}/src/runtime/cpu/cpu_fused.cpp)
+    set_source_files_properties(${TESSEL_EIGEN_KERNEL_SOURCES} PROPERTIES
       COMPILE_OPTIONS "-Wno-maybe-uninitialized;-Wno-uninitialized")
   endif()
 endif()

@@ -5,7 +5,7 @@
 // C++ and only the .cu files see device code. Every launcher enqueues its kernel(s) on the
 // stream and returns at once; a launch failure throws tessel::RuntimeError with file:line.
 //
-// Semantics follow the CPU reference kernels (src/runtime/cpu/cpu_kernels.cpp) exactly: float math
+// Semantics follow the CPU reference kernels (src/runtime/cpu/cpu_kernels_*.cpp) exactly: float math
 // in f32 (bf16/f16 are loaded to f32 and rounded once on store, round to nearest even), i32
 // add/sub/mul/sums wrap modulo 2^32, i32 division truncates with x/0 = -1 and INT_MIN/-1 =
 // INT_MIN, max propagates NaN, a fully masked softmax row is zeros. Reductions use a fixed

@@ -1,5 +1,6 @@
 // src/runtime/cpu/cpu_elementwise.hpp — the per-element math of the CPU elementwise kernels,
-// shared by the one-op kernels (cpu_kernels.cpp) and the fused_elementwise kernel
+// shared by the one-op kernels (cpu_kernels_elementwise.cpp; max rows and softmax in
+// cpu_kernels_reduction.cpp and cpu_kernels_nn.cpp) and the fused_elementwise kernel
 // (cpu_fused.cpp), so a fused chain computes every element with exactly the code of the
 // unfused one (bit-identical results). Internal to the CPU backend.
 #pragma once

@@ -1,6 +1,6 @@
 // src/runtime/cpu/onednn_einsum.cpp — the CPU backend's two-operand einsum as one (batched)
 // oneDNN matmul (built with TESSEL_WITH_ONEDNN; otherwise onednn_einsum always declines and
-// the Eigen kernel in cpu_kernels.cpp runs).
+// the Eigen kernel in cpu_kernels_einsum.cpp runs).
 //
 // Mapping. The letters of `sa,sb->sr` fall into four groups: batch (in A, B and the result),
 // M (A and result), N (B and result), K (A and B, summed). Letters of size 1 are dropped

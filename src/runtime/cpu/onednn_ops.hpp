@@ -1,8 +1,9 @@
 // src/runtime/cpu/onednn_ops.hpp — internal: softmax, layer normalisation and GELU on oneDNN
 // primitives (src/runtime/cpu/onednn_ops.cpp), measured against the hand-written kernels of
-// cpu_kernels.cpp with BM_RowOp (bench/bench_onednn_ops.cpp). Which of them the CPU kernel
-// table runs, and the figures that decided it: docs/cpu-backend.md. The hand-written kernels
-// stay the fallback and the test oracle.
+// cpu_kernels_nn.cpp (softmax, layer_norm) and cpu_kernels_elementwise.cpp (GELU) with
+// BM_RowOp (bench/bench_onednn_ops.cpp). Which of them the CPU kernel table runs, and the
+// figures that decided it: docs/cpu-backend.md. The hand-written kernels stay the fallback
+// and the test oracle.
 #pragma once
 
 #include "tessel/runtime/kernels.hpp"

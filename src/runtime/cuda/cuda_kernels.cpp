@@ -1,5 +1,5 @@
 // The CUDA kernel of every op kind: argument checks and shape arithmetic on the host (as the
-// CPU kernels do, src/runtime/cpu/cpu_kernels.cpp), then one or two launches of kernels/.
+// CPU kernels do, src/runtime/cpu/cpu_kernels_<family>.cpp), then one or two launches of kernels/.
 //
 // Float ops take one float dtype for every float operand and result (f32, bf16 or f16; f32
 // accumulation inside the kernels). A mix of float dtypes — which the graph builders do not
