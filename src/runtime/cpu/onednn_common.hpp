@@ -1,4 +1,4 @@
-// src/runtime/cpu/onednn_common.hpp — internal, included only by src/runtime/onednn_*.cpp built
+// src/runtime/cpu/onednn_common.hpp — internal, included only by src/runtime/cpu/onednn_*.cpp built
 // with TESSEL_WITH_ONEDNN: what the oneDNN kernels share — the CPU engine, the OpenMP
 // thread-count scope every call runs under, the lock that serialises primitive creation, and a
 // bounded, thread-safe primitive cache keyed by layout. Why each exists: onednn_einsum.cpp's
