@@ -22,13 +22,19 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
+// README.md and every docs/*.md.
+std::vector<fs::path> doc_files(const fs::path& root) {
+  std::vector<fs::path> files = {root / "README.md"};
+  for (const auto& e : fs::directory_iterator(root / "docs"))
+    if (e.path().extension() == ".md") files.push_back(e.path());
+  return files;
+}
+
 }  // namespace
 
 TEST_CASE("docs: README and docs link only files inside the repository", "[docs]") {
   const fs::path root = TESSEL_SOURCE_DIR;
-  std::vector<fs::path> files = {root / "README.md"};
-  for (const auto& e : fs::directory_iterator(root / "docs"))
-    if (e.path().extension() == ".md") files.push_back(e.path());
+  const std::vector<fs::path> files = doc_files(root);
   const std::regex link(R"(\]\(([^)#\s]+)(#[^)]*)?\))");
   for (const fs::path& f : files) {
     const std::string text = read_text(f);
@@ -52,9 +58,7 @@ TEST_CASE("docs: README and docs link only files inside the repository", "[docs]
 
 TEST_CASE("docs: every repository path quoted in README and docs exists", "[docs]") {
   const fs::path root = TESSEL_SOURCE_DIR;
-  std::vector<fs::path> files = {root / "README.md"};
-  for (const auto& e : fs::directory_iterator(root / "docs"))
-    if (e.path().extension() == ".md") files.push_back(e.path());
+  const std::vector<fs::path> files = doc_files(root);
   const std::regex quoted(R"(`((?:src|include|tests|bench|scripts|kernels|examples|cmake|fuzz|docs)/[^`\s]*)`)");
   // Patterns and placeholders are not paths: globs, <...>, {...}, $VARS, an ALLCAPS segment
   // such as NAME or X.
