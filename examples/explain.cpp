@@ -199,6 +199,7 @@ int run(int argc, char** argv) {
     if (std::FILE* probe = std::fopen((dir + "/.").c_str(), "r")) std::fclose(probe);
     else throw tessel::Error(fmt::format("--trace {}: the folder {} does not exist", trace_path, dir));
   }
+  tessel::cli::require_one_process("tessel-explain --run");
   if (!seed_given) seed = static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
   tessel::Executable exe(g.clone(), mesh, prop, prog);
   exe.set_user_input_shapes(user_shapes);

@@ -80,12 +80,13 @@ int run(int argc, char** argv) {
   std::unique_ptr<tessel::Runtime> runtime;
   if (cuda) {
     runtime = tessel::make_cuda_runtime(mesh, {}, gpus);
-  } else if (tessel::launched_by_mpi()) {
+  } else {
     tessel::MpiRuntimeOptions mo;
     mo.kernel_threads = threads;
-    runtime = std::make_unique<tessel::MpiRuntime>(mo);
+    runtime = tessel::cpu_runtime_from_launch(mo);  // nullptr: one process, devices on threads
   }
   tessel::Runtime* const rt = runtime.get();
+  seed = tessel::agree_on_seed(rt, seed);  // every process draws the same inputs: rank 0's seed
   const bool printer = !rt || rt->process_rank() == 0;
   auto print = [&](const std::string& text) {
     if (printer) std::fputs(text.c_str(), stdout);

@@ -20,7 +20,8 @@
 //
 // Under mpirun (e.g. `mpirun -np 2 build/bin/gpt_train --mesh data=2,model=2 --zero 2`) it
 // runs on the MPI runtime: each process owns devices/np devices of the mesh, every process
-// draws the same batches from the same seed, and only rank 0 prints.
+// draws the same batches from rank 0's seed (agree_on_seed), and only rank 0 prints. A RANK/
+// WORLD_SIZE launcher without MPI is an error saying so (cpu_runtime_from_launch).
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
 // device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
@@ -143,15 +144,17 @@ int run(int argc, char** argv) {
   std::unique_ptr<tessel::Runtime> rt;
   if (cuda) {
     rt = tessel::make_cuda_runtime(mesh, {}, gpus);
-  } else if (tessel::launched_by_mpi()) {
+  } else {
     tessel::MpiRuntimeOptions mo;
     mo.kernel_threads = threads;
-    rt = std::make_unique<tessel::MpiRuntime>(mo);
-  } else {
+    rt = tessel::cpu_runtime_from_launch(mo);
+  }
+  if (!rt) {  // no launcher: every device is a CPU thread of this process
     tessel::ThreadRuntimeOptions tro;
     tro.kernel_threads = threads;
     rt = std::make_unique<tessel::ThreadRuntime>(mesh.num_devices(), tro);
   }
+  seed = tessel::agree_on_seed(rt.get(), seed);  // the same inputs and batches on every process
   const bool printer = rt->process_rank() == 0;
   auto print = [&](const std::string& text) {
     if (printer) std::fputs(text.c_str(), stdout);

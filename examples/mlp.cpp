@@ -54,6 +54,7 @@ int main(int argc, char** argv) try {
   g.annotate(w2, Sharding::parse("[{model}, {}]"));
   g.annotate(y, Sharding::parse("[{data}, {}, {}]"));  // the next layer's layout (closed)
 
+  tessel::cli::require_one_process("mlp");
   Mesh mesh = Mesh::parse(mesh_spec);
   Executable exe = compile(g, mesh);
   if (print_program) std::fputs(exe.program().to_string(0).c_str(), stdout);

@@ -14,6 +14,7 @@
 
 #include "tessel/core/cost.hpp"
 #include "tessel/passes/program_passes.hpp"
+#include "tessel/runtime/launch.hpp"
 
 namespace tessel::cli {
 
@@ -64,6 +65,15 @@ double parse_double(const std::string& flag, const std::string& text, double lo,
   if (!std::isfinite(v) || v < lo || v > hi)
     throw UsageError(fmt::format("{}: {} is out of range ({})", flag, text, expect()));
   return v;
+}
+
+void require_one_process(const std::string& tool) {
+  const LaunchInfo li = detect_launch();
+  if (li.multi_process())
+    throw UsageError(fmt::format("{} runs every device as a thread of one process, but a launcher ({}) started {} "
+                                 "processes, which would each run the whole job; run it without a launcher, or "
+                                 "use gpt or gpt_train, which run across processes under mpirun",
+                                 tool, li.source == "mpi" ? "mpirun" : "RANK/WORLD_SIZE", li.world_size));
 }
 
 bool parse_backend_is_cuda(const std::string& flag, const std::string& text) {

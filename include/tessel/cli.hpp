@@ -32,6 +32,11 @@ int64_t parse_i64(const std::string& flag, const std::string& text, int64_t lo, 
 double parse_double(const std::string& flag, const std::string& text, double lo, double hi);
 // --backend of the examples: "cpu" (false) or "cuda" (true); UsageError naming the flag otherwise.
 bool parse_backend_is_cuda(const std::string& flag, const std::string& text);
+// For the tools that run every device as a thread of one process (mlp, tessel-explain --run):
+// a UsageError naming `tool` when a launcher started several processes (mpirun -np N, or
+// RANK/WORLD_SIZE), since each process would run the whole job on its own; gpt and gpt_train
+// run across processes.
+void require_one_process(const std::string& tool);
 
 // tessel-explain's options (see examples/explain.cpp for what each does).
 struct ExplainOptions {

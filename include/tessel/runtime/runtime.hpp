@@ -57,6 +57,16 @@ class Runtime {
   // Every device's shard (position order) from this process's local shards (local order);
   // all shards have the same dtype and shape. Collective over the processes.
   virtual std::vector<HostTensor> allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) = 0;
+  // Every process's `mine`, in rank order: a small host exchange (a seed, a fingerprint).
+  // Collective over the processes, with the runtime's deadline; a single-process runtime
+  // returns {mine}.
+  virtual std::vector<std::string> allgather_host(const std::string& mine);
 };
+
+// The seed every process of a job uses: rank 0's. Each process may draw its own default seed
+// (from the clock or std::random_device); SPMD programs need the same inputs everywhere, so
+// the tools pass their seed through this before drawing anything. `runtime` nullptr or a
+// single process: `seed` itself. Collective over the processes.
+uint64_t agree_on_seed(Runtime* runtime, uint64_t seed);
 
 }  // namespace tessel

@@ -200,4 +200,10 @@ std::unique_ptr<CudaRuntime> make_cuda_runtime(const Mesh& mesh, CudaRuntimeOpti
   return std::make_unique<CudaRuntime>(mesh.num_devices(), std::move(options));
 }
 
+std::vector<std::string> CudaRuntime::allgather_host(const std::string& mine) {
+  const Impl& im = *impl_;
+  if (!im.options.processes || im.size == 1) return {mine};
+  return im.options.processes->allgather(mine);
+}
+
 }  // namespace tessel

@@ -57,5 +57,6 @@ std::unique_ptr<CollectiveWorld> CudaRuntime::make_world(const Mesh&, const std:
   no_cuda("CudaRuntime");
 }
 std::vector<HostTensor> CudaRuntime::allgather_shards(const Mesh&, std::vector<HostTensor>) { no_cuda("CudaRuntime"); }
+std::vector<std::string> CudaRuntime::allgather_host(const std::string&) { no_cuda("CudaRuntime"); }
 
 }  // namespace tessel

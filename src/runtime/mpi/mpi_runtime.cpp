@@ -256,6 +256,33 @@ std::unique_ptr<CollectiveWorld> MpiRuntime::make_world(const Mesh& mesh,
   return std::make_unique<detail::MpiWorld>(impl_, mesh, axes, timeout_s > 0 ? timeout_s : im.timeout);
 }
 
+std::vector<std::string> MpiRuntime::allgather_host(const std::string& mine) {
+  Impl& im = *impl_;
+  if (im.failed.load())
+    throw RuntimeError(fmt::format("rank {}: host exchange stopped: the job failed earlier ({})", im.rank, failure()));
+  if (im.size == 1) return {mine};
+  // The sizes first, then the bytes; both waited for with the runtime's deadline (wait_host).
+  const int n = detail::int_count(mine.size(), "allgather_host");
+  std::vector<int> counts(static_cast<std::size_t>(im.size), 0), displs(static_cast<std::size_t>(im.size), 0);
+  std::vector<MPI_Request> req(1);
+  TESSEL_MPI(MPI_Iallgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, im.host, &req[0]));
+  im.wait_host(req, "a host exchange (allgather_host: sizes)");
+  std::size_t total = 0;
+  for (int r = 0; r < im.size; ++r) {
+    displs[static_cast<std::size_t>(r)] = detail::int_count(total, "allgather_host");
+    total += static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
+  }
+  std::string recv(total, '\0');
+  TESSEL_MPI(MPI_Iallgatherv(mine.data(), n, MPI_BYTE, recv.data(), counts.data(), displs.data(), MPI_BYTE, im.host,
+                             &req[0]));
+  im.wait_host(req, "a host exchange (allgather_host)");
+  std::vector<std::string> out;
+  for (int r = 0; r < im.size; ++r)
+    out.push_back(recv.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(r)]),
+                              static_cast<std::size_t>(counts[static_cast<std::size_t>(r)])));
+  return out;
+}
+
 std::vector<HostTensor> MpiRuntime::allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) {
   Impl& im = *impl_;
   devices_for(mesh);

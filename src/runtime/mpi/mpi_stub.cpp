@@ -34,6 +34,7 @@ std::unique_ptr<CollectiveWorld> MpiRuntime::make_world(const Mesh&, const std::
   no_mpi();
 }
 std::vector<HostTensor> MpiRuntime::allgather_shards(const Mesh&, std::vector<HostTensor>) { no_mpi(); }
+std::vector<std::string> MpiRuntime::allgather_host(const std::string&) { no_mpi(); }
 
 std::shared_ptr<ProcessGroup> mpi_process_group() {
   throw RuntimeError("mpi_process_group: tessel was built without MPI (configure with -DTESSEL_WITH_MPI=ON where "

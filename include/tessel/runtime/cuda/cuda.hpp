@@ -145,6 +145,7 @@ class CudaRuntime : public Runtime {
   std::unique_ptr<CollectiveWorld> make_world(const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
                                               double timeout_s) override;
   std::vector<HostTensor> allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) override;
+  std::vector<std::string> allgather_host(const std::string& mine) override;
 
   struct Impl;
 

@@ -89,11 +89,20 @@ class MpiRuntime : public Runtime {
   std::unique_ptr<CollectiveWorld> make_world(const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
                                               double timeout_s) override;
   std::vector<HostTensor> allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) override;
+  std::vector<std::string> allgather_host(const std::string& mine) override;
 
   struct Impl;
 
  private:
   std::shared_ptr<Impl> impl_;
 };
+
+// The runtime of a CPU program as the tools choose it from the launcher's environment
+// (launch.hpp): an MpiRuntime with `options` when an MPI launcher started this process;
+// nullptr when no launcher started several processes (every device is then a thread of this
+// process). A launcher that says this is one of several processes without MPI (RANK and
+// WORLD_SIZE > 1, torchrun style) is a RuntimeError saying what to do: the CPU runtime crosses
+// processes only through MPI, and otherwise each process would silently run the whole job.
+std::unique_ptr<Runtime> cpu_runtime_from_launch(const MpiRuntimeOptions& options);
 
 }  // namespace tessel
