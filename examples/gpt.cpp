@@ -41,13 +41,17 @@ namespace {
 const char* kUsage =
     "usage: gpt [--mesh data=2,model=4] [--batch 8] [--seq 64] [--d-model 128] [--heads 4]\n"
     "           [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]\n"
-    "           [--trace FILE] [--print-program] [--backend cpu|cuda] [--gpus N]\n"
-    "A GPT-2-style decoder on N virtual CPU (or CUDA) devices, checked against one device.\n";
+    "           [--trace FILE] [--print-program] [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
+    "A GPT-2-style decoder on N virtual CPU (or CUDA) devices, checked against one device.\n"
+    "Under mpirun every process owns a block of the devices; --timeout S: a collective waiting longer\n"
+    "than S seconds for another process (a dead or stuck rank) fails the whole job, naming the rank\n"
+    "(default: $TESSEL_MPI_TIMEOUT_S, else 300 s; 0: no limit).\n";
 
 int run(int argc, char** argv) {
   tessel::GptConfig cfg;
   std::string mesh_spec = "data=2,model=4", trace;
   int iters = 3, threads = 1, gpus = 0;
+  double timeout_s = -1;  // < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s
   bool print_program = false, cuda = false;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   for (int i = 1; i < argc; ++i) {
@@ -68,6 +72,7 @@ int run(int argc, char** argv) {
     else if (a == "--trace") trace = next();
     else if (a == "--print-program") print_program = true;
     else if (a == "--backend") cuda = tessel::cli::parse_backend_is_cuda(a, next());
+    else if (a == "--timeout") timeout_s = tessel::cli::parse_double(a, next(), 0, 1e9);
     else if (a == "--gpus") gpus = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 1024));
     else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
   }
@@ -83,6 +88,7 @@ int run(int argc, char** argv) {
   } else {
     tessel::MpiRuntimeOptions mo;
     mo.kernel_threads = threads;
+    mo.timeout_s = timeout_s;
     runtime = tessel::cpu_runtime_from_launch(mo);  // nullptr: one process, devices on threads
   }
   tessel::Runtime* const rt = runtime.get();
@@ -126,7 +132,8 @@ int run(int argc, char** argv) {
   if (rt) {
     // Every process runs the same steps (SPMD); inputs are made from the same seed everywhere.
     tessel::LoadOptions lo;
-    lo.collective_timeout_s = cuda ? 300 : 0;  // a hung GPU collective fails instead of waiting forever
+    // A hung GPU collective fails instead of waiting forever; on MPI, 0 is the runtime's timeout.
+    lo.collective_timeout_s = cuda ? (timeout_s >= 0 ? timeout_s : 300) : 0;
     tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
     std::vector<tessel::ShardedArray> args;
     for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
@@ -175,12 +182,15 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    return run(argc, argv);
+    const int status = run(argc, argv);  // 1: a result differs from one device
+    if (status != 0) tessel::abort_job_on_error(status);
+    return status;
   } catch (const tessel::UsageError& e) {
     std::fprintf(stderr, "gpt: error: %s\n%s", e.what(), kUsage);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt: error: %s\n", e.what());
+    tessel::abort_job_on_error(1);  // under mpirun: a non-zero job status whatever the launcher's flags
     return 1;
   }
 }

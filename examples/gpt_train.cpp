@@ -57,12 +57,16 @@ const char* kUsage =
     "                 [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
     "                 [--mixed] [--remat none|einsums|all] [--offload] [--backend cpu|cuda] [--gpus N]\n"
+    "                 [--timeout S]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --mixed: bf16 activations with f32 master\n"
     "weights and moments (tolerance 5e-3 unless given). --remat: which activations the backward\n"
     "recomputes: none (saves all), einsums (saves einsum results only), all (recomputes each block\n"
     "from its input). --offload: saved activations of 16 KiB or more move to host memory between\n"
-    "their forward and backward uses (the offload-activations pass).\n";
+    "their forward and backward uses (the offload-activations pass).\n"
+    "Under mpirun every process owns a block of the devices; --timeout S: a collective waiting longer\n"
+    "than S seconds for another process (a dead or stuck rank) fails the whole job, naming the rank\n"
+    "(default: $TESSEL_MPI_TIMEOUT_S, else 300 s; 0: no limit).\n";
 
 std::string read_corpus(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -83,6 +87,7 @@ int run(int argc, char** argv) {
   tessel::TrainOptions to;
   std::string mesh_spec = "data=2,model=2", corpus_path = std::string(TESSEL_SOURCE_DIR) + "/data/corpus.txt";
   int steps = 20, threads = 1, gpus = 0;
+  double timeout_s = -1;  // < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s
   bool cuda = false;
   double lr = 3e-3, tolerance = 1e-4;
   bool reference = true, tolerance_given = false, offload = false;
@@ -113,6 +118,7 @@ int run(int argc, char** argv) {
     else if (a == "--remat") to.remat = tessel::parse_remat_policy(next());
     else if (a == "--offload") offload = true;
     else if (a == "--backend") cuda = tessel::cli::parse_backend_is_cuda(a, next());
+    else if (a == "--timeout") timeout_s = tessel::cli::parse_double(a, next(), 0, 1e9);
     else if (a == "--gpus") gpus = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 1024));
     else if (a == "--mixed") {
       cfg.compute = tessel::DType::bf16;  // f32 master weights and moments, bf16 activations
@@ -147,6 +153,7 @@ int run(int argc, char** argv) {
   } else {
     tessel::MpiRuntimeOptions mo;
     mo.kernel_threads = threads;
+    mo.timeout_s = timeout_s;
     rt = tessel::cpu_runtime_from_launch(mo);
   }
   if (!rt) {  // no launcher: every device is a CPU thread of this process
@@ -162,7 +169,8 @@ int run(int argc, char** argv) {
   tessel::LoadOptions lo;
   lo.donate = step.donations();
   if (offload) lo.lowering.offload_min_bytes = 16 << 10;
-  if (cuda) lo.collective_timeout_s = 300;  // a hung GPU collective fails instead of waiting forever
+  // A hung GPU collective fails instead of waiting forever; on MPI, 0 is the runtime's timeout.
+  if (cuda) lo.collective_timeout_s = timeout_s >= 0 ? timeout_s : 300;
   tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   print(fmt::format("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab={} params={} corpus={} bytes\n",
@@ -272,12 +280,15 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    return run(argc, argv);
+    const int status = run(argc, argv);  // 1: a result differs from one device
+    if (status != 0) tessel::abort_job_on_error(status);
+    return status;
   } catch (const tessel::UsageError& e) {
     std::fprintf(stderr, "gpt_train: error: %s\n%s", e.what(), kUsage);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt_train: error: %s\n", e.what());
+    tessel::abort_job_on_error(1);  // under mpirun: a non-zero job status whatever the launcher's flags
     return 1;
   }
 }

@@ -7,8 +7,9 @@
 //         kill:  rank 1 SIGKILLs itself just before the run
 //         ok:    nobody fails (the control)
 //
-// Every rank prints one line "rank R: ok" or "rank R: error: <message>" and exits 0 / 3.
-// After a failure it leaves with _exit (no MPI_Finalize, which could wait for a dead peer).
+// Every rank prints one line "rank R: ok" or "rank R: error: <message>" and exits 0, or after
+// a failure ends the job with status 3 (abort_job_on_error: MPI_Abort after a grace period, no
+// MPI_Finalize, which could wait for a dead peer).
 #include <signal.h>
 #include <unistd.h>
 
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::printf("rank %d: error: %s\n", rank, e.what());
     std::fflush(stdout);
+    tessel::abort_job_on_error(3);  // the job's status is non-zero whatever mpirun's flags
     ::_exit(3);
   }
 }

@@ -39,6 +39,12 @@ foreach(mode ok throw kill)
                    -DMODE=${mode} -P ${CMAKE_CURRENT_LIST_DIR}/run_failure.cmake)
   list(APPEND _mpi_tests "mpi: failure '${mode}' on rank 1 of 4")
 endforeach()
+foreach(mode throw kill)  # mpirun's defaults: the job ends at once, non-zero, naming rank 1
+  add_test(NAME "mpi: failure '${mode}' on rank 1 of 4 under plain mpirun"
+           COMMAND ${CMAKE_COMMAND} -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DNP=4 -DEXE=$<TARGET_FILE:tessel_mpi_failure>
+                   -DMODE=${mode} -DLAUNCH=plain -P ${CMAKE_CURRENT_LIST_DIR}/run_failure.cmake)
+  list(APPEND _mpi_tests "mpi: failure '${mode}' on rank 1 of 4 under plain mpirun")
+endforeach()
 # The documented commands, exactly as docs/runtime-mpi.md and docs/training.md write them for
 # root on a machine with fewer cores than processes (`mpirun --allow-run-as-root
 # --oversubscribe -np N build/bin/...`): no --seed, no test-only flag or variable. Each

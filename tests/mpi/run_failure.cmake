@@ -1,16 +1,22 @@
 # Runs tessel-mpi-failure under mpiexec (cmake -P) and checks that every rank but the failing
-# one (rank 1) reports an error naming the collective and rank 1: a failure on one process
-# makes the others fail, never hang (the CTest TIMEOUT guards against a hang).
-#   -DMPIEXEC=... -DNP=4 -DEXE=... -DMODE=throw|kill
-# With Open MPI, mpirun is asked to keep the other processes running when one exits
-# non-zero or dies (--mca orte_abort_on_non_zero_status 0, --enable-recovery): otherwise
-# mpirun itself kills them within a second, before they can report.
+# one (rank 1) reports an error naming the collective and rank 1, and that the job's exit status
+# is non-zero: a failure on one process makes the others fail, never hang (the CTest TIMEOUT
+# guards against a hang), and the launcher sees it.
+#   -DMPIEXEC=... -DNP=4 -DEXE=... -DMODE=throw|kill|ok [-DLAUNCH=keep|plain]
+# LAUNCH=keep (default): Open MPI is asked to keep the other processes running when one exits
+# non-zero or dies (--mca orte_abort_on_non_zero_status 0, what docs/runtime-mpi.md
+# recommends), so every rank reports; abort_job_on_error then ends the job non-zero.
+# LAUNCH=plain: mpirun's defaults; it kills the job within about a second of a death or a
+# non-zero exit and names the rank itself.
 execute_process(COMMAND ${MPIEXEC} --version OUTPUT_VARIABLE _ver ERROR_VARIABLE _ver)
+if(NOT LAUNCH)
+  set(LAUNCH keep)
+endif()
 set(_flags "")
 if(_ver MATCHES "Open MPI|OpenRTE")
-  set(_flags --oversubscribe --allow-run-as-root --mca orte_abort_on_non_zero_status 0)
-  if(MODE STREQUAL "kill")
-    list(APPEND _flags --enable-recovery)
+  set(_flags --oversubscribe --allow-run-as-root)
+  if(LAUNCH STREQUAL "keep")
+    list(APPEND _flags --mca orte_abort_on_non_zero_status 0)
   endif()
 endif()
 # The timeout is how a killed rank is noticed; a throwing rank is reported at once through
@@ -24,6 +30,21 @@ endif()
 execute_process(COMMAND ${MPIEXEC} ${_flags} -np ${NP} ${EXE} ${MODE} --timeout ${_timeout}
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 message("${out}")
+message("mpiexec exit status: ${rc}")
+if(MODE STREQUAL "ok")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "mpiexec failed (${rc}):\n${err}")
+  endif()
+elseif(rc EQUAL 0)
+  message(FATAL_ERROR "a failed job ended with exit status 0 (mode ${MODE}, launch ${LAUNCH}):\n${out}\n${err}")
+endif()
+if(LAUNCH STREQUAL "plain" AND NOT MODE STREQUAL "ok")
+  # mpirun's defaults: the job is killed at once; mpirun (or rank 1 itself) names rank 1.
+  if(NOT "${out}${err}" MATCHES "process rank 1 with PID [0-9]+ on node [^\n]* exited on signal 9|rank 1: error: [^\n]*outside|rank 1: error: [^\n]*out of")
+    message(FATAL_ERROR "neither mpirun nor rank 1 named rank 1's failure:\n${out}\n${err}")
+  endif()
+  return()
+endif()
 math(EXPR _last "${NP} - 1")
 foreach(r RANGE 0 ${_last})
   if(r EQUAL 1)
@@ -47,11 +68,6 @@ foreach(r RANGE 0 ${_last})
     endif()
   endif()
 endforeach()
-if(MODE STREQUAL "ok" AND NOT rc EQUAL 0)
-  message(FATAL_ERROR "mpiexec failed (${rc}):\n${err}")
-endif()
-# (With the flags above Open MPI's exit status does not reflect the failed ranks; the
-# lines each rank printed are the check.)
 if(MODE STREQUAL "throw" AND NOT out MATCHES "rank 1: error: [^\n]*gather[^\n]*out of|rank 1: error: [^\n]*outside")
   message(FATAL_ERROR "rank 1 did not report its own failure:\n${out}\n${err}")
 endif()

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -320,6 +321,21 @@ std::vector<HostTensor> MpiRuntime::allgather_shards(const Mesh& mesh, std::vect
     out.push_back(std::move(t));
   }
   return out;
+}
+
+void abort_job_on_error(int status, double grace_s) {
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  if (!initialized) return;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size <= 1) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (grace_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(grace_s));
+  MPI_Abort(MPI_COMM_WORLD, status == 0 ? 1 : status);
+  std::_Exit(status == 0 ? 1 : status);  // MPI_Abort does not return; should it, do not run atexit handlers
 }
 
 }  // namespace tessel

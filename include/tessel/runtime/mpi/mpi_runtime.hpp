@@ -105,4 +105,14 @@ class MpiRuntime : public Runtime {
 // processes only through MPI, and otherwise each process would silently run the whole job.
 std::unique_ptr<Runtime> cpu_runtime_from_launch(const MpiRuntimeOptions& options);
 
+// For a program's error path under mpirun: ends every process of the job with `status`. It
+// waits `grace_s` seconds first (the failure reaches the other processes through the abort
+// channel or their own timeout, and they print their errors meanwhile), then calls
+// MPI_Abort(MPI_COMM_WORLD, status), so the launcher exits non-zero whatever its flags: with
+// Open MPI's `--mca orte_abort_on_non_zero_status 0 --enable-recovery`, mpirun otherwise exits
+// 0 although every process exited non-zero. Returns at once when MPI is not initialised (or
+// already finalised, or built without MPI) or runs a single process, so a tool may call it on
+// every error path; otherwise it does not return.
+void abort_job_on_error(int status, double grace_s = 2.0);
+
 }  // namespace tessel
