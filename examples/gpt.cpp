@@ -120,6 +120,8 @@ int run(int argc, char** argv) {
   tessel::Executable exe = tessel::compile(m.graph, mesh);
   double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (print_program) print(exe.program().to_string(0));
+  // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
+  for (const std::string& w : exe.program().warnings) print("warning: " + w + "\n");
 
   std::vector<tessel::HostTensor> inputs = tessel::random_inputs(m.graph, seed);
   tessel::gpt_init(m.graph, inputs);

@@ -69,6 +69,7 @@ const char* kUsage =
     "(default: $TESSEL_MPI_TIMEOUT_S, else 300 s; 0: no limit).\n";
 
 std::string read_corpus(const std::string& path) {
+  tessel::check_not_directory(path, "gpt_train --corpus");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw tessel::Error(fmt::format("gpt_train: cannot open the corpus '{}' (--corpus FILE)", path));
   std::stringstream ss;
@@ -181,6 +182,8 @@ int run(int argc, char** argv) {
                                             : std::string(" (virtual)"),
                     to.zero,
                     tessel::remat_policy_name(to.remat), lr, cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
+  // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
+  for (const std::string& w : exe.program().warnings) print("warning: " + w + "\n");
   print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms, g.ops.size(),
                     prog.program().instrs.size()));
 

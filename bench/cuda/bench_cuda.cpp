@@ -36,6 +36,7 @@
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -392,4 +393,16 @@ BENCHMARK(BM_CollectiveMatmulCuda)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h")
+      std::fputs("usage: tessel-bench-gpu [Google Benchmark flags below]\n"
+                 "The CUDA backend's benchmarks (scripts/bench-gpu runs them; docs/backend-cuda.md): einsums on\n"
+                 "cuBLASLt, kernels, collectives, collective matmul. Needs a GPU.\n",
+                 stdout);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

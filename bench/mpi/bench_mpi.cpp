@@ -18,29 +18,55 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "tessel/cli.hpp"
 #include "tessel/runtime/calibrate.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 
 using namespace tessel;
 
+namespace {
+
+const char* kUsage =
+    "usage: mpirun -np N tessel-bench-mpi [--max-mib 64] [--iters N]\n"
+    "       mpirun -np N tessel-bench-mpi --calibrate-links [--mesh data=2,model=2] [--iters N] [--out FILE]\n"
+    "Bus bandwidth of the MPI runtime's all_reduce, all_gather and reduce_scatter against memcpy (one\n"
+    "device per process); --calibrate-links measures alpha and bus bandwidth per mesh axis and writes\n"
+    "them in the --links format (docs/links.md) to FILE, or stdout.\n";
+
+}  // namespace
+
 int main(int argc, char** argv) {
   int max_mib = 64, iters = 0;
   bool calibrate = false;
   std::string mesh_spec, out;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--calibrate-links") calibrate = true;
-    if (i + 1 >= argc) continue;
-    if (a == "--max-mib") max_mib = std::stoi(argv[i + 1]);
-    if (a == "--iters") iters = std::stoi(argv[i + 1]);
-    if (a == "--mesh") mesh_spec = argv[i + 1];
-    if (a == "--out") out = argv[i + 1];
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc) throw tessel::UsageError(fmt::format("{} needs a value", a));
+        return argv[++i];
+      };
+      if (a == "-h" || a == "--help") {
+        std::fputs(kUsage, stdout);
+        return 0;
+      }
+      if (a == "--calibrate-links") calibrate = true;
+      else if (a == "--max-mib") max_mib = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1 << 16));
+      else if (a == "--iters") iters = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1 << 30));
+      else if (a == "--mesh") mesh_spec = next();
+      else if (a == "--out") out = next();
+      else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
+    }
+  } catch (const tessel::UsageError& e) {
+    std::fprintf(stderr, "tessel-bench-mpi: error: %s\n%s", e.what(), kUsage);
+    return 2;
   }
   try {
     MpiRuntime rt;

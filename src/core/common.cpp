@@ -1,6 +1,8 @@
 // Basic value types: dtype names and sizes, shape printing.
 #include "tessel/core/common.hpp"
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 namespace tessel {
@@ -52,6 +54,12 @@ int64_t num_bytes(const Shape& s, DType t) {
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ",")); }
 
 std::string type_str(DType t, const Shape& s) { return dtype_name(t) + shape_str(s); }
+
+void check_not_directory(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(fmt::format("{}: '{}' is a directory; give the path of a file", what, path));
+}
 
 std::string join(const std::vector<std::string>& items, std::string_view sep) {
   std::string out;

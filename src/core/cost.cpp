@@ -154,6 +154,7 @@ void CostModel::parse_links(std::string_view spec_in) {
 }
 
 std::string read_links_file(const std::string& path) {
+  check_not_directory(path, "the link figures file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(fmt::format("cannot read the link figures file '{}' (does it exist?)", path));
   // A link file is a few lines: read at most 1 MiB, so that a wrong path (/dev/zero, a

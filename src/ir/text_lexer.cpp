@@ -60,6 +60,7 @@ std::string echo_line(std::string_view line) {
 }
 
 std::string read_text_file(const std::string& path) {
+  check_not_directory(path, "the graph or program text file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ParseError(fmt::format("{}: cannot open file: {}", path, std::strerror(errno)));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -49,6 +49,12 @@ class RuntimeError : public Error { public: using Error::Error; };
 // A double-quoted string with \" \\ \n \t \r and \xNN escapes (the text forms' string syntax).
 std::string quote_text(std::string_view s);
 
+// For every reader of a path the user gave (a graph or program file, a link figures file, a
+// corpus): an Error naming `what` and the path when it is a directory, where a file is
+// expected. (A stream opened on a directory reads nothing, or throws
+// "basic_filebuf::underflow", which names neither.)
+void check_not_directory(const std::string& path, const std::string& what);
+
 // Joins items with a separator using operator<< style to_string conversions.
 std::string join(const std::vector<std::string>& items, std::string_view sep);
 
