@@ -95,11 +95,8 @@ int run(int argc, char** argv) {
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw tessel::UsageError(fmt::format("{} needs a value", a));
-      return argv[++i];
-    };
-    if (a == "-h" || a == "--help") {
+    auto next = [&] { return tessel::cli::next_value(i, argc, argv); };
+    if (tessel::cli::is_help(a)) {
       std::fputs(kUsage, stdout);
       return 0;
     }

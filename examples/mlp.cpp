@@ -28,11 +28,8 @@ int main(int argc, char** argv) try {
   bool print_program = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw tessel::UsageError(fmt::format("{} needs a value", a));
-      return argv[++i];
-    };
-    if (a == "-h" || a == "--help") {
+    auto next = [&] { return tessel::cli::next_value(i, argc, argv); };
+    if (tessel::cli::is_help(a)) {
       std::fputs(kUsage, stdout);
       return 0;
     }

@@ -67,6 +67,13 @@ double parse_double(const std::string& flag, const std::string& text, double lo,
   return v;
 }
 
+std::string next_value(int& i, int argc, char** argv) {
+  if (i + 1 >= argc) throw UsageError(fmt::format("{} needs a value", argv[i]));
+  return argv[++i];
+}
+
+bool is_help(const std::string& arg) { return arg == "-h" || arg == "--help"; }
+
 void require_one_process(const std::string& tool) {
   const LaunchInfo li = detect_launch();
   if (li.multi_process())

@@ -30,6 +30,10 @@ uint64_t parse_u64(const std::string& flag, const std::string& text);
 int64_t parse_i64(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);
 // A finite double in [lo, hi].
 double parse_double(const std::string& flag, const std::string& text, double lo, double hi);
+// The tools' argument loop: the value after the flag argv[i], advancing i (UsageError "FLAG
+// needs a value" when there is none), and whether an argument asks for the usage.
+std::string next_value(int& i, int argc, char** argv);
+bool is_help(const std::string& arg);
 // --backend of the examples: "cpu" (false) or "cuda" (true); UsageError naming the flag otherwise.
 bool parse_backend_is_cuda(const std::string& flag, const std::string& text);
 // For the tools that run every device as a thread of one process (mlp, tessel-explain --run):
