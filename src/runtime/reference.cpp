@@ -5,6 +5,8 @@
 // after their last use so that big graphs fit in memory.
 #include "tessel/runtime/reference.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <optional>
 #include <random>
@@ -149,7 +151,13 @@ std::vector<HostTensor> random_inputs(const Graph& g, uint64_t seed) {
   out.reserve(g.inputs.size());
   for (std::size_t i = 0; i < g.inputs.size(); ++i) {
     const Value& val = g.values.at(static_cast<std::size_t>(g.inputs[i]));
-    HostTensor t(val.dtype, val.shape);
+    HostTensor t = [&] {
+      try {
+        return HostTensor(val.dtype, val.shape);
+      } catch (const OutOfMemoryError& e) {
+        throw OutOfMemoryError(fmt::format("random_inputs: input %{}: {}", val.name, e.what()), e.bytes());
+      }
+    }();
     std::mt19937_64 rng(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i) + 1)));
     const int64_t n = t.numel();
     switch (val.dtype) {

@@ -6,11 +6,32 @@
 
 #include "tessel/runtime/block_copy.hpp"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 
 namespace tessel {
+
+HostTensor::HostTensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+  const std::size_t bytes = static_cast<std::size_t>(num_elements(shape_)) * dtype_size(dtype_);
+  const auto fail = [&] {
+    return OutOfMemoryError(fmt::format("host memory: cannot allocate a host tensor {} ({} bytes, {:.4g} GiB)",
+                                        type_str(dtype_, shape_), bytes, static_cast<double>(bytes) / (1u << 30)),
+                            bytes);
+  };
+  // Beyond a 47-bit address space no allocation can succeed: refuse it without asking the
+  // allocator (sanitizer allocators abort on such sizes instead of throwing), as the CPU
+  // backend does.
+  if (bytes > (std::size_t{1} << 47)) throw fail();
+  try {
+    data_.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    throw fail();
+  }
+}
 
 namespace {
 

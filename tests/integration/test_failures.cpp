@@ -483,3 +483,26 @@ TEST_CASE("failures: einsum shape mismatch names op / operands and shapes",
   CHECK_THAT(msg2, Catch::StartsWith("bad.tsl:3:"));
   CHECK_THAT(msg2, Catch::Contains("[4,5]"));
 }
+
+TEST_CASE("failures: host memory that cannot be had is an error naming the tensor, never std::bad_alloc",
+          "[failures]") {
+  // 2^48 f32 elements (1 PiB): refused before the allocator is asked, in every build.
+  const tessel::Shape huge{int64_t{1} << 24, int64_t{1} << 24};
+  try {
+    tessel::HostTensor t(tessel::DType::f32, huge);
+    FAIL("a 1 PiB host tensor was allocated");
+  } catch (const tessel::OutOfMemoryError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("host tensor f32[16777216,16777216]"));
+    CHECK_THAT(std::string(e.what()), Catch::Contains("1125899906842624 bytes"));
+    CHECK(e.bytes() == std::size_t{1} << 50);
+  }
+  tessel::Graph g;
+  tessel::Tensor w = tessel::input(g, "w_embed", tessel::DType::f32, huge);
+  g.mark_output(tessel::reduce_sum(w, {0, 1}));
+  try {
+    (void)tessel::random_inputs(g, 1);
+    FAIL("random_inputs allocated a 1 PiB input");
+  } catch (const tessel::OutOfMemoryError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("random_inputs: input %w_embed: host memory"));
+  }
+}

@@ -46,6 +46,18 @@ class ParseError : public Error { public: using Error::Error; };
 class PartitionError : public Error { public: using Error::Error; };
 class RuntimeError : public Error { public: using Error::Error; };
 
+// Memory could not be had: a backend buffer, or host memory for a HostTensor. The message gives
+// the bytes; the callers that know what the memory is for (the arena, an input, an output) rethrow
+// it naming the value or arena, the bytes and the device, and what would make it fit.
+class OutOfMemoryError : public RuntimeError {
+ public:
+  OutOfMemoryError(const std::string& what, std::size_t bytes) : RuntimeError(what), bytes_(bytes) {}
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::size_t bytes_ = 0;
+};
+
 // A double-quoted string with \" \\ \n \t \r and \xNN escapes (the text forms' string syntax).
 std::string quote_text(std::string_view s);
 

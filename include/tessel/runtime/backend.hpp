@@ -82,18 +82,6 @@ struct BlockCopy {
   std::size_t elem_bytes = 4;
 };
 
-// A backend could not allocate a buffer. The backend's message gives the bytes; the callers
-// that know what the memory is for (the arena, an input, an output) rethrow it naming the
-// value or arena, the bytes and the device, and what would make it fit.
-class OutOfMemoryError : public RuntimeError {
- public:
-  OutOfMemoryError(const std::string& what, std::size_t bytes) : RuntimeError(what), bytes_(bytes) {}
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  std::size_t bytes_ = 0;
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -37,9 +37,8 @@ struct AlignedAllocator {
 class HostTensor {
  public:
   HostTensor() = default;
-  HostTensor(DType dtype, Shape shape)
-      : dtype_(dtype), shape_(std::move(shape)),
-        data_(static_cast<std::size_t>(num_elements(shape_)) * dtype_size(dtype_)) {}
+  // Zero-filled. OutOfMemoryError naming the type and bytes when host memory runs out.
+  HostTensor(DType dtype, Shape shape);
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
