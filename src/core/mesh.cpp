@@ -49,31 +49,34 @@ Mesh::Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids) : axes_(std:
 }
 
 Mesh Mesh::parse(std::string_view spec) {
+  // name=size[, name=size...], optionally inside one pair of braces (Mesh::to_string's form);
+  // blanks around each token. A separator is exactly one ',': a leading, trailing or doubled
+  // comma, a blank in its place or an unmatched brace is an error at its column.
   std::vector<MeshAxis> axes;
   std::size_t i = 0;
-  auto skip = [&] {
-    while (i < spec.size() && (std::isspace(static_cast<unsigned char>(spec[i])) ||
-                               spec[i] == ',' || spec[i] == '{' || spec[i] == '}'))
-      ++i;
+  auto blanks = [&] {
+    while (i < spec.size() && std::isspace(static_cast<unsigned char>(spec[i]))) ++i;
   };
-  skip();
-  if (i >= spec.size())
-    throw MeshError(fmt::format("empty mesh '{}': expected name=size[,name=size...], e.g. "
-                                "data=2,model=4 (a single device: x=1)", spec));
-  while (i < spec.size()) {
+  auto example = "e.g. data=2,model=4 (a single device: x=1)";
+  blanks();
+  const bool braced = i < spec.size() && spec[i] == '{';
+  if (braced) ++i;
+  blanks();
+  if (i >= spec.size() || (braced && spec[i] == '}'))
+    throw MeshError(fmt::format("empty mesh '{}': expected name=size[,name=size...], {}", spec, example));
+  while (true) {
     std::size_t b = i;
     while (i < spec.size() && (std::isalnum(static_cast<unsigned char>(spec[i])) || spec[i] == '_'))
       ++i;
     std::string name(spec.substr(b, i - b));
-    while (i < spec.size() && std::isspace(static_cast<unsigned char>(spec[i]))) ++i;
+    blanks();
     if (!name.empty() && i < spec.size() && spec[i] == ':')
       throw MeshError(fmt::format("bad mesh '{}' at column {}: write {}=SIZE with '=', not ':' "
                                   "(e.g. data=2,model=4)", spec, i + 1, name));
     if (name.empty() || i >= spec.size() || spec[i] != '=')
-      throw MeshError(fmt::format("bad mesh '{}' at column {}: expected name=size, e.g. "
-                                  "data=2,model=4", spec, i + 1));
+      throw MeshError(fmt::format("bad mesh '{}' at column {}: expected name=size, {}", spec, i + 1, example));
     ++i;
-    while (i < spec.size() && std::isspace(static_cast<unsigned char>(spec[i]))) ++i;
+    blanks();
     std::size_t nb = i;
     if (i < spec.size() && spec[i] == '-') ++i;
     while (i < spec.size() && std::isdigit(static_cast<unsigned char>(spec[i]))) ++i;
@@ -87,8 +90,23 @@ Mesh Mesh::parse(std::string_view spec) {
       throw MeshError(fmt::format("bad mesh '{}': size of '{}' is out of range", spec, name));
     }
     axes.push_back({name, size});
-    skip();
+    blanks();
+    if (i >= spec.size() || spec[i] != ',') break;
+    ++i;
+    blanks();
+    if (i >= spec.size() || spec[i] == ',' || spec[i] == '}')
+      throw MeshError(fmt::format("bad mesh '{}' at column {}: expected name=size after ',' (no empty axis), {}",
+                                  spec, i + 1, example));
   }
+  if (braced) {
+    if (i >= spec.size() || spec[i] != '}')
+      throw MeshError(fmt::format("bad mesh '{}' at column {}: expected ',' or the closing '}}'", spec, i + 1));
+    ++i;
+    blanks();
+  }
+  if (i < spec.size())
+    throw MeshError(fmt::format("bad mesh '{}' at column {}: unexpected '{}'; separate axes with ',' ({})", spec,
+                                i + 1, spec[i], example));
   return Mesh(std::move(axes));
 }
 

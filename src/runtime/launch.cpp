@@ -42,9 +42,9 @@ bool env_int(const char* name, int& out) {
 }
 
 void check(const LaunchInfo& l, const char* vars) {
-  if (l.world_size < 1 || l.rank >= l.world_size)
+  if (l.world_size < 1 || l.rank < 0 || l.rank >= l.world_size)
     throw RuntimeError(fmt::format("launch: rank {} is outside world size {} ({})", l.rank, l.world_size, vars));
-  if (l.local_world_size < 1 || l.local_rank >= l.local_world_size)
+  if (l.local_world_size < 1 || l.local_rank < 0 || l.local_rank >= l.local_world_size)
     throw RuntimeError(fmt::format("launch: local rank {} is outside local world size {} ({})", l.local_rank,
                                    l.local_world_size, vars));
 }
@@ -96,7 +96,9 @@ LaunchInfo detect_launch() {
       throw RuntimeError("launch: WORLD_SIZE is set but RANK is not (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK)");
     l.local_world_size = l.world_size;
     env_int("LOCAL_WORLD_SIZE", l.local_world_size);
-    if (!env_int("LOCAL_RANK", l.local_rank)) l.local_rank = l.rank % l.local_world_size;
+    const bool local_rank_set = env_int("LOCAL_RANK", l.local_rank);
+    check(l, "RANK/WORLD_SIZE/LOCAL_WORLD_SIZE");  // sizes >= 1 before the modulo below
+    if (!local_rank_set) l.local_rank = l.rank % l.local_world_size;
     check(l, "RANK/WORLD_SIZE/LOCAL_RANK");
     return l;
   }
@@ -162,6 +164,16 @@ std::vector<std::string> file_rendezvous(const std::string& dir_in, const std::s
       if (fr != r || fw != world_size)
         throw RuntimeError(fmt::format("rendezvous: '{}' was written by rank {} of a world of {} but this is a world of "
                                        "{} (a stale file: use a fresh key per job)", name, fr, fw, world_size));
+      // The header's count is checked against what the file holds before anything is
+      // allocated: a negative or huge count ("bytes=-1" reads as 2^64-1) is a broken file.
+      const std::streamoff body = f.tellg();
+      f.seekg(0, std::ios::end);
+      const std::streamoff end = f.tellg();
+      f.seekg(body);
+      if (body < 0 || end < body || bytes != static_cast<unsigned long long>(end - body))
+        throw RuntimeError(fmt::format("rendezvous: rank {}: '{}' (from rank {}) says bytes={} but holds {} payload "
+                                       "bytes: a broken or foreign file (use a fresh key per job)",
+                                       rank, name, r, bytes, body < 0 || end < body ? 0 : end - body));
       std::string data(static_cast<std::size_t>(bytes), '\0');
       f.read(data.data(), static_cast<std::streamsize>(bytes));
       if (static_cast<unsigned long long>(f.gcount()) != bytes)

@@ -500,6 +500,18 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
                                      im.input_names[i], type_str(lv.dtype, lv.global_shape), lv.sharding.to_string(),
                                      shape_str(im.positions), a.to_string()));
   }
+  // A donated array is taken by the run and overwritten in place: given for a second input
+  // too, that input would read it while it is written (or find it deleted).
+  for (std::size_t i = 0; i < inputs_in.size(); ++i) {
+    if (im.donate[i] < 0) continue;
+    for (std::size_t j = 0; j < inputs_in.size(); ++j)
+      if (j != i && inputs_in[j].shares_storage(inputs_in[i]))
+        throw RuntimeError(fmt::format(
+            "run: the array given for input #{} %{} is donated (to output %{}), but the same array is also given for "
+            "input #{} %{}: the run overwrites a donated array in place; give input #{} a copy of its own (to_device "
+            "again); nothing was run",
+            i, im.input_names[i], im.output_names[static_cast<std::size_t>(im.donate[i])], j, im.input_names[j], j));
+  }
   std::string trace_path = opts.trace_path;
   if (trace_path.empty())
     if (const char* e = std::getenv("TESSEL_TRACE")) trace_path = e;

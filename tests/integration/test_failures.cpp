@@ -484,7 +484,7 @@ TEST_CASE("failures: einsum shape mismatch names op / operands and shapes",
   CHECK_THAT(msg2, Catch::Contains("[4,5]"));
 }
 
-TEST_CASE("failures: host memory that cannot be had is an error naming the tensor, never std::bad_alloc",
+TEST_CASE("failures: host memory that cannot be had is an error naming the tensor and not std::bad_alloc",
           "[failures]") {
   // 2^48 f32 elements (1 PiB): refused before the allocator is asked, in every build.
   const tessel::Shape huge{int64_t{1} << 24, int64_t{1} << 24};

@@ -437,3 +437,47 @@ output %v3
   check_outputs(guarded("permute chain", [&] { return exe.run(inputs, ro); }), run_reference(g, inputs),
                 stream_mode_name(mode));
 }
+
+TEST_CASE("runtime: one array given for a donated input and for another input is refused before the run",
+          "[integration][runtime]") {
+  Graph g = parse_graph(R"(
+mesh data=2, model=2
+%w = input f32[8,16] sharding=[{data}, {model}]
+%g = input f32[8,16] sharding=[{data}, {model}]
+%w_new = sub(%w, %g)
+output %w_new
+)", "sgd.tsl");
+  Executable exe = compile(g, *g.mesh);
+  ThreadRuntime rt(4);
+  LoadOptions lo;
+  lo.donate = {{"w", "w_new"}};
+  LoadedExecutable le = load(exe, rt, lo);
+  auto inputs = random_inputs(g, 5);
+  ShardedArray w = le.to_device("w", inputs[0]);
+  // The donated array as the other input too, after it and before it.
+  CHECK_THROWS_WITH(le.run({w, w}), Catch::Contains("input #0 %w is donated (to output %w_new)") &&
+                                        Catch::Contains("also given for input #1 %g") &&
+                                        Catch::Contains("nothing was run"));
+  CHECK(w.valid());  // refused before anything was taken
+  ShardedArray g_arr = le.to_device("g", inputs[1]);
+  RunResult r = le.run({w, g_arr});  // the same arrays, each once: fine
+  check_outputs({le.to_host(r.outputs[0])}, run_reference(g, inputs), "sgd");
+}
+
+TEST_CASE("runtime: spin_us past a second and a StreamMode out of range are errors naming them",
+          "[integration][runtime]") {
+  ThreadRuntimeOptions o;
+  o.spin_us = 100000000;
+  CHECK_THROWS_WITH(ThreadRuntime(2, o), Catch::Contains("spin_us = 100000000") && Catch::Contains("1000000"));
+  ThreadRuntimeOptions m;
+  m.stream_mode = static_cast<StreamMode>(7);
+  CHECK_THROWS_WITH(ThreadRuntime(2, m), Catch::Contains("stream_mode 7"));
+  CpuBackendOptions b;
+  b.mode = static_cast<StreamMode>(-1);
+  CHECK_THROWS_WITH(make_cpu_backend(b), Catch::Contains("mode -1"));
+  b.mode = StreamMode::Async;
+  b.spin_us = 2000000;
+  CHECK_THROWS_WITH(make_cpu_backend(b), Catch::Contains("spin_us = 2000000"));
+  ThreadWorld world(Mesh::parse("x=2"));
+  CHECK_THROWS_WITH(world.set_spin_us(100000000), Catch::Contains("outside [0, 1000000]"));
+}

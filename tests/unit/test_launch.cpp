@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <thread>
@@ -46,4 +47,34 @@ TEST_CASE("launch: file rendezvous exchanges every rank's payload", "[unit][laun
   CHECK_THROWS_WITH(file_rendezvous(dir, "job1", 0, 2, "x", 1), Catch::Contains("stale"));
   // A rank that never comes: a timeout naming it.
   CHECK_THROWS_WITH(file_rendezvous(dir, "job2", 0, 2, "x", 0.05), Catch::Contains("for ranks 1 of 2"));
+}
+
+TEST_CASE("launch: sizes of 0 in the environment are errors naming the variables and not SIGFPE", "[unit][launch]") {
+  if (launched_by_mpi()) return;
+  ::setenv("WORLD_SIZE", "0", 1);
+  ::setenv("RANK", "0", 1);
+  CHECK_THROWS_WITH(detect_launch(), Catch::Contains("outside world size 0") && Catch::Contains("WORLD_SIZE"));
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "0", 1);  // no LOCAL_RANK: it would be RANK % LOCAL_WORLD_SIZE
+  CHECK_THROWS_WITH(detect_launch(), Catch::Contains("local world size 0") && Catch::Contains("LOCAL_WORLD_SIZE"));
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) ::unsetenv(v);
+}
+
+TEST_CASE("launch: a rendezvous file whose header lies about its size is an error naming it and the rank",
+          "[unit][launch]") {
+  const std::string dir = fmt::format("{}/rendezvous-bad-{}", TESSEL_BINARY_DIR, std::random_device{}());
+  for (const char* bytes : {"-1", "18446744073709551615", "999", "0"}) {
+    const std::string key = fmt::format("k{}", bytes[0] == '-' ? std::string("neg") : std::string(bytes));
+    const std::string folder = dir + "/" + key;
+    REQUIRE(std::system(fmt::format("mkdir -p '{}'", folder).c_str()) == 0);
+    {
+      std::FILE* f = std::fopen((folder + "/rank-1").c_str(), "wb");
+      REQUIRE(f);
+      std::fprintf(f, "tessel-rendezvous v1 rank=1 world_size=2 bytes=%s\nabc", bytes);
+      std::fclose(f);
+    }
+    CHECK_THROWS_WITH(file_rendezvous(dir, key, 0, 2, "x", 5),
+                      Catch::Contains("rendezvous: rank 0:") && Catch::Contains(folder + "/rank-1") &&
+                          Catch::Contains("holds 3 payload bytes"));
+  }
 }

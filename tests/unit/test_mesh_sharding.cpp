@@ -18,7 +18,7 @@ TEST_CASE("mesh: coordinates and positions round trip", "[mesh]") {
   for (int64_t p = 0; p < 8; ++p) REQUIRE(m.position(m.coords(p)) == p);
   REQUIRE(m.coords(5) == std::vector<int64_t>{1, 1});
   REQUIRE(Mesh::parse("{data=2, model=4}") == m);
-  REQUIRE(Mesh::parse("data=2 model=4") == m);
+  REQUIRE(Mesh::parse(" { data = 2 ,model=4 } ") == m);
 }
 
 TEST_CASE("mesh: axis groups partition the devices", "[mesh]") {
@@ -60,6 +60,15 @@ TEST_CASE("mesh: bad meshes are rejected with a clear error", "[mesh][errors]") 
   REQUIRE_THROWS_WITH(Mesh::parse(""), Catch::Contains("empty mesh") && Catch::Contains("data=2,model=4"));
   REQUIRE_THROWS_WITH(Mesh::parse("  "), Catch::Contains("empty mesh"));
   REQUIRE_THROWS_WITH(Mesh::parse("{}"), Catch::Contains("empty mesh"));
+  // One ',' between axes, braces only as one matched pair: each stray separator is an error at
+  // its column (these used to parse as data=2 or data=2,model=2).
+  REQUIRE_THROWS_WITH(Mesh::parse("data=2,"), Catch::Contains("column 8") && Catch::Contains("after ','"));
+  REQUIRE_THROWS_WITH(Mesh::parse(",data=2"), Catch::Contains("column 1") && Catch::Contains("expected name=size"));
+  REQUIRE_THROWS_WITH(Mesh::parse("data=2,,model=2"), Catch::Contains("column 8") && Catch::Contains("no empty axis"));
+  REQUIRE_THROWS_WITH(Mesh::parse("data=2}"), Catch::Contains("column 7") && Catch::Contains("unexpected '}'"));
+  REQUIRE_THROWS_WITH(Mesh::parse("{data=2"), Catch::Contains("closing '}'"));
+  REQUIRE_THROWS_WITH(Mesh::parse("data=2 model=2"),
+                      Catch::Contains("column 8") && Catch::Contains("separate axes with ','"));
   REQUIRE_THROWS_WITH(Mesh::parse("a=2").axis_size("b"), Catch::Contains("no axis 'b'"));
 }
 

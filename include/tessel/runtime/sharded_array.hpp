@@ -42,6 +42,8 @@ class ShardedArray {
   // Empty (default-constructed) arrays have no storage; donated ones are deleted.
   bool valid() const { return storage_ && !storage_->deleted; }
   bool deleted() const { return storage_ && storage_->deleted; }
+  // The same array: copies of one ShardedArray share their storage (and its donation).
+  bool shares_storage(const ShardedArray& other) const { return storage_ && storage_ == other.storage_; }
   // The shards this process holds (every device of the mesh on a single-process runtime).
   int64_t num_shards() const { return static_cast<int64_t>(devices_.size()); }
   // Their mesh positions, in local device order.

@@ -366,6 +366,12 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
+  if (options.mode != StreamMode::Async && options.mode != StreamMode::Eager)
+    throw RuntimeError(fmt::format("make_cpu_backend: mode {} is neither StreamMode::Async nor StreamMode::Eager",
+                                   static_cast<int>(options.mode)));
+  if (options.spin_us > 1000000)
+    throw RuntimeError(fmt::format("make_cpu_backend: spin_us = {}: expected microseconds from 0 to 1000000, or -1",
+                                   options.spin_us));
   return std::make_unique<CpuBackend>(options);
 }
 

@@ -14,6 +14,12 @@ namespace tessel {
 namespace detail {
 
 int spin_budget_us(int requested_us, int64_t threads) {
+  // A budget past a second would keep every waiter (and the process's exit) spinning; the
+  // environment variable refuses it too.
+  if (requested_us > 1000000)
+    throw RuntimeError(fmt::format("spin_us = {}: expected microseconds, a whole number from 0 (never spin) to "
+                                   "1000000, or -1 for the default",
+                                   requested_us));
   if (requested_us >= 0) return requested_us;
   if (const char* env = std::getenv("TESSEL_SPIN_US"); env && *env) {
     char* end = nullptr;

@@ -118,6 +118,9 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
     throw RuntimeError(fmt::format("ThreadRuntime: num_devices must be >= 1, got {}", num_devices));
   if (options_.kernel_threads < 1)
     throw RuntimeError(fmt::format("ThreadRuntime: kernel_threads must be >= 1, got {}", options_.kernel_threads));
+  if (options_.stream_mode != StreamMode::Async && options_.stream_mode != StreamMode::Eager)
+    throw RuntimeError(fmt::format("ThreadRuntime: stream_mode {} is neither StreamMode::Async nor StreamMode::Eager",
+                                   static_cast<int>(options_.stream_mode)));
   // The threads that may be runnable at once during a step: per device, the thread that walks
   // its program (the caller's for device 0) and, with async streams, the compute and comm
   // workers (the transfer stream's worker only works between steps). Waiters spin only when
