@@ -25,6 +25,7 @@
 #include "tessel/runtime/executor.hpp"
 #include "tessel/runtime/cpu/thread_communicator.hpp"
 #include "tessel/runtime/trace.hpp"
+#include "program_fingerprint.hpp"
 
 namespace tessel {
 
@@ -302,6 +303,8 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
   // Lowered for the local backends: no pass makes a kernel one of them lacks.
   impl->program = lower_program(exe.program(), /*verify=*/false, lowering_for(rt, options.lowering));
   verify_program(impl->program);
+  // Every process loads the same program, or none does (before any communicator is split).
+  detail::check_same_program(rt, exe.mesh(), impl->program);
   impl->options = options;
   const Program& p = impl->program;
   for (int64_t d = 0; d < impl->local->num_devices(); ++d) check_program_kernels(p, impl->local->backend(d), d);

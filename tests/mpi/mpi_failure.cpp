@@ -5,6 +5,8 @@
 //   mpirun -np N tessel-mpi-failure MODE [--timeout S]
 //   MODE  throw: rank 1 feeds an out-of-range embedding id, so its gather kernel throws
 //         kill:  rank 1 SIGKILLs itself just before the run
+//         late:  rank 1 comes to load only after twice the timeout (a stuck process): load's
+//                exchange of program fingerprints times out on the others, naming rank 1
 //         ok:    nobody fails (the control)
 //
 // Every rank prints one line "rank R: ok" or "rank R: error: <message>" and exits 0, or after
@@ -15,8 +17,11 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
@@ -45,6 +50,7 @@ int main(int argc, char** argv) {
     g.mark_output(y);
     g.mesh = mesh;
     tessel::Executable exe = tessel::compile(g, mesh);
+    if (mode == "late" && rank == 1) std::this_thread::sleep_for(std::chrono::duration<double>(2 * timeout));
     tessel::LoadedExecutable prog = tessel::load(exe, rt);
     tessel::HostTensor t(tessel::DType::f32, {16, 8});
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, 0.25 * static_cast<double>(i % 7));

@@ -22,8 +22,8 @@ endif()
 # The timeout is how a killed rank is noticed; a throwing rank is reported at once through
 # the abort channel, so its timeout only bounds a slow, loaded machine (CI runs sanitizer
 # builds beside these tests).
-if(MODE STREQUAL "kill")
-  set(_timeout 30)
+if(MODE STREQUAL "late")
+  set(_timeout 10)  # rank 1 sleeps twice this long before load
 else()
   set(_timeout 30)
 endif()
@@ -53,6 +53,12 @@ foreach(r RANGE 0 ${_last})
   if(MODE STREQUAL "ok")
     if(NOT out MATCHES "rank ${r}: ok")
       message(FATAL_ERROR "rank ${r} did not finish:\n${out}\n${err}")
+    endif()
+  elseif(MODE STREQUAL "late")
+    # Rank 1 is stuck before load: every other rank's load times out naming it (its program
+    # fingerprint never comes), or stops on the abort of a rank that timed out first.
+    if(NOT out MATCHES "rank ${r}: error: load, exchanging the program fingerprints: [^\n]*allgather_host[^\n]*(timed out after [0-9.]+ s waiting for rank 1|stopped: [^\n]*waiting for rank 1)")
+      message(FATAL_ERROR "rank ${r} did not report that load waited for rank 1:\n${out}\n${err}")
     endif()
   elseif(MODE STREQUAL "throw")
     # A rank blocked in the all-reduce names it; a rank the abort reaches before it gets

@@ -217,6 +217,58 @@ TEST_CASE("mpi: a launch that does not fit the mesh is an error at load", "[mpi]
   }
 }
 
+TEST_CASE("mpi: ranks that load different programs or meshes are refused on every rank", "[mpi]") {
+  MpiRuntime rt(test_options());  // initialises MPI when this test runs first
+  const int world = rt.world_size(), rank = rt.rank();
+  if (world < 2) return;
+  // A weight [16,12] on rank 0 and [16,8] elsewhere: before, one rank failed on an MPI status
+  // and the other returned garbage.
+  {
+    Graph g;
+    const Mesh mesh = Mesh::parse(fmt::format("data={}", world));
+    auto x = input(g, "x", DType::f32, {2 * world, 16});
+    auto w = input(g, "w", DType::f32, {16, rank == 0 ? 12 : 8});
+    g.annotate(x, Sharding::parse("[{data}, {}]"));
+    g.mark_output(reduce_sum(einsum("bd,df->bf", x, w), {0, 1}));
+    Executable exe = compile(g, mesh);
+    try {
+      load(exe, rt);
+      FAIL("load of different programs should throw");
+    } catch (const RuntimeError& e) {
+      const std::string msg = e.what();
+      INFO(msg);
+      CHECK(msg.find(fmt::format("load on rank {}: the processes loaded different programs", rank)) !=
+            std::string::npos);
+      CHECK(msg.find("rank 0 has 'input %w f32[16,12]") != std::string::npos);
+      CHECK(msg.find("where rank 1 has 'input %w f32[16,8]") != std::string::npos);
+    }
+  }
+  // The same axes in another order on rank 0: the blocks would land on other devices.
+  {
+    Graph g;
+    const Mesh mesh = Mesh::parse(rank == 0 ? fmt::format("data={},model=1", world) : fmt::format("model=1,data={}", world));
+    auto x = input(g, "x", DType::f32, {2 * world, 4});
+    g.annotate(x, Sharding::parse("[{data}, {}]"));
+    g.mark_output(neg(x));
+    Executable exe = compile(g, mesh);
+    CHECK_THROWS_WITH(load(exe, rt), Catch::Contains("rank 0 has 'mesh {data=") && Catch::Contains("has 'mesh {model=1"));
+  }
+  // The runtime is still usable: the same program on every rank loads and runs.
+  {
+    Graph g;
+    const Mesh mesh = Mesh::parse(fmt::format("data={}", world));
+    auto x = input(g, "x", DType::f32, {2 * world, 4});
+    g.annotate(x, Sharding::parse("[{data}, {}]"));
+    g.mark_output(neg(x));
+    Executable exe = compile(g, mesh);
+    LoadedExecutable le = load(exe, rt);
+    HostTensor xs(DType::f32, {2 * world, 4});
+    for (int64_t i = 0; i < xs.numel(); ++i) xs.set(i, static_cast<double>(i));
+    const HostTensor y = le.to_host(le.run({le.to_device("x", xs)}).outputs[0]);
+    CHECK(y.get(3) == -3.0);
+  }
+}
+
 TEST_CASE("mpi: explicit device map with named inputs and sharded outputs gathered on every process", "[mpi]") {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);

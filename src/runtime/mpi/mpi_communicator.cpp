@@ -244,17 +244,20 @@ class MpiCommunicator final : public Communicator {
     MpiCommunicator* c;
     std::vector<MPI_Request> reqs;
     std::vector<int> peer;  // per request: member
+    std::vector<long long> expect;  // per request: the bytes a receive must get (-1: a send)
     std::function<void(Op&)> then;
     std::shared_ptr<void> keep;
     void send(const void* buf, std::size_t bytes, int to) {
       reqs.emplace_back();
       peer.push_back(to);
+      expect.push_back(-1);
       TESSEL_MPI(MPI_Isend(buf, int_count(bytes, "mpi communicator"), MPI_BYTE, c->g_->comm_rank[to],
                            c->r_ * c->n_ + to, c->g_->comm, &reqs.back()));
     }
     void recv(void* buf, std::size_t bytes, int from) {
       reqs.emplace_back();
       peer.push_back(from);
+      expect.push_back(static_cast<long long>(bytes));
       TESSEL_MPI(MPI_Irecv(buf, int_count(bytes, "mpi communicator"), MPI_BYTE, c->g_->comm_rank[from],
                            from * c->n_ + c->r_, c->g_->comm, &reqs.back()));
     }
@@ -305,6 +308,7 @@ class MpiCommunicator final : public Communicator {
           ops[i].then = nullptr;
           ops[i].reqs.clear();
           ops[i].peer.clear();
+          ops[i].expect.clear();
           then(ops[i]);
         }
       }
@@ -330,15 +334,36 @@ class MpiCommunicator final : public Communicator {
       MPI_Request_free(&r);
     }
     op.reqs.clear();
+    op.peer.clear();
+    op.expect.clear();
   }
 
   void wait(Op& op, const char* kind, double deadline) {
     if (op.reqs.empty()) return;
     int spins = 0;
+    std::vector<MPI_Status> status(op.reqs.size());
     while (true) {
       int flag = 0;
-      TESSEL_MPI(MPI_Testall(static_cast<int>(op.reqs.size()), op.reqs.data(), &flag, MPI_STATUSES_IGNORE));
-      if (flag) return;
+      TESSEL_MPI(MPI_Testall(static_cast<int>(op.reqs.size()), op.reqs.data(), &flag, status.data()));
+      if (flag) {
+        // A receive that got fewer bytes than the program says (a longer one is MPI's
+        // truncation error above): the processes run different programs.
+        for (std::size_t k = 0; k < op.reqs.size(); ++k) {
+          if (op.expect[k] < 0) continue;
+          int got = 0;
+          MPI_Get_count(&status[k], MPI_BYTE, &got);
+          if (static_cast<long long>(got) != op.expect[k]) {
+            const std::string msg = fmt::format(
+                "{}: {} received {} bytes from device {} on rank {} where this program expects {}: the processes "
+                "run different programs (load compares their fingerprints; were they built from the same graph?)",
+                who_, describe(kind), got, g_->members[static_cast<std::size_t>(op.peer[k])],
+                g_->world_rank[static_cast<std::size_t>(op.peer[k])], op.expect[k]);
+            world_.abort(msg);
+            throw RuntimeError(msg);
+          }
+        }
+        return;
+      }
       if (world_.aborted()) {
         cancel(op);
         throw_aborted(kind);

@@ -262,25 +262,84 @@ std::vector<std::string> MpiRuntime::allgather_host(const std::string& mine) {
   if (im.failed.load())
     throw RuntimeError(fmt::format("rank {}: host exchange stopped: the job failed earlier ({})", im.rank, failure()));
   if (im.size == 1) return {mine};
-  // The sizes first, then the bytes; both waited for with the runtime's deadline (wait_host).
-  const int n = detail::int_count(mine.size(), "allgather_host");
-  std::vector<int> counts(static_cast<std::size_t>(im.size), 0), displs(static_cast<std::size_t>(im.size), 0);
-  std::vector<MPI_Request> req(1);
-  TESSEL_MPI(MPI_Iallgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, im.host, &req[0]));
-  im.wait_host(req, "a host exchange (allgather_host: sizes)");
-  std::size_t total = 0;
-  for (int r = 0; r < im.size; ++r) {
-    displs[static_cast<std::size_t>(r)] = detail::int_count(total, "allgather_host");
-    total += static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]);
-  }
-  std::string recv(total, '\0');
-  TESSEL_MPI(MPI_Iallgatherv(mine.data(), n, MPI_BYTE, recv.data(), counts.data(), displs.data(), MPI_BYTE, im.host,
-                             &req[0]));
-  im.wait_host(req, "a host exchange (allgather_host)");
-  std::vector<std::string> out;
+  // Point to point rather than MPI_Iallgather(v): when a process never comes (it exited before
+  // load, or loads later than the deadline), the receives still open name it. The sizes
+  // first (8 bytes from every rank), then the bytes, each phase waited for with the runtime's
+  // deadline. Tags of their own on the host communicator (collectives there never match them).
+  constexpr int kSizeTag = 7301, kDataTag = 7302;
+  const std::size_t n = static_cast<std::size_t>(im.size);
+  const auto phase = [&](const char* what, auto&& post_recv, const void* send, int send_bytes, int tag) {
+    std::vector<MPI_Request> reqs;
+    std::vector<int> from;  // per request: the rank it receives from, or -1 for a send
+    for (int r = 0; r < im.size; ++r) {
+      if (r == im.rank) continue;
+      reqs.emplace_back();
+      from.push_back(r);
+      post_recv(r, &reqs.back());
+      reqs.emplace_back();
+      from.push_back(-1);
+      TESSEL_MPI(MPI_Isend(send, send_bytes, MPI_BYTE, r, tag, im.host, &reqs.back()));
+    }
+    const double deadline = detail::finite_timeout(im.timeout) ? detail::now_s() + im.timeout : 0;
+    while (true) {
+      int flag = 0;
+      TESSEL_MPI(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE));
+      if (flag) return;
+      std::string reason;
+      if (im.failed.load()) {
+        std::lock_guard<std::mutex> lk(im.mu);
+        reason = fmt::format("rank {}: {} stopped: {}", im.rank, what, im.failure);
+      } else if (deadline > 0 && detail::now_s() > deadline) {
+        std::vector<std::string> missing;
+        for (std::size_t k = 0; k < reqs.size(); ++k) {
+          int done = 1;
+          if (from[k] >= 0 && reqs[k] != MPI_REQUEST_NULL) MPI_Test(&reqs[k], &done, MPI_STATUS_IGNORE);
+          if (!done) missing.push_back(std::to_string(from[k]));
+        }
+        reason = fmt::format("rank {}: {} timed out after {} s waiting for rank{} {} (did {} exit, or not call "
+                             "the same load/to_host? MpiRuntimeOptions::timeout_s / TESSEL_MPI_TIMEOUT_S set the limit)",
+                             im.rank, what, im.timeout, missing.size() == 1 ? "" : "s", join(missing, ", "),
+                             missing.size() == 1 ? "it" : "they");
+        im.fail(reason, false);
+      }
+      if (!reason.empty()) {
+        for (auto& r : reqs)
+          if (r != MPI_REQUEST_NULL) {
+            MPI_Cancel(&r);
+            MPI_Request_free(&r);
+          }
+        throw RuntimeError(reason);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  };
+  std::vector<unsigned long long> sizes(n, 0);
+  const unsigned long long my_size = mine.size();
+  sizes[static_cast<std::size_t>(im.rank)] = my_size;
+  phase("a host exchange (allgather_host: sizes)",
+        [&](int r, MPI_Request* q) {
+          TESSEL_MPI(MPI_Irecv(&sizes[static_cast<std::size_t>(r)], static_cast<int>(sizeof(unsigned long long)),
+                               MPI_BYTE, r, kSizeTag, im.host, q));
+        },
+        &my_size, static_cast<int>(sizeof my_size), kSizeTag);
+  std::vector<std::string> out(n);
+  out[static_cast<std::size_t>(im.rank)] = mine;
   for (int r = 0; r < im.size; ++r)
-    out.push_back(recv.substr(static_cast<std::size_t>(displs[static_cast<std::size_t>(r)]),
-                              static_cast<std::size_t>(counts[static_cast<std::size_t>(r)])));
+    if (r != im.rank) {
+      const unsigned long long b = sizes[static_cast<std::size_t>(r)];
+      if (b > (1ull << 30))
+        throw RuntimeError(fmt::format("rank {}: allgather_host: rank {} announces {} bytes (more than 1 GiB: not a "
+                                       "host exchange of this job)",
+                                       im.rank, r, b));
+      out[static_cast<std::size_t>(r)].assign(static_cast<std::size_t>(b), '\0');
+    }
+  phase("a host exchange (allgather_host)",
+        [&](int r, MPI_Request* q) {
+          std::string& buf = out[static_cast<std::size_t>(r)];
+          TESSEL_MPI(MPI_Irecv(buf.data(), detail::int_count(buf.size(), "allgather_host"), MPI_BYTE, r, kDataTag,
+                               im.host, q));
+        },
+        mine.data(), detail::int_count(mine.size(), "allgather_host"), kDataTag);
   return out;
 }
 

@@ -107,12 +107,13 @@ std::unique_ptr<Runtime> cpu_runtime_from_launch(const MpiRuntimeOptions& option
 
 // For a program's error path under mpirun: ends every process of the job with `status`. It
 // waits `grace_s` seconds first (the failure reaches the other processes through the abort
-// channel or their own timeout, and they print their errors meanwhile), then calls
+// channel or their own timeout, and they print their errors meanwhile: a failing process
+// spends up to 5 s driving its abort messages out, so the default grace is longer), then calls
 // MPI_Abort(MPI_COMM_WORLD, status), so the launcher exits non-zero whatever its flags: with
 // Open MPI's `--mca orte_abort_on_non_zero_status 0 --enable-recovery`, mpirun otherwise exits
 // 0 although every process exited non-zero. Returns at once when MPI is not initialised (or
 // already finalised, or built without MPI) or runs a single process, so a tool may call it on
 // every error path; otherwise it does not return.
-void abort_job_on_error(int status, double grace_s = 2.0);
+void abort_job_on_error(int status, double grace_s = 8.0);
 
 }  // namespace tessel
