@@ -55,6 +55,20 @@ std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, 
 
 std::string type_str(DType t, const Shape& s) { return dtype_name(t) + shape_str(s); }
 
+int64_t checked_value_bytes(const Shape& s, DType t, const std::string& what) {
+  int64_t b = 0;
+  try {
+    b = num_bytes(s, t);
+  } catch (const ShapeError& e) {
+    throw ShapeError(fmt::format("{}: {}", what, e.what()));
+  }
+  if (b > kMaxValueBytes)
+    throw ShapeError(fmt::format("{}: {} is {} bytes, more than a value may hold (2^50 bytes = 1 PiB): use smaller "
+                                 "dimensions",
+                                 what, type_str(t, s), b));
+  return b;
+}
+
 void check_not_directory(const std::string& path, const std::string& what) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))

@@ -141,6 +141,7 @@ Tensor Graph::add_input(std::string name, DType dtype, Shape shape) {
   for (int64_t d : shape)
     if (d < 1)
       throw ShapeError(fmt::format("input %{}: shape {} has a dim < 1", name, shape_str(shape)));
+  (void)checked_value_bytes(shape, dtype, fmt::format("input %{}", name));
   if (name.empty()) name = fresh_name();
   if (find(name) >= 0)
     throw Error(fmt::format("input name '%{}' is already used: names must be unique", name));
@@ -190,14 +191,12 @@ std::vector<Tensor> Graph::add_op_results(OpKind kind, std::vector<int> in, OpAt
   // Canonical attributes (negative axes made positive, reduced dims sorted).
   if (def.normalize) def.normalize(attrs, ins);
   std::vector<ResultType> types = infer_op(kind, attrs, ins);
-  // Guard against element counts that overflow (e.g. an outer product of huge dims).
+  // Guard against sizes that overflow (e.g. an outer product of huge dims): the same bound as
+  // every other place a value is declared.
   for (const ResultType& t : types) {
-    int64_t e = 1;
-    for (int64_t d : t.shape) {
-      if (d < 0 || (d > 0 && e > (int64_t{1} << 62) / d))
-        throw ShapeError(fmt::format("{}: result shape {} is too large", def.name, shape_str(t.shape)));
-      e *= d;
-    }
+    for (int64_t d : t.shape)
+      if (d < 0) throw ShapeError(fmt::format("{}: result shape {} has a negative dim", def.name, shape_str(t.shape)));
+    (void)checked_value_bytes(t.shape, t.dtype, fmt::format("{}: its result", def.name));
   }
   names.resize(types.size());
   for (std::size_t r = 0; r < names.size(); ++r) {

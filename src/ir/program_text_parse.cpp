@@ -116,7 +116,7 @@ class Parser : LineLexer {
     dtype = parse_dtype(t, context);
     shape = parse_int_list("shape", true);
     try {
-      (void)num_bytes(shape, dtype);
+      (void)checked_value_bytes(shape, dtype, "a value");
     } catch (const ShapeError& e) {
       fail(t.col, e.what());
     }
@@ -541,7 +541,9 @@ class Parser : LineLexer {
           else if (o.kind == TK::Ident && o.text == "max") in.reduce = ReduceOp::Max;
           else fail(o.col, fmt::format("expected op=sum or op=max, got {}", describe(o)));
         } else if (k == "bytes") {
+          const Token b = peek();
           in.bytes = parse_int("the collective's bytes");
+          if (in.bytes < 0) fail(b.col, fmt::format("a collective's bytes= must be >= 0, got {}", in.bytes));
         } else {
           fail(t.col, fmt::format("{} has no attribute '{}'", op.text, k));
         }
@@ -606,7 +608,15 @@ class Parser : LineLexer {
       }
       std::vector<Shape> shapes;
       for (int x : in.in) shapes.push_back(p_.values[static_cast<std::size_t>(x)].shape);
-      if (op_def(in.op).flops) in.flops = op_def(in.op).flops(in.attrs, shapes, lv.shape);
+      // The op's own checks (an einsum equation that does not fit its operands) are reported
+      // at the op, like every other error of the text.
+      try {
+        if (op_def(in.op).flops) in.flops = op_def(in.op).flops(in.attrs, shapes, lv.shape);
+      } catch (const ParseError&) {
+        throw;
+      } catch (const Error& e) {
+        fail(op.col, e.what());
+      }
     }
     if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) {
       need(in.collective == CollectiveKind::CollectivePermute ? "pairs" : "axes");

@@ -278,6 +278,18 @@ void verify_program(const Program& p) {
         same_dtype();
         const Shape& x = p.values[static_cast<std::size_t>(in.in[0])].shape;
         Shape want = x;
+        {
+          // bytes= feeds the cost model and the runtime's choice of inline collectives: it is
+          // at most what the collective reads and writes on a device.
+          const LocalValue& a = p.values[static_cast<std::size_t>(in.in[0])];
+          const int64_t most = num_elements(a.shape) * static_cast<int64_t>(dtype_size(a.dtype)) +
+                               (in.out >= 0 ? num_elements(p.values[static_cast<std::size_t>(in.out)].shape) *
+                                                  static_cast<int64_t>(dtype_size(a.dtype))
+                                            : 0);
+          if (in.bytes < 0 || in.bytes > most)
+            throw err(i, fmt::format("bytes={} is outside [0, {}], the bytes its operand and result hold on a device",
+                                     in.bytes, most));
+        }
         auto dim_ok = [&](int d, const char* what) {
           if (d < 0 || static_cast<std::size_t>(d) >= x.size())
             throw err(i, fmt::format("{} {} is outside rank {}", what, d, x.size()));

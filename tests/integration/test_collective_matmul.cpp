@@ -98,14 +98,17 @@ const MeshChoice kMeshes[] = {{"model=2", "model", 2},       {"model=3", "model"
 }  // namespace
 
 TEST_CASE("collective-matmul: overlapped == not overlapped == reference over random sites", "[integration][collective_matmul]") {
-  const uint64_t seed = std::random_device{}();
-  std::printf("collective-matmul property seed %llu\n", static_cast<unsigned long long>(seed));
+  // TESSEL_SEED / TESSEL_CASES as every seeded test (tests/unit/test_util.hpp).
+  const uint64_t seed = tessel_test::seed();
+  const int trials = std::max(1, tessel_test::cases(3));
+  tessel_test::announce("collective-matmul: overlapped == not overlapped == reference (trials per pattern)", seed,
+                        trials);
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   int rings = 0;
   for (const Pattern& pat : kPatterns) {
-    for (int trial = 0; trial < 3; ++trial) {
+    for (int trial = 0; trial < trials; ++trial) {
       const MeshChoice& m = kMeshes[pick(0, static_cast<int>(std::size(kMeshes)) - 1)];
       const int c = pick(1, 4);
       const int64_t s = static_cast<int64_t>(c) * m.n;
@@ -159,7 +162,7 @@ TEST_CASE("collective-matmul: overlapped == not overlapped == reference over ran
       }
     }
   }
-  CHECK(rings == 3 * static_cast<int>(std::size(kPatterns)));
+  CHECK(rings == trials * static_cast<int>(std::size(kPatterns)));
 }
 
 TEST_CASE("collective-matmul: the gate keeps small sites and takes large ones", "[integration][collective_matmul]") {

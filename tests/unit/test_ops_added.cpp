@@ -249,15 +249,21 @@ TEST_CASE("ops: gather and scatter_add with sharded rows and indices match the r
 }
 
 // Regression (was fuzz/known/concat_shape_overflow.tsl): the concat shape rule added the
-// extents before its "too large" check (signed overflow under UBSan, a negative shape).
+// extents before its "too large" check (signed overflow under UBSan, a negative shape). Inputs
+// that large are now refused where they are declared (at most 2^50 bytes a value), and a
+// concat whose result would exceed that is refused naming the op.
 TEST_CASE("ops: concat of huge extents is refused before the sum overflows", "[ops][regression]") {
   Graph g;
-  Tensor a = input(g, "a", DType::f32, {int64_t{1} << 62});
-  Tensor b = input(g, "b", DType::f32, {int64_t{1} << 62});
+  CHECK_THROWS_WITH(input(g, "big", DType::f32, {int64_t{1} << 62}),
+                    Catch::Contains("input %big") && Catch::Contains("more bytes than an int64 counts"));
+  Tensor a = input(g, "a", DType::f32, {int64_t{1} << 47});
+  Tensor b = input(g, "b", DType::f32, {int64_t{1} << 47});
+  Tensor c = input(g, "c", DType::f32, {int64_t{1} << 47});
   try {
-    concat({a, b}, 0);
+    concat({a, b, c}, 0);
     FAIL("accepted");
   } catch (const ShapeError& e) {
-    CHECK(std::string(e.what()).find("exceeds 2^62") != std::string::npos);
+    CHECK(std::string(e.what()).find("concat: its result: f32[422212465065984] is 1688849860263936 bytes, more than a "
+                                     "value may hold (2^50 bytes = 1 PiB)") != std::string::npos);
   }
 }

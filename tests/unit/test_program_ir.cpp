@@ -3,7 +3,9 @@
 // plans (naming the instruction), parse errors carry file:line:col, and the pass manager
 // dumps after a named pass.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
+#include <cstdio>
 #include <string>
 
 #include "tessel/compiler/partition.hpp"
@@ -218,4 +220,48 @@ TEST_CASE("num_elements and num_bytes throw ShapeError instead of overflowing", 
   CHECK(num_bytes(Shape{int64_t{1} << 30}, DType::bf16) == int64_t{1} << 31);
   CHECK_THROWS_AS(num_bytes(Shape{int64_t{1} << 62}, DType::f32), ShapeError);
   CHECK(num_elements(Shape{0, int64_t{1} << 62}) == 0);
+}
+
+TEST_CASE("program text: a bad einsum is reported at file:line:col and bytes= is checked", "[program]") {
+  std::string text;
+  {
+    std::FILE* f = std::fopen((std::string(TESSEL_SOURCE_DIR) + "/tests/golden/program/async_collectives.pir").c_str(), "rb");
+    REQUIRE(f);
+    char buf[4096];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  const auto with = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    const auto at = t.find(from);
+    REQUIRE(at != std::string::npos);
+    return t.replace(at, from.size(), to);
+  };
+  REQUIRE_NOTHROW(verify_program(parse_program(text, "ok.pir")));
+  // Like the graph text: the file, the line, the column of the op, then the line and a caret.
+  CHECK_THROWS_WITH(parse_program(with("eq=\"bd,df->bf\"", "eq=\"bd,dq->bf\""), "bad.pir"),
+                    Catch::Contains("bad.pir:7:6: einsum equation 'bd,dq->bf'") && Catch::Contains("^"));
+  CHECK_THROWS_WITH(parse_program(with("bytes=256", "bytes=-5"), "neg.pir"),
+                    Catch::Contains("neg.pir:9:46: a collective's bytes= must be >= 0, got -5"));
+  CHECK_THROWS_WITH(verify_program(parse_program(with("bytes=256", "bytes=999999999999999999"), "huge.pir")),
+                    Catch::Contains("bytes=999999999999999999 is outside [0, 384]"));
+}
+
+TEST_CASE("values of more than 2^50 bytes are refused where they are declared in the graph and the program text",
+          "[program-ir]") {
+  // 2^61 f32 elements: its bytes overflow int64; 2^49 f32 elements: 2^51 bytes, over the
+  // bound, which keeps a memory plan's sums (arena + inputs + outputs) inside int64.
+  for (const int64_t n : {int64_t{1} << 61, int64_t{1} << 49}) {
+    INFO(n);
+    Graph g;
+    CHECK_THROWS_WITH(input(g, "x", DType::f32, {n}), Catch::Contains("input %x"));
+    CHECK_THROWS_WITH(parse_graph(fmt::format("%x = input f32[{}]\noutput %x\n", n), "g.tsl"),
+                      Catch::Contains("g.tsl:1:") && Catch::Contains("input %x"));
+    CHECK_THAT(message_of(fmt::format("mesh model=2\n%x = input f32[{0}] global=f32[{0}] sharding=[{{}}]\n"
+                                      "output %x\n",
+                                      n)),
+               Catch::Contains("t.pir:2:") && Catch::Contains("bytes"));
+  }
+  Graph g;
+  CHECK_NOTHROW(input(g, "ok", DType::f32, {int64_t{1} << 48}));  // exactly 2^50 bytes
 }

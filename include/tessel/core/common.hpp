@@ -26,6 +26,13 @@ std::size_t dtype_size(DType t);
 int64_t num_elements(const Shape& s);
 // Bytes of a value of shape `s` and dtype `t`; throws ShapeError when they overflow int64.
 int64_t num_bytes(const Shape& s, DType t);
+// The most bytes one value may hold (global or per device): 2^50 (1 PiB). Every place a value
+// is declared — Graph::add_input and add_op, the Program text — refuses more, so sums of
+// value sizes (a memory plan's peak: arena + inputs + outputs) stay far inside int64.
+inline constexpr int64_t kMaxValueBytes = int64_t{1} << 50;
+// num_bytes(s, t), or a ShapeError naming `what`, the type and the bytes when it is over
+// kMaxValueBytes (or overflows).
+int64_t checked_value_bytes(const Shape& s, DType t, const std::string& what);
 // "[8,16,32]"
 std::string shape_str(const Shape& s);
 // "f32[8,16,32]"

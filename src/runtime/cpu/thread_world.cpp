@@ -32,7 +32,8 @@ ThreadWorld::ThreadWorld(const Mesh& mesh, ThreadWorldOptions options)
 ThreadWorld::~ThreadWorld() = default;
 
 void ThreadWorld::set_spin_us(int spin_us) {
-  if (spin_us < 0 || spin_us > 1000000)
+  if (spin_us < 0) throw RuntimeError(fmt::format("ThreadWorld::set_spin_us: {} us is negative", spin_us));
+  if (spin_us > 1000000)
     throw RuntimeError(fmt::format("ThreadWorld::set_spin_us: {} us is outside [0, 1000000]", spin_us));
   std::lock_guard<std::mutex> lk(mutex_);
   spin_us_ = spin_us;
