@@ -50,6 +50,13 @@ ShardedArray::ShardedArray(std::string name, DType dtype, Shape global_shape, Sh
   storage_->shards = std::move(shards);
 }
 
+ShardedArray::ShardedArray(std::string name, DType dtype, Shape global_shape, Sharding sharding, Shape local_shape,
+                           std::vector<std::shared_ptr<Buffer>> shards, std::vector<int64_t> devices, Mesh mesh)
+    : ShardedArray(std::move(name), dtype, std::move(global_shape), std::move(sharding), std::move(local_shape),
+                   std::move(shards), std::move(devices)) {
+  mesh_ = std::move(mesh);
+}
+
 const std::shared_ptr<Buffer>& ShardedArray::shard(int64_t device) const {
   if (!storage_) throw RuntimeError("ShardedArray: the array is empty (default-constructed)");
   if (storage_->deleted)
@@ -392,7 +399,8 @@ ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& us
     bufs.push_back(std::move(b));
   }
   for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
-  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), pos);
+  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), pos,
+                      impl_->program.mesh);
 }
 
 ShardedArray LoadedExecutable::to_device(const std::string& input, const HostTensor& global) const {
@@ -422,7 +430,8 @@ ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::ve
     bufs.push_back(std::move(b));
   }
   for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
-  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), impl_->positions);
+  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), impl_->positions,
+                      impl_->program.mesh);
 }
 
 std::vector<HostTensor> LoadedExecutable::shards_to_host(const ShardedArray& a) const {
@@ -497,6 +506,14 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
     if (!a.valid())
       throw RuntimeError(fmt::format("run: input #{} %{} is {}", i, im.input_names[i],
                                      a.deleted() ? "a deleted array (it was donated to an earlier run)" : "an empty array"));
+    // The same sharding text on a mesh with the same axes in another order (or other device
+    // ids) places the blocks on other devices: an array made for another mesh is refused.
+    if (a.mesh() && !(*a.mesh() == p.mesh))
+      throw RuntimeError(fmt::format(
+          "run: input #{} %{} was made for mesh {} but this program runs on mesh {}: its blocks sit on other "
+          "devices there; move it with to_host and to_device of this program, or compile the program on the "
+          "array's mesh",
+          i, im.input_names[i], a.mesh()->to_string(), p.mesh.to_string()));
     if (a.dtype() != lv.dtype || a.shape() != lv.global_shape || !(a.sharding() == lv.sharding) ||
         a.local_shape() != lv.shape || a.devices() != im.positions)
       throw RuntimeError(fmt::format("run: input #{} %{} expects {} {} on devices {} but got {}", i,
@@ -600,7 +617,7 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
     std::vector<std::shared_ptr<Buffer>> bufs;
     for (int64_t d = 0; d < n; ++d) bufs.push_back(std::move(results[d].outputs[o]));
     r.outputs.emplace_back(im.output_names[o], lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs),
-                           im.positions);
+                           im.positions, p.mesh);
   }
   return r;
 }

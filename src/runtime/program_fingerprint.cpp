@@ -37,7 +37,8 @@ std::vector<std::string> lines(const std::string& s) {
 }  // namespace
 
 std::string program_fingerprint(const Mesh& mesh, const Program& lowered) {
-  std::string f = fmt::format("tessel {}\nmesh {}\n", TESSEL_VERSION_STRING, mesh.to_string());
+  std::string f = fmt::format("tessel {}\nmesh {} devices=[{}]\n", TESSEL_VERSION_STRING, mesh.to_string(),
+                              fmt::join(mesh.device_ids(), ","));
   const auto value_line = [&](const char* kind, int v) {
     const LocalValue& lv = lowered.values[static_cast<std::size_t>(v)];
     return fmt::format("{} %{} {} sharding {}\n", kind, lv.name, type_str(lv.dtype, lv.global_shape),

@@ -481,3 +481,26 @@ TEST_CASE("runtime: spin_us past a second and a StreamMode out of range are erro
   ThreadWorld world(Mesh::parse("x=2"));
   CHECK_THROWS_WITH(world.set_spin_us(100000000), Catch::Contains("outside [0, 1000000]"));
 }
+
+TEST_CASE("runtime: an array made for a mesh with the axes in another order is refused", "[integration][runtime]") {
+  const char* text = R"(
+%x = input f32[8,16] sharding=[{data}, {model}]
+%y = tanh(%x) sharding=[{data}, {model}]
+output %y
+)";
+  Graph g1 = parse_graph(std::string("mesh data=2, model=2") + text, "a.tsl");
+  Graph g2 = parse_graph(std::string("mesh model=2, data=2") + text, "b.tsl");
+  Executable e1 = compile(g1, *g1.mesh), e2 = compile(g2, *g2.mesh);
+  ThreadRuntime rt(4);
+  LoadedExecutable l1 = load(e1, rt), l2 = load(e2, rt);
+  const auto inputs = random_inputs(g1, 9);
+  ShardedArray x1 = l1.to_device("x", inputs[0]);
+  // Same global type, same sharding text, same device list: before, l2 ran it and was wrong.
+  CHECK_THROWS_WITH(l2.run({x1}), Catch::Contains("run: input #0 %x was made for mesh {data=2, model=2} but this "
+                                                  "program runs on mesh {model=2, data=2}"));
+  RunResult r1 = l1.run({x1});
+  CHECK_THROWS_WITH(l2.run({r1.outputs[0]}), Catch::Contains("was made for mesh {data=2, model=2}"));
+  // Moved through the host, it runs and matches the reference.
+  RunResult r2 = l2.run({l2.to_device("x", l1.to_host(x1))});
+  check_outputs({l2.to_host(r2.outputs[0])}, run_reference(g2, inputs), "moved");
+}

@@ -7,6 +7,10 @@
 // On a multi-process runtime (MpiRuntime) an array holds only the shards of this process's
 // devices (devices() lists their mesh positions), like a JAX Array's addressable shards.
 //
+// An array made by to_device or run remembers the mesh of its program: a program on a mesh
+// with the same axes in another order (or other device ids) refuses it, since the same
+// sharding text puts the blocks on other devices there.
+//
 // Copies share the buffers (an array is an immutable value). Donating an array to a run
 // (LoadOptions::donate) deletes it: every copy then reports deleted() and refuses to be used
 // again, as in JAX. Not thread-safe against a concurrent donation of the same array.
@@ -14,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +38,10 @@ class ShardedArray {
   // Shards of the devices at mesh positions `devices` only (same length as shards).
   ShardedArray(std::string name, DType dtype, Shape global_shape, Sharding sharding, Shape local_shape,
                std::vector<std::shared_ptr<Buffer>> shards, std::vector<int64_t> devices);
+  // The same, made for programs on `mesh` (what to_device and run produce): the blocks are laid
+  // out by that mesh's axis order and device ids, which run() checks.
+  ShardedArray(std::string name, DType dtype, Shape global_shape, Sharding sharding, Shape local_shape,
+               std::vector<std::shared_ptr<Buffer>> shards, std::vector<int64_t> devices, Mesh mesh);
 
   const std::string& name() const { return name_; }  // the program value it was made for
   DType dtype() const { return dtype_; }
@@ -48,6 +57,8 @@ class ShardedArray {
   int64_t num_shards() const { return static_cast<int64_t>(devices_.size()); }
   // Their mesh positions, in local device order.
   const std::vector<int64_t>& devices() const { return devices_; }
+  // The mesh whose device layout places the blocks; nullptr for an array built without one.
+  const Mesh* mesh() const { return mesh_ ? &*mesh_ : nullptr; }
   // The buffer of the device at mesh position `device` (throws RuntimeError when the array is
   // empty or deleted, or when this process does not hold that device).
   const std::shared_ptr<Buffer>& shard(int64_t device) const;
@@ -68,6 +79,7 @@ class ShardedArray {
   Sharding sharding_;
   Shape local_shape_;
   std::vector<int64_t> devices_;
+  std::optional<Mesh> mesh_;
   std::shared_ptr<Storage> storage_;
 };
 
