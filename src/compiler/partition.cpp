@@ -65,8 +65,10 @@ struct Partitioner {
       }
     }
     ReshardPlan plan = plan_reshard(mesh, src.global_shape, src.dtype, src.sharding, target, opts.cost);
+    const auto ann = src.graph_value >= 0 ? g.annotations.find(src.graph_value) : g.annotations.end();
+    const bool by_design = ann != g.annotations.end() && ann->second.gather_expected;  // ZeRO/FSDP
     for (const ReshardStep& st : plan.steps)
-      if (st.kind == InstrKind::Collective && st.collective == CollectiveKind::AllGather)
+      if (!by_design && st.kind == InstrKind::Collective && st.collective == CollectiveKind::AllGather)
         prog.warnings.push_back(fmt::format(
             "%{} is all-gathered over {{{}}} ({} bytes per device) {}: {} -> {}", src.name,
             join(st.axes, ", "), st.bytes, why, src.sharding.to_string(), target.to_string()));

@@ -250,6 +250,14 @@ void Graph::annotate(int v, Sharding s, int priority) {
   annotations[v] = Annotation{std::move(s), priority};
 }
 
+void Graph::expect_gathers(Tensor t) {
+  t.value();
+  auto it = annotations.find(t.id);
+  if (t.graph() != this || it == annotations.end())
+    throw Error(fmt::format("expect_gathers: %{} has no annotation on this graph; annotate it first", t.name()));
+  it->second.gather_expected = true;
+}
+
 void Graph::mark_output(Tensor t) {
   t.value();
   if (t.graph() != this) throw Error("mark_output: tensor belongs to another graph");

@@ -96,6 +96,8 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
     // Parameters are fixed in a layout across steps (the update is donated in place): an
     // unannotated one is replicated.
     if (o.zero >= 3 || !g.annotations.count(p.id)) g.annotate(p, param);
+    // FSDP: the stored shards are gathered for every use, by design (no warning).
+    if (o.zero >= 3) g.expect_gathers(p);
     // Stage 1 keeps whole gradients (all-reduced), stage 2 and 3 split them like the state.
     Tensor gr = s.grads[i];
     g.annotate(gr, o.zero >= 2 ? zl : base, /*priority=*/1);
@@ -107,6 +109,8 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
     Tensor m2 = r.m.named("next.adam.m." + p.name());
     Tensor v2 = r.v.named("next.adam.v." + p.name());
     g.annotate(p2, param);
+    // ZeRO 1-2: each device updates its shard and the update is all-gathered, by design.
+    if (o.zero >= 1) g.expect_gathers(p2);
     g.annotate(m2, state);
     g.annotate(v2, state);
     s.m.push_back(m);

@@ -68,6 +68,10 @@ struct Op {
 struct Annotation {
   Sharding sharding;
   int priority = 0;
+  // Set by Graph::expect_gathers: the partitioner's all-gathers of this value are by design (a
+  // ZeRO/FSDP layout gathered for use), not reported in Program::warnings. Not part of the
+  // text form: a graph read back from text reports them.
+  bool gather_expected = false;
 };
 
 class Graph;
@@ -133,6 +137,10 @@ class Graph {
   // never changed by propagation.
   void annotate(Tensor t, Sharding s, int priority = 0);
   void annotate(int value, Sharding s, int priority = 0);
+  // Marks the annotated value `t` as gathered by design (Annotation::gather_expected): the
+  // training step does so for ZeRO's sharded parameters and updates. Error when t has no
+  // annotation.
+  void expect_gathers(Tensor t);
   void mark_output(Tensor t);
 
   // The handle of value `id` (Error when out of range).
