@@ -7,6 +7,8 @@
 //  * collective-matmul rings (uni and bi) on 4 virtual devices == reference.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "../unit/test_util.hpp"
 #include "gpu_test_util.hpp"
 #include "tessel/executable.hpp"
@@ -105,4 +107,45 @@ TEST_CASE("collective-matmul rings on CUDA virtual devices == reference", "[gpu]
   tessel_test::announce("gpu: collective-matmul rings on CUDA virtual devices", seed, 2);
   CudaRuntime rt(4);
   tessel_test::check_sequence_parallel_rings(rt, seed);
+}
+
+// Races between streams or virtual devices show as runs that differ: every reduction of the
+// CUDA backend is in a fixed order, so the same loaded program on the same inputs must give the
+// same bits every time. Outputs are poisoned before each run. TESSEL_CASES sets the run count.
+TEST_CASE("a loaded GPT forward is bit-identical over repeated runs", "[gpu][stress]") {
+  const uint64_t seed = tessel_test::seed();
+  const int runs = tessel_test::cases(40);
+  tessel_test::announce("gpu: a loaded GPT forward is bit-identical over repeated runs", seed, runs);
+  GptGraph m = tessel_gpu_test::tiny_gpt(2);
+  const Mesh mesh = Mesh::parse("data=2,model=4");
+  Executable exe = compile(m.graph, mesh);
+  const auto in = random_inputs(m.graph, seed);
+  const auto want = run_reference(m.graph, in);
+  CudaRuntime rt(mesh.num_devices());
+  LoadOptions lo;
+  lo.lowering.fuse_elementwise = true;
+  LoadedExecutable le = load(exe, rt, lo);
+  std::vector<ShardedArray> args;
+  for (std::size_t i = 0; i < in.size(); ++i) args.push_back(le.to_device(i, in[i]));
+  HostTensor first;
+  int differing = 0;
+  for (int r = 0; r < runs; ++r) {
+    RunOptions ro;
+    ro.poison = true;
+    const HostTensor got = le.to_host(le.run(args, ro).outputs[0], /*check_replicas=*/true);
+    if (r == 0) {
+      first = got;
+      const CompareResult c = compare(got, want[0]);
+      INFO("run 0 against the CPU reference: " << c.to_string());
+      REQUIRE(c.max_rel_err <= 1e-5);
+      continue;
+    }
+    bool same = got.bytes() == first.bytes();
+    for (int64_t i = 0; same && i < got.numel(); ++i) same = got.get(i) == first.get(i) || (std::isnan(got.get(i)) && std::isnan(first.get(i)));
+    if (!same) {
+      ++differing;
+      UNSCOPED_INFO("run " << r << " differs from run 0: " << compare(got, first).to_string());
+    }
+  }
+  CHECK(differing == 0);
 }

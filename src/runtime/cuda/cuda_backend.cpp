@@ -452,6 +452,16 @@ int cuda_device_count() {
   return n;
 }
 
+std::string cuda_unavailable_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fmt::format("{}: {}", cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+  return n == 0 ? "cudaGetDeviceCount found 0 GPUs (check CUDA_VISIBLE_DEVICES)" : "";
+}
+
 std::string cuda_device_name(int device) {
   cudaDeviceProp p{};
   TESSEL_CUDA_CHECK(cudaGetDeviceProperties(&p, device));

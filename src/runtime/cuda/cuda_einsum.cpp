@@ -291,9 +291,13 @@ void run_cuda_einsum(CudaBackend& be, const KernelArgs& a, CudaStream* s) {
   bool trans_c = false;
   void* pc = a.out;
   if (sr != seq_c && sr == batch + free_b + free_a) trans_c = true;
-  else if (sr != seq_c) pc = scratch.get(static_cast<std::size_t>(out_n) * es);
+  // The product goes to scratch when the result's letters are in another order (allocated below,
+  // unless its rows are padded, which needs a scratch of its own).
+  const bool c_scratch = sr != seq_c && !trans_c;
 
+  std::map<char, int64_t> c_strides;  // strides of the product's letters in pc (set with padded rows)
   if (K == 0) {
+    if (c_scratch) pc = scratch.get(static_cast<std::size_t>(out_n) * es);
     if (s) ck::fill_bits(pc, out_n, es, 0, s->handle());
   } else {
     GemmKey key{};
@@ -325,6 +329,54 @@ void run_cuda_einsum(CudaBackend& be, const KernelArgs& a, CudaStream* s) {
     key.stride_a = trans_c ? M * K : K * N;  // cuBLASLt's A is our A only when C is transposed
     key.stride_b = trans_c ? K * N : M * K;
     key.stride_c = M * N;
+    // 16-byte rows: cuBLASLt's fast kernels need every matrix's contiguous extent and leading
+    // dimension to be a multiple of 16 bytes; with one odd (GPT-2's vocabulary of 50257) it falls
+    // back to an align1 kernel (on an H200, 6.6 ms for the 8192x768x50257 LM head). A big enough
+    // product then runs on zero-padded copies: m, n and k rounded up (zeros add nothing to the
+    // sums; the padded rows and columns of the product are dropped by the copy out).
+    const int64_t q = 16 / static_cast<int64_t>(es);
+    auto up = [&](int64_t d) { return (d + q - 1) / q * q; };
+    const bool pad = 2.0 * double(B) * double(M) * double(N) * double(K) >= be.options().gemm_pad_min_flops &&
+                     (key.m % q || key.n % q || key.k % q);
+    if (pad) {
+      const int64_t mp = up(key.m), np = up(key.n), kp = up(key.k);
+      // Operand stored row-major as [B, r, c] (dense): copied into a zeroed [B, rp, cp].
+      auto widen = [&](const void*& p, int64_t r, int64_t c, int64_t rp, int64_t cp) {
+        if (r == rp && c == cp) return;
+        void* dst = scratch.get(static_cast<std::size_t>(B * rp * cp) * es);
+        if (s) {
+          ck::fill_bits(dst, B * rp * cp, es, 0, s->handle());
+          ck::strided_copy(p, dst, es, make_loop({B, r, c}, {{rp * cp, cp, 1}, {r * c, c, 1}}), s->handle());
+        }
+        p = dst;
+      };
+      // op(A) is m x k: stored col-major m x k ([k][m] row-major) for N, k x m ([m][k]) for T.
+      if (key.op_a == CUBLAS_OP_N) widen(lt_a, key.k, key.m, kp, mp);
+      else widen(lt_a, key.m, key.k, mp, kp);
+      // op(B) is k x n: stored [n][k] for N, [k][n] for T.
+      if (key.op_b == CUBLAS_OP_N) widen(lt_b, key.n, key.k, np, kp);
+      else widen(lt_b, key.k, key.n, kp, np);
+      key.lda = key.op_a == CUBLAS_OP_N ? mp : kp;
+      key.ldb = key.op_b == CUBLAS_OP_N ? kp : np;
+      key.stride_a = mp * kp;
+      key.stride_b = kp * np;
+      key.m = mp, key.n = np, key.k = kp;
+      key.ldc = mp;
+      key.stride_c = mp * np;
+      pc = scratch.get(static_cast<std::size_t>(B * key.stride_c) * es);  // every element written
+    } else if (c_scratch) {
+      pc = scratch.get(static_cast<std::size_t>(out_n) * es);
+    }
+    // The product's layout in pc: [batch, rows, ldc]; rows are C's n letters, columns its m.
+    const std::string seq_rows = trans_c ? free_b : free_a, seq_cols = trans_c ? free_a : free_b;
+    c_strides.clear();
+    auto put = [&](const std::string& letters, int64_t scale) {
+      const auto st = contiguous_strides(shape_of(letters));
+      for (std::size_t i = 0; i < letters.size(); ++i) c_strides[letters[i]] = st[i] * scale;
+    };
+    put(batch, key.stride_c);
+    put(seq_rows, key.ldc);
+    put(seq_cols, 1);
     key.align_a = alignment_of(lt_a);
     key.align_b = alignment_of(lt_b);
     key.align_c = alignment_of(pc);
@@ -341,12 +393,16 @@ void run_cuda_einsum(CudaBackend& be, const KernelArgs& a, CudaStream* s) {
   }
   if (!s) return;
   if (pc != a.out) {
-    const Shape cs = shape_of(seq_c);
     std::vector<int64_t> st;
-    const auto cst = contiguous_strides(cs);
-    for (char c : sr) st.push_back(cst[seq_c.find(c)]);
+    if (c_strides.empty()) {  // pc holds seq_c densely
+      const auto cst = contiguous_strides(shape_of(seq_c));
+      for (char c : sr) st.push_back(cst[seq_c.find(c)]);
+    } else {
+      for (char c : sr) st.push_back(c_strides.at(c));
+    }
     ck::strided_copy(pc, a.out, es, make_loop(a.out_shape, {contiguous_strides(a.out_shape), st}), s->handle());
   }
+
 }
 
 }  // namespace tessel::cuda

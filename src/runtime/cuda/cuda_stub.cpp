@@ -22,6 +22,7 @@ namespace {
 bool cuda_compiled() { return false; }
 bool cuda_has_kernel(OpKind) { return false; }
 int cuda_device_count() { return 0; }
+std::string cuda_unavailable_reason() { return "tessel was built without CUDA (TESSEL_WITH_CUDA=OFF)"; }
 std::string cuda_device_name(int) { no_cuda("cuda_device_name"); }
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) { no_cuda("make_cuda_backend"); }
 std::unique_ptr<CollectiveWorld> make_cuda_virtual_world(const Mesh&, const CudaWorldOptions&) {

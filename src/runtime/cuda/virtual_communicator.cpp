@@ -334,6 +334,9 @@ class VirtualCommunicator : public Communicator {
     const int n = static_cast<int>(posts.size());
     const std::size_t rb = recv_bytes(p, n), sb = send_bytes(p, n);
     if (rb == 0 || !p.recv) return nullptr;
+    // A permute member that receives nothing keeps recv as it is (as the CPU communicator does):
+    // no scratch, so nothing unwritten is copied over it.
+    if (p.kind == Kind::Permute && p.recv_from < 0) return nullptr;
     const char* s0 = static_cast<const char*>(p.send);
     const char* r0 = static_cast<const char*>(p.recv);
     const bool overlap = p.send && p.kind != Kind::Broadcast && s0 < r0 + rb && r0 < s0 + sb;

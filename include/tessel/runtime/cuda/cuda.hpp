@@ -31,6 +31,9 @@ class Executable;
 
 // GPUs visible to this process; 0 when there is none or no usable driver (never throws).
 int cuda_device_count();
+// Why cuda_device_count() is 0: the CUDA error's name and text ("cudaErrorNoDevice: no
+// CUDA-capable device is detected"), or that tessel was built without CUDA; "" when a GPU is visible.
+std::string cuda_unavailable_reason();
 // "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)"; throws RuntimeError for a bad ordinal.
 std::string cuda_device_name(int device);
 
@@ -39,6 +42,11 @@ struct CudaBackendOptions {
   bool allow_tf32 = false;  // f32 einsums may use TF32 tensor cores (10-bit mantissa products)
   // cuBLASLt workspace per stream (bytes): a larger one lets the heuristics pick split-K.
   std::size_t gemm_workspace_bytes = std::size_t{32} << 20;
+  // A product of at least this many FLOPs whose rows are not a multiple of 16 bytes (GPT-2's
+  // vocabulary of 50257) runs on copies with padded rows: cuBLASLt's fast Hopper kernels need
+  // 16-byte leading dimensions (on an H200 the 8192x768x50257 bf16 product took 50 ms with the
+  // odd rows, the whole GPT-2 forward's time). 0 pads every product with such rows.
+  double gemm_pad_min_flops = 1 << 27;
 };
 
 // One device of a mesh on GPU options.device. Throws RuntimeError naming the device when
