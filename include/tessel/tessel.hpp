@@ -35,9 +35,10 @@
 #include "tessel/passes/collective_matmul.hpp"
 #include "tessel/passes/program_passes.hpp"
 
-// train — training: autodiff and the training step
+// train — training: autodiff, the training step and the trainer (the loop as an object)
 #include "tessel/train/autodiff.hpp"
 #include "tessel/train/train_step.hpp"
+#include "tessel/train/trainer.hpp"
 
 // models — models built on the API
 #include "tessel/models/gpt.hpp"

@@ -32,36 +32,118 @@ std::vector<std::pair<std::string, std::string>> TrainStep::donations() const {
   return d;
 }
 
-TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh,
-                         const TrainOptions& o) {
-  if (o.zero < 0 || o.zero > 3) throw Error(fmt::format("add_train_step: zero={} is not a ZeRO stage (0..3)", o.zero));
+namespace {
+
+void check_options(const char* what, Graph& g, const std::vector<Tensor>& params, const Mesh& mesh,
+                   const TrainOptions& o) {
+  if (o.zero < 0 || o.zero > 3) throw Error(fmt::format("{}: zero={} is not a ZeRO stage (0..3)", what, o.zero));
   if (o.zero > 0 && !mesh.has_axis(o.data_axis))
-    throw Error(fmt::format("add_train_step: zero={} splits over '{}', which mesh {} lacks", o.zero, o.data_axis,
+    throw Error(fmt::format("{}: zero={} splits over '{}', which mesh {} lacks", what, o.zero, o.data_axis,
                             mesh.to_string()));
   const AdamWConfig& a = o.adamw;
   if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps > 0) || !(a.weight_decay >= 0) ||
       !(a.clip_norm >= 0))
-    throw Error(fmt::format("add_train_step: AdamW needs 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0 and "
+    throw Error(fmt::format("{}: AdamW needs 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0 and "
                             "clip_norm >= 0 (got beta1={} beta2={} eps={} weight_decay={} clip_norm={})",
-                            a.beta1, a.beta2, a.eps, a.weight_decay, a.clip_norm));
+                            what, a.beta1, a.beta2, a.eps, a.weight_decay, a.clip_norm));
   for (const Tensor& p : params) {
     p.value();
     if (p.graph() != &g || g.values[static_cast<std::size_t>(p.id)].producer < 0 ||
         g.ops[static_cast<std::size_t>(g.values[static_cast<std::size_t>(p.id)].producer)].kind != OpKind::Input ||
         p.dtype() == DType::i32)
-      throw Error(fmt::format("add_train_step: parameter %{} must be a float input of the graph", p.name()));
+      throw Error(fmt::format("{}: parameter %{} must be a float input of the graph", what, p.name()));
   }
-  TrainStep s;
-  s.params = params;
+}
+
+// The layouts of one parameter's step at ZeRO stage o.zero.
+struct ParamLayouts {
+  Sharding base;   // the user's layout of the parameter (replicated when unannotated)
+  Sharding state;  // the moments (and accumulated gradients at stage >= 2)
+  Sharding param;  // the stored parameter
+  Sharding grad;   // the gradient
+};
+
+ParamLayouts param_layouts(Graph& g, const Tensor& p, const Mesh& mesh, const TrainOptions& o) {
+  auto it = g.annotations.find(p.id);
+  ParamLayouts l;
+  l.base = it != g.annotations.end() ? it->second.sharding.closed_copy() : Sharding::replicated(p.rank());
+  const Sharding zl = zero_layout(l.base, p.shape(), mesh, o.data_axis);
+  l.state = o.zero >= 1 ? zl : l.base;
+  l.param = o.zero >= 3 ? zl : l.base;
+  // Stage 1 keeps whole gradients (all-reduced), stage 2 and 3 split them like the state.
+  l.grad = o.zero >= 2 ? zl : l.base;
+  // Parameters are fixed in a layout across steps (the update is donated in place): an
+  // unannotated one is replicated.
+  if (o.zero >= 3 || it == g.annotations.end()) g.annotate(p, l.param);
+  // FSDP: the stored shards are gathered for every use, by design (no warning).
+  if (o.zero >= 3) g.expect_gathers(p);
+  return l;
+}
+
+std::vector<Tensor> gradients(Tensor loss, const std::vector<Tensor>& params, const TrainOptions& o) {
   GradOptions go;
   go.remat = o.remat;
   go.checkpoints = o.checkpoints;
-  s.grads = grad(loss, params, go);
+  return grad(loss, params, go);
+}
+
+Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : cast(t, DType::f32); }
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> GradAccumulation::donations() const {
+  std::vector<std::pair<std::string, std::string>> d;
+  for (std::size_t i = 0; i < acc.size(); ++i) d.emplace_back(acc[i].name(), next_acc[i].name());
+  return d;
+}
+
+GradAccumulation add_grad_accumulation(Graph& g, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh,
+                                       const TrainOptions& o) {
+  check_options("add_grad_accumulation", g, params, mesh, o);
+  GradAccumulation s;
+  s.params = params;
+  std::vector<ParamLayouts> layouts;
+  for (const Tensor& p : params) layouts.push_back(param_layouts(g, p, mesh, o));
+  s.grads = gradients(loss, params, o);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    Tensor acc = input(g, "grad.acc." + p.name(), DType::f32, p.shape());
+    g.annotate(acc, layouts[i].grad);
+    g.annotate(s.grads[i], layouts[i].grad, /*priority=*/1);
+    Tensor next = add(acc, as_f32(s.grads[i])).named("next.grad.acc." + p.name());
+    g.annotate(next, layouts[i].grad);
+    g.mark_output(next);
+    s.acc.push_back(acc);
+    s.next_acc.push_back(next);
+  }
+  return s;
+}
+
+TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh,
+                         const TrainOptions& o) {
+  check_options("add_train_step", g, params, mesh, o);
+  const AdamWConfig& a = o.adamw;
+  TrainStep s;
+  s.params = params;
+  std::vector<ParamLayouts> layouts;
+  for (const Tensor& p : params) layouts.push_back(param_layouts(g, p, mesh, o));
+  s.grads = gradients(loss, params, o);
+  if (o.accumulated) {
+    // The update's gradient: (the earlier micro-batches' sum + this one's) / K.
+    s.grad_scale = input(g, "grad.scale", DType::f32, {});
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      Tensor acc = input(g, "grad.acc." + params[i].name(), DType::f32, params[i].shape());
+      g.annotate(acc, layouts[i].grad);
+      g.annotate(s.grads[i], layouts[i].grad, /*priority=*/1);
+      s.grad_acc.push_back(acc);
+      s.grads[i] = mul(add(acc, as_f32(s.grads[i])), s.grad_scale);
+    }
+  }
 
   // Global-norm clipping: every gradient scaled by min(1, clip / norm).
   Tensor sq;
   for (const Tensor& gr : s.grads) {
-    Tensor gf = gr.dtype() == DType::f32 ? gr : cast(gr, DType::f32);
+    Tensor gf = as_f32(gr);
     std::vector<int64_t> all;
     for (int64_t d = 0; d < gf.rank(); ++d) all.push_back(d);
     Tensor part = all.empty() ? mul(gf, gf) : reduce_sum(mul(gf, gf), all);
@@ -73,46 +155,45 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
     Tensor c = constant(g, a.clip_norm);
     clip_scale = where(gt(s.grad_norm, c), div(c, add(s.grad_norm, constant(g, 1e-6))), constant(g, 1.0));
   }
+  // finite: x * 0 == 0 exactly when x is neither NaN nor infinite (the loss and the norm).
+  Tensor finite;
+  if (o.guard_non_finite) {
+    const Tensor zero = constant(g, 0.0);
+    finite = eq(add(mul(s.grad_norm, zero), mul(as_f32(loss), zero)), zero);
+  }
   s.lr = input(g, "adam.lr", DType::f32, {});
   s.bc1 = input(g, "adam.bc1", DType::f32, {});
   s.bc2 = input(g, "adam.bc2", DType::f32, {});
   g.mark_output(s.grad_norm);
 
-  auto layout_of = [&](const Tensor& t) {
-    auto it = g.annotations.find(t.id);
-    return it != g.annotations.end() ? it->second.sharding.closed_copy() : Sharding::replicated(t.rank());
-  };
   const Tensor one = constant(g, 1.0);
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
-    const Sharding base = layout_of(p);
-    const Sharding zl = zero_layout(base, p.shape(), mesh, o.data_axis);
-    const Sharding state = o.zero >= 1 ? zl : base;
-    const Sharding param = o.zero >= 3 ? zl : base;
+    const ParamLayouts& l = layouts[i];
     Tensor m = input(g, "adam.m." + p.name(), DType::f32, p.shape());
     Tensor v = input(g, "adam.v." + p.name(), DType::f32, p.shape());
-    g.annotate(m, state);
-    g.annotate(v, state);
-    // Parameters are fixed in a layout across steps (the update is donated in place): an
-    // unannotated one is replicated.
-    if (o.zero >= 3 || !g.annotations.count(p.id)) g.annotate(p, param);
-    // FSDP: the stored shards are gathered for every use, by design (no warning).
-    if (o.zero >= 3) g.expect_gathers(p);
-    // Stage 1 keeps whole gradients (all-reduced), stage 2 and 3 split them like the state.
+    g.annotate(m, l.state);
+    g.annotate(v, l.state);
     Tensor gr = s.grads[i];
-    g.annotate(gr, o.zero >= 2 ? zl : base, /*priority=*/1);
+    g.annotate(gr, l.grad, /*priority=*/1);
     // One fused op per parameter (builders.hpp adamw): clipping scale, moments, bias
     // correction and decoupled decay (rank >= 2 only) in one pass.
     AdamWResults r = adamw(p, gr, m, v, s.lr, s.bc1, s.bc2, clip_scale.anchor ? clip_scale : one, a.beta1, a.beta2,
                            a.eps, p.rank() >= 2 ? a.weight_decay : 0.0);
-    Tensor p2 = r.param.named("next." + p.name());
-    Tensor m2 = r.m.named("next.adam.m." + p.name());
-    Tensor v2 = r.v.named("next.adam.v." + p.name());
-    g.annotate(p2, param);
+    Tensor p2 = r.param, m2 = r.m, v2 = r.v;
+    if (finite.anchor) {  // a non-finite step keeps every value as it was
+      p2 = where(finite, p2, p);
+      m2 = where(finite, m2, m);
+      v2 = where(finite, v2, v);
+    }
+    p2 = p2.named("next." + p.name());
+    m2 = m2.named("next.adam.m." + p.name());
+    v2 = v2.named("next.adam.v." + p.name());
+    g.annotate(p2, l.param);
     // ZeRO 1-2: each device updates its shard and the update is all-gathered, by design.
     if (o.zero >= 1) g.expect_gathers(p2);
-    g.annotate(m2, state);
-    g.annotate(v2, state);
+    g.annotate(m2, l.state);
+    g.annotate(v2, l.state);
     s.m.push_back(m);
     s.v.push_back(v);
     s.next_params.push_back(p2);

@@ -44,6 +44,14 @@ struct TrainOptions {
   // between blocks).
   RematPolicy remat = RematPolicy::none;
   std::vector<Tensor> checkpoints;
+  // Gradient accumulation (the last micro-batch's step; trainer.hpp): inputs `grad.scale`
+  // (f32 scalar, 1/K) and `grad.acc.<p>` per parameter (f32, the sum of the earlier
+  // micro-batches' gradients, laid out like the gradient), and the update applies
+  // (grad.acc.<p> + gradient) * grad.scale. add_grad_accumulation builds the other micro-batches.
+  bool accumulated = false;
+  // When the loss or the gradient norm is NaN or infinite, every `next` output equals its input
+  // (the parameters and moments keep their values): the caller then stops or skips the step.
+  bool guard_non_finite = false;
 };
 
 // What add_train_step added. Inputs, in this order after the graph's own: `adam.lr`,
@@ -57,6 +65,8 @@ struct TrainStep {
   std::vector<Tensor> next_params, next_m, next_v;
   Tensor lr, bc1, bc2;
   Tensor grad_norm;  // the global gradient norm before clipping (an output too)
+  std::vector<Tensor> grad_acc;  // accumulated: the `grad.acc.<p>` inputs
+  Tensor grad_scale;             // accumulated: the `grad.scale` input
   // (input name, output name) pairs for LoadOptions::donate: parameters and moments updated
   // in place.
   std::vector<std::pair<std::string, std::string>> donations() const;
@@ -68,6 +78,17 @@ struct TrainStep {
 // of g, or a stage outside 0..3.
 TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh,
                          const TrainOptions& options = {});
+
+// The other micro-batches of gradient accumulation: the forward and backward of `loss`, and per
+// parameter an input `grad.acc.<p>` (f32, laid out like the gradient at this ZeRO stage) and an
+// output `next.grad.acc.<p>` = grad.acc.<p> + the gradient; no update. The parameters get the
+// layouts add_train_step gives them (same options), so the same arrays feed both programs.
+struct GradAccumulation {
+  std::vector<Tensor> params, grads, acc, next_acc;
+  std::vector<std::pair<std::string, std::string>> donations() const;  // acc -> next_acc
+};
+GradAccumulation add_grad_accumulation(Graph& g, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh,
+                                       const TrainOptions& options = {});
 
 // The layout ZeRO gives a value of `shape` laid out as `layout` on `mesh`: `layout` with
 // `axis` added to the first dim it can split evenly (a dim with no axes first, then one whose

@@ -1,0 +1,142 @@
+// tessel/train/trainer.hpp — the training loop as an object: a loaded training step and its
+// state on the devices, one call per batch.
+//
+//   tessel::TrainerOptions o;
+//   o.lr = tessel::LrSchedule::warmup_cosine(3e-3, /*warmup_steps=*/100, /*total_steps=*/2000);
+//   tessel::Trainer tr(model.graph, model.loss, model.weights, mesh, runtime, o);
+//   tr.init(initial_weights);                    // parameters by name; moments zero; step 0
+//   for (...) {
+//     tessel::StepRecord r = tr.step(batch);     // the graph's other inputs, in batch_inputs() order
+//     // r.loss, r.grad_norm, r.lr, r.seconds, r.tokens_per_s
+//   }
+//   double eval = tr.evaluate(held_out);         // the loss, no update
+//
+// What it owns: the training step (add_train_step) compiled for `mesh` and loaded on `runtime`,
+// with the parameters and AdamW moments device-resident and donated in place every step; the
+// step counter t and the bias corrections 1/(1 - beta^t); the learning rate of the schedule at
+// t (an input of the step: a schedule never recompiles).
+//
+// Gradient accumulation: step(micro_batches) with K batches runs K - 1 gradient-only programs
+// (add_grad_accumulation: the sums stay on the devices) and one update from the sum / K: the
+// update of one batch K times larger, with the memory of one micro-batch. These programs, and
+// evaluate's forward, are compiled on first use.
+//
+// Non-finite values: when a step's loss or gradient norm is NaN or infinite, the step keeps the
+// parameters and moments unchanged on the devices (TrainOptions::guard_non_finite) and then,
+// by TrainerOptions::non_finite, either throws an Error naming the step, the loss and the norm
+// (stop, the default) or records the step as skipped and goes on (the step counter does not
+// advance).
+//
+// Every record is kept (history()); write_history_csv and write_loss_svg save them.
+// Thread safety: one thread at a time (a Trainer is a loop's state). The runtime must outlive
+// the trainer. On a multi-process runtime every process makes the same calls (SPMD).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/core/mesh.hpp"
+#include "tessel/executable.hpp"
+#include "tessel/ir/graph.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/runtime.hpp"
+#include "tessel/runtime/tensor.hpp"
+#include "tessel/train/train_step.hpp"
+
+namespace tessel {
+
+// The learning rate at step t = 1, 2, ...
+struct LrSchedule {
+  enum class Kind { Constant, WarmupCosine };
+  Kind kind = Kind::Constant;
+  double peak = 1e-3;         // the constant rate, or the rate at the end of the warmup
+  int64_t warmup_steps = 0;   // linear from peak/warmup_steps at t = 1 to peak at t = warmup_steps
+  int64_t total_steps = 0;    // cosine from peak (t = warmup_steps) to final_lr (t = total_steps)
+  double final_lr = 0;        // and final_lr after total_steps
+
+  static LrSchedule constant(double lr);
+  static LrSchedule warmup_cosine(double peak, int64_t warmup_steps, int64_t total_steps, double final_lr = 0);
+  // Throws Error for t < 1.
+  double at(int64_t t) const;
+  // "constant 0.003", "warmup 100 + cosine to 2000 (peak 0.003, final 0)".
+  std::string to_string() const;
+};
+
+enum class NonFinite { Stop, Skip };
+
+struct TrainerOptions {
+  TrainOptions train;                          // ZeRO stage, AdamW, remat (add_train_step)
+  LrSchedule lr = LrSchedule::constant(1e-3);
+  NonFinite non_finite = NonFinite::Stop;
+  LoadOptions load;                            // lowering and timeouts; the trainer adds its donations
+  // Tokens per batch for tokens_per_s; 0: the element count of the first i32 batch input (the
+  // token ids), else of the first batch input.
+  int64_t tokens_per_batch = 0;
+};
+
+struct StepRecord {
+  int64_t step = 0;         // the update's t (the record of a skipped step has the t it would have had)
+  double loss = 0;          // the mean over the micro-batches
+  double grad_norm = 0;     // of the update's gradient, before clipping
+  double lr = 0;
+  double seconds = 0;       // wall time of the step's runs (transfers of the batch included)
+  double tokens_per_s = 0;
+  int micro_batches = 1;
+  bool skipped = false;     // non-finite, update not applied (NonFinite::Skip)
+};
+
+class Trainer {
+ public:
+  // Builds the training step of `loss` for `params` (float inputs of `model`) on a copy of
+  // `model`, compiles it for `mesh` and loads it on `runtime`. Throws what add_train_step,
+  // compile and load throw.
+  Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh, Runtime& runtime,
+          TrainerOptions options = {});
+  ~Trainer();
+  Trainer(Trainer&&) noexcept;
+  Trainer& operator=(Trainer&&) noexcept;
+
+  // The model's inputs that are not parameters, in graph input order: what a batch holds.
+  const std::vector<std::string>& batch_inputs() const;
+  const std::vector<std::string>& param_names() const;
+
+  // Parameters to the devices (every parameter, by name), moments to zero, step counter to 0.
+  // Throws Error naming a missing or unknown parameter, or a value of the wrong type.
+  void init(const std::map<std::string, HostTensor>& params);
+
+  // One update from one batch (batch_inputs() order). Throws Error naming the input on a wrong
+  // count or type, and on a non-finite step with NonFinite::Stop.
+  StepRecord step(const std::vector<HostTensor>& batch);
+  // One update from the gradients of K >= 1 micro-batches (their mean).
+  StepRecord step(const std::vector<std::vector<HostTensor>>& micro_batches);
+  // The loss of a batch with the current parameters; nothing is updated.
+  double evaluate(const std::vector<HostTensor>& batch);
+
+  int64_t steps_done() const;  // updates applied: the next step's t is steps_done() + 1
+  const std::vector<StepRecord>& history() const;
+  HostTensor param(const std::string& name) const;  // the current value (gathered)
+  const LrSchedule& schedule() const;
+  void set_schedule(const LrSchedule& lr);  // from the next step on; no recompile
+
+  // step,loss,grad_norm,lr,seconds,tokens_per_s,micro_batches,skipped — one row per record.
+  void write_history_csv(const std::string& path) const;
+  // The loss per step as an SVG line chart (skipped steps left out).
+  void write_loss_svg(const std::string& path, const std::string& title = "training loss") const;
+
+  // The largest planned peak bytes per device (memory plan: inputs, outputs, arena) of the
+  // programs loaded so far: the update, and once used the accumulation and evaluation ones.
+  int64_t planned_peak_bytes() const;
+
+  const Executable& executable() const;  // the training step
+  LoadedExecutable& program();           // ... loaded
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessel

@@ -1,0 +1,386 @@
+// The training loop as an object (trainer.hpp): the update program (add_train_step), and on
+// first use the micro-batch program of gradient accumulation, the update that ends an
+// accumulation, and the forward for evaluation; the parameters and moments stay on the devices.
+#include "tessel/train/trainer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <optional>
+
+#include "tessel/ops/builders.hpp"
+
+namespace tessel {
+
+LrSchedule LrSchedule::constant(double lr) {
+  LrSchedule s;
+  s.peak = lr;
+  return s;
+}
+
+LrSchedule LrSchedule::warmup_cosine(double peak, int64_t warmup_steps, int64_t total_steps, double final_lr) {
+  if (!(peak >= 0) || !(final_lr >= 0) || warmup_steps < 0 || total_steps < warmup_steps)
+    throw Error(fmt::format("LrSchedule::warmup_cosine: needs peak >= 0, final_lr >= 0 and 0 <= warmup_steps <= "
+                            "total_steps (got peak={} warmup_steps={} total_steps={} final_lr={})",
+                            peak, warmup_steps, total_steps, final_lr));
+  LrSchedule s;
+  s.kind = Kind::WarmupCosine;
+  s.peak = peak;
+  s.warmup_steps = warmup_steps;
+  s.total_steps = total_steps;
+  s.final_lr = final_lr;
+  return s;
+}
+
+double LrSchedule::at(int64_t t) const {
+  if (t < 1) throw Error(fmt::format("LrSchedule::at: step {} (steps count from 1)", t));
+  if (kind == Kind::Constant) return peak;
+  if (t <= warmup_steps) return peak * static_cast<double>(t) / static_cast<double>(warmup_steps);
+  if (t >= total_steps) return final_lr;
+  const double progress = static_cast<double>(t - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+  return final_lr + 0.5 * (peak - final_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+std::string LrSchedule::to_string() const {
+  if (kind == Kind::Constant) return fmt::format("constant {}", peak);
+  return fmt::format("warmup {} + cosine to {} (peak {}, final {})", warmup_steps, total_steps, peak, final_lr);
+}
+
+namespace {
+
+HostTensor scalar(double v) {
+  HostTensor h(DType::f32, {});
+  h.set(0, v);
+  return h;
+}
+
+// A compiled and loaded program of the trainer.
+struct Loaded {
+  Executable exe;
+  LoadedExecutable le;
+};
+
+}  // namespace
+
+struct Trainer::Impl {
+  Runtime* rt = nullptr;
+  Mesh mesh;
+  TrainerOptions o;
+  Graph model;  // the caller's graph, copied
+  int loss_id = -1;
+  std::vector<int> param_ids;
+  std::vector<std::string> params, batch;
+  std::string loss_name;
+  std::optional<Loaded> update, micro, update_acc, eval;
+  std::map<std::string, ShardedArray> state;  // parameters and moments, by input name
+  int64_t t = 0;
+  bool initialised = false;
+  std::vector<StepRecord> history;
+
+  // A copy of the model with only the loss as output, and handles of the loss and parameters.
+  Graph copy(Tensor& loss, std::vector<Tensor>& ps) const {
+    Graph g = model.clone();
+    g.outputs = {loss_id};
+    loss = g.tensor(loss_id);
+    ps.clear();
+    for (int id : param_ids) ps.push_back(g.tensor(id));
+    return g;
+  }
+  TrainOptions train_options(Graph& g, bool accumulated) const {
+    TrainOptions to = o.train;
+    to.guard_non_finite = true;
+    to.accumulated = accumulated;
+    for (Tensor& c : to.checkpoints) c = g.tensor(c.id);  // the caller's handles are on `model`
+    return to;
+  }
+  Loaded build(Graph& g, std::vector<std::pair<std::string, std::string>> donate) const {
+    Executable exe = compile(g, mesh);
+    LoadOptions lo = o.load;
+    lo.donate.insert(lo.donate.end(), donate.begin(), donate.end());
+    LoadedExecutable le = load(exe, *rt, lo);
+    return Loaded{std::move(exe), std::move(le)};
+  }
+  Loaded build_update(bool accumulated) const {
+    Tensor loss;
+    std::vector<Tensor> ps;
+    Graph g = copy(loss, ps);
+    TrainStep s = add_train_step(g, loss, ps, mesh, train_options(g, accumulated));
+    return build(g, s.donations());
+  }
+  Loaded& micro_program() {
+    if (!micro) {
+      Tensor loss;
+      std::vector<Tensor> ps;
+      Graph g = copy(loss, ps);
+      GradAccumulation a = add_grad_accumulation(g, loss, ps, mesh, train_options(g, true));
+      micro = build(g, a.donations());
+    }
+    return *micro;
+  }
+  Loaded& update_acc_program() {
+    if (!update_acc) update_acc = build_update(true);
+    return *update_acc;
+  }
+  Loaded& eval_program() {
+    if (!eval) {
+      Tensor loss;
+      std::vector<Tensor> ps;
+      Graph g = copy(loss, ps);
+      // The parameters in the layouts the update program keeps them in, so its arrays fit.
+      const Program& up = update->exe.program();
+      for (std::size_t i = 0; i < ps.size(); ++i) {
+        const std::size_t in = update->le.input_index(params[i]);
+        g.annotate(ps[i], up.values[static_cast<std::size_t>(up.inputs[in])].sharding.closed_copy());
+        if (o.train.zero >= 3) g.expect_gathers(ps[i]);
+      }
+      eval = build(g, {});
+    }
+    return *eval;
+  }
+
+  int64_t tokens_of(const std::vector<HostTensor>& b) const {
+    if (o.tokens_per_batch > 0) return o.tokens_per_batch;
+    for (const HostTensor& h : b)
+      if (h.dtype() == DType::i32) return h.numel();
+    return b.empty() ? 0 : b[0].numel();
+  }
+  void check_batch(const std::vector<HostTensor>& b, const char* what) const {
+    if (b.size() != batch.size()) {
+      std::string names;
+      for (const std::string& n : batch) names += (names.empty() ? "" : ", ") + n;
+      throw Error(fmt::format("Trainer::{}: a batch holds {} tensors ({}), got {}", what, batch.size(), names,
+                              b.size()));
+    }
+  }
+  void check_ready(const char* what) const {
+    if (!initialised)
+      throw Error(fmt::format("Trainer::{}: the parameters are not set; call init() with every parameter first",
+                              what));
+  }
+  // The arrays of one run of `p`: the state and `extra` by name, the batch sent to the devices.
+  std::map<std::string, ShardedArray> inputs(Loaded& p, const std::vector<HostTensor>& b,
+                                             std::map<std::string, ShardedArray> extra, bool with_moments) const {
+    for (std::size_t i = 0; i < batch.size(); ++i) extra[batch[i]] = p.le.to_device(batch[i], b[i]);
+    for (const std::string& name : params) {
+      extra[name] = state.at(name);
+      if (with_moments) {
+        extra["adam.m." + name] = state.at("adam.m." + name);
+        extra["adam.v." + name] = state.at("adam.v." + name);
+      }
+    }
+    return extra;
+  }
+  double host_scalar(Loaded& p, const RunResult& r, const std::string& name) const {
+    return p.le.to_host(p.le.output(r, name)).get(0);
+  }
+};
+
+Trainer::Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh,
+                 Runtime& runtime, TrainerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& im = *impl_;
+  im.rt = &runtime;
+  im.mesh = mesh;
+  im.o = std::move(options);
+  if (loss.graph() != &model) throw Error("Trainer: the loss must be a value of the model graph");
+  loss.value();
+  im.model = model.clone();
+  im.loss_id = loss.id;
+  im.loss_name = loss.name();
+  for (const Tensor& p : params) {
+    if (p.graph() != &model) throw Error(fmt::format("Trainer: parameter %{} is not a value of the model graph", p.name()));
+    im.param_ids.push_back(p.id);
+    im.params.push_back(p.name());
+  }
+  for (int in : model.inputs)
+    if (std::find(im.param_ids.begin(), im.param_ids.end(), in) == im.param_ids.end())
+      im.batch.push_back(model.values[static_cast<std::size_t>(in)].name);
+  im.o.lr.at(1);  // a bad schedule fails here
+  im.update = im.build_update(false);
+}
+
+Trainer::~Trainer() = default;
+Trainer::Trainer(Trainer&&) noexcept = default;
+Trainer& Trainer::operator=(Trainer&&) noexcept = default;
+
+const std::vector<std::string>& Trainer::batch_inputs() const { return impl_->batch; }
+const std::vector<std::string>& Trainer::param_names() const { return impl_->params; }
+int64_t Trainer::steps_done() const { return impl_->t; }
+const std::vector<StepRecord>& Trainer::history() const { return impl_->history; }
+const LrSchedule& Trainer::schedule() const { return impl_->o.lr; }
+void Trainer::set_schedule(const LrSchedule& lr) {
+  lr.at(1);
+  impl_->o.lr = lr;
+}
+int64_t Trainer::planned_peak_bytes() const {
+  int64_t peak = 0;
+  for (const std::optional<Loaded>* p : {&impl_->update, &impl_->micro, &impl_->update_acc, &impl_->eval})
+    if (*p) peak = std::max(peak, (*p)->le.program().memory_plan().peak_bytes());
+  return peak;
+}
+
+const Executable& Trainer::executable() const { return impl_->update->exe; }
+LoadedExecutable& Trainer::program() { return impl_->update->le; }
+
+void Trainer::init(const std::map<std::string, HostTensor>& values) {
+  Impl& im = *impl_;
+  for (const auto& [name, v] : values)
+    if (std::find(im.params.begin(), im.params.end(), name) == im.params.end())
+      throw Error(fmt::format("Trainer::init: '{}' is not a parameter of the training step", name));
+  LoadedExecutable& le = im.update->le;
+  std::map<std::string, ShardedArray> s;
+  for (std::size_t i = 0; i < im.params.size(); ++i) {
+    const std::string& name = im.params[i];
+    auto it = values.find(name);
+    if (it == values.end()) throw Error(fmt::format("Trainer::init: no value for parameter '{}'", name));
+    s[name] = le.to_device(name, it->second);
+    const Value& pv = im.model.values[static_cast<std::size_t>(im.param_ids[i])];
+    const HostTensor zeros(DType::f32, pv.shape);
+    s["adam.m." + name] = le.to_device("adam.m." + name, zeros);
+    s["adam.v." + name] = le.to_device("adam.v." + name, zeros);
+  }
+  im.state = std::move(s);
+  im.t = 0;
+  im.history.clear();
+  im.initialised = true;
+}
+
+StepRecord Trainer::step(const std::vector<HostTensor>& batch) {
+  return step(std::vector<std::vector<HostTensor>>{batch});
+}
+
+StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batches) {
+  Impl& im = *impl_;
+  im.check_ready("step");
+  if (micro_batches.empty()) throw Error("Trainer::step: no batch given (one, or K micro-batches)");
+  for (const auto& b : micro_batches) im.check_batch(b, "step");
+  const auto start = std::chrono::steady_clock::now();
+  const int k = static_cast<int>(micro_batches.size());
+  StepRecord rec;
+  rec.step = im.t + 1;
+  rec.lr = im.o.lr.at(rec.step);
+  rec.micro_batches = k;
+  const AdamWConfig& a = im.o.train.adamw;
+  double loss_sum = 0;
+  bool finite = true;
+  std::map<std::string, ShardedArray> acc;  // accumulated gradients by input name
+  if (k > 1) {
+    Loaded& mp = im.micro_program();
+    for (const std::string& name : im.params) {
+      const Value& pv = im.model.values[static_cast<std::size_t>(im.model.find(name))];
+      acc["grad.acc." + name] = mp.le.to_device("grad.acc." + name, HostTensor(DType::f32, pv.shape));
+    }
+    for (int i = 0; i + 1 < k; ++i) {
+      RunResult r = mp.le.run_named(im.inputs(mp, micro_batches[static_cast<std::size_t>(i)], acc, false));
+      const double l = im.host_scalar(mp, r, im.loss_name);
+      loss_sum += l;
+      finite = finite && std::isfinite(l);
+      for (const std::string& name : im.params)
+        acc["grad.acc." + name] = mp.le.output(r, "next.grad.acc." + name);
+    }
+  }
+  Loaded& up = k > 1 ? im.update_acc_program() : *im.update;
+  double norm = std::nan("");
+  if (finite) {  // a non-finite micro-batch loss: the update is not run at all
+    std::map<std::string, ShardedArray> extra = acc;
+    extra["adam.lr"] = up.le.to_device("adam.lr", scalar(rec.lr));
+    extra["adam.bc1"] = up.le.to_device("adam.bc1", scalar(1.0 / (1.0 - std::pow(a.beta1, rec.step))));
+    extra["adam.bc2"] = up.le.to_device("adam.bc2", scalar(1.0 / (1.0 - std::pow(a.beta2, rec.step))));
+    if (k > 1) extra["grad.scale"] = up.le.to_device("grad.scale", scalar(1.0 / k));
+    RunResult r = up.le.run_named(im.inputs(up, micro_batches.back(), std::move(extra), true));
+    // The parameters and moments were donated: their next values are the state (unchanged
+    // values when the step was not finite, TrainOptions::guard_non_finite).
+    for (const std::string& name : im.params)
+      for (const std::string& s : {name, "adam.m." + name, "adam.v." + name})
+        im.state[s] = up.le.output(r, "next." + s);
+    const double l = im.host_scalar(up, r, im.loss_name);
+    loss_sum += l;
+    norm = im.host_scalar(up, r, "grad_norm");
+    finite = std::isfinite(l) && std::isfinite(norm);
+  }
+  rec.loss = loss_sum / k;
+  rec.grad_norm = norm;
+  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  int64_t tokens = 0;
+  for (const auto& b : micro_batches) tokens += im.tokens_of(b);
+  rec.tokens_per_s = rec.seconds > 0 ? static_cast<double>(tokens) / rec.seconds : 0;
+  if (!finite) {
+    rec.skipped = true;
+    im.history.push_back(rec);
+    if (im.o.non_finite == NonFinite::Stop)
+      throw Error(fmt::format("Trainer::step: step {} is not finite (loss {}, gradient norm {}); the parameters and "
+                              "moments keep their values from before the step. Lower the learning rate ({}), check "
+                              "the batch, or set TrainerOptions::non_finite = NonFinite::Skip to skip such steps",
+                              rec.step, rec.loss, norm, rec.lr));
+    return rec;
+  }
+  im.t = rec.step;
+  im.history.push_back(rec);
+  return rec;
+}
+
+double Trainer::evaluate(const std::vector<HostTensor>& batch) {
+  Impl& im = *impl_;
+  im.check_ready("evaluate");
+  im.check_batch(batch, "evaluate");
+  Loaded& ev = im.eval_program();
+  RunResult r = ev.le.run_named(im.inputs(ev, batch, {}, false));
+  return im.host_scalar(ev, r, im.loss_name);
+}
+
+HostTensor Trainer::param(const std::string& name) const {
+  auto it = impl_->state.find(name);
+  if (it == impl_->state.end() || std::find(impl_->params.begin(), impl_->params.end(), name) == impl_->params.end())
+    throw Error(fmt::format("Trainer::param: '{}' is not a parameter{}", name,
+                            impl_->initialised ? "" : " (or init() was not called)"));
+  return impl_->update->le.to_host(it->second);
+}
+
+void Trainer::write_history_csv(const std::string& path) const {
+  std::ofstream f(path);
+  if (!f) throw Error(fmt::format("Trainer::write_history_csv: cannot write '{}'", path));
+  f << "step,loss,grad_norm,lr,seconds,tokens_per_s,micro_batches,skipped\n";
+  for (const StepRecord& r : impl_->history)
+    f << fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{}\n", r.step, r.loss, r.grad_norm, r.lr, r.seconds,
+                     r.tokens_per_s, r.micro_batches, r.skipped ? 1 : 0);
+  if (!f) throw Error(fmt::format("Trainer::write_history_csv: writing '{}' failed", path));
+}
+
+void Trainer::write_loss_svg(const std::string& path, const std::string& title) const {
+  std::vector<std::pair<double, double>> pts;
+  for (const StepRecord& r : impl_->history)
+    if (!r.skipped && std::isfinite(r.loss)) pts.emplace_back(static_cast<double>(r.step), r.loss);
+  if (pts.empty()) throw Error("Trainer::write_loss_svg: no finite step recorded yet");
+  double x0 = pts.front().first, x1 = pts.back().first, y0 = pts[0].second, y1 = pts[0].second;
+  for (const auto& [x, y] : pts) y0 = std::min(y0, y), y1 = std::max(y1, y);
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) y1 = y0 + 1;
+  const double w = 640, h = 360, left = 60, right = 20, top = 40, bottom = 40;
+  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * (w - left - right); };
+  auto py = [&](double y) { return top + (y1 - y) / (y1 - y0) * (h - top - bottom); };
+  std::string line;
+  for (const auto& [x, y] : pts) line += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+  std::string escaped;
+  for (char c : title) escaped += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
+  std::ofstream f(path);
+  if (!f) throw Error(fmt::format("Trainer::write_loss_svg: cannot write '{}'", path));
+  f << fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n"
+      "<text x=\"{2}\" y=\"24\" font-size=\"14\">{3}</text>\n"
+      "<line x1=\"{2}\" y1=\"{4}\" x2=\"{2}\" y2=\"{5}\" stroke=\"black\"/>\n"
+      "<line x1=\"{2}\" y1=\"{5}\" x2=\"{6}\" y2=\"{5}\" stroke=\"black\"/>\n"
+      "<text x=\"{7}\" y=\"{8}\" text-anchor=\"end\">{9:.4g}</text>\n"
+      "<text x=\"{7}\" y=\"{5}\" text-anchor=\"end\">{10:.4g}</text>\n"
+      "<text x=\"{2}\" y=\"{11}\">step {12}</text>\n"
+      "<text x=\"{6}\" y=\"{11}\" text-anchor=\"end\">step {13}</text>\n"
+      "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{14}\"/>\n</svg>\n",
+      w, h, left, escaped, top, h - bottom, w - right, left - 4, top + 4, y1, y0, h - bottom + 16, x0,
+      pts.back().first, line);
+  if (!f) throw Error(fmt::format("Trainer::write_loss_svg: writing '{}' failed", path));
+}
+
+}  // namespace tessel

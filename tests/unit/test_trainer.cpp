@@ -1,0 +1,294 @@
+// The Trainer (trainer.hpp): learning-rate schedules, steps on data=2 model=2 equal to one
+// device, gradient accumulation equal to one larger batch with the memory of one micro-batch,
+// evaluation without an update, non-finite steps (stop or skip, the state kept), the records
+// and their files, and the errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/train/trainer.hpp"
+#include "test_util.hpp"
+
+using namespace tessel;
+
+namespace {
+
+// Two MLP blocks with residuals and a mean-squared error, Megatron layouts on `model`, the
+// batch split over `data`.
+struct Mlp {
+  Graph g;
+  Tensor loss;
+  std::vector<Tensor> params;
+};
+
+Mlp build_mlp(int64_t batch) {
+  Mlp m;
+  Graph& g = m.g;
+  Tensor x = input(g, "x", DType::f32, {batch, 16}), y = input(g, "y", DType::f32, {batch, 16});
+  g.annotate(x, Sharding::of({{"data"}, {}}));
+  g.annotate(y, Sharding::of({{"data"}, {}}));
+  Tensor h = x;
+  for (int b = 0; b < 2; ++b) {
+    Tensor w1 = input(g, "w1_" + std::to_string(b), DType::f32, {16, 32});
+    Tensor w2 = input(g, "w2_" + std::to_string(b), DType::f32, {32, 16});
+    g.annotate(w1, Sharding::of({{}, {"model"}}));
+    g.annotate(w2, Sharding::of({{"model"}, {}}));
+    h = add(h, einsum("bf,fd->bd", gelu(einsum("bd,df->bf", h, w1)), w2));
+    m.params.push_back(w1);
+    m.params.push_back(w2);
+  }
+  Tensor d = sub(h, y);
+  m.loss = mul(reduce_sum(mul(d, d), {0, 1}), constant(g, 1.0 / static_cast<double>(batch * 16))).named("loss");
+  g.mark_output(m.loss);
+  return m;
+}
+
+std::map<std::string, HostTensor> init_params(const Mlp& m, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n(0, 0.2);
+  std::map<std::string, HostTensor> p;
+  for (const Tensor& t : m.params) {
+    HostTensor h(DType::f32, t.shape());
+    for (int64_t i = 0; i < h.numel(); ++i) h.set(i, n(rng));
+    p[t.name()] = h;
+  }
+  return p;
+}
+
+std::vector<HostTensor> batch_of(int64_t rows, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> u(-1, 1);
+  HostTensor x(DType::f32, {rows, 16}), y(DType::f32, {rows, 16});
+  for (int64_t i = 0; i < x.numel(); ++i) x.set(i, u(rng)), y.set(i, u(rng));
+  return {x, y};
+}
+
+// Rows [r0, r0 + rows) of every tensor of a batch.
+std::vector<HostTensor> rows_of(const std::vector<HostTensor>& b, int64_t r0, int64_t rows) {
+  std::vector<HostTensor> out;
+  for (const HostTensor& t : b) {
+    const int64_t w = t.numel() / t.shape()[0];
+    HostTensor s(t.dtype(), {rows, t.shape()[1]});
+    for (int64_t i = 0; i < rows * w; ++i) s.set(i, t.get(r0 * w + i));
+    out.push_back(s);
+  }
+  return out;
+}
+
+double max_rel(const HostTensor& a, const HostTensor& b) { return compare(a, b).max_rel_err; }
+
+}  // namespace
+
+TEST_CASE("trainer: learning-rate schedules", "[train][trainer]") {
+  const LrSchedule c = LrSchedule::constant(0.01);
+  CHECK(c.at(1) == 0.01);
+  CHECK(c.at(1000) == 0.01);
+  const LrSchedule w = LrSchedule::warmup_cosine(1.0, 10, 110, 0.1);
+  CHECK(w.at(1) == Approx(0.1));
+  CHECK(w.at(5) == Approx(0.5));
+  CHECK(w.at(10) == Approx(1.0));
+  CHECK(w.at(60) == Approx(0.55));  // half way down the cosine: (1 + 0.1) / 2
+  CHECK(w.at(110) == Approx(0.1));
+  CHECK(w.at(500) == Approx(0.1));
+  for (int64_t t = 11; t < 110; ++t) CHECK(w.at(t + 1) <= w.at(t));
+  CHECK_THROWS_WITH(c.at(0), Catch::Contains("step 0"));
+  CHECK_THROWS_WITH(LrSchedule::warmup_cosine(1.0, 10, 5), Catch::Contains("warmup_steps <= total_steps"));
+  CHECK(w.to_string() == "warmup 10 + cosine to 110 (peak 1, final 0.1)");
+}
+
+TEST_CASE("trainer: steps on data=2 model=2 equal one device at every ZeRO stage", "[train][trainer]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("trainer: steps on data=2 model=2 equal one device", seed, 4);
+  for (int zero : {0, 1, 2, 3}) {
+    INFO("zero " << zero);
+    Mlp m = build_mlp(8);
+    TrainerOptions o;
+    o.train.zero = zero;
+    o.lr = LrSchedule::warmup_cosine(0.02, 2, 6);
+    ThreadRuntime rt4(4), rt1(1);
+    Trainer many(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt4, o);
+    Trainer one(m.g, m.loss, m.params, Mesh::parse("data=1,model=1"), rt1, o);
+    CHECK(many.batch_inputs() == std::vector<std::string>{"x", "y"});
+    const auto p0 = init_params(m, seed);
+    many.init(p0);
+    one.init(p0);
+    std::mt19937_64 rng(seed + 1);
+    for (int t = 1; t <= 6; ++t) {
+      const auto b = batch_of(8, rng);
+      const StepRecord a = many.step(b), r = one.step(b);
+      CHECK(a.step == t);
+      CHECK(a.lr == Approx(o.lr.at(t)));
+      CHECK(std::fabs(a.loss - r.loss) <= 1e-5 * std::fabs(r.loss));
+      CHECK(std::fabs(a.grad_norm - r.grad_norm) <= 1e-5 * r.grad_norm);
+    }
+    CHECK(many.steps_done() == 6);
+    for (const std::string& p : many.param_names()) {
+      INFO(p);
+      CHECK(max_rel(many.param(p), one.param(p)) <= 2e-4);
+    }
+    // The loss falls on a fixed batch (the schedule above has reached its final rate, 0).
+    many.set_schedule(LrSchedule::constant(0.02));
+    const auto fixed = batch_of(8, rng);
+    const double before = many.evaluate(fixed);
+    for (int i = 0; i < 5; ++i) many.step(fixed);
+    CHECK(many.evaluate(fixed) < before);
+  }
+}
+
+TEST_CASE("trainer: gradient accumulation equals one batch K times larger", "[train][trainer]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("trainer: gradient accumulation equals one batch K times larger", seed, 1);
+  constexpr int64_t kMicro = 32, kK = 4;  // activations outweigh the accumulated gradients
+  Mlp small = build_mlp(kMicro), big = build_mlp(kMicro * kK);
+  TrainerOptions o;
+  o.train.zero = 2;
+  o.lr = LrSchedule::constant(0.01);
+  ThreadRuntime rt_a(4), rt_b(4);
+  const Mesh mesh = Mesh::parse("data=2,model=2");
+  Trainer acc(small.g, small.loss, small.params, mesh, rt_a, o);
+  Trainer whole(big.g, big.loss, big.params, mesh, rt_b, o);
+  const auto p0 = init_params(small, seed);
+  acc.init(p0);
+  whole.init(p0);
+  std::mt19937_64 rng(seed + 7);
+  for (int t = 1; t <= 4; ++t) {
+    const auto b = batch_of(kMicro * kK, rng);
+    std::vector<std::vector<HostTensor>> micro;
+    for (int64_t i = 0; i < kK; ++i) micro.push_back(rows_of(b, i * kMicro, kMicro));
+    const StepRecord ra = acc.step(micro), rb = whole.step(b);
+    CHECK(ra.micro_batches == kK);
+    CHECK(ra.loss == Approx(rb.loss).epsilon(1e-5));
+    CHECK(ra.grad_norm == Approx(rb.grad_norm).epsilon(1e-5));
+  }
+  for (const std::string& p : acc.param_names()) {
+    INFO(p);
+    CHECK(max_rel(acc.param(p), whole.param(p)) <= 2e-4);
+  }
+  // The programs that ran hold one micro-batch's activations, not K.
+  CHECK(acc.planned_peak_bytes() < whole.planned_peak_bytes());
+}
+
+TEST_CASE("trainer: evaluate gives the loss and updates nothing", "[train][trainer]") {
+  const uint64_t seed = tessel_test::seed();
+  Mlp m = build_mlp(8);
+  ThreadRuntime rt(4);
+  TrainerOptions o;
+  o.train.zero = 3;
+  Trainer tr(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt, o);
+  tr.init(init_params(m, seed));
+  std::mt19937_64 rng(seed);
+  tr.step(batch_of(8, rng));
+  const HostTensor w = tr.param("w1_0");
+  const auto b = batch_of(8, rng);
+  const double e = tr.evaluate(b);
+  CHECK(tr.steps_done() == 1);
+  CHECK(max_rel(tr.param("w1_0"), w) == 0);
+  CHECK(tr.step(b).loss == Approx(e).epsilon(1e-6));  // the step's loss is before its update
+}
+
+TEST_CASE("trainer: a non-finite step stops or is skipped and keeps the state", "[train][trainer]") {
+  const uint64_t seed = tessel_test::seed();
+  Mlp m = build_mlp(8);
+  for (NonFinite mode : {NonFinite::Stop, NonFinite::Skip}) {
+    for (int k : {1, 2}) {
+      INFO((mode == NonFinite::Stop ? "stop" : "skip") << ", micro-batches " << k);
+      ThreadRuntime rt(4);
+      TrainerOptions o;
+      o.non_finite = mode;
+      o.train.zero = 1;
+      Trainer tr(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt, o);
+      tr.init(init_params(m, seed));
+      std::mt19937_64 rng(seed);
+      auto batches = [&](bool poison) {
+        std::vector<std::vector<HostTensor>> v;
+        for (int i = 0; i < k; ++i) v.push_back(batch_of(8, rng));
+        if (poison) v.back()[0].set(5, std::nan(""));
+        return v;
+      };
+      tr.step(batches(false));
+      tr.step(batches(false));
+      std::map<std::string, HostTensor> before;
+      for (const std::string& p : tr.param_names()) before[p] = tr.param(p);
+      if (mode == NonFinite::Stop) {
+        CHECK_THROWS_WITH(tr.step(batches(true)), Catch::Contains("step 3 is not finite") &&
+                                                       Catch::Contains("keep their values"));
+      } else {
+        const StepRecord r = tr.step(batches(true));
+        CHECK(r.skipped);
+        CHECK(r.step == 3);
+      }
+      CHECK(tr.steps_done() == 2);
+      CHECK(tr.history().back().skipped);
+      for (const std::string& p : tr.param_names()) CHECK(max_rel(tr.param(p), before[p]) == 0);
+      const StepRecord next = tr.step(batches(false));  // training goes on from step 3
+      CHECK(next.step == 3);
+      CHECK(std::isfinite(next.loss));
+      CHECK(tr.steps_done() == 3);
+    }
+  }
+}
+
+TEST_CASE("trainer: records and their CSV and SVG files", "[train][trainer]") {
+  Mlp m = build_mlp(8);
+  ThreadRuntime rt(4);
+  TrainerOptions o;
+  o.lr = LrSchedule::constant(0.01);
+  Trainer tr(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt, o);
+  tr.init(init_params(m, 5));
+  std::mt19937_64 rng(5);
+  for (int t = 0; t < 3; ++t) {
+    const StepRecord r = tr.step(batch_of(8, rng));
+    CHECK(r.seconds > 0);
+    CHECK(r.tokens_per_s == Approx(8 * 16 / r.seconds));  // no i32 input: the first input's elements
+  }
+  tr.set_schedule(LrSchedule::constant(0.001));
+  CHECK(tr.step(batch_of(8, rng)).lr == 0.001);
+  const std::string csv = (std::filesystem::temp_directory_path() / ("tessel_trainer_" + std::to_string(::getpid()) + ".csv")).string();
+  const std::string svg = (std::filesystem::temp_directory_path() / ("tessel_trainer_" + std::to_string(::getpid()) + ".svg")).string();
+  tr.write_history_csv(csv);
+  tr.write_loss_svg(svg, "mlp <test>");
+  std::ifstream c(csv);
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(c, line)) lines.push_back(line);
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[0] == "step,loss,grad_norm,lr,seconds,tokens_per_s,micro_batches,skipped");
+  CHECK(lines[4].rfind("4,", 0) == 0);
+  std::stringstream s;
+  s << std::ifstream(svg).rdbuf();
+  CHECK(s.str().find("<polyline") != std::string::npos);
+  CHECK(s.str().find("mlp &lt;test&gt;") != std::string::npos);
+  std::remove(csv.c_str());
+  std::remove(svg.c_str());
+}
+
+TEST_CASE("trainer: errors name the parameter or the batch", "[train][trainer]") {
+  Mlp m = build_mlp(8);
+  ThreadRuntime rt(4);
+  Trainer tr(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt);
+  std::mt19937_64 rng(1);
+  CHECK_THROWS_WITH(tr.step(batch_of(8, rng)), Catch::Contains("call init() with every parameter first"));
+  auto p = init_params(m, 1);
+  p.erase("w2_1");
+  CHECK_THROWS_WITH(tr.init(p), Catch::Contains("no value for parameter 'w2_1'"));
+  p = init_params(m, 1);
+  p["bogus"] = HostTensor(DType::f32, {1});
+  CHECK_THROWS_WITH(tr.init(p), Catch::Contains("'bogus' is not a parameter"));
+  tr.init(init_params(m, 1));
+  CHECK_THROWS_WITH(tr.step(std::vector<HostTensor>{batch_of(8, rng)[0]}),
+                    Catch::Contains("a batch holds 2 tensors (x, y), got 1"));
+  CHECK_THROWS_WITH(tr.step(batch_of(4, rng)), Catch::Contains("x"));
+  CHECK_THROWS_WITH(tr.param("x"), Catch::Contains("'x' is not a parameter"));
+  Graph other;
+  Tensor l = input(other, "l", DType::f32, {});
+  CHECK_THROWS_WITH(Trainer(m.g, l, m.params, Mesh::parse("data=2,model=2"), rt),
+                    Catch::Contains("the loss must be a value of the model graph"));
+}
