@@ -1,22 +1,24 @@
 // gpt_train: trains a small GPT-2-style decoder (models/gpt.hpp) on a byte-level text corpus
 // shipped in the repository (data/corpus.txt), with data × model parallelism from the Megatron
-// annotations and ZeRO as annotations (train.hpp). Forward, backward, clipping and AdamW are
-// one partitioned program, loaded once; parameters and optimizer state stay on the devices
-// between steps and are updated in place (donated). Every step is checked against the same
-// step on one device: the unpartitioned graph run by the reference executor from the same
-// state (the partitioned run's parameters and moments before the step, gathered to the host),
-// so the check measures each step's error and not the drift of two trajectories, which
-// training amplifies (a rounding difference grows step after step through a loss spike).
+// annotations and ZeRO as annotations (train_step.hpp), written on the Trainer (trainer.hpp):
+// forward, backward, clipping and AdamW are one partitioned program, loaded once; parameters and
+// optimizer state stay on the devices between steps and are updated in place (donated). Every
+// step is checked against the same step on one device: Trainer::reference_step, the
+// unpartitioned graph run by the reference executor from the same state (the parameters and
+// moments before the step, gathered to the host), so the check measures each step's error and
+// not the drift of two trajectories, which training amplifies.
 //
 //   build/bin/gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]
-//                       [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]
-//                       [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4]
-//                       [--no-reference] [--mixed] [--remat none|einsums|all] [--offload]
-//                       [--backend cpu|cuda] [--gpus N]
+//                       [--warmup N] [--accumulate K] [--batch 8] [--seq 32] [--d-model 64]
+//                       [--heads 4] [--layers 2] [--seed N] [--threads T] [--corpus FILE]
+//                       [--tolerance 1e-4] [--no-reference] [--mixed] [--remat none|einsums|all]
+//                       [--offload] [--out PREFIX] [--backend cpu|cuda] [--gpus N]
 //
-// Prints per step the loss, the one-device loss and their relative difference, the gradient
-// norm and tokens/s; then peak bytes per device and the collectives of the step. Exits 1 when
-// a step differs from the one-device run by more than the tolerance or the loss did not fall.
+// Prints a progress line per step (step/total, loss, the one-device loss and their relative
+// difference, gradient norm, learning rate, tokens/s, time left); then peak bytes per device
+// (measured and planned) and the collectives of the step; writes the loss curve to PREFIX.csv
+// and PREFIX.svg (default gpt_train.csv and gpt_train.svg). Exits 1 when a step differs from
+// the one-device run by more than the tolerance or the loss did not fall.
 //
 // Under mpirun (e.g. `mpirun -np 2 build/bin/gpt_train --mesh data=2,model=2 --zero 2`) it
 // runs on the MPI runtime: each process owns devices/np devices of the mesh, every process
@@ -48,18 +50,22 @@
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/reference.hpp"
-#include "tessel/train/train_step.hpp"
+#include "tessel/train/trainer.hpp"
 
 namespace {
 
 const char* kUsage =
-    "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]\n"
-    "                 [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
+    "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3] [--warmup N]\n"
+    "                 [--accumulate K] [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
-    "                 [--mixed] [--remat none|einsums|all] [--offload] [--backend cpu|cuda] [--gpus N]\n"
-    "                 [--timeout S]\n"
+    "                 [--mixed] [--remat none|einsums|all] [--offload] [--out PREFIX]\n"
+    "                 [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
-    "checked against the same step on one device. --mixed: bf16 activations with f32 master\n"
+    "checked against the same step on one device. --warmup N: the learning rate rises linearly\n"
+    "over N steps, then falls along a cosine to 0 at --steps (default: constant). --accumulate K:\n"
+    "each step's batch is K micro-batches of batch/K rows, their gradients summed on the devices.\n"
+    "--out PREFIX: the loss curve goes to PREFIX.csv and PREFIX.svg (default gpt_train; '' for\n"
+    "none). --mixed: bf16 activations with f32 master\n"
     "weights and moments (tolerance 5e-3 unless given). --remat: which activations the backward\n"
     "recomputes: none (saves all), einsums (saves einsum results only), all (recomputes each block\n"
     "from its input). --offload: saved activations of 16 KiB or more move to host memory between\n"
@@ -87,7 +93,8 @@ int run(int argc, char** argv) {
   cfg.vocab = 256;  // bytes
   tessel::TrainOptions to;
   std::string mesh_spec = "data=2,model=2", corpus_path = std::string(TESSEL_SOURCE_DIR) + "/data/corpus.txt";
-  int steps = 20, threads = 1, gpus = 0;
+  int steps = 20, threads = 1, gpus = 0, warmup = 0, accumulate = 1;
+  std::string out_prefix = "gpt_train";
   double timeout_s = -1;  // < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s
   bool cuda = false;
   double lr = 3e-3, tolerance = 1e-4;
@@ -104,6 +111,9 @@ int run(int argc, char** argv) {
     else if (a == "--zero") to.zero = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 3));
     else if (a == "--steps") steps = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1000000));
     else if (a == "--lr") lr = tessel::cli::parse_double(a, next(), 0, 10);
+    else if (a == "--warmup") warmup = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 1000000));
+    else if (a == "--accumulate") accumulate = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
+    else if (a == "--out") out_prefix = next();
     else if (tessel::parse_gpt_flag(a, next, cfg)) continue;
     else if (a == "--seed") seed = tessel::cli::parse_u64(a, next());
     else if (a == "--threads") threads = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
@@ -136,12 +146,17 @@ int run(int argc, char** argv) {
     throw tessel::Error(fmt::format("gpt_train: the mesh {} needs axes '{}' and '{}' (size 1 is fine)",
                                     mesh.to_string(), cfg.data_axis, cfg.model_axis));
 
+  if (warmup > steps)
+    throw tessel::UsageError(fmt::format("--warmup {}: longer than the {} steps of the run (--steps)", warmup, steps));
+  if (cfg.batch % accumulate != 0)
+    throw tessel::UsageError(fmt::format("--accumulate {}: the batch of {} rows does not split into {} equal micro-batches",
+                                         accumulate, cfg.batch, accumulate));
+  const int64_t batch_rows = cfg.batch;
+  cfg.batch /= accumulate;  // the model sees one micro-batch
   tessel::GptGraph m = tessel::build_gpt(cfg);
   tessel::Graph& g = m.graph;
   to.checkpoints = m.checkpoints;
   auto t0 = std::chrono::steady_clock::now();
-  tessel::TrainStep step = tessel::add_train_step(g, m.loss, m.weights, mesh, to);
-  tessel::Executable exe = tessel::compile(g, mesh);
   // CUDA: a CudaRuntime (one process, or one NCCL world over the launcher's processes). CPU
   // under an MPI launcher: the MPI runtime (this process owns a block of the devices).
   // Otherwise every device is a CPU thread of this process. Only rank 0 prints.
@@ -164,102 +179,93 @@ int run(int argc, char** argv) {
   auto print = [&](const std::string& text) {
     if (printer) std::fputs(text.c_str(), stdout);
   };
-  tessel::LoadOptions lo;
-  lo.donate = step.donations();
-  if (offload) lo.lowering.offload_min_bytes = 16 << 10;
+  tessel::TrainerOptions o;
+  o.train = to;
+  o.lr = warmup > 0 ? tessel::LrSchedule::warmup_cosine(lr, warmup, steps) : tessel::LrSchedule::constant(lr);
+  if (offload) o.load.lowering.offload_min_bytes = 16 << 10;
   // A hung GPU collective fails instead of waiting forever; on MPI, 0 is the runtime's timeout.
-  if (cuda) lo.collective_timeout_s = timeout_s >= 0 ? timeout_s : 300;
-  tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
+  if (cuda) o.load.collective_timeout_s = timeout_s >= 0 ? timeout_s : 300;
+  tessel::Trainer trainer(g, m.loss, m.weights, mesh, *rt, o);
+  const tessel::Executable& exe = trainer.executable();
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  print(fmt::format("gpt_train: batch={} seq={} d_model={} heads={} layers={} vocab={} params={} corpus={} bytes\n",
-                    cfg.batch, cfg.seq, cfg.d_model, cfg.heads, cfg.layers, cfg.vocab, m.params, corpus.size()));
-  print(fmt::format("mesh {} = {} {} devices{}, zero={}, remat={}, lr={}, {}, seed {}\n", mesh.to_string(),
+  print(fmt::format("gpt_train: batch={}{} seq={} d_model={} heads={} layers={} vocab={} params={} corpus={} bytes\n",
+                    batch_rows, accumulate > 1 ? fmt::format(" ({} micro-batches of {})", accumulate, cfg.batch) : "",
+                    cfg.seq, cfg.d_model, cfg.heads, cfg.layers, cfg.vocab, m.params, corpus.size()));
+  print(fmt::format("mesh {} = {} {} devices{}, zero={}, remat={}, lr {}, {}, seed {}\n", mesh.to_string(),
                     mesh.num_devices(), cuda ? "CUDA" : "CPU",
                     rt->process_count() > 1 ? fmt::format(" on {} processes ({})", rt->process_count(), rt->name())
                                             : std::string(" (virtual)"),
-                    to.zero,
-                    tessel::remat_policy_name(to.remat), lr, cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
+                    to.zero, tessel::remat_policy_name(to.remat), o.lr.to_string(),
+                    cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
   // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
   for (const std::string& w : exe.program().warnings) print("warning: " + w + "\n");
-  print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms, g.ops.size(),
-                    prog.program().instrs.size()));
+  print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms,
+                    exe.graph().ops.size(), trainer.program().program().instrs.size()));
 
-  // Initial values: GPT-2 scale weights, layer-norm gains 1, biases and moments 0.
+  // Initial values: GPT-2 scale weights, layer-norm gains 1, biases 0 (the moments start at 0).
   std::vector<tessel::HostTensor> host = tessel::random_inputs(g, seed);
   tessel::gpt_init(g, host);
-  std::map<std::string, std::size_t> in_index;
-  for (std::size_t i = 0; i < g.inputs.size(); ++i) in_index[g.values[static_cast<std::size_t>(g.inputs[i])].name] = i;
-  std::vector<tessel::ShardedArray> args;
-  for (std::size_t i = 0; i < host.size(); ++i) args.push_back(prog.to_device(i, host[i]));
-  // Where each output goes next step: next.<x> feeds input <x>.
-  std::vector<int> feeds(g.outputs.size(), -1);
-  for (std::size_t o = 0; o < g.outputs.size(); ++o) {
-    const std::string& name = g.values[static_cast<std::size_t>(g.outputs[o])].name;
-    if (name.rfind("next.", 0) == 0) feeds[o] = static_cast<int>(in_index.at(name.substr(5)));
+  std::map<std::string, tessel::HostTensor> init;
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) {
+    const std::string& name = g.values[static_cast<std::size_t>(g.inputs[i])].name;
+    if (name != "tokens" && name != "labels") init[name] = host[i];
   }
-  const std::size_t loss_out = prog.output_index("loss"), norm_out = prog.output_index("grad_norm");
+  trainer.init(init);
 
   std::mt19937_64 rng(seed ^ 0x5eed);
   std::vector<double> losses;
   double worst = 0, total_s = 0;
   int64_t peak = 0;
-  const tessel::AdamWConfig& a = to.adamw;
+  const auto train_start = std::chrono::steady_clock::now();
   for (int t = 1; t <= steps; ++t) {
-    // A batch of random windows of the corpus: tokens and the next byte as labels.
-    tessel::HostTensor tokens(tessel::DType::i32, {cfg.batch, cfg.seq}), labels(tessel::DType::i32, {cfg.batch, cfg.seq});
-    for (int64_t b = 0; b < cfg.batch; ++b) {
-      const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(corpus.size() - static_cast<std::size_t>(cfg.seq) - 1));
-      for (int64_t s = 0; s < cfg.seq; ++s) {
-        tokens.set(b * cfg.seq + s, static_cast<unsigned char>(corpus[static_cast<std::size_t>(start + s)]));
-        labels.set(b * cfg.seq + s, static_cast<unsigned char>(corpus[static_cast<std::size_t>(start + s + 1)]));
+    // K micro-batches of random windows of the corpus: tokens and the next byte as labels.
+    std::vector<std::vector<tessel::HostTensor>> micro;
+    for (int k = 0; k < accumulate; ++k) {
+      tessel::HostTensor tokens(tessel::DType::i32, {cfg.batch, cfg.seq}), labels(tessel::DType::i32, {cfg.batch, cfg.seq});
+      for (int64_t b = 0; b < cfg.batch; ++b) {
+        const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(corpus.size() - static_cast<std::size_t>(cfg.seq) - 1));
+        for (int64_t s = 0; s < cfg.seq; ++s) {
+          tokens.set(b * cfg.seq + s, static_cast<unsigned char>(corpus[static_cast<std::size_t>(start + s)]));
+          labels.set(b * cfg.seq + s, static_cast<unsigned char>(corpus[static_cast<std::size_t>(start + s + 1)]));
+        }
       }
+      micro.push_back({tokens, labels});
     }
-    auto scalar = [](double v) {
-      tessel::HostTensor h(tessel::DType::f32, {});
-      h.set(0, v);
-      return h;
-    };
-    host[in_index.at("tokens")] = tokens;
-    host[in_index.at("labels")] = labels;
-    host[in_index.at("adam.lr")] = scalar(lr);
-    host[in_index.at("adam.bc1")] = scalar(1.0 / (1.0 - std::pow(a.beta1, t)));
-    host[in_index.at("adam.bc2")] = scalar(1.0 / (1.0 - std::pow(a.beta2, t)));
-    for (const char* name : {"tokens", "labels", "adam.lr", "adam.bc1", "adam.bc2"})
-      args[in_index.at(name)] = prog.to_device(in_index.at(name), host[in_index.at(name)]);
-
-    if (reference)  // the state the step starts from, for the one-device step (every rank: a gather)
-      for (std::size_t o = 0; o < feeds.size(); ++o)
-        if (feeds[o] >= 0) host[static_cast<std::size_t>(feeds[o])] = prog.to_host(args[static_cast<std::size_t>(feeds[o])]);
-    auto s0 = std::chrono::steady_clock::now();
-    tessel::RunResult r = prog.run(args);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-    if (t > 1) total_s += secs;
-    for (int64_t b : r.stats.peak_bytes) peak = std::max(peak, b);
-    const double loss = prog.to_host(r.outputs[loss_out]).get(0);
-    const double norm = prog.to_host(r.outputs[norm_out]).get(0);
-    for (std::size_t o = 0; o < feeds.size(); ++o)
-      if (feeds[o] >= 0) args[static_cast<std::size_t>(feeds[o])] = r.outputs[o];
-    losses.push_back(loss);
+    // The same step on one device from the same state (every rank gathers; rank 0 computes).
     std::string ref_text;
+    double ref = 0;
+    if (reference) {
+      const tessel::TrainState st = trainer.state();
+      if (printer) ref = trainer.reference_step(st, micro, threads).loss;
+    }
+    const tessel::StepRecord r = trainer.step(micro);
+    if (t > 1) total_s += r.seconds;
+    peak = std::max(peak, r.peak_bytes);
+    losses.push_back(r.loss);
     if (reference && printer) {
-      // The same step on one device, from the same parameters and moments.
-      std::vector<tessel::HostTensor> out = tessel::run_reference(g, host, threads);
-      const double ref = out[loss_out].get(0);
-      const double rel = std::fabs(loss - ref) / std::max(std::fabs(ref), 1e-30);
+      const double rel = std::fabs(r.loss - ref) / std::max(std::fabs(ref), 1e-30);
       worst = std::max(worst, rel);
       ref_text = fmt::format("  one device {:.6f}  rel {:.2e}", ref, rel);
     }
-    print(fmt::format("step {:4d}  loss {:.6f}{}  grad_norm {:.4f}  {:.1f} ms  {:.0f} tokens/s\n", t, loss, ref_text,
-                      norm, secs * 1e3, static_cast<double>(cfg.batch * cfg.seq) / secs));
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
+    print(fmt::format("step {:4d}/{}  loss {:.6f}{}  grad_norm {:.4f}  lr {:.2e}  {:.1f} ms  {:.0f} tokens/s  "
+                      "{:.1f} s left\n",
+                      t, steps, r.loss, ref_text, r.grad_norm, r.lr, r.seconds * 1e3, r.tokens_per_s,
+                      elapsed / t * (steps - t)));
   }
   if (!printer) return 0;
+  if (!out_prefix.empty()) {
+    trainer.write_history_csv(out_prefix + ".csv");
+    trainer.write_loss_svg(out_prefix + ".svg", fmt::format("gpt_train loss, mesh {}, zero {}", mesh.to_string(), to.zero));
+    fmt::print("loss curve: {}.csv, {}.svg\n", out_prefix, out_prefix);
+  }
   const std::size_t n = losses.size(), w = std::max<std::size_t>(1, std::min<std::size_t>(5, n / 2));
   double first = 0, last = 0;
   for (std::size_t i = 0; i < w; ++i) {
     first += losses[i] / static_cast<double>(w);
     last += losses[n - 1 - i] / static_cast<double>(w);
   }
-  const tessel::MemoryPlan& mem = prog.program().memory_plan();
+  const tessel::MemoryPlan& mem = trainer.program().program().memory_plan();
   fmt::print("loss: mean of the first {} steps {:.4f}, of the last {} steps {:.4f} ({})\n", w, first, w, last,
              n >= 2 && last < first ? "falling" : "NOT falling");
   if (reference)
@@ -267,9 +273,9 @@ int run(int argc, char** argv) {
                worst <= tolerance ? fmt::format("ok, <= {}", tolerance) : fmt::format("FAILED, > {}", tolerance));
   if (steps > 1)
     fmt::print("step time: {:.2f} ms mean over steps 2..{} ({:.0f} tokens/s)\n", total_s * 1e3 / (steps - 1), steps,
-               static_cast<double>(cfg.batch * cfg.seq * (steps - 1)) / total_s);
+               static_cast<double>(batch_rows * cfg.seq * (steps - 1)) / total_s);
   fmt::print("peak bytes per device: {} measured, {} planned (arena {}, inputs {}, outputs {}){}\n", peak,
-             mem.peak_bytes(), mem.arena_bytes, mem.input_bytes, mem.output_bytes,
+             trainer.planned_peak_bytes(), mem.arena_bytes, mem.input_bytes, mem.output_bytes,
              mem.host_bytes > 0 ? fmt::format("; host memory (offloaded activations) {}", mem.host_bytes) : std::string());
   fmt::print("{}\n", exe.program().summary().line());
   const bool ok = (!reference || worst <= tolerance) && (n < 2 || last < first) && std::isfinite(last);

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "tessel/ops/builders.hpp"
+#include "tessel/runtime/reference.hpp"
 
 namespace tessel {
 
@@ -248,6 +249,31 @@ void Trainer::init(const std::map<std::string, HostTensor>& values) {
   im.initialised = true;
 }
 
+TrainState Trainer::state() const {
+  impl_->check_ready("state");
+  TrainState st;
+  st.step = impl_->t;
+  for (const auto& [name, a] : impl_->state) st.values[name] = impl_->update->le.to_host(a);
+  return st;
+}
+
+void Trainer::set_state(const TrainState& st) {
+  Impl& im = *impl_;
+  if (st.step < 0) throw Error(fmt::format("Trainer::set_state: step {} is negative", st.step));
+  std::map<std::string, ShardedArray> s;
+  for (const std::string& p : im.params)
+    for (const std::string& name : {p, "adam.m." + p, "adam.v." + p}) {
+      auto it = st.values.find(name);
+      if (it == st.values.end()) throw Error(fmt::format("Trainer::set_state: the state has no '{}'", name));
+      s[name] = im.update->le.to_device(name, it->second);
+    }
+  for (const auto& [name, v] : st.values)
+    if (!s.count(name)) throw Error(fmt::format("Trainer::set_state: '{}' is not part of the training state", name));
+  im.state = std::move(s);
+  im.t = st.step;
+  im.initialised = true;
+}
+
 StepRecord Trainer::step(const std::vector<HostTensor>& batch) {
   return step(std::vector<std::vector<HostTensor>>{batch});
 }
@@ -275,6 +301,7 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
     }
     for (int i = 0; i + 1 < k; ++i) {
       RunResult r = mp.le.run_named(im.inputs(mp, micro_batches[static_cast<std::size_t>(i)], acc, false));
+      for (int64_t b : r.stats.peak_bytes) rec.peak_bytes = std::max(rec.peak_bytes, b);
       const double l = im.host_scalar(mp, r, im.loss_name);
       loss_sum += l;
       finite = finite && std::isfinite(l);
@@ -291,6 +318,7 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
     extra["adam.bc2"] = up.le.to_device("adam.bc2", scalar(1.0 / (1.0 - std::pow(a.beta2, rec.step))));
     if (k > 1) extra["grad.scale"] = up.le.to_device("grad.scale", scalar(1.0 / k));
     RunResult r = up.le.run_named(im.inputs(up, micro_batches.back(), std::move(extra), true));
+    for (int64_t b : r.stats.peak_bytes) rec.peak_bytes = std::max(rec.peak_bytes, b);
     // The parameters and moments were donated: their next values are the state (unchanged
     // values when the step was not finite, TrainOptions::guard_non_finite).
     for (const std::string& name : im.params)
@@ -319,6 +347,65 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
   }
   im.t = rec.step;
   im.history.push_back(rec);
+  return rec;
+}
+
+StepRecord Trainer::reference_step(const std::vector<std::vector<HostTensor>>& micro_batches, int threads) {
+  impl_->check_ready("reference_step");
+  return reference_step(state(), micro_batches, threads);
+}
+
+StepRecord Trainer::reference_step(const TrainState& from, const std::vector<std::vector<HostTensor>>& micro_batches,
+                                   int threads) const {
+  const Impl& im = *impl_;
+  if (micro_batches.empty()) throw Error("Trainer::reference_step: no batch given (one, or K micro-batches)");
+  for (const auto& b : micro_batches) im.check_batch(b, "reference_step");
+  const int k = static_cast<int>(micro_batches.size());
+  StepRecord rec;
+  rec.step = from.step + 1;
+  rec.lr = im.o.lr.at(rec.step);
+  rec.micro_batches = k;
+  // Every value by input name: the state, the accumulated gradients, the batch, the scalars.
+  std::map<std::string, HostTensor> host = from.values;
+  const AdamWConfig& a = im.o.train.adamw;
+  host["adam.lr"] = scalar(rec.lr);
+  host["adam.bc1"] = scalar(1.0 / (1.0 - std::pow(a.beta1, rec.step)));
+  host["adam.bc2"] = scalar(1.0 / (1.0 - std::pow(a.beta2, rec.step)));
+  host["grad.scale"] = scalar(1.0 / k);
+  for (const std::string& name : im.params)
+    host["grad.acc." + name] = HostTensor(DType::f32, im.model.values[static_cast<std::size_t>(im.model.find(name))].shape);
+  auto run = [&](const Graph& g, const std::vector<HostTensor>& b) {
+    for (std::size_t i = 0; i < im.batch.size(); ++i) host[im.batch[i]] = b[i];
+    std::vector<HostTensor> in;
+    for (int v : g.inputs) {
+      const std::string& name = g.values[static_cast<std::size_t>(v)].name;
+      auto it = host.find(name);
+      if (it == host.end()) throw Error(fmt::format("Trainer::reference_step: the state has no '{}'", name));
+      in.push_back(it->second);
+    }
+    std::vector<HostTensor> out = run_reference(g, in, threads);
+    std::map<std::string, HostTensor> named;
+    for (std::size_t o = 0; o < g.outputs.size(); ++o) named[g.values[static_cast<std::size_t>(g.outputs[o])].name] = out[o];
+    return named;
+  };
+  // The graphs the programs were compiled from, built again (no load: nothing collective).
+  double loss_sum = 0;
+  Tensor loss;
+  std::vector<Tensor> ps;
+  if (k > 1) {
+    Graph g = im.copy(loss, ps);
+    add_grad_accumulation(g, loss, ps, im.mesh, im.train_options(g, true));
+    for (int i = 0; i + 1 < k; ++i) {
+      auto out = run(g, micro_batches[static_cast<std::size_t>(i)]);
+      loss_sum += out.at(im.loss_name).get(0);
+      for (const std::string& name : im.params) host["grad.acc." + name] = out.at("next.grad.acc." + name);
+    }
+  }
+  Graph g = im.copy(loss, ps);
+  add_train_step(g, loss, ps, im.mesh, im.train_options(g, k > 1));
+  auto out = run(g, micro_batches.back());
+  rec.loss = (loss_sum + out.at(im.loss_name).get(0)) / k;
+  rec.grad_norm = out.at("grad_norm").get(0);
   return rec;
 }
 

@@ -80,3 +80,23 @@ TEST_CASE("docs: every repository path quoted in README and docs exists", "[docs
   }
   CHECK(checked > 50);  // the docs quote many paths: zero would mean the pattern broke
 }
+
+// A code block marked `<!-- examples/FILE -->` in the docs is that file, verbatim: the example
+// is built and run by CTest, so the docs show code that compiles and passes.
+TEST_CASE("docs: every code block marked with an example file is that file", "[docs]") {
+  const fs::path root = TESSEL_SOURCE_DIR;
+  const std::regex marker("<!-- (examples/[A-Za-z0-9_./-]+) -->\n```[a-z]*\n");
+  int blocks = 0;
+  for (const fs::path& doc : doc_files(root)) {
+    const std::string text = read_text(doc);
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), marker); it != std::sregex_iterator(); ++it) {
+      const std::size_t begin = static_cast<std::size_t>(it->position(0) + it->length(0));
+      const std::size_t end = text.find("```\n", begin);
+      INFO(doc.filename().string() << ": the block of " << (*it)[1]);
+      REQUIRE(end != std::string::npos);
+      CHECK(text.substr(begin, end - begin) == read_text(root / (*it)[1].str()));
+      ++blocks;
+    }
+  }
+  CHECK(blocks >= 1);  // docs/training.md's custom loop
+}

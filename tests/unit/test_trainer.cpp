@@ -163,8 +163,14 @@ TEST_CASE("trainer: gradient accumulation equals one batch K times larger", "[tr
     const auto b = batch_of(kMicro * kK, rng);
     std::vector<std::vector<HostTensor>> micro;
     for (int64_t i = 0; i < kK; ++i) micro.push_back(rows_of(b, i * kMicro, kMicro));
+    // The oracle: the same steps by the reference executor, from the same states.
+    const StepRecord ref_a = acc.reference_step(micro), ref_b = whole.reference_step({b});
     const StepRecord ra = acc.step(micro), rb = whole.step(b);
     CHECK(ra.micro_batches == kK);
+    CHECK(ra.loss == Approx(ref_a.loss).epsilon(1e-5));
+    CHECK(ra.grad_norm == Approx(ref_a.grad_norm).epsilon(1e-5));
+    CHECK(rb.loss == Approx(ref_b.loss).epsilon(1e-5));
+    CHECK(rb.grad_norm == Approx(ref_b.grad_norm).epsilon(1e-5));
     CHECK(ra.loss == Approx(rb.loss).epsilon(1e-5));
     CHECK(ra.grad_norm == Approx(rb.grad_norm).epsilon(1e-5));
   }
@@ -236,6 +242,32 @@ TEST_CASE("trainer: a non-finite step stops or is skipped and keeps the state", 
   }
 }
 
+TEST_CASE("trainer: the state moves to another trainer on another mesh", "[train][trainer]") {
+  const uint64_t seed = tessel_test::seed();
+  Mlp m = build_mlp(8);
+  ThreadRuntime rt4(4), rt2(2);
+  TrainerOptions o;
+  o.train.zero = 2;
+  Trainer a(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt4, o);
+  Trainer b(m.g, m.loss, m.params, Mesh::parse("data=1,model=2"), rt2, o);
+  a.init(init_params(m, seed));
+  std::mt19937_64 rng(seed);
+  for (int t = 0; t < 3; ++t) a.step(batch_of(8, rng));
+  const TrainState st = a.state();
+  CHECK(st.step == 3);
+  CHECK(st.values.size() == 3 * m.params.size());
+  b.set_state(st);
+  CHECK(b.steps_done() == 3);
+  const auto next = batch_of(8, rng);
+  const StepRecord ra = a.step(next), rb = b.step(next);
+  CHECK(rb.step == 4);
+  CHECK(ra.loss == Approx(rb.loss).epsilon(1e-6));
+  for (const std::string& p : a.param_names()) CHECK(max_rel(a.param(p), b.param(p)) <= 2e-4);
+  TrainState bad = st;
+  bad.values.erase("adam.v.w1_0");
+  CHECK_THROWS_WITH(b.set_state(bad), Catch::Contains("the state has no 'adam.v.w1_0'"));
+}
+
 TEST_CASE("trainer: records and their CSV and SVG files", "[train][trainer]") {
   Mlp m = build_mlp(8);
   ThreadRuntime rt(4);
@@ -247,6 +279,7 @@ TEST_CASE("trainer: records and their CSV and SVG files", "[train][trainer]") {
   for (int t = 0; t < 3; ++t) {
     const StepRecord r = tr.step(batch_of(8, rng));
     CHECK(r.seconds > 0);
+    CHECK(r.peak_bytes > 0);
     CHECK(r.tokens_per_s == Approx(8 * 16 / r.seconds));  // no i32 input: the first input's elements
   }
   tr.set_schedule(LrSchedule::constant(0.001));

@@ -86,6 +86,14 @@ struct StepRecord {
   double tokens_per_s = 0;
   int micro_batches = 1;
   bool skipped = false;     // non-finite, update not applied (NonFinite::Skip)
+  int64_t peak_bytes = 0;   // the runtime's measured peak over the step's runs and devices (RunStats)
+};
+
+// The whole training state on the host: the step counter and, by input name, every parameter
+// and its AdamW moments (`adam.m.<p>`, `adam.v.<p>`).
+struct TrainState {
+  int64_t step = 0;
+  std::map<std::string, HostTensor> values;
 };
 
 class Trainer {
@@ -107,11 +115,25 @@ class Trainer {
   // Throws Error naming a missing or unknown parameter, or a value of the wrong type.
   void init(const std::map<std::string, HostTensor>& params);
 
+  // The state gathered to the host, and a state sent back to the devices (every value of the
+  // state: Error naming a missing, unknown or mistyped one). With them a second trainer can
+  // start from this one's state (on another mesh too), and a run can be saved and resumed.
+  TrainState state() const;
+  void set_state(const TrainState& state);
+
   // One update from one batch (batch_inputs() order). Throws Error naming the input on a wrong
   // count or type, and on a non-finite step with NonFinite::Stop.
   StepRecord step(const std::vector<HostTensor>& batch);
   // One update from the gradients of K >= 1 micro-batches (their mean).
   StepRecord step(const std::vector<std::vector<HostTensor>>& micro_batches);
+  // The same step on the unpartitioned graph, run by the reference executor (reference.hpp) on
+  // the host from the current state (gathered): the oracle a step is checked against. Returns
+  // its loss and gradient norm (step, lr and micro_batches set; no timing); nothing is updated.
+  StepRecord reference_step(const std::vector<std::vector<HostTensor>>& micro_batches, int threads = 1);
+  // The same from a given state (e.g. state() gathered on every process of a multi-process
+  // runtime, the reference then computed on one of them: this overload is not collective).
+  StepRecord reference_step(const TrainState& from, const std::vector<std::vector<HostTensor>>& micro_batches,
+                            int threads = 1) const;
   // The loss of a batch with the current parameters; nothing is updated.
   double evaluate(const std::vector<HostTensor>& batch);
 
