@@ -241,9 +241,17 @@ void strided_copy(const void* in, void* out, std::size_t elem, const Loop& loop,
 namespace {
 template <class T>
 __global__ void k_adamw(const T* p, const T* g, const float* m, const float* v, const float* lr, const float* bc1,
-                        const float* bc2, const float* gscale, T* po, float* mo, float* vo, int64_t n, float b1,
-                        float b2, float eps, float wd) {
+                        const float* bc2, const float* gscale, const float* apply, T* po, float* mo, float* vo,
+                        int64_t n, float b1, float b2, float eps, float wd) {
   const float l = *lr, c1 = *bc1, c2 = *bc2, gs_scale = *gscale;
+  if (apply && *apply == 0.0f) {  // the step is skipped: the values are kept
+    TESSEL_GRID_STRIDE(i, n) {
+      po[i] = p[i];
+      mo[i] = m[i];
+      vo[i] = v[i];
+    }
+    return;
+  }
   TESSEL_GRID_STRIDE(i, n) {
     const float pf = to_f<T>(p[i]);
     const float gs = to_f<T>(g[i]) * gs_scale;
@@ -257,13 +265,15 @@ __global__ void k_adamw(const T* p, const T* g, const float* m, const float* v, 
 }  // namespace
 
 void adamw(const void* p, const void* g, const float* m, const float* v, const float* lr, const float* bc1,
-           const float* bc2, const float* gscale, void* p_out, float* m_out, float* v_out, DType t, int64_t n,
+           const float* bc2, const float* gscale, const float* apply, void* p_out, float* m_out, float* v_out, DType t,
+           int64_t n,
            float beta1, float beta2, float eps, float weight_decay, StreamHandle s) {
   if (n <= 0) return;
   dispatch_float(t, "adamw", [&](auto tag) {
     using T = decltype(tag);
     k_adamw<T><<<grid_for(n), kThreads, 0, as_stream(s)>>>(static_cast<const T*>(p), static_cast<const T*>(g), m, v, lr,
-                                                          bc1, bc2, gscale, static_cast<T*>(p_out), m_out, v_out, n,
+                                                          bc1, bc2, gscale, apply, static_cast<T*>(p_out), m_out,
+                                                          v_out, n,
                                                           beta1, beta2, eps, weight_decay);
   });
   TESSEL_CUDA_LAUNCH_CHECK("adamw");

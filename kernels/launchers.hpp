@@ -130,8 +130,10 @@ void layer_norm(const void* x, const void* gamma, const void* beta, void* y, DTy
                 float eps, StreamHandle s);
 // One fused AdamW step over n elements (builders.hpp adamw): p and g of dtype t, m and v f32,
 // lr, bc1, bc2 and gscale device pointers to one f32 each; writes p_out (t), m_out, v_out.
+// apply: null, or one f32 on the device: 0 copies p, m and v to the results unchanged.
 void adamw(const void* p, const void* g, const float* m, const float* v, const float* lr, const float* bc1,
-           const float* bc2, const float* gscale, void* p_out, float* m_out, float* v_out, DType t, int64_t n,
+           const float* bc2, const float* gscale, const float* apply, void* p_out, float* m_out, float* v_out, DType t,
+           int64_t n,
            float beta1, float beta2, float eps, float weight_decay, StreamHandle s);
 // scratch: 2 * rows floats (per-row mean and rstd).
 void layer_norm_grad(const void* x, const void* gamma, const void* dy, void* dx, void* dgamma, void* dbeta, DType t,

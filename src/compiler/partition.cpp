@@ -283,22 +283,66 @@ struct Partitioner {
     return rs;
   }
 
-  // Estimated communication seconds of a factor sharding: operand reshards plus the
-  // reshard of each result to its propagated layout (partial operands assumed reduced).
+  // Which partial operands may stay partial under factor sharding fs (their sums flow through
+  // the op, PartialFlow): one operand of a multilinear op, or every operand of an additive op
+  // when all are partial over the same axes; never over axes the op's factors use.
+  std::vector<bool> kept_partials(const Op& op, const std::vector<Axes>& fs) const {
+    Axes op_axes;
+    for (const auto& a : fs) op_axes.insert(op_axes.end(), a.begin(), a.end());
+    auto disjoint = [&](const Axes& p) {
+      for (const auto& a : p)
+        if (std::find(op_axes.begin(), op_axes.end(), a) != op_axes.end()) return false;
+      return true;
+    };
+    std::vector<bool> keep(op.inputs.size(), false);
+    const PartialFlow flow = op_def(op.kind).partial_flow;
+    if (flow == PartialFlow::Multilinear) {
+      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+        const auto& p = prog.values[phys[op.inputs[i]]].sharding.partial;
+        if (!p.empty() && disjoint(p)) {
+          keep[i] = true;
+          break;
+        }
+      }
+    } else if (flow == PartialFlow::Additive) {
+      const Axes shared = shared_partial(op);
+      if (!shared.empty() && disjoint(shared)) keep.assign(op.inputs.size(), true);
+    }
+    return keep;
+  }
+  // The axes every operand of op is partial over, when they all are over the same ones; else
+  // none.
+  Axes shared_partial(const Op& op) const {
+    const Axes first = mesh_order(prog.values[phys[op.inputs[0]]].sharding.partial);
+    for (int v : op.inputs)
+      if (mesh_order(prog.values[phys[v]].sharding.partial) != first) return {};
+    return first;
+  }
+
+  // Estimated communication seconds of a factor sharding: operand reshards plus the reshard of
+  // each result to its propagated layout. An operand that may stay partial (kept_partials) is
+  // not reduced: its sum flows into the result, which is reduced instead.
   double comm_estimate(const Op& op, const OpRule& rule, const std::vector<Axes>& fs) {
     double t = 0;
+    const std::vector<bool> keep = kept_partials(op, fs);
+    Axes kept;
     for (std::size_t i = 0; i < op.inputs.size(); ++i) {
       int v = op.inputs[i];
       const LocalValue& lv = prog.values[phys[v]];
       Sharding req = Sharding::replicated(static_cast<int>(g.values[v].shape.size()));
       for (std::size_t d = 0; d < rule.operands[i].size(); ++d)
         req.dims[d].axes = compose_dim(mesh, rule.operands[i][d], rule.factors, fs);
+      if (keep[i]) {
+        req.partial = lv.sharding.partial;
+        kept.insert(kept.end(), req.partial.begin(), req.partial.end());
+      }
       t += plan_reshard(mesh, lv.global_shape, lv.dtype, lv.sharding, req, opts.cost).seconds;
     }
+    if (op_def(op.kind).partial_flow == PartialFlow::Additive && !kept.empty()) kept = shared_partial(op);
     for (int r = 0; r < op.num_results(); ++r) {
       const int v = op.result(r);
       const Value& outv = g.values[static_cast<std::size_t>(v)];
-      t += plan_reshard(mesh, outv.shape, outv.dtype, result_layout(op, rule, fs, r, {}),
+      t += plan_reshard(mesh, outv.shape, outv.dtype, result_layout(op, rule, fs, r, kept),
                         prop.shardings[v].closed_copy().without_partial(), opts.cost).seconds;
     }
     return t;
@@ -410,6 +454,21 @@ struct Partitioner {
     {
       const OpDef& def = op_def(op.kind);
       std::vector<std::vector<Axes>> cands = {choose_factors(op, rule, true), choose_factors(op, rule, false)};
+      // An additive op (add, sub) of operands partial over the same axes: also try each
+      // candidate without those axes, so the sums add up before one reduction (a tied weight's
+      // two gradient contributions are then reduced once, not once each).
+      if (def.partial_flow == PartialFlow::Additive)
+        if (const Axes shared = shared_partial(op); !shared.empty())
+          for (std::size_t c = 0, n = cands.size(); c < n; ++c) {
+            std::vector<Axes> without = cands[c];
+            for (Axes& a : without)
+              a.erase(std::remove_if(a.begin(), a.end(),
+                                     [&](const std::string& x) {
+                                       return std::find(shared.begin(), shared.end(), x) != shared.end();
+                                     }),
+                      a.end());
+            cands.push_back(without);
+          }
       bool any_combined = false;
       for (const Factor& f : rule.factors) any_combined = any_combined || f.kind == FactorKind::Combined;
       if (any_combined) {
@@ -433,30 +492,8 @@ struct Partitioner {
         }
       }
     }
-    Axes op_axes;
-    for (const auto& a : fs) op_axes.insert(op_axes.end(), a.begin(), a.end());
-    auto disjoint = [&](const Axes& p) {
-      for (const auto& a : p)
-        if (std::find(op_axes.begin(), op_axes.end(), a) != op_axes.end()) return false;
-      return true;
-    };
     // 5. Which partial operands may stay partial.
-    std::vector<bool> keep(op.inputs.size(), false);
-    PartialFlow flow = op_def(op.kind).partial_flow;
-    if (flow == PartialFlow::Multilinear) {
-      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
-        const auto& p = prog.values[phys[op.inputs[i]]].sharding.partial;
-        if (!p.empty() && disjoint(p)) {
-          keep[i] = true;
-          break;
-        }
-      }
-    } else if (flow == PartialFlow::Additive) {
-      Axes first = mesh_order(prog.values[phys[op.inputs[0]]].sharding.partial);
-      bool all = !first.empty() && disjoint(first);
-      for (int v : op.inputs) all = all && mesh_order(prog.values[phys[v]].sharding.partial) == first;
-      if (all) keep.assign(op.inputs.size(), true);
-    }
+    const std::vector<bool> keep = kept_partials(op, fs);
     // 6. Reshard operands to what the factor sharding needs.
     std::vector<int> ins;
     Axes kept_partial;

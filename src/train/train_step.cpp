@@ -70,8 +70,11 @@ ParamLayouts param_layouts(Graph& g, const Tensor& p, const Mesh& mesh, const Tr
   const Sharding zl = zero_layout(l.base, p.shape(), mesh, o.data_axis);
   l.state = o.zero >= 1 ? zl : l.base;
   l.param = o.zero >= 3 ? zl : l.base;
-  // Stage 1 keeps whole gradients (all-reduced), stage 2 and 3 split them like the state.
-  l.grad = o.zero >= 2 ? zl : l.base;
+  // Stages 1-3 split the gradients like the state: each device's update needs only its block,
+  // so the partial sums are reduce-scattered once and the norm is taken from the blocks (one
+  // scalar all-reduce). A whole gradient at stage 1 (DeepSpeed's all-reduce) would be reduced
+  // twice: all-reduced for the norm, then reduce-scattered again for the update.
+  l.grad = o.zero >= 1 ? zl : l.base;
   // Parameters are fixed in a layout across steps (the update is donated in place): an
   // unannotated one is replicated.
   if (o.zero >= 3 || it == g.annotations.end()) g.annotate(p, l.param);
@@ -155,11 +158,12 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
     Tensor c = constant(g, a.clip_norm);
     clip_scale = where(gt(s.grad_norm, c), div(c, add(s.grad_norm, constant(g, 1e-6))), constant(g, 1.0));
   }
-  // finite: x * 0 == 0 exactly when x is neither NaN nor infinite (the loss and the norm).
-  Tensor finite;
+  // apply: 1 when the loss and the norm are finite (x * 0 == 0 exactly when x is neither NaN
+  // nor infinite), else 0: the update then keeps every value (adamw's `apply`).
+  Tensor apply;
   if (o.guard_non_finite) {
     const Tensor zero = constant(g, 0.0);
-    finite = eq(add(mul(s.grad_norm, zero), mul(as_f32(loss), zero)), zero);
+    apply = cast(eq(add(mul(s.grad_norm, zero), mul(as_f32(loss), zero)), zero), DType::f32);
   }
   s.lr = input(g, "adam.lr", DType::f32, {});
   s.bc1 = input(g, "adam.bc1", DType::f32, {});
@@ -179,16 +183,10 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
     // One fused op per parameter (builders.hpp adamw): clipping scale, moments, bias
     // correction and decoupled decay (rank >= 2 only) in one pass.
     AdamWResults r = adamw(p, gr, m, v, s.lr, s.bc1, s.bc2, clip_scale.anchor ? clip_scale : one, a.beta1, a.beta2,
-                           a.eps, p.rank() >= 2 ? a.weight_decay : 0.0);
-    Tensor p2 = r.param, m2 = r.m, v2 = r.v;
-    if (finite.anchor) {  // a non-finite step keeps every value as it was
-      p2 = where(finite, p2, p);
-      m2 = where(finite, m2, m);
-      v2 = where(finite, v2, v);
-    }
-    p2 = p2.named("next." + p.name());
-    m2 = m2.named("next.adam.m." + p.name());
-    v2 = v2.named("next.adam.v." + p.name());
+                           a.eps, p.rank() >= 2 ? a.weight_decay : 0.0, apply);
+    Tensor p2 = r.param.named("next." + p.name());
+    Tensor m2 = r.m.named("next.adam.m." + p.name());
+    Tensor v2 = r.v.named("next.adam.v." + p.name());
     g.annotate(p2, l.param);
     // ZeRO 1-2: each device updates its shard and the update is all-gathered, by design.
     if (o.zero >= 1) g.expect_gathers(p2);

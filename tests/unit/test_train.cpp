@@ -27,6 +27,13 @@ double tolerance(const std::string& output) {
   return output.rfind("next.", 0) == 0 && output.rfind("next.adam.", 0) != 0 ? 2e-4 : 1e-5;
 }
 
+// A small GptConfig: batch, sequence, width, heads, layers and vocabulary.
+GptConfig gpt_config(int64_t batch, int64_t seq, int64_t d_model, int64_t heads, int64_t layers, int64_t vocab) {
+  GptConfig c;
+  c.batch = batch, c.seq = seq, c.d_model = d_model, c.heads = heads, c.layers = layers, c.vocab = vocab;
+  return c;
+}
+
 HostTensor scalar(double v) {
   HostTensor h(DType::f32, {});
   h.set(0, v);
@@ -221,13 +228,7 @@ TEST_CASE("train: errors name the stage or the parameter", "[train]") {
 
 TEST_CASE("train: ZeRO-3 gathers each weight near its uses and frees it between forward and backward", "[train][zero3]") {
   // Parameters dominate: a small batch and sequence, wide layers.
-  GptConfig cfg;
-  cfg.batch = 4;
-  cfg.seq = 8;
-  cfg.d_model = 64;
-  cfg.heads = 2;
-  cfg.layers = 3;
-  cfg.vocab = 64;
+  const GptConfig cfg = gpt_config(4, 8, 64, 2, 3, 64);
   const Mesh mesh = Mesh::parse("data=4,model=1");
   struct Result {
     int64_t peak = 0;
@@ -274,13 +275,7 @@ TEST_CASE("train: ZeRO-3 gathers each weight near its uses and frees it between 
 }
 
 TEST_CASE("train: the all-gathers ZeRO does by design are not warnings and the others still are", "[train]") {
-  GptConfig cfg;
-  cfg.batch = 4;
-  cfg.seq = 8;
-  cfg.d_model = 32;
-  cfg.heads = 2;
-  cfg.layers = 1;
-  cfg.vocab = 64;
+  const GptConfig cfg = gpt_config(4, 8, 32, 2, 1, 64);
   const Mesh mesh = Mesh::parse("data=2,model=1");
   for (int zero : {1, 2, 3}) {
     INFO("zero " << zero);
@@ -312,4 +307,37 @@ TEST_CASE("train: the all-gathers ZeRO does by design are not warnings and the o
     gather_warned = gather_warned || wr.find("is all-gathered") != std::string::npos;
   CHECK(gather_warned);
   CHECK_THROWS_WITH(g2.expect_gathers(input(g2, "z", DType::f32, {2})), Catch::Contains("%z has no annotation"));
+}
+
+// Golden collectives of the GPT-block training step (1 layer, clipping on, data=2 x model=2):
+// each gradient is reduced once at every stage — stages 1 and 2 reduce-scatter each of the 16
+// parameters' gradients once (the global norm comes from the blocks plus a scalar all-reduce,
+// never from an all-reduced whole gradient), and the tied embedding's two contributions (the
+// lookup's and the LM head's) are summed before their one reduction. A change in these counts
+// is a change of plan: look at it before updating the numbers.
+TEST_CASE("train: the GPT-block step's collectives at every ZeRO stage", "[train][golden]") {
+  const GptConfig cfg = gpt_config(8, 32, 64, 4, 1, 256);
+  struct Want {
+    int64_t ag, ar, rs, a2a, bytes;
+  };
+  const Want want[] = {{0, 34, 0, 0, 305464},
+                       {16, 18, 16, 0, 479800},
+                       {16, 18, 16, 0, 479800},
+                       {27, 19, 15, 9, 1594676}};
+  for (int zero = 0; zero <= 3; ++zero) {
+    INFO("zero " << zero);
+    GptGraph m = build_gpt(cfg);
+    TrainOptions o;
+    o.zero = zero;
+    o.checkpoints = m.checkpoints;
+    add_train_step(m.graph, m.loss, m.weights, Mesh::parse("data=2,model=2"), o);
+    const CollectiveSummary s = compile(m.graph, Mesh::parse("data=2,model=2")).program().summary();
+    INFO(s.line());
+    CHECK(s.all_gather == want[zero].ag);
+    CHECK(s.all_reduce == want[zero].ar);
+    CHECK(s.reduce_scatter == want[zero].rs);
+    CHECK(s.all_to_all == want[zero].a2a);
+    CHECK(s.bytes == want[zero].bytes);
+    if (zero == 1 || zero == 2) CHECK(s.reduce_scatter == static_cast<int64_t>(m.weights.size()));
+  }
 }

@@ -96,12 +96,14 @@ LayerNormGrads layer_norm_grad(Tensor x, Tensor gamma, Tensor dy, double eps = 1
 //   m' = beta1 m + (1 - beta1) gs,  v' = beta2 v + (1 - beta2) gs^2,
 //   p' = p - lr ((m' bc1) / (sqrt(v' bc2) + eps) + weight_decay p)
 // p and g float of one shape, m and v f32 of that shape, lr, bc1, bc2 and gscale f32
-// scalars (bc1 = 1/(1 - beta1^t), bc2 = 1/(1 - beta2^t)). Computes in f32.
+// scalars (bc1 = 1/(1 - beta1^t), bc2 = 1/(1 - beta2^t)). Computes in f32. `apply`, an
+// optional f32 scalar: where it is 0 the results are p, m and v unchanged (a step skipped on
+// the devices, TrainOptions::guard_non_finite), in the same single pass.
 struct AdamWResults {
   Tensor param, m, v;
 };
 AdamWResults adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor lr, Tensor bc1, Tensor bc2, Tensor gscale,
-                   double beta1, double beta2, double eps, double weight_decay);
+                   double beta1, double beta2, double eps, double weight_decay, Tensor apply = {});
 Tensor embedding(Tensor table, Tensor ids);
 Tensor cross_entropy(Tensor logits, Tensor labels);
 // cross_entropy's backward: (softmax(logits) - one_hot(labels)) * g[..., None], with g the

@@ -10,7 +10,7 @@ namespace tessel::cpu_detail {
 
 // One fused AdamW step (builders.hpp adamw): three results, elementwise, in f32.
 void k_adamw(const KernelArgs& a) {
-  check_arity(a, 8, 8);
+  check_arity(a, 8, 9);
   const OpAttrs& at = attrs_of(a);
   const Shape& s = a.in_shapes[0];
   if (a.extra_out.size() != 2 || a.extra_out_shapes.size() != 2 || a.extra_out_dtypes.size() != 2)
@@ -21,8 +21,9 @@ void k_adamw(const KernelArgs& a) {
   if (a.in_dtypes[2] != DType::f32 || a.in_dtypes[3] != DType::f32 || a.extra_out_dtypes[0] != DType::f32 ||
       a.extra_out_dtypes[1] != DType::f32)
     fail(a, "the moments must be f32");
-  for (std::size_t i = 4; i < 8; ++i)
-    if (num_elements(a.in_shapes[i]) != 1 || a.in_dtypes[i] != DType::f32) fail(a, "lr, bc1, bc2 and gscale must be f32 scalars");
+  for (std::size_t i = 4; i < a.in.size(); ++i)
+    if (num_elements(a.in_shapes[i]) != 1 || a.in_dtypes[i] != DType::f32)
+      fail(a, "lr, bc1, bc2, gscale (and apply) must be f32 scalars");
   FVec b0, b1, ob;
   const float* p = in_f32(a, 0, b0);
   const float* g = in_f32(a, 1, b1);
@@ -36,6 +37,11 @@ void k_adamw(const KernelArgs& a) {
   float* mo = static_cast<float*>(a.extra_out[0]);
   float* vo = static_cast<float*>(a.extra_out[1]);
   const int64_t n = num_elements(s);
+  if (a.in.size() == 9 && scalar(8) == 0.0f) {  // apply = 0: the step is skipped, values kept
+    for (int64_t i = 0; i < n; ++i) po[i] = p[i], mo[i] = m[i], vo[i] = v[i];
+    finish_out(a, ob);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float gs = g[i] * gscale;
     const float m2 = b1c * m[i] + (1.0f - b1c) * gs;

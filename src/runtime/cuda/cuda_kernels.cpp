@@ -316,7 +316,7 @@ void k_layer_norm_grad(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
 }
 
 void k_adamw(CudaBackend&, const KernelArgs& a, CudaStream& s) {
-  check_arity(a, 8, 8);
+  check_arity(a, 8, 9);
   const Shape& sh = a.in_shapes[0];
   if (a.extra_out.size() != 2 || a.extra_out_shapes.size() != 2 || a.extra_out_dtypes.size() != 2)
     fail(a, "adamw writes three results (the parameter, m and v)");
@@ -327,11 +327,13 @@ void k_adamw(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   if (a.in_dtypes[2] != DType::f32 || a.in_dtypes[3] != DType::f32 || a.extra_out_dtypes[0] != DType::f32 ||
       a.extra_out_dtypes[1] != DType::f32)
     fail(a, "the moments must be f32");
-  for (std::size_t i = 4; i < 8; ++i)
-    if (num_elements(a.in_shapes[i]) != 1 || a.in_dtypes[i] != DType::f32) fail(a, "lr, bc1, bc2 and gscale must be f32 scalars");
+  for (std::size_t i = 4; i < a.in.size(); ++i)
+    if (num_elements(a.in_shapes[i]) != 1 || a.in_dtypes[i] != DType::f32)
+      fail(a, "lr, bc1, bc2, gscale (and apply) must be f32 scalars");
   const OpAttrs& at = attrs_of(a);
   auto f = [&](std::size_t i) { return static_cast<const float*>(a.in[i]); };
-  ck::adamw(a.in[0], a.in[1], f(2), f(3), f(4), f(5), f(6), f(7), a.out, static_cast<float*>(a.extra_out[0]),
+  ck::adamw(a.in[0], a.in[1], f(2), f(3), f(4), f(5), f(6), f(7), a.in.size() == 9 ? f(8) : nullptr, a.out,
+            static_cast<float*>(a.extra_out[0]),
             static_cast<float*>(a.extra_out[1]), a.out_dtype, num_elements(sh), static_cast<float>(at.beta1),
             static_cast<float>(at.beta2), static_cast<float>(at.eps), static_cast<float>(at.weight_decay), s.handle());
 }
