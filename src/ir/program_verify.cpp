@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "tessel/ir/interference.hpp"
 #include "tessel/ops/registry.hpp"
 
 namespace tessel {
@@ -444,6 +445,21 @@ void verify_program(const Program& p) {
   }
   const Liveness L = compute_liveness(p);
   for (std::vector<int>& placed : pools) {
+    // Each placed value against the bytes of those before it that it may not share bytes with
+    // (a few unions of ranges, interference.hpp), rather than every pair whose bytes overlap,
+    // which in a plan that reuses bytes well is most pairs of a long program. A clash found
+    // that way is reported by the scan in offset order below, which names the pair it always has.
+    Interference live(L, n);
+    bool clash = false;
+    for (int v : placed) {
+      const std::size_t a = static_cast<std::size_t>(v);
+      // (A value has at least one element, so bytes overlap iff one begins within the other.)
+      const int64_t bytes = p.values[a].bytes();
+      clash = bytes < 1 || live.overlaps(v, m.offset[a], m.offset[a] + bytes);
+      if (clash) break;
+      live.add(v, m.offset[a], m.offset[a] + bytes);
+    }
+    if (!clash) continue;
     std::sort(placed.begin(), placed.end(), [&](int a, int b) { return m.offset[static_cast<std::size_t>(a)] < m.offset[static_cast<std::size_t>(b)]; });
     for (std::size_t a = 0; a < placed.size(); ++a) {
       const std::size_t va = static_cast<std::size_t>(placed[a]);

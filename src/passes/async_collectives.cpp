@@ -15,11 +15,15 @@ Program async_collectives_pass(Program prog) {
   Program& p = prog;
   const std::string comm = "comm";
   std::vector<Instr> out;
+  out.reserve(p.instrs.size() + p.instrs.size() / 2);
   const std::size_t nv = p.values.size();
   std::vector<std::string> ready_on(nv);
   std::vector<int> ready_at(nv, -1);
   std::vector<bool> pending(nv, false);
-  std::vector<int> started;  // values in flight, in start order
+  // Values in flight: start order -> value (a done anywhere, and the ones never read done at
+  // the end in start order, each in O(log n)).
+  std::map<int, int> started;
+  std::vector<int> started_as(nv, -1);  // value -> its key in `started`
   std::map<std::pair<std::string, std::string>, int> synced;  // (waiting, waited) -> index
   std::map<std::string, int> last_on;                          // stream -> last instruction on it
   auto emit = [&](Instr in) {
@@ -45,7 +49,7 @@ Program async_collectives_pass(Program prog) {
     d.in = {v};
     d.out = -1;
     pending[static_cast<std::size_t>(v)] = false;
-    started.erase(std::find(started.begin(), started.end(), v));
+    started.erase(started_as[static_cast<std::size_t>(v)]);
     ready_on[static_cast<std::size_t>(v)] = comm;
     ready_at[static_cast<std::size_t>(v)] = static_cast<int>(out.size());
     emit(std::move(d));
@@ -60,7 +64,8 @@ Program async_collectives_pass(Program prog) {
       if (s == synced.end() || s->second < ready_at[static_cast<std::size_t>(v)]) wait(t, in.stream);
     }
   };
-  for (Instr in : p.instrs) {
+  for (Instr& next : p.instrs) {
+    Instr in = std::move(next);  // p.instrs is replaced by `out` at the end
     if (in.kind == InstrKind::Collective) {
       in.kind = InstrKind::CollectiveStart;
       in.stream = comm;
@@ -71,7 +76,8 @@ Program async_collectives_pass(Program prog) {
       const int o = in.out;
       emit(std::move(in));
       pending[static_cast<std::size_t>(o)] = true;
-      started.push_back(o);
+      started_as[static_cast<std::size_t>(o)] = static_cast<int>(out.size());
+      started.emplace(static_cast<int>(out.size()), o);
       continue;
     }
     if (in.kind == InstrKind::CollectiveDone || in.kind == InstrKind::Wait) {
@@ -96,7 +102,7 @@ Program async_collectives_pass(Program prog) {
       }
     }
   }
-  while (!started.empty()) done(started.front());
+  while (!started.empty()) done(started.begin()->second);
   p.instrs = std::move(out);
   p.memory = {};
   return prog;

@@ -244,7 +244,7 @@ Program combine_collectives_pass(Program p, int64_t threshold_bytes) {
     ++emitted;
     const auto& ins = node_instrs[k];
     if (ins.size() == 1) {
-      Instr in = p.instrs[ins[0]];
+      Instr in = std::move(p.instrs[ins[0]]);  // emitted once; p.instrs is replaced by `out`
       for (int v : in.in) unpack(v);
       out.push_back(std::move(in));
     } else {

@@ -6,9 +6,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <set>
+#include <utility>
+#include <vector>
 
+#include "tessel/ir/interference.hpp"
 #include "tessel/ir/program_verify.hpp"
 
 namespace tessel {
@@ -48,15 +49,17 @@ Program memory_plan_pass(Program p) {
     int64_t& size = pool == 0 ? m.arena_bytes : m.host_bytes;
     // Largest first; stable, so ties keep definition order.
     std::stable_sort(items[pool].begin(), items[pool].end(), [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
-    std::vector<Item> placed;
+    // The bytes of the placed values, by when they are live: the busy bytes of the next value
+    // come as a few unions of ranges instead of a scan of every placed value (interference.hpp).
+    Interference placed(L, static_cast<int>(p.instrs.size()));
+    std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of placed values live with v
     for (const Item& it : items[pool]) {
-      const std::size_t v = static_cast<std::size_t>(it.v);
-      std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of placed values live with v
-      for (const Item& q : placed) {
-        const std::size_t w = static_cast<std::size_t>(q.v);
-        if (!L.may_share(static_cast<int>(v), static_cast<int>(w))) busy.emplace_back(m.offset[w], m.offset[w] + q.bytes);
-      }
+      busy.clear();
+      placed.for_each_busy(it.v, [&](int64_t b, int64_t e) { busy.emplace_back(b, e); });
       std::sort(busy.begin(), busy.end());
+      // Best fit: the smallest gap that holds it, the lowest such; else after them all. (The
+      // gaps between the unions' ranges are those between the values' own: a value has at
+      // least one element, so a gap narrower than one byte never holds it.)
       int64_t best = -1, best_gap = 0, cursor = 0;
       for (const auto& [b, e] : busy) {
         if (b - cursor >= it.bytes && (best < 0 || b - cursor < best_gap)) {
@@ -66,9 +69,9 @@ Program memory_plan_pass(Program p) {
         cursor = std::max(cursor, e);
       }
       if (best < 0) best = cursor;
-      m.offset[v] = best;
+      m.offset[static_cast<std::size_t>(it.v)] = best;
       size = std::max(size, best + it.bytes);
-      placed.push_back(it);
+      placed.add(it.v, best, best + it.bytes);
     }
   }
   p.memory = std::move(m);

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <time.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -16,6 +18,17 @@
 #include "tessel/passes/collective_matmul.hpp"
 
 namespace tessel {
+namespace {
+
+// This thread's processor time: a pass runs on the calling thread, and on a machine shared with
+// other work the wall clock would count the other processes' turns too.
+double thread_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+}  // namespace
 
 ProgramPassManager& ProgramPassManager::add(std::string name, ProgramPassFn fn) {
   for (const auto& pr : passes_)
@@ -46,6 +59,7 @@ Program ProgramPassManager::run(Program p) {
     if (std::find(names.begin(), names.end(), d) == names.end())
       throw Error(fmt::format("--dump-after={}: no such Program pass (the passes: {})", d, join(names, ", ")));
   dumps_.clear();
+  seconds_.clear();
   if (verify_) {
     try {
       verify_program(p);
@@ -54,7 +68,9 @@ Program ProgramPassManager::run(Program p) {
     }
   }
   for (auto& [name, fn] : passes_) {
+    const double t0 = thread_seconds();
     p = fn(std::move(p));
+    seconds_.emplace_back(name, thread_seconds() - t0);
     if (verify_) {
       try {
         verify_program(p);

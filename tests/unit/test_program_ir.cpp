@@ -13,17 +13,13 @@
 #include "tessel/ir/program_text.hpp"
 #include "tessel/ir/program_verify.hpp"
 #include "tessel/compiler/propagate.hpp"
-#include "tessel/ir/graph_text.hpp"
+
+#include "test_util.hpp"
 
 using namespace tessel;
+using tessel_test::partitioned_golden;
 
 namespace {
-
-Program partitioned(const std::string& name) {
-  Graph g = parse_graph_file(std::string(TESSEL_SOURCE_DIR) + "/tests/golden/" + name + ".tsl");
-  PropagationResult prop = propagate(g, *g.mesh);
-  return partition(g, *g.mesh, prop);
-}
 
 void check_round_trip(const Program& p) {
   const std::string text = print_program(p);
@@ -50,7 +46,7 @@ const char* kGolden[] = {"dp_mlp", "megatron_mlp", "attention_heads", "transform
 TEST_CASE("program text round-trips after every pass of the pipeline", "[program-ir]") {
   for (const char* name : kGolden) {
     INFO(name);
-    Program p = partitioned(name);
+    Program p = partitioned_golden(name);
     verify_program(p);
     check_round_trip(p);
     ProgramPassManager pm = default_program_pipeline();
@@ -86,7 +82,7 @@ TEST_CASE("program text round-trips after every pass of the pipeline", "[program
 }
 
 TEST_CASE("dump_program_after names the known passes", "[program-ir]") {
-  Program p = partitioned("megatron_mlp");
+  Program p = partitioned_golden("megatron_mlp");
   CHECK(dump_program_after(p, "partition") == print_program(p));
   CHECK(dump_program_after(p, "memory-plan").find("memory arena=") != std::string::npos);
   try {

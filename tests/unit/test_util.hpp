@@ -21,6 +21,8 @@
 #include "tessel/runtime/reference.hpp"
 #include "tessel/core/sharding.hpp"
 #include "tessel/ir/graph_text.hpp"
+#include "tessel/compiler/partition.hpp"
+#include "tessel/compiler/propagate.hpp"
 
 namespace tessel_test {
 
@@ -234,6 +236,13 @@ output %y
     INFO((dir == RingDirection::Uni ? "uni: " : "bi: ") << cmp.to_string());
     CHECK(cmp.max_rel_err <= 1e-5);
   }
+}
+
+// The golden graph tests/golden/NAME.tsl, propagated and partitioned on its own mesh.
+inline tessel::Program partitioned_golden(const std::string& name) {
+  tessel::Graph g = tessel::parse_graph_file(std::string(TESSEL_SOURCE_DIR) + "/tests/golden/" + name + ".tsl");
+  tessel::PropagationResult prop = tessel::propagate(g, *g.mesh);
+  return tessel::partition(g, *g.mesh, prop);
 }
 
 }  // namespace tessel_test

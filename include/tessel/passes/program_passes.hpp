@@ -35,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessel/passes/collective_matmul.hpp"
@@ -126,11 +127,16 @@ class ProgramPassManager {
   Program run(Program p);
   // pass name -> text after it, for the passes named in dump_after (filled by run()).
   const std::map<std::string, std::string>& dumps() const { return dumps_; }
+  // (pass name, processor seconds it took on the calling thread) of the last run(), in pipeline
+  // order; verification after a pass is not counted (bench_compile.cpp times each lowering
+  // pass with it).
+  const std::vector<std::pair<std::string, double>>& seconds() const { return seconds_; }
 
  private:
   std::vector<std::pair<std::string, ProgramPassFn>> passes_;
   std::vector<std::string> dump_after_;
   std::map<std::string, std::string> dumps_;
+  std::vector<std::pair<std::string, double>> seconds_;
   bool verify_ = false;
 };
 
