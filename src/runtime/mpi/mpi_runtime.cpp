@@ -153,6 +153,8 @@ MpiRuntime::MpiRuntime(MpiRuntimeOptions options) : impl_(std::make_shared<Impl>
 
 MpiRuntime::~MpiRuntime() {
   Impl& im = *impl_;
+  // Programs loaded here may outlive it: their runs in flight end first, later ones throw.
+  retire(fmt::format("MpiRuntime of rank {} of {}", im.rank, im.size));
   im.local.reset();  // no job may be running
   im.stop.store(true);
   if (im.watcher.joinable()) im.watcher.join();
