@@ -404,8 +404,6 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
   // Lowered for the local backends: no pass makes a kernel one of them lacks.
   impl->program = lower_program(exe.program(), /*verify=*/false, lowering_for(rt, options.lowering));
   verify_program(impl->program);
-  // Every process loads the same program, or none does (before any communicator is split).
-  detail::check_same_program(rt, exe.mesh(), impl->program);
   impl->options = options;
   const Program& p = impl->program;
   for (int64_t d = 0; d < impl->local->num_devices(); ++d) check_program_kernels(p, impl->local->backend(d), d);
@@ -443,6 +441,10 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
                        (!lr.link_model().on() && lr.options().inline_max_comm_bytes > 0 &&
                         overlappable_comm_bytes(p) <= lr.options().inline_max_comm_bytes));
   impl->inline_run = serial && lr.options().stream_mode == StreamMode::Async;
+  // Every process loads the same program, or none does. Only after every check of this
+  // process passed: a process that fails one never comes to the exchange, and the others
+  // time out naming it, instead of waiting in the communicator creation below.
+  detail::check_same_program(rt, exe.mesh(), impl->program);
   impl->make_world();
   for (int64_t d = 0; d < n; ++d) {
     DeviceContext ctx;

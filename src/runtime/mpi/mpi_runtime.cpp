@@ -256,6 +256,15 @@ std::unique_ptr<CollectiveWorld> MpiRuntime::make_world(const Mesh& mesh,
   if (std::isnan(timeout_s) || timeout_s < 0)
     throw RuntimeError(fmt::format("MpiRuntime: timeout must be >= 0 seconds, got {}", timeout_s));
   devices_for(mesh);
+  if (im.size > 1) {
+    // Every process arrives (with the deadline, naming a missing one) before any waits in
+    // the communicators' creation.
+    try {
+      allgather_host("make_world");
+    } catch (const RuntimeError& e) {
+      throw RuntimeError(fmt::format("load, before making the communicators: {}", e.what()));
+    }
+  }
   return std::make_unique<detail::MpiWorld>(impl_, mesh, axes, timeout_s > 0 ? timeout_s : im.timeout);
 }
 
