@@ -1,6 +1,7 @@
-// mpi_communicator.cpp — the MPI side of MpiRuntime's collectives: MpiWorld (at load, one MPI
-// communicator per axis group that spans processes, split from the runtime's host
-// communicator) and MpiCommunicator (the communicator of one device in such a group).
+// mpi_communicator.cpp — the MPI side of MpiRuntime's collectives: MpiWorld (at load, the MPI
+// communicators of the axis groups that span processes: one nonblocking duplicate of the
+// runtime's host communicator per round of process-disjoint groups, waited for with the
+// deadline) and MpiCommunicator (the communicator of one device in such a group).
 //
 // Collectives over a group that spans processes (member r = Mesh::group order, a device):
 // direct point-to-point exchange with MPI_Isend/MPI_Irecv on the group's communicator, tag
@@ -512,10 +513,11 @@ void MpiWorld::make_communicators() {
       rt_->fail(reason, false);
     }
     if (!reason.empty()) {
-      // A pending duplication cannot be cancelled: its request and communicator leak (the
-      // runtime refuses new work from now on, and the job is to be restarted).
-      for (auto& q : reqs)
-        if (q != MPI_REQUEST_NULL) MPI_Request_free(&q);
+      // A pending duplication can be neither cancelled nor freed (MPI forbids both for a
+      // nonblocking collective), and MPI may still write its communicator should it complete:
+      // the handles' storage is left allocated on purpose. The runtime refuses new work from
+      // now on; the job is to be restarted.
+      static_cast<void>(new std::vector<MPI_Comm>(std::move(dups_)));  // deliberately never freed
       dups_.clear();
       throw RuntimeError(reason);
     }
