@@ -8,12 +8,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -26,6 +28,7 @@
 #include "tessel/runtime/cpu/thread_communicator.hpp"
 #include "tessel/runtime/trace.hpp"
 #include "program_fingerprint.hpp"
+#include "runtime_lifetime.hpp"
 
 namespace tessel {
 
@@ -57,10 +60,21 @@ ShardedArray::ShardedArray(std::string name, DType dtype, Shape global_shape, Sh
   mesh_ = std::move(mesh);
 }
 
-const std::shared_ptr<Buffer>& ShardedArray::shard(int64_t device) const {
-  if (!storage_) throw RuntimeError("ShardedArray: the array is empty (default-constructed)");
-  if (storage_->deleted)
-    throw RuntimeError(fmt::format("ShardedArray %{}: the array was donated to a run and deleted", name_));
+namespace {
+// "donated" or "empty" error of an array that cannot be used by `what`.
+std::string unusable(const std::string& what, const std::string& name, bool deleted) {
+  return deleted ? fmt::format("{}: array %{} was donated to a run and deleted (another run took its buffers); use "
+                               "the run's output, or to_device again",
+                               what, name)
+                 : fmt::format("{}: the array is empty (default-constructed)", what);
+}
+}  // namespace
+
+std::shared_ptr<Buffer> ShardedArray::shard(int64_t device) const {
+  if (!storage_) throw RuntimeError(unusable("ShardedArray::shard", name_, false));
+  std::lock_guard<std::mutex> lk(storage_->mu);
+  if (storage_->deleted.load(std::memory_order_relaxed))
+    throw RuntimeError(unusable("ShardedArray::shard", name_, true));
   const std::size_t n = devices_.size();
   if (device >= 0 && static_cast<std::size_t>(device) < n && devices_[static_cast<std::size_t>(device)] == device)
     return storage_->shards[static_cast<std::size_t>(device)];  // every device local: position = index
@@ -70,14 +84,33 @@ const std::shared_ptr<Buffer>& ShardedArray::shard(int64_t device) const {
                                  device, shape_str(devices_)));
 }
 
+ShardedArray::Reading ShardedArray::read(const std::string& what) const {
+  if (!storage_) throw RuntimeError(unusable(what, name_, false));
+  std::lock_guard<std::mutex> lk(storage_->mu);
+  if (storage_->deleted.load(std::memory_order_relaxed)) throw RuntimeError(unusable(what, name_, true));
+  ++storage_->readers;
+  return Reading(storage_, storage_->shards);
+}
+
+ShardedArray::Reading::~Reading() {
+  if (!storage_) return;
+  std::lock_guard<std::mutex> lk(storage_->mu);
+  if (--storage_->readers == 0) storage_->cv.notify_all();
+}
+
 std::string ShardedArray::to_string() const {
   return fmt::format("{} {} (%{}, {} shards{})", type_str(dtype_, shape_), sharding_.to_string(), name_, num_shards(),
                      deleted() ? ", deleted" : "");
 }
 
-std::vector<std::shared_ptr<Buffer>> ShardedArray::take_shards() const {
-  if (!valid()) throw RuntimeError(fmt::format("ShardedArray %{}: cannot donate an empty or deleted array", name_));
-  storage_->deleted = true;
+std::vector<std::shared_ptr<Buffer>> ShardedArray::take_shards(const std::string& what) const {
+  if (!storage_) throw RuntimeError(unusable(what, name_, false));
+  std::unique_lock<std::mutex> lk(storage_->mu);
+  // Reads in flight (a to_host, a run reading it on another thread) end before the buffers
+  // may be overwritten in place.
+  storage_->cv.wait(lk, [&] { return storage_->readers == 0; });
+  if (storage_->deleted.load(std::memory_order_relaxed)) throw RuntimeError(unusable(what, name_, true));
+  storage_->deleted.store(true, std::memory_order_release);
   return std::move(storage_->shards);
 }
 
@@ -124,6 +157,55 @@ HostTensor gather_host(const Mesh& mesh, const Sharding& sharding, DType dtype, 
 struct LoadedExecutable::Impl {
   Runtime* rt = nullptr;
   ThreadRuntime* local = nullptr;  // rt->local(): local device i runs mesh position positions[i]
+  // The lifetimes of *rt and *local (runtime.hpp): every use of them enters both.
+  std::shared_ptr<detail::RuntimeLifetime> rt_life, local_life;
+
+  // The calls in flight on this program (runs, transfers, cancel): the destructor waits for
+  // them, and a call that starts while it runs throws.
+  std::mutex calls_mu;
+  std::condition_variable calls_cv;
+  int calls = 0;
+  bool closing = false;
+
+  // One call of a public operation: the program is not being destroyed, the runtime is alive.
+  // A cancel (`what` == nullptr) is counted only: it may stop a run the destructor waits for,
+  // and it needs nothing of the runtime.
+  class Call {
+   public:
+    Call(Impl& im, const char* what) : im_(&im) {
+      {
+        std::lock_guard<std::mutex> lk(im.calls_mu);
+        if (im.closing && what)
+          throw RuntimeError(fmt::format("{}: the LoadedExecutable is being destroyed (by another thread); a program "
+                                         "must outlive the calls on it",
+                                         what));
+        ++im.calls;
+      }
+      if (!what) return;
+      try {
+        rt_use_.emplace(im.rt_life->enter(what));
+        if (im.local_life != im.rt_life) local_use_.emplace(im.local_life->enter(what));
+      } catch (...) {
+        leave();
+        throw;
+      }
+    }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+    ~Call() {
+      local_use_.reset();
+      rt_use_.reset();
+      leave();
+    }
+
+   private:
+    void leave() {
+      std::lock_guard<std::mutex> lk(im_->calls_mu);
+      if (--im_->calls == 0) im_->calls_cv.notify_all();
+    }
+    Impl* im_;
+    std::optional<detail::RuntimeLifetime::Use> rt_use_, local_use_;
+  };
   std::vector<int64_t> positions;
   Program program;
   std::vector<std::string> input_names, output_names;
@@ -177,6 +259,12 @@ LoadedExecutable::LoadedExecutable(LoadedExecutable&&) noexcept = default;
 LoadedExecutable& LoadedExecutable::operator=(LoadedExecutable&&) noexcept = default;
 LoadedExecutable::~LoadedExecutable() {
   if (!impl_) return;
+  {
+    // Runs and transfers in flight on other threads end first; later calls throw.
+    std::unique_lock<std::mutex> lk(impl_->calls_mu);
+    impl_->closing = true;
+    impl_->calls_cv.wait(lk, [&] { return impl_->calls == 0; });
+  }
   // Executors (events) first, then communicators, then the world.
   impl_->executors.clear();
   impl_->comms.clear();
@@ -185,7 +273,11 @@ LoadedExecutable::~LoadedExecutable() {
 
 const Program& LoadedExecutable::program() const { return impl_->program; }
 const Mesh& LoadedExecutable::mesh() const { return impl_->program.mesh; }
-Runtime& LoadedExecutable::runtime() const { return *impl_->rt; }
+Runtime& LoadedExecutable::runtime() const {
+  if (!impl_->rt_life->alive())
+    throw RuntimeError("LoadedExecutable::runtime: the runtime this program was loaded on was destroyed");
+  return *impl_->rt;
+}
 const std::vector<int64_t>& LoadedExecutable::local_devices() const { return impl_->positions; }
 const std::vector<std::string>& LoadedExecutable::input_names() const { return impl_->input_names; }
 const std::vector<std::string>& LoadedExecutable::output_names() const { return impl_->output_names; }
@@ -307,11 +399,11 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
     throw RuntimeError(fmt::format("load: collective_timeout_s must be >= 0 seconds (0 or inf: no timeout), got {}", t));
   impl->positions = rt.devices_for(exe.mesh());  // throws on a runtime that cannot run this mesh
   impl->local = &rt.local();
+  impl->rt_life = rt.lifetime();
+  impl->local_life = impl->local->lifetime();
   // Lowered for the local backends: no pass makes a kernel one of them lacks.
   impl->program = lower_program(exe.program(), /*verify=*/false, lowering_for(rt, options.lowering));
   verify_program(impl->program);
-  // Every process loads the same program, or none does (before any communicator is split).
-  detail::check_same_program(rt, exe.mesh(), impl->program);
   impl->options = options;
   const Program& p = impl->program;
   for (int64_t d = 0; d < impl->local->num_devices(); ++d) check_program_kernels(p, impl->local->backend(d), d);
@@ -349,6 +441,10 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
                        (!lr.link_model().on() && lr.options().inline_max_comm_bytes > 0 &&
                         overlappable_comm_bytes(p) <= lr.options().inline_max_comm_bytes));
   impl->inline_run = serial && lr.options().stream_mode == StreamMode::Async;
+  // Every process loads the same program, or none does. Only after every check of this
+  // process passed: a process that fails one never comes to the exchange, and the others
+  // time out naming it, instead of waiting in the communicator creation below.
+  detail::check_same_program(rt, exe.mesh(), impl->program);
   impl->make_world();
   for (int64_t d = 0; d < n; ++d) {
     DeviceContext ctx;
@@ -365,6 +461,7 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
 // ---- transfers -------------------------------------------------------------------------------
 
 ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& user_global) const {
+  Impl::Call call(*impl_, "to_device");
   impl_->check_input(input, "to_device");
   const LocalValue& lv = impl_->in_value(input);
   const std::string& name = impl_->input_names[input];
@@ -408,6 +505,7 @@ ShardedArray LoadedExecutable::to_device(const std::string& input, const HostTen
 }
 
 ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::vector<HostTensor>& shards) const {
+  Impl::Call call(*impl_, "shards_to_device");
   impl_->check_input(input, "shards_to_device");
   const LocalValue& lv = impl_->in_value(input);
   const std::string& name = impl_->input_names[input];
@@ -435,29 +533,35 @@ ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::ve
 }
 
 std::vector<HostTensor> LoadedExecutable::shards_to_host(const ShardedArray& a) const {
+  Impl::Call call(*impl_, "to_host");
   const auto& pos = impl_->positions;
   const int64_t n = static_cast<int64_t>(pos.size());
-  if (!a.valid() || a.devices() != pos)
-    throw RuntimeError(fmt::format("to_host: array {} is not an array of the devices {} of mesh {} held here",
-                                   a.to_string(), shape_str(pos), mesh().to_string()));
-  ThreadRuntime& lr = *impl_->local;
   std::vector<HostTensor> out;
-  for (int64_t d = 0; d < n; ++d) {
-    HostTensor t(a.dtype(), a.local_shape());
-    const Buffer& b = *a.shard(pos[d]);
-    lr.backend(d).copy_to_host(t.data(), b, t.bytes(), lr.transfer_stream(d));
-    out.push_back(std::move(t));
+  {
+    // Held until the copies are done: a donating run on another thread waits for them.
+    const ShardedArray::Reading held = a.read("to_host");
+    if (a.devices() != pos)
+      throw RuntimeError(fmt::format("to_host: array {} is not an array of the devices {} of mesh {} held here",
+                                     a.to_string(), shape_str(pos), mesh().to_string()));
+    ThreadRuntime& lr = *impl_->local;
+    for (int64_t d = 0; d < n; ++d) {
+      HostTensor t(a.dtype(), a.local_shape());
+      lr.backend(d).copy_to_host(t.data(), *held.local(static_cast<std::size_t>(d)), t.bytes(), lr.transfer_stream(d));
+      out.push_back(std::move(t));
+    }
+    for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
   }
-  for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
   return impl_->rt->allgather_shards(mesh(), std::move(out));
 }
 
 HostTensor LoadedExecutable::to_host(const ShardedArray& a, bool check_replicas) const {
-  if (a.valid() && a.local_shape() == a.shape() && !check_replicas && a.devices() == impl_->positions &&
+  Impl::Call call(*impl_, "to_host");
+  if (a.local_shape() == a.shape() && !check_replicas && a.devices() == impl_->positions &&
       !impl_->positions.empty()) {
     HostTensor t(a.dtype(), a.shape());  // replicated: one local copy is the tensor
+    const ShardedArray::Reading held = a.read("to_host");
     ThreadRuntime& lr = *impl_->local;
-    lr.backend(0).copy_to_host(t.data(), *a.shard(impl_->positions[0]), t.bytes(), lr.transfer_stream(0));
+    lr.backend(0).copy_to_host(t.data(), *held.local(0), t.bytes(), lr.transfer_stream(0));
     lr.transfer_stream(0).synchronize();
     return t;
   }
@@ -485,6 +589,7 @@ RunResult LoadedExecutable::run_named(const std::map<std::string, ShardedArray>&
 }
 
 bool LoadedExecutable::cancel(const std::string& reason) {
+  Impl::Call call(*impl_, nullptr);
   std::lock_guard<std::mutex> lk(impl_->state_mu);
   if (!impl_->in_flight) return false;
   impl_->cancel_reason = reason;
@@ -494,6 +599,7 @@ bool LoadedExecutable::cancel(const std::string& reason) {
 }
 
 RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, const RunOptions& opts) {
+  Impl::Call call(*impl_, "run");
   Impl& im = *impl_;
   const Program& p = im.program;
   const int64_t n = static_cast<int64_t>(im.positions.size());
@@ -543,17 +649,23 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
   }
 
   std::lock_guard<std::mutex> run_lock(im.run_mu);
-  // Per-device input buffers; donated inputs are taken out of their arrays (deleted).
-  std::vector<std::vector<std::shared_ptr<Buffer>>> per(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < inputs_in.size(); ++i) {
-    std::vector<std::shared_ptr<Buffer>> bufs;
-    if (im.donate[i] >= 0) {
-      bufs = inputs_in[i].take_shards();
-    } else {
-      for (int64_t d = 0; d < n; ++d) bufs.push_back(inputs_in[i].shard(im.positions[d]));
+  // Per-device input buffers. Donated inputs are taken out of their arrays (deleted) first,
+  // each waiting for the reads of it in flight on other threads; then the others are held
+  // against a donation elsewhere until the run is done (taking before holding: a run never
+  // waits for a donation while it holds an array another run may wait for).
+  std::vector<std::vector<std::shared_ptr<Buffer>>> by_input(inputs_in.size());
+  std::vector<ShardedArray::Reading> held;
+  for (std::size_t i = 0; i < inputs_in.size(); ++i)
+    if (im.donate[i] >= 0)
+      by_input[i] = inputs_in[i].take_shards(fmt::format("run: input #{} %{} (donated)", i, im.input_names[i]));
+  for (std::size_t i = 0; i < inputs_in.size(); ++i)
+    if (im.donate[i] < 0) {
+      held.push_back(inputs_in[i].read(fmt::format("run: input #{} %{}", i, im.input_names[i])));
+      for (int64_t d = 0; d < n; ++d) by_input[i].push_back(held.back().local(static_cast<std::size_t>(d)));
     }
-    for (int64_t d = 0; d < n; ++d) per[d].push_back(std::move(bufs[d]));
-  }
+  std::vector<std::vector<std::shared_ptr<Buffer>>> per(static_cast<std::size_t>(n));
+  for (auto& bufs : by_input)
+    for (int64_t d = 0; d < n; ++d) per[d].push_back(std::move(bufs[static_cast<std::size_t>(d)]));
   {
     std::lock_guard<std::mutex> lk(im.state_mu);
     if (im.world->aborted()) im.make_world();  // the previous run failed or was cancelled
@@ -590,6 +702,7 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
     if (im.cancelled.load(std::memory_order_acquire)) cancel_reason = im.cancel_reason;
   }
   per.clear();
+  held.clear();
   if (!trace_path.empty()) trace.write(trace_path);
   bool failed = false;
   for (const auto& e : errors) failed = failed || e;

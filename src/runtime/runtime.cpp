@@ -1,5 +1,5 @@
 // src/runtime/runtime.cpp — what every Runtime shares: the single-process host exchange, and the
-// seed a multi-process job agrees on (runtime.hpp).
+// seed a multi-process job agrees on, and the lifetime token of a runtime (runtime.hpp).
 #include "tessel/runtime/runtime.hpp"
 
 #include <fmt/format.h>
@@ -7,8 +7,54 @@
 #include <charconv>
 
 #include "tessel/core/common.hpp"
+#include "runtime_lifetime.hpp"
 
 namespace tessel {
+
+namespace detail {
+
+RuntimeLifetime::Use RuntimeLifetime::enter(const std::string& what) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!alive_)
+    throw RuntimeError(fmt::format("{}: the runtime this program was loaded on ({}) was destroyed; a runtime must "
+                                   "outlive the programs loaded on it: destroy the LoadedExecutable first, or load the "
+                                   "program again on a live runtime",
+                                   what, description_));
+  ++active_;
+  return Use(this);
+}
+
+void RuntimeLifetime::leave() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (--active_ == 0) cv_.notify_all();
+}
+
+void RuntimeLifetime::retire(const std::string& description) noexcept {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (alive_) {
+    alive_ = false;
+    try {
+      description_ = description;
+    } catch (...) {  // out of memory: the message names no runtime
+    }
+  }
+  cv_.wait(lk, [&] { return active_ == 0; });
+}
+
+bool RuntimeLifetime::alive() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return alive_;
+}
+
+}  // namespace detail
+
+Runtime::Runtime() : lifetime_(std::make_shared<detail::RuntimeLifetime>()) {}
+Runtime::Runtime(const Runtime&) : Runtime() {}
+Runtime::~Runtime() { retire("a runtime"); }
+
+void Runtime::retire(const std::string& description) noexcept {
+  if (lifetime_) lifetime_->retire(description);
+}
 
 std::vector<std::string> Runtime::allgather_host(const std::string& mine) { return {mine}; }
 

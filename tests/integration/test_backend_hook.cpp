@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../unit/test_util.hpp"
+#include "hiding_backend.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/compare.hpp"
@@ -22,47 +23,9 @@
 #include "tessel/runtime/reference.hpp"
 
 using namespace tessel;
+using tessel_test::HidingBackend;
 
 namespace {
-
-// The CPU backend with the kernels of `hidden` reported missing (and refused).
-class HidingBackend : public Backend {
- public:
-  explicit HidingBackend(std::set<OpKind> hidden) : inner_(make_cpu_backend()), hidden_(std::move(hidden)) {}
-  std::string name() const override { return "cpu-hiding"; }
-  std::unique_ptr<Buffer> allocate(std::size_t bytes) override { return inner_->allocate(bytes); }
-  void release(std::shared_ptr<Buffer> b, Stream& s) override { inner_->release(std::move(b), s); }
-  void copy_from_host(Buffer& dst, const void* src, std::size_t bytes, Stream& s) override {
-    inner_->copy_from_host(dst, src, bytes, s);
-  }
-  void copy_to_host(void* dst, const Buffer& src, std::size_t bytes, Stream& s) override {
-    inner_->copy_to_host(dst, src, bytes, s);
-  }
-  void copy(Buffer& dst, std::size_t dst_off, const Buffer& src, std::size_t src_off, std::size_t bytes,
-            Stream& s) override {
-    inner_->copy(dst, dst_off, src, src_off, bytes, s);
-  }
-  void copy_block(Buffer& dst, const Buffer& src, const BlockCopy& c, Stream& s) override {
-    inner_->copy_block(dst, src, c, s);
-  }
-  void poison(Buffer& b, DType dtype, Stream& s) override { inner_->poison(b, dtype, s); }
-  void run_kernel(const KernelArgs& args, Stream& s) override {
-    if (!has_kernel(args.kind)) throw RuntimeError(std::string("cpu-hiding: no kernel for ") + op_name(args.kind));
-    ++kernels_run;
-    inner_->run_kernel(args, s);
-  }
-  void prepare_kernel(const KernelArgs& args) override { inner_->prepare_kernel(args); }
-  bool has_kernel(OpKind kind) const override { return hidden_.count(kind) == 0; }
-  void launch_host_func(Stream& s, std::function<void()> fn) override { inner_->launch_host_func(s, std::move(fn)); }
-  std::unique_ptr<Stream> create_stream(const std::string& name) override { return inner_->create_stream(name); }
-  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
-
-  std::atomic<int64_t> kernels_run{0};
-
- private:
-  std::unique_ptr<Backend> inner_;
-  std::set<OpKind> hidden_;
-};
 
 GptGraph small_gpt() {
   GptConfig cfg;

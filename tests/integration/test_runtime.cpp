@@ -112,13 +112,7 @@ TEST_CASE("runtime: a donated input's buffer becomes the output", "[integration]
   const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
   INFO("streams " << stream_mode_name(mode));
   // w is dead after tanh, before w_new is written: its buffer can be reused in place.
-  Graph g = parse_graph(R"(
-mesh data=2, model=2
-%w = input f32[8,16] sharding=[{data}, {model}]
-%t = tanh(%w)
-%w_new = relu(%t)
-output %w_new
-)", "opt.tsl");
+  Graph g = tessel_test::donated_update_graph();
   Executable exe = compile(g, *g.mesh);
   ThreadRuntimeOptions ro = tessel_test::stream_options<ThreadRuntimeOptions>(mode);
   ThreadRuntime rt(4, ro);

@@ -7,6 +7,10 @@
 //         kill:  rank 1 SIGKILLs itself just before the run
 //         late:  rank 1 comes to load only after twice the timeout (a stuck process): load's
 //                exchange of program fingerprints times out on the others, naming rank 1
+//         exit:  rank 1 exits (status 4) before load: the same, within the timeout
+//         badload: rank 1's load fails on its own (a donation of an output that does not
+//                exist): it never comes to the exchange, so the others time out naming it,
+//                instead of waiting for it in the communicators' creation for ever
 //         ok:    nobody fails (the control)
 //
 // Every rank prints one line "rank R: ok" or "rank R: error: <message>" and exits 0, or after
@@ -51,7 +55,10 @@ int main(int argc, char** argv) {
     g.mesh = mesh;
     tessel::Executable exe = tessel::compile(g, mesh);
     if (mode == "late" && rank == 1) std::this_thread::sleep_for(std::chrono::duration<double>(2 * timeout));
-    tessel::LoadedExecutable prog = tessel::load(exe, rt);
+    if (mode == "exit" && rank == 1) std::_Exit(4);
+    tessel::LoadOptions lo;
+    if (mode == "badload" && rank == 1) lo.donate = {{"table", "no_such_output"}};
+    tessel::LoadedExecutable prog = tessel::load(exe, rt, lo);
     tessel::HostTensor t(tessel::DType::f32, {16, 8});
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, 0.25 * static_cast<double>(i % 7));
     tessel::HostTensor id(tessel::DType::i32, {4 * n});
@@ -68,7 +75,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::printf("rank %d: error: %s\n", rank, e.what());
     std::fflush(stdout);
-    tessel::abort_job_on_error(3);  // the job's status is non-zero whatever mpirun's flags
+    // The job's status is non-zero whatever mpirun's flags. A rank that failed on its own in
+    // load waits past the others' timeout first, so they report that they waited for it.
+    tessel::abort_job_on_error(3, mode == "badload" && rank == 1 ? 2 * timeout + 8 : 8);
     ::_exit(3);
   }
 }

@@ -33,7 +33,7 @@ foreach(np 2 4)
                    $<TARGET_FILE:tessel_tests_mpi> ${MPIEXEC_POSTFLAGS})
   list(APPEND _mpi_tests "mpi: suite on ${np} processes")
 endforeach()
-foreach(mode ok throw kill late)
+foreach(mode ok throw kill late exit badload)
   add_test(NAME "mpi: failure '${mode}' on rank 1 of 4"
            COMMAND ${CMAKE_COMMAND} -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DNP=4 -DEXE=$<TARGET_FILE:tessel_mpi_failure>
                    -DMODE=${mode} -P ${CMAKE_CURRENT_LIST_DIR}/run_failure.cmake)

@@ -2,7 +2,7 @@
 # one (rank 1) reports an error naming the collective and rank 1, and that the job's exit status
 # is non-zero: a failure on one process makes the others fail, never hang (the CTest TIMEOUT
 # guards against a hang), and the launcher sees it.
-#   -DMPIEXEC=... -DNP=4 -DEXE=... -DMODE=throw|kill|ok [-DLAUNCH=keep|plain]
+#   -DMPIEXEC=... -DNP=4 -DEXE=... -DMODE=throw|kill|late|exit|badload|ok [-DLAUNCH=keep|plain]
 # LAUNCH=keep (default): Open MPI is asked to keep the other processes running when one exits
 # non-zero or dies (--mca orte_abort_on_non_zero_status 0, what docs/runtime-mpi.md
 # recommends), so every rank reports; abort_job_on_error then ends the job non-zero.
@@ -22,8 +22,8 @@ endif()
 # The timeout is how a killed rank is noticed; a throwing rank is reported at once through
 # the abort channel, so its timeout only bounds a slow, loaded machine (CI runs sanitizer
 # builds beside these tests).
-if(MODE STREQUAL "late")
-  set(_timeout 10)  # rank 1 sleeps twice this long before load
+if(MODE MATCHES "^(late|exit|badload)$")
+  set(_timeout 10)  # late: rank 1 sleeps twice this long before load
 else()
   set(_timeout 30)
 endif()
@@ -54,9 +54,10 @@ foreach(r RANGE 0 ${_last})
     if(NOT out MATCHES "rank ${r}: ok")
       message(FATAL_ERROR "rank ${r} did not finish:\n${out}\n${err}")
     endif()
-  elseif(MODE STREQUAL "late")
-    # Rank 1 is stuck before load: every other rank's load times out naming it (its program
-    # fingerprint never comes), or stops on the abort of a rank that timed out first.
+  elseif(MODE MATCHES "^(late|exit|badload)$")
+    # Rank 1 is stuck before load, exited, or failed in load on its own: every other rank's
+    # load times out naming it (its program fingerprint never comes), or stops on the abort
+    # of a rank that timed out first.
     if(NOT out MATCHES "rank ${r}: error: load, exchanging the program fingerprints: [^\n]*allgather_host[^\n]*(timed out after [0-9.]+ s waiting for rank 1|stopped: [^\n]*waiting for rank 1)")
       message(FATAL_ERROR "rank ${r} did not report that load waited for rank 1:\n${out}\n${err}")
     endif()
@@ -74,6 +75,9 @@ foreach(r RANGE 0 ${_last})
     endif()
   endif()
 endforeach()
+if(MODE STREQUAL "badload" AND NOT out MATCHES "rank 1: error: [^\n]*no output %no_such_output")
+  message(FATAL_ERROR "rank 1 did not report its own failure in load:\n${out}\n${err}")
+endif()
 if(MODE STREQUAL "throw" AND NOT out MATCHES "rank 1: error: [^\n]*gather[^\n]*out of|rank 1: error: [^\n]*outside")
   message(FATAL_ERROR "rank 1 did not report its own failure:\n${out}\n${err}")
 endif()

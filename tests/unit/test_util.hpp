@@ -26,6 +26,18 @@
 
 namespace tessel_test {
 
+// An optimizer-style update on data=2 x model=2: %w is dead after tanh, before %w_new is
+// written, so a run donating %w to %w_new writes %w_new over %w's buffer (in place).
+inline tessel::Graph donated_update_graph() {
+  return tessel::parse_graph(R"(
+mesh data=2, model=2
+%w = input f32[8,16] sharding=[{data}, {model}]
+%t = tanh(%w)
+%w_new = relu(%t)
+output %w_new
+)", "update.tsl");
+}
+
 // ThreadRuntimeOptions or RunOptions for a test of `mode`'s streams. A program whose
 // collectives are small runs inline on the device threads by default (inline_max_comm_bytes);
 // a test of StreamMode::Async means the stream workers, so this turns that off.

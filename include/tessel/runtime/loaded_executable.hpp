@@ -22,7 +22,14 @@
 // executable (and of everything loaded on one runtime) execute one at a time, and each run
 // returns its own outputs and statistics. cancel() may be called from any thread: it aborts
 // the run in flight (every device stops, the run throws RuntimeError "cancelled"), and the
-// next run starts on fresh communicators. to_device/to_host may be called from any thread.
+// next run starts on fresh communicators. to_device/to_host may be called from any thread,
+// also against a run that donates the same array: to_host then returns the old values or
+// throws saying the array was donated (sharded_array.hpp).
+//
+// Lifetimes: the destructor waits for the calls in flight on other threads (runs, transfers);
+// a call that starts while it runs throws. A program may outlive its runtime: destroying the
+// runtime waits for the runs and transfers in flight, and every later run, to_device,
+// to_host or runtime() throws RuntimeError saying the runtime was destroyed (runtime.hpp).
 #pragma once
 
 #include <cstdint>
@@ -152,7 +159,8 @@ ProgramPassOptions lowering_for(Runtime& runtime, ProgramPassOptions lowering);
 void check_program_kernels(const Program& program, const Backend& backend, int64_t device);
 
 // Loads `exe` on `runtime` (a ThreadRuntime must have exe.mesh().num_devices() devices; an
-// MpiRuntime's world size must divide it). The runtime must outlive the loaded executable.
+// MpiRuntime's world size must divide it). The runtime should outlive the loaded executable:
+// once it is destroyed, the executable only throws (see Lifetimes above).
 LoadedExecutable load(const Executable& exe, Runtime& runtime, const LoadOptions& options = {});
 
 }  // namespace tessel

@@ -8,6 +8,12 @@
 // process or one per GPU, collectives on the GPU). All run their local devices on the same
 // ThreadRuntime machinery (local()); they differ only in the backends, where the devices live
 // and how collectives cross devices and processes.
+//
+// Lifetimes: a program loaded on a runtime (LoadedExecutable) holds the runtime's lifetime
+// token, not the runtime. Destroying the runtime first waits for the runs and transfers in
+// flight on it; from then on every use of a program loaded on it throws RuntimeError saying
+// the runtime was destroyed (never a crash). Destroy the programs first, or load again on a
+// live runtime.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +28,10 @@
 namespace tessel {
 
 class ThreadRuntime;
+
+namespace detail {
+class RuntimeLifetime;
+}
 
 // The communicators of one loaded program (as a set of ncclComms made by ncclCommSplit at
 // load), and the abort that stops every member of every group, in every process.
@@ -38,7 +48,11 @@ class CollectiveWorld {
 
 class Runtime {
  public:
-  virtual ~Runtime() = default;
+  Runtime();
+  // A copy is another runtime: it gets a lifetime of its own.
+  Runtime(const Runtime&);
+  Runtime& operator=(const Runtime&) { return *this; }
+  virtual ~Runtime();
   virtual std::string name() const = 0;  // "threads", "mpi"
   virtual int process_rank() const = 0;   // 0 on a single-process runtime
   virtual int process_count() const = 0;  // 1 on a single-process runtime
@@ -61,6 +75,18 @@ class Runtime {
   // Collective over the processes, with the runtime's deadline; a single-process runtime
   // returns {mine}.
   virtual std::vector<std::string> allgather_host(const std::string& mine);
+
+  // Internal (load): the token the programs loaded on this runtime hold (see Lifetimes above).
+  const std::shared_ptr<detail::RuntimeLifetime>& lifetime() const { return lifetime_; }
+
+ protected:
+  // Every runtime's destructor calls this first, while the runtime is whole: later uses
+  // through the token throw, and the uses in flight (runs, transfers) are waited for.
+  // `description` names the runtime in those errors. Idempotent; ~Runtime calls it too.
+  void retire(const std::string& description) noexcept;
+
+ private:
+  std::shared_ptr<detail::RuntimeLifetime> lifetime_;
 };
 
 // The seed every process of a job uses: rank 0's. Each process may draw its own default seed

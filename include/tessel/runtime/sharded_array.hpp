@@ -13,11 +13,18 @@
 //
 // Copies share the buffers (an array is an immutable value). Donating an array to a run
 // (LoadOptions::donate) deletes it: every copy then reports deleted() and refuses to be used
-// again, as in JAX. Not thread-safe against a concurrent donation of the same array.
+// again, as in JAX. Thread-safe: a donation takes the array atomically. A transfer or run
+// that reads the array on another thread holds it (read()) while it copies or runs, and a
+// donation waits for those reads to end before the run may overwrite the buffers; a read that
+// starts after the donation fails with an error saying the array was donated. So to_host
+// against a donating run returns the old values or that error, never a torn read.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,8 +56,8 @@ class ShardedArray {
   const Sharding& sharding() const { return sharding_; }
   const Shape& local_shape() const { return local_shape_; }
   // Empty (default-constructed) arrays have no storage; donated ones are deleted.
-  bool valid() const { return storage_ && !storage_->deleted; }
-  bool deleted() const { return storage_ && storage_->deleted; }
+  bool valid() const { return storage_ && !storage_->deleted.load(std::memory_order_acquire); }
+  bool deleted() const { return storage_ && storage_->deleted.load(std::memory_order_acquire); }
   // The same array: copies of one ShardedArray share their storage (and its donation).
   bool shares_storage(const ShardedArray& other) const { return storage_ && storage_ == other.storage_; }
   // The shards this process holds (every device of the mesh on a single-process runtime).
@@ -60,19 +67,48 @@ class ShardedArray {
   // The mesh whose device layout places the blocks; nullptr for an array built without one.
   const Mesh* mesh() const { return mesh_ ? &*mesh_ : nullptr; }
   // The buffer of the device at mesh position `device` (throws RuntimeError when the array is
-  // empty or deleted, or when this process does not hold that device).
-  const std::shared_ptr<Buffer>& shard(int64_t device) const;
+  // empty or deleted, or when this process does not hold that device). Not held against a
+  // donation: use read() to read its contents while another thread may donate the array.
+  std::shared_ptr<Buffer> shard(int64_t device) const;
   // "f32[8,16] [{data}, {}] (%x, 4 shards)"
   std::string to_string() const;
 
-  // Internal (donation): takes every shard's buffer out and marks the array deleted.
-  std::vector<std::shared_ptr<Buffer>> take_shards() const;
-
  private:
   struct Storage {
+    std::mutex mu;
+    std::condition_variable cv;  // readers dropped to 0
     std::vector<std::shared_ptr<Buffer>> shards;
-    bool deleted = false;
+    int readers = 0;                 // guarded by mu
+    std::atomic<bool> deleted{false};  // written under mu
   };
+
+ public:
+  // Internal (transfers and runs): the array's buffers, held against a donation until the
+  // Reading is destroyed. Throws RuntimeError naming `what` and the array when it is empty
+  // or was donated.
+  class Reading {
+   public:
+    Reading(Reading&& o) noexcept : storage_(std::move(o.storage_)), shards_(std::move(o.shards_)) {}
+    Reading& operator=(Reading&&) = delete;
+    Reading(const Reading&) = delete;
+    ~Reading();
+    // The buffer of local device i (devices() order).
+    const std::shared_ptr<Buffer>& local(std::size_t i) const { return shards_.at(i); }
+
+   private:
+    friend class ShardedArray;
+    Reading(std::shared_ptr<Storage> s, std::vector<std::shared_ptr<Buffer>> shards)
+        : storage_(std::move(s)), shards_(std::move(shards)) {}
+    std::shared_ptr<Storage> storage_;
+    std::vector<std::shared_ptr<Buffer>> shards_;
+  };
+  Reading read(const std::string& what) const;
+  // Internal (donation): waits for the reads in flight, then takes every shard's buffer out
+  // and marks the array deleted (atomically: one donation wins). Throws RuntimeError naming
+  // `what` and the array when it is empty or already donated.
+  std::vector<std::shared_ptr<Buffer>> take_shards(const std::string& what) const;
+
+ private:
   std::string name_;
   DType dtype_ = DType::f32;
   Shape shape_;

@@ -182,6 +182,8 @@ ThreadRuntime::ThreadRuntime(int64_t num_devices, ThreadRuntimeOptions options) 
 }
 
 ThreadRuntime::~ThreadRuntime() {
+  // Programs loaded here may outlive it: their runs in flight end first, later ones throw.
+  retire(fmt::format("ThreadRuntime of {} devices", devices_.size()));
   for (auto& dev : devices_) dev->shutdown();
 }
 

@@ -149,9 +149,10 @@ namespace detail {
 
 // One group spanning processes: its communicator and where each member lives.
 struct MpiGroup {
-  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;  // the world's communicator of the group's round (not owned)
+  std::size_t dup = 0;            // its index in the world's communicators
   std::vector<int64_t> members;  // mesh positions, member order
-  std::vector<int> comm_rank;    // per member: rank of its process in comm
+  std::vector<int> comm_rank;    // per member: rank of its process in comm (its world rank)
   std::vector<int> world_rank;   // per member: MPI_COMM_WORLD rank of its process
   std::string axes;              // "{data}"
 };
@@ -176,7 +177,13 @@ class MpiWorld final : public CollectiveWorld {
   double timeout() const { return timeout_; }
 
  private:
+  // Duplicates every process makes of the host communicator, one per round of groups, with
+  // the runtime's deadline (they name what is still pending on a timeout).
+  void make_communicators();
+
   std::shared_ptr<MpiRuntime::Impl> rt_;
+  std::vector<MPI_Comm> dups_;
+  std::vector<std::string> dup_what_;
   Mesh mesh_;
   double timeout_;
   std::unique_ptr<ThreadWorld> local_;

@@ -1,6 +1,7 @@
-// mpi_communicator.cpp — the MPI side of MpiRuntime's collectives: MpiWorld (at load, one MPI
-// communicator per axis group that spans processes, split from the runtime's host
-// communicator) and MpiCommunicator (the communicator of one device in such a group).
+// mpi_communicator.cpp — the MPI side of MpiRuntime's collectives: MpiWorld (at load, the MPI
+// communicators of the axis groups that span processes: one nonblocking duplicate of the
+// runtime's host communicator per round of process-disjoint groups, waited for with the
+// deadline) and MpiCommunicator (the communicator of one device in such a group).
 //
 // Collectives over a group that spans processes (member r = Mesh::group order, a device):
 // direct point-to-point exchange with MPI_Isend/MPI_Irecv on the group's communicator, tag
@@ -445,47 +446,32 @@ MpiWorld::MpiWorld(std::shared_ptr<MpiRuntime::Impl> rt, const Mesh& mesh,
     }
     const std::string axes_str = "{" + join(axes, ",") + "}";
     for (int rd = 0; rd < rounds; ++rd) {
-      int color = MPI_UNDEFINED, key = 0;
+      // One communicator per round, duplicated from the host communicator by every process
+      // (MPI_Comm_idup: nonblocking, so its wait has the deadline below; MPI_Comm_split has
+      // none and would hang on a process that died or never came). The groups of a round
+      // share no process, so they can share it: members address each other by world rank.
+      dups_.push_back(MPI_COMM_NULL);
+      dup_what_.push_back(fmt::format("{} round {}", axes_str, rd));
       std::size_t mine = spanning.size();
-      for (std::size_t gi = 0; gi < spanning.size(); ++gi) {
+      for (std::size_t gi = 0; gi < spanning.size() && mine == spanning.size(); ++gi) {
         if (round[gi] != rd) continue;
-        const auto& g = spanning[gi];
-        for (std::size_t j = 0; j < g.size(); ++j)
-          if (owner[static_cast<std::size_t>(g[j])] == me) {
-            color = static_cast<int>(gi);
-            key = static_cast<int>(j);
-            mine = gi;
-            break;
-          }
-        if (mine != spanning.size()) break;
+        for (int64_t m : spanning[gi])
+          if (owner[static_cast<std::size_t>(m)] == me) mine = gi;
       }
-      MPI_Comm comm = MPI_COMM_NULL;
-      TESSEL_MPI(MPI_Comm_split(rt_->host, color, key, &comm));
       if (mine == spanning.size()) continue;
-      TESSEL_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
       auto grp = std::make_shared<MpiGroup>();
-      grp->comm = comm;
+      grp->dup = dups_.size() - 1;
       grp->members = spanning[mine];
       grp->axes = axes_str;
-      std::vector<int> procs_in_order;  // distinct owners by first member = comm rank order
       for (int64_t m : grp->members) {
-        const int pr = owner[static_cast<std::size_t>(m)];
-        auto it = std::find(procs_in_order.begin(), procs_in_order.end(), pr);
-        const int cr = static_cast<int>(it - procs_in_order.begin());
-        if (it == procs_in_order.end()) procs_in_order.push_back(pr);
-        grp->comm_rank.push_back(cr);
-        grp->world_rank.push_back(pr);
+        grp->world_rank.push_back(owner[static_cast<std::size_t>(m)]);
+        grp->comm_rank.push_back(owner[static_cast<std::size_t>(m)]);  // a duplicate keeps the ranks
       }
-      int got = -1;
-      TESSEL_MPI(MPI_Comm_rank(comm, &got));
-      const int want = static_cast<int>(std::find(procs_in_order.begin(), procs_in_order.end(), me) -
-                                        procs_in_order.begin());
-      if (got != want)
-        throw RuntimeError(fmt::format("MpiRuntime: rank {} got rank {} in the communicator of group {} but expected {}",
-                                       me, got, shape_str(grp->members), want));
       groups_[{axes, grp->members}] = grp;
     }
   }
+  make_communicators();
+  for (auto& kv : groups_) kv.second->comm = dups_[kv.second->dup];
   std::lock_guard<std::mutex> lk(rt_->mu);
   rt_->worlds.push_back(this);
 }
@@ -497,7 +483,47 @@ MpiWorld::~MpiWorld() {
   }
   // After a failure a peer may be dead: freeing could wait for it, so the communicators leak.
   if (!rt_->failed.load())
-    for (auto& kv : groups_) MPI_Comm_free(&kv.second->comm);
+    for (MPI_Comm& c : dups_)
+      if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+}
+
+void MpiWorld::make_communicators() {
+  std::vector<MPI_Request> reqs(dups_.size(), MPI_REQUEST_NULL);
+  for (std::size_t i = 0; i < dups_.size(); ++i) TESSEL_MPI(MPI_Comm_idup(rt_->host, &dups_[i], &reqs[i]));
+  const double deadline = finite_timeout(timeout_) ? now_s() + timeout_ : 0;
+  while (true) {
+    int flag = 0;
+    TESSEL_MPI(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE));
+    if (flag) break;
+    std::string reason;
+    if (rt_->failed.load()) {
+      std::lock_guard<std::mutex> lk(rt_->mu);
+      reason = fmt::format("rank {}: load, making the communicators of the groups that span processes, stopped: {}",
+                           rt_->rank, rt_->failure);
+    } else if (deadline > 0 && now_s() > deadline) {
+      std::vector<std::string> open;
+      for (std::size_t i = 0; i < reqs.size(); ++i)
+        if (reqs[i] != MPI_REQUEST_NULL) open.push_back(dup_what_[i]);
+      reason = fmt::format(
+          "rank {}: load, making the communicators of the groups that span processes ({}), timed out after {} s: "
+          "every process had come to load (the fingerprints were exchanged) but one did not make them (did a "
+          "process die, or load with another MpiRuntimeOptions::process_of_device?); MpiRuntimeOptions::timeout_s / "
+          "TESSEL_MPI_TIMEOUT_S set the limit",
+          rt_->rank, join(open, ", "), timeout_);
+      rt_->fail(reason, false);
+    }
+    if (!reason.empty()) {
+      // A pending duplication can be neither cancelled nor freed (MPI forbids both for a
+      // nonblocking collective), and MPI may still write its communicator should it complete:
+      // the handles' storage is left allocated on purpose. The runtime refuses new work from
+      // now on; the job is to be restarted.
+      static_cast<void>(new std::vector<MPI_Comm>(std::move(dups_)));  // deliberately never freed
+      dups_.clear();
+      throw RuntimeError(reason);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  for (MPI_Comm c : dups_) TESSEL_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
 }
 
 std::unique_ptr<Communicator> MpiWorld::communicator(int64_t position, const std::vector<std::string>& axes) {

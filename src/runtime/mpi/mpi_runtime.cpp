@@ -153,6 +153,8 @@ MpiRuntime::MpiRuntime(MpiRuntimeOptions options) : impl_(std::make_shared<Impl>
 
 MpiRuntime::~MpiRuntime() {
   Impl& im = *impl_;
+  // Programs loaded here may outlive it: their runs in flight end first, later ones throw.
+  retire(fmt::format("MpiRuntime of rank {} of {}", im.rank, im.size));
   im.local.reset();  // no job may be running
   im.stop.store(true);
   if (im.watcher.joinable()) im.watcher.join();
@@ -254,6 +256,15 @@ std::unique_ptr<CollectiveWorld> MpiRuntime::make_world(const Mesh& mesh,
   if (std::isnan(timeout_s) || timeout_s < 0)
     throw RuntimeError(fmt::format("MpiRuntime: timeout must be >= 0 seconds, got {}", timeout_s));
   devices_for(mesh);
+  if (im.size > 1) {
+    // Every process arrives (with the deadline, naming a missing one) before any waits in
+    // the communicators' creation.
+    try {
+      allgather_host("make_world");
+    } catch (const RuntimeError& e) {
+      throw RuntimeError(fmt::format("load, before making the communicators: {}", e.what()));
+    }
+  }
   return std::make_unique<detail::MpiWorld>(impl_, mesh, axes, timeout_s > 0 ? timeout_s : im.timeout);
 }
 
