@@ -160,6 +160,19 @@ int run(int argc, char** argv) {
   }
   fmt::print("== program\n");
   std::fputs(prog.to_string(device).c_str(), stdout);
+  if (why) {  // the plan that was built: every collective and slice, and what it is for
+    fmt::print("== why each collective (the plan that was built)\n");
+    int n = 0;
+    for (const tessel::Instr& in : prog.instrs) {
+      if (in.kind != tessel::InstrKind::Collective && in.kind != tessel::InstrKind::ShardSlice) continue;
+      const std::string what = in.kind == tessel::InstrKind::ShardSlice ? std::string("slice (no communication)")
+                                                                        : tessel::collective_name(in.collective);
+      fmt::print("{} of %{} over {{{}}}, {} bytes: {}\n", what, prog.values[static_cast<std::size_t>(in.in[0])].name,
+                 fmt::join(in.axes, ","), in.bytes, in.note.empty() ? std::string("(no note)") : in.note);
+      ++n;
+    }
+    if (n == 0) fmt::print("none: every op runs on the blocks its operands already hold\n");
+  }
   for (const std::string& name : opt.show) show_value(g, mesh, prop, prog, name);
   auto s = prog.summary();
   if (!prog.warnings.empty()) {

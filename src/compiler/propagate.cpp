@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unordered_set>
 #include <climits>
 #include <map>
 #include <optional>
@@ -56,6 +57,11 @@ struct Propagator {
   const Mesh& mesh;
   PropagationResult& res;
   std::vector<bool> annotated;
+  // Every pass meets the same conflicts again: each decision is recorded once.
+  std::unordered_set<std::string> decided;
+  void decide(std::string text) {
+    if (decided.insert(text).second) res.decisions.push_back(std::move(text));
+  }
   // Each op's rule, computed on first use: rules depend on shapes and attributes only, and
   // every op is visited twice per pass.
   std::vector<std::optional<OpRule>> rules;
@@ -155,7 +161,7 @@ struct Propagator {
           const int w = wins ? v : u, l = wins ? u : v;
           const auto& wa = wins ? proj[f] : chosen[f];
           const auto& la = wins ? chosen[f] : proj[f];
-          res.decisions.push_back(fmt::format(
+          decide(fmt::format(
               "{} factor '{}': {{{}}} of {} wins over {{{}}} of {}: {}", g.describe_op(op_index),
               rule.factors[f].name, fmt::join(wa, ","), source_text(w, source_dim_of(w, f, tdims, tensors)),
               fmt::join(la, ","), source_text(l, source_dim_of(l, f, tdims, tensors)), why_won(w, l)));
@@ -184,7 +190,7 @@ struct Propagator {
       for (std::size_t i = 0; i < axes.size(); ++i)
         if (auto it = taken.find(axes[i]); it != taken.end()) {
           const int h = it->second;
-          res.decisions.push_back(fmt::format(
+          decide(fmt::format(
               "{} factor '{}': axis '{}' goes to factor '{}' of {} over factor '{}' of {}: {}",
               g.describe_op(op_index), rule.factors[f].name, axes[i], rule.factors[h].name,
               source_text(source[h], source_dim_of(source[h], h, tdims, tensors)),
@@ -274,7 +280,7 @@ PropagationResult propagate(const Graph& g, const Mesh& mesh, const PropagationO
       seed(op.output, op.attrs.sharding->closed_copy(), op.attrs.priority,
            fmt::format("sharding_constraint {}", g.describe(op.output)));
   }
-  Propagator pr{g, mesh, res, {}, {}};
+  Propagator pr{g, mesh, res, {}, {}, {}};
   int passes = 0;
   for (int round : rounds) {
     bool changed = true;

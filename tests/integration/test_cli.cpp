@@ -15,11 +15,14 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "../unit/test_util.hpp"
+#include "tessel/compiler/propagate.hpp"
+#include "tessel/ir/graph_text.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/ir/program_text.hpp"
 
@@ -194,6 +197,31 @@ TEST_CASE("cli: --why explains the annotated weights", "[integration][cli]") {
   CHECK_THAT(why, Catch::Contains("%h"));
   CHECK_THAT(why, Catch::Contains("derives from the annotation on %w1"));
   CHECK_THAT(why, Catch::Contains("derives from the annotation on %x"));
+}
+
+// Each propagation pass meets the same conflict again: --why prints each decision once, and
+// then the plan that was built (every collective with what it reshards, for which op).
+TEST_CASE("cli: --why prints each decision once and the plan that was built", "[integration][cli]") {
+  Result r = explain({golden("priority_swap_w.tsl"), "--why"});
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const std::string decision = "decision: op #2 einsum factor 'i': axis 'a' goes to factor 'j' of %w";
+  const std::size_t first = r.out.find(decision);
+  REQUIRE(first != std::string::npos);
+  CHECK(r.out.find(decision, first + 1) == std::string::npos);
+  const std::size_t plan = r.out.find("== why each collective (the plan that was built)\n");
+  REQUIRE(plan != std::string::npos);
+  CHECK_THAT(r.out.substr(plan), Catch::Contains("all-to-all of %x over {a}, 2048 bytes: reshard [{a}, {}] -> [{}, {a}] "
+                                                 "for operand 0 of op #2 einsum"));
+  CHECK_THAT(r.out.substr(plan), Catch::Contains("reduce-scatter of %y over {a}, 4096 bytes"));
+  // The propagation result itself holds each decision once, on every golden graph.
+  for (const char* f : {"priority_conflict.tsl", "priority_swap_x.tsl", "transformer_block_2d.tsl", "attention_heads.tsl"}) {
+    tessel::Graph g = tessel::parse_graph_file(golden(f));
+    const tessel::PropagationResult p = tessel::propagate(g, g.mesh ? *g.mesh : tessel::Mesh::parse("data=2,model=4"));
+    std::set<std::string> unique(p.decisions.begin(), p.decisions.end());
+    INFO(f);
+    CHECK(unique.size() == p.decisions.size());
+  }
 }
 
 TEST_CASE("cli: --device shows that device's coordinates", "[integration][cli]") {
