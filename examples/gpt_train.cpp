@@ -12,7 +12,7 @@
 //                       [--warmup N] [--accumulate K] [--batch 8] [--seq 32] [--d-model 64]
 //                       [--heads 4] [--layers 2] [--seed N] [--threads T] [--corpus FILE]
 //                       [--tolerance 1e-4] [--no-reference] [--mixed] [--remat none|einsums|all]
-//                       [--offload] [--out PREFIX] [--backend cpu|cuda] [--gpus N]
+//                       [--offload] [--out PREFIX] [--check-finite] [--backend cpu|cuda] [--gpus N]
 //
 // Prints a progress line per step (step/total, loss, the one-device loss and their relative
 // difference, gradient norm, learning rate, tokens/s, time left); then peak bytes per device
@@ -58,14 +58,15 @@ const char* kUsage =
     "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3] [--warmup N]\n"
     "                 [--accumulate K] [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
-    "                 [--mixed] [--remat none|einsums|all] [--offload] [--out PREFIX]\n"
+    "                 [--mixed] [--remat none|einsums|all] [--offload] [--out PREFIX] [--check-finite]\n"
     "                 [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --warmup N: the learning rate rises linearly\n"
     "over N steps, then falls along a cosine to 0 at --steps (default: constant). --accumulate K:\n"
     "each step's batch is K micro-batches of batch/K rows, their gradients summed on the devices.\n"
     "--out PREFIX: the loss curve goes to PREFIX.csv and PREFIX.svg (default gpt_train; '' for\n"
-    "none). --mixed: bf16 activations with f32 master\n"
+    "none). --check-finite: every instruction's results are checked for NaN and infinity, and\n"
+    "the first one found is named (slow; RunOptions::check_finite). --mixed: bf16 activations with f32 master\n"
     "weights and moments (tolerance 5e-3 unless given). --remat: which activations the backward\n"
     "recomputes: none (saves all), einsums (saves einsum results only), all (recomputes each block\n"
     "from its input). --offload: saved activations of 16 KiB or more move to host memory between\n"
@@ -95,6 +96,7 @@ int run(int argc, char** argv) {
   std::string mesh_spec = "data=2,model=2", corpus_path = std::string(TESSEL_SOURCE_DIR) + "/data/corpus.txt";
   int steps = 20, threads = 1, gpus = 0, warmup = 0, accumulate = 1;
   std::string out_prefix = "gpt_train";
+  bool check_finite = false;
   double timeout_s = -1;  // < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s
   bool cuda = false;
   double lr = 3e-3, tolerance = 1e-4;
@@ -114,6 +116,7 @@ int run(int argc, char** argv) {
     else if (a == "--warmup") warmup = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 1000000));
     else if (a == "--accumulate") accumulate = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
     else if (a == "--out") out_prefix = next();
+    else if (a == "--check-finite") check_finite = true;
     else if (tessel::parse_gpt_flag(a, next, cfg)) continue;
     else if (a == "--seed") seed = tessel::cli::parse_u64(a, next());
     else if (a == "--threads") threads = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
@@ -183,6 +186,7 @@ int run(int argc, char** argv) {
   o.train = to;
   o.lr = warmup > 0 ? tessel::LrSchedule::warmup_cosine(lr, warmup, steps) : tessel::LrSchedule::constant(lr);
   if (offload) o.load.lowering.offload_min_bytes = 16 << 10;
+  o.run.check_finite = check_finite;
   // A hung GPU collective fails instead of waiting forever; on MPI, 0 is the runtime's timeout.
   if (cuda) o.load.collective_timeout_s = timeout_s >= 0 ? timeout_s : 300;
   tessel::Trainer trainer(g, m.loss, m.weights, mesh, *rt, o);

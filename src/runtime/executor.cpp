@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
+#include <mutex>
 #include <set>
 
 #include "tessel/ops/registry.hpp"
@@ -92,13 +94,96 @@ class ViewBuffer : public Buffer {
 
 }  // namespace
 
+// NaN hunting (DeviceRunOptions::check_finite): the first non-finite value a run met, written
+// by the host functions enqueued after each instruction (on either stream).
+struct FirstNonFinite {
+  std::mutex mu;
+  bool found = false;
+  std::string what;
+  int64_t instruction = -1;  // -1: an input
+};
+
+namespace {
+
+// An instruction whose results hold -infinity by design: causal_mask (alone, or in a fused
+// expression) masks with it. check_finite then reports only NaN in them.
+bool writes_infinity(const Instr& in) {
+  if (in.kind != InstrKind::Kernel) return false;
+  if (in.op == OpKind::CausalMask) return true;
+  return (in.op == OpKind::FusedElementwise || in.op == OpKind::FusedEinsum) &&
+         (in.attrs.equation.find("causal_mask") != std::string::npos ||
+          in.attrs.epilogue.find("causal_mask") != std::string::npos);
+}
+
+// Index of the first NaN (or, unless allow_inf, infinity) among n values of float dtype t at
+// p, or -1; `kind` says which.
+int64_t first_non_finite(const unsigned char* p, int64_t n, DType t, bool allow_inf, const char*& kind) {
+  for (int64_t i = 0; i < n; ++i) {
+    bool bad = false, nan = false;
+    if (t == DType::f32) {
+      uint32_t b;
+      std::memcpy(&b, p + 4 * i, 4);
+      bad = (b & 0x7f800000u) == 0x7f800000u;
+      nan = bad && (b & 0x007fffffu);
+    } else {
+      uint16_t b;
+      std::memcpy(&b, p + 2 * i, 2);
+      const uint16_t exp = t == DType::bf16 ? 0x7f80 : 0x7c00;
+      bad = (b & exp) == exp;
+      nan = bad && (b & static_cast<uint16_t>(~exp & 0x7fff));
+    }
+    if (bad && (nan || !allow_inf)) {
+      kind = nan ? "NaN" : "infinity";
+      return i;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
 struct DeviceExecutor::RunState {
   const DeviceRunOptions& opts;
   std::vector<std::shared_ptr<Buffer>> buf;
   std::vector<double> t0;  // trace: start time per instruction
+  std::shared_ptr<FirstNonFinite> non_finite;
   RunState(const DeviceRunOptions& o, std::size_t values, std::size_t instrs)
-      : opts(o), buf(values), t0(o.trace ? instrs : 0, 0.0) {}
+      : opts(o), buf(values), t0(o.trace ? instrs : 0, 0.0),
+        non_finite(o.check_finite ? std::make_shared<FirstNonFinite>() : nullptr) {}
 };
+
+std::string DeviceExecutor::finite_source(std::size_t i) const {
+  const std::string& l = labels_[i];
+  std::string src = l.substr(std::min(l.find("instruction"), l.size()));
+  if (p_.instrs[i].graph_op >= 0) src += fmt::format(" for op #{} of the graph", p_.instrs[i].graph_op);
+  return src;
+}
+
+void DeviceExecutor::check_finite(RunState& st, int value, Stream& s, const std::string& source, bool allow_inf,
+                                  int64_t instruction) {
+  const LocalValue& lv = p_.values[static_cast<std::size_t>(value)];
+  if (lv.dtype == DType::i32 || lv.host || lv.bytes() == 0) return;
+  auto host = std::make_shared<std::vector<unsigned char>>(static_cast<std::size_t>(lv.bytes()));
+  Backend& be = *ctx_.backend;
+  be.copy_to_host(host->data(), *st.buf[static_cast<std::size_t>(value)], host->size(), s);
+  std::shared_ptr<FirstNonFinite> nf = st.non_finite;
+  const int64_t pos = pos_, run = st.opts.run_index;
+  const int64_t n = num_elements(lv.shape);
+  be.launch_host_func(s, [nf, host, n, allow_inf, instruction, dtype = lv.dtype, source, pos, run, name = lv.name,
+                          type = type_str(lv.dtype, lv.shape), sharding = lv.sharding.to_string()] {
+    if (nf->found) return;
+    const char* kind = "";
+    const int64_t at = first_non_finite(host->data(), n, dtype, allow_inf, kind);
+    if (at < 0) return;
+    std::lock_guard<std::mutex> lk(nf->mu);
+    if (nf->found) return;
+    nf->found = true;
+    nf->instruction = instruction;
+    nf->what = fmt::format("run {}, device {}: {} at element {} of %{} {} (local block of {}), written by {}; it is the "
+                           "first non-finite value this device met in the run (RunOptions::check_finite)",
+                           run, pos, kind, at, name, type, sharding, source);
+  });
+}
 
 DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceContext ctx)
     : p_(program), pos_(position), ctx_(std::move(ctx)) {
@@ -398,6 +483,8 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
     for (std::size_t i = 0; i < p_.inputs.size(); ++i) {
       if (!inputs.at(i)) throw RuntimeError(fmt::format("device {}: input #{} has no buffer", pos_, i));
       st.buf[static_cast<std::size_t>(p_.inputs[i])] = inputs[i];
+      if (st.non_finite)
+        check_finite(st, p_.inputs[i], *ctx_.compute, fmt::format("nothing: input #{} held it when the run started", i));
     }
     for (std::size_t i = 0; i < p_.instrs.size(); ++i) {
       if (opts.cancelled && opts.cancelled->load(std::memory_order_acquire))
@@ -410,7 +497,10 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
         events_[i]->wait(s);
         continue;
       }
-      if (in.kind == InstrKind::CollectiveDone) continue;  // a point in comm's order
+      if (in.kind == InstrKind::CollectiveDone) {  // a point in comm's order
+        if (st.non_finite) check_finite(st, in.in[0], s, finite_source(i), false, static_cast<int64_t>(i));
+        continue;
+      }
       s.set_label(labels_[i].c_str());
       storage(i, in.out);
       for (int e : in.extra_out) storage(i, e);
@@ -447,6 +537,8 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
         }
         default: break;
       }
+      if (st.non_finite && in.kind != InstrKind::CollectiveStart)
+        for (int v : in.defs()) check_finite(st, v, s, finite_source(i), writes_infinity(in), static_cast<int64_t>(i));
       if (opts.trace) {
         const LocalValue& o = p_.values[static_cast<std::size_t>(in.out)];
         TraceEvent e;
@@ -472,6 +564,8 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
     ctx_.comm->set_label(nullptr);
     ctx_.compute->synchronize();
     ctx_.comm->synchronize();
+    if (st.non_finite && st.non_finite->found)
+      throw NonFiniteError(st.non_finite->what, st.non_finite->instruction);
   } catch (...) {
     error = std::current_exception();
   }
@@ -493,6 +587,9 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
       } catch (...) {
       }
     }
+    // A NaN found before the failure (often its cause, or another device's abort) is the news.
+    if (st.non_finite && st.non_finite->found)
+      throw NonFiniteError(st.non_finite->what, st.non_finite->instruction);
     std::rethrow_exception(error);
   }
   DeviceRunResult res;

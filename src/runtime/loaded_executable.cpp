@@ -223,6 +223,7 @@ struct LoadedExecutable::Impl {
   bool in_flight = false;
   std::atomic<bool> cancelled{false};
   std::string cancel_reason;  // guarded by state_mu
+  int64_t runs = 0;           // runs started (guarded by run_mu): RunOptions::check_finite's run number
 
   // A fresh world and communicators for every group (at load, and after an abort).
   void make_world() {
@@ -649,6 +650,9 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
   }
 
   std::lock_guard<std::mutex> run_lock(im.run_mu);
+  const int64_t run_index = ++im.runs;
+  const char* finite_env = std::getenv("TESSEL_CHECK_FINITE");
+  const bool check_finite = opts.check_finite || (finite_env && std::string(finite_env) == "1");
   // Per-device input buffers. Donated inputs are taken out of their arrays (deleted) first,
   // each waiting for the reads of it in flight on other threads; then the others are held
   // against a donation elsewhere until the run is done (taking before holding: a run never
@@ -682,6 +686,8 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
       [&](int64_t d) {
     DeviceRunOptions dopts;
     dopts.poison = opts.poison;
+    dopts.check_finite = check_finite;
+    dopts.run_index = run_index;
     dopts.trace = trace_path.empty() ? nullptr : &trace;
     dopts.cancelled = &im.cancelled;
     dopts.donate = im.donate;
@@ -708,6 +714,18 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
   for (const auto& e : errors) failed = failed || e;
   if (failed && !cancel_reason.empty())
     throw RuntimeError(fmt::format("run: cancelled ({}); every device stopped", cancel_reason));
+  // check_finite: the earliest instruction (an input first) any device found NaN or infinity in.
+  {
+    int64_t best = -1, order = 0;
+    for (int64_t d = 0; d < n; ++d)
+      if (errors[d]) try {
+          std::rethrow_exception(errors[d]);
+        } catch (const NonFiniteError& e) {
+          if (best < 0 || e.instruction() < order) best = d, order = e.instruction();
+        } catch (...) {
+        }
+    if (best >= 0) std::rethrow_exception(errors[best]);
+  }
   // Report the device that failed first (the others only saw the abort).
   for (int64_t d = 0; d < n; ++d)
     if (errors[d] && root_cause[d]) {

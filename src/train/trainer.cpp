@@ -300,7 +300,7 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
       acc["grad.acc." + name] = mp.le.to_device("grad.acc." + name, HostTensor(DType::f32, pv.shape));
     }
     for (int i = 0; i + 1 < k; ++i) {
-      RunResult r = mp.le.run_named(im.inputs(mp, micro_batches[static_cast<std::size_t>(i)], acc, false));
+      RunResult r = mp.le.run_named(im.inputs(mp, micro_batches[static_cast<std::size_t>(i)], acc, false), im.o.run);
       for (int64_t b : r.stats.peak_bytes) rec.peak_bytes = std::max(rec.peak_bytes, b);
       const double l = im.host_scalar(mp, r, im.loss_name);
       loss_sum += l;
@@ -317,7 +317,7 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
     extra["adam.bc1"] = up.le.to_device("adam.bc1", scalar(1.0 / (1.0 - std::pow(a.beta1, rec.step))));
     extra["adam.bc2"] = up.le.to_device("adam.bc2", scalar(1.0 / (1.0 - std::pow(a.beta2, rec.step))));
     if (k > 1) extra["grad.scale"] = up.le.to_device("grad.scale", scalar(1.0 / k));
-    RunResult r = up.le.run_named(im.inputs(up, micro_batches.back(), std::move(extra), true));
+    RunResult r = up.le.run_named(im.inputs(up, micro_batches.back(), std::move(extra), true), im.o.run);
     for (int64_t b : r.stats.peak_bytes) rec.peak_bytes = std::max(rec.peak_bytes, b);
     // The parameters and moments were donated: their next values are the state (unchanged
     // values when the step was not finite, TrainOptions::guard_non_finite).
@@ -414,7 +414,7 @@ double Trainer::evaluate(const std::vector<HostTensor>& batch) {
   im.check_ready("evaluate");
   im.check_batch(batch, "evaluate");
   Loaded& ev = im.eval_program();
-  RunResult r = ev.le.run_named(im.inputs(ev, batch, {}, false));
+  RunResult r = ev.le.run_named(im.inputs(ev, batch, {}, false), im.o.run);
   return im.host_scalar(ev, r, im.loss_name);
 }
 

@@ -268,6 +268,20 @@ TEST_CASE("trainer: the state moves to another trainer on another mesh", "[train
   CHECK_THROWS_WITH(b.set_state(bad), Catch::Contains("the state has no 'adam.v.w1_0'"));
 }
 
+TEST_CASE("trainer: check_finite names where a NaN came from", "[train][trainer]") {
+  Mlp m = build_mlp(8);
+  ThreadRuntime rt(4);
+  TrainerOptions o;
+  o.run.check_finite = true;
+  Trainer tr(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt, o);
+  tr.init(init_params(m, 3));
+  std::mt19937_64 rng(3);
+  tr.step(batch_of(8, rng));  // finite: as without the check
+  auto b = batch_of(8, rng);
+  b[1].set(3, std::nan(""));  // y, row 0: device 0 or 1 of data's first half
+  CHECK_THROWS_WITH(tr.step(b), Catch::Contains("NaN at element 3 of %y") && Catch::Contains("held it when the run started"));
+}
+
 TEST_CASE("trainer: records and their CSV and SVG files", "[train][trainer]") {
   Mlp m = build_mlp(8);
   ThreadRuntime rt(4);

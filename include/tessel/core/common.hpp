@@ -53,6 +53,18 @@ class ParseError : public Error { public: using Error::Error; };
 class PartitionError : public Error { public: using Error::Error; };
 class RuntimeError : public Error { public: using Error::Error; };
 
+// RunOptions::check_finite found NaN or infinity: `instruction` is the index of the program
+// instruction that wrote it (-1: an input held it), so the earliest of several devices' finds
+// is the one reported.
+class NonFiniteError : public RuntimeError {
+ public:
+  NonFiniteError(const std::string& what, int64_t instruction) : RuntimeError(what), instruction_(instruction) {}
+  int64_t instruction() const { return instruction_; }
+
+ private:
+  int64_t instruction_;
+};
+
 // Memory could not be had: a backend buffer, or host memory for a HostTensor. The message gives
 // the bytes; the callers that know what the memory is for (the arena, an input, an output) rethrow
 // it naming the value or arena, the bytes and the device, and what would make it fit.

@@ -51,6 +51,11 @@ struct DeviceRunOptions {
   // Called with the error's message as soon as the run fails, before the streams are drained
   // (so that the caller can abort the communicators other devices may be blocked in).
   std::function<void(const std::string&)> on_error;
+  // Check every float value the run reads or writes for NaN and infinity (RunOptions::
+  // check_finite); the run fails naming the first instruction that wrote one. run_index
+  // numbers the run in the message.
+  bool check_finite = false;
+  int64_t run_index = 0;
 };
 
 struct DeviceRunResult {
@@ -81,6 +86,11 @@ class DeviceExecutor {
   struct RunState;
   Stream& stream(std::size_t instr) const { return *streams_[stream_of_[instr]]; }
   void collective(RunState& st, std::size_t i);
+  // RunOptions::check_finite: value copied to the host after the work enqueued on s and
+  // checked there; `source` names what wrote it.
+  void check_finite(RunState& st, int value, Stream& s, const std::string& source, bool allow_inf = false,
+                    int64_t instruction = -1);
+  std::string finite_source(std::size_t instr) const;  // "instruction #i (%h = einsum) for op #k of the graph"
 
   const Program& p_;
   int64_t pos_;

@@ -75,6 +75,14 @@ struct RunOptions {
   // environment variable, when set, names the file. The file is opened before the run
   // starts, so a path that cannot be written fails at once.
   std::string trace_path;
+  // NaN hunting (as JAX's debug_nans): after every instruction, its float results are copied
+  // to the host and checked; the run then fails with an error naming the first instruction
+  // that wrote NaN or infinity — its op, the value (the graph's name), the element, the
+  // device and the run's number (counted per loaded program from 1) — or the input that
+  // already held one. The -infinity causal_mask writes by design is not reported (NaN
+  // still is). Slow: for debugging. The environment variable TESSEL_CHECK_FINITE=1
+  // turns it on for every run.
+  bool check_finite = false;
   // Only used by the Executable::run / run_sharded conveniences (which load on demand):
   bool check_replicas = false;     // when gathering outputs, replicas must agree bit for bit
   int kernel_threads = 1;          // ThreadRuntimeOptions::kernel_threads

@@ -72,6 +72,7 @@ struct TrainerOptions {
   LrSchedule lr = LrSchedule::constant(1e-3);
   NonFinite non_finite = NonFinite::Stop;
   LoadOptions load;                            // lowering and timeouts; the trainer adds its donations
+  RunOptions run;                              // of every run (e.g. check_finite: NaN hunting)
   // Tokens per batch for tokens_per_s; 0: the element count of the first i32 batch input (the
   // token ids), else of the first batch input.
   int64_t tokens_per_batch = 0;
