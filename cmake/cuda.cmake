@@ -25,8 +25,9 @@ find_package(CUDAToolkit REQUIRED)
 
 file(GLOB TESSEL_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu
      ${PROJECT_SOURCE_DIR}/src/runtime/cuda/*.cpp)
-# cuda_stub.cpp stands in for the backend in a build without CUDA (CMakeLists.txt).
-list(FILTER TESSEL_CUDA_SOURCES EXCLUDE REGEX "/cuda_stub\\.cpp$")
+# cuda_stub.cpp stands in for the backend in a build without CUDA (CMakeLists.txt); gemm_plan.cpp
+# (the host-only einsum planner) is in tessel itself.
+list(FILTER TESSEL_CUDA_SOURCES EXCLUDE REGEX "/(cuda_stub|gemm_plan)\\.cpp$")
 
 # NCCL ships with the CUDA toolkit here (nccl.h and libnccl next to cudart); elsewhere point
 # NCCL_ROOT at an install (e.g. the nvidia-nccl-cu13 wheel's nvidia/nccl folder).
