@@ -18,6 +18,11 @@ if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
   set(CMAKE_CUDA_ARCHITECTURES ${_tessel_cuda_arch} CACHE STRING "CUDA architectures of tessel::cuda")
   message(STATUS "tessel: CUDA architectures ${CMAKE_CUDA_ARCHITECTURES}")
 endif()
+# One CUDA runtime, the shared libcudart: tessel_cuda links CUDA::cudart, and CMake would otherwise
+# add the static cudart (its default) to every executable linking the CUDA objects: two runtimes
+# with separate state in one process. The variable sets the property of every target made from
+# here on (the tests, examples and benchmarks); tessel_cuda's is set below as well.
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 enable_language(CUDA)
 set(CMAKE_CUDA_STANDARD 17)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
@@ -47,7 +52,7 @@ add_library(tessel_cuda ${TESSEL_CUDA_SOURCES})
 add_library(tessel::cuda ALIAS tessel_cuda)
 target_include_directories(tessel_cuda PRIVATE ${PROJECT_SOURCE_DIR}/kernels ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(tessel_cuda PUBLIC tessel PRIVATE CUDA::cudart CUDA::cublasLt fmt::fmt)
-set_target_properties(tessel_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME cuda)
+set_target_properties(tessel_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME cuda CUDA_RUNTIME_LIBRARY Shared)
 target_compile_options(tessel_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${TESSEL_WARNINGS}>
                        $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall --expt-relaxed-constexpr>)
 if(TESSEL_WITH_NCCL)

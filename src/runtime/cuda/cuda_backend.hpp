@@ -81,7 +81,10 @@ class CudaStream : public Stream {
   CudaBackend& backend() { return backend_; }
   const std::string& name() const { return name_; }
   // False after an enqueue failed (until synchronize): callers skip their work.
-  bool ok() const { return host_error_.empty(); }
+  bool ok() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return host_error_.empty();
+  }
   // Records a host-side failure of the operation being enqueued (first one wins).
   void fail(const std::string& what);
   // For kernels that can report bad indices: the record and a sequence number that names
@@ -98,7 +101,7 @@ class CudaStream : public Stream {
   const char* label_ = nullptr;
   std::string host_error_;
   cuda_kernels::DeviceError* err_ = nullptr;  // mapped pinned host memory
-  std::mutex mu_;
+  mutable std::mutex mu_;
   unsigned seq_ = 0;
   std::map<unsigned, std::string> checked_;  // seq -> "label: op(...)" of launches that may report
   void* workspace_ = nullptr;
