@@ -18,15 +18,31 @@ if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
   set(CMAKE_CUDA_ARCHITECTURES ${_tessel_cuda_arch} CACHE STRING "CUDA architectures of tessel::cuda")
   message(STATUS "tessel: CUDA architectures ${CMAKE_CUDA_ARCHITECTURES}")
 endif()
+# One CUDA runtime, the shared libcudart: tessel_cuda links CUDA::cudart, and CMake would otherwise
+# add the static cudart (its default) to every executable linking the CUDA objects: two runtimes
+# with separate state in one process. The variable sets the property of every target made from
+# here on (the tests, examples and benchmarks); tessel_cuda's is set below as well.
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 enable_language(CUDA)
 set(CMAKE_CUDA_STANDARD 17)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 find_package(CUDAToolkit REQUIRED)
+# FindCUDAToolkit makes CUDA::cudart and CUDA::cublasLt only where it finds the unversioned
+# libcudart.so / libcublasLt.so: say so here rather than at link time.
+foreach(_lib cudart cublasLt)
+  if(NOT TARGET CUDA::${_lib})
+    message(FATAL_ERROR "tessel: the CUDA backend needs lib${_lib}.so, not found in ${CUDAToolkit_LIBRARY_DIR} "
+                        "(found: '${CUDA_${_lib}_LIBRARY}'). FindCUDAToolkit looks for the unversioned name: install "
+                        "the toolkit's development files or add a link lib${_lib}.so -> lib${_lib}.so.<major>; or "
+                        "configure with -DTESSEL_WITH_CUDA=OFF")
+  endif()
+endforeach()
 
 file(GLOB TESSEL_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu
      ${PROJECT_SOURCE_DIR}/src/runtime/cuda/*.cpp)
-# cuda_stub.cpp stands in for the backend in a build without CUDA (CMakeLists.txt).
-list(FILTER TESSEL_CUDA_SOURCES EXCLUDE REGEX "/cuda_stub\\.cpp$")
+# cuda_stub.cpp stands in for the backend in a build without CUDA (CMakeLists.txt); gemm_plan.cpp
+# (the host-only einsum planner) is in tessel itself.
+list(FILTER TESSEL_CUDA_SOURCES EXCLUDE REGEX "/(cuda_stub|gemm_plan)\\.cpp$")
 
 # NCCL ships with the CUDA toolkit here (nccl.h and libnccl next to cudart); elsewhere point
 # NCCL_ROOT at an install (e.g. the nvidia-nccl-cu13 wheel's nvidia/nccl folder).
@@ -41,12 +57,33 @@ else()
   set(_tessel_nccl_default OFF)
 endif()
 option(TESSEL_WITH_NCCL "Build the NCCL communicator of the CUDA backend" ${_tessel_nccl_default})
+if(TESSEL_WITH_NCCL AND NOT (TESSEL_NCCL_INCLUDE_DIR AND TESSEL_NCCL_LIBRARY))
+  message(FATAL_ERROR "tessel: TESSEL_WITH_NCCL=ON but NCCL was not found (nccl.h: '${TESSEL_NCCL_INCLUDE_DIR}', "
+                      "libnccl: '${TESSEL_NCCL_LIBRARY}'), looked for in NCCL_ROOT='${NCCL_ROOT}' (or $ENV{NCCL_ROOT}) "
+                      "and the CUDA toolkit: set -DNCCL_ROOT to a folder with include/nccl.h and lib/libnccl.so[.2] "
+                      "(e.g. the nvidia-nccl-cu13 wheel's nvidia/nccl), or -DTESSEL_WITH_NCCL=OFF")
+endif()
+set(_tessel_nccl_version "")
+if(TESSEL_WITH_NCCL AND EXISTS ${TESSEL_NCCL_INCLUDE_DIR}/nccl.h)
+  file(STRINGS ${TESSEL_NCCL_INCLUDE_DIR}/nccl.h _v REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+  string(REGEX REPLACE "[^;]*NCCL_[A-Z]+ +([0-9]+)[^;]*" "\\1" _v "${_v}")
+  string(REPLACE ";" "." _tessel_nccl_version "${_v}")
+endif()
+# What the build uses, for the log of a GPU run (scripts/gpu-check greps these lines).
+message(STATUS "tessel: CUDA: nvcc ${CMAKE_CUDA_COMPILER} ${CMAKE_CUDA_COMPILER_VERSION}, architectures "
+               "${CMAKE_CUDA_ARCHITECTURES}")
+message(STATUS "tessel: CUDA: cudart ${CUDA_cudart_LIBRARY} (shared), cuBLASLt ${CUDA_cublasLt_LIBRARY}")
+if(TESSEL_WITH_NCCL)
+  message(STATUS "tessel: NCCL ${_tessel_nccl_version}: ${TESSEL_NCCL_LIBRARY} (nccl.h in ${TESSEL_NCCL_INCLUDE_DIR})")
+else()
+  message(STATUS "tessel: NCCL: off (make_nccl_world throws; -DTESSEL_WITH_NCCL=ON requires it)")
+endif()
 
 add_library(tessel_cuda ${TESSEL_CUDA_SOURCES})
 add_library(tessel::cuda ALIAS tessel_cuda)
 target_include_directories(tessel_cuda PRIVATE ${PROJECT_SOURCE_DIR}/kernels ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(tessel_cuda PUBLIC tessel PRIVATE CUDA::cudart CUDA::cublasLt fmt::fmt)
-set_target_properties(tessel_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME cuda)
+set_target_properties(tessel_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME cuda CUDA_RUNTIME_LIBRARY Shared)
 target_compile_options(tessel_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${TESSEL_WARNINGS}>
                        $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall --expt-relaxed-constexpr>)
 if(TESSEL_WITH_NCCL)

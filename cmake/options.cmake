@@ -6,13 +6,30 @@ option(TESSEL_SANITIZE_ADDRESS "Build with AddressSanitizer + UndefinedBehaviorS
 option(TESSEL_SANITIZE_THREAD "Build with ThreadSanitizer" OFF)
 
 # CUDA defaults to ON only where a CUDA compiler is found.
+# The GPU recipe (scripts/gpu-check) configures with TESSEL_REQUIRE_CUDA=ON: the CUDA backend with
+# cuBLASLt must be built, and a missing piece is a configure error, not a build without it
+# (cmake/cuda.cmake; -DTESSEL_WITH_NCCL=ON does the same for NCCL).
+option(TESSEL_REQUIRE_CUDA "Fail the configure unless the CUDA backend (nvcc, cudart, cuBLASLt) can be built" OFF)
 check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER AND (TESSEL_REQUIRE_CUDA OR TESSEL_WITH_CUDA) AND EXISTS /usr/local/cuda/bin/nvcc)
+  # check_language looks only at PATH, CUDACXX and CUDA_PATH; asked for CUDA, the toolkit's usual home too.
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc CACHE FILEPATH "CUDA compiler" FORCE)
+endif()
 if(CMAKE_CUDA_COMPILER)
   set(_tessel_cuda_default ON)
 else()
   set(_tessel_cuda_default OFF)
 endif()
 option(TESSEL_WITH_CUDA "Build the CUDA + NCCL backend" ${_tessel_cuda_default})
+if(TESSEL_REQUIRE_CUDA AND NOT TESSEL_WITH_CUDA)
+  message(FATAL_ERROR "tessel: TESSEL_REQUIRE_CUDA=ON but TESSEL_WITH_CUDA is OFF (cached from an earlier configure "
+                      "without nvcc?): pass -DTESSEL_WITH_CUDA=ON too")
+endif()
+if(TESSEL_WITH_CUDA AND NOT CMAKE_CUDA_COMPILER)
+  message(FATAL_ERROR "tessel: the CUDA backend was asked for (TESSEL_WITH_CUDA/TESSEL_REQUIRE_CUDA) but no CUDA "
+                      "compiler (nvcc) was found on PATH, through CUDACXX or CUDA_PATH, or at /usr/local/cuda/bin/nvcc: "
+                      "pass -DCMAKE_CUDA_COMPILER=/path/to/nvcc, or -DTESSEL_WITH_CUDA=OFF for a CPU-only build")
+endif()
 
 # MPI (the multi-process runtime, docs/runtime-mpi.md) defaults to ON where MPI is found.
 find_package(MPI COMPONENTS CXX QUIET)

@@ -14,8 +14,11 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 #include "cuda_loop.hpp"
 
@@ -42,7 +45,11 @@ CudaBuffer::~CudaBuffer() {
   cudaGetDevice(&prev);
   if (prev != device_) cudaSetDevice(device_);
   // Errors cannot be thrown from here; a failed free leaves the memory to the pool.
-  if (cudaFreeAsync(ptr_, free_stream_) != cudaSuccess) cudaGetLastError();
+  if (pooled_) {
+    if (cudaFreeAsync(ptr_, free_stream_) != cudaSuccess) cudaGetLastError();
+  } else if (cudaStreamSynchronize(free_stream_) != cudaSuccess || cudaFree(ptr_) != cudaSuccess) {
+    cudaGetLastError();
+  }
   if (prev != device_ && prev >= 0) cudaSetDevice(prev);
 }
 
@@ -254,10 +261,32 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
     throw RuntimeError(fmt::format("cuda backend: GPU {} does not exist ({} GPU{} visible{})", options_.device, n,
                                    n == 1 ? "" : "s", n == 0 ? "; is a driver installed and CUDA_VISIBLE_DEVICES set?" : ""));
   DeviceGuard g(options_.device);
-  cudaMemPool_t pool;
-  TESSEL_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, options_.device));
-  uint64_t threshold = std::numeric_limits<uint64_t>::max();
-  TESSEL_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  // Stream-ordered memory pools are optional (cudaDevAttrMemoryPoolsSupported): without them,
+  // plain cudaMalloc/cudaFree, said once per process on stderr. TESSEL_CUDA_MEMORY_POOLS=0
+  // forces the fallback (to test it on a GPU that has pools).
+  int supported = 0;
+  TESSEL_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, options_.device));
+  const char* env = std::getenv("TESSEL_CUDA_MEMORY_POOLS");
+  const bool forced_off = env && std::string(env) == "0";
+  pools_ = supported != 0 && !forced_off;
+  if (!pools_) {
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      std::fprintf(stderr,
+                   "tessel: cuda backend (GPU %d): %s: allocating with cudaMalloc/cudaFree instead of the "
+                   "stream-ordered pool (each free of kernel scratch or a released buffer waits for its stream; "
+                   "expect slower steps)\n",
+                   options_.device,
+                   forced_off ? "TESSEL_CUDA_MEMORY_POOLS=0"
+                              : "this GPU does not support stream-ordered memory pools "
+                                "(cudaDevAttrMemoryPoolsSupported is 0)");
+    });
+  } else {
+    cudaMemPool_t pool;
+    TESSEL_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, options_.device));
+    uint64_t threshold = std::numeric_limits<uint64_t>::max();
+    TESSEL_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
   TESSEL_CUDA_CHECK(cudaStreamCreate(&alloc_stream_));
   gemm_.reset(make_gemm_cache(options_.device));
 }
@@ -278,16 +307,17 @@ CudaBackend::~CudaBackend() {
 std::unique_ptr<Buffer> CudaBackend::allocate(std::size_t bytes) {
   DeviceGuard g(options_.device);
   void* p = nullptr;
-  const cudaError_t e = cudaMallocAsync(&p, std::max<std::size_t>(bytes, 1), alloc_stream_);
+  const cudaError_t e = pools_ ? cudaMallocAsync(&p, std::max<std::size_t>(bytes, 1), alloc_stream_)
+                               : cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     throw OutOfMemoryError(fmt::format("cuda backend (GPU {}): cannot allocate {} bytes ({:.4g} GiB): out of device "
                                        "memory", options_.device, bytes, double(bytes) / double(1ull << 30)), bytes);
   }
-  if (e != cudaSuccess) throw_cuda_error(e, "cudaMallocAsync", __FILE__, __LINE__);
-  TESSEL_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
+  if (e != cudaSuccess) throw_cuda_error(e, pools_ ? "cudaMallocAsync" : "cudaMalloc", __FILE__, __LINE__);
+  if (pools_) TESSEL_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
   // Dropped without release(): freed on the legacy default stream (0), after all prior work.
-  return std::make_unique<CudaBuffer>(options_.device, p, bytes, cudaStream_t{0});
+  return std::make_unique<CudaBuffer>(options_.device, p, bytes, cudaStream_t{0}, pools_);
 }
 
 namespace {
@@ -425,18 +455,26 @@ std::unique_ptr<Event> CudaBackend::create_event() { return std::make_unique<Cud
 
 void* CudaBackend::scratch(std::size_t bytes, CudaStream& s) {
   void* p = nullptr;
-  const cudaError_t e = cudaMallocAsync(&p, std::max<std::size_t>(bytes, 1), s.handle());
+  const cudaError_t e = pools_ ? cudaMallocAsync(&p, std::max<std::size_t>(bytes, 1), s.handle())
+                               : cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     throw OutOfMemoryError(fmt::format("cuda backend (GPU {}): cannot allocate {} bytes of kernel scratch",
                                        options_.device, bytes), bytes);
   }
-  if (e != cudaSuccess) throw_cuda_error(e, "cudaMallocAsync (scratch)", __FILE__, __LINE__);
+  if (e != cudaSuccess) throw_cuda_error(e, pools_ ? "cudaMallocAsync (scratch)" : "cudaMalloc (scratch)", __FILE__,
+                                         __LINE__);
   return p;
 }
 
 void CudaBackend::free_scratch(void* p, CudaStream& s) {
-  if (p) TESSEL_CUDA_CHECK(cudaFreeAsync(p, s.handle()));
+  if (!p) return;
+  if (pools_) {
+    TESSEL_CUDA_CHECK(cudaFreeAsync(p, s.handle()));
+  } else {  // the kernels enqueued on s may still use it
+    TESSEL_CUDA_CHECK(cudaStreamSynchronize(s.handle()));
+    TESSEL_CUDA_CHECK(cudaFree(p));
+  }
 }
 
 }  // namespace tessel::cuda

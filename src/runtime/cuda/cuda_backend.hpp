@@ -45,10 +45,12 @@ class CudaBackend;
 // Device memory from the GPU's stream-ordered pool (cudaMallocAsync). Freed by
 // cudaFreeAsync on the stream given to Backend::release, or (dropped without release, after
 // the host has synchronised) on the backend's allocation stream.
+// Without memory pools (CudaBackend::memory_pools() false) it came from cudaMalloc and is freed
+// by cudaFree once the free stream has finished.
 class CudaBuffer : public Buffer {
  public:
-  CudaBuffer(int device, void* ptr, std::size_t bytes, cudaStream_t alloc_stream)
-      : device_(device), ptr_(ptr), bytes_(bytes), free_stream_(alloc_stream) {}
+  CudaBuffer(int device, void* ptr, std::size_t bytes, cudaStream_t alloc_stream, bool pooled = true)
+      : device_(device), ptr_(ptr), bytes_(bytes), free_stream_(alloc_stream), pooled_(pooled) {}
   ~CudaBuffer() override;
   void* data() override { return ptr_; }
   const void* data() const override { return ptr_; }
@@ -60,6 +62,7 @@ class CudaBuffer : public Buffer {
   void* ptr_;
   std::size_t bytes_;
   cudaStream_t free_stream_;
+  bool pooled_;
 };
 
 // An in-order CUDA stream. Errors: a failed enqueue (bad arguments found on the host, a
@@ -78,7 +81,10 @@ class CudaStream : public Stream {
   CudaBackend& backend() { return backend_; }
   const std::string& name() const { return name_; }
   // False after an enqueue failed (until synchronize): callers skip their work.
-  bool ok() const { return host_error_.empty(); }
+  bool ok() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return host_error_.empty();
+  }
   // Records a host-side failure of the operation being enqueued (first one wins).
   void fail(const std::string& what);
   // For kernels that can report bad indices: the record and a sequence number that names
@@ -95,7 +101,7 @@ class CudaStream : public Stream {
   const char* label_ = nullptr;
   std::string host_error_;
   cuda_kernels::DeviceError* err_ = nullptr;  // mapped pinned host memory
-  std::mutex mu_;
+  mutable std::mutex mu_;
   unsigned seq_ = 0;
   std::map<unsigned, std::string> checked_;  // seq -> "label: op(...)" of launches that may report
   void* workspace_ = nullptr;
@@ -167,10 +173,15 @@ class CudaBackend : public Backend {
   // Stream-ordered scratch for a kernel: freed on the same stream after use.
   void* scratch(std::size_t bytes, CudaStream& s);
   void free_scratch(void* p, CudaStream& s);
+  // Whether allocations come from the GPU's stream-ordered pool (cudaMallocAsync): false where
+  // cudaDevAttrMemoryPoolsSupported is 0 (some virtualised GPUs, older drivers) or
+  // TESSEL_CUDA_MEMORY_POOLS=0; then cudaMalloc/cudaFree, freeing after the stream synchronises.
+  bool memory_pools() const { return pools_; }
 
  private:
   CudaBackendOptions options_;
   cudaStream_t alloc_stream_ = nullptr;
+  bool pools_ = true;
   PinnedPool pinned_;
   std::unique_ptr<GemmCache, void (*)(GemmCache*)> gemm_{nullptr, destroy_gemm_cache};
 };

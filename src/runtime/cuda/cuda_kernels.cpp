@@ -392,6 +392,9 @@ void k_cross_entropy_grad(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   const Shape& ls = a.in_shapes[0];
   if (ls.empty()) fail(a, "logits must have rank >= 1");
   if (a.in_dtypes[1] != DType::i32 || a.in_dtypes[2] != DType::f32) fail(a, "labels must be i32 and g f32");
+  // The kernel writes the gradient in the logits' dtype.
+  if (a.in_dtypes[0] == DType::i32 || a.out_dtype != a.in_dtypes[0])
+    fail(a, "logits must be floating-point and the result of the logits' dtype");
   const Shape prefix(ls.begin(), ls.end() - 1);
   if (a.in_shapes[1] != prefix || a.in_shapes[2] != prefix || a.out_shape != ls)
     fail(a, "labels and g must have the logits shape without its last dim, the result the logits'");

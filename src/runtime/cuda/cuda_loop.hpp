@@ -7,20 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "gemm_plan.hpp"  // contiguous_strides
 #include "launchers.hpp"
 #include "tessel/core/common.hpp"
 
 namespace tessel::cuda {
-
-inline std::vector<int64_t> contiguous_strides(const Shape& s) {
-  std::vector<int64_t> st(s.size());
-  int64_t acc = 1;
-  for (std::size_t i = s.size(); i-- > 0;) {
-    st[i] = acc;
-    acc *= s[i];
-  }
-  return st;
-}
 
 // Strides of `in` broadcast (numpy, right-aligned) to `out`; 0 where broadcast. Throws
 // RuntimeError when it does not broadcast.

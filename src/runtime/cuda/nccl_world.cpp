@@ -189,6 +189,16 @@ class NcclWorld : public CollectiveWorld {
                                        i, p, mesh_.to_string()));
       local_of_[static_cast<std::size_t>(p)] = i;
     }
+    // NCCL puts one rank per GPU (it would fail with "Duplicate GPU detected"): say which
+    // positions collide and what to use instead.
+    for (int i = 0; i < local; ++i)
+      for (int j = 0; j < i; ++j)
+        if (gpus_[static_cast<std::size_t>(i)] == gpus_[static_cast<std::size_t>(j)])
+          throw RuntimeError(fmt::format(
+              "nccl world: mesh positions {} and {} of mesh {} are both on GPU {}; NCCL needs one GPU per position "
+              "(give each position its own GPU, or make_cuda_virtual_world for several positions on one GPU)",
+              positions_[static_cast<std::size_t>(j)], positions_[static_cast<std::size_t>(i)], mesh_.to_string(),
+              gpus_[static_cast<std::size_t>(i)]));
     world_.resize(static_cast<std::size_t>(local));
     if (unique_id.empty()) {
       if (local != n)
