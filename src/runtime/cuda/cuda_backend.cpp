@@ -89,6 +89,7 @@ void* CudaStream::gemm_workspace(std::size_t& bytes) {
     // Once per stream, at its first einsum (not per step).
     TESSEL_CUDA_CHECK(cudaMalloc(&workspace_, backend_.options().gemm_workspace_bytes));
     workspace_bytes_ = backend_.options().gemm_workspace_bytes;
+    workspace_metered_ = std::make_unique<MeteredBytes>(&backend_.device_memory(), workspace_bytes_);
   }
   bytes = workspace_bytes_;
   return workspace_;
@@ -287,7 +288,7 @@ std::unique_ptr<Buffer> CudaBackend::allocate(std::size_t bytes) {
   if (e != cudaSuccess) throw_cuda_error(e, "cudaMallocAsync", __FILE__, __LINE__);
   TESSEL_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
   // Dropped without release(): freed on the legacy default stream (0), after all prior work.
-  return std::make_unique<CudaBuffer>(options_.device, p, bytes, cudaStream_t{0});
+  return std::make_unique<CudaBuffer>(options_.device, p, bytes, cudaStream_t{0}, device_meter_);
 }
 
 namespace {
@@ -295,7 +296,8 @@ namespace {
 // (copy_block) reach it through unified addressing.
 class PinnedHostBuffer : public Buffer {
  public:
-  PinnedHostBuffer(void* ptr, std::size_t bytes) : ptr_(ptr), bytes_(bytes) {}
+  PinnedHostBuffer(void* ptr, std::size_t bytes, std::shared_ptr<MemoryMeter> meter)
+      : ptr_(ptr), bytes_(bytes), metered_(std::move(meter), bytes) {}
   ~PinnedHostBuffer() override { cudaFreeHost(ptr_); }
   void* data() override { return ptr_; }
   const void* data() const override { return ptr_; }
@@ -304,6 +306,7 @@ class PinnedHostBuffer : public Buffer {
  private:
   void* ptr_;
   std::size_t bytes_;
+  MeteredBytes metered_;  // in the backend's host_memory()
 };
 }  // namespace
 
@@ -311,7 +314,7 @@ std::unique_ptr<Buffer> CudaBackend::allocate_host(std::size_t bytes) {
   DeviceGuard g(options_.device);
   void* p = nullptr;
   TESSEL_CUDA_CHECK(cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocPortable | cudaHostAllocMapped));
-  return std::make_unique<PinnedHostBuffer>(p, bytes);
+  return std::make_unique<PinnedHostBuffer>(p, bytes, host_meter_);
 }
 
 void CudaBackend::release(std::shared_ptr<Buffer> b, Stream& s) {
@@ -432,6 +435,12 @@ void* CudaBackend::scratch(std::size_t bytes, CudaStream& s) {
                                        options_.device, bytes), bytes);
   }
   if (e != cudaSuccess) throw_cuda_error(e, "cudaMallocAsync (scratch)", __FILE__, __LINE__);
+  // In the device's high-water mark as if freed at once: the einsum frees its scratch with
+  // cudaFreeAsync itself (cuda_einsum.cpp), not through free_scratch, so a count kept open
+  // here would never close. A kernel's several scratch blocks are thus counted one at a time
+  // (a lower bound of its scratch).
+  device_meter_->add(bytes);
+  device_meter_->sub(bytes);
   return p;
 }
 

@@ -47,8 +47,9 @@ class CudaBackend;
 // the host has synchronised) on the backend's allocation stream.
 class CudaBuffer : public Buffer {
  public:
-  CudaBuffer(int device, void* ptr, std::size_t bytes, cudaStream_t alloc_stream)
-      : device_(device), ptr_(ptr), bytes_(bytes), free_stream_(alloc_stream) {}
+  // Counted in `meter` (the backend's device_memory()) until the free is enqueued.
+  CudaBuffer(int device, void* ptr, std::size_t bytes, cudaStream_t alloc_stream, std::shared_ptr<MemoryMeter> meter)
+      : device_(device), ptr_(ptr), bytes_(bytes), free_stream_(alloc_stream), metered_(std::move(meter), bytes) {}
   ~CudaBuffer() override;
   void* data() override { return ptr_; }
   const void* data() const override { return ptr_; }
@@ -60,6 +61,7 @@ class CudaBuffer : public Buffer {
   void* ptr_;
   std::size_t bytes_;
   cudaStream_t free_stream_;
+  MeteredBytes metered_;
 };
 
 // An in-order CUDA stream. Errors: a failed enqueue (bad arguments found on the host, a
@@ -100,6 +102,7 @@ class CudaStream : public Stream {
   std::map<unsigned, std::string> checked_;  // seq -> "label: op(...)" of launches that may report
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  std::unique_ptr<MeteredBytes> workspace_metered_;  // the workspace in the device's count
 };
 
 class CudaEvent : public Event {
