@@ -127,7 +127,7 @@ int run(int argc, char** argv) {
   ro.kernel_threads = threads;
   std::vector<tessel::HostTensor> out;
   double best = 1e300;
-  int64_t peak = 0;
+  int64_t peak = 0, planned = 0;  // bytes per device: measured (the largest device's), the plan's
   if (rt) {
     // Every process runs the same steps (SPMD); inputs are made from the same seed everywhere.
     tessel::LoadOptions lo;
@@ -146,7 +146,8 @@ int run(int argc, char** argv) {
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
     }
     for (std::size_t o = 0; o < r.outputs.size(); ++o) out.push_back(prog.to_host(r.outputs[o]));
-    for (int64_t b : r.stats.peak_bytes) peak = std::max(peak, b);
+    for (int64_t b : r.stats.measured_peak_bytes) peak = std::max(peak, b);
+    planned = r.stats.planned_peak_bytes;
     if (!printer) return 0;
   } else {
     for (int it = 0; it < iters; ++it) {
@@ -155,7 +156,8 @@ int run(int argc, char** argv) {
       out = exe.run(inputs, ro);
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
     }
-    for (int64_t b : exe.last_stats().peak_bytes) peak = std::max(peak, b);
+    for (int64_t b : exe.last_stats().measured_peak_bytes) peak = std::max(peak, b);
+    planned = exe.last_stats().planned_peak_bytes;
   }
   const double loss = out[0].get(0);
   std::vector<tessel::HostTensor> ref = tessel::run_reference(m.graph, inputs, threads);
@@ -169,7 +171,8 @@ int run(int argc, char** argv) {
   fmt::print("loss (reference, 1 device)    = {:.7f}\n", ref_loss);
   fmt::print("relative difference = {:.3g} ({})\n", rel, rel <= 1e-5 ? "ok, <= 1e-5" : "FAILED, > 1e-5");
   fmt::print("forward: {:.2f} ms, {:.0f} tokens/s (best of {})\n", best * 1e3, tokens / best, iters);
-  fmt::print("peak bytes per device = {} ({:.2f} MiB)\n", peak, static_cast<double>(peak) / (1 << 20));
+  fmt::print("peak bytes per device = {} ({:.2f} MiB) measured (allocator high-water), {} planned\n", peak,
+             static_cast<double>(peak) / (1 << 20), planned);
   if (!trace.empty())
     fmt::print("trace written to {}{} (open in https://ui.perfetto.dev)\n", trace,
                rt && rt->process_count() > 1 ? ".rank<N>" : "");

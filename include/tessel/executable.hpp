@@ -71,8 +71,10 @@ class Executable {
 
   // Memory per device, known before anything runs: the memory plan of the lowered program
   // (lower_program(program()), what load() runs), i.e. the arena of the intermediates placed
-  // by liveness, the inputs and the outputs. peak_bytes() equals the RunStats::peak_bytes a
-  // run reports for every device. Pure; lowers the program on each call (about as costly as
+  // by liveness, the inputs and the outputs. Without donation (known at load, which then
+  // subtracts the outputs written into donated buffers: plan_donations) peak_bytes() equals
+  // the RunStats::planned_peak_bytes a run reports; RunStats::measured_peak_bytes is what the
+  // allocators saw. Pure; lowers the program on each call (about as costly as
   // one compile's partition step), so keep the result rather than calling it in a loop.
   MemoryPlan memory_estimate() const;
 

@@ -123,10 +123,13 @@ std::string print_program(const Program& p) {
   for (int v : p.outputs) outs.push_back(value_ref(p.values[static_cast<std::size_t>(v)].name));
   out += outs.empty() ? "output\n" : "output " + join(outs, ", ") + "\n";
   if (p.memory.planned)
-    out += fmt::format("memory arena={}{}  # peak {} bytes per device: arena + inputs {} + outputs {}\n",
+    out += fmt::format("memory arena={}{}  # peak {} bytes per device: arena + inputs {} + outputs {}{}\n",
                        p.memory.arena_bytes,
                        p.memory.host_bytes > 0 ? fmt::format(" host={}", p.memory.host_bytes) : std::string(),
-                       p.memory.peak_bytes(), p.memory.input_bytes, p.memory.output_bytes);
+                       p.memory.peak_bytes(), p.memory.input_bytes, p.memory.output_bytes,
+                       p.memory.donated_bytes > 0
+                           ? fmt::format(" - written into donated inputs {}", p.memory.donated_bytes)
+                           : std::string());
   return out;
 }
 

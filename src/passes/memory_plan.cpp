@@ -78,4 +78,83 @@ Program memory_plan_pass(Program p) {
   return p;
 }
 
+std::vector<int> input_last_use(const Program& p) {
+  const std::size_t nv = p.values.size(), n = p.instrs.size();
+  std::vector<int> input_of(nv, -1), root(nv), done_at(nv, -1);
+  for (std::size_t i = 0; i < p.inputs.size(); ++i) input_of[static_cast<std::size_t>(p.inputs[i])] = static_cast<int>(i);
+  for (std::size_t v = 0; v < nv; ++v) root[v] = static_cast<int>(v);
+  for (std::size_t j = 0; j < n; ++j)  // an async collective reads its operand until its done
+    if (p.instrs[j].kind == InstrKind::CollectiveDone && !p.instrs[j].in.empty())
+      done_at[static_cast<std::size_t>(p.instrs[j].in[0])] = static_cast<int>(j);
+  std::vector<int> last(p.inputs.size(), -1);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Instr& in = p.instrs[i];
+    if (in.kind == InstrKind::View) root[static_cast<std::size_t>(in.out)] = root[static_cast<std::size_t>(in.in[0])];
+    int until = static_cast<int>(i);
+    if (in.kind == InstrKind::CollectiveStart && done_at[static_cast<std::size_t>(in.out)] > until)
+      until = done_at[static_cast<std::size_t>(in.out)];
+    for (int v : in.in) {
+      const int r = input_of[static_cast<std::size_t>(root[static_cast<std::size_t>(v)])];
+      if (r >= 0) last[static_cast<std::size_t>(r)] = std::max(last[static_cast<std::size_t>(r)], until);
+    }
+  }
+  return last;
+}
+
+namespace {
+// Whether kernel `in` may write its result `v` over its operand `dv` (read by nobody later):
+// the kernel reads every element of that operand before it writes the same element of the
+// result. A fused elementwise kernel does, block by block, for any operand of the result's
+// shape (cpu_fused.cpp); adamw does, element by element, for the result's own operand (the
+// parameter, m or v into their updated values: cpu_kernels_optim.cpp, kernels/elementwise.cu).
+bool in_place(const Instr& in, int v, int dv, const Program& p) {
+  if (in.kind != InstrKind::Kernel || p.values[static_cast<std::size_t>(dv)].shape != p.values[static_cast<std::size_t>(v)].shape)
+    return false;
+  if (in.op == OpKind::FusedElementwise) return std::find(in.in.begin(), in.in.end(), dv) != in.in.end();
+  if (in.op == OpKind::AdamW) {  // results (p, m, v) from operands (p, g, m, v, ...)
+    const std::vector<int> defs = in.defs();
+    const std::size_t operand_of[3] = {0, 2, 3};
+    for (std::size_t r = 0; r < defs.size() && r < 3; ++r)
+      if (defs[r] == v) return operand_of[r] < in.in.size() && in.in[operand_of[r]] == dv;
+  }
+  return false;
+}
+}  // namespace
+
+std::vector<int> donated_outputs(const Program& p, const std::vector<int>& donate, const std::vector<int>& input_last) {
+  std::vector<int> donor_of(p.outputs.size(), -1), output_of(p.values.size(), -1);
+  for (std::size_t i = 0; i < donate.size() && i < p.inputs.size(); ++i)
+    if (donate[i] >= 0 && static_cast<std::size_t>(donate[i]) < p.outputs.size())
+      donor_of[static_cast<std::size_t>(donate[i])] = static_cast<int>(i);
+  for (std::size_t o = 0; o < p.outputs.size(); ++o)
+    if (donor_of[o] >= 0) output_of[static_cast<std::size_t>(p.outputs[o])] = static_cast<int>(o);
+  std::vector<int> into(p.outputs.size(), -1);
+  for (std::size_t i = 0; i < p.instrs.size(); ++i) {
+    const Instr& in = p.instrs[i];
+    if (in.kind == InstrKind::View) continue;  // a view lives in its source
+    for (int v : in.defs()) {
+      const int o = output_of[static_cast<std::size_t>(v)];
+      if (o < 0) continue;
+      const int donor = donor_of[static_cast<std::size_t>(o)];
+      const int dv = p.inputs[static_cast<std::size_t>(donor)];
+      const LocalValue& lv = p.values[static_cast<std::size_t>(v)];
+      if (p.values[static_cast<std::size_t>(dv)].bytes() != lv.bytes()) continue;
+      const int last = input_last[static_cast<std::size_t>(donor)];
+      if (last < static_cast<int>(i) || (last == static_cast<int>(i) && in_place(in, v, dv, p))) into[static_cast<std::size_t>(o)] = donor;
+    }
+  }
+  return into;
+}
+
+void plan_donations(Program& p, const std::vector<int>& donate) {
+  if (donate.size() != p.inputs.size())
+    throw Error(fmt::format("plan_donations: {} donation entries for a program with {} inputs (one per input: the "
+                            "output it is donated to, or -1)",
+                            donate.size(), p.inputs.size()));
+  const std::vector<int> into = donated_outputs(p, donate, input_last_use(p));
+  p.memory.donated_bytes = 0;
+  for (std::size_t o = 0; o < into.size(); ++o)
+    if (into[o] >= 0) p.memory.donated_bytes += p.values[static_cast<std::size_t>(p.outputs[o])].bytes();
+}
+
 }  // namespace tessel

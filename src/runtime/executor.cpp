@@ -19,6 +19,7 @@
 #include <set>
 
 #include "tessel/ops/registry.hpp"
+#include "tessel/passes/program_passes.hpp"
 
 namespace tessel {
 namespace {
@@ -199,18 +200,19 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
   events_.resize(n);
   stream_of_.assign(n, kCompute);
   output_of_.assign(nv, -1);
-  input_of_.assign(nv, -1);
   for (std::size_t o = 0; o < p_.outputs.size(); ++o) output_of_[static_cast<std::size_t>(p_.outputs[o])] = static_cast<int>(o);
-  for (std::size_t i = 0; i < p_.inputs.size(); ++i) input_of_[static_cast<std::size_t>(p_.inputs[i])] = static_cast<int>(i);
   auto stream_index = [&](const std::string& name, std::size_t i) {
     if (name == "compute") return kCompute;
     if (name == "comm") return kComm;
     throw RuntimeError(fmt::format("device {} instruction #{}: stream '{}' is not one the executor has (compute, comm)",
                                    pos_, i, name));
   };
-  // The arena, and a view of it for every value placed there.
+  // The arena, and a view of it for every value placed there. None for a program without
+  // intermediates in device memory (the backends count what they allocate: no byte for nothing).
+  bool placed = false;
+  for (std::size_t v = 0; v < nv && v < p_.memory.offset.size(); ++v) placed = placed || (p_.memory.offset[v] >= 0 && !p_.values[v].host);
   try {
-    arena_ = ctx_.backend->allocate(static_cast<std::size_t>(std::max<int64_t>(p_.memory.arena_bytes, 1)));
+    if (placed) arena_ = ctx_.backend->allocate(static_cast<std::size_t>(std::max<int64_t>(p_.memory.arena_bytes, 1)));
   } catch (const OutOfMemoryError& e) {
     const MemoryPlan& m = p_.memory;
     throw OutOfMemoryError(
@@ -230,24 +232,7 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
                                                      static_cast<std::size_t>(p_.memory.offset[v]),
                                                      static_cast<std::size_t>(p_.values[v].bytes()));
   // Last instruction touching each input's storage (donation: reuse only when dead).
-  std::vector<int> root(nv);
-  for (std::size_t v = 0; v < nv; ++v) root[v] = static_cast<int>(v);
-  input_last_.assign(p_.inputs.size(), -1);
-  for (std::size_t i = 0; i < n; ++i) {
-    const Instr& in = p_.instrs[i];
-    if (in.kind == InstrKind::View) root[static_cast<std::size_t>(in.out)] = root[static_cast<std::size_t>(in.in[0])];
-    int until = static_cast<int>(i);
-    if (in.kind == InstrKind::CollectiveStart)
-      for (std::size_t j = i + 1; j < n; ++j)
-        if (p_.instrs[j].kind == InstrKind::CollectiveDone && p_.instrs[j].in[0] == in.out) {
-          until = static_cast<int>(j);
-          break;
-        }
-    for (int v : in.in) {
-      const int r = input_of_[static_cast<std::size_t>(root[static_cast<std::size_t>(v)])];
-      if (r >= 0) input_last_[static_cast<std::size_t>(r)] = std::max(input_last_[static_cast<std::size_t>(r)], until);
-    }
-  }
+  input_last_ = input_last_use(p_);
   for (std::size_t i = 0; i < n; ++i) {
     const Instr& in = p_.instrs[i];
     stream_of_[i] = stream_index(in.stream, i);
@@ -420,11 +405,12 @@ void DeviceExecutor::collective(RunState& st, std::size_t i) {
 DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& inputs, const DeviceRunOptions& opts) {
   RunState st(opts, p_.values.size(), p_.instrs.size());
   Backend& be = *ctx_.backend;
-  // Donation: per output, the input donated to it.
-  std::vector<int> donor_of_output(p_.outputs.size(), -1);
-  for (std::size_t i = 0; i < opts.donate.size() && i < p_.inputs.size(); ++i)
-    if (opts.donate[i] >= 0) donor_of_output[static_cast<std::size_t>(opts.donate[i])] = static_cast<int>(i);
-  std::vector<bool> donor_taken(p_.inputs.size(), false);
+  // The measurement of this run starts from the bytes in use now (the arena, the inputs, and
+  // whatever else the device holds).
+  be.device_memory().reset_high_water();
+  be.host_memory().reset_high_water();
+  // Donation: per output, the input whose buffer it takes (the rule the plan counts with).
+  const std::vector<int> donor_of_output = donated_outputs(p_, opts.donate, input_last_);
 
   // Storage for value `value`, defined by instruction i.
   auto storage = [&](std::size_t i, int value) {
@@ -442,27 +428,17 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
     } else {
       const int o = output_of_[v];
       const int donor = o >= 0 ? donor_of_output[static_cast<std::size_t>(o)] : -1;
-      // A fused elementwise kernel may also write over a donor it reads last, when the donor
-      // has the result's shape: block by block it reads every operand element before it writes
-      // that element of the result (cpu_fused.cpp), so an in-place update stays in place.
-      const auto in_place = [&] {
-        const int dv = p_.inputs[static_cast<std::size_t>(donor)];
-        return in.kind == InstrKind::Kernel && in.op == OpKind::FusedElementwise &&
-               input_last_[static_cast<std::size_t>(donor)] == static_cast<int>(i) &&
-               std::find(in.in.begin(), in.in.end(), dv) != in.in.end() &&
-               p_.values[static_cast<std::size_t>(dv)].shape == lv.shape;
-      };
-      if (donor >= 0 && !donor_taken[static_cast<std::size_t>(donor)] &&
-          (input_last_[static_cast<std::size_t>(donor)] < static_cast<int>(i) || in_place()) &&
+      if (donor >= 0 &&
           st.buf[static_cast<std::size_t>(p_.inputs[static_cast<std::size_t>(donor)])]->bytes() == static_cast<std::size_t>(lv.bytes())) {
-        // The donor is dead: order this write after every stream's work so far (its readers).
+        // The donor is dead (or read in place): order this write after every stream's work so
+        // far (its readers).
         const int mine = stream_of_[i];
         const int other = 1 - mine;
         donate_events_[static_cast<std::size_t>(other)]->record(*streams_[other]);
         donate_events_[static_cast<std::size_t>(other)]->wait(*streams_[mine]);
         st.buf[v] = st.buf[static_cast<std::size_t>(p_.inputs[static_cast<std::size_t>(donor)])];
-        donor_taken[static_cast<std::size_t>(donor)] = true;
       } else {
+
         try {
           st.buf[v] = be.allocate(static_cast<std::size_t>(lv.bytes()));
         } catch (const OutOfMemoryError& e) {
@@ -594,7 +570,8 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
   }
   DeviceRunResult res;
   for (int v : p_.outputs) res.outputs.push_back(st.buf[static_cast<std::size_t>(v)]);
-  res.peak_bytes = p_.memory.peak_bytes();
+  res.measured_peak_bytes = be.device_memory().high_water();  // both streams are done: nothing more to come
+  res.measured_host_peak_bytes = be.host_memory().high_water();
   return res;
 }
 

@@ -429,6 +429,8 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
         throw RuntimeError(fmt::format("load: output %{} receives two donations", out_name));
     impl->donate[i] = static_cast<int>(o);
   }
+  // The plan counts an output written into its donor's buffer once.
+  plan_donations(impl->program, impl->donate);
   impl->axes = communicator_axes(p);
   const int64_t n = static_cast<int64_t>(impl->positions.size());
   ThreadRuntime& lr = *impl->local;
@@ -741,8 +743,11 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
     if (errors[d]) std::rethrow_exception(errors[d]);
   RunResult r;
   r.stats.seconds = seconds;
-  r.stats.peak_bytes.assign(static_cast<std::size_t>(n), 0);
-  for (int64_t d = 0; d < n; ++d) r.stats.peak_bytes[d] = results[d].peak_bytes;
+  r.stats.planned_peak_bytes = p.memory.peak_bytes();
+  for (int64_t d = 0; d < n; ++d) {
+    r.stats.measured_peak_bytes.push_back(results[d].measured_peak_bytes);
+    r.stats.measured_host_peak_bytes.push_back(results[d].measured_host_peak_bytes);
+  }
   for (std::size_t o = 0; o < p.outputs.size(); ++o) {
     const LocalValue& lv = im.out_value(o);
     std::vector<std::shared_ptr<Buffer>> bufs;

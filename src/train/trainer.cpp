@@ -216,6 +216,15 @@ void Trainer::set_schedule(const LrSchedule& lr) {
   lr.at(1);
   impl_->o.lr = lr;
 }
+namespace {
+// A run's memory into the step's record: the largest over the step's runs and devices.
+void add_memory(StepRecord& rec, const RunStats& st) {
+  for (int64_t b : st.measured_peak_bytes) rec.measured_peak_bytes = std::max(rec.measured_peak_bytes, b);
+  rec.planned_peak_bytes = std::max(rec.planned_peak_bytes, st.planned_peak_bytes);
+  for (int64_t b : st.measured_host_peak_bytes) rec.measured_host_peak_bytes = std::max(rec.measured_host_peak_bytes, b);
+}
+}  // namespace
+
 int64_t Trainer::planned_peak_bytes() const {
   int64_t peak = 0;
   for (const std::optional<Loaded>* p : {&impl_->update, &impl_->micro, &impl_->update_acc, &impl_->eval})
@@ -301,7 +310,7 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
     }
     for (int i = 0; i + 1 < k; ++i) {
       RunResult r = mp.le.run_named(im.inputs(mp, micro_batches[static_cast<std::size_t>(i)], acc, false), im.o.run);
-      for (int64_t b : r.stats.peak_bytes) rec.peak_bytes = std::max(rec.peak_bytes, b);
+      add_memory(rec, r.stats);
       const double l = im.host_scalar(mp, r, im.loss_name);
       loss_sum += l;
       finite = finite && std::isfinite(l);
@@ -318,7 +327,7 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
     extra["adam.bc2"] = up.le.to_device("adam.bc2", scalar(1.0 / (1.0 - std::pow(a.beta2, rec.step))));
     if (k > 1) extra["grad.scale"] = up.le.to_device("grad.scale", scalar(1.0 / k));
     RunResult r = up.le.run_named(im.inputs(up, micro_batches.back(), std::move(extra), true), im.o.run);
-    for (int64_t b : r.stats.peak_bytes) rec.peak_bytes = std::max(rec.peak_bytes, b);
+    add_memory(rec, r.stats);
     // The parameters and moments were donated: their next values are the state (unchanged
     // values when the step was not finite, TrainOptions::guard_non_finite).
     for (const std::string& name : im.params)

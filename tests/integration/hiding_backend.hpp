@@ -22,6 +22,8 @@ class HidingBackend : public tessel::Backend {
   explicit HidingBackend(std::set<OpKind> hidden) : inner_(make_cpu_backend()), hidden_(std::move(hidden)) {}
   std::string name() const override { return "cpu-hiding"; }
   std::unique_ptr<Buffer> allocate(std::size_t bytes) override { return inner_->allocate(bytes); }
+  tessel::MemoryMeter& device_memory() override { return inner_->device_memory(); }
+  tessel::MemoryMeter& host_memory() override { return inner_->host_memory(); }
   void release(std::shared_ptr<Buffer> b, Stream& s) override { inner_->release(std::move(b), s); }
   void copy_from_host(Buffer& dst, const void* src, std::size_t bytes, Stream& s) override {
     inner_->copy_from_host(dst, src, bytes, s);

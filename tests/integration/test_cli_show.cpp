@@ -52,14 +52,15 @@ TEST_CASE("cli: the cost section gives the peak bytes per device before a run", 
   const auto run = run_binary("tessel-explain", {kMegatron, "--run", "--seed", "3"}, 300);
   INFO(run.out);
   REQUIRE(run.status == 0);
-  const auto est = r.out.find("peak_bytes_per_device=");
-  const auto got = run.out.rfind("peak_bytes_per_device=");
-  REQUIRE(est != std::string::npos);
-  REQUIRE(got != std::string::npos);
-  const auto number = [](const std::string& s, std::size_t at) {
-    return std::stoll(s.substr(at + std::string("peak_bytes_per_device=").size()));
+  const auto number = [](const std::string& s, const std::string& key) {
+    const auto at = s.rfind(key);
+    REQUIRE(at != std::string::npos);
+    return std::stoll(s.substr(at + key.size()));
   };
-  CHECK(number(r.out, est) == number(run.out, got));
+  const long long planned = number(run.out, "planned_peak_bytes_per_device=");
+  CHECK(number(r.out, "\npeak_bytes_per_device=") == planned);
+  // What the allocators measured: the plan's buffers, plus any kernel scratch.
+  CHECK(number(run.out, "measured_peak_bytes_per_device=") >= planned);
 }
 
 TEST_CASE("cli: --links @FILE reads a link figures file", "[integration][cli]") {

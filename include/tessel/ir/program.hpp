@@ -79,8 +79,12 @@ struct MemoryPlan {
   // Host pool per device (activation offload): values with LocalValue::host have their
   // `offset` in it, not in the arena. Host memory (pinned on CUDA): not in peak_bytes().
   int64_t host_bytes = 0;
-  // Peak bytes per device: arena + inputs + outputs, known at compile time.
-  int64_t peak_bytes() const { return arena_bytes + input_bytes + output_bytes; }
+  // Per device, the outputs written into a donated input's buffer (LoadOptions::donate):
+  // counted in output_bytes, but they take no memory of their own. Known when donation is,
+  // at load (plan_donations in passes/program_passes.hpp); 0 before.
+  int64_t donated_bytes = 0;
+  // Peak bytes per device: arena + inputs + outputs - donated, known before anything runs.
+  int64_t peak_bytes() const { return arena_bytes + input_bytes + output_bytes - donated_bytes; }
 };
 
 struct LocalValue {

@@ -110,6 +110,23 @@ Program offload_activations_pass(Program p, int64_t min_bytes, int min_gap = 64,
 // whose live ranges intersect its own (best fit), 64-byte aligned. Replaces any earlier plan.
 Program memory_plan_pass(Program p);
 
+// Donation (LoadOptions::donate), decided before anything runs so that the plan and the
+// executor agree. Per input of p: the last instruction that reads its storage (directly,
+// through a view, or as an async collective's operand until its done), or -1.
+std::vector<int> input_last_use(const Program& p);
+// Per output of p: the input whose buffer the executor writes it into, given `donate` (per
+// input: the index of the output it is donated to, or -1), or -1 when the output gets a
+// buffer of its own (the donated buffer is then freed at the end of the run). An output takes
+// its donor's buffer when their bytes agree and the donor is dead before the instruction that
+// defines the output, or that instruction reads the donor last and writes in place: a fused
+// elementwise kernel with the donor's shape among its operands (it reads every element of a
+// block before writing it), or adamw updating the donor (parameter, m or v) into this result.
+std::vector<int> donated_outputs(const Program& p, const std::vector<int>& donate, const std::vector<int>& input_last);
+// Sets p.memory.donated_bytes to the bytes of the outputs donated_outputs gives a donor, so
+// that MemoryPlan::peak_bytes() counts each of them once. Load calls it once donation is
+// known; Error when `donate` does not have one entry per input.
+void plan_donations(Program& p, const std::vector<int>& donate);
+
 using ProgramPassFn = std::function<Program(Program)>;
 
 class ProgramPassManager {

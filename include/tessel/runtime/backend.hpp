@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/memory_meter.hpp"
 
 namespace tessel {
 
@@ -135,6 +136,19 @@ class Backend {
   // Throws RuntimeError naming the backend when a stream (its worker thread) cannot be made.
   virtual std::unique_ptr<Stream> create_stream(const std::string& name = "stream") = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
+
+  // What this backend has allocated on its device and not yet freed (allocate(), and kernel
+  // scratch where the backend counts it), with a high-water mark the executor resets at the
+  // start of every run (RunStats::measured_peak_bytes). A backend implementation counts every
+  // allocation in it (MeteredBytes); one backend per device, so the counts are per device. A
+  // backend that delegates its allocations to another returns that one's meters.
+  virtual MemoryMeter& device_memory() { return *device_meter_; }
+  // The same for allocate_host() (host memory: the pool of offloaded activations).
+  virtual MemoryMeter& host_memory() { return *host_meter_; }
+
+ protected:
+  std::shared_ptr<MemoryMeter> device_meter_ = std::make_shared<MemoryMeter>();
+  std::shared_ptr<MemoryMeter> host_meter_ = std::make_shared<MemoryMeter>();
 };
 
 // How the CPU backend runs its streams.

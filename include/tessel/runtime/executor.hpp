@@ -60,7 +60,10 @@ struct DeviceRunOptions {
 
 struct DeviceRunResult {
   std::vector<std::shared_ptr<Buffer>> outputs;  // program.outputs order, local shapes
-  int64_t peak_bytes = 0;  // the memory plan's: arena + inputs + outputs
+  // The backend's high-water marks over the run (Backend::device_memory(), host_memory()),
+  // from the bytes in use when it started: measured, not the memory plan's number.
+  int64_t measured_peak_bytes = 0;
+  int64_t measured_host_peak_bytes = 0;
 };
 
 class DeviceExecutor {
@@ -108,7 +111,6 @@ class DeviceExecutor {
   std::shared_ptr<Buffer> host_pool_;  // offloaded activations (MemoryPlan::host_bytes), if any
   std::vector<std::shared_ptr<Buffer>> arena_views_;  // per value placed in the arena
   std::vector<int> output_of_;   // per value: index in outputs, -1
-  std::vector<int> input_of_;    // per value: index in inputs, -1
   std::vector<int> input_last_;  // per input: last instruction using its storage (-1: none)
   std::vector<std::unique_ptr<Event>> donate_events_;  // per stream: donated buffer reuse
 };

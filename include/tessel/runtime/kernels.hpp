@@ -18,6 +18,8 @@
 
 namespace tessel {
 
+class MemoryMeter;  // tessel/runtime/memory_meter.hpp
+
 struct KernelArgs {
   OpKind kind = OpKind::Input;
   const OpAttrs* attrs = nullptr;  // attrs of the (local) op: shapes already local
@@ -39,6 +41,9 @@ struct KernelArgs {
   std::vector<Shape> extra_out_shapes;
   std::vector<DType> extra_out_dtypes;
   int num_threads = 1;  // threads the kernel may use (Eigen thread pool where it pays)
+  // Where the kernel counts scratch it allocates while it runs (the device's
+  // Backend::device_memory(), set by the backend; null: not counted).
+  MemoryMeter* scratch_meter = nullptr;
 };
 
 using CpuKernelFn = void (*)(const KernelArgs&);

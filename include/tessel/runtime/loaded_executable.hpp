@@ -93,8 +93,17 @@ struct RunOptions {
 };
 
 struct RunStats {
-  std::vector<int64_t> peak_bytes;  // per local device: inputs, live intermediates and scratch
-  double seconds = 0;               // wall time of the device phase
+  // Per local device: the most bytes the device's backend had allocated at once during the
+  // run (Backend::device_memory(): its allocator's count, reset at the run's start to the
+  // bytes in use then). So it counts what the device holds besides this program (other
+  // loaded programs' arenas, arrays the caller keeps) and kernel scratch the plan does not.
+  std::vector<int64_t> measured_peak_bytes;
+  // The same for host memory the backend allocated (the pool of offloaded activations).
+  std::vector<int64_t> measured_host_peak_bytes;
+  // The memory plan's peak per device (program().memory_plan().peak_bytes(): arena + inputs +
+  // outputs - outputs written into donated buffers); the same on every device.
+  int64_t planned_peak_bytes = 0;
+  double seconds = 0;  // wall time of the device phase
 };
 
 struct RunResult {

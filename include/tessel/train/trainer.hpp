@@ -87,7 +87,12 @@ struct StepRecord {
   double tokens_per_s = 0;
   int micro_batches = 1;
   bool skipped = false;     // non-finite, update not applied (NonFinite::Skip)
-  int64_t peak_bytes = 0;   // the runtime's measured peak over the step's runs and devices (RunStats)
+  // Bytes per device over the step's runs, the largest over runs and devices: measured by the
+  // backends' allocators (RunStats::measured_peak_bytes) and the memory plan's
+  // (RunStats::planned_peak_bytes).
+  int64_t measured_peak_bytes = 0;
+  int64_t planned_peak_bytes = 0;
+  int64_t measured_host_peak_bytes = 0;  // host memory (offloaded activations), measured
 };
 
 // The whole training state on the host: the step counter and, by input name, every parameter

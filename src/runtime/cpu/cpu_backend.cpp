@@ -169,9 +169,9 @@ using detail::SpinWait;
 
 class CpuBuffer final : public Buffer {
  public:
-  explicit CpuBuffer(std::size_t bytes)
+  CpuBuffer(std::size_t bytes, std::shared_ptr<MemoryMeter> meter)
       : data_(static_cast<std::byte*>(::operator new(bytes == 0 ? 1 : bytes, std::align_val_t(kBufferAlignment)))),
-        bytes_(bytes) {}
+        bytes_(bytes), metered_(std::move(meter), bytes) {}
   void* data() override { return data_.get(); }
   const void* data() const override { return data_.get(); }
   std::size_t bytes() const override { return bytes_; }
@@ -182,6 +182,7 @@ class CpuBuffer final : public Buffer {
   };
   std::unique_ptr<std::byte, Free> data_;
   std::size_t bytes_;
+  MeteredBytes metered_;  // counted from here until the memory is freed (declared last: first to go)
 };
 
 // Completion of the records of one event: record k completes when its stream reaches it.
@@ -277,7 +278,10 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const CpuBackendOptions& o)
       : mode_(o.mode), threads_(o.kernel_threads < 1 ? 1 : o.kernel_threads), spin_us_(o.spin_us < 0 ? 0 : o.spin_us) {}
   std::string name() const override { return std::string("cpu (") + stream_mode_name(mode_) + ")"; }
-  std::unique_ptr<Buffer> allocate(std::size_t bytes) override {
+  std::unique_ptr<Buffer> allocate(std::size_t bytes) override { return allocate_in(bytes, device_meter_); }
+  // Ordinary memory too, counted apart (host_memory()).
+  std::unique_ptr<Buffer> allocate_host(std::size_t bytes) override { return allocate_in(bytes, host_meter_); }
+  std::unique_ptr<Buffer> allocate_in(std::size_t bytes, const std::shared_ptr<MemoryMeter>& meter) {
     // Beyond a 47-bit user address space no allocation can succeed: refuse it without asking
     // the allocator (sanitizer allocators abort on such sizes instead of throwing).
     constexpr std::size_t kMaxBytes = std::size_t{1} << 47;
@@ -288,7 +292,7 @@ class CpuBackend final : public Backend {
     };
     if (bytes > kMaxBytes) throw fail();
     try {
-      return std::make_unique<CpuBuffer>(bytes);
+      return std::make_unique<CpuBuffer>(bytes, meter);
     } catch (const std::bad_alloc&) {
       throw fail();
     }
@@ -337,6 +341,7 @@ class CpuBackend final : public Backend {
     CpuStream& cs = cpu_stream(s, "run_kernel");
     KernelArgs a = args;
     a.num_threads = threads_;
+    a.scratch_meter = device_meter_.get();  // oneDNN scratchpads count against this device
     cs.enqueue([a = std::move(a)] { run_cpu_kernel(a); });
   }
   void prepare_kernel(const KernelArgs& args) override {

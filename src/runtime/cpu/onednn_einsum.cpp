@@ -51,6 +51,7 @@
 
 #include "onednn_common.hpp"
 #include "onednn_ops.hpp"
+#include "tessel/runtime/memory_meter.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel {
@@ -456,6 +457,7 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
     memory mw(e.wei, eng, const_cast<void*>(wei));
     memory md(e.dst, eng, dst + r0 * vd.strides[rd] * int64_t(esz));
     std::vector<float, AlignedAllocator<float>> scratch((e.scratch_bytes + sizeof(float) - 1) / sizeof(float));
+    const MeteredBytes counted(a.scratch_meter, scratch.size() * sizeof(float));  // the device's, while it lives
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}};
     if (e.scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratch, eng, scratch.data()));
     for (std::size_t i = 0; i < e.binary.size(); ++i) {

@@ -21,6 +21,7 @@
 #include "onednn_common.hpp"
 #include "onednn_einsum.hpp"
 #include "tessel/ops/registry.hpp"
+#include "tessel/runtime/memory_meter.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel {
@@ -97,9 +98,10 @@ bool all_f32(const KernelArgs& a) {
   return true;
 }
 
-void execute(const OpEntry& e, std::unordered_map<int, memory>& args, const char* op) {
+void execute(const KernelArgs& a, const OpEntry& e, std::unordered_map<int, memory>& args, const char* op) {
   const dnnl::engine& eng = onednn::cpu_engine();
   std::vector<float, AlignedAllocator<float>> scratch((e.scratch_bytes + sizeof(float) - 1) / sizeof(float));
+  const MeteredBytes counted(a.scratch_meter, scratch.size() * sizeof(float));  // the device's, while it lives
   if (e.scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratch, eng, scratch.data()));
   try {
     dnnl::stream strm(eng);
@@ -131,7 +133,7 @@ bool onednn_softmax(const KernelArgs& a, bool prepare_only) {
   auto e = row_primitive(RowOp::Softmax, rows, len, 0.0f, !prepare_only);
   if (!e->ok || prepare_only) return e->ok;
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(e->data, a.in[0])}, {DNNL_ARG_DST, wrap(e->data, a.out)}};
-  execute(*e, args, "softmax");
+  execute(a, *e, args, "softmax");
   // A row of -inf (fully masked) comes out NaN from exp(-inf - -inf); the kernel's definition
   // is zeros. Its first element tells (one strided read per row).
   const auto* x = static_cast<const float*>(a.in[0]);
@@ -157,7 +159,7 @@ bool onednn_layer_norm(const KernelArgs& a, bool prepare_only) {
                                        {DNNL_ARG_DST, wrap(e->data, a.out)},
                                        {DNNL_ARG_SCALE, wrap(e->stat, a.in[1])},
                                        {DNNL_ARG_SHIFT, wrap(e->stat, a.in[2])}};
-  execute(*e, args, "layer_norm");
+  execute(a, *e, args, "layer_norm");
   return true;
 }
 
@@ -169,7 +171,7 @@ bool onednn_gelu(const KernelArgs& a, bool prepare_only) {
   auto e = row_primitive(RowOp::Gelu, 1, n, 0.0f, !prepare_only);
   if (!e->ok || prepare_only) return e->ok;
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(e->data, a.in[0])}, {DNNL_ARG_DST, wrap(e->data, a.out)}};
-  execute(*e, args, "gelu");
+  execute(a, *e, args, "gelu");
   return true;
 }
 

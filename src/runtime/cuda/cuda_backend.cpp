@@ -96,6 +96,7 @@ void* CudaStream::gemm_workspace(std::size_t& bytes) {
     // Once per stream, at its first einsum (not per step).
     TESSEL_CUDA_CHECK(cudaMalloc(&workspace_, backend_.options().gemm_workspace_bytes));
     workspace_bytes_ = backend_.options().gemm_workspace_bytes;
+    workspace_metered_ = std::make_unique<MeteredBytes>(&backend_.device_memory(), workspace_bytes_);
   }
   bytes = workspace_bytes_;
   return workspace_;
@@ -317,7 +318,7 @@ std::unique_ptr<Buffer> CudaBackend::allocate(std::size_t bytes) {
   if (e != cudaSuccess) throw_cuda_error(e, pools_ ? "cudaMallocAsync" : "cudaMalloc", __FILE__, __LINE__);
   if (pools_) TESSEL_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
   // Dropped without release(): freed on the legacy default stream (0), after all prior work.
-  return std::make_unique<CudaBuffer>(options_.device, p, bytes, cudaStream_t{0}, pools_);
+  return std::make_unique<CudaBuffer>(options_.device, p, bytes, cudaStream_t{0}, device_meter_, pools_);
 }
 
 namespace {
@@ -325,7 +326,8 @@ namespace {
 // (copy_block) reach it through unified addressing.
 class PinnedHostBuffer : public Buffer {
  public:
-  PinnedHostBuffer(void* ptr, std::size_t bytes) : ptr_(ptr), bytes_(bytes) {}
+  PinnedHostBuffer(void* ptr, std::size_t bytes, std::shared_ptr<MemoryMeter> meter)
+      : ptr_(ptr), bytes_(bytes), metered_(std::move(meter), bytes) {}
   ~PinnedHostBuffer() override { cudaFreeHost(ptr_); }
   void* data() override { return ptr_; }
   const void* data() const override { return ptr_; }
@@ -334,6 +336,7 @@ class PinnedHostBuffer : public Buffer {
  private:
   void* ptr_;
   std::size_t bytes_;
+  MeteredBytes metered_;  // in the backend's host_memory()
 };
 }  // namespace
 
@@ -341,7 +344,7 @@ std::unique_ptr<Buffer> CudaBackend::allocate_host(std::size_t bytes) {
   DeviceGuard g(options_.device);
   void* p = nullptr;
   TESSEL_CUDA_CHECK(cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocPortable | cudaHostAllocMapped));
-  return std::make_unique<PinnedHostBuffer>(p, bytes);
+  return std::make_unique<PinnedHostBuffer>(p, bytes, host_meter_);
 }
 
 void CudaBackend::release(std::shared_ptr<Buffer> b, Stream& s) {
@@ -464,6 +467,11 @@ void* CudaBackend::scratch(std::size_t bytes, CudaStream& s) {
   }
   if (e != cudaSuccess) throw_cuda_error(e, pools_ ? "cudaMallocAsync (scratch)" : "cudaMalloc (scratch)", __FILE__,
                                          __LINE__);
+  // In the device's high-water mark as if freed at once: free_scratch gets no size, so a count
+  // kept open here could not be closed. A kernel's several scratch blocks are thus counted one
+  // at a time (a lower bound of its scratch).
+  device_meter_->add(bytes);
+  device_meter_->sub(bytes);
   return p;
 }
 

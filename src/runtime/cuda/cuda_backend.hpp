@@ -49,8 +49,11 @@ class CudaBackend;
 // by cudaFree once the free stream has finished.
 class CudaBuffer : public Buffer {
  public:
-  CudaBuffer(int device, void* ptr, std::size_t bytes, cudaStream_t alloc_stream, bool pooled = true)
-      : device_(device), ptr_(ptr), bytes_(bytes), free_stream_(alloc_stream), pooled_(pooled) {}
+  // Counted in `meter` (the backend's device_memory()) until the free is enqueued.
+  CudaBuffer(int device, void* ptr, std::size_t bytes, cudaStream_t alloc_stream, std::shared_ptr<MemoryMeter> meter,
+             bool pooled = true)
+      : device_(device), ptr_(ptr), bytes_(bytes), free_stream_(alloc_stream), pooled_(pooled),
+        metered_(std::move(meter), bytes) {}
   ~CudaBuffer() override;
   void* data() override { return ptr_; }
   const void* data() const override { return ptr_; }
@@ -63,6 +66,7 @@ class CudaBuffer : public Buffer {
   std::size_t bytes_;
   cudaStream_t free_stream_;
   bool pooled_;
+  MeteredBytes metered_;
 };
 
 // An in-order CUDA stream. Errors: a failed enqueue (bad arguments found on the host, a
@@ -106,6 +110,7 @@ class CudaStream : public Stream {
   std::map<unsigned, std::string> checked_;  // seq -> "label: op(...)" of launches that may report
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  std::unique_ptr<MeteredBytes> workspace_metered_;  // the workspace in the device's count
 };
 
 class CudaEvent : public Event {
