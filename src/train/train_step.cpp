@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "tessel/train/autodiff.hpp"
 
 namespace tessel {
@@ -93,6 +95,30 @@ std::vector<Tensor> gradients(Tensor loss, const std::vector<Tensor>& params, co
 Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : cast(t, DType::f32); }
 
 }  // namespace
+
+void make_train_inputs_valid(const Graph& g, std::vector<HostTensor>& inputs) {
+  // The betas of the graph's adamw ops (the first one's), else the defaults.
+  AdamWConfig a;
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::AdamW) {
+      a.beta1 = op.attrs.beta1;
+      a.beta2 = op.attrs.beta2;
+      break;
+    }
+  auto fill = [](HostTensor& t, double v) {
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, v);
+  };
+  for (std::size_t i = 0; i < g.inputs.size() && i < inputs.size(); ++i) {
+    const std::string& name = g.values[static_cast<std::size_t>(g.inputs[i])].name;
+    HostTensor& t = inputs[i];
+    if (name.rfind("adam.v.", 0) == 0)
+      for (int64_t j = 0; j < t.numel(); ++j) t.set(j, std::fabs(t.get(j)));
+    else if (name == "adam.lr") fill(t, 1e-3);
+    else if (name == "adam.bc1") fill(t, 1.0 / (1.0 - a.beta1));
+    else if (name == "adam.bc2") fill(t, 1.0 / (1.0 - a.beta2));
+    else if (name == "grad.scale") fill(t, 1.0);
+  }
+}
 
 std::vector<std::pair<std::string, std::string>> GradAccumulation::donations() const {
   std::vector<std::pair<std::string, std::string>> d;

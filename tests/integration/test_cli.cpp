@@ -24,6 +24,7 @@
 #include "tessel/compiler/propagate.hpp"
 #include "tessel/ir/graph_text.hpp"
 #include "tessel/passes/program_passes.hpp"
+#include "tessel/train/train_step.hpp"
 #include "tessel/ir/program_text.hpp"
 
 namespace fs = std::filesystem;
@@ -222,6 +223,47 @@ TEST_CASE("cli: --why prints each decision once and the plan that was built", "[
     INFO(f);
     CHECK(unique.size() == p.decisions.size());
   }
+}
+
+// A training-step file (forward, backward, AdamW) runs with a valid optimizer state drawn
+// (second moments >= 0, a small learning rate: random negative moments made NaN on both sides
+// and a false mismatch), and NaN that both sides make at the same element is reported as such.
+TEST_CASE("cli: --run on a training-step file and NaN on both sides", "[integration][cli]") {
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  const std::string step_file = dir + "/tessel_cli_train_step_" + std::to_string(::getpid()) + ".tsl";
+  {
+    tessel::Graph g;
+    tessel::Tensor x = tessel::input(g, "x", tessel::DType::f32, {8, 16});
+    tessel::Tensor w = tessel::input(g, "w", tessel::DType::f32, {16, 32});
+    g.annotate(x, tessel::Sharding::of({{"data"}, {}}));
+    g.annotate(w, tessel::Sharding::of({{}, {"model"}}));
+    tessel::Tensor h = tessel::gelu(tessel::einsum("bd,df->bf", x, w));
+    tessel::Tensor loss = tessel::reduce_sum(tessel::mul(h, h), {0, 1}).named("loss");
+    g.mark_output(loss);
+    const tessel::Mesh mesh = tessel::Mesh::parse("data=2,model=2");
+    tessel::TrainOptions o;
+    o.zero = 2;
+    tessel::add_train_step(g, loss, {w}, mesh, o);
+    g.mesh = mesh;
+    std::ofstream(step_file) << tessel::print_graph(g);
+  }
+  for (const char* seed : {"1", "2", "3"}) {
+    Result r = explain({step_file, "--run", "--seed", seed});
+    INFO(r.out);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("output %next.w:"));
+    CHECK(r.out.find("NaN on both sides") == std::string::npos);
+  }
+  std::remove(step_file.c_str());
+  // log of inputs drawn in [-1, 1): NaN wherever x < 0, on both sides.
+  const std::string log_file = dir + "/tessel_cli_log_" + std::to_string(::getpid()) + ".tsl";
+  std::ofstream(log_file) << "mesh data=2\n%x = input f32[8,4] sharding=[{data}, {}]\n%y = log(%x)\noutput %y\n";
+  Result r = explain({log_file, "--run", "--seed", "5"});
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("output %y: NaN on both sides at "));
+  CHECK_THAT(r.out, Catch::Contains("not a difference between the partitioned and the unpartitioned run"));
+  std::remove(log_file.c_str());
 }
 
 TEST_CASE("cli: --device shows that device's coordinates", "[integration][cli]") {

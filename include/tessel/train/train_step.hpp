@@ -26,6 +26,7 @@
 #include "tessel/train/autodiff.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/core/mesh.hpp"
+#include "tessel/runtime/tensor.hpp"
 
 namespace tessel {
 
@@ -89,6 +90,13 @@ struct GradAccumulation {
 };
 GradAccumulation add_grad_accumulation(Graph& g, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh,
                                        const TrainOptions& options = {});
+
+// Random inputs (random_inputs) of a graph with a training step made valid as a state: the
+// second moments `adam.v.<p>` non-negative, `adam.lr` 1e-3, the bias corrections of step 1
+// for `adamw`'s betas (or AdamWConfig's defaults), `grad.scale` 1. Inputs by name; others are
+// left as drawn. (tessel-explain --run uses it on training-step files: a random negative
+// second moment makes NaN on both sides, not a real mismatch.)
+void make_train_inputs_valid(const Graph& g, std::vector<HostTensor>& inputs);
 
 // The layout ZeRO gives a value of `shape` laid out as `layout` on `mesh`: `layout` with
 // `axis` added to the first dim it can split evenly (a dim with no axes first, then one whose
