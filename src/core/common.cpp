@@ -35,6 +35,16 @@ std::size_t dtype_size(DType t) {
   return 4;
 }
 
+std::vector<int64_t> contiguous_strides(const Shape& s) {
+  std::vector<int64_t> st(s.size());
+  int64_t acc = 1;
+  for (std::size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
 int64_t num_elements(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s)

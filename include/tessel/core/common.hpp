@@ -24,6 +24,8 @@ std::size_t dtype_size(DType t);
 
 // Element count of a shape; throws ShapeError when it overflows int64 (never wraps).
 int64_t num_elements(const Shape& s);
+// Row-major strides (in elements) of a dense tensor of shape s.
+std::vector<int64_t> contiguous_strides(const Shape& s);
 // Bytes of a value of shape `s` and dtype `t`; throws ShapeError when they overflow int64.
 int64_t num_bytes(const Shape& s, DType t);
 // The most bytes one value may hold (global or per device): 2^50 (1 PiB). Every place a value

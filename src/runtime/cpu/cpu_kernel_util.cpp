@@ -67,15 +67,6 @@ int64_t normalize_dim(const KernelArgs& a, int64_t d, std::size_t rank, const ch
   return d;
 }
 
-std::vector<int64_t> contiguous_strides(const Shape& s) {
-  std::vector<int64_t> st(s.size());
-  int64_t acc = 1;
-  for (std::size_t i = s.size(); i-- > 0;) {
-    st[i] = acc;
-    acc *= s[i];
-  }
-  return st;
-}
 
 std::vector<int64_t> broadcast_strides(const KernelArgs& a, const Shape& in, const Shape& out,
                                        const char* what) {

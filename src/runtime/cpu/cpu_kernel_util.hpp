@@ -39,7 +39,6 @@ using FVec = std::vector<float, AlignedAllocator<float>>;
 void check_arity(const KernelArgs& a, std::size_t lo, std::size_t hi);
 const OpAttrs& attrs_of(const KernelArgs& a);
 int64_t normalize_dim(const KernelArgs& a, int64_t d, std::size_t rank, const char* what);
-std::vector<int64_t> contiguous_strides(const Shape& s);
 // Strides of an operand broadcast (numpy rules, right-aligned) to `out`; 0 where broadcast.
 std::vector<int64_t> broadcast_strides(const KernelArgs& a, const Shape& in, const Shape& out,
                                        const char* what);

@@ -19,16 +19,8 @@
 
 namespace tessel::cuda {
 
-// Row-major strides of a dense tensor of shape s (also cuda_loop.hpp's).
-inline std::vector<int64_t> contiguous_strides(const Shape& s) {
-  std::vector<int64_t> st(s.size());
-  int64_t acc = 1;
-  for (std::size_t i = s.size(); i-- > 0;) {
-    st[i] = acc;
-    acc *= s[i];
-  }
-  return st;
-}
+// Row-major strides of a dense tensor: tessel::contiguous_strides (core/common.hpp).
+using tessel::contiguous_strides;
 
 // dst[i] = src[offset(i)] over the index space `shape` (dst dense, row-major), or, when
 // summed_shape is not empty, dst[i] = sum over j of src[offset(i) + offset_summed(j)].
