@@ -47,10 +47,21 @@ template <> __device__ __forceinline__ __half from_f<__half>(float v) { return _
 // NaN propagates (numpy.maximum, the CPU kernels' MaxF).
 __device__ __forceinline__ float max_nan(float x, float y) { return (x != x || x > y) ? x : y; }
 
-// Offsets of linear index i of `loop` for operands 0..N-1.
+// Offsets of linear index i of `loop` for operands 0..N-1. A small loop (with_divisors) splits
+// i with its FastDivmods in 32 bits; else with 64-bit divisions.
 template <int N>
 __device__ __forceinline__ void loop_offsets(const Loop& loop, int64_t i, int64_t (&off)[N]) {
   for (int k = 0; k < N; ++k) off[k] = 0;
+  if (loop.small) {
+    uint32_t rest = static_cast<uint32_t>(i);
+    for (int d = loop.rank - 1; d >= 0; --d) {
+      const uint32_t q = loop.div[d].div(rest);
+      const int64_t idx = rest - q * loop.div[d].d;
+      rest = q;
+      for (int k = 0; k < N; ++k) off[k] += idx * loop.stride[k][d];
+    }
+    return;
+  }
   for (int d = loop.rank - 1; d >= 0; --d) {
     const int64_t n = loop.shape[d];
     const int64_t idx = i % n;

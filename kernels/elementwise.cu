@@ -227,7 +227,8 @@ void fill_bits(void* out, int64_t n, std::size_t elem, uint64_t bits, StreamHand
   TESSEL_CUDA_LAUNCH_CHECK("fill");
 }
 
-void strided_copy(const void* in, void* out, std::size_t elem, const Loop& loop, StreamHandle s) {
+void strided_copy(const void* in, void* out, std::size_t elem, const Loop& loop_in, StreamHandle s) {
+  const Loop loop = with_divisors(loop_in);
   const int64_t n = loop.size();
   if (n <= 0) return;
   dispatch_elem(elem, "strided_copy", [&](auto tag) {
@@ -295,7 +296,8 @@ void unary(Unary op, const void* in, void* out, DType t, int64_t n, StreamHandle
   TESSEL_CUDA_LAUNCH_CHECK("unary");
 }
 
-void binary(Binary op, const void* a, const void* b, void* out, DType t, const Loop& loop, StreamHandle s) {
+void binary(Binary op, const void* a, const void* b, void* out, DType t, const Loop& loop_in, StreamHandle s) {
+  const Loop loop = with_divisors(loop_in);
   const int64_t n = loop.size();
   if (n <= 0) return;
   const bool cmp = op >= Binary::Eq;
@@ -319,8 +321,9 @@ void binary(Binary op, const void* a, const void* b, void* out, DType t, const L
   TESSEL_CUDA_LAUNCH_CHECK("binary");
 }
 
-void where(const int32_t* cond, const void* a, const void* b, void* out, std::size_t elem, const Loop& loop,
+void where(const int32_t* cond, const void* a, const void* b, void* out, std::size_t elem, const Loop& loop_in,
            StreamHandle s) {
+  const Loop loop = with_divisors(loop_in);
   const int64_t n = loop.size();
   if (n <= 0) return;
   dispatch_elem(elem, "where", [&](auto tag) {

@@ -1,9 +1,15 @@
 // kernels/elementwise_math.cuh — the per-element math of the elementwise ops, shared by the
 // one-op kernels (elementwise.cu) and the fused-expression kernel (fused.cu), so a fused chain
 // computes each node with the very code of its unfused op.
+//
+// The same text is compiled at run time by NVRTC into the generated fused kernels
+// (src/runtime/cuda/fused_jit.cpp), after elementwise_ops.hpp and a preamble that defines
+// int32_t, uint32_t and max_nan: so JIT-compiled chains compute with this very code too.
 #pragma once
 
+#ifndef __CUDACC_RTC__
 #include "device_common.cuh"
+#endif
 
 namespace tessel::cuda_kernels {
 

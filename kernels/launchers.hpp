@@ -19,7 +19,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
+#include "elementwise_ops.hpp"
 #include "tessel/core/common.hpp"
 
 namespace tessel::cuda_kernels {
@@ -30,19 +32,61 @@ constexpr int kMaxRank = 8;
 constexpr int kMaxOperands = 4;
 constexpr int kMaxReduceSources = 64;  // members of one virtual-device all-reduce
 
-// A row-major index space with per-operand element strides (operand 0 is the result unless a
-// launcher says otherwise). Build it with make_loop (src/runtime/cuda/cuda_loop.hpp), which
-// drops size-1 dims and merges dims contiguous for every operand.
-struct Loop {
+#if defined(__CUDACC__)
+#define TESSEL_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define TESSEL_HOST_DEVICE inline
+#endif
+
+// n / d and n % d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high, an add and a shift
+// (Granlund and Montgomery's division by invariant integers): the index decomposition of the
+// strided kernels, where a 64-bit division costs tens of instructions per element and dominated
+// every elementwise kernel's time on an H200. Exhaustively checked on the host over the corner
+// cases by tests/unit/test_cuda_index_math.cpp.
+struct FastDivmod {
+  uint32_t d = 1, magic = 1, shift = 0;
+  // Throws RuntimeError for d outside [1, 2^31).
+  static FastDivmod make(int64_t d) {
+    if (d < 1 || d >= (int64_t{1} << 31))
+      throw RuntimeError("FastDivmod: divisor " + std::to_string(d) + " is outside [1, 2^31)");
+    FastDivmod f;
+    f.d = static_cast<uint32_t>(d);
+    while ((uint64_t{1} << f.shift) < f.d) ++f.shift;
+    f.magic = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - f.d)) / f.d + 1);
+    return f;
+  }
+  TESSEL_HOST_DEVICE uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(n, magic);
+#else
+    const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * magic) >> 32);
+#endif
+    return (hi + n) >> shift;
+  }
+};
+
+// A row-major index space (shape[0..rank)) and, once with_divisors has set them (the
+// launchers call it), a FastDivmod per dim: below 2^31 elements (small) linear indices are
+// decomposed in 32-bit arithmetic.
+struct IndexSpace {
   int rank = 0;
   int64_t shape[kMaxRank] = {};
-  int64_t stride[kMaxOperands][kMaxRank] = {};
+  bool small = false;
+  FastDivmod div[kMaxRank] = {};
   int64_t size() const {
     int64_t n = 1;
     for (int d = 0; d < rank; ++d) n *= shape[d];
     return n;
   }
 };
+
+// A row-major index space with per-operand element strides (operand 0 is the result unless a
+// launcher says otherwise). Build it with make_loop (src/runtime/cuda/cuda_loop.hpp), which
+// drops size-1 dims and merges dims contiguous for every operand.
+struct Loop : IndexSpace {
+  int64_t stride[kMaxOperands][kMaxRank] = {};
+};
+
 
 enum ErrorCode : int { kErrNone = 0, kErrEmbeddingId = 1, kErrGatherIndex = 2, kErrScatterIndex = 3, kErrLabel = 4 };
 
@@ -61,11 +105,11 @@ void fill_bits(void* out, int64_t n, std::size_t elem, uint64_t bits, StreamHand
 void strided_copy(const void* in, void* out, std::size_t elem, const Loop& loop, StreamHandle s);
 
 // ---- elementwise ------------------------------------------------------------------------------
-enum class Unary : int { Neg, Exp, Log, Tanh, Gelu, Relu, Sqrt, Rsqrt, Sigmoid, Silu };
+// Unary (elementwise_ops.hpp)
 // Operand and result of dtype t (neg and relu also take i32).
 void unary(Unary op, const void* in, void* out, DType t, int64_t n, StreamHandle s);
 
-enum class Binary : int { Add, Sub, Mul, Div, Max, GeluGrad, Eq, Ne, Lt, Le, Gt, Ge };  // comparisons last
+// Binary (elementwise_ops.hpp): comparisons last
 // Operands of dtype t (strides 1, 2), result (stride 0) of dtype t, or i32 for comparisons.
 void binary(Binary op, const void* a, const void* b, void* out, DType t, const Loop& loop, StreamHandle s);
 // out = cond != 0 ? a : b; strides: 0 result, 1 cond (i32), 2 a, 3 b.
@@ -96,11 +140,9 @@ struct FusedStep {
   int32_t lit_i = 0;              // Literal (i32)
 };
 
-struct FusedProgram {
+struct FusedProgram : IndexSpace {  // the result's rank and shape
   int nsteps = 0;
   int noperands = 0;
-  int rank = 0;                      // of the result
-  int64_t shape[kMaxRank] = {};      // the result's shape
   int64_t stride[kMaxFusedOperands][kMaxRank] = {};  // per operand, broadcast to the result
   const void* in[kMaxFusedOperands] = {};
   int8_t in_dtype[kMaxFusedOperands] = {};
@@ -110,9 +152,26 @@ struct FusedProgram {
   int64_t qoff = 0, koff = 0;
 };
 
+// `space` (a Loop or a FusedProgram) with its divisors set when it has fewer than 2^31
+// elements (small), else as it is.
+template <class Space>
+Space with_divisors(Space space) {
+  space.small = false;
+  const int64_t n = space.size();
+  if (n <= 0 || n >= (int64_t{1} << 31)) return space;
+  for (int d = 0; d < space.rank; ++d) space.div[d] = FastDivmod::make(space.shape[d]);
+  space.small = true;
+  return space;
+}
+
 // out (dtype out_t, the result's shape, contiguous) = the program's last step. out may be the
 // buffer of an operand of the result's shape (each element reads its operands first).
 void fused_elementwise(const FusedProgram& p, void* out, DType out_t, StreamHandle s);
+// softmax over the result's last axis of the program's values, in one pass (a warp per row,
+// the row in registers): out = softmax(program). Returns false, launching nothing, when the
+// kernel does not apply (an i32 result, rows longer than 1024); then evaluate the program and
+// run softmax in place.
+bool fused_softmax_last_axis(const FusedProgram& p, void* out, DType out_t, StreamHandle s);
 
 // ---- reductions -------------------------------------------------------------------------------
 enum class Reduce : int { Sum, Max, Mean };

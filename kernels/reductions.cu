@@ -149,7 +149,98 @@ __global__ void k_softmax(const T* in, T* out, int64_t len, int64_t inner) {
   for (int64_t l = threadIdx.x; l < len; l += blockDim.x) y[l * inner] = from_f<T>(expf(to_f<T>(x[l * inner]) - m) * inv);
 }
 
+// Contiguous rows (inner 1) of len <= 32 * kPerLane: one warp per row, the row in registers,
+// read once and written once; max and sum by shuffles in a fixed order.
+template <class T, int kPerLane>
+__global__ void k_softmax_rows(const T* in, T* out, int64_t rows, int64_t len) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const T* x = in + row * len;
+  T* y = out + row * len;
+  float v[kPerLane];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t l = lane + 32 * j;
+    v[j] = l < len ? to_f<T>(x[l]) : -INFINITY;
+    m = max_nan(m, v[j]);
+  }
+  m = warp_reduce(m, MaxOp{});
+  if (m == -INFINITY) {  // fully masked row: zeros (the CPU kernel's choice)
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+      if (lane + 32 * j < len) y[lane + 32 * j] = from_f<T>(0.0f);
+    return;
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j < len) {
+      v[j] = expf(v[j] - m);
+      s += v[j];
+    }
+  s = warp_reduce(s, SumOp{});
+  const float inv = 1.0f / s;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j < len) y[lane + 32 * j] = from_f<T>(v[j] * inv);
+}
+
 // ---- layer_norm ------------------------------------------------------------------------------------
+
+// Rows of D <= 32 * kPerLane: one warp per row, the row in registers; mean, then the variance
+// of the deviations (two passes over registers, one read of memory).
+template <class T, int kPerLane>
+__global__ void k_layer_norm_rows(const T* x, const T* g, const T* b, T* y, int64_t rows, int64_t D, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const T* xr = x + row * D;
+  T* yr = y + row * D;
+  float v[kPerLane];
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t c = lane + 32 * j;
+    v[j] = c < D ? to_f<T>(xr[c]) : 0.0f;
+    s += v[j];
+  }
+  const float mean = warp_reduce(s, SumOp{}) / static_cast<float>(D);
+  float q = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j < D) {
+      const float d = v[j] - mean;
+      q += d * d;
+    }
+  const float var = warp_reduce(q, SumOp{}) / static_cast<float>(D);  // biased, like PyTorch
+  const float rstd = 1.0f / sqrtf(var + eps);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t c = lane + 32 * j;
+    if (c < D) yr[c] = from_f<T>((v[j] - mean) * rstd * to_f<T>(g[c]) + to_f<T>(b[c]));
+  }
+}
+
+// Launches kernel<kPerLane> (a warp per row, kThreads / 32 rows per block) for rows of `len`
+// <= 1024 and returns true; false when len is longer.
+template <template <int> class K, class... Args>
+bool launch_rows(int64_t rows, int64_t len, cudaStream_t st, Args... args) {
+  if (len > 32 * 32) return false;
+  constexpr int kWarps = kThreads / 32;
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  if (blocks > 0x7fffffff) return false;
+  const unsigned g = static_cast<unsigned>(blocks);
+  if (len <= 32) K<1>::launch(g, st, args...);
+  else if (len <= 64) K<2>::launch(g, st, args...);
+  else if (len <= 128) K<4>::launch(g, st, args...);
+  else if (len <= 256) K<8>::launch(g, st, args...);
+  else if (len <= 512) K<16>::launch(g, st, args...);
+  else if (len <= 768) K<24>::launch(g, st, args...);
+  else K<32>::launch(g, st, args...);
+  return true;
+}
 
 template <class T>
 __device__ void row_stats(const T* x, int64_t D, float eps, float& mean, float& rstd) {
@@ -223,15 +314,48 @@ __global__ void k_layer_norm_grad_cols(const T* x, const T* dy, const float* sta
 
 // ---- cross_entropy -----------------------------------------------------------------------------------
 
-// A row's max m and sum of exp(x - m), over the block's threads (cross_entropy and its grad).
+// A running (max m, sum of exp(x - m)) pair, merged in one pass (online softmax): a larger x
+// rescales the sum. -inf adds nothing; NaN makes the sum NaN, as in the two-pass form.
+struct MaxSum {
+  float m, s;
+};
+
+__device__ __forceinline__ MaxSum add_value(MaxSum a, float x) {
+  if (x > a.m) return {x, a.s * expf(a.m - x) + 1.0f};
+  return {a.m, a.s + (x == -INFINITY ? 0.0f : expf(x - a.m))};
+}
+
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = max_nan(a.m, b.m);
+  if (m == -INFINITY) return {m, a.s + b.s};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
+  for (int o = 16; o > 0; o >>= 1) v = merge(v, {__shfl_xor_sync(kFull, v.m, o), __shfl_xor_sync(kFull, v.s, o)});
+  return v;
+}
+
+// A row's max m and sum of exp(x - m), over the block's threads, reading the row once: each
+// thread's strided elements in order, then a fixed tree (warps, then warp 0).
 template <class T>
 __device__ void row_max_sumexp(const T* x, int64_t V, float& m, float& s) {
-  m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = max_nan(m, to_f<T>(x[j]));
-  m = block_reduce(m, MaxOp{}, -INFINITY);
-  s = 0.0f;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(to_f<T>(x[j]) - m);
-  s = block_reduce(s, SumOp{}, 0.0f);
+  __shared__ MaxSum shm[32];
+  __shared__ MaxSum result;
+  MaxSum a{-INFINITY, 0.0f};
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) a = add_value(a, to_f<T>(x[j]));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  a = warp_merge(a);
+  if (lane == 0) shm[warp] = a;
+  __syncthreads();
+  if (warp == 0) {
+    MaxSum w = lane < int(blockDim.x >> 5) ? shm[lane] : MaxSum{-INFINITY, 0.0f};
+    w = warp_merge(w);
+    if (lane == 0) result = w;
+  }
+  __syncthreads();
+  m = result.m;
+  s = result.s;
 }
 
 template <class T, class O>
@@ -289,6 +413,27 @@ __global__ void k_cross_entropy_grad(const T* logits, const int32_t* labels, con
     d[j] = from_f<T>(expf(to_f<T>(x[j]) - m) * scale - (j == lab ? g[r] : 0.0f));
 }
 
+// The warp-per-row kernels as launch_rows' K<kPerLane>.
+template <class T>
+struct SoftmaxRows {
+  template <int P>
+  struct K {
+    static void launch(unsigned g, cudaStream_t st, const T* in, T* out, int64_t rows, int64_t len) {
+      k_softmax_rows<T, P><<<g, kThreads, 0, st>>>(in, out, rows, len);
+    }
+  };
+};
+template <class T>
+struct LayerNormRows {
+  template <int P>
+  struct K {
+    static void launch(unsigned g, cudaStream_t st, const T* x, const T* ga, const T* b, T* y, int64_t rows, int64_t D,
+                       float eps) {
+      k_layer_norm_rows<T, P><<<g, kThreads, 0, st>>>(x, ga, b, y, rows, D, eps);
+    }
+  };
+};
+
 // Threads per row block: enough for the row, a multiple of 32, at most 1024.
 unsigned row_threads(int64_t len) {
   if (len >= 1024) return 1024;
@@ -304,7 +449,9 @@ void check_rows(int64_t rows, const char* what) {
 
 }  // namespace
 
-void reduce(Reduce op, const void* in, void* out, DType t, const Loop& kept, const Loop& reduced, StreamHandle s) {
+void reduce(Reduce op, const void* in, void* out, DType t, const Loop& kept_in, const Loop& reduced_in,
+            StreamHandle s) {
+  const Loop kept = with_divisors(kept_in), reduced = with_divisors(reduced_in);
   const int64_t nout = kept.size(), count = reduced.size();
   if (nout <= 0) return;
   const int warps = kThreads / 32;
@@ -350,6 +497,9 @@ void softmax(const void* in, void* out, DType t, int64_t outer, int64_t len, int
   check_rows(rows, "softmax");
   dispatch_float(t, "softmax", [&](auto tag) {
     using T = decltype(tag);
+    if (inner == 1 && launch_rows<SoftmaxRows<T>::template K>(rows, len, as_stream(s), static_cast<const T*>(in),
+                                                                 static_cast<T*>(out), rows, len))
+      return;
     k_softmax<T><<<unsigned(rows), row_threads(len), 0, as_stream(s)>>>(static_cast<const T*>(in),
                                                                        static_cast<T*>(out), len, inner);
   });
@@ -362,6 +512,10 @@ void layer_norm(const void* x, const void* gamma, const void* beta, void* y, DTy
   check_rows(rows, "layer_norm");
   dispatch_float(t, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
+    if (launch_rows<LayerNormRows<T>::template K>(rows, D, as_stream(s), static_cast<const T*>(x),
+                                                   static_cast<const T*>(gamma), static_cast<const T*>(beta),
+                                                   static_cast<T*>(y), rows, D, eps))
+      return;
     k_layer_norm<T><<<unsigned(rows), row_threads(D), 0, as_stream(s)>>>(
         static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y), D, eps);
   });

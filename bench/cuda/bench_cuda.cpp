@@ -275,9 +275,11 @@ void BM_Gpt2Forward(benchmark::State& state) {
   tessel::GptGraph m = tessel::build_gpt(cfg);
   const tessel::Mesh mesh = tessel::Mesh::parse("data=1,model=1");
   tessel::Executable exe = tessel::compile(m.graph, mesh);
-  // Arg 1: the backend's defaults; arg 0: products with odd rows not padded (gemm_pad_min_flops).
+  // Arg 1: the backend's defaults; arg 0: products with odd rows not padded (gemm_pad_min_flops);
+  // arg 2: fused expressions on the interpreter kernel instead of the JIT (fused_jit = false).
   tessel::CudaRuntimeOptions rto;
   if (state.range(0) == 0) rto.backend.gemm_pad_min_flops = std::numeric_limits<double>::infinity();
+  if (state.range(0) == 2) rto.backend.fused_jit = false;
   tessel::CudaRuntime rt(1, rto);
   const tessel::LoadOptions lo;  // named: GCC 12 warns (falsely) about a temporary's map
   tessel::LoadedExecutable prog = tessel::load(exe, rt, lo);
@@ -307,9 +309,11 @@ void BM_Gpt2Forward(benchmark::State& state) {
   state.counters["gemm_ceiling_FLOP/s"] = gemm_ceiling();
   state.counters["loss"] = loss;
   state.SetLabel(fmt::format("{} params; MFU = FLOP/s / gemm_ceiling_FLOP/s{}", m.params,
-                             state.range(0) == 0 ? "; odd rows not padded" : ""));
+                             state.range(0) == 0   ? "; odd rows not padded"
+                             : state.range(0) == 2 ? "; fused expressions interpreted (no JIT)"
+                                                   : ""));
 }
-BENCHMARK(BM_Gpt2Forward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+BENCHMARK(BM_Gpt2Forward)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
 // ---- collectives on virtual devices --------------------------------------------------------------
 

@@ -16,53 +16,15 @@
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/train/trainer.hpp"
+#include "mlp_model.hpp"
 #include "test_util.hpp"
 
 using namespace tessel;
+using tessel_test::build_mlp;
+using tessel_test::init_params;
+using tessel_test::Mlp;
 
 namespace {
-
-// Two MLP blocks with residuals and a mean-squared error, Megatron layouts on `model`, the
-// batch split over `data`.
-struct Mlp {
-  Graph g;
-  Tensor loss;
-  std::vector<Tensor> params;
-};
-
-Mlp build_mlp(int64_t batch) {
-  Mlp m;
-  Graph& g = m.g;
-  Tensor x = input(g, "x", DType::f32, {batch, 16}), y = input(g, "y", DType::f32, {batch, 16});
-  g.annotate(x, Sharding::of({{"data"}, {}}));
-  g.annotate(y, Sharding::of({{"data"}, {}}));
-  Tensor h = x;
-  for (int b = 0; b < 2; ++b) {
-    Tensor w1 = input(g, "w1_" + std::to_string(b), DType::f32, {16, 32});
-    Tensor w2 = input(g, "w2_" + std::to_string(b), DType::f32, {32, 16});
-    g.annotate(w1, Sharding::of({{}, {"model"}}));
-    g.annotate(w2, Sharding::of({{"model"}, {}}));
-    h = add(h, einsum("bf,fd->bd", gelu(einsum("bd,df->bf", h, w1)), w2));
-    m.params.push_back(w1);
-    m.params.push_back(w2);
-  }
-  Tensor d = sub(h, y);
-  m.loss = mul(reduce_sum(mul(d, d), {0, 1}), constant(g, 1.0 / static_cast<double>(batch * 16))).named("loss");
-  g.mark_output(m.loss);
-  return m;
-}
-
-std::map<std::string, HostTensor> init_params(const Mlp& m, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> n(0, 0.2);
-  std::map<std::string, HostTensor> p;
-  for (const Tensor& t : m.params) {
-    HostTensor h(DType::f32, t.shape());
-    for (int64_t i = 0; i < h.numel(); ++i) h.set(i, n(rng));
-    p[t.name()] = h;
-  }
-  return p;
-}
 
 std::vector<HostTensor> batch_of(int64_t rows, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(-1, 1);

@@ -262,6 +262,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
     throw RuntimeError(fmt::format("cuda backend: GPU {} does not exist ({} GPU{} visible{})", options_.device, n,
                                    n == 1 ? "" : "s", n == 0 ? "; is a driver installed and CUDA_VISIBLE_DEVICES set?" : ""));
   DeviceGuard g(options_.device);
+  if (const char* jit = std::getenv("TESSEL_CUDA_FUSED_JIT"); jit && std::string(jit) == "0") options_.fused_jit = false;
   // Stream-ordered memory pools are optional (cudaDevAttrMemoryPoolsSupported): without them,
   // plain cudaMalloc/cudaFree, said once per process on stderr. TESSEL_CUDA_MEMORY_POOLS=0
   // forces the fallback (to test it on a GPU that has pools).

@@ -12,6 +12,7 @@
 
 #include "cuda_backend.hpp"
 #include "cuda_loop.hpp"
+#include "fused_jit.hpp"
 #include "tessel/ir/fused_expr.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/runtime/tensor.hpp"
@@ -649,18 +650,28 @@ ck::FusedProgram fused_program(const KernelArgs& a, bool positional) {
   return p;
 }
 
-void k_fused_elementwise(CudaBackend&, const KernelArgs& a, CudaStream& s) {
-  ck::fused_elementwise(fused_program(a, /*positional=*/false), a.out, a.out_dtype, s.handle());
+// A JIT kernel when the backend has them on (fused_jit.hpp), else (or when the program did not
+// compile) the interpreter kernel: the same bits either way.
+void k_fused_elementwise(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
+  const ck::FusedProgram p = fused_program(a, /*positional=*/false);
+  if (be.options().fused_jit && FusedJit::shared(be.device()).elementwise(p, a.out, a.out_dtype, s.handle())) return;
+  ck::fused_elementwise(p, a.out, a.out_dtype, s.handle());
 }
 
-// softmax(expr, axis): the expression into the result (rounded to its dtype, as the unfused
-// chain's softmax operand), then the softmax kernel in place (each row's elements are read
-// before they are written). Two passes over the result, not one: a one-pass kernel is later work.
-void k_fused_softmax(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+// softmax(expr, axis): over the last axis with rows of at most 1024, one pass (each row's
+// values evaluated into registers, rounded to the result's dtype as the unfused chain's softmax
+// operand); else the expression into the result, then the softmax kernel in place (each row's
+// elements are read before they are written).
+void k_fused_softmax(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
   if (a.out_dtype == DType::i32) fail(a, "fused_softmax needs a float result");
   const ck::FusedProgram p = fused_program(a, /*positional=*/true);
   const Shape& sh = a.out_shape;
   const int64_t axis = normalize_dim(a, attrs_of(a).axis, sh.size(), "softmax axis");
+  if (axis == static_cast<int64_t>(sh.size()) - 1) {
+    if (be.options().fused_jit && FusedJit::shared(be.device()).softmax_last_axis(p, a.out, a.out_dtype, s.handle()))
+      return;
+    if (ck::fused_softmax_last_axis(p, a.out, a.out_dtype, s.handle())) return;
+  }
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= sh[static_cast<std::size_t>(d)];
   for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < sh.size(); ++d) inner *= sh[d];
@@ -744,5 +755,7 @@ void run_cuda_kernel(CudaBackend& be, const KernelArgs& args, CudaStream& s) {
 }
 
 bool has_cuda_kernel(OpKind kind) { return cuda_kernel_table().has(kind); }
+
+ck::FusedProgram cuda_fused_program(const KernelArgs& a, bool positional) { return fused_program(a, positional); }
 
 }  // namespace tessel::cuda
