@@ -80,7 +80,7 @@ __device__ __forceinline__ void report(DeviceError* err, unsigned seq, int code,
     err->value = value;
     err->position = pos;
     err->bound = bound;
-    __threadfence_system();
+    __threadfence();
   }
 }
 

@@ -13,6 +13,8 @@
 #include "device_common.cuh"
 #include "elementwise_math.cuh"
 
+#include <cub/device/device_radix_sort.cuh>
+
 namespace tessel::cuda_kernels {
 
 void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
@@ -146,37 +148,59 @@ __global__ void k_gather(const T* table, const int32_t* idx, T* out, int64_t P, 
   }
 }
 
+// scatter_add: each index's row (id - off when in [0, n), else n: sorted last and summed by
+// no one) as the key of a stable radix sort whose values are the index positions j.
+__global__ void k_scatter_keys(const int32_t* idx, int32_t* keys, int32_t* vals, int64_t J, int64_t n, int64_t off,
+                               int64_t depth) {
+  TESSEL_GRID_STRIDE(j, J) {
+    const int64_t id = idx[j];
+    const int64_t r = id - off;
+    keys[j] = (id >= 0 && id < depth && r >= 0 && r < n) ? static_cast<int32_t>(r) : static_cast<int32_t>(n);
+    vals[j] = static_cast<int32_t>(j);
+  }
+}
+
+// The first index outside [0, depth), in index order (one thread: the CPU kernel's error).
+__global__ void k_scatter_first_bad(const int32_t* idx, int64_t J, int64_t depth, DeviceError* err, unsigned seq) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  for (int64_t j = 0; j < J; ++j)
+    if (idx[j] < 0 || idx[j] >= depth) {
+      report(err, seq, kErrScatterIndex, idx[j], j, depth);
+      return;
+    }
+}
+
+// begin[r] = the first sorted position with key >= r, for r in [0, n].
+__global__ void k_scatter_segments(const int32_t* keys, int64_t J, int64_t* begin, int64_t n) {
+  TESSEL_GRID_STRIDE(r, n + 1) {
+    int64_t lo = 0, hi = J;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (keys[mid] < r) lo = mid + 1;
+      else hi = mid;
+    }
+    begin[r] = lo;
+  }
+}
+
+// out[p, r, k] = sum over the row's sorted positions t (index order) of upd[p, vals[t], k].
 template <class T>
-__global__ void k_scatter_add(const T* upd, const int32_t* idx, T* out, int64_t P, int64_t J, int64_t n, int64_t S,
-                              int64_t off, int64_t depth, DeviceError* err, unsigned seq) {
+__global__ void k_scatter_sum(const T* upd, const int32_t* vals, const int64_t* begin, T* out, int64_t P, int64_t J,
+                              int64_t n, int64_t S) {
   TESSEL_GRID_STRIDE(e, P * n * S) {
     const int64_t k = e % S, r = (e / S) % n, p = e / (S * n);
     float acc = 0.0f;
-    for (int64_t j = 0; j < J; ++j) {
-      const int32_t id = idx[j];
-      if (id < 0 || id >= depth) {
-        if (e == 0) report(err, seq, kErrScatterIndex, id, j, depth);
-        continue;
-      }
-      if (int64_t(id) - off == r) acc += to_f<T>(upd[(p * J + j) * S + k]);
-    }
+    for (int64_t t = begin[r]; t < begin[r + 1]; ++t) acc += to_f<T>(upd[(p * J + vals[t]) * S + k]);
     out[e] = from_f<T>(acc);
   }
 }
 
-__global__ void k_scatter_add_i32(const int32_t* upd, const int32_t* idx, int32_t* out, int64_t P, int64_t J, int64_t n,
-                                  int64_t S, int64_t off, int64_t depth, DeviceError* err, unsigned seq) {
+__global__ void k_scatter_sum_i32(const int32_t* upd, const int32_t* vals, const int64_t* begin, int32_t* out,
+                                  int64_t P, int64_t J, int64_t n, int64_t S) {
   TESSEL_GRID_STRIDE(e, P * n * S) {
     const int64_t k = e % S, r = (e / S) % n, p = e / (S * n);
     uint32_t acc = 0;
-    for (int64_t j = 0; j < J; ++j) {
-      const int32_t id = idx[j];
-      if (id < 0 || id >= depth) {
-        if (e == 0) report(err, seq, kErrScatterIndex, id, j, depth);
-        continue;
-      }
-      if (int64_t(id) - off == r) acc += static_cast<uint32_t>(upd[(p * J + j) * S + k]);
-    }
+    for (int64_t t = begin[r]; t < begin[r + 1]; ++t) acc += static_cast<uint32_t>(upd[(p * J + vals[t]) * S + k]);
     out[e] = static_cast<int32_t>(acc);
   }
 }
@@ -389,20 +413,69 @@ void gather(const void* table, std::size_t elem, const int32_t* idx, void* out, 
   TESSEL_CUDA_LAUNCH_CHECK("gather");
 }
 
+namespace {
+
+constexpr std::size_t kAlign = 256;
+std::size_t aligned(std::size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+
+// The sort's own temporary storage for J items.
+std::size_t scatter_sort_bytes(int64_t J) {
+  std::size_t b = 0;
+  const cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, b, static_cast<const int32_t*>(nullptr),
+                                                        static_cast<int32_t*>(nullptr),
+                                                        static_cast<const int32_t*>(nullptr),
+                                                        static_cast<int32_t*>(nullptr), static_cast<int>(J));
+  if (e != cudaSuccess) throw_cuda(e, "scatter_add (radix sort size)", __FILE__, __LINE__);
+  return b;
+}
+
+}  // namespace
+
+std::size_t scatter_add_scratch_bytes(int64_t J, int64_t n) {
+  if (J <= 0) return 0;
+  return 4 * aligned(static_cast<std::size_t>(J) * 4) + aligned(static_cast<std::size_t>(n + 1) * 8) +
+         aligned(scatter_sort_bytes(J));
+}
+
 void scatter_add(const void* updates, const int32_t* idx, void* out, DType t, int64_t P, int64_t J, int64_t n,
-                 int64_t S, int64_t off, int64_t depth, DeviceError* err, unsigned seq, StreamHandle s) {
+                 int64_t S, int64_t off, int64_t depth, DeviceError* err, unsigned seq, void* scratch, StreamHandle s) {
   const int64_t total = P * n * S;
   if (total <= 0) return;
+  if (J > 0x7fffffff || n >= 0x7fffffff)
+    throw RuntimeError("cuda kernel scatter_add: " + std::to_string(J) + " indices into " + std::to_string(n) +
+                       " rows: above 2^31 - 1");
   auto st = as_stream(s);
+  if (J == 0) {
+    fill_bits(out, total, dtype_size(t), 0, s);
+    return;
+  }
+  // Scratch: keys and values in and out (J each), the row segments (n + 1), the sort's storage.
+  char* base = static_cast<char*>(scratch);
+  const std::size_t jb = aligned(static_cast<std::size_t>(J) * 4);
+  auto* keys_in = reinterpret_cast<int32_t*>(base);
+  auto* keys_out = reinterpret_cast<int32_t*>(base + jb);
+  auto* vals_in = reinterpret_cast<int32_t*>(base + 2 * jb);
+  auto* vals_out = reinterpret_cast<int32_t*>(base + 3 * jb);
+  auto* begin = reinterpret_cast<int64_t*>(base + 4 * jb);
+  void* temp = base + 4 * jb + aligned(static_cast<std::size_t>(n + 1) * 8);
+  std::size_t temp_bytes = scatter_sort_bytes(J);
+  k_scatter_first_bad<<<1, 1, 0, st>>>(idx, J, depth, err, seq);
+  k_scatter_keys<<<grid_for(J), kThreads, 0, st>>>(idx, keys_in, vals_in, J, n, off, depth);
+  TESSEL_CUDA_LAUNCH_CHECK("scatter_add (keys)");
+  int end_bit = 1;
+  while (end_bit < 32 && (int64_t{1} << end_bit) <= n) ++end_bit;  // keys are in [0, n]
+  const cudaError_t e = cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in, vals_out,
+                                                        static_cast<int>(J), 0, end_bit, st);
+  if (e != cudaSuccess) throw_cuda(e, "scatter_add (radix sort)", __FILE__, __LINE__);
+  k_scatter_segments<<<grid_for(n + 1), kThreads, 0, st>>>(keys_out, J, begin, n);
   if (t == DType::i32) {
-    k_scatter_add_i32<<<grid_for(total), kThreads, 0, st>>>(static_cast<const int32_t*>(updates), idx,
-                                                            static_cast<int32_t*>(out), P, J, n, S, off, depth, err,
-                                                            seq);
+    k_scatter_sum_i32<<<grid_for(total), kThreads, 0, st>>>(static_cast<const int32_t*>(updates), vals_out, begin,
+                                                            static_cast<int32_t*>(out), P, J, n, S);
   } else {
     dispatch_float(t, "scatter_add", [&](auto tag) {
       using T = decltype(tag);
-      k_scatter_add<T><<<grid_for(total), kThreads, 0, st>>>(static_cast<const T*>(updates), idx,
-                                                             static_cast<T*>(out), P, J, n, S, off, depth, err, seq);
+      k_scatter_sum<T><<<grid_for(total), kThreads, 0, st>>>(static_cast<const T*>(updates), vals_out, begin,
+                                                             static_cast<T*>(out), P, J, n, S);
     });
   }
   TESSEL_CUDA_LAUNCH_CHECK("scatter_add");

@@ -12,9 +12,10 @@
 // order per output (warp/block trees), so a value computed twice is bit-identical.
 //
 // Indices that the CPU kernels reject (embedding ids, gather/scatter indices, labels) are
-// reported through a DeviceError record in mapped pinned memory: the first failing thread
-// writes the code, the value, its position and the bound, and the stream that launched it
-// turns it into an exception at synchronize (the element itself gets 0).
+// reported through the stream's DeviceError record in device memory: the first failing thread
+// (a device atomicCAS) writes the code, the value, its position and the bound, and the stream
+// that launched it copies the record back and turns it into an exception at synchronize (the
+// element itself gets 0).
 #pragma once
 
 #include <cstddef>
@@ -177,7 +178,13 @@ bool fused_softmax_last_axis(const FusedProgram& p, void* out, DType out_t, Stre
 enum class Reduce : int { Sum, Max, Mean };
 // out[o] (contiguous, dtype t) = reduce over r in `reduced` of in[kept.off(o) + reduced.off(r)]
 // (stride 0 of both loops indexes `in`). count = reduced.size() (the mean divides by it).
-void reduce(Reduce op, const void* in, void* out, DType t, const Loop& kept, const Loop& reduced, StreamHandle s);
+// A float reduction of at least 2^16 elements into at most 4096 outputs (the gradient norm over
+// every parameter) is split: blocks reduce chunks of 16384 into scratch, then each output sums
+// its chunks in order; otherwise a warp per output. Both are fixed trees (deterministic).
+// scratch: reduce_scratch_bytes(...) bytes (0: none needed, may be null).
+std::size_t reduce_scratch_bytes(DType t, int64_t nout, int64_t count);
+void reduce(Reduce op, const void* in, void* out, DType t, const Loop& kept, const Loop& reduced, void* scratch,
+            StreamHandle s);
 // dst[i] = srcs[0][i] (+|max) srcs[1][i] ... in source order (the virtual-device all-reduce).
 void reduce_sources(const void* const* srcs, int nsrc, void* dst, DType t, Reduce op, int64_t count,
                     StreamHandle s);
@@ -194,9 +201,12 @@ void adamw(const void* p, const void* g, const float* m, const float* v, const f
            const float* bc2, const float* gscale, const float* apply, void* p_out, float* m_out, float* v_out, DType t,
            int64_t n,
            float beta1, float beta2, float eps, float weight_decay, StreamHandle s);
-// scratch: 2 * rows floats (per-row mean and rstd).
+// dgamma and dbeta sum over the rows in double: in chunks of 256 rows (a thread per column and
+// chunk), then the chunks in order. scratch: layer_norm_grad_scratch_bytes(rows, D) bytes (the
+// per-row mean and rstd, and the chunks' partial sums).
+std::size_t layer_norm_grad_scratch_bytes(int64_t rows, int64_t D);
 void layer_norm_grad(const void* x, const void* gamma, const void* dy, void* dx, void* dgamma, void* dbeta, DType t,
-                     int64_t rows, int64_t D, float eps, float* scratch, StreamHandle s);
+                     int64_t rows, int64_t D, float eps, void* scratch, StreamHandle s);
 // logits [rows, V] (dtype t, the block starting at column `off` of the vocabulary), labels
 // i32 [rows] (global ids), out [rows] of dtype out_t.
 void cross_entropy(const void* logits, DType t, const int32_t* labels, void* out, DType out_t, int64_t rows,
@@ -215,9 +225,13 @@ void embedding(const void* table, std::size_t elem, const int32_t* ids, void* ou
 void gather(const void* table, std::size_t elem, const int32_t* idx, void* out, int64_t P, int64_t J, int64_t n,
             int64_t S, int64_t off, int64_t N, DeviceError* err, unsigned seq, StreamHandle s);
 // updates [P, J, S], idx [J] in [0, depth) -> out [P, n, S] (rows [off, off+n) of depth);
-// each output element sums its updates in index order (deterministic, as the CPU kernel).
+// each output element sums its updates in index order (deterministic, as the CPU kernel). The
+// indices are sorted by row first (a stable radix sort, so index order is kept within a row):
+// each update is read once, not once per output row. An index outside [0, depth) is reported
+// (the first in index order) and adds nothing. scratch: scatter_add_scratch_bytes(J, n) bytes.
+std::size_t scatter_add_scratch_bytes(int64_t J, int64_t n);
 void scatter_add(const void* updates, const int32_t* idx, void* out, DType t, int64_t P, int64_t J, int64_t n,
-                 int64_t S, int64_t off, int64_t depth, DeviceError* err, unsigned seq, StreamHandle s);
+                 int64_t S, int64_t off, int64_t depth, DeviceError* err, unsigned seq, void* scratch, StreamHandle s);
 // ids [n] -> out [n, C] with one_bits at column ids - coff.
 void one_hot(const int32_t* ids, void* out, std::size_t elem, uint64_t one_bits, int64_t n, int64_t C, int64_t coff,
              StreamHandle s);

@@ -69,6 +69,52 @@ __global__ void k_reduce(Reduce op, const T* in, T* out, Loop kept, Loop reduced
   }
 }
 
+// A long reduction split in chunks (reduce_scratch_bytes): block b reduces chunk b % chunks of
+// output b / chunks (threads strided over the chunk, then a block tree) into partial[b].
+constexpr int64_t kReduceChunk = 16384;
+constexpr int64_t kReduceSplitMinCount = int64_t{1} << 16;
+constexpr int64_t kReduceSplitMaxOutputs = 4096;
+
+template <class T>
+__global__ void k_reduce_chunks(Reduce op, const T* in, float* partial, Loop kept, Loop reduced, int64_t count,
+                                int64_t chunks) {
+  const int64_t o = blockIdx.x / chunks, c = blockIdx.x % chunks;
+  int64_t base[1];
+  loop_offsets<1>(kept, o, base);
+  const int64_t end = count < (c + 1) * kReduceChunk ? count : (c + 1) * kReduceChunk;
+  float acc = op == Reduce::Max ? -INFINITY : 0.0f;
+  for (int64_t r = c * kReduceChunk + threadIdx.x; r < end; r += blockDim.x) {
+    int64_t off[1];
+    loop_offsets<1>(reduced, r, off);
+    const float x = to_f<T>(in[base[0] + off[0]]);
+    acc = op == Reduce::Max ? max_nan(acc, x) : acc + x;
+  }
+  acc = op == Reduce::Max ? block_reduce(acc, MaxOp{}, -INFINITY) : block_reduce(acc, SumOp{}, 0.0f);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// A warp per output: its chunks' partials, lane-strided, then the warp tree.
+template <class T>
+__global__ void k_reduce_chunks_sum(Reduce op, const float* partial, T* out, int64_t nout, int64_t chunks,
+                                    int64_t count) {
+  const int lane = threadIdx.x & 31;
+  const int64_t o = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (o >= nout) return;
+  float acc = op == Reduce::Max ? -INFINITY : 0.0f;
+  for (int64_t c = lane; c < chunks; c += 32) {
+    const float x = partial[o * chunks + c];
+    acc = op == Reduce::Max ? max_nan(acc, x) : acc + x;
+  }
+  acc = op == Reduce::Max ? warp_reduce(acc, MaxOp{}) : warp_reduce(acc, SumOp{});
+  if (op == Reduce::Mean) acc *= 1.0f / static_cast<float>(count);
+  if (lane == 0) out[o] = from_f<T>(acc);
+}
+
+int64_t reduce_chunks(DType t, int64_t nout, int64_t count) {
+  if (t == DType::i32 || count < kReduceSplitMinCount || nout > kReduceSplitMaxOutputs) return 0;
+  return (count + kReduceChunk - 1) / kReduceChunk;
+}
+
 // i32: sums wrap modulo 2^32 (order-independent), max.
 __global__ void k_reduce_i32(Reduce op, const int32_t* in, int32_t* out, Loop kept, Loop reduced, int64_t nout,
                              int64_t count) {
@@ -294,18 +340,36 @@ __global__ void k_layer_norm_grad_rows(const T* x, const T* gamma, const T* dy, 
   }
 }
 
-// dgamma[j] = sum_r dy * xhat, dbeta[j] = sum_r dy: one thread per column, rows in order, in
-// double (as the CPU kernel: the sums run over every row of the batch).
+// dgamma[j] = sum_r dy * xhat, dbeta[j] = sum_r dy, in double (as the CPU kernel: the sums run
+// over every row of the batch): a thread per (column, chunk of kLngChunk rows) sums its rows in
+// order into partial[(c * D + j) * 2 + {0, 1}]; then a thread per column sums the chunks in order.
+constexpr int64_t kLngChunk = 256;
+
 template <class T>
-__global__ void k_layer_norm_grad_cols(const T* x, const T* dy, const float* stats, T* dgamma, T* dbeta, int64_t rows,
+__global__ void k_layer_norm_grad_cols(const T* x, const T* dy, const float* stats, double* partial, int64_t rows,
                                        int64_t D) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t c = blockIdx.y;
+  if (j >= D) return;
+  double sg = 0.0, sb = 0.0;
+  const int64_t end = rows < (c + 1) * kLngChunk ? rows : (c + 1) * kLngChunk;
+  for (int64_t r = c * kLngChunk; r < end; ++r) {
+    const double d = to_f<T>(dy[r * D + j]);
+    const double xhat = (double(to_f<T>(x[r * D + j])) - stats[2 * r]) * stats[2 * r + 1];
+    if (d != 0.0) sg += d * xhat;  // as the CPU kernel: a zero gradient adds nothing, even to a NaN row
+    sb += d;
+  }
+  partial[(c * D + j) * 2] = sg;
+  partial[(c * D + j) * 2 + 1] = sb;
+}
+
+template <class T>
+__global__ void k_layer_norm_grad_cols_sum(const double* partial, T* dgamma, T* dbeta, int64_t chunks, int64_t D) {
   TESSEL_GRID_STRIDE(j, D) {
     double sg = 0.0, sb = 0.0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const double d = to_f<T>(dy[r * D + j]);
-      const double xhat = (double(to_f<T>(x[r * D + j])) - stats[2 * r]) * stats[2 * r + 1];
-      if (d != 0.0) sg += d * xhat;  // as the CPU kernel: a zero gradient adds nothing, even to a NaN row
-      sb += d;
+    for (int64_t c = 0; c < chunks; ++c) {
+      sg += partial[(c * D + j) * 2];
+      sb += partial[(c * D + j) * 2 + 1];
     }
     dgamma[j] = from_f<T>(static_cast<float>(sg));
     dbeta[j] = from_f<T>(static_cast<float>(sb));
@@ -449,7 +513,11 @@ void check_rows(int64_t rows, const char* what) {
 
 }  // namespace
 
-void reduce(Reduce op, const void* in, void* out, DType t, const Loop& kept_in, const Loop& reduced_in,
+std::size_t reduce_scratch_bytes(DType t, int64_t nout, int64_t count) {
+  return static_cast<std::size_t>(nout * reduce_chunks(t, nout, count)) * sizeof(float);
+}
+
+void reduce(Reduce op, const void* in, void* out, DType t, const Loop& kept_in, const Loop& reduced_in, void* scratch,
             StreamHandle s) {
   const Loop kept = with_divisors(kept_in), reduced = with_divisors(reduced_in);
   const int64_t nout = kept.size(), count = reduced.size();
@@ -458,6 +526,19 @@ void reduce(Reduce op, const void* in, void* out, DType t, const Loop& kept_in, 
   int64_t blocks = (nout + warps - 1) / warps;
   if (blocks > (int64_t{1} << 20)) blocks = int64_t{1} << 20;
   auto st = as_stream(s);
+  if (const int64_t chunks = reduce_chunks(t, nout, count); chunks > 0) {
+    if (!scratch) throw RuntimeError("cuda kernel reduce: a split reduction needs reduce_scratch_bytes of scratch");
+    float* partial = static_cast<float*>(scratch);
+    dispatch_float(t, "reduce", [&](auto tag) {
+      using T = decltype(tag);
+      k_reduce_chunks<T><<<unsigned(nout * chunks), kThreads, 0, st>>>(op, static_cast<const T*>(in), partial, kept,
+                                                                       reduced, count, chunks);
+      k_reduce_chunks_sum<T><<<unsigned(blocks), kThreads, 0, st>>>(op, partial, static_cast<T*>(out), nout, chunks,
+                                                                    count);
+    });
+    TESSEL_CUDA_LAUNCH_CHECK("reduce (split)");
+    return;
+  }
   if (t == DType::i32) {
     if (op == Reduce::Mean) throw RuntimeError("cuda kernel reduce_mean: needs a float type");
     k_reduce_i32<<<unsigned(blocks), kThreads, 0, st>>>(op, static_cast<const int32_t*>(in),
@@ -522,20 +603,36 @@ void layer_norm(const void* x, const void* gamma, const void* beta, void* y, DTy
   TESSEL_CUDA_LAUNCH_CHECK("layer_norm");
 }
 
+std::size_t layer_norm_grad_scratch_bytes(int64_t rows, int64_t D) {
+  const int64_t r = rows > 0 ? rows : 1;
+  const int64_t chunks = (r + kLngChunk - 1) / kLngChunk;
+  const std::size_t stats = (static_cast<std::size_t>(2 * r) * sizeof(float) + 255) / 256 * 256;
+  return stats + static_cast<std::size_t>(chunks * (D > 0 ? D : 1) * 2) * sizeof(double);
+}
+
 void layer_norm_grad(const void* x, const void* gamma, const void* dy, void* dx, void* dgamma, void* dbeta, DType t,
-                     int64_t rows, int64_t D, float eps, float* scratch, StreamHandle s) {
+                     int64_t rows, int64_t D, float eps, void* scratch, StreamHandle s) {
   if (D <= 0) return;
   check_rows(rows, "layer_norm_grad");
   auto st = as_stream(s);
+  const int64_t r = rows > 0 ? rows : 1;
+  const int64_t chunks = (r + kLngChunk - 1) / kLngChunk;
+  if (chunks > 65535) throw RuntimeError("cuda kernel layer_norm_grad: " + std::to_string(rows) + " rows (at most " +
+                                         std::to_string(65535 * kLngChunk) + ")");
+  float* stats = static_cast<float*>(scratch);
+  double* partial = reinterpret_cast<double*>(static_cast<char*>(scratch) +
+                                              (static_cast<std::size_t>(2 * r) * sizeof(float) + 255) / 256 * 256);
   dispatch_float(t, "layer_norm_grad", [&](auto tag) {
     using T = decltype(tag);
     if (rows > 0)
       k_layer_norm_grad_rows<T><<<unsigned(rows), row_threads(D), 0, st>>>(
           static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(dy), static_cast<T*>(dx),
-          scratch, D, eps);
-    k_layer_norm_grad_cols<T><<<grid_for(D), kThreads, 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
-                                                                 scratch, static_cast<T*>(dgamma),
-                                                                 static_cast<T*>(dbeta), rows, D);
+          stats, D, eps);
+    const dim3 grid(static_cast<unsigned>((D + kThreads - 1) / kThreads), static_cast<unsigned>(rows > 0 ? chunks : 1));
+    k_layer_norm_grad_cols<T><<<grid, kThreads, 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(dy), stats,
+                                                         partial, rows, D);
+    k_layer_norm_grad_cols_sum<T><<<grid_for(D), kThreads, 0, st>>>(partial, static_cast<T*>(dgamma),
+                                                                     static_cast<T*>(dbeta), rows > 0 ? chunks : 1, D);
   });
   TESSEL_CUDA_LAUNCH_CHECK("layer_norm_grad");
 }

@@ -7,7 +7,8 @@
 //  * einsum layouts (transposes folded into cuBLASLt, summed letters, batch, K = 0);
 //  * every collective on the virtual-device world (and on NCCL with 2+ GPUs);
 //  * the GPT forward on data=2,model=4 virtual devices matches the CPU loss;
-//  * a bad index is an error naming the instruction, not a crash.
+//  * a bad index is an error naming the instruction, not a crash;
+//  * long reductions (split in chunks), layer_norm_grad over many rows, scatter_add (sorted).
 // Seeds: TESSEL_SEED reproduces (printed by each test), TESSEL_CASES sets the case count.
 #include <catch2/catch.hpp>
 
@@ -439,4 +440,74 @@ TEST_CASE("an index out of range is an error naming the op", "[gpu][errors]") {
   CHECK_THROWS_WITH(run_on_cuda(exe, in), Catch::Contains("id 8 at position 3") && Catch::Contains("embedding"));
   in[1].as<int32_t>()[3] = 1;  // the backend is usable again after the error
   CHECK(compare(run_on_cuda(exe, in)[0], run_reference(g, in)[0]).max_rel_err == 0);
+}
+
+// The kernels whose work grows past the sampled ops' small shapes: a reduction of 300,000
+// elements into one value and of 100,000 into three (split into chunks), layer_norm_grad over
+// 1,000 rows (dgamma and dbeta summed in chunks of 256 rows), scatter_add of 6,000 updates into
+// 300 rows with repeated ids (sorted by row). Each equals the CPU reference on the same inputs
+// (f32, 1e-5 relative), and a bad scatter index is still an error naming the op.
+TEST_CASE("long reductions and many-row kernels == CPU", "[gpu][scale]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("gpu: long reductions and many-row kernels == CPU", seed, 4);
+  auto check = [&](Graph& g, std::vector<HostTensor> in, const std::string& what) {
+    const Mesh one = Mesh::parse("x=1");
+    Executable exe = compile(g, one);
+    const auto want = run_reference(g, in);
+    CudaRuntime rt(1);
+    LoadedExecutable le = load(exe, rt);
+    std::vector<ShardedArray> args;
+    for (std::size_t i = 0; i < in.size(); ++i) args.push_back(le.to_device(i, in[i]));
+    RunOptions ro;
+    ro.poison = true;
+    const RunResult r = le.run(args, ro);
+    for (std::size_t o = 0; o < want.size(); ++o) {
+      const CompareResult c = compare(le.to_host(r.outputs[o]), want[o]);
+      INFO(what << " output " << o << " (seed " << seed << "): " << c.to_string());
+      CHECK(c.max_rel_err <= 1e-5);
+    }
+  };
+  {
+    Graph g;
+    Tensor x = input(g, "x", DType::f32, {300000});
+    Tensor y = input(g, "y", DType::f32, {3, 100000});
+    g.mark_output(reduce_sum(x, {0}));
+    g.mark_output(reduce_mean(y, {1}));
+    g.mark_output(reduce_max(y, {1}));
+    // Positive inputs: the sum does not cancel, so a relative error measures the summation
+    // (f32 in a different tree than the CPU's), not the cancellation of 300,000 signed terms
+    // (seen on the H200: 2.3e-5 relative to a sum of -79.5, 1e-8 of the sum of magnitudes).
+    auto in = random_inputs(g, seed);
+    for (HostTensor& t : in)
+      for (int64_t i = 0; i < t.numel(); ++i) t.set(i, 0.5 + std::fabs(t.get(i)));
+    check(g, in, "reduce");
+  }
+  {
+    Graph g;
+    Tensor x = input(g, "x", DType::f32, {1000, 96});
+    Tensor gamma = input(g, "gamma", DType::f32, {96});
+    Tensor dy = input(g, "dy", DType::f32, {1000, 96});
+    LayerNormGrads lg = layer_norm_grad(x, gamma, dy);
+    g.mark_output(lg.dx);
+    g.mark_output(lg.dgamma);
+    g.mark_output(lg.dbeta);
+    check(g, random_inputs(g, seed + 1), "layer_norm_grad");
+  }
+  {
+    Graph g;
+    Tensor upd = input(g, "upd", DType::f32, {6000, 24});
+    Tensor ids = input(g, "ids", DType::i32, {6000});
+    g.mark_output(scatter_add(upd, ids, 300));
+    auto in = random_inputs(g, seed + 2);
+    std::mt19937_64 rng(seed);
+    for (int64_t j = 0; j < 6000; ++j) in[1].set(j, static_cast<double>(rng() % 300));
+    check(g, in, "scatter_add");
+    in[1].set(4321, 300);  // out of range: an error naming the op, not a crash
+    Executable exe = compile(g, Mesh::parse("x=1"));
+    CudaRuntime rt(1);
+    LoadedExecutable le = load(exe, rt);
+    std::vector<ShardedArray> args;
+    for (std::size_t i = 0; i < in.size(); ++i) args.push_back(le.to_device(i, in[i]));
+    CHECK_THROWS_WITH(le.run(args), Catch::Contains("scatter_add") && Catch::Contains("index 300 at position 4321"));
+  }
 }

@@ -60,10 +60,17 @@ CudaStream::CudaStream(CudaBackend& backend, std::string name) : backend_(backen
   // A blocking stream (not cudaStreamNonBlocking): the legacy default stream, used only to
   // free buffers dropped without release(), then waits for it.
   TESSEL_CUDA_CHECK(cudaStreamCreate(&stream_));
-  void* p = nullptr;
-  TESSEL_CUDA_CHECK(cudaHostAlloc(&p, sizeof(cuda_kernels::DeviceError), cudaHostAllocMapped));
-  std::memset(p, 0, sizeof(cuda_kernels::DeviceError));
-  err_ = static_cast<cuda_kernels::DeviceError*>(p);
+  // The error record lives in device memory (a kernel's atomicCAS on it is a device atomic, not
+  // one across PCIe or a VM's passthrough); synchronize copies it back on this stream into a
+  // pinned mirror.
+  void* d = nullptr;
+  TESSEL_CUDA_CHECK(cudaMalloc(&d, sizeof(cuda_kernels::DeviceError)));
+  err_ = static_cast<cuda_kernels::DeviceError*>(d);
+  TESSEL_CUDA_CHECK(cudaMemsetAsync(err_, 0, sizeof(cuda_kernels::DeviceError), stream_));
+  void* h = nullptr;
+  TESSEL_CUDA_CHECK(cudaHostAlloc(&h, sizeof(cuda_kernels::DeviceError), cudaHostAllocDefault));
+  std::memset(h, 0, sizeof(cuda_kernels::DeviceError));
+  err_host_ = static_cast<cuda_kernels::DeviceError*>(h);
 }
 
 CudaStream::~CudaStream() {
@@ -73,7 +80,8 @@ CudaStream::~CudaStream() {
   cudaStreamSynchronize(stream_);
   if (workspace_) cudaFree(workspace_);
   cudaStreamDestroy(stream_);
-  cudaFreeHost(err_);
+  cudaFree(err_);
+  cudaFreeHost(err_host_);
   cudaGetLastError();
   if (prev >= 0) cudaSetDevice(prev);
 }
@@ -104,13 +112,26 @@ void* CudaStream::gemm_workspace(std::size_t& bytes) {
 
 void CudaStream::synchronize() {
   DeviceGuard g(backend_.device());
+  // The record's copy is ordered after every kernel enqueued so far; a stream already in error
+  // makes the copy fail too, and the stream's error is what is reported.
+  bool checked_launches = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    checked_launches = seq_ != 0;  // a kernel that reports into the record was ever enqueued
+  }
+  bool have_record = false;
+  if (checked_launches) {
+    have_record = cudaMemcpyAsync(err_host_, err_, sizeof(cuda_kernels::DeviceError), cudaMemcpyDeviceToHost,
+                                  stream_) == cudaSuccess;
+    if (!have_record) cudaGetLastError();
+  }
   const cudaError_t e = cudaStreamSynchronize(stream_);
   std::string msg;
   {
     std::lock_guard<std::mutex> lk(mu_);
     msg.swap(host_error_);
-    volatile cuda_kernels::DeviceError* de = err_;
-    if (msg.empty() && de->flag) {
+    const cuda_kernels::DeviceError* de = err_host_;
+    if (e == cudaSuccess && have_record && msg.empty() && de->flag) {
       const unsigned seq = de->seq;
       const auto it = checked_.find(seq);
       const std::string who = it != checked_.end() ? it->second : std::string("a kernel");
@@ -129,7 +150,10 @@ void CudaStream::synchronize() {
                             "them)", who, v, pos, bound);
       }
     }
-    de->flag = 0;
+    if (e == cudaSuccess && have_record && de->flag) {  // reset for the next run, ordered before its kernels
+      err_host_->flag = 0;
+      if (cudaMemsetAsync(err_, 0, sizeof(cuda_kernels::DeviceError), stream_) != cudaSuccess) cudaGetLastError();
+    }
     checked_.clear();
   }
   if (e != cudaSuccess) {

@@ -104,7 +104,8 @@ class CudaStream : public Stream {
   cudaStream_t stream_ = nullptr;
   const char* label_ = nullptr;
   std::string host_error_;
-  cuda_kernels::DeviceError* err_ = nullptr;  // mapped pinned host memory
+  cuda_kernels::DeviceError* err_ = nullptr;       // device memory
+  cuda_kernels::DeviceError* err_host_ = nullptr;  // pinned: its copy at synchronize
   mutable std::mutex mu_;
   unsigned seq_ = 0;
   std::map<unsigned, std::string> checked_;  // seq -> "label: op(...)" of launches that may report
@@ -204,5 +205,28 @@ void run_cuda_einsum(CudaBackend& be, const KernelArgs& args, CudaStream* s);
 // The bits of NaN / INT32_MIN / a scalar in a dtype (for fills).
 uint64_t poison_bits(DType t);
 uint64_t scalar_bits(DType t, double v);
+
+// Kernel scratch for one launch: taken from the backend (stream-ordered) and given back when
+// the launch has been enqueued (or has thrown). 0 bytes: none (null).
+class ScopedScratch {
+ public:
+  ScopedScratch(CudaBackend& be, CudaStream& s, std::size_t bytes)
+      : be_(be), s_(s), p_(bytes > 0 ? be.scratch(bytes, s) : nullptr) {}
+  ~ScopedScratch() {
+    try {
+      be_.free_scratch(p_, s_);
+    } catch (...) {  // a destructor must not throw; the stream's next synchronize reports it
+    }
+  }
+  ScopedScratch(const ScopedScratch&) = delete;
+  ScopedScratch& operator=(const ScopedScratch&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  CudaBackend& be_;
+  CudaStream& s_;
+  void* p_;
+};
+
 
 }  // namespace tessel::cuda

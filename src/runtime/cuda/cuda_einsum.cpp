@@ -204,8 +204,10 @@ void run_cuda_einsum(CudaBackend& be, const KernelArgs& a, CudaStream* s) {
     if (!g.sums()) {
       ck::strided_copy(src, dst, es, make_loop(g.shape, {contiguous_strides(g.shape), g.src_strides}), s->handle());
     } else {
+      const ScopedScratch scratch(be, *s, ck::reduce_scratch_bytes(t, num_elements(g.shape),
+                                                                   num_elements(g.summed_shape)));
       ck::reduce(ck::Reduce::Sum, src, dst, t, make_loop(g.shape, {g.src_strides}),
-                 make_loop(g.summed_shape, {g.summed_strides}), s->handle());
+                 make_loop(g.summed_shape, {g.summed_strides}), scratch.get(), s->handle());
     }
   };
   if (p.kind == Kind::Unary) {

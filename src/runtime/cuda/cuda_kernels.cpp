@@ -163,7 +163,7 @@ void k_binary(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   ck::binary(op, a.in[0], a.in[1], a.out, a.in_dtypes[0], loop, s.handle());
 }
 
-void k_reduce(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+void k_reduce(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
   check_arity(a, 1, 1);
   const OpAttrs& at = attrs_of(a);
   const Shape& is = a.in_shapes[0];
@@ -187,8 +187,10 @@ void k_reduce(CudaBackend&, const KernelArgs& a, CudaStream& s) {
                         : a.kind == OpKind::ReduceMean ? ck::Reduce::Mean
                                                        : ck::Reduce::Sum;
   if (op == ck::Reduce::Mean && a.out_dtype == DType::i32) fail(a, "reduce_mean needs a float type");
+  const ScopedScratch scratch(be, s, ck::reduce_scratch_bytes(a.out_dtype, num_elements(kept_shape),
+                                                               num_elements(red_shape)));
   ck::reduce(op, a.in[0], a.out, a.out_dtype, make_loop(kept_shape, {kept_st}), make_loop(red_shape, {red_st}),
-             s.handle());
+             scratch.get(), s.handle());
 }
 
 void check_same_dtype(const KernelArgs& a) {
@@ -305,15 +307,9 @@ void k_layer_norm_grad(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
       num_elements(a.extra_out_shapes[1]) != D)
     fail(a, fmt::format("gamma, dgamma and dbeta must have {} elements (the last dim)", D));
   const int64_t rows = D > 0 ? num_elements(sh) / D : 0;
-  float* stats = static_cast<float*>(be.scratch(static_cast<std::size_t>(2 * std::max<int64_t>(rows, 1)) * 4, s));
-  try {
-    ck::layer_norm_grad(a.in[0], a.in[1], a.in[2], a.out, a.extra_out[0], a.extra_out[1], a.out_dtype, rows, D,
-                        static_cast<float>(attrs_of(a).eps), stats, s.handle());
-  } catch (...) {
-    be.free_scratch(stats, s);
-    throw;
-  }
-  be.free_scratch(stats, s);
+  const ScopedScratch scratch(be, s, ck::layer_norm_grad_scratch_bytes(rows, D));
+  ck::layer_norm_grad(a.in[0], a.in[1], a.in[2], a.out, a.extra_out[0], a.extra_out[1], a.out_dtype, rows, D,
+                      static_cast<float>(attrs_of(a).eps), scratch.get(), s.handle());
 }
 
 void k_adamw(CudaBackend&, const KernelArgs& a, CudaStream& s) {
@@ -476,7 +472,7 @@ void k_gather(CudaBackend&, const KernelArgs& a, CudaStream& s) {
              S, off, N, s.device_error(), seq, s.handle());
 }
 
-void k_scatter_add(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+void k_scatter_add(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
   check_arity(a, 2, 2);
   const Shape& u = a.in_shapes[0];
   const Shape& ix = a.in_shapes[1];
@@ -495,8 +491,9 @@ void k_scatter_add(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   for (std::size_t d = ax + 1; d < os.size(); ++d) S *= os[d];
   const int64_t off = ax < a.out_offset.size() ? a.out_offset[ax] : 0;
   const unsigned seq = s.next_checked_launch(describe(a));
+  const ScopedScratch scratch(be, s, ck::scatter_add_scratch_bytes(num_elements(ix), os[ax]));
   ck::scatter_add(a.in[0], static_cast<const int32_t*>(a.in[1]), a.out, a.out_dtype, P, num_elements(ix), os[ax], S,
-                  off, at.depth, s.device_error(), seq, s.handle());
+                  off, at.depth, s.device_error(), seq, scratch.get(), s.handle());
 }
 
 void k_mask_padding(CudaBackend&, const KernelArgs& a, CudaStream& s) {
