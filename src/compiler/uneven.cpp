@@ -330,7 +330,10 @@ struct Padder {
       }
       map[op.output] = r;
     }
-    for (const auto& [v, ann] : g.annotations) pg.annotate(map[v], ann.sharding, ann.priority);
+    for (const auto& [v, ann] : g.annotations) {
+      pg.annotate(map[v], ann.sharding, ann.priority);
+      if (ann.gather_expected) pg.expect_gathers(map[v]);
+    }
     for (int v : g.outputs) {
       Tensor t = map[v];
       if (t.shape() != g.values[static_cast<std::size_t>(v)].shape) {
