@@ -268,7 +268,16 @@ struct Padder {
     pg.mesh = g.mesh;
     map.assign(g.values.size(), Tensor{});
     std::set<int> is_output(g.outputs.begin(), g.outputs.end());
+    // The ops written for an op are in its region (Op::region): the partitioner re-gathers by it.
+    pg.regions = g.regions;
+    std::size_t stamped = 0;
+    int region = -1;
+    auto stamp = [&] {
+      for (; stamped < pg.ops.size(); ++stamped) pg.ops[stamped].region = region;
+    };
     for (const Op& op : g.ops) {
+      stamp();
+      region = op.region;
       if (op.num_results() > 1) {
         rewrite_results(op, is_output);
         continue;
@@ -343,6 +352,7 @@ struct Padder {
       }
       pg.mark_output(t);
     }
+    stamp();
   }
 };
 
