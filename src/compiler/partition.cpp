@@ -31,9 +31,15 @@ struct Partitioner {
     int value;               // the resharded local value
     std::size_t last_use;    // instruction count when it was last handed out
     bool gathers;            // its plan all-gathers (a copy larger than the source)
+    bool of_input;           // a copy of a program input (a parameter), which lives the whole step
+    int region;              // the region it was made in (Graph::regions; -1: none)
   };
   std::map<std::pair<int, std::string>, Cached> cache;  // (local, target layout) -> reshard
   std::map<int, int> name_count;
+  // The region of the op being partitioned: its own, or when it has none the last one seen.
+  int region = -1;
+  // Copies are made again by region (PartitionOptions::regather_by_region), not by distance.
+  bool by_region = false;
 
   int new_value(int graph_value, Sharding s, DType dtype, const Shape& global) {
     LocalValue lv;
@@ -50,6 +56,13 @@ struct Partitioner {
     return static_cast<int>(prog.values.size()) - 1;
   }
 
+  // A program input (a parameter, the batch): it lives the whole step.
+  bool is_input(int graph_value) const {
+    if (graph_value < 0) return false;
+    const int p = g.values[static_cast<std::size_t>(graph_value)].producer;
+    return p >= 0 && g.ops[static_cast<std::size_t>(p)].kind == OpKind::Input;
+  }
+
   int reshard(int local, const Sharding& target, int graph_op, const std::string& why) {
     const LocalValue src = prog.values[local];
     if (src.sharding.same_layout(target)) return local;
@@ -57,9 +70,12 @@ struct Partitioner {
     auto it = cache.find({local, key});
     if (it != cache.end()) {
       Cached& c = it->second;
-      const bool far = opts.regather_distance > 0 &&
-                       prog.instrs.size() - c.last_use > static_cast<std::size_t>(opts.regather_distance);
-      if (!(c.gathers && far)) {
+      // PartitionOptions::regather_by_region and regather_distance: when a copy is made again.
+      const bool again =
+          by_region ? (c.gathers || c.of_input) && c.region != region
+                    : c.gathers && opts.regather_distance > 0 &&
+                          prog.instrs.size() - c.last_use > static_cast<std::size_t>(opts.regather_distance);
+      if (!again) {
         c.last_use = prog.instrs.size();
         return c.value;
       }
@@ -108,7 +124,7 @@ struct Partitioner {
     bool gathers = false;
     for (const ReshardStep& st : plan.steps)
       gathers = gathers || (st.kind == InstrKind::Collective && st.collective == CollectiveKind::AllGather);
-    cache[{local, key}] = Cached{cur, prog.instrs.size(), gathers};
+    cache[{local, key}] = Cached{cur, prog.instrs.size(), gathers, is_input(src.graph_value), region};
     return cur;
   }
 
@@ -418,6 +434,7 @@ struct Partitioner {
 
   void op(int oi) {
     const Op& op = g.ops[oi];
+    if (op.region >= 0) region = op.region;
     const Value& outv = g.values[op.output];
     if (op.kind == OpKind::Input) {
       int l = new_value(op.output, prop.shardings[op.output].closed_copy(), outv.dtype, outv.shape);
@@ -599,6 +616,7 @@ struct Partitioner {
   Program run() {
     prog.mesh = mesh;
     phys.assign(g.values.size(), -1);
+    by_region = opts.regather_by_region && !g.regions.empty();
     // Ops whose results reach no output are not emitted (inputs always are).
     std::vector<bool> needed(g.values.size(), false);
     for (int v : g.outputs) needed[v] = true;
@@ -628,7 +646,7 @@ Program partition(const Graph& g, const Mesh& mesh, const PropagationResult& pro
     throw PartitionError("partition: the propagation result does not belong to this graph");
   for (std::size_t v = 0; v < g.values.size(); ++v)
     prop.shardings[v].validate(mesh, g.values[v].shape, g.describe(static_cast<int>(v)));
-  Partitioner p{g, mesh, prop, opts, {}, {}, {}, {}};
+  Partitioner p{g, mesh, prop, opts, {}, {}, {}, {}, -1, false};
   return p.run();
 }
 

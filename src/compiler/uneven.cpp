@@ -268,7 +268,16 @@ struct Padder {
     pg.mesh = g.mesh;
     map.assign(g.values.size(), Tensor{});
     std::set<int> is_output(g.outputs.begin(), g.outputs.end());
+    // The ops written for an op are in its region (Op::region): the partitioner re-gathers by it.
+    pg.regions = g.regions;
+    std::size_t stamped = 0;
+    int region = -1;
+    auto stamp = [&] {
+      for (; stamped < pg.ops.size(); ++stamped) pg.ops[stamped].region = region;
+    };
     for (const Op& op : g.ops) {
+      stamp();
+      region = op.region;
       if (op.num_results() > 1) {
         rewrite_results(op, is_output);
         continue;
@@ -330,7 +339,10 @@ struct Padder {
       }
       map[op.output] = r;
     }
-    for (const auto& [v, ann] : g.annotations) pg.annotate(map[v], ann.sharding, ann.priority);
+    for (const auto& [v, ann] : g.annotations) {
+      pg.annotate(map[v], ann.sharding, ann.priority);
+      if (ann.gather_expected) pg.expect_gathers(map[v]);
+    }
     for (int v : g.outputs) {
       Tensor t = map[v];
       if (t.shape() != g.values[static_cast<std::size_t>(v)].shape) {
@@ -340,6 +352,7 @@ struct Padder {
       }
       pg.mark_output(t);
     }
+    stamp();
   }
 };
 

@@ -41,8 +41,8 @@ Graph::~Graph() {
 Graph::Graph(Graph&& o) noexcept
     : values(std::move(o.values)), ops(std::move(o.ops)), inputs(std::move(o.inputs)),
       outputs(std::move(o.outputs)), annotations(std::move(o.annotations)),
-      mesh(std::move(o.mesh)), next_name_(o.next_name_), names_(std::move(o.names_)),
-      anchor_(std::move(o.anchor_)) {
+      mesh(std::move(o.mesh)), regions(std::move(o.regions)), next_name_(o.next_name_),
+      names_(std::move(o.names_)), anchor_(std::move(o.anchor_)) {
   anchor_->graph = this;
   // The moved-from graph is empty and has a fresh identity.
   o.anchor_ = std::make_shared<GraphAnchor>(GraphAnchor{&o});
@@ -58,6 +58,7 @@ Graph& Graph::operator=(Graph&& o) noexcept {
   outputs = std::move(o.outputs);
   annotations = std::move(o.annotations);
   mesh = std::move(o.mesh);
+  regions = std::move(o.regions);
   next_name_ = o.next_name_;
   names_ = std::move(o.names_);
   anchor_ = std::move(o.anchor_);
@@ -74,6 +75,7 @@ void Graph::clear_after_move() noexcept {
   outputs.clear();
   annotations.clear();
   mesh.reset();
+  regions.clear();
   next_name_ = 0;
   names_.clear();
 }
@@ -86,6 +88,7 @@ Graph Graph::clone() const {
   g.outputs = outputs;
   g.annotations = annotations;
   g.mesh = mesh;
+  g.regions = regions;
   g.next_name_ = next_name_;
   return g;
 }
@@ -256,6 +259,19 @@ void Graph::expect_gathers(Tensor t) {
   if (t.graph() != this || it == annotations.end())
     throw Error(fmt::format("expect_gathers: %{} has no annotation on this graph; annotate it first", t.name()));
   it->second.gather_expected = true;
+}
+
+int Graph::region_id(const std::string& name) {
+  const auto it = std::find(regions.begin(), regions.end(), name);
+  if (it != regions.end()) return static_cast<int>(it - regions.begin());
+  regions.push_back(name);
+  return static_cast<int>(regions.size()) - 1;
+}
+
+void Graph::set_region(std::size_t first_op, int region) {
+  if (region < -1 || region >= static_cast<int>(regions.size()))
+    throw Error(fmt::format("set_region: region {} is not one of the graph's {} regions", region, regions.size()));
+  for (std::size_t i = first_op; i < ops.size(); ++i) ops[i].region = region;
 }
 
 void Graph::mark_output(Tensor t) {

@@ -33,14 +33,16 @@ namespace {
 // Rewrites the backward ops (g.ops[n_fwd_ops..]) to read recomputed clones of the forward
 // values that are not `saved`, and reorders the op list so that each clone stands just before
 // the first backward op that reads it (clones are made on first use, in backward order, and
-// shared by later readers). The forward ops keep their places and results; only the values'
-// producer indices of the moved ops change.
+// shared by later readers). A clone is in the region of the backward op it is made for. The
+// forward ops keep their places and results; only the values' producer indices of the moved
+// ops change.
 void rematerialise(Graph& g, std::size_t n_fwd_ops, std::size_t n_fwd_values, const std::vector<bool>& saved) {
   const std::size_t n_end = g.ops.size();
   std::vector<int> order;
   order.reserve(n_end * 2);
   for (std::size_t i = 0; i < n_fwd_ops; ++i) order.push_back(static_cast<int>(i));
   std::map<int, int> clone_of;  // forward value -> its recomputed clone
+  int clone_region = -1;        // the region of the backward op the clones are made for
   auto recomputed = [&](int v) {
     const auto u = static_cast<std::size_t>(v);
     if (u >= n_fwd_values || saved[u]) return false;
@@ -76,6 +78,7 @@ void rematerialise(Graph& g, std::size_t n_fwd_ops, std::size_t n_fwd_values, co
       for (const std::string& nm : names) all_named = all_named && !nm.empty();
       if (!all_named) names.clear();
       const std::vector<Tensor> res = g.add_op_results(op.kind, ins, op.attrs, names);
+      g.ops.back().region = clone_region;
       order.push_back(static_cast<int>(g.ops.size()) - 1);
       const std::vector<int> rs = op.results();
       for (std::size_t k = 0; k < rs.size(); ++k) {
@@ -91,6 +94,7 @@ void rematerialise(Graph& g, std::size_t n_fwd_ops, std::size_t n_fwd_values, co
   };
   for (std::size_t b = n_fwd_ops; b < n_end; ++b) {
     const std::vector<int> ins = g.ops[b].inputs;
+    clone_region = g.ops[b].region;
     for (std::size_t k = 0; k < ins.size(); ++k) {
       if (!recomputed(ins[k])) continue;
       clone(ins[k]);
@@ -148,13 +152,40 @@ std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const Grad
       for (int v : g.ops[i].inputs) reaches[static_cast<std::size_t>(v)] = true;
   }
 
+  // Regions (Graph::regions) when recomputing, for the partitioner's re-gathering of ZeRO-3
+  // weights: the forward ops of segment k (after the op that makes the k-th checkpoint, up to
+  // the one that makes the next, in op order) are in "forward k"; the ops of their vjps, and the
+  // clones recomputed for those, in "backward k". Forward ops already in a region keep it.
+  const bool regions = options.remat != RematPolicy::none;
+  std::vector<int> segment(n_fwd_ops, 0);
+  if (regions) {
+    std::set<int> boundary;
+    for (const Tensor& c : options.checkpoints) boundary.insert(c.id);
+    int k = 0;
+    for (std::size_t i = 0; i < n_fwd_ops; ++i) {
+      segment[i] = k;
+      if (g.ops[i].region < 0) g.ops[i].region = g.region_id(fmt::format("forward {}", k));
+      for (int r : g.ops[i].results())
+        if (boundary.count(r)) {
+          ++k;
+          break;
+        }
+    }
+  }
+  // Puts the ops added since ops.size() was `first` in the backward of forward op i's segment.
+  auto backward_of = [&](std::size_t first, std::size_t i) {
+    if (regions) g.set_region(first, g.region_id(fmt::format("backward {}", segment[i])));
+  };
+
   std::map<int, Tensor> cot;  // value -> its gradient so far
   auto accumulate = [&](int v, Tensor t) {
     auto it = cot.find(v);
     if (it == cot.end()) cot.emplace(v, t);
     else it->second = add(it->second, t);  // a value used twice (a tied weight) sums its gradients
   };
+  const std::size_t seed_op = g.ops.size();
   cot.emplace(loss.id, constant(g, 1.0, lv.dtype));
+  backward_of(seed_op, n_ops - 1);
 
   for (std::size_t i = n_ops; i-- > 0;) {
     const Op op = g.ops[i];  // a copy: the vjps below add ops
@@ -177,6 +208,7 @@ std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const Grad
       throw Error(fmt::format("grad: {} has no vector-Jacobian product yet, and the gradient of %{} passes "
                               "through it (its result {})", g.describe_op(static_cast<int>(i)), lv.name,
                               g.describe(op.output)));
+    const std::size_t first_op = g.ops.size();
     VjpArgs args{g, op, {}, g.tensor(op.output), ct->second};
     for (int v : op.inputs) args.inputs.push_back(g.tensor(v));
     const std::vector<Tensor> grads = def.vjp(args);
@@ -192,6 +224,7 @@ std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const Grad
                                 "entry)", def.name, k, type_str(grads[k].dtype(), grads[k].shape()), g.describe(v)));
       accumulate(v, grads[k]);
     }
+    backward_of(first_op, i);
   }
 
   if (options.remat != RematPolicy::none) {
@@ -209,6 +242,7 @@ std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const Grad
     rematerialise(g, n_fwd_ops, nv, saved);
   }
 
+  const std::size_t tail_op = g.ops.size();  // zero gradients: in the last backward region
   std::vector<Tensor> out;
   std::set<int> named;
   for (const Tensor& w : wrt) {
@@ -226,6 +260,7 @@ std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const Grad
       t = t.named(name);
     out.push_back(t);
   }
+  if (regions && tail_op > 0) g.set_region(tail_op, g.ops[tail_op - 1].region);
   return out;
 }
 

@@ -92,6 +92,13 @@ std::vector<Tensor> gradients(Tensor loss, const std::vector<Tensor>& params, co
   return grad(loss, params, go);
 }
 
+// With rematerialisation grad() divided the graph into regions (Graph::regions): the ops added
+// after the gradients since ops.size() was `first` (accumulation, clipping, the update) are the
+// "update" region.
+void mark_update_region(Graph& g, std::size_t first, const TrainOptions& o) {
+  if (o.remat != RematPolicy::none) g.set_region(first, g.region_id("update"));
+}
+
 Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : cast(t, DType::f32); }
 
 }  // namespace
@@ -134,6 +141,7 @@ GradAccumulation add_grad_accumulation(Graph& g, Tensor loss, const std::vector<
   std::vector<ParamLayouts> layouts;
   for (const Tensor& p : params) layouts.push_back(param_layouts(g, p, mesh, o));
   s.grads = gradients(loss, params, o);
+  const std::size_t update_from = g.ops.size();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     Tensor acc = input(g, "grad.acc." + p.name(), DType::f32, p.shape());
@@ -145,6 +153,7 @@ GradAccumulation add_grad_accumulation(Graph& g, Tensor loss, const std::vector<
     s.acc.push_back(acc);
     s.next_acc.push_back(next);
   }
+  mark_update_region(g, update_from, o);
   return s;
 }
 
@@ -157,6 +166,7 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
   std::vector<ParamLayouts> layouts;
   for (const Tensor& p : params) layouts.push_back(param_layouts(g, p, mesh, o));
   s.grads = gradients(loss, params, o);
+  const std::size_t update_from = g.ops.size();
   if (o.accumulated) {
     // The update's gradient: (the earlier micro-batches' sum + this one's) / K.
     s.grad_scale = input(g, "grad.scale", DType::f32, {});
@@ -229,6 +239,7 @@ TrainStep add_train_step(Graph& g, Tensor loss, const std::vector<Tensor>& param
     g.mark_output(s.next_m[i]);
     g.mark_output(s.next_v[i]);
   }
+  mark_update_region(g, update_from, o);
   return s;
 }
 

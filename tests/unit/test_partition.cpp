@@ -5,6 +5,7 @@
 #include "tessel/ops/registry.hpp"
 #include "tessel/compiler/partition.hpp"
 #include "tessel/compiler/propagate.hpp"
+#include "tessel/compiler/uneven.hpp"
 #include "tessel/runtime/kernels.hpp"
 
 using namespace tessel;
@@ -159,4 +160,66 @@ TEST_CASE("partition: ops that reach no output are not emitted", "[partition]") 
   REQUIRE(p.instrs.size() == 1);
   REQUIRE(p.inputs.size() == 2);
   for (const auto& v : p.values) REQUIRE(v.graph_value != unused.id);
+}
+
+TEST_CASE("partition: a gathered copy is reused within its region and gathered again in the next", "[partition][zero3]") {
+  // w is stored split over data and gathered for each use: twice in region "a", 40 instructions
+  // apart (more than regather_distance), then once in region "b" right after.
+  const Mesh mesh = Mesh::parse("data=4");
+  for (const int64_t rows : {8, 6}) {  // 6: uneven, padded to 8 before partitioning
+    INFO("w has " << rows << " rows");
+    Graph g;
+    Tensor w = input(g, "w", DType::f32, {rows, 4});
+    g.annotate(w, Sharding::of({{"data"}, {}}));
+    g.expect_gathers(w);
+    const Sharding whole = Sharding::of({{}, {}});
+    const int a = g.region_id("a"), b = g.region_id("b");
+    std::size_t first = g.ops.size();
+    Tensor y = shard(w, whole);
+    for (int i = 0; i < 40; ++i) y = neg(y);
+    y = add(y, shard(w, whole));
+    g.set_region(first, a);
+    first = g.ops.size();
+    y = add(y, shard(w, whole));
+    g.set_region(first, b);
+    g.annotate(y, whole);
+    g.mark_output(y);
+    CHECK(g.region_id("b") == b);  // an existing name keeps its index
+    CHECK_THROWS_WITH(g.set_region(first, 2), Catch::Contains("region 2 is not one of the graph's 2 regions"));
+
+    // The regions (and the ZeRO annotation) survive padding, cloning and moving.
+    PaddedGraph pg = pad_uneven(g, mesh);
+    CHECK(pg.padded == (rows == 6));
+    Graph moved = std::move(pg.graph);
+    const Graph p = moved.clone();
+    REQUIRE(p.regions == std::vector<std::string>{"a", "b"});
+    CHECK(p.annotations.at(p.find("w")).gather_expected);
+    for (const Op& op : p.ops) CHECK((op.kind == OpKind::Input || op.region >= 0));
+
+    // The regions of the all-gathers of w, by each rule.
+    auto gathers = [&](const Graph& graph, const PartitionOptions& po) {
+      const Program prog = partition(graph, mesh, propagate(graph, mesh), po);
+      for (const std::string& warning : prog.warnings) CHECK(warning.find("%w is all-gathered") == std::string::npos);
+      std::vector<std::string> where;
+      for (const Instr& in : prog.instrs)
+        if (in.kind == InstrKind::Collective && in.collective == CollectiveKind::AllGather) {
+          const int r = graph.ops[static_cast<std::size_t>(in.graph_op)].region;
+          where.push_back(r < 0 ? "none" : graph.regions[static_cast<std::size_t>(r)]);
+        }
+      return where;
+    };
+    // By region: once in each region, however far apart its uses are.
+    CHECK(gathers(p, {}) == std::vector<std::string>{"a", "b"});
+    // By distance (the fallback): again after 40 instructions, reused right after.
+    PartitionOptions by_distance;
+    by_distance.regather_by_region = false;
+    CHECK(gathers(p, by_distance) == std::vector<std::string>{"a", "a"});
+    by_distance.regather_distance = 0;  // always reuse
+    CHECK(gathers(p, by_distance) == std::vector<std::string>{"a"});
+    // A graph without regions (hand-built, parsed) uses the distance rule.
+    Graph none = p.clone();
+    none.regions.clear();
+    for (Op& op : none.ops) op.region = -1;
+    CHECK(gathers(none, {}) == std::vector<std::string>{"none", "none"});
+  }
 }

@@ -53,6 +53,11 @@ struct Op {
   int output = -1;          // value id of result 0 (the only result of most ops)
   std::vector<int> extra_outputs;  // results 1.. of an op with several (OpDef::num_results)
   OpAttrs attrs;
+  // The region of a training step the op belongs to (an index into Graph::regions), or -1:
+  // none recorded. grad() records them when it rematerialises (GradOptions::remat), and the
+  // partitioner re-gathers a ZeRO-3/FSDP weight once per region (PartitionOptions). Not part of
+  // the text form: a graph read back from text has none.
+  int region = -1;
   int num_results() const { return 1 + static_cast<int>(extra_outputs.size()); }
   // Value id of result r (0 <= r < num_results()).
   int result(int r) const { return r == 0 ? output : extra_outputs.at(static_cast<std::size_t>(r - 1)); }
@@ -123,6 +128,11 @@ class Graph {
   std::vector<int> outputs;
   std::map<int, Annotation> annotations;  // value id -> user layout
   std::optional<Mesh> mesh;               // optional: the text form may declare one
+  // The names of the regions ops belong to (Op::region is an index), e.g. "forward 2",
+  // "backward 2", "update": the forward of a rematerialisation segment, its backward (the
+  // recomputation included) and the optimizer update. Empty when no pass divided the graph
+  // (no rematerialisation, a hand-built or parsed graph).
+  std::vector<std::string> regions;
 
   // Adds an op after checking and inferring its result with the op table (ops.hpp). For an op
   // with several results this is an Error: use add_op_results.
@@ -142,6 +152,10 @@ class Graph {
   // annotation.
   void expect_gathers(Tensor t);
   void mark_output(Tensor t);
+  // The index of the region called `name` in `regions`, added at the end when new.
+  int region_id(const std::string& name);
+  // Puts ops[first_op..] (the ops added since ops.size() was first_op) in region `region`.
+  void set_region(std::size_t first_op, int region);
 
   // The handle of value `id` (Error when out of range).
   Tensor tensor(int id);

@@ -49,6 +49,11 @@ struct GradOptions {
 // does not save, with the same attributes and user layouts, and places each clone just before
 // the first backward op that reads it, so the saved values' live ranges, not the recomputed
 // ones', span the step; the original forward values are then read by the forward only.
+//   It also records the segments as regions (Graph::regions, Op::region): the forward ops
+// after the op that makes the k-th checkpoint (in op order) up to the one that makes the next
+// are in "forward k", the ops of their vjps and the clones recomputed for those in
+// "backward k". The partitioner gathers a ZeRO-3/FSDP weight once per region
+// (PartitionOptions::regather_by_region). With remat none no regions are recorded.
 //
 // The gradients of the scalar float `loss` with respect to each of `wrt` (values of the
 // same graph, float), as handles of new values of that graph, in order. A value of `wrt`

@@ -15,7 +15,11 @@
 //             reduce-scattered even here (less traffic than DeepSpeed's stage 1).
 //   zero = 2: gradients split like the moments too: partial gradients are reduce-scattered.
 //   zero = 3: parameters split like the moments as well (FSDP): the forward and backward
-//             all-gather each weight where it is used.
+//             all-gather each weight where it is used. With rematerialisation (remat and
+//             checkpoints) a weight is gathered once in its segment's forward and once in its
+//             backward, and freed in between (the regions grad() records, the ops after the
+//             gradients being the "update" region); without, a gathered copy is reused while its
+//             last use is near (PartitionOptions::regather_distance).
 // Every stage computes the same update as stage 0 (the sums may be ordered differently).
 // The learning rate and the bias corrections are inputs, so schedules need no recompile.
 #pragma once
