@@ -4,6 +4,20 @@ set(THREADS_PREFER_PTHREAD_FLAG ON)
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+# Checkpoints (src/checkpoint/): nlohmann-json3-dev (header-only), libzstd-dev, libisal-dev
+# (crc32c with the CPU's instruction). The two libraries are linked by path, so an installed
+# tessel needs no find module for them.
+find_package(nlohmann_json 3 REQUIRED)
+find_library(TESSEL_ZSTD_LIBRARY zstd)
+find_path(TESSEL_ZSTD_INCLUDE_DIR zstd.h)
+find_library(TESSEL_ISAL_LIBRARY isal)
+find_path(TESSEL_ISAL_INCLUDE_DIR isa-l/crc.h)
+foreach(_v TESSEL_ZSTD_LIBRARY TESSEL_ZSTD_INCLUDE_DIR TESSEL_ISAL_LIBRARY TESSEL_ISAL_INCLUDE_DIR)
+  if(NOT ${_v})
+    message(FATAL_ERROR "tessel: ${_v} not found: checkpoints need libzstd-dev and libisal-dev (scripts/deps "
+                        "installs them)")
+  endif()
+endforeach()
 if(TESSEL_BUILD_TESTS)
   find_package(Catch2 2 REQUIRED)
 endif()

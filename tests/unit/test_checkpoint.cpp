@@ -1,0 +1,296 @@
+// Checkpoints (tessel/checkpoint/): crc32c against the Castagnoli check value; zarr v3 arrays
+// written and read back bit for bit over random shapes, dtypes, shard grids, inner chunks, zstd,
+// chunk checksums and bf16 as uint16, whole and by region (only the needed inner chunks read);
+// numbered steps committed atomically (a failed save lists nothing and leaves no temporary),
+// latest, keep_last, the manifest; corrupted bytes are errors naming the file and the chunk;
+// a training state saved on data=2,model=2 at ZeRO-2 and restored on data=4,model=1 at ZeRO-0
+// continues with the uninterrupted run's losses.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "mlp_model.hpp"
+#include "tessel/checkpoint/checkpoint.hpp"
+#include "tessel/checkpoint/zarr.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/train/trainer.hpp"
+#include "test_util.hpp"
+
+using namespace tessel;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fresh_dir(const std::string& what) {
+  const fs::path p = fs::temp_directory_path() /
+                     ("tessel-ckpt-" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
+  fs::remove_all(p);
+  return p.string();
+}
+
+struct TempDir {
+  std::string path;
+  explicit TempDir(const std::string& what) : path(fresh_dir(what)) {}
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+HostTensor random_tensor(DType t, const Shape& s, std::mt19937_64& rng) {
+  HostTensor h(t, s);
+  std::normal_distribution<double> n(0, 3);
+  for (int64_t i = 0; i < h.numel(); ++i) h.set(i, t == DType::i32 ? std::round(n(rng) * 1000) : n(rng));
+  return h;
+}
+
+bool same_bits(const HostTensor& a, const HostTensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
+}
+
+void flip_byte(const std::string& file, int64_t at_from_end) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  REQUIRE(f.good());
+  f.seekg(0, std::ios::end);
+  const int64_t size = f.tellg();
+  REQUIRE(size > at_from_end);
+  f.seekg(size - 1 - at_from_end);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x40);
+  f.seekp(size - 1 - at_from_end);
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+TEST_CASE("crc32c is the Castagnoli CRC and chains", "[checkpoint][unit]") {
+  const std::string s = "123456789";
+  CHECK(zarr::crc32c(s.data(), s.size()) == 0xE3069283u);
+  CHECK(zarr::crc32c(s.data() + 4, 5, zarr::crc32c(s.data(), 4)) == 0xE3069283u);
+  CHECK(zarr::crc32c(nullptr, 0) == 0u);
+}
+
+TEST_CASE("zarr arrays round-trip bit for bit whole and by region", "[checkpoint][unit]") {
+  const uint64_t seed = tessel_test::seed();
+  const int cases = tessel_test::cases(40);
+  tessel_test::announce("zarr arrays round-trip", seed, cases);
+  std::mt19937_64 rng(seed);
+  TempDir tmp("zarr");
+  fs::create_directories(tmp.path);
+  for (int c = 0; c < cases; ++c) {
+    const int rank = static_cast<int>(rng() % 4);
+    zarr::ArraySpec spec;
+    for (int d = 0; d < rank; ++d) spec.shape.push_back(1 + static_cast<int64_t>(rng() % 13));
+    const DType types[] = {DType::f32, DType::bf16, DType::f16, DType::i32};
+    spec.dtype = types[rng() % 4];
+    for (int d = 0; d < rank; ++d) spec.shard_shape.push_back(1 + static_cast<int64_t>(rng() % spec.shape[d]));
+    spec.inner_shape = zarr::choose_inner_shape(spec.shard_shape, dtype_size(spec.dtype), 1 + rng() % 64);
+    spec.zstd = rng() % 2;
+    spec.chunk_crc32c = rng() % 2;
+    spec.bf16_as_uint16 = spec.dtype == DType::bf16 && rng() % 2;
+    const std::string dir = tmp.path + "/a" + std::to_string(c);
+    INFO("seed " << seed << " case " << c << ": " << dtype_name(spec.dtype) << shape_str(spec.shape) << " shard "
+                 << shape_str(spec.shard_shape) << " inner " << shape_str(spec.inner_shape) << " zstd " << spec.zstd
+                 << " crc " << spec.chunk_crc32c << " uint16 " << spec.bf16_as_uint16);
+    zarr::create_array(dir, spec);
+    const HostTensor value = random_tensor(spec.dtype, spec.shape, rng);
+    // Every shard of the grid (rank 0: one).
+    Shape grid;
+    int64_t blocks = 1;
+    for (int d = 0; d < rank; ++d) {
+      grid.push_back((spec.shape[d] + spec.shard_shape[d] - 1) / spec.shard_shape[d]);
+      blocks *= grid.back();
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::vector<int64_t> idx(rank), start(rank);
+      Shape box(rank);
+      int64_t rest = b;
+      for (int d = rank - 1; d >= 0; --d) {
+        idx[d] = rest % grid[d];
+        rest /= grid[d];
+        start[d] = idx[d] * spec.shard_shape[d];
+        box[d] = std::min(spec.shard_shape[d], spec.shape[d] - start[d]);
+      }
+      HostTensor block(spec.dtype, box);
+      for (int64_t i = 0; i < block.numel(); ++i) {  // the block's elements, row-major
+        int64_t flat = 0, r = i;
+        std::vector<int64_t> at(rank);
+        for (int d = rank - 1; d >= 0; --d) at[d] = r % box[d], r /= box[d];
+        for (int d = 0; d < rank; ++d) flat = flat * spec.shape[d] + start[d] + at[d];
+        block.set(i, value.get(flat));
+      }
+      zarr::write_shard(dir, spec, idx, block);
+    }
+    const zarr::Array a = zarr::Array::open(dir);
+    CHECK(a.shape() == spec.shape);
+    CHECK(a.dtype() == spec.dtype);
+    CHECK(same_bits(a.read_all(), value));
+    // A random region: exactly its elements, and only the inner chunks it overlaps read.
+    std::vector<int64_t> rs(rank);
+    Shape rshape(rank);
+    for (int d = 0; d < rank; ++d) {
+      rs[d] = static_cast<int64_t>(rng() % spec.shape[d]);
+      rshape[d] = 1 + static_cast<int64_t>(rng() % (spec.shape[d] - rs[d]));
+    }
+    zarr::ReadStats st;
+    const HostTensor region = a.read(rs, rshape, &st);
+    for (int64_t i = 0; i < region.numel(); ++i) {
+      int64_t flat = 0, r = i;
+      std::vector<int64_t> at(rank);
+      for (int d = rank - 1; d >= 0; --d) at[d] = r % rshape[d], r /= rshape[d];
+      for (int d = 0; d < rank; ++d) flat = flat * spec.shape[d] + rs[d] + at[d];
+      INFO("region element " << i);
+      REQUIRE(region.get(i) == value.get(flat));
+    }
+    int64_t overlapping = 1;  // inner chunks the region overlaps (the inner grid is global)
+    for (int d = 0; d < rank; ++d)
+      overlapping *= (rs[d] + rshape[d] - 1) / spec.inner_shape[d] - rs[d] / spec.inner_shape[d] + 1;
+    CHECK(st.chunks_read == overlapping);
+    if (rank > 0)
+      CHECK_THROWS_WITH(a.read(std::vector<int64_t>(rank, 0), Shape(rank, 100)), Catch::Contains("outside the array"));
+  }
+}
+
+TEST_CASE("checkpoint steps commit atomically and restore with their manifest", "[checkpoint][unit]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("checkpoint steps", seed, 1);
+  std::mt19937_64 rng(seed);
+  TempDir tmp("steps");
+  CheckpointDir ck(tmp.path);
+  CHECK(ck.steps().empty());
+  CHECK_FALSE(ck.latest().has_value());
+  const Mesh mesh = Mesh::parse("data=2,model=2");
+  std::map<std::string, HostTensor> arrays = {
+      {"w1", random_tensor(DType::f32, {16, 24}, rng)},
+      {"adam.m.w1", random_tensor(DType::f32, {16, 24}, rng)},
+      {"emb/table", random_tensor(DType::bf16, {9, 8}, rng)},
+      {"step", random_tensor(DType::i32, {}, rng)},
+  };
+  const std::map<std::string, Sharding> shardings = {{"w1", Sharding::of({{}, {"model"}})},
+                                                     {"adam.m.w1", Sharding::of({{"data"}, {"model"}})},
+                                                     {"emb/table", Sharding::of({{"model"}, {}})}};
+  SaveOptions o;
+  o.metadata_json = R"({"data_position": 1234})";
+  o.inner_chunk_bytes = 64;
+  for (int64_t step : {5, 10, 15}) ck.save(step, arrays, mesh, shardings, o);
+  CHECK(ck.steps() == std::vector<int64_t>{5, 10, 15});
+  CHECK(ck.latest() == 15);
+  const Manifest m = ck.manifest(10);
+  CHECK(m.step == 10);
+  CHECK(m.mesh == mesh.to_string());
+  CHECK(m.metadata_json.find("1234") != std::string::npos);
+  REQUIRE(m.find("adam.m.w1"));
+  CHECK(m.find("adam.m.w1")->sharding == Sharding::of({{"data"}, {"model"}}));
+  CHECK(m.find("emb/table")->folder == "emb%2Ftable");
+  const auto back = ck.read_all(10);
+  REQUIRE(back.size() == arrays.size());
+  for (const auto& [name, t] : arrays) {
+    INFO(name);
+    CHECK(same_bits(back.at(name), t));
+  }
+  // The shard grid is the saving layout: adam.m.w1 in 2 x 2 blocks of [8, 12].
+  CHECK(fs::exists(ck.step_path(10) + "/adam.m.w1/c/1/1"));
+  CHECK_FALSE(fs::exists(ck.step_path(10) + "/adam.m.w1/c/2/0"));
+  CHECK_THROWS_WITH(ck.save(10, arrays, mesh, shardings, o), Catch::Contains("step 10 is already committed"));
+  // A save that fails half-way lists nothing and leaves no temporary.
+  auto bad = shardings;
+  bad["w1"] = Sharding::of({{"nope"}, {}});
+  CHECK_THROWS_WITH(ck.save(20, arrays, mesh, bad, o), Catch::Contains("'w1'"));
+  CHECK(ck.steps() == std::vector<int64_t>{5, 10, 15});
+  for (const auto& e : fs::directory_iterator(tmp.path)) CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
+  // A temporary of a dead writer is not a step and keep_last removes it.
+  fs::create_directories(tmp.path + "/.step_30.tmp-999999999-ab/w1");
+  CHECK(ck.steps() == std::vector<int64_t>{5, 10, 15});
+  ck.keep_last(2);
+  CHECK(ck.steps() == std::vector<int64_t>{10, 15});
+  CHECK_FALSE(fs::exists(tmp.path + "/.step_30.tmp-999999999-ab"));
+  CHECK_THROWS_WITH(ck.manifest(5), Catch::Contains("step 5 is not committed") && Catch::Contains("10, 15"));
+  CHECK_THROWS_WITH(ck.read(15, "w9"), Catch::Contains("no array 'w9'"));
+  CHECK_THROWS_WITH(ck.keep_last(0), Catch::Contains("at least one"));
+}
+
+TEST_CASE("a corrupted checkpoint byte is an error naming the file and never loaded", "[checkpoint][unit]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("checkpoint corruption", seed, 3);
+  std::mt19937_64 rng(seed);
+  TempDir tmp("corrupt");
+  CheckpointDir ck(tmp.path);
+  const Mesh mesh = Mesh::parse("d=2");
+  const std::map<std::string, HostTensor> arrays = {{"w", random_tensor(DType::f32, {64, 8}, rng)}};
+  const std::map<std::string, Sharding> sh = {{"w", Sharding::of({{"d"}, {}})}};
+  SaveOptions o;
+  o.inner_chunk_bytes = 256;
+  ck.save(1, arrays, mesh, sh, o);
+  o.chunk_checksums = true;
+  ck.save(2, arrays, mesh, sh, o);
+  o.chunk_checksums = false;
+  o.zstd = true;
+  ck.save(3, arrays, mesh, sh, o);
+  // The shard index (its last 4 + 16 * chunks bytes): its crc32c fails.
+  flip_byte(ck.step_path(1) + "/w/c/1/0", 10);
+  CHECK_THROWS_WITH(ck.read(1, "w"), Catch::Contains("w/c/1/0") && Catch::Contains("crc32c"));
+  // A chunk's data with chunk checksums: the inner chunk is named.
+  flip_byte(ck.step_path(2) + "/w/c/0/0", 4 * 16 + 4 + 30);
+  CHECK_THROWS_WITH(ck.read(2, "w"), Catch::Contains("w/c/0/0 inner chunk") && Catch::Contains("crc32c"));
+  // Truncated: the index cannot be where it says.
+  fs::resize_file(ck.step_path(3) + "/w/c/0/0", 10);
+  CHECK_THROWS_WITH(ck.read(3, "w"), Catch::Contains("w/c/0/0") && Catch::Contains("truncated"));
+}
+
+TEST_CASE("a training state saved on data=2 model=2 ZeRO-2 resumes on data=4 model=1 ZeRO-0 with the same losses",
+          "[checkpoint][trainer]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("checkpoint resume on another mesh", seed, 8);
+  TempDir tmp("resume");
+  tessel_test::Mlp m = tessel_test::build_mlp(8);
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<HostTensor>> batches;
+  for (int s = 0; s < 8; ++s) batches.push_back({random_tensor(DType::f32, {8, 16}, rng), random_tensor(DType::f32, {8, 16}, rng)});
+  // Uninterrupted: 8 steps on data=2,model=2 at ZeRO-2.
+  TrainerOptions o;
+  o.train.zero = 2;
+  o.lr = LrSchedule::warmup_cosine(1e-2, 2, 8);
+  ThreadRuntime rt4(4);
+  std::vector<double> want;
+  {
+    Trainer tr(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt4, o);
+    tr.init(tessel_test::init_params(m, seed));
+    for (const auto& b : batches) want.push_back(tr.step(b).loss);
+  }
+  // 4 steps, saved, then resumed elsewhere for the other 4.
+  CheckpointDir ck(tmp.path);
+  {
+    Trainer tr(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt4, o);
+    tr.init(tessel_test::init_params(m, seed));
+    for (int s = 0; s < 4; ++s) CHECK(tr.step(batches[static_cast<std::size_t>(s)]).loss == want[static_cast<std::size_t>(s)]);
+    const TrainState st = tr.state();
+    SaveOptions so;
+    so.metadata_json = "{\"trainer_step\": " + std::to_string(st.step) + "}";
+    ck.save(st.step, st.values, Mesh::parse("data=2,model=2"), {}, so);
+  }
+  TrainerOptions o0 = o;
+  o0.train.zero = 0;
+  // The model's annotations name both axes: model=1 keeps them, every device holds the whole
+  // weights and the batch is split four ways.
+  Trainer tr(m.g, m.loss, m.params, Mesh::parse("data=4,model=1"), rt4, o0);
+  const int64_t step = ck.latest().value();
+  CHECK(step == 4);
+  TrainState st;
+  st.step = step;
+  st.values = ck.read_all(step);
+  tr.set_state(st);
+  for (int s = 4; s < 8; ++s) {
+    const double got = tr.step(batches[static_cast<std::size_t>(s)]).loss;
+    INFO("seed " << seed << " step " << s + 1 << ": resumed " << got << ", uninterrupted " << want[static_cast<std::size_t>(s)]);
+    CHECK(std::fabs(got - want[static_cast<std::size_t>(s)]) <= 1e-5 * std::fabs(want[static_cast<std::size_t>(s)]));
+  }
+}
