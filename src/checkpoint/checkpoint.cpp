@@ -7,6 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -205,17 +210,27 @@ std::optional<int64_t> CheckpointDir::latest() const {
 void CheckpointDir::keep_last(int n) {
   if (n < 1) throw Error(fmt::format("checkpoint {}: keep_last({}): keep at least one step", path_, n));
   const auto s = steps();
+  std::mt19937_64 rng(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
   for (std::size_t i = 0; i + static_cast<std::size_t>(n) < s.size(); ++i) {
+    // Unlisted first (one rename), then deleted: a process killed while deleting leaves a
+    // hidden folder, never a listed step with files missing.
+    const std::string doomed = fmt::format("{}/.{}{}.del-{}-{:x}", path_, kStepPrefix, s[i], ::getpid(), rng());
+    if (::rename(step_path(s[i]).c_str(), doomed.c_str()) != 0)
+      throw Error(fmt::format("checkpoint: cannot remove step {} (rename {} -> {}): {}", s[i], step_path(s[i]), doomed,
+                              std::strerror(errno)));
+    zarr::fsync_dir(path_);
     std::error_code ec;
-    fs::remove_all(step_path(s[i]), ec);
-    if (ec) throw Error(fmt::format("checkpoint: cannot remove {}: {}", step_path(s[i]), ec.message()));
+    fs::remove_all(doomed, ec);
+    if (ec) throw Error(fmt::format("checkpoint: cannot remove {}: {}", doomed, ec.message()));
   }
-  // Temporaries of writers that are gone (".step_N.tmp-<pid>-<nonce>").
+  // What writers and deleters that are gone left (".step_N.tmp-<pid>-<nonce>", ".step_N.del-...").
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(path_, ec)) {
     const std::string f = e.path().filename().string();
-    const std::size_t at = f.find(".tmp-");
-    if (f.rfind(std::string(".") + kStepPrefix, 0) != 0 || at == std::string::npos) continue;
+    if (f.rfind(std::string(".") + kStepPrefix, 0) != 0) continue;
+    std::size_t at = f.find(".tmp-");
+    if (at == std::string::npos) at = f.find(".del-");
+    if (at == std::string::npos) continue;
     const long pid = std::strtol(f.c_str() + at + 5, nullptr, 10);
     if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
   }
@@ -280,6 +295,77 @@ std::map<std::string, HostTensor> CheckpointDir::read_all(int64_t step, zarr::Re
     out.emplace(a.name, std::move(t));
   }
   return out;
+}
+
+// ---- AsyncCheckpointer --------------------------------------------------------------------------
+
+struct AsyncCheckpointer::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool busy = false;
+  std::exception_ptr error;
+  std::thread worker;
+};
+
+AsyncCheckpointer::AsyncCheckpointer(CheckpointDir dir, int64_t staging_budget_bytes)
+    : dir_(std::move(dir)), budget_(staging_budget_bytes), state_(std::make_shared<State>()) {
+  if (budget_ < 0) throw Error(fmt::format("checkpoint {}: the staging budget {} is negative", dir_.path(), budget_));
+}
+
+AsyncCheckpointer::~AsyncCheckpointer() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessel: checkpoint %s: the last background save failed: %s\n", dir_.path().c_str(), e.what());
+  }
+}
+
+void AsyncCheckpointer::wait() {
+  std::unique_lock<std::mutex> lk(state_->mu);
+  state_->cv.wait(lk, [&] { return !state_->busy; });
+  if (state_->worker.joinable()) {
+    lk.unlock();
+    state_->worker.join();
+    lk.lock();
+  }
+  if (state_->error) {
+    std::exception_ptr e = state_->error;
+    state_->error = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void AsyncCheckpointer::save(int64_t step, std::map<std::string, HostTensor> arrays, const Mesh& mesh,
+                             std::map<std::string, Sharding> shardings, SaveOptions options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  wait();  // one save at a time; a failure of the previous one is raised here
+  int64_t bytes = 0;
+  for (const auto& [name, t] : arrays) bytes += static_cast<int64_t>(t.bytes());
+  if (budget_ > 0 && bytes > budget_)
+    throw Error(fmt::format("checkpoint {}: step {} stages {} bytes on the host, above the staging budget of {} bytes: "
+                            "raise the budget or save fewer arrays",
+                            dir_.path(), step, bytes, budget_));
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    state_->busy = true;
+  }
+  std::shared_ptr<State> st = state_;
+  CheckpointDir dir = dir_;
+  state_->worker = std::thread([st, dir, step, arrays = std::move(arrays), mesh, shardings = std::move(shardings),
+                                options = std::move(options)]() mutable {
+    std::exception_ptr err;
+    try {
+      dir.save(step, arrays, mesh, shardings, options);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    arrays.clear();  // the staging memory goes back before the next save may start
+    std::lock_guard<std::mutex> lk(st->mu);
+    st->error = err;
+    st->busy = false;
+    st->cv.notify_all();
+  });
+  last_blocking_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace tessel

@@ -294,3 +294,39 @@ TEST_CASE("a training state saved on data=2 model=2 ZeRO-2 resumes on data=4 mod
     CHECK(std::fabs(got - want[static_cast<std::size_t>(s)]) <= 1e-5 * std::fabs(want[static_cast<std::size_t>(s)]));
   }
 }
+
+TEST_CASE("an asynchronous save commits in the background and raises its failure at the next call",
+          "[checkpoint][unit]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("asynchronous checkpoint saves", seed, 3);
+  std::mt19937_64 rng(seed);
+  TempDir tmp("async");
+  const Mesh mesh = Mesh::parse("data=2");
+  auto state = [&] {
+    return std::map<std::string, HostTensor>{{"w", random_tensor(DType::f32, {512, 256}, rng)},
+                                             {"m", random_tensor(DType::bf16, {256}, rng)}};
+  };
+  std::map<int64_t, std::map<std::string, HostTensor>> saved;
+  {
+    AsyncCheckpointer ac{CheckpointDir(tmp.path)};
+    for (int64_t step : {1, 2, 3}) {
+      saved[step] = state();
+      ac.save(step, saved[step], mesh, {{"w", Sharding::of({{"data"}, {}})}});
+      CHECK(ac.last_blocking_seconds() >= 0);
+    }
+    ac.wait();
+    CHECK(ac.dir().steps() == std::vector<int64_t>{1, 2, 3});
+    // A failure in the background (step 3 exists) is raised by the next call, not lost.
+    ac.save(3, state(), mesh);
+    CHECK_THROWS_WITH(ac.save(4, state(), mesh), Catch::Contains("step 3 is already committed"));
+    ac.save(4, saved[3], mesh);
+  }  // the destructor waits for step 4
+  CheckpointDir ck(tmp.path);
+  CHECK(ck.steps() == std::vector<int64_t>{1, 2, 3, 4});
+  for (int64_t step : {1, 2, 3}) {
+    const auto back = ck.read_all(step);
+    for (const auto& [name, t] : saved[step]) CHECK(same_bits(back.at(name), t));
+  }
+  AsyncCheckpointer small{CheckpointDir(tmp.path), 1000};
+  CHECK_THROWS_WITH(small.save(5, state(), mesh), Catch::Contains("above the staging budget of 1000 bytes"));
+}

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,6 +93,36 @@ class CheckpointDir {
 
  private:
   std::string path_;
+};
+
+// Saving in the background: save() returns once the arrays are handed over (the caller's
+// device -> host copy, e.g. Trainer::state(), is the only part that blocks training); a
+// worker thread writes and commits the step while the caller goes on. One save at a time:
+// the next save() waits for the previous one. A failure in the background is raised by the
+// next save(), wait() or finish(). The staging budget bounds the host bytes handed over per
+// save (0: no bound): a larger state is an Error naming its size and the budget.
+class AsyncCheckpointer {
+ public:
+  explicit AsyncCheckpointer(CheckpointDir dir, int64_t staging_budget_bytes = 0);
+  // Waits for the save in flight; a failure then is written to stderr (a destructor cannot throw).
+  ~AsyncCheckpointer();
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  void save(int64_t step, std::map<std::string, HostTensor> arrays, const Mesh& mesh,
+            std::map<std::string, Sharding> shardings = {}, SaveOptions options = {});
+  // Waits for the save in flight; rethrows its failure.
+  void wait();
+  // Seconds the last save() blocked (waiting for the previous save and taking the arrays).
+  double last_blocking_seconds() const { return last_blocking_; }
+  CheckpointDir& dir() { return dir_; }
+
+ private:
+  struct State;
+  CheckpointDir dir_;
+  int64_t budget_;
+  double last_blocking_ = 0;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace tessel
