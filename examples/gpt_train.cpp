@@ -13,12 +13,22 @@
 //                       [--heads 4] [--layers 2] [--seed N] [--threads T] [--corpus FILE]
 //                       [--tolerance 1e-4] [--no-reference] [--mixed] [--remat none|einsums|all]
 //                       [--offload] [--out PREFIX] [--check-finite] [--backend cpu|cuda] [--gpus N]
+//                       [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]]
 //
 // Prints a progress line per step (step/total, loss, the one-device loss and their relative
 // difference, gradient norm, learning rate, tokens/s, time left); then peak bytes per device
 // (measured and planned) and the collectives of the step; writes the loss curve to PREFIX.csv
 // and PREFIX.svg (default gpt_train.csv and gpt_train.svg). Exits 1 when a step differs from
 // the one-device run by more than the tolerance or the loss did not fall.
+//
+// Checkpoints (tessel/checkpoint/checkpoint.hpp): with --save-dir DIR the training state (the
+// parameters and AdamW moments, each with its layout on this mesh: Trainer::state_shardings)
+// is saved as DIR/step_<t> after every --save-every N-th step and after the last, t the
+// Trainer's step counter; --keep N keeps the last N steps. The metadata holds the model, data
+// and schedule settings, the seed and the data position. --resume continues from the latest
+// committed step (--resume STEP: from that one) on any mesh and ZeRO stage, up to --steps (the
+// total): batch k is a pure function of (seed, k) (BatchStream), so the resumed run trains on
+// the batches of the uninterrupted run, and the learning rate continues at the Trainer's t.
 //
 // Under mpirun (e.g. `mpirun -np 2 build/bin/gpt_train --mesh data=2,model=2 --zero 2`) it
 // runs on the MPI runtime: each process owns devices/np devices of the mesh, every process
@@ -34,14 +44,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
@@ -60,6 +77,7 @@ const char* kUsage =
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
     "                 [--mixed] [--remat none|einsums|all] [--offload] [--out PREFIX] [--check-finite]\n"
     "                 [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
+    "                 [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --warmup N: the learning rate rises linearly\n"
     "over N steps, then falls along a cosine to 0 at --steps (default: constant). --accumulate K:\n"
@@ -73,7 +91,72 @@ const char* kUsage =
     "their forward and backward uses (the offload-activations pass).\n"
     "Under mpirun every process owns a block of the devices; --timeout S: a collective waiting longer\n"
     "than S seconds for another process (a dead or stuck rank) fails the whole job, naming the rank\n"
-    "(default: $TESSEL_MPI_TIMEOUT_S, else 300 s; 0: no limit).\n";
+    "(default: $TESSEL_MPI_TIMEOUT_S, else 300 s; 0: no limit).\n"
+    "Checkpoints: --save-dir DIR saves the training state (parameters, AdamW moments, step, seed and\n"
+    "data position) as DIR/step_<t> after every --save-every N-th step and after the last one;\n"
+    "--keep N keeps only the last N saved steps. --resume continues from the latest committed step\n"
+    "in --save-dir (none: starts from scratch), --resume STEP from that step, on any --mesh and\n"
+    "--zero, up to --steps (the total, counted from step 1): the same batches and learning rates as\n"
+    "an uninterrupted run. The model, batch, corpus, seed, --lr, --warmup and --mixed must be the\n"
+    "saved run's (an error names the one that differs; the seed is taken from the checkpoint).\n";
+
+using json = nlohmann::json;
+
+// The training batches: batch k (k = 1, 2, ...) is a pure function of (seed, k). One
+// mt19937_64 stream seeded with seed ^ 0x5eed gives every row one draw (the start of its window
+// of the corpus), row after row, so batch k reads draws (k - 1) * rows .. k * rows - 1 whatever
+// the split into micro-batches; a resumed run seeks the stream to its data position (the
+// batches already drawn) and draws the uninterrupted run's batches.
+class BatchStream {
+ public:
+  BatchStream(const std::string& corpus, uint64_t seed, int64_t rows, int64_t seq, int64_t drawn)
+      : corpus_(corpus), rows_(rows), seq_(seq), drawn_(drawn), rng_(seed ^ 0x5eed) {
+    rng_.discard(static_cast<unsigned long long>(drawn * rows));
+  }
+  int64_t drawn() const { return drawn_; }  // batches drawn so far: the data position
+  // The next batch as K micro-batches of rows / K rows: tokens and the next byte as labels.
+  std::vector<std::vector<tessel::HostTensor>> next(int accumulate) {
+    std::vector<std::vector<tessel::HostTensor>> micro;
+    const int64_t m = rows_ / accumulate;
+    for (int k = 0; k < accumulate; ++k) {
+      tessel::HostTensor tokens(tessel::DType::i32, {m, seq_}), labels(tessel::DType::i32, {m, seq_});
+      for (int64_t b = 0; b < m; ++b) {
+        const int64_t start = static_cast<int64_t>(rng_() % static_cast<uint64_t>(corpus_.size() - static_cast<std::size_t>(seq_) - 1));
+        for (int64_t s = 0; s < seq_; ++s) {
+          tokens.set(b * seq_ + s, static_cast<unsigned char>(corpus_[static_cast<std::size_t>(start + s)]));
+          labels.set(b * seq_ + s, static_cast<unsigned char>(corpus_[static_cast<std::size_t>(start + s + 1)]));
+        }
+      }
+      micro.push_back({tokens, labels});
+    }
+    ++drawn_;
+    return micro;
+  }
+
+ private:
+  const std::string& corpus_;
+  int64_t rows_, seq_, drawn_;
+  std::mt19937_64 rng_;
+};
+
+// A mesh in the form --mesh takes ("data=2,model=2"), from Mesh::to_string's "{data=2, model=2}".
+std::string mesh_flag(const tessel::Mesh& mesh) {
+  std::string out;
+  for (const tessel::MeshAxis& a : mesh.axes()) out += fmt::format("{}{}={}", out.empty() ? "" : ",", a.name, a.size);
+  return out;
+}
+
+std::string join_steps(const std::vector<int64_t>& steps) {
+  return steps.empty() ? std::string("none") : fmt::format("{}", fmt::join(steps, ", "));
+}
+
+// The settings a resumed run must share with the saved one, each with the flag that sets it:
+// the model, the data (batch, corpus, seed) and the schedule. The layout (--mesh, --zero,
+// --remat, --offload, --accumulate, --backend, --threads) may change.
+const std::vector<std::pair<const char*, const char*>> kResumeFields = {
+    {"d_model", "--d-model"}, {"layers", "--layers"}, {"heads", "--heads"},  {"vocab", "--vocab"},
+    {"seq", "--seq"},         {"batch", "--batch"},   {"mixed", "--mixed"},  {"lr", "--lr"},
+    {"warmup", "--warmup"},   {"corpus_bytes", "--corpus"}, {"corpus_crc32c", "--corpus"}};
 
 std::string read_corpus(const std::string& path) {
   tessel::check_not_directory(path, "gpt_train --corpus");
@@ -102,6 +185,11 @@ int run(int argc, char** argv) {
   double lr = 3e-3, tolerance = 1e-4;
   bool reference = true, tolerance_given = false, offload = false;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+  bool seed_given = false;
+  std::string save_dir;
+  int save_every = 0, keep = 0;  // 0: save after the last step only; keep every step
+  bool resume = false;
+  int64_t resume_at = -1;  // --resume STEP; -1: the latest committed step
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return tessel::cli::next_value(i, argc, argv); };
@@ -118,7 +206,19 @@ int run(int argc, char** argv) {
     else if (a == "--out") out_prefix = next();
     else if (a == "--check-finite") check_finite = true;
     else if (tessel::parse_gpt_flag(a, next, cfg)) continue;
-    else if (a == "--seed") seed = tessel::cli::parse_u64(a, next());
+    else if (a == "--seed") {
+      seed = tessel::cli::parse_u64(a, next());
+      seed_given = true;
+    }
+    else if (a == "--save-dir") save_dir = next();
+    else if (a == "--save-every") save_every = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1000000));
+    else if (a == "--keep") keep = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1000000));
+    else if (a == "--resume") {  // an optional STEP: the next argument when it is a number
+      resume = true;
+      if (i + 1 < argc && argv[i + 1][0] != '\0' &&
+          std::all_of(argv[i + 1], argv[i + 1] + std::strlen(argv[i + 1]), [](char c) { return c >= '0' && c <= '9'; }))
+        resume_at = tessel::cli::parse_i64(a, next(), 0, INT64_MAX);
+    }
     else if (a == "--threads") threads = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
     else if (a == "--corpus") corpus_path = next();
     else if (a == "--tolerance") {
@@ -151,10 +251,93 @@ int run(int argc, char** argv) {
 
   if (warmup > steps)
     throw tessel::UsageError(fmt::format("--warmup {}: longer than the {} steps of the run (--steps)", warmup, steps));
+  if (save_dir.empty()) {
+    if (resume)
+      throw tessel::UsageError("--resume needs --save-dir DIR: the folder of the checkpoints to resume from");
+    if (save_every > 0 || keep > 0)
+      throw tessel::UsageError(fmt::format("{} needs --save-dir DIR: the folder to save the checkpoints in",
+                                           save_every > 0 ? "--save-every" : "--keep"));
+  }
   if (cfg.batch % accumulate != 0)
     throw tessel::UsageError(fmt::format("--accumulate {}: the batch of {} rows does not split into {} equal micro-batches",
                                          accumulate, cfg.batch, accumulate));
   const int64_t batch_rows = cfg.batch;
+
+  // What a checkpoint keeps besides the state, and what a resumed run must share with it.
+  json meta = {{"tool", "gpt_train"},
+               {"d_model", cfg.d_model},
+               {"layers", cfg.layers},
+               {"heads", cfg.heads},
+               {"vocab", cfg.vocab},
+               {"seq", cfg.seq},
+               {"batch", batch_rows},
+               {"ffn_mult", cfg.ffn_mult},
+               {"dtype", tessel::dtype_name(cfg.dtype)},
+               {"compute", tessel::dtype_name(cfg.compute)},
+               {"mixed", cfg.compute != cfg.dtype},
+               {"lr", lr},
+               {"warmup", warmup},
+               {"corpus", corpus_path},
+               {"corpus_bytes", corpus.size()},
+               {"corpus_crc32c", tessel::zarr::crc32c(corpus.data(), corpus.size())}};
+  // Checkpoints: which step to resume from (checked before anything compiles), and that this
+  // run writes no step the folder already holds.
+  std::optional<tessel::CheckpointDir> ckpt;
+  std::optional<tessel::Manifest> resumed;
+  json saved;  // the resumed step's metadata
+  int64_t start = 0;  // steps done before this run
+  std::string resume_note;
+  if (!save_dir.empty()) {
+    ckpt.emplace(save_dir);
+    const std::vector<int64_t> committed = ckpt->steps();
+    if (resume && resume_at >= 0) {
+      if (std::find(committed.begin(), committed.end(), resume_at) == committed.end())
+        throw tessel::Error(fmt::format("--resume {}: step {} is not committed in {} (committed steps: {})", resume_at,
+                                        resume_at, save_dir, join_steps(committed)));
+      resumed = ckpt->manifest(resume_at);
+    } else if (resume && !committed.empty()) {
+      resumed = ckpt->manifest(committed.back());
+    } else if (resume) {
+      resume_note = fmt::format("no committed step in {}: starting from scratch\n", save_dir);
+    } else if (!committed.empty()) {
+      throw tessel::Error(fmt::format("--save-dir {} already holds committed steps ({}): add --resume to continue from "
+                                      "the latest, or give another folder",
+                                      save_dir, join_steps(committed)));
+    }
+    if (resumed) {
+      start = resumed->step;
+      try {
+        saved = json::parse(resumed->metadata_json);
+      } catch (const json::exception& e) {
+        throw tessel::Error(fmt::format("--resume: the metadata of step {} in {} is not JSON: {}", start, save_dir, e.what()));
+      }
+      if (!saved.is_object() || saved.value("tool", std::string()) != "gpt_train" || !saved.contains("data_position") ||
+          !saved.contains("seed") || !saved.contains("first_losses"))
+        throw tessel::Error(fmt::format("--resume: step {} in {} was not saved by gpt_train (its metadata has no "
+                                        "gpt_train settings)", start, save_dir));
+      for (const auto& [field, flag] : kResumeFields) {
+        const json was = saved.contains(field) ? saved.at(field) : json();
+        if (was != meta.at(field))
+          throw tessel::Error(fmt::format(
+              "--resume: step {} in {} was saved with {} = {}, this run has {} = {} ({}): resume with the saved "
+              "run's model, data and schedule settings (the mesh, --zero and the other layout flags may change)",
+              start, save_dir, field, was.dump(), field, meta.at(field).dump(), flag));
+      }
+      const uint64_t saved_seed = saved.at("seed").get<uint64_t>();
+      if (seed_given && seed != saved_seed)
+        throw tessel::Error(fmt::format("--resume: step {} in {} was saved with seed = {}, this run has seed = {} "
+                                        "(--seed): the data stream is the seed's; leave --seed out or give the saved one",
+                                        start, save_dir, saved_seed, seed));
+      seed = saved_seed;
+    }
+    // The steps this run saves: every save_every-th after `start`, and the last.
+    for (int64_t c : committed)
+      if (c > start && c <= steps && (c == steps || (save_every > 0 && c % save_every == 0)))
+        throw tessel::Error(fmt::format("{}: this run would save step {}, which {} already holds (committed steps: {}); "
+                                        "resume from the latest step or remove the later ones",
+                                        resume_at >= 0 ? fmt::format("--resume {}", resume_at) : std::string("--resume"),
+                                        c, save_dir, join_steps(committed)));
+  }
   cfg.batch /= accumulate;  // the model sees one micro-batch
   tessel::GptGraph m = tessel::build_gpt(cfg);
   tessel::Graph& g = m.graph;
@@ -182,6 +365,10 @@ int run(int argc, char** argv) {
   auto print = [&](const std::string& text) {
     if (printer) std::fputs(text.c_str(), stdout);
   };
+  if (resumed && start >= steps) {
+    print(fmt::format("step {} in {} is already at --steps {}: nothing to train\n", start, save_dir, steps));
+    return 0;
+  }
   tessel::TrainerOptions o;
   o.train = to;
   o.lr = warmup > 0 ? tessel::LrSchedule::warmup_cosine(lr, warmup, steps) : tessel::LrSchedule::constant(lr);
@@ -206,35 +393,65 @@ int run(int argc, char** argv) {
   print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms,
                     exe.graph().ops.size(), trainer.program().program().instrs.size()));
 
-  // Initial values: GPT-2 scale weights, layer-norm gains 1, biases 0 (the moments start at 0).
-  std::vector<tessel::HostTensor> host = tessel::random_inputs(g, seed);
-  tessel::gpt_init(g, host);
-  std::map<std::string, tessel::HostTensor> init;
-  for (std::size_t i = 0; i < g.inputs.size(); ++i) {
-    const std::string& name = g.values[static_cast<std::size_t>(g.inputs[i])].name;
-    if (name != "tokens" && name != "labels") init[name] = host[i];
+  // The losses of steps 1..5 of the whole run (a resumed run: the saved ones first), for the
+  // check that the loss fell.
+  std::vector<double> first_losses;
+  if (resumed) {
+    // The state as saved (any mesh and stage: set_state lays it out for this trainer's step).
+    tessel::TrainState st;
+    st.step = start;
+    st.values = ckpt->read_all(start);
+    trainer.set_state(st);
+    first_losses = saved.at("first_losses").get<std::vector<double>>();
+    const tessel::Mesh saved_mesh = tessel::Mesh::parse(resumed->mesh);
+    print(fmt::format("resumed from step {} (saved on {}, zero {})\n", start, mesh_flag(saved_mesh),
+                      saved.value("zero", -1)));
+    if (warmup > 0 && saved.value("steps", int64_t{0}) != steps)
+      print(fmt::format("note: the schedule now ends at step {} (--steps); the saved run's ended at {}\n", steps,
+                        saved.value("steps", int64_t{0})));
+  } else {
+    print(resume_note);
+    // Initial values: GPT-2 scale weights, layer-norm gains 1, biases 0 (the moments start at 0).
+    std::vector<tessel::HostTensor> host = tessel::random_inputs(g, seed);
+    tessel::gpt_init(g, host);
+    std::map<std::string, tessel::HostTensor> init;
+    for (std::size_t i = 0; i < g.inputs.size(); ++i) {
+      const std::string& name = g.values[static_cast<std::size_t>(g.inputs[i])].name;
+      if (name != "tokens" && name != "labels") init[name] = host[i];
+    }
+    trainer.init(init);
   }
-  trainer.init(init);
+  meta["seed"] = seed;
+  meta["zero"] = to.zero;
+  meta["mesh"] = mesh_flag(mesh);
+  meta["remat"] = tessel::remat_policy_name(to.remat);
+  meta["accumulate"] = accumulate;
+  meta["steps"] = steps;
+  meta["rows_per_batch"] = batch_rows;
+  // A checkpoint of the state after step t (the Trainer's step counter): every process gathers
+  // the state, rank 0 writes it (and drops the steps --keep no longer keeps).
+  auto save = [&](int64_t data_position) {
+    const auto save_start = std::chrono::steady_clock::now();
+    const tessel::TrainState st = trainer.state();
+    if (!printer) return;
+    tessel::SaveOptions so;
+    meta["data_position"] = data_position;
+    meta["first_losses"] = first_losses;
+    so.metadata_json = meta.dump();
+    ckpt->save(st.step, st.values, mesh, trainer.state_shardings(), so);
+    if (keep > 0) ckpt->keep_last(keep);
+    print(fmt::format("saved step {} to {} ({:.1f} ms{})\n", st.step, ckpt->step_path(st.step),
+                      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - save_start).count(),
+                      keep > 0 ? fmt::format("; kept {}", join_steps(ckpt->steps())) : std::string()));
+  };
 
-  std::mt19937_64 rng(seed ^ 0x5eed);
+  BatchStream batches(corpus, seed, batch_rows, cfg.seq, resumed ? saved.at("data_position").get<int64_t>() : 0);
   std::vector<double> losses;
   double worst = 0, total_s = 0;
   int64_t peak = 0, host_peak = 0;  // measured, the largest over the steps
   const auto train_start = std::chrono::steady_clock::now();
-  for (int t = 1; t <= steps; ++t) {
-    // K micro-batches of random windows of the corpus: tokens and the next byte as labels.
-    std::vector<std::vector<tessel::HostTensor>> micro;
-    for (int k = 0; k < accumulate; ++k) {
-      tessel::HostTensor tokens(tessel::DType::i32, {cfg.batch, cfg.seq}), labels(tessel::DType::i32, {cfg.batch, cfg.seq});
-      for (int64_t b = 0; b < cfg.batch; ++b) {
-        const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(corpus.size() - static_cast<std::size_t>(cfg.seq) - 1));
-        for (int64_t s = 0; s < cfg.seq; ++s) {
-          tokens.set(b * cfg.seq + s, static_cast<unsigned char>(corpus[static_cast<std::size_t>(start + s)]));
-          labels.set(b * cfg.seq + s, static_cast<unsigned char>(corpus[static_cast<std::size_t>(start + s + 1)]));
-        }
-      }
-      micro.push_back({tokens, labels});
-    }
+  for (int t = static_cast<int>(start) + 1; t <= steps; ++t) {
+    const std::vector<std::vector<tessel::HostTensor>> micro = batches.next(accumulate);
     // The same step on one device from the same state (every rank gathers; rank 0 computes).
     std::string ref_text;
     double ref = 0;
@@ -243,10 +460,11 @@ int run(int argc, char** argv) {
       if (printer) ref = trainer.reference_step(st, micro, threads).loss;
     }
     const tessel::StepRecord r = trainer.step(micro);
-    if (t > 1) total_s += r.seconds;
+    if (t > start + 1) total_s += r.seconds;
     peak = std::max(peak, r.measured_peak_bytes);
     host_peak = std::max(host_peak, r.measured_host_peak_bytes);
     losses.push_back(r.loss);
+    if (first_losses.size() < 5) first_losses.push_back(r.loss);
     if (reference && printer) {
       const double rel = std::fabs(r.loss - ref) / std::max(std::fabs(ref), 1e-30);
       worst = std::max(worst, rel);
@@ -256,7 +474,8 @@ int run(int argc, char** argv) {
     print(fmt::format("step {:4d}/{}  loss {:.6f}{}  grad_norm {:.4f}  lr {:.2e}  {:.1f} ms  {:.0f} tokens/s  "
                       "{:.1f} s left\n",
                       t, steps, r.loss, ref_text, r.grad_norm, r.lr, r.seconds * 1e3, r.tokens_per_s,
-                      elapsed / t * (steps - t)));
+                      elapsed / static_cast<double>(t - start) * (steps - t)));
+    if (ckpt && (t == steps || (save_every > 0 && t % save_every == 0))) save(batches.drawn());
   }
   if (!printer) return 0;
   if (!out_prefix.empty()) {
@@ -264,21 +483,23 @@ int run(int argc, char** argv) {
     trainer.write_loss_svg(out_prefix + ".svg", fmt::format("gpt_train loss, mesh {}, zero {}", mesh.to_string(), to.zero));
     fmt::print("loss curve: {}.csv, {}.svg\n", out_prefix, out_prefix);
   }
-  const std::size_t n = losses.size(), w = std::max<std::size_t>(1, std::min<std::size_t>(5, n / 2));
+  // Over the whole run (steps 1..steps; a resumed run has the first ones from its checkpoint):
+  // the mean loss of the first w steps against that of the last w this process ran.
+  const std::size_t n = static_cast<std::size_t>(steps), w = std::max<std::size_t>(1, std::min<std::size_t>(5, n / 2));
+  const std::size_t wl = std::min(w, losses.size());
   double first = 0, last = 0;
-  for (std::size_t i = 0; i < w; ++i) {
-    first += losses[i] / static_cast<double>(w);
-    last += losses[n - 1 - i] / static_cast<double>(w);
-  }
+  for (std::size_t i = 0; i < w; ++i) first += first_losses[i] / static_cast<double>(w);
+  for (std::size_t i = 0; i < wl; ++i) last += losses[losses.size() - 1 - i] / static_cast<double>(wl);
   const tessel::MemoryPlan& mem = trainer.program().program().memory_plan();
-  fmt::print("loss: mean of the first {} steps {:.4f}, of the last {} steps {:.4f} ({})\n", w, first, w, last,
+  fmt::print("loss: mean of the first {} steps {:.4f}, of the last {} steps {:.4f} ({})\n", w, first, wl, last,
              n >= 2 && last < first ? "falling" : "NOT falling");
   if (reference)
     fmt::print("largest relative difference from one device: {:.2e} ({})\n", worst,
                worst <= tolerance ? fmt::format("ok, <= {}", tolerance) : fmt::format("FAILED, > {}", tolerance));
-  if (steps > 1)
-    fmt::print("step time: {:.2f} ms mean over steps 2..{} ({:.0f} tokens/s)\n", total_s * 1e3 / (steps - 1), steps,
-               static_cast<double>(batch_rows * cfg.seq * (steps - 1)) / total_s);
+  if (steps - start > 1)
+    fmt::print("step time: {:.2f} ms mean over steps {}..{} ({:.0f} tokens/s)\n",
+               total_s * 1e3 / static_cast<double>(steps - start - 1), start + 2, steps,
+               static_cast<double>(batch_rows * cfg.seq * (steps - start - 1)) / total_s);
   fmt::print("peak bytes per device: {} measured (allocator high-water), {} planned (arena {} + inputs {} + outputs {} "
              "- written into donated inputs {}){}\n",
              peak, trainer.planned_peak_bytes(), mem.arena_bytes, mem.input_bytes, mem.output_bytes, mem.donated_bytes,

@@ -283,6 +283,18 @@ void Trainer::set_state(const TrainState& st) {
   im.initialised = true;
 }
 
+std::map<std::string, Sharding> Trainer::state_shardings() const {
+  const Impl& im = *impl_;
+  const Program& up = im.update->exe.program();
+  std::map<std::string, Sharding> out;
+  for (const std::string& p : im.params)
+    for (const std::string& name : {p, "adam.m." + p, "adam.v." + p}) {
+      const std::size_t in = im.update->le.input_index(name);
+      out[name] = up.values[static_cast<std::size_t>(up.inputs[in])].sharding;
+    }
+  return out;
+}
+
 StepRecord Trainer::step(const std::vector<HostTensor>& batch) {
   return step(std::vector<std::vector<HostTensor>>{batch});
 }

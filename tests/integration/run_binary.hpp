@@ -1,7 +1,8 @@
 // tests/integration/run_binary.hpp — runs one of the built binaries (build/bin/) with popen,
 // stdout and stderr together, under coreutils `timeout` so a hang fails instead of blocking
 // the suite, and reports how it ended (exit status or signal). Used by the reliability tests
-// of the example binaries (test_cli_reliability.cpp).
+// of the example binaries (test_cli_reliability.cpp) and gpt_train's checkpoint tests
+// (test_gpt_train_checkpoints.cpp).
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -31,11 +32,12 @@ inline std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-// Runs TESSEL_BINARY_DIR/bin/<name> with the given arguments.
-inline BinaryResult run_binary(const std::string& name, const std::vector<std::string>& args,
-                               int timeout_s = 120) {
-  std::string cmd = "timeout -s KILL " + std::to_string(timeout_s) + " " +
-                    shell_quote(std::string(TESSEL_BINARY_DIR) + "/bin/" + name);
+// Runs TESSEL_BINARY_DIR/bin/<name> with the given arguments; in folder `cwd` when it is not
+// empty (run_binary_in), so relative paths in the arguments are as a user in that folder types them.
+inline BinaryResult run_binary_in(const std::string& cwd, const std::string& name,
+                                  const std::vector<std::string>& args, int timeout_s = 120) {
+  std::string cmd = (cwd.empty() ? std::string() : "cd " + shell_quote(cwd) + " && ") + "timeout -s KILL " +
+                    std::to_string(timeout_s) + " " + shell_quote(std::string(TESSEL_BINARY_DIR) + "/bin/" + name);
   for (const auto& a : args) cmd += " " + shell_quote(a);
   cmd += " 2>&1";
   BinaryResult r;
@@ -58,6 +60,11 @@ inline BinaryResult run_binary(const std::string& name, const std::vector<std::s
     r.signal = WTERMSIG(st);
   }
   return r;
+}
+
+inline BinaryResult run_binary(const std::string& name, const std::vector<std::string>& args,
+                               int timeout_s = 120) {
+  return run_binary_in("", name, args, timeout_s);
 }
 
 // Writes `text` to a file of that name in the system temp directory, unique per test

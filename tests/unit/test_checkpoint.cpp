@@ -3,8 +3,8 @@
 // chunk checksums and bf16 as uint16, whole and by region (only the needed inner chunks read);
 // numbered steps committed atomically (a failed save lists nothing and leaves no temporary),
 // latest, keep_last, the manifest; corrupted bytes are errors naming the file and the chunk;
-// a training state saved on data=2,model=2 at ZeRO-2 and restored on data=4,model=1 at ZeRO-0
-// continues with the uninterrupted run's losses.
+// a training state saved on data=2,model=2 at ZeRO-2 with its layouts (Trainer::state_shardings)
+// and restored on data=4,model=1 at ZeRO-0 continues with the uninterrupted run's losses.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -273,9 +273,22 @@ TEST_CASE("a training state saved on data=2 model=2 ZeRO-2 resumes on data=4 mod
     tr.init(tessel_test::init_params(m, seed));
     for (int s = 0; s < 4; ++s) CHECK(tr.step(batches[static_cast<std::size_t>(s)]).loss == want[static_cast<std::size_t>(s)]);
     const TrainState st = tr.state();
+    // The saving layouts: each state value's on the devices (ZeRO-2: the moments split over data
+    // on top of the parameter's Megatron layout; the parameters as annotated).
+    const std::map<std::string, Sharding> sh = tr.state_shardings();
+    REQUIRE(sh.size() == st.values.size());
+    for (const auto& [name, v] : st.values) CHECK(sh.count(name));
+    CHECK(sh.at("w1_0") == Sharding::of({{}, {"model"}}));
+    CHECK(sh.at("adam.m.w1_0") == Sharding::of({{"data"}, {"model"}}));
+    CHECK(sh.at("adam.v.w2_1") == Sharding::of({{"model"}, {"data"}}));
     SaveOptions so;
     so.metadata_json = "{\"trainer_step\": " + std::to_string(st.step) + "}";
-    ck.save(st.step, st.values, Mesh::parse("data=2,model=2"), {}, so);
+    ck.save(st.step, st.values, Mesh::parse("data=2,model=2"), sh, so);
+    const Manifest m4 = ck.manifest(st.step);
+    for (const CheckpointArray& a : m4.arrays) {
+      INFO(a.name);
+      CHECK(a.sharding == sh.at(a.name));
+    }
   }
   TrainerOptions o0 = o;
   o0.train.zero = 0;

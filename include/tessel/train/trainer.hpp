@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "tessel/core/mesh.hpp"
+#include "tessel/core/sharding.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
@@ -126,6 +127,10 @@ class Trainer {
   // start from this one's state (on another mesh too), and a run can be saved and resumed.
   TrainState state() const;
   void set_state(const TrainState& state);
+  // The layout of every state value (the names of state().values) on the devices: its input's
+  // sharding in the loaded update program (the parameter's annotation, or the ZeRO stage's
+  // layout of it and of its moments). What CheckpointDir::save records as the saving layout.
+  std::map<std::string, Sharding> state_shardings() const;
 
   // One update from one batch (batch_inputs() order). Throws Error naming the input on a wrong
   // count or type, and on a non-finite step with NonFinite::Stop.
