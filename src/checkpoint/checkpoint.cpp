@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -155,22 +156,35 @@ void CheckpointDir::save(int64_t step, const std::map<std::string, HostTensor>& 
       grid[d] = spec.shape[d] == 0 ? 1 : (spec.shape[d] + spec.shard_shape[d] - 1) / spec.shard_shape[d];
       blocks *= grid[d];
     }
-    const bool empty = value.numel() == 0;
-    for (int64_t b = 0; b < blocks && !empty; ++b) {
-      std::vector<int64_t> idx(r);
-      int64_t rest = b;
-      for (std::size_t d = r; d-- > 0;) {
-        idx[d] = rest % grid[d];
-        rest /= grid[d];
+    // The shards in parallel (one file each, read in place from the global tensor): the
+    // copies into inner chunks of one overlap the writes of another.
+    const int64_t n = value.numel() == 0 ? 0 : blocks;
+    const int64_t threads = std::min<int64_t>(n, std::max<unsigned>(1, std::thread::hardware_concurrency()));
+    std::atomic<int64_t> next{0};
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(std::max<int64_t>(threads, 1)));
+    auto work = [&](std::size_t w) {
+      try {
+        for (int64_t b = next++; b < n; b = next++) {
+          std::vector<int64_t> idx(r), start(r);
+          int64_t rest = b;
+          for (std::size_t d = r; d-- > 0;) {
+            idx[d] = rest % grid[d];
+            rest /= grid[d];
+            start[d] = idx[d] * spec.shard_shape[d];
+          }
+          zarr::write_shard(dir, spec, idx, value, start);
+        }
+      } catch (...) {
+        errors[w] = std::current_exception();
+        next = n;  // the others stop at their next shard
       }
-      std::vector<int64_t> start(r);
-      Shape box(r);
-      for (std::size_t d = 0; d < r; ++d) {
-        start[d] = idx[d] * spec.shard_shape[d];
-        box[d] = std::min(spec.shard_shape[d], spec.shape[d] - start[d]);
-      }
-      zarr::write_shard(dir, spec, idx, zarr::slice_host(value, start, box));
-    }
+    };
+    std::vector<std::thread> pool;
+    for (int64_t w = 1; w < threads; ++w) pool.emplace_back(work, static_cast<std::size_t>(w));
+    if (threads > 0) work(0);
+    for (std::thread& t : pool) t.join();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
     manifest_arrays.push_back({{"name", name},
                                {"dtype", dtype_name(value.dtype())},
                                {"shape", value.shape()},

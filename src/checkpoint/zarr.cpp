@@ -170,6 +170,11 @@ void create_array(const std::string& dir, const ArraySpec& spec) {
 
 int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
                     const HostTensor& block) {
+  return write_shard(dir, spec, shard_index, block, std::vector<int64_t>(block.shape().size(), 0));
+}
+
+int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                    const HostTensor& source, const std::vector<int64_t>& origin) {
   Shape shard, inner;
   check_spec(dir, spec, shard, inner);
   const std::size_t r = spec.shape.size();
@@ -182,10 +187,13 @@ int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::ve
       throw Error(fmt::format("zarr array {}: shard {} is outside the grid", dir, shape_str(shard_index)));
     clipped[d] = std::min(shard[d], spec.shape[d] - origin);
   }
-  if (block.shape() != clipped || block.dtype() != spec.dtype)
-    throw Error(fmt::format("zarr array {}: shard {} needs a {} block of {}, got {} of {}", dir, shape_str(shard_index),
-                            dtype_name(spec.dtype), shape_str(clipped), dtype_name(block.dtype()),
-                            shape_str(block.shape())));
+  bool fits = source.dtype() == spec.dtype && source.shape().size() == r && origin.size() == r;
+  for (std::size_t d = 0; fits && d < r; ++d)
+    fits = origin[d] >= 0 && origin[d] + clipped[d] <= source.shape()[d];
+  if (!fits)
+    throw Error(fmt::format("zarr array {}: shard {} needs a {} block of {}, got {} of {} at {}", dir,
+                            shape_str(shard_index), dtype_name(spec.dtype), shape_str(clipped),
+                            dtype_name(source.dtype()), shape_str(source.shape()), shape_str(origin)));
   const std::size_t elem = dtype_size(spec.dtype);
   Shape grid(r);
   for (std::size_t d = 0; d < r; ++d) grid[d] = shard[d] / inner[d];
@@ -206,14 +214,17 @@ int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::ve
       at[d] = ci[d] * inner[d];
       box[d] = std::min(inner[d], clipped[d] - at[d]);
       inside = inside && box[d] > 0;
+      at[d] += origin[d];  // in the source
     }
     if (!inside) {  // wholly outside the array: not stored
       put_u64(index, kEmpty);
       put_u64(index, kEmpty);
       continue;
     }
-    std::fill(chunk.begin(), chunk.end(), 0);  // the fill value 0 beyond the array's edge
-    copy_box(static_cast<const char*>(block.data()), clipped, at, chunk.data(), inner, zero, box, elem);
+    bool partial = false;
+    for (std::size_t d = 0; d < r; ++d) partial = partial || box[d] != inner[d];
+    if (partial) std::fill(chunk.begin(), chunk.end(), 0);  // the fill value 0 beyond the array's edge
+    copy_box(static_cast<const char*>(source.data()), source.shape(), at, chunk.data(), inner, zero, box, elem);
     const char* bytes = chunk.data();
     std::size_t n = chunk.size();
     if (spec.zstd) {
@@ -361,9 +372,14 @@ HostTensor Array::read(const std::vector<int64_t>& start, const Shape& shape, Re
     if (start[d] < 0 || shape[d] < 0 || start[d] + shape[d] > shape_[d])
       throw Error(fmt::format("zarr array {}: region at {} of {} is outside the array {}", dir_, shape_str(start),
                               shape_str(shape), shape_str(shape_)));
-  HostTensor out(dtype_, shape);
+  HostTensor out(dtype_, shape);  // zero-filled: a fill value of 0 needs nothing more
   const std::size_t elem = dtype_size(dtype_);
-  for (int64_t i = 0; i < out.numel(); ++i) out.set(i, fill_);
+  if (fill_ != 0 || std::signbit(fill_)) {
+    HostTensor one(dtype_, {1});
+    one.set(0, fill_);
+    char* p = static_cast<char*>(out.data());
+    for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(p + static_cast<std::size_t>(i) * elem, one.data(), elem);
+  }
   if (stats) stats->bytes_needed += out.numel() * static_cast<int64_t>(elem);
   if (out.numel() == 0) return out;
   // Grid cells (shards or plain chunks) overlapping the region.

@@ -57,6 +57,10 @@ void create_array(const std::string& dir, const ArraySpec& spec);
 // spec.dtype). Returns the bytes written. The file is written and fsynced; the caller commits.
 int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
                     const HostTensor& block);
+// The same, the block read in place from `source` at `origin` (e.g. the whole array): no copy
+// of the block is made.
+int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                    const HostTensor& source, const std::vector<int64_t>& origin);
 
 struct ReadStats {
   int64_t bytes_read = 0;    // file bytes read (indexes and encoded chunks)

@@ -1,0 +1,161 @@
+// Checkpoint bandwidth (issue 23 item 10), on the disk of TESSEL_BENCH_DIR (default: the
+// system's temporary folder), for a state of <MiB> MiB (four f32 arrays laid out on
+// data=2,model=2, 1 MiB inner chunks):
+//   BM_CheckpointSave/<MiB>      CheckpointDir::save: every file written and fsynced, committed
+//   BM_DdFsync/<MiB>             `dd bs=4M conv=fsync` of the same bytes (from a file), same disk
+//   BM_CheckpointRestore/<MiB>   read_all of the saved step (the page cache is dropped first
+//                                when the process may: label "cold", else "page cache warm")
+//   BM_CheckpointAsyncBlocking/<MiB>  the part of an AsyncCheckpointer::save that blocks the
+//                                caller, beside a plain copy of the same host arrays (copy_s)
+// Counters: bytes_per_second (GB/s = 1e9 bytes), and for the blocking case its ratio to the copy.
+#include <unistd.h>
+
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "tessel/checkpoint/checkpoint.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string bench_dir(const std::string& what) {
+  const char* env = std::getenv("TESSEL_BENCH_DIR");
+  const fs::path base = env && *env ? fs::path(env) : fs::temp_directory_path();
+  const fs::path p = base / fmt::format("tessel-bench-{}-{}", what, ::getpid());
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::map<std::string, tessel::HostTensor> state_of(int64_t mib) {
+  std::map<std::string, tessel::HostTensor> s;
+  const int64_t per = mib * (1 << 20) / 4 / 4;  // four f32 arrays
+  const int64_t cols = 1024, rows = per / cols;
+  std::mt19937 rng(1);
+  for (const char* name : {"w1", "w2", "adam.m.w1", "adam.v.w1"}) {
+    tessel::HostTensor t(tessel::DType::f32, {rows, cols});
+    auto* p = t.as<uint32_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = rng();  // random bits: nothing compresses
+    s.emplace(name, std::move(t));
+  }
+  return s;
+}
+
+std::map<std::string, tessel::Sharding> shardings_of(const std::map<std::string, tessel::HostTensor>& s) {
+  std::map<std::string, tessel::Sharding> out;
+  for (const auto& [name, t] : s) out[name] = tessel::Sharding::of({{"data"}, {"model"}});
+  return out;
+}
+
+bool drop_page_cache() {
+  ::sync();
+  std::ofstream f("/proc/sys/vm/drop_caches");
+  if (!f) return false;
+  f << "3\n";
+  return static_cast<bool>(f.flush());
+}
+
+const tessel::Mesh& mesh() {
+  static const tessel::Mesh m = tessel::Mesh::parse("data=2,model=2");
+  return m;
+}
+
+void BM_CheckpointSave(benchmark::State& state) {
+  const int64_t mib = state.range(0);
+  const auto s = state_of(mib);
+  const auto sh = shardings_of(s);
+  const std::string dir = bench_dir("save");
+  tessel::CheckpointDir ck(dir);
+  int64_t step = 0;
+  for (auto _ : state) {
+    ck.save(++step, s, mesh(), sh);
+    state.PauseTiming();
+    ck.keep_last(1);
+    state.ResumeTiming();
+  }
+  state.SetBytesProcessed(state.iterations() * mib * (1 << 20));
+  fs::remove_all(dir);
+}
+BENCHMARK(BM_CheckpointSave)->Arg(1024)->Arg(8192)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_DdFsync(benchmark::State& state) {
+  const int64_t mib = state.range(0);
+  const std::string dir = bench_dir("dd");
+  {  // the state's own bytes as dd's source (random: a disk that skips zeros gains nothing)
+    std::ofstream src(dir + "/src.bin", std::ios::binary);
+    for (const auto& [name, t] : state_of(mib)) src.write(static_cast<const char*>(t.data()), static_cast<std::streamsize>(t.bytes()));
+  }
+  const std::string cmd = fmt::format("dd if={0}/src.bin of={0}/dd.bin bs=4M conv=fsync status=none", dir);
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::filesystem::remove(dir + "/dd.bin");
+    state.ResumeTiming();
+    if (std::system(cmd.c_str()) != 0) state.SkipWithError(("failed: " + cmd).c_str());
+  }
+  state.SetBytesProcessed(state.iterations() * mib * (1 << 20));
+  fs::remove_all(dir);
+}
+BENCHMARK(BM_DdFsync)->Arg(1024)->Arg(8192)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_CheckpointRestore(benchmark::State& state) {
+  const int64_t mib = state.range(0);
+  const std::string dir = bench_dir("restore");
+  tessel::CheckpointDir ck(dir);
+  {
+    const auto s = state_of(mib);
+    ck.save(1, s, mesh(), shardings_of(s));
+  }
+  bool cold = true;
+  for (auto _ : state) {
+    state.PauseTiming();
+    cold = drop_page_cache() && cold;
+    state.ResumeTiming();
+    tessel::zarr::ReadStats st;
+    auto back = ck.read_all(1, &st);
+    benchmark::DoNotOptimize(back);
+    state.counters["read_amplification"] = static_cast<double>(st.bytes_read) / static_cast<double>(st.bytes_needed);
+  }
+  state.SetBytesProcessed(state.iterations() * mib * (1 << 20));
+  state.SetLabel(cold ? "cold (page cache dropped)" : "page cache warm (cannot drop it here)");
+  fs::remove_all(dir);
+}
+BENCHMARK(BM_CheckpointRestore)->Arg(1024)->Arg(8192)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_CheckpointAsyncBlocking(benchmark::State& state) {
+  const int64_t mib = state.range(0);
+  const auto s = state_of(mib);
+  const std::string dir = bench_dir("async");
+  tessel::AsyncCheckpointer ac{tessel::CheckpointDir(dir)};
+  int64_t step = 0;
+  double blocking = 0, copy = 0;
+  for (auto _ : state) {
+    // The copy a caller makes anyway (device -> host, here host -> host), then the save call.
+    const auto t0 = std::chrono::steady_clock::now();
+    std::map<std::string, tessel::HostTensor> staged = s;
+    const auto t1 = std::chrono::steady_clock::now();
+    ac.save(++step, std::move(staged), mesh(), shardings_of(s));
+    copy += std::chrono::duration<double>(t1 - t0).count();
+    blocking += ac.last_blocking_seconds();
+    state.PauseTiming();
+    ac.wait();  // the next iteration measures a call that does not wait for this save
+    ac.dir().keep_last(1);
+    state.ResumeTiming();
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["copy_s"] = copy / n;
+  state.counters["blocking_s"] = blocking / n;
+  state.counters["copy_plus_blocking_over_copy"] = (copy + blocking) / copy;
+  fs::remove_all(dir);
+}
+BENCHMARK(BM_CheckpointAsyncBlocking)->Arg(1024)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
