@@ -311,6 +311,49 @@ std::map<std::string, HostTensor> CheckpointDir::read_all(int64_t step, zarr::Re
   return out;
 }
 
+ShardedArray CheckpointDir::restore_to_device(int64_t step, const std::string& name, const LoadedExecutable& program,
+                                              const std::string& input, zarr::ReadStats* stats) const {
+  const zarr::Array a = array(step, name);
+  const std::size_t in = program.input_index(input);
+  const Program& prog = program.program();
+  const LocalValue& lv = prog.values.at(static_cast<std::size_t>(prog.inputs.at(in)));
+  // The input's global shape may be padded for an uneven layout: the saved array is the user's
+  // shape, the rest of each block stays zero.
+  const std::size_t r = lv.global_shape.size();
+  const Shape user = program.input_shape(in);
+  if (a.dtype() != lv.dtype || a.shape() != user)
+    throw Error(fmt::format("checkpoint {} step {}: array '{}' is {}{}, input %{} of the program takes {}{}", path_, step,
+                            name, dtype_name(a.dtype()), shape_str(a.shape()), input, dtype_name(lv.dtype),
+                            shape_str(user)));
+  const Mesh& mesh = program.mesh();
+  std::map<std::vector<int64_t>, HostTensor> by_offset;  // a replicated block is read once
+  std::vector<HostTensor> shards;
+  for (int64_t pos : program.local_devices()) {
+    const std::vector<int64_t> off = lv.sharding.local_offset(mesh, lv.global_shape, pos);
+    auto it = by_offset.find(off);
+    if (it == by_offset.end()) {
+      HostTensor block(lv.dtype, lv.shape);
+      std::vector<int64_t> start(r);
+      Shape box(r);
+      bool any = true;
+      for (std::size_t d = 0; d < r; ++d) {
+        start[d] = std::min(off[d], a.shape()[d]);
+        box[d] = std::max<int64_t>(0, std::min(off[d] + lv.shape[d], a.shape()[d]) - start[d]);
+        any = any && box[d] > 0;
+      }
+      if (any) {
+        const HostTensor part = a.read(start, box, stats);
+        zarr::copy_box(static_cast<const char*>(part.data()), box, std::vector<int64_t>(r, 0),
+                       static_cast<char*>(block.data()), lv.shape, std::vector<int64_t>(r, 0), box,
+                       dtype_size(lv.dtype));
+      }
+      it = by_offset.emplace(off, std::move(block)).first;
+    }
+    shards.push_back(it->second);
+  }
+  return program.shards_to_device(in, shards);
+}
+
 // ---- AsyncCheckpointer --------------------------------------------------------------------------
 
 struct AsyncCheckpointer::State {

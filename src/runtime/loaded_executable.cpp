@@ -507,6 +507,12 @@ ShardedArray LoadedExecutable::to_device(const std::string& input, const HostTen
   return to_device(input_index(input), global);
 }
 
+Shape LoadedExecutable::input_shape(std::size_t input) const {
+  impl_->check_input(input, "input_shape");
+  if (input < impl_->user_input_shapes.size()) return impl_->user_input_shapes[input];
+  return impl_->in_value(input).global_shape;
+}
+
 ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::vector<HostTensor>& shards) const {
   Impl::Call call(*impl_, "shards_to_device");
   impl_->check_input(input, "shards_to_device");

@@ -343,3 +343,54 @@ TEST_CASE("an asynchronous save commits in the background and raises its failure
   AsyncCheckpointer small{CheckpointDir(tmp.path), 1000};
   CHECK_THROWS_WITH(small.save(5, state(), mesh), Catch::Contains("above the staging budget of 1000 bytes"));
 }
+
+TEST_CASE("restore_to_device reads each device's block onto another mesh and layout", "[checkpoint][unit]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("checkpoint restore_to_device", seed, 3);
+  std::mt19937_64 rng(seed);
+  TempDir tmp("to-device");
+  CheckpointDir ck(tmp.path);
+  // Saved on data=2,model=2; the 37 rows split unevenly over model=4 on the target mesh.
+  const std::map<std::string, HostTensor> arrays = {{"w", random_tensor(DType::f32, {37, 24}, rng)},
+                                                    {"b", random_tensor(DType::bf16, {24}, rng)}};
+  SaveOptions o;
+  o.inner_chunk_bytes = 128;
+  ck.save(7, arrays, Mesh::parse("data=2,model=2"), {{"w", Sharding::of({{"data"}, {"model"}})}}, o);
+  for (const char* target : {"[{model}, {}]", "[{}, {model}]", "[{}, {}]"}) {
+    Graph g = parse_graph(std::string(R"(
+mesh data=2,model=4
+%w = input f32[37,24] sharding=)") + target + R"(
+%b = input bf16[24] sharding=[{}]
+%c = cast(%b) dtype=f32
+%y = add(%w, %c)
+output %y
+)", "restore.tsl");
+    Executable exe = compile(g, *g.mesh);
+    ThreadRuntime rt(8);
+    LoadedExecutable le = load(exe, rt);
+    zarr::ReadStats st;
+    const ShardedArray w = ck.restore_to_device(7, "w", le, "w", &st);
+    const ShardedArray b = ck.restore_to_device(7, "b", le, "b");
+    INFO("target " << target << ": read " << st.bytes_read << " bytes for " << st.bytes_needed << " needed");
+    // An uneven layout pads the rows to 40 on the devices: the first 37 rows are the array.
+    const HostTensor wh = le.to_host(w);
+    REQUIRE(wh.bytes() >= arrays.at("w").bytes());
+    CHECK(std::memcmp(wh.data(), arrays.at("w").data(), arrays.at("w").bytes()) == 0);
+    CHECK(same_bits(le.to_host(b), arrays.at("b")));
+    // Each distinct block read once: the bytes needed are the array's once per distinct block.
+    CHECK(st.bytes_needed <= static_cast<int64_t>(arrays.at("w").bytes()) * 1);
+    const HostTensor y = le.to_host(le.run({w, b}).outputs[0]);
+    CHECK(y.get(5) == static_cast<float>(arrays.at("w").get(5) + arrays.at("b").get(5)));
+  }
+  Graph bad = parse_graph(R"(
+mesh x=2
+%w = input f32[38,24] sharding=[{x}, {}]
+%y = add(%w, %w)
+output %y
+)", "bad.tsl");
+  ThreadRuntime rt2(2);
+  LoadedExecutable other = load(compile(bad, *bad.mesh), rt2);
+  CHECK_THROWS_WITH(ck.restore_to_device(7, "b", other, "w"),
+                    Catch::Contains("array 'b' is bf16[24], input %w of the program takes f32[38,24]"));
+  CHECK_THROWS_WITH(ck.restore_to_device(7, "w", other, "w"), Catch::Contains("array 'w' is f32[37,24], input %w of the program takes f32[38,24]"));
+}

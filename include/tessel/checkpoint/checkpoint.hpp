@@ -20,8 +20,9 @@
 // index (and on every inner chunk with SaveOptions::chunk_checksums), an Error naming the array
 // and the chunk on a mismatch.
 //
-// This version saves and restores global host tensors (a Trainer's state(), gathered) from
-// one process; restoring onto another mesh is the new program's to_device / Trainer::set_state.
+// Saving takes global host tensors (a Trainer's state(), gathered) from one process.
+// Restoring onto another mesh: read_all then the new program's to_device (or Trainer::set_state),
+// or restore_to_device, which reads only each local device's block.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,7 @@
 #include "tessel/checkpoint/zarr.hpp"
 #include "tessel/core/mesh.hpp"
 #include "tessel/core/sharding.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel {
@@ -90,6 +92,15 @@ class CheckpointDir {
   zarr::Array array(int64_t step, const std::string& name) const;
   HostTensor read(int64_t step, const std::string& name, zarr::ReadStats* stats = nullptr) const;
   std::map<std::string, HostTensor> read_all(int64_t step, zarr::ReadStats* stats = nullptr) const;
+
+  // Array `name` of `step` straight onto the devices of `program`, as its input `input` (any
+  // mesh, any layout: the target is the input's sharding there): each local device's block is
+  // read from the inner chunks that overlap it, a block held by several devices once. Host
+  // memory is this process's blocks of this one array, never the whole array on one host
+  // unless it is replicated. Throws Error naming the array when its dtype or shape differs
+  // from the input's.
+  ShardedArray restore_to_device(int64_t step, const std::string& name, const LoadedExecutable& program,
+                                 const std::string& input, zarr::ReadStats* stats = nullptr) const;
 
  private:
   std::string path_;

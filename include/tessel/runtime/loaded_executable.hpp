@@ -132,6 +132,9 @@ class LoadedExecutable {
 
   const std::vector<std::string>& input_names() const;   // graph input order
   const std::vector<std::string>& output_names() const;  // graph output order
+  // The user's global shape of input `input` (before any padding for an uneven layout, which
+  // the arrays on the devices carry: ShardedArray::shape()).
+  Shape input_shape(std::size_t input) const;
   // Throws RuntimeError naming the unknown name and the known ones.
   std::size_t input_index(const std::string& name) const;
   std::size_t output_index(const std::string& name) const;
