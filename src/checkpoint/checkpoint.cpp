@@ -158,7 +158,8 @@ void CheckpointDir::save(int64_t step, const std::map<std::string, HostTensor>& 
     }
     // The shards in parallel (one file each, read in place from the global tensor): the
     // copies into inner chunks of one overlap the writes of another.
-    const int64_t n = value.numel() == 0 ? 0 : blocks;
+    const HostTensor& source = value;  // (a structured binding cannot be captured in C++17)
+    const int64_t n = source.numel() == 0 ? 0 : blocks;
     const int64_t threads = std::min<int64_t>(n, std::max<unsigned>(1, std::thread::hardware_concurrency()));
     std::atomic<int64_t> next{0};
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(std::max<int64_t>(threads, 1)));
@@ -172,7 +173,7 @@ void CheckpointDir::save(int64_t step, const std::map<std::string, HostTensor>& 
             rest /= grid[d];
             start[d] = idx[d] * spec.shard_shape[d];
           }
-          zarr::write_shard(dir, spec, idx, value, start);
+          zarr::write_shard(dir, spec, idx, source, start);
         }
       } catch (...) {
         errors[w] = std::current_exception();
