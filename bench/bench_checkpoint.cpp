@@ -7,6 +7,8 @@
 //                                when the process may: label "cold", else "page cache warm")
 //   BM_CheckpointAsyncBlocking/<MiB>  the part of an AsyncCheckpointer::save that blocks the
 //                                caller, beside a plain copy of the same host arrays (copy_s)
+//   BM_CheckpointRestoreToDevice/<pair>  one 256 MiB array saved on data=2,model=2 restored
+//                                with restore_to_device onto 4 meshes and layouts (label)
 // Counters: bytes_per_second (GB/s = 1e9 bytes), and for the blocking case its ratio to the copy.
 #include <unistd.h>
 
@@ -22,6 +24,9 @@
 #include <string>
 
 #include "tessel/checkpoint/checkpoint.hpp"
+#include "tessel/executable.hpp"
+#include "tessel/ir/graph_text.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 namespace {
 
@@ -157,5 +162,53 @@ void BM_CheckpointAsyncBlocking(benchmark::State& state) {
   fs::remove_all(dir);
 }
 BENCHMARK(BM_CheckpointAsyncBlocking)->Arg(1024)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+namespace {
+
+// Restoring one array saved on data=2,model=2 ([{data}, {model}], 256 MiB of f32) onto another
+// mesh and layout with restore_to_device (each device's block read from its inner chunks):
+// 0 the same mesh and layout, 1 data=4 rows, 2 model=8 columns, 3 one device (replicated).
+void BM_CheckpointRestoreToDevice(benchmark::State& state) {
+  static const char* kTargets[][2] = {{"data=2,model=2", "[{data}, {model}]"},
+                                      {"data=4", "[{data}, {}]"},
+                                      {"model=8", "[{}, {model}]"},
+                                      {"x=1", "[{}, {}]"}};
+  const auto& [mesh_text, layout] = kTargets[state.range(0)];
+  const int64_t rows = 8192, cols = 8192;
+  const std::string dir = bench_dir("to-device");
+  tessel::CheckpointDir ck(dir);
+  {
+    tessel::HostTensor w(tessel::DType::f32, {rows, cols});
+    auto* p = w.as<uint32_t>();
+    std::mt19937 rng(2);
+    for (int64_t i = 0; i < w.numel(); ++i) p[i] = rng();
+    ck.save(1, {{"w", w}}, mesh(), {{"w", tessel::Sharding::of({{"data"}, {"model"}})}});
+  }
+  tessel::Graph g = tessel::parse_graph(fmt::format("mesh {}\n%w = input f32[{},{}] sharding={}\n%y = neg(%w)\noutput %y\n",
+                                                    mesh_text, rows, cols, layout),
+                                        "restore.tsl");
+  tessel::Executable exe = tessel::compile(g, *g.mesh);
+  tessel::ThreadRuntime rt(g.mesh->num_devices());
+  tessel::LoadedExecutable le = tessel::load(exe, rt);
+  bool cold = true;
+  double amplification = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    cold = drop_page_cache() && cold;
+    state.ResumeTiming();
+    tessel::zarr::ReadStats st;
+    tessel::ShardedArray a = ck.restore_to_device(1, "w", le, "w", &st);
+    benchmark::DoNotOptimize(a);
+    amplification = static_cast<double>(st.bytes_read) / static_cast<double>(rows * cols * 4);
+  }
+  state.SetBytesProcessed(state.iterations() * rows * cols * 4);
+  state.counters["bytes_read_over_array"] = amplification;
+  state.SetLabel(fmt::format("saved on data=2,model=2 [{{data}}, {{model}}] -> {} {}{}", mesh_text, layout,
+                             cold ? "" : " (page cache warm)"));
+  fs::remove_all(dir);
+}
+BENCHMARK(BM_CheckpointRestoreToDevice)->DenseRange(0, 3)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
