@@ -52,7 +52,9 @@ std::string folder_of(const std::string& name) {
 std::optional<int64_t> step_of(const std::string& entry) {
   if (entry.rfind(kStepPrefix, 0) != 0) return std::nullopt;
   const std::string digits = entry.substr(std::strlen(kStepPrefix));
-  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
   return std::stoll(digits);
 }
 

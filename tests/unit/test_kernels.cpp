@@ -81,16 +81,6 @@ void require_close(const HostTensor& got, const HostTensor& want, double rtol = 
   REQUIRE(bad == 0);
 }
 
-std::vector<int64_t> strides_of(const Shape& s) {
-  std::vector<int64_t> st(s.size());
-  int64_t acc = 1;
-  for (std::size_t i = s.size(); i-- > 0;) {
-    st[i] = acc;
-    acc *= s[i];
-  }
-  return st;
-}
-
 // Calls f(index) for every multi-index of `s` in row-major order.
 void for_each_index(const Shape& s, const std::function<void(const std::vector<int64_t>&)>& f) {
   for (int64_t d : s)
@@ -108,7 +98,7 @@ void for_each_index(const Shape& s, const std::function<void(const std::vector<i
 }
 
 int64_t flat(const std::vector<int64_t>& idx, const Shape& s) {
-  const auto st = strides_of(s);
+  const auto st = contiguous_strides(s);
   int64_t o = 0;
   for (std::size_t i = 0; i < idx.size(); ++i) o += idx[i] * st[i];
   return o;
