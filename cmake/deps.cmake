@@ -18,6 +18,19 @@ foreach(_v TESSEL_ZSTD_LIBRARY TESSEL_ZSTD_INCLUDE_DIR TESSEL_ISAL_LIBRARY TESSE
                         "installs them)")
   endif()
 endforeach()
+# Auto-sharding (src/autoshard/): zlib (zlib1g-dev) reads gzipped IOPDDL problems; CBC
+# (coinor-libcbc-dev, found with pkg-config) is the exact integer-programming solver.
+find_library(TESSEL_ZLIB_LIBRARY z)
+find_path(TESSEL_ZLIB_INCLUDE_DIR zlib.h)
+if(NOT TESSEL_ZLIB_LIBRARY OR NOT TESSEL_ZLIB_INCLUDE_DIR)
+  message(FATAL_ERROR "tessel: zlib not found: auto-sharding needs zlib1g-dev (scripts/deps installs it)")
+endif()
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(TESSEL_CBC cbc)
+if(NOT TESSEL_CBC_FOUND)
+  message(FATAL_ERROR "tessel: CBC not found with pkg-config (cbc.pc): auto-sharding's exact solver needs "
+                      "coinor-libcbc-dev (scripts/deps installs it)")
+endif()
 if(TESSEL_BUILD_TESTS)
   find_package(Catch2 2 REQUIRED)
 endif()
