@@ -1,0 +1,119 @@
+// tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact] [--trace PATH]
+//
+// Solves one IOPDDL contest problem (ASPLOS/EuroSys 2025; .json or .json.gz) with tessel's
+// auto-sharding solver and prints, as the last line of stdout, the contest's answer: the
+// strategy of every node, e.g. [0, 2, 1]. Progress (better plans as they are found, the final
+// cost and peak memory) goes to stderr. The answer is printed within SECONDS of the start.
+// Exit status: 0 with a feasible plan; 1 when no plan fits (the plan of least memory is still
+// printed); 2 for bad arguments or a bad file (the message names the file and the item).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "tessel/autoshard/problem.hpp"
+#include "tessel/autoshard/solver.hpp"
+
+namespace {
+
+int usage(const char* msg) {
+  std::fprintf(stderr,
+               "tessel-iopddl: %s\n"
+               "usage: tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact] [--trace PATH]\n"
+               "  FILE        an IOPDDL problem (.json or .json.gz)\n"
+               "  SECONDS     the time limit; the answer is printed within it\n"
+               "  --seed N    the search's seed (default 1)\n"
+               "  --iterations N  stop after N improvement steps (deterministic plan)\n"
+               "  --exact     solve the integer program on CBC (small problems)\n"
+               "  --trace PATH  write every better plan's time (s since start) and cost to PATH\n",
+               msg);
+  return 2;
+}
+
+bool parse_number(const char* s, double& out) {
+  char* end = nullptr;
+  out = std::strtod(s, &end);
+  return end != s && *end == '\0' && std::isfinite(out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tessel::autoshard;
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  if (argc < 3) return usage("expected FILE and SECONDS");
+  const std::string path = argv[1];
+  double seconds = 0;
+  if (!parse_number(argv[2], seconds) || seconds <= 0)
+    return usage(fmt::format("SECONDS must be a positive number, got '{}'", argv[2]).c_str());
+  SolveOptions options;
+  bool exact = false;
+  std::string trace_path;
+  for (int i = 3; i < argc; ++i) {
+    const std::string a = argv[i];
+    double v = 0;
+    if ((a == "--seed" || a == "--iterations") && i + 1 < argc) {
+      if (!parse_number(argv[i + 1], v) || v < 0)
+        return usage(fmt::format("{} needs a non-negative integer, got '{}'", a, argv[i + 1]).c_str());
+      if (a == "--seed") options.seed = static_cast<uint64_t>(v);
+      else options.max_iterations = static_cast<int64_t>(v);
+      ++i;
+    } else if (a == "--trace" && i + 1 < argc) {
+      trace_path = argv[++i];
+    } else if (a == "--exact") {
+      exact = true;
+    } else {
+      return usage(fmt::format("unknown argument '{}'", a).c_str());
+    }
+  }
+  try {
+    const Problem problem = read_iopddl(path);
+    const double read_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::fprintf(stderr, "tessel-iopddl: %s: %zu nodes, %zu edges, usage limit %s, read in %.2f s\n", path.c_str(),
+                 problem.nodes.size(), problem.edges.size(),
+                 problem.usage_limit ? std::to_string(*problem.usage_limit).c_str() : "none", read_s);
+    // Keep a margin for printing the answer (a 65,000-entry line) and process exit.
+    options.time_limit_s = std::max(0.05, seconds - read_s - std::min(1.0, 0.02 * seconds));
+    double last_print = -1;
+    options.on_improvement = [&](const TracePoint& tp) {
+      const double now = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (now - last_print < 0.5 && last_print >= 0) return;
+      last_print = now;
+      std::fprintf(stderr, "  %8.2f s  cost %s  (step %lld)\n", now, cost_str(tp.cost).c_str(),
+                   static_cast<long long>(tp.iteration));
+    };
+    const SolveResult r = exact ? solve_exact(problem, options) : solve(problem, options);
+    const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::fprintf(stderr,
+                 "tessel-iopddl: %s: %s, cost %s, peak usage %lld at t=%lld, %lld steps, first feasible at "
+                 "%.2f s, done at %.2f s\n",
+                 r.method.c_str(), status_name(r.status), cost_str(r.evaluation.cost).c_str(),
+                 static_cast<long long>(r.evaluation.peak_usage), static_cast<long long>(r.evaluation.peak_time),
+                 static_cast<long long>(r.iterations), r.first_feasible_s + read_s, total_s);
+    if (!r.evaluation.feasible())
+      std::fprintf(stderr, "tessel-iopddl: %s: no plan fits the usage limit%s; printing the plan of least memory\n",
+                   path.c_str(), r.evaluation.uses_infinite ? " without an infinite cost" : "");
+    if (!trace_path.empty()) {
+      std::FILE* f = std::fopen(trace_path.c_str(), "w");
+      if (f == nullptr) {
+        std::fprintf(stderr, "tessel-iopddl: cannot write the trace to %s\n", trace_path.c_str());
+      } else {
+        for (const TracePoint& tp : r.trace)
+          std::fprintf(f, "%.4f %s\n", tp.seconds + read_s, cost_str(tp.cost).c_str());
+        std::fclose(f);
+      }
+    }
+    std::printf("%s\n", format_plan(r.plan).c_str());
+    std::fflush(stdout);
+    return r.evaluation.feasible() ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessel-iopddl: %s\n", e.what());
+    return 2;
+  }
+}

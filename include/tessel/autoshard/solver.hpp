@@ -1,0 +1,78 @@
+// tessel/autoshard/solver.hpp — choosing one strategy per node (problem.hpp) at least cost
+// within the usage limit.
+//
+// Two methods, one result type:
+//  - solve_exact: the integer program of Alpa / XLA's auto-sharding (a 0/1 variable per node
+//    strategy, a linearised product per edge entry, one memory row per time segment) on CBC.
+//    Proves optimality on small problems; given a time limit it returns its best plan so far.
+//  - solve_anytime: for large graphs. Starts from the plan of least memory (feasible whenever
+//    any plan is: it minimises every time step's usage at once), then improves it until the
+//    time limit with exact dynamic programming over induced trees of the graph (a block of
+//    nodes re-chosen jointly with the rest fixed), guided by Lagrangian penalties on the time
+//    segments where memory ran out, keeping every accepted plan within the limit
+//    (docs/auto-sharding.md). Deterministic: the same problem, options and iteration count
+//    give the same plan; a time limit can only cut the sequence short.
+// solve() picks: for a program of at most exact_max_variables, a short anytime run (a feasible
+// plan fast) then CBC for the rest of the time, keeping the better; anytime otherwise.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessel/autoshard/problem.hpp"
+
+namespace tessel::autoshard {
+
+enum class SolveStatus {
+  optimal,     // proven optimal (exact method)
+  feasible,    // a plan within memory and without an infinite cost; maybe not optimal
+  infeasible,  // no plan fits: the plan returned is the one of least peak memory
+  unknown,     // the exact method stopped (time limit) before it found any plan
+};
+const char* status_name(SolveStatus s);
+
+// One point of the best-plan trace: when a better feasible plan was found.
+struct TracePoint {
+  double seconds = 0;  // since the solve began
+  TotalCost cost = 0;
+  int64_t iteration = 0;
+};
+
+struct SolveOptions {
+  double time_limit_s = 10.0;  // wall clock for the whole solve
+  // Anytime: the most improvement steps (block moves); -1 = until the time limit. With a
+  // budget the plan depends only on the problem, the seed and this count.
+  int64_t max_iterations = -1;
+  uint64_t seed = 1;
+  // solve(): CBC is tried when the integer program (over the coarsened problem) has at most
+  // this many variables. CBC checks its time limit only between steps of its search, and on a
+  // program of 1.7 million variables (IOPDDL's K) its first steps took minutes: larger
+  // problems stay with the anytime method.
+  int64_t exact_max_variables = 300000;
+  // Called (from the solving thread) whenever the anytime method records a better plan.
+  std::function<void(const TracePoint&)> on_improvement;
+};
+
+struct SolveResult {
+  Plan plan;
+  Evaluation evaluation;  // evaluate(problem, plan), exact
+  SolveStatus status = SolveStatus::unknown;
+  std::string method;     // "exact (CBC)" or "anytime"
+  double seconds = 0;     // wall time of the solve
+  double first_feasible_s = -1;  // when the first feasible plan was known (-1: never)
+  int64_t iterations = 0;        // anytime: block moves made; exact: 0
+  std::vector<TracePoint> trace;  // anytime: every recorded improvement, in order
+};
+
+SolveResult solve_exact(const Problem& problem, const SolveOptions& options);
+SolveResult solve_anytime(const Problem& problem, const SolveOptions& options);
+SolveResult solve(const Problem& problem, const SolveOptions& options);
+
+// Variables of the exact integer program over the coarsened problem (strategies of groups
+// that have a choice + entries of their pairs' edge matrices): what solve() compares with
+// exact_max_variables.
+int64_t exact_program_size(const Problem& problem);
+
+}  // namespace tessel::autoshard

@@ -1,0 +1,534 @@
+// The anytime method for large strategy-selection problems (see tessel/autoshard/solver.hpp
+// and docs/auto-sharding.md).
+//
+// State: a plan that always fits the usage limit, the usage per time segment in a
+// range-add/range-max segment tree, and a Lagrangian price per time segment.
+// Step ("block move"): pick a root node and grow an *induced tree* around it (a node joins
+// only while exactly one of its neighbours is in the block, so the block's edges form a
+// tree). With every other node fixed, the best strategies for the whole block are found
+// exactly by dynamic programming over that tree: each node's table is its own cost, plus its
+// price (usage x the sum of the prices of the segments where it is live), plus its edges to
+// fixed neighbours, plus the best of each child's table through their edge matrix. One node
+// is a greedy single-node move; a large tree changes a whole chain of layouts at once, which
+// single-node moves cannot (a reshard on every edge in between). The new block is kept if the
+// usage still fits at every segment (segment tree); otherwise it is undone and the segment
+// where it overflowed gets a higher price, so later blocks treat memory there as dear
+// (IOPDDL's winners turned memory into such penalties; here they only steer, feasibility is
+// never given up). Prices decay every sweep so that memory no longer tight becomes cheap.
+//
+// All choices come from a seeded xorshift generator, and ties keep the current strategy: the
+// same problem, seed and number of moves give the same plan.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "model.hpp"
+#include "tessel/autoshard/solver.hpp"
+
+namespace tessel::autoshard {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Range add, global max (and where) over n segments.
+class MaxSegmentTree {
+ public:
+  explicit MaxSegmentTree(int n) : n_(std::max(n, 1)), max_(4 * n_, 0), lazy_(4 * n_, 0) {}
+  void add(int lo, int hi, int64_t v) {
+    if (lo < hi) add(1, 0, n_, lo, hi, v);
+  }
+  int64_t max() const { return max_[1]; }
+  // The first segment holding the maximum.
+  int argmax() const {
+    int node = 1, l = 0, r = n_;
+    while (r - l > 1) {
+      const int mid = (l + r) / 2;
+      const int64_t want = max_[node] - lazy_[node];
+      if (max_[2 * node] == want) {
+        node = 2 * node;
+        r = mid;
+      } else {
+        node = 2 * node + 1;
+        l = mid;
+      }
+    }
+    return l;
+  }
+
+ private:
+  void add(int node, int l, int r, int lo, int hi, int64_t v) {
+    if (hi <= l || r <= lo) return;
+    if (lo <= l && r <= hi) {
+      max_[node] += v;
+      lazy_[node] += v;
+      return;
+    }
+    const int mid = (l + r) / 2;
+    add(2 * node, l, mid, lo, hi, v);
+    add(2 * node + 1, mid, r, lo, hi, v);
+    max_[node] = std::max(max_[2 * node], max_[2 * node + 1]) + lazy_[node];
+  }
+  int n_;
+  std::vector<int64_t> max_, lazy_;  // max_ includes this node's own lazy_
+};
+
+// Point add, range sum of segment prices.
+class Fenwick {
+ public:
+  explicit Fenwick(int n) : t_(n + 1, 0.0) {}
+  void add(int i, double v) {
+    for (++i; i < static_cast<int>(t_.size()); i += i & -i) t_[i] += v;
+  }
+  double prefix(int i) const {  // sum of [0, i)
+    double s = 0;
+    for (; i > 0; i -= i & -i) s += t_[i];
+    return s;
+  }
+  double range(int lo, int hi) const { return lo < hi ? prefix(hi) - prefix(lo) : 0.0; }
+  void clear() { std::fill(t_.begin(), t_.end(), 0.0); }
+
+ private:
+  std::vector<double> t_;
+};
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) {}
+  uint64_t next() {  // splitmix64
+    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  uint32_t below(uint32_t n) { return static_cast<uint32_t>(next() % n); }
+
+ private:
+  uint64_t s_;
+};
+
+constexpr double kInf = static_cast<double>(kInfiniteCost);
+
+class AnytimeSearch {
+ public:
+  AnytimeSearch(const Problem& p, const SolveOptions& o, Clock::time_point t0)
+      : p_(p), o_(o), t0_(t0), m_(detail::build_model(p)), c_(detail::build_coarse(p, m_)),
+        n_(static_cast<int32_t>(c_.groups.size())), seg_(m_.num_segments), price_(m_.num_segments), rng_(o.seed) {
+    pair_cost_.resize(c_.pairs.size());
+    for (std::size_t k = 0; k < c_.pairs.size(); ++k)
+      pair_cost_[k].assign(c_.pairs[k].cost.begin(), c_.pairs[k].cost.end());
+    node_cost_.resize(n_);
+    for (int32_t g = 0; g < n_; ++g) node_cost_[g].assign(c_.groups[g].cost.begin(), c_.groups[g].cost.end());
+    in_block_.assign(n_, 0);
+    block_count_.assign(n_, 0);
+    slot_.assign(n_, -1);
+    price_base_ = price_scale_estimate();
+  }
+
+  SolveResult run() {
+    SolveResult r;
+    r.method = "anytime";
+    const Plan least = detail::least_memory_plan(p_);
+    const Evaluation start = evaluate(p_, least);
+    if (!start.within_memory) {  // nothing fits: the least-memory plan is the least bad
+      r.plan = least;
+      r.evaluation = start;
+      r.status = SolveStatus::infeasible;
+      r.seconds = elapsed();
+      return r;
+    }
+    // Start: each group's strategy of least usage x time among those of finite cost. It may
+    // not fit (a group cannot take every member's least usage at once); moves then may not
+    // raise the peak, and the overflowing segment is priced up until the plan fits.
+    x_.assign(n_, 0);
+    for (int32_t g = 0; g < n_; ++g) x_[g] = least_area_strategy(g);
+    if (limited())
+      for (int32_t g = 0; g < n_; ++g) add_usage(g, x_[g], 1);
+    cur_ = total_cost();
+    best_ = x_;
+    best_cost_ = kInf;
+    if (fits() && cur_ < kInf / 2) {
+      best_cost_ = cur_;
+      note_improvement(r, 0);
+    }
+    // Block sizes tried in turn: single nodes, small trees, and trees as large as the graph
+    // allows.
+    const int32_t sizes[] = {1, 2, 4, 8, 16, 64, 256, 1024, n_};
+    int64_t visited = 0;
+    int64_t it = 0;
+    for (; o_.max_iterations < 0 || it < o_.max_iterations; ++it) {
+      if (o_.max_iterations < 0 && (it & 7) == 0 && elapsed() >= o_.time_limit_s) break;
+      const int32_t root = static_cast<int32_t>(rng_.below(static_cast<uint32_t>(n_)));
+      const int32_t size = sizes[rng_.below(sizeof(sizes) / sizeof(sizes[0]))];
+      const bool was_infinite = cur_ >= kInf / 2;
+      visited += block_move(root, std::max<int32_t>(1, size));
+      // Sums near 10^18 are inexact in double: recount once the plan leaves the infinite costs.
+      if (was_infinite && cur_ < kInf / 2) cur_ = total_cost();
+      if (!fits()) raise_price(seg_.argmax());
+      if (cur_ < best_cost_ - 0.5 && cur_ < kInf / 2 && fits()) {
+        best_cost_ = cur_;
+        pending_ = true;
+        note_improvement(r, it + 1);
+      }
+      if (visited >= n_) {  // a sweep: let prices of memory that is no longer tight fade
+        visited = 0;
+        decay_prices();
+      }
+    }
+    if (pending_) best_ = x_;
+    r.plan = expand(best_);
+    r.evaluation = evaluate(p_, r.plan);
+    r.status = r.evaluation.feasible() ? SolveStatus::feasible : SolveStatus::infeasible;
+    r.iterations = it;
+    r.seconds = elapsed();
+    return r;
+  }
+
+ private:
+  bool limited() const { return p_.usage_limit.has_value(); }
+  bool fits() const { return !limited() || seg_.max() <= *p_.usage_limit; }
+
+  // Usage of group g's members under its strategy gs added (sign 1) or removed (-1).
+  void add_usage(int32_t g, int32_t gs, int64_t sign) {
+    const detail::Group& grp = c_.groups[g];
+    const std::size_t k = grp.members.size();
+    for (std::size_t i = 0; i < k; ++i) {
+      const int32_t v = grp.members[i];
+      seg_.add(m_.seg_lo[v], m_.seg_hi[v], sign * p_.nodes[v].usage[grp.assign[gs * k + i]]);
+    }
+  }
+  // Moves group g from strategy from to strategy to in the usage tree (members that keep
+  // their strategy are skipped).
+  void move_usage(int32_t g, int32_t from, int32_t to) {
+    const detail::Group& grp = c_.groups[g];
+    const std::size_t k = grp.members.size();
+    for (std::size_t i = 0; i < k; ++i) {
+      const int32_t v = grp.members[i];
+      const int32_t a = grp.assign[from * k + i], b = grp.assign[to * k + i];
+      if (a != b) seg_.add(m_.seg_lo[v], m_.seg_hi[v], p_.nodes[v].usage[b] - p_.nodes[v].usage[a]);
+    }
+  }
+  int32_t least_area_strategy(int32_t g) const {
+    const detail::Group& grp = c_.groups[g];
+    const std::size_t k = grp.members.size();
+    int32_t best = -1;
+    double best_area = 0;
+    for (int32_t s = 0; s < grp.num_strategies; ++s) {
+      double area = 0;
+      for (std::size_t i = 0; i < k; ++i) {
+        const int32_t v = grp.members[i];
+        area += static_cast<double>(p_.nodes[v].usage[grp.assign[s * k + i]]) *
+                static_cast<double>(std::max<int64_t>(0, p_.nodes[v].live.end - p_.nodes[v].live.start));
+      }
+      const bool finite = grp.cost[s] < kInfiniteCost;
+      const bool best_finite = best >= 0 && grp.cost[best] < kInfiniteCost;
+      if (best < 0 || (finite && !best_finite) ||
+          (finite == best_finite && (area < best_area || (area == best_area && grp.cost[s] < grp.cost[best])))) {
+        best = s;
+        best_area = area;
+      }
+    }
+    return best;
+  }
+  Plan expand(const Plan& gx) const {
+    Plan plan(p_.nodes.size(), 0);
+    for (int32_t g = 0; g < n_; ++g) {
+      const detail::Group& grp = c_.groups[g];
+      const std::size_t k = grp.members.size();
+      for (std::size_t i = 0; i < k; ++i) plan[grp.members[i]] = grp.assign[gx[g] * k + i];
+    }
+    return plan;
+  }
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
+
+  void note_improvement(SolveResult& r, int64_t it) {
+    if (best_cost_ >= kInf / 2) return;  // an infinite cost is no feasible plan
+    TracePoint tp{elapsed(), static_cast<TotalCost>(std::llround(best_cost_)), it};
+    if (r.first_feasible_s < 0) r.first_feasible_s = tp.seconds;
+    r.trace.push_back(tp);
+    if (o_.on_improvement) o_.on_improvement(tp);
+  }
+
+  // A typical cost per unit of usage: the median over nodes of (cost spread / usage spread).
+  // Prices start at a tenth of it and grow from there.
+  double price_scale_estimate() const {
+    std::vector<double> ratios;
+    for (const Node& node : p_.nodes) {
+      int64_t cmin = std::numeric_limits<int64_t>::max(), cmax = 0, umin = std::numeric_limits<int64_t>::max(),
+              umax = std::numeric_limits<int64_t>::min();
+      for (int32_t s = 0; s < node.num_strategies(); ++s) {
+        if (node.cost[s] >= kInfiniteCost) continue;
+        cmin = std::min(cmin, node.cost[s]);
+        cmax = std::max(cmax, node.cost[s]);
+        umin = std::min(umin, node.usage[s]);
+        umax = std::max(umax, node.usage[s]);
+      }
+      if (umax > umin && cmax > cmin) ratios.push_back(static_cast<double>(cmax - cmin) / static_cast<double>(umax - umin));
+    }
+    if (ratios.empty()) return 1.0;
+    std::nth_element(ratios.begin(), ratios.begin() + ratios.size() / 2, ratios.end());
+    return 0.1 * ratios[ratios.size() / 2];
+  }
+
+  // Prices are stored divided by price_scale_, so a global decay is one multiplication.
+  double node_price(int32_t v) const {
+    return price_scale_ * price_.range(m_.seg_lo[v], m_.seg_hi[v]);
+  }
+  void raise_price(int seg) {
+    const double old = price_scale_ * price_.range(seg, seg + 1);
+    price_.add(seg, (0.5 * old + price_base_) / price_scale_);
+  }
+  void decay_prices() {
+    price_scale_ *= 0.7;
+    if (price_scale_ < 1e-200) {  // everything has faded: start from zero
+      price_.clear();
+      price_scale_ = 1.0;
+    }
+  }
+
+  // Cost of the pair edge when v takes sv and its other end takes sw.
+  double edge(int32_t pair, int32_t v, int32_t sv, int32_t sw) const {
+    const detail::PairEdge& e = c_.pairs[pair];
+    const int32_t sb = c_.groups[e.b].num_strategies;
+    return e.a == v ? pair_cost_[pair][static_cast<std::size_t>(sv) * sb + sw]
+                    : pair_cost_[pair][static_cast<std::size_t>(sw) * sb + sv];
+  }
+
+  double total_cost() const {
+    double c = 0;
+    for (int32_t g = 0; g < n_; ++g) c += node_cost_[g][x_[g]];
+    for (std::size_t k = 0; k < c_.pairs.size(); ++k) {
+      const detail::PairEdge& e = c_.pairs[k];
+      c += pair_cost_[k][static_cast<std::size_t>(x_[e.a]) * c_.groups[e.b].num_strategies + x_[e.b]];
+    }
+    return c;
+  }
+
+  // Grows an induced tree of at most max_size nodes from root, solves it exactly, applies the
+  // result when it fits. Returns the block size.
+  int32_t block_move(int32_t root, int32_t max_size) {
+    grow_block(root, max_size);
+    solve_block();
+    apply_block();
+    const int32_t size = static_cast<int32_t>(block_.size());
+    for (int32_t v : block_) {
+      in_block_[v] = 0;
+      slot_[v] = -1;
+    }
+    for (int32_t v : touched_) block_count_[v] = 0;
+    touched_.clear();
+    return size;
+  }
+
+  void join(int32_t v, int32_t parent, int32_t pair) {
+    slot_[v] = static_cast<int32_t>(block_.size());
+    block_.push_back(v);
+    parent_.push_back(parent);
+    parent_pair_.push_back(pair);
+    in_block_[v] = 1;
+    for (const detail::Neighbor& nb : c_.adj[v]) {
+      if (block_count_[nb.node]++ == 0) touched_.push_back(nb.node);
+    }
+  }
+
+  void grow_block(int32_t root, int32_t max_size) {
+    block_.clear();
+    parent_.clear();
+    parent_pair_.clear();
+    join(root, -1, -1);
+    for (std::size_t i = 0; i < block_.size() && static_cast<int32_t>(block_.size()) < max_size; ++i) {
+      const int32_t v = block_[i];
+      const auto& adj = c_.adj[v];
+      if (adj.empty()) continue;
+      // Start at a random neighbour so that repeated blocks around a hub differ.
+      const std::size_t off = rng_.below(static_cast<uint32_t>(adj.size()));
+      for (std::size_t j = 0; j < adj.size() && static_cast<int32_t>(block_.size()) < max_size; ++j) {
+        const detail::Neighbor& nb = adj[(off + j) % adj.size()];
+        if (!in_block_[nb.node] && block_count_[nb.node] == 1) join(nb.node, v, nb.pair);
+      }
+    }
+  }
+
+  void solve_block() {
+    const int32_t k = static_cast<int32_t>(block_.size());
+    table_off_.resize(k + 1);
+    table_off_[0] = 0;
+    for (int32_t i = 0; i < k; ++i) table_off_[i + 1] = table_off_[i] + c_.groups[block_[i]].num_strategies;
+    table_.assign(table_off_[k], 0.0);
+    // Own cost + price + edges to fixed neighbours.
+    for (int32_t i = 0; i < k; ++i) {
+      const int32_t v = block_[i];
+      const detail::Group& grp = c_.groups[v];
+      const int32_t ns = grp.num_strategies;
+      double* f = &table_[table_off_[i]];
+      for (int32_t s = 0; s < ns; ++s) f[s] = node_cost_[v][s];
+      if (limited()) {  // each member's usage at the price of its segments
+        const std::size_t km = grp.members.size();
+        for (std::size_t j = 0; j < km; ++j) {
+          const int32_t m = grp.members[j];
+          const double mu = node_price(m);
+          if (mu == 0) continue;
+          for (int32_t s = 0; s < ns; ++s) f[s] += mu * static_cast<double>(p_.nodes[m].usage[grp.assign[s * km + j]]);
+        }
+      }
+      for (const detail::Neighbor& nb : c_.adj[v]) {
+        if (in_block_[nb.node]) continue;
+        for (int32_t s = 0; s < ns; ++s) f[s] += edge(nb.pair, v, s, x_[nb.node]);
+      }
+    }
+    // Children into parents, leaves first; choice_[i][s_parent] = child's best strategy.
+    choice_off_.assign(k + 1, 0);
+    for (int32_t i = 1; i < k; ++i)
+      choice_off_[i + 1] = choice_off_[i] + c_.groups[parent_[i]].num_strategies;
+    choice_.assign(choice_off_[k], 0);
+    for (int32_t i = k - 1; i >= 1; --i) {
+      const int32_t c = block_[i], par = parent_[i];
+      const int32_t sc = c_.groups[c].num_strategies, sp = c_.groups[par].num_strategies;
+      const double* fc = &table_[table_off_[i]];
+      double* fp = &table_[table_off_[slot_[par]]];
+      int32_t* ch = &choice_[choice_off_[i]];
+      for (int32_t s = 0; s < sp; ++s) {
+        int32_t best = x_[c];
+        double best_v = fc[best] + edge(parent_pair_[i], par, s, best);
+        for (int32_t t = 0; t < sc; ++t) {
+          const double val = fc[t] + edge(parent_pair_[i], par, s, t);
+          if (val < best_v) {
+            best_v = val;
+            best = t;
+          }
+        }
+        ch[s] = best;
+        fp[s] += best_v;
+      }
+    }
+    new_x_.resize(k);
+    const double* fr = &table_[0];
+    int32_t best = x_[block_[0]];
+    for (int32_t s = 0; s < c_.groups[block_[0]].num_strategies; ++s)
+      if (fr[s] < fr[best]) best = s;
+    new_x_[0] = best;
+    for (int32_t i = 1; i < k; ++i) new_x_[i] = choice_[choice_off_[i] + new_x_[slot_[parent_[i]]]];
+  }
+
+  void apply_block() {
+    const int32_t k = static_cast<int32_t>(block_.size());
+    changed_.clear();
+    for (int32_t i = 0; i < k; ++i)
+      if (new_x_[i] != x_[block_[i]]) changed_.push_back(i);
+    if (changed_.empty()) return;
+    if (limited()) {
+      // Kept when the peak stays within the limit, or (while the plan does not fit yet)
+      // does not rise.
+      const int64_t allowed = std::max(*p_.usage_limit, seg_.max());
+      for (int32_t i : changed_) move_usage(block_[i], x_[block_[i]], new_x_[i]);
+      if (seg_.max() > allowed) {  // does not fit: undo, and price the overflow
+        const int over = seg_.argmax();
+        for (int32_t i : changed_) move_usage(block_[i], new_x_[i], x_[block_[i]]);
+        raise_price(over);
+        return;
+      }
+    }
+    // True cost change: node costs, and every edge with a changed end (once).
+    double delta = 0;
+    for (int32_t i : changed_) {
+      const int32_t v = block_[i];
+      const int32_t sold = x_[v], snew = new_x_[i];
+      delta += node_cost_[v][snew] - node_cost_[v][sold];
+      for (const detail::Neighbor& nb : c_.adj[v]) {
+        const int32_t j = slot_[nb.node];
+        const bool other_changed = j >= 0 && new_x_[j] != x_[nb.node];
+        if (other_changed && nb.node < v) continue;  // counted from the other end
+        const int32_t wold = x_[nb.node], wnew = other_changed ? new_x_[j] : wold;
+        delta += edge(nb.pair, v, snew, wnew) - edge(nb.pair, v, sold, wold);
+      }
+    }
+    if (delta > 0 && pending_) {  // the plan before this move is the best so far: keep it
+      best_ = x_;
+      pending_ = false;
+    }
+    for (int32_t i : changed_) x_[block_[i]] = new_x_[i];
+    cur_ += delta;
+  }
+
+  const Problem& p_;
+  const SolveOptions& o_;
+  Clock::time_point t0_;
+  detail::Model m_;
+  detail::Coarse c_;  // the search runs over its groups
+  int32_t n_;
+  std::vector<std::vector<double>> node_cost_, pair_cost_;
+  MaxSegmentTree seg_;
+  Fenwick price_;
+  double price_scale_ = 1.0, price_base_ = 1.0;
+  Rng rng_;
+  Plan x_, best_;
+  double cur_ = 0, best_cost_ = 0;
+  bool pending_ = false;  // x_ is better than best_ (copied lazily, before it gets worse)
+  // The current block.
+  std::vector<int32_t> block_, parent_, parent_pair_, touched_, changed_, new_x_;
+  std::vector<char> in_block_;
+  std::vector<int32_t> block_count_, slot_;
+  std::vector<double> table_;
+  std::vector<int32_t> table_off_, choice_off_, choice_;
+};
+
+}  // namespace
+
+const char* status_name(SolveStatus s) {
+  switch (s) {
+    case SolveStatus::optimal: return "optimal";
+    case SolveStatus::feasible: return "feasible";
+    case SolveStatus::infeasible: return "infeasible";
+    case SolveStatus::unknown: return "unknown";
+  }
+  return "?";
+}
+
+SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
+  const auto t0 = Clock::now();
+  if (problem.nodes.empty()) {
+    SolveResult r;
+    r.method = "anytime";
+    r.status = SolveStatus::feasible;
+    r.evaluation = evaluate(problem, r.plan);
+    return r;
+  }
+  AnytimeSearch search(problem, options, t0);
+  return search.run();
+}
+
+SolveResult solve(const Problem& problem, const SolveOptions& options) {
+  const auto t0 = Clock::now();
+  if (exact_program_size(problem) > options.exact_max_variables) return solve_anytime(problem, options);
+  // Small enough for the integer program: a short anytime run first (a feasible plan within
+  // a fraction of the limit, and the answer should CBC run out of time), then CBC.
+  SolveOptions quick = options;
+  quick.time_limit_s = std::min(5.0, 0.1 * options.time_limit_s);
+  SolveResult first = solve_anytime(problem, quick);
+  const double used = std::chrono::duration<double>(Clock::now() - t0).count();
+  SolveOptions rest = options;
+  // CBC checks its clock between nodes of its search: keep a margin for the last one.
+  rest.time_limit_s = 0.85 * (options.time_limit_s - used);
+  if (rest.time_limit_s < 0.5) return first;
+  SolveResult exact = solve_exact(problem, rest);
+  const double offset = used;
+  const bool exact_better = exact.evaluation.feasible() &&
+                            (!first.evaluation.feasible() || exact.evaluation.cost <= first.evaluation.cost);
+  SolveResult r = exact_better ? exact : first;
+  r.method = exact_better ? "anytime, then exact (CBC)" : "anytime (CBC found nothing better)";
+  if (exact_better && exact.status != SolveStatus::optimal) r.status = SolveStatus::feasible;
+  r.trace = first.trace;
+  r.first_feasible_s = first.first_feasible_s >= 0 ? first.first_feasible_s : -1;
+  if (exact_better) {
+    const TracePoint tp{offset + exact.seconds, exact.evaluation.cost, first.iterations};
+    r.trace.push_back(tp);
+    if (r.first_feasible_s < 0) r.first_feasible_s = tp.seconds;
+    if (options.on_improvement) options.on_improvement(tp);
+  }
+  r.iterations = first.iterations;
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace tessel::autoshard

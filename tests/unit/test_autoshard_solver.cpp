@@ -1,0 +1,190 @@
+// Auto-sharding solvers (tessel/autoshard/solver.hpp) against brute-force enumeration on small
+// random problems: the exact method's optimum equals the enumeration's; the anytime method is
+// feasible, never below the optimum, and optimal on trees without a memory limit (its moves
+// are exact there); the same seed and step budget give the same plan.
+#include <algorithm>
+#include <random>
+
+#include <catch2/catch.hpp>
+
+#include "tessel/autoshard/problem.hpp"
+#include "tessel/autoshard/solver.hpp"
+#include "test_util.hpp"
+
+using namespace tessel::autoshard;
+
+namespace {
+
+struct Shape {
+  bool tree = false;          // edges form a tree (else: random, parallel edges allowed)
+  bool limit = true;          // draw a usage limit between the least and the largest peak
+  bool infinite = false;      // some entries cost the 10^18 sentinel
+};
+
+Problem random_problem(std::mt19937_64& rng, int n, int max_s, const Shape& shape) {
+  auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  Problem p;
+  p.name = "random";
+  for (int i = 0; i < n; ++i) {
+    Node node;
+    const int s = static_cast<int>(uni(1, max_s));
+    const int64_t start = uni(0, 8);
+    node.live = {start, start + uni(-1, 6)};  // sometimes empty
+    for (int k = 0; k < s; ++k) {
+      node.cost.push_back(shape.infinite && uni(0, 9) == 0 ? kInfiniteCost : uni(0, 100));
+      node.usage.push_back(uni(0, 20));
+    }
+    p.nodes.push_back(node);
+  }
+  auto add_edge = [&](int a, int b) {
+    Edge e;
+    e.a = a;
+    e.b = b;
+    for (std::size_t k = 0; k < p.nodes[a].cost.size() * p.nodes[b].cost.size(); ++k)
+      e.cost.push_back(shape.infinite && uni(0, 7) == 0 ? kInfiniteCost : uni(0, 100));
+    p.edges.push_back(e);
+  };
+  if (shape.tree) {
+    for (int i = 1; i < n; ++i) {
+      const int parent = static_cast<int>(uni(0, i - 1));
+      if (uni(0, 1)) add_edge(parent, i);
+      else add_edge(i, parent);
+    }
+  } else {
+    const int m = static_cast<int>(uni(n - 1, 2 * n));
+    for (int k = 0; k < m; ++k) {
+      const int a = static_cast<int>(uni(0, n - 1));
+      int b = static_cast<int>(uni(0, n - 2));
+      if (b >= a) ++b;
+      add_edge(a, b);
+    }
+  }
+  if (shape.limit) {
+    Plan lo(n), hi(n);
+    for (int i = 0; i < n; ++i) {
+      const auto& u = p.nodes[i].usage;
+      lo[i] = static_cast<int32_t>(std::min_element(u.begin(), u.end()) - u.begin());
+      hi[i] = static_cast<int32_t>(std::max_element(u.begin(), u.end()) - u.begin());
+    }
+    const int64_t a = evaluate(p, lo).peak_usage, b = evaluate(p, hi).peak_usage;
+    p.usage_limit = uni(a, std::max(a, b));
+  }
+  return p;
+}
+
+// The best feasible plan's cost by enumeration; -1 when none is feasible.
+TotalCost brute_force(const Problem& p) {
+  Plan plan(p.nodes.size(), 0);
+  TotalCost best = -1;
+  while (true) {
+    const Evaluation ev = evaluate(p, plan);
+    if (ev.feasible() && (best < 0 || ev.cost < best)) best = ev.cost;
+    std::size_t i = 0;
+    for (; i < plan.size(); ++i) {
+      if (++plan[i] < p.nodes[i].num_strategies()) break;
+      plan[i] = 0;
+    }
+    if (i == plan.size()) return best;
+  }
+}
+
+SolveOptions budget(int64_t steps, uint64_t seed) {
+  SolveOptions o;
+  o.max_iterations = steps;
+  o.seed = seed;
+  o.time_limit_s = 30;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("autoshard: the exact solver's optimum equals brute force on random problems", "[autoshard]") {
+  const uint64_t seed = tessel_test::seed();
+  const int n_cases = tessel_test::cases(60);
+  tessel_test::announce("autoshard: exact == brute force", seed, n_cases);
+  std::mt19937_64 rng(seed);
+  for (int c = 0; c < n_cases; ++c) {
+    Shape shape;
+    shape.tree = c % 3 == 0;
+    shape.limit = c % 4 != 0;
+    shape.infinite = c % 5 == 0;
+    const Problem p = random_problem(rng, 2 + c % 6, 4, shape);
+    INFO("seed " << seed << " case " << c);
+    const TotalCost want = brute_force(p);
+    const SolveResult r = solve_exact(p, budget(-1, seed));
+    if (want < 0) {
+      CHECK(r.status == SolveStatus::infeasible);
+      CHECK_FALSE(r.evaluation.feasible());
+    } else {
+      REQUIRE(r.status == SolveStatus::optimal);
+      CHECK(r.evaluation.feasible());
+      CHECK(cost_str(r.evaluation.cost) == cost_str(want));
+    }
+  }
+}
+
+TEST_CASE("autoshard: the anytime solver is feasible and never below the optimum", "[autoshard]") {
+  const uint64_t seed = tessel_test::seed();
+  const int n_cases = tessel_test::cases(60);
+  tessel_test::announce("autoshard: anytime feasible, >= optimum", seed, n_cases);
+  std::mt19937_64 rng(seed);
+  int optimal = 0, feasible = 0;
+  for (int c = 0; c < n_cases; ++c) {
+    Shape shape;
+    shape.tree = c % 2 == 0;
+    shape.limit = c % 3 != 0;
+    const Problem p = random_problem(rng, 3 + c % 6, 4, shape);
+    INFO("seed " << seed << " case " << c);
+    const TotalCost want = brute_force(p);
+    const SolveResult r = solve_anytime(p, budget(400, seed));
+    if (want < 0) {
+      CHECK(r.status == SolveStatus::infeasible);
+      continue;
+    }
+    ++feasible;
+    REQUIRE(r.status == SolveStatus::feasible);
+    REQUIRE(r.evaluation.feasible());
+    CHECK(r.evaluation.cost >= want);
+    // The trace ends at the plan returned; its first point is the first feasible plan.
+    REQUIRE_FALSE(r.trace.empty());
+    CHECK(cost_str(r.trace.back().cost) == cost_str(r.evaluation.cost));
+    CHECK(r.first_feasible_s >= 0);
+    if (r.evaluation.cost == want) ++optimal;
+    // A tree without a memory limit: one block spans it and dynamic programming is exact.
+    if (shape.tree && !shape.limit) CHECK(cost_str(r.evaluation.cost) == cost_str(want));
+  }
+  INFO("optimal on " << optimal << " of " << feasible);
+  CHECK(optimal * 10 >= feasible * 8);
+}
+
+TEST_CASE("autoshard: the same problem, seed and step budget give the same plan", "[autoshard]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("autoshard: determinism", seed, 5);
+  std::mt19937_64 rng(seed);
+  for (int c = 0; c < 5; ++c) {
+    Shape shape;
+    const Problem p = random_problem(rng, 40, 6, shape);
+    INFO("seed " << seed << " case " << c);
+    const SolveResult a = solve_anytime(p, budget(300, 7));
+    const SolveResult b = solve_anytime(p, budget(300, 7));
+    CHECK(a.plan == b.plan);
+    CHECK(a.iterations == 300);
+    if (a.status == SolveStatus::feasible) CHECK(a.evaluation.feasible());
+  }
+}
+
+TEST_CASE("autoshard: solve() ends with the exact method on small problems", "[autoshard]") {
+  const Problem p = read_iopddl(std::string(TESSEL_SOURCE_DIR) + "/../shared/benchmarks/iopddl/example.json");
+  SolveOptions o;
+  o.time_limit_s = 2;  // 0.2 s of anytime search, then CBC
+  const SolveResult r = solve(p, o);
+  CHECK(r.method == "anytime, then exact (CBC)");
+  CHECK(r.status == SolveStatus::optimal);
+  CHECK(r.plan == Plan{0, 0, 2, 1, 0});
+  CHECK(cost_str(r.evaluation.cost) == "445");
+  o.exact_max_variables = 0;
+  o.max_iterations = 2000;
+  const SolveResult any = solve(p, o);
+  CHECK(any.method == "anytime");
+  CHECK(cost_str(any.evaluation.cost) == "445");
+}
