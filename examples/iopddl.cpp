@@ -1,4 +1,4 @@
-// tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact] [--trace PATH]
+// tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact | --anytime] [--trace PATH]
 //
 // Solves one IOPDDL contest problem (ASPLOS/EuroSys 2025; .json or .json.gz) with tessel's
 // auto-sharding solver and prints, as the last line of stdout, the contest's answer: the
@@ -24,12 +24,13 @@ namespace {
 int usage(const char* msg) {
   std::fprintf(stderr,
                "tessel-iopddl: %s\n"
-               "usage: tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact] [--trace PATH]\n"
+               "usage: tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact | --anytime] [--trace PATH]\n"
                "  FILE        an IOPDDL problem (.json or .json.gz)\n"
                "  SECONDS     the time limit; the answer is printed within it\n"
                "  --seed N    the search's seed (default 1)\n"
                "  --iterations N  stop after N improvement steps (deterministic plan)\n"
-               "  --exact     solve the integer program on CBC (small problems)\n"
+               "  --exact     only the integer program on CBC (small problems)\n"
+               "  --anytime   only the anytime search (default: anytime, then CBC when small)\n"
                "  --trace PATH  write every better plan's time (s since start) and cost to PATH\n",
                msg);
   return 2;
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
   if (!parse_number(argv[2], seconds) || seconds <= 0)
     return usage(fmt::format("SECONDS must be a positive number, got '{}'", argv[2]).c_str());
   SolveOptions options;
-  bool exact = false;
+  bool exact = false, anytime_only = false;
   std::string trace_path;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
@@ -68,6 +69,8 @@ int main(int argc, char** argv) {
       trace_path = argv[++i];
     } else if (a == "--exact") {
       exact = true;
+    } else if (a == "--anytime") {
+      anytime_only = true;
     } else {
       return usage(fmt::format("unknown argument '{}'", a).c_str());
     }
@@ -88,7 +91,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "  %8.2f s  cost %s  (step %lld)\n", now, cost_str(tp.cost).c_str(),
                    static_cast<long long>(tp.iteration));
     };
-    const SolveResult r = exact ? solve_exact(problem, options) : solve(problem, options);
+    const SolveResult r = exact           ? solve_exact(problem, options)
+                          : anytime_only ? solve_anytime(problem, options)
+                                         : solve(problem, options);
     const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
     std::fprintf(stderr,
                  "tessel-iopddl: %s: %s, cost %s, peak usage %lld at t=%lld, %lld steps, first feasible at "
