@@ -563,6 +563,23 @@ std::vector<HostTensor> LoadedExecutable::shards_to_host(const ShardedArray& a) 
   return impl_->rt->allgather_shards(mesh(), std::move(out));
 }
 
+HostTensor LoadedExecutable::shard_to_host(const ShardedArray& a, std::size_t local) const {
+  Impl::Call call(*impl_, "shard_to_host");
+  const ShardedArray::Reading held = a.read("shard_to_host");
+  if (a.devices() != impl_->positions)
+    throw RuntimeError(fmt::format("shard_to_host: array {} is not an array of the devices {} of mesh {} held here",
+                                   a.to_string(), shape_str(impl_->positions), mesh().to_string()));
+  if (local >= impl_->positions.size())
+    throw RuntimeError(fmt::format("shard_to_host: local device {} of array {}: this process holds {} devices", local,
+                                   a.to_string(), impl_->positions.size()));
+  ThreadRuntime& lr = *impl_->local;
+  const int64_t d = static_cast<int64_t>(local);
+  HostTensor t(a.dtype(), a.local_shape());
+  lr.backend(d).copy_to_host(t.data(), *held.local(local), t.bytes(), lr.transfer_stream(d));
+  lr.transfer_stream(d).synchronize();
+  return t;
+}
+
 HostTensor LoadedExecutable::to_host(const ShardedArray& a, bool check_replicas) const {
   Impl::Call call(*impl_, "to_host");
   if (a.local_shape() == a.shape() && !check_replicas && a.devices() == impl_->positions &&

@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 
+#include "checkpoint_util.hpp"
 #include "mlp_model.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/checkpoint/zarr.hpp"
@@ -29,32 +30,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& what) {
-  const fs::path p = fs::temp_directory_path() /
-                     ("tessel-ckpt-" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
-  fs::remove_all(p);
-  return p.string();
-}
-
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& what) : path(fresh_dir(what)) {}
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-HostTensor random_tensor(DType t, const Shape& s, std::mt19937_64& rng) {
-  HostTensor h(t, s);
-  std::normal_distribution<double> n(0, 3);
-  for (int64_t i = 0; i < h.numel(); ++i) h.set(i, t == DType::i32 ? std::round(n(rng) * 1000) : n(rng));
-  return h;
-}
-
-bool same_bits(const HostTensor& a, const HostTensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
-}
+using tessel_test::TempDir;
+using tessel_test::random_tensor;
+using tessel_test::same_bits;
 
 void flip_byte(const std::string& file, int64_t at_from_end) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);

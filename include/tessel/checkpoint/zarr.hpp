@@ -77,6 +77,7 @@ class Array {
   const std::string& dir() const { return dir_; }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }        // the tessel dtype (bfloat16 for uint16 + tessel_dtype)
+  const Shape& chunk_shape() const { return chunk_shape_; }  // the grid's: one file per shard (or plain chunk)
   const std::string& attributes_json() const { return attributes_; }
 
   // The region [start, start + shape) (whole array: read_all). Throws Error for a region outside

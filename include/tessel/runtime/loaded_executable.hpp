@@ -148,6 +148,11 @@ class LoadedExecutable {
   // Devices -> host: the global tensor (check_replicas as in RunOptions), or every shard.
   HostTensor to_host(const ShardedArray& array, bool check_replicas = false) const;
   std::vector<HostTensor> shards_to_host(const ShardedArray& array) const;
+  // The shard of one local device (array.devices()[local]) on the host, as the device holds it
+  // (local shape, padding included). Not collective: each process copies what it needs (a
+  // checkpoint writes each block from one process). Throws RuntimeError naming the array when
+  // it is not an array of this program's local devices or `local` is out of range.
+  HostTensor shard_to_host(const ShardedArray& array, std::size_t local) const;
 
   // Runs one step. inputs in graph input order (or by name). Throws RuntimeError naming the
   // input on a wrong array, and the device and instruction when one fails (all devices are
