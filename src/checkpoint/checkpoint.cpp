@@ -160,46 +160,103 @@ std::map<std::string, HostTensor> CheckpointDir::read_all(int64_t step, zarr::Re
 }
 
 ShardedArray CheckpointDir::restore_to_device(int64_t step, const std::string& name, const LoadedExecutable& program,
-                                              const std::string& input, zarr::ReadStats* stats) const {
+                                              const std::string& input, zarr::ReadStats* stats,
+                                              const RestoreOptions& options) const {
   const zarr::Array a = array(step, name);
   const std::size_t in = program.input_index(input);
   const Program& prog = program.program();
   const LocalValue& lv = prog.values.at(static_cast<std::size_t>(prog.inputs.at(in)));
   // The input's global shape may be padded for an uneven layout: the saved array is the user's
-  // shape, the rest of each block stays zero.
+  // shape, the rest of each block is written as zeros.
   const std::size_t r = lv.global_shape.size();
   const Shape user = program.input_shape(in);
   if (a.dtype() != lv.dtype || a.shape() != user)
     throw Error(fmt::format("checkpoint {} step {}: array '{}' is {}{}, input %{} of the program takes {}{}", path_, step,
                             name, dtype_name(a.dtype()), shape_str(a.shape()), input, dtype_name(lv.dtype),
                             shape_str(user)));
-  const Mesh& mesh = program.mesh();
-  std::map<std::vector<int64_t>, HostTensor> by_offset;  // a replicated block is read once
-  std::vector<HostTensor> shards;
-  for (int64_t pos : program.local_devices()) {
-    const std::vector<int64_t> off = lv.sharding.local_offset(mesh, lv.global_shape, pos);
-    auto it = by_offset.find(off);
-    if (it == by_offset.end()) {
-      HostTensor block(lv.dtype, lv.shape);
-      std::vector<int64_t> start(r);
-      Shape box(r);
-      bool any = true;
-      for (std::size_t d = 0; d < r; ++d) {
-        start[d] = std::min(off[d], a.shape()[d]);
-        box[d] = std::max<int64_t>(0, std::min(off[d] + lv.shape[d], a.shape()[d]) - start[d]);
-        any = any && box[d] > 0;
-      }
-      if (any) {
-        const HostTensor part = a.read(start, box, stats);
-        zarr::copy_box(static_cast<const char*>(part.data()), box, std::vector<int64_t>(r, 0),
-                       static_cast<char*>(block.data()), lv.shape, std::vector<int64_t>(r, 0), box,
-                       dtype_size(lv.dtype));
-      }
-      it = by_offset.emplace(off, std::move(block)).first;
+  // Slabs: boxes of the block that fit the budget, cut on the saved array's inner-chunk grid so
+  // that each inner chunk is read once. A slab is held up to three times (the slab, the region
+  // read when it is not the whole slab, the staging copy) beside the reader's buffers.
+  const int64_t elem = static_cast<int64_t>(dtype_size(lv.dtype));
+  const int64_t reader = a.read_buffer_bytes();
+  const int64_t slab_budget = (options.host_budget_bytes - reader) / 3;
+  if (slab_budget < elem)
+    throw Error(fmt::format("checkpoint {} step {}: array '{}': a host budget of {} bytes cannot hold the reader's "
+                            "{} bytes (one encoded and one decoded inner chunk, a shard index) and a slab of one "
+                            "element (3 x {} bytes): raise RestoreOptions::host_budget_bytes to at least {}",
+                            path_, step, name, options.host_budget_bytes, reader, elem, reader + 3 * elem));
+  // The slab's extent per dim: the whole block when it fits; else, dim by dim from the first,
+  // the largest multiple of the inner chunk's extent that fits (the chunk's extent when none
+  // does, and on to the next dim); when one inner chunk is still too large, the same with a
+  // unit of one element (the chunks are then read more than once: the budget is too small
+  // for them).
+  Shape ext = lv.shape;
+  auto bytes_of = [&](const Shape& e) { return num_elements(e) * elem; };
+  for (int pass = 0; pass < 2 && bytes_of(ext) > slab_budget; ++pass) {
+    for (std::size_t d = 0; d < r && bytes_of(ext) > slab_budget; ++d) {
+      const int64_t unit = pass == 0 ? std::min(a.inner_chunk_shape()[d], lv.shape[d]) : 1;
+      Shape one = ext;
+      one[d] = 1;
+      const int64_t fit = slab_budget / std::max<int64_t>(1, bytes_of(one));
+      ext[d] = std::max(unit, std::min(ext[d], fit / unit * unit));
     }
-    shards.push_back(it->second);
   }
-  return program.shards_to_device(in, shards);
+  const Mesh& mesh = program.mesh();
+  ShardedArray out = program.allocate_input_array(in);
+  const std::vector<int64_t>& locals = program.local_devices();
+  std::map<std::vector<int64_t>, std::vector<std::size_t>> by_offset;  // a replicated block is read once
+  for (std::size_t i = 0; i < locals.size(); ++i)
+    by_offset[lv.sharding.local_offset(mesh, lv.global_shape, locals[i])].push_back(i);
+  int64_t peak = 0;
+  for (const auto& [off, holders] : by_offset) {
+    // Slab k of dim d covers the block's part of [k * ext[d], (k + 1) * ext[d]) in the array's
+    // coordinates (aligned on the inner-chunk grid).
+    std::vector<int64_t> first(r), count(r);
+    for (std::size_t d = 0; d < r; ++d) {
+      first[d] = off[d] / ext[d];
+      count[d] = (off[d] + lv.shape[d] - 1) / ext[d] - first[d] + 1;
+    }
+    const int64_t slabs = lv.shape.empty() ? 1 : num_elements(count);
+    for (int64_t sidx = 0; sidx < slabs; ++sidx) {
+      std::vector<int64_t> lstart(r);
+      Shape lbox(r);
+      int64_t rest = sidx;
+      for (std::size_t d = r; d-- > 0;) {
+        const int64_t k = first[d] + rest % count[d];
+        rest /= count[d];
+        const int64_t lo = std::max(off[d], k * ext[d]), hi = std::min(off[d] + lv.shape[d], (k + 1) * ext[d]);
+        lstart[d] = lo - off[d];
+        lbox[d] = hi - lo;
+      }
+      // The part of the slab inside the saved array (the rest is an uneven layout's padding).
+      std::vector<int64_t> astart(r);
+      Shape abox(r);
+      bool any = true, whole = true;
+      for (std::size_t d = 0; d < r; ++d) {
+        astart[d] = std::min(off[d] + lstart[d], a.shape()[d]);
+        abox[d] = std::max<int64_t>(0, std::min(off[d] + lstart[d] + lbox[d], a.shape()[d]) - astart[d]);
+        any = any && abox[d] > 0;
+        whole = whole && abox[d] == lbox[d];
+      }
+      HostTensor slab(lv.dtype, lbox);  // zeros: the padding beyond the array
+      int64_t held = static_cast<int64_t>(slab.bytes()) * 2 + reader;  // the slab and its staging copy
+      if (any) {
+        HostTensor part = a.read(astart, abox, stats);
+        if (whole) {
+          slab = std::move(part);
+        } else {
+          held += static_cast<int64_t>(part.bytes());
+          zarr::copy_box(static_cast<const char*>(part.data()), abox, std::vector<int64_t>(r, 0),
+                         static_cast<char*>(slab.data()), lbox, std::vector<int64_t>(r, 0), abox,
+                         static_cast<std::size_t>(elem));
+        }
+      }
+      peak = std::max(peak, held);
+      program.write_to_shards(out, holders, lstart, slab);
+    }
+  }
+  if (stats) stats->host_peak_bytes = std::max(stats->host_peak_bytes, peak);
+  return out;
 }
 
 }  // namespace tessel

@@ -66,6 +66,15 @@ struct SaveOptions {
   std::string metadata_json = "{}";  // a JSON object kept in the manifest (e.g. the data position)
 };
 
+struct RestoreOptions {
+  // The most host memory restore_to_device holds at once: each device block is read and sent in
+  // slabs (contiguous runs of its rows) small enough that a slab, its copy to the devices' staging
+  // buffer and the reader's buffers (one encoded and one decoded inner chunk, a shard index) stay
+  // under it, whatever the size of the array. Too small for one inner chunk and one element: an
+  // Error naming both.
+  int64_t host_budget_bytes = int64_t{32} << 20;
+};
+
 struct CheckpointArray {
   std::string name;
   DType dtype = DType::f32;
@@ -168,12 +177,12 @@ class CheckpointDir {
 
   // Array `name` of `step` straight onto the devices of `program`, as its input `input` (any
   // mesh, any layout: the target is the input's sharding there): each local device's block is
-  // read from the inner chunks that overlap it, a block held by several devices once. Host
-  // memory is this process's blocks of this one array, never the whole array on one host
-  // unless it is replicated. Throws Error naming the array when its dtype or shape differs
-  // from the input's.
+  // read from the inner chunks that overlap it, a block held by several devices once, in slabs
+  // within options.host_budget_bytes of host memory (stats->host_peak_bytes: what was held).
+  // Throws Error naming the array when its dtype or shape differs from the input's.
   ShardedArray restore_to_device(int64_t step, const std::string& name, const LoadedExecutable& program,
-                                 const std::string& input, zarr::ReadStats* stats = nullptr) const;
+                                 const std::string& input, zarr::ReadStats* stats = nullptr,
+                                 const RestoreOptions& options = {}) const;
 
  private:
   std::string path_;
