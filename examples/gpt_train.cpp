@@ -29,6 +29,8 @@
 // committed step (--resume STEP: from that one) on any mesh and ZeRO stage, up to --steps (the
 // total): batch k is a pure function of (seed, k) (BatchStream), so the resumed run trains on
 // the batches of the uninterrupted run, and the learning rate continues at the Trainer's t.
+// Saving and resuming go straight between the devices and the files: under mpirun each process
+// writes and reads only blocks its devices hold.
 //
 // Under mpirun (e.g. `mpirun -np 2 build/bin/gpt_train --mesh data=2,model=2 --zero 2`) it
 // runs on the MPI runtime: each process owns devices/np devices of the mesh, every process
@@ -397,11 +399,12 @@ int run(int argc, char** argv) {
   // check that the loss fell.
   std::vector<double> first_losses;
   if (resumed) {
-    // The state as saved (any mesh and stage: set_state lays it out for this trainer's step).
-    tessel::TrainState st;
-    st.step = start;
-    st.values = ckpt->read_all(start);
-    trainer.set_state(st);
+    // The state as saved, read straight onto this trainer's devices (any mesh and stage: each
+    // process reads only the blocks its devices hold, in this run's layout).
+    std::map<std::string, tessel::ShardedArray> state;
+    for (const auto& [name, sharding] : trainer.state_shardings())
+      state[name] = ckpt->restore_to_device(start, name, trainer.program(), name);
+    trainer.set_device_state(start, std::move(state));
     first_losses = saved.at("first_losses").get<std::vector<double>>();
     const tessel::Mesh saved_mesh = tessel::Mesh::parse(resumed->mesh);
     print(fmt::format("resumed from step {} (saved on {}, zero {})\n", start, mesh_flag(saved_mesh),
@@ -428,20 +431,24 @@ int run(int argc, char** argv) {
   meta["accumulate"] = accumulate;
   meta["steps"] = steps;
   meta["rows_per_batch"] = batch_rows;
-  // A checkpoint of the state after step t (the Trainer's step counter): every process gathers
-  // the state, rank 0 writes it (and drops the steps --keep no longer keeps).
+  // A checkpoint of the state after step t (the Trainer's step counter), straight from the
+  // devices: every process writes its share of the blocks its devices hold (a replicated block
+  // once, split among its replicas), rank 0 commits (and drops the steps --keep no longer keeps).
   auto save = [&](int64_t data_position) {
     const auto save_start = std::chrono::steady_clock::now();
-    const tessel::TrainState st = trainer.state();
-    if (!printer) return;
     tessel::SaveOptions so;
     meta["data_position"] = data_position;
     meta["first_losses"] = first_losses;
     so.metadata_json = meta.dump();
-    ckpt->save(st.step, st.values, mesh, trainer.state_shardings(), so);
+    const int64_t step = trainer.steps_done();
+    const tessel::SaveStats ss = ckpt->save(step, trainer.device_state(), trainer.program(), so);
+    if (!printer) return;
     if (keep > 0) ckpt->keep_last(keep);
-    print(fmt::format("saved step {} to {} ({:.1f} ms{})\n", st.step, ckpt->step_path(st.step),
+    print(fmt::format("saved step {} to {} ({:.1f} ms{}{})\n", step, ckpt->step_path(step),
                       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - save_start).count(),
+                      ss.processes > 1 ? fmt::format("; {} processes, bytes per process max/mean {:.2f}", ss.processes,
+                                                     ss.imbalance)
+                                       : std::string(),
                       keep > 0 ? fmt::format("; kept {}", join_steps(ckpt->steps())) : std::string()));
   };
 

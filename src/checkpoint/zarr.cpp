@@ -364,6 +364,13 @@ Array Array::open(const std::string& dir) {
 
 HostTensor Array::read_all(ReadStats* stats) const { return read(std::vector<int64_t>(shape_.size(), 0), shape_, stats); }
 
+int64_t Array::read_buffer_bytes() const {
+  const int64_t chunk = product(inner_shape_) * static_cast<int64_t>(dtype_size(dtype_));
+  int64_t ninner = 1;
+  for (std::size_t d = 0; d < chunk_shape_.size(); ++d) ninner *= chunk_shape_[d] / inner_shape_[d];
+  return 2 * chunk + (sharded_ ? ninner * 16 + 4 : 0);
+}
+
 HostTensor Array::read(const std::vector<int64_t>& start, const Shape& shape, ReadStats* stats) const {
   const std::size_t r = shape_.size();
   if (start.size() != r || shape.size() != r)

@@ -541,6 +541,55 @@ ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::ve
                       impl_->program.mesh);
 }
 
+ShardedArray LoadedExecutable::allocate_input_array(std::size_t input) const {
+  Impl::Call call(*impl_, "allocate_input_array");
+  impl_->check_input(input, "allocate_input_array");
+  const LocalValue& lv = impl_->in_value(input);
+  const std::string& name = impl_->input_names[input];
+  ThreadRuntime& lr = *impl_->local;
+  const std::size_t bytes = static_cast<std::size_t>(num_elements(lv.shape)) * dtype_size(lv.dtype);
+  std::vector<std::shared_ptr<Buffer>> bufs;
+  for (std::size_t d = 0; d < impl_->positions.size(); ++d)
+    bufs.push_back(allocate_input(lr.backend(static_cast<int64_t>(d)), bytes, name, lv, impl_->positions[d]));
+  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), impl_->positions,
+                      impl_->program.mesh);
+}
+
+void LoadedExecutable::write_to_shards(const ShardedArray& a, const std::vector<std::size_t>& locals,
+                                       const std::vector<int64_t>& start, const HostTensor& box) const {
+  Impl::Call call(*impl_, "write_to_shards");
+  const ShardedArray::Reading held = a.read("write_to_shards");
+  const Shape& local = a.local_shape();
+  bool inside = a.devices() == impl_->positions && box.dtype() == a.dtype() && start.size() == local.size() &&
+                box.shape().size() == local.size();
+  for (std::size_t d = 0; inside && d < local.size(); ++d)
+    inside = start[d] >= 0 && box.shape()[d] >= 0 && start[d] + box.shape()[d] <= local[d];
+  for (std::size_t i : locals) inside = inside && i < impl_->positions.size();
+  if (!inside)
+    throw RuntimeError(fmt::format("write_to_shards: {}{} at {} into array {} (local shards {}, {} local devices): "
+                                   "outside the array's shards here",
+                                   dtype_name(box.dtype()), shape_str(box.shape()), shape_str(start), a.to_string(),
+                                   shape_str(local), impl_->positions.size()));
+  if (box.numel() == 0) return;
+  ThreadRuntime& lr = *impl_->local;
+  BlockCopy c;
+  c.src_shape = box.shape();
+  c.src_offset.assign(local.size(), 0);
+  c.dst_shape = local;
+  c.dst_offset = start;
+  c.block = box.shape();
+  c.elem_bytes = dtype_size(box.dtype());
+  std::vector<std::shared_ptr<Buffer>> staging;
+  for (std::size_t i : locals) {
+    const int64_t d = static_cast<int64_t>(i);
+    Backend& be = lr.backend(d);
+    staging.push_back(be.allocate_host(box.bytes()));
+    be.copy_from_host(*staging.back(), box.data(), box.bytes(), lr.transfer_stream(d));
+    be.copy_block(*held.local(i), *staging.back(), c, lr.transfer_stream(d));
+  }
+  for (std::size_t i : locals) lr.transfer_stream(static_cast<int64_t>(i)).synchronize();
+}
+
 std::vector<HostTensor> LoadedExecutable::shards_to_host(const ShardedArray& a) const {
   Impl::Call call(*impl_, "to_host");
   const auto& pos = impl_->positions;
@@ -561,6 +610,23 @@ std::vector<HostTensor> LoadedExecutable::shards_to_host(const ShardedArray& a) 
     for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
   }
   return impl_->rt->allgather_shards(mesh(), std::move(out));
+}
+
+HostTensor LoadedExecutable::shard_to_host(const ShardedArray& a, std::size_t local) const {
+  Impl::Call call(*impl_, "shard_to_host");
+  const ShardedArray::Reading held = a.read("shard_to_host");
+  if (a.devices() != impl_->positions)
+    throw RuntimeError(fmt::format("shard_to_host: array {} is not an array of the devices {} of mesh {} held here",
+                                   a.to_string(), shape_str(impl_->positions), mesh().to_string()));
+  if (local >= impl_->positions.size())
+    throw RuntimeError(fmt::format("shard_to_host: local device {} of array {}: this process holds {} devices", local,
+                                   a.to_string(), impl_->positions.size()));
+  ThreadRuntime& lr = *impl_->local;
+  const int64_t d = static_cast<int64_t>(local);
+  HostTensor t(a.dtype(), a.local_shape());
+  lr.backend(d).copy_to_host(t.data(), *held.local(local), t.bytes(), lr.transfer_stream(d));
+  lr.transfer_stream(d).synchronize();
+  return t;
 }
 
 HostTensor LoadedExecutable::to_host(const ShardedArray& a, bool check_replicas) const {

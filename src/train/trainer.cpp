@@ -283,6 +283,37 @@ void Trainer::set_state(const TrainState& st) {
   im.initialised = true;
 }
 
+const std::map<std::string, ShardedArray>& Trainer::device_state() const {
+  impl_->check_ready("device_state");
+  return impl_->state;
+}
+
+void Trainer::set_device_state(int64_t step, std::map<std::string, ShardedArray> values) {
+  Impl& im = *impl_;
+  if (step < 0) throw Error(fmt::format("Trainer::set_device_state: step {} is negative", step));
+  const std::map<std::string, Sharding> want = state_shardings();
+  const Program& up = im.update->exe.program();
+  for (const auto& [name, sh] : want) {
+    auto it = values.find(name);
+    if (it == values.end()) throw Error(fmt::format("Trainer::set_device_state: the state has no '{}'", name));
+    const ShardedArray& a = it->second;
+    const LocalValue& lv = up.values[static_cast<std::size_t>(up.inputs[im.update->le.input_index(name)])];
+    if (!a.valid() || a.dtype() != lv.dtype || a.shape() != lv.global_shape || !(a.sharding() == sh) ||
+        a.devices() != im.update->le.local_devices())
+      throw Error(fmt::format("Trainer::set_device_state: '{}' is {}, the update step takes {}{} {} on the devices {} "
+                              "(restore it onto program()'s input '{}')",
+                              name, a.valid() ? a.to_string() : std::string("an empty or donated array"),
+                              dtype_name(lv.dtype), shape_str(lv.global_shape), sh.to_string(),
+                              shape_str(im.update->le.local_devices()), name));
+  }
+  for (const auto& [name, v] : values)
+    if (!want.count(name))
+      throw Error(fmt::format("Trainer::set_device_state: '{}' is not part of the training state", name));
+  im.state = std::move(values);
+  im.t = step;
+  im.initialised = true;
+}
+
 std::map<std::string, Sharding> Trainer::state_shardings() const {
   const Impl& im = *impl_;
   const Program& up = im.update->exe.program();

@@ -34,10 +34,11 @@ inline std::string shell_quote(const std::string& s) {
 
 // Runs TESSEL_BINARY_DIR/bin/<name> with the given arguments; in folder `cwd` when it is not
 // empty (run_binary_in), so relative paths in the arguments are as a user in that folder types them.
-inline BinaryResult run_binary_in(const std::string& cwd, const std::string& name,
-                                  const std::vector<std::string>& args, int timeout_s = 120) {
+// run_program_in: any program by its path (e.g. mpirun).
+inline BinaryResult run_program_in(const std::string& cwd, const std::string& program,
+                                   const std::vector<std::string>& args, int timeout_s = 120) {
   std::string cmd = (cwd.empty() ? std::string() : "cd " + shell_quote(cwd) + " && ") + "timeout -s KILL " +
-                    std::to_string(timeout_s) + " " + shell_quote(std::string(TESSEL_BINARY_DIR) + "/bin/" + name);
+                    std::to_string(timeout_s) + " " + shell_quote(program);
   for (const auto& a : args) cmd += " " + shell_quote(a);
   cmd += " 2>&1";
   BinaryResult r;
@@ -60,6 +61,11 @@ inline BinaryResult run_binary_in(const std::string& cwd, const std::string& nam
     r.signal = WTERMSIG(st);
   }
   return r;
+}
+
+inline BinaryResult run_binary_in(const std::string& cwd, const std::string& name,
+                                  const std::vector<std::string>& args, int timeout_s = 120) {
+  return run_program_in(cwd, std::string(TESSEL_BINARY_DIR) + "/bin/" + name, args, timeout_s);
 }
 
 inline BinaryResult run_binary(const std::string& name, const std::vector<std::string>& args,

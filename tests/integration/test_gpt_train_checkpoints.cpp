@@ -311,3 +311,50 @@ TEST_CASE("gpt_train: checkpoint flags that cannot work are errors naming what i
     CHECK_THAT(h.r.out, Catch::Contains(flag));
   }
 }
+
+#ifdef TESSEL_TEST_MPIRUN
+// docs/checkpoints.md, "Many processes", as written there (the mpirun flags of
+// docs/runtime-mpi.md for root on a machine with fewer cores than processes): saved by 2
+// processes on data=2,model=2 at ZeRO-2, each writing its share of the blocks, resumed by 4
+// processes on data=4 at ZeRO-0, each reading the blocks of its devices.
+TEST_CASE("gpt_train: the documented mpirun save on 2 processes resumes on 4 processes with the same losses",
+          "[integration][gpt_train][checkpoint][mpi]") {
+  Folder f("mpi");
+  const std::string bin = std::string(TESSEL_BINARY_DIR) + "/bin/gpt_train";
+  const std::vector<std::string> mpirun = {"--allow-run-as-root", "--oversubscribe"};
+  auto launch = [&](int np, std::vector<std::string> args) {
+    std::vector<std::string> all = mpirun;
+    all.push_back("-np");
+    all.push_back(std::to_string(np));
+    all.push_back(bin);
+    all.insert(all.end(), args.begin(), args.end());
+    const std::string csv = f.path + "/gpt_train.csv";
+    fs::remove(csv);
+    Run run{tessel_test::run_program_in(f.path, TESSEL_TEST_MPIRUN, all, kTimeout), {}, {}};
+    std::ifstream in(csv);
+    std::string line;
+    while (std::getline(in, line)) {
+      int t = 0;
+      double loss = 0, norm = 0, lr = 0;
+      if (std::sscanf(line.c_str(), "%d,%lf,%lf,%lf", &t, &loss, &norm, &lr) == 4) run.loss[t] = loss;
+    }
+    return run;
+  };
+  const Run a = launch(2, {"--mesh", "data=2,model=2", "--zero", "2", "--save-dir", "d", "--save-every", "5", "--steps", "10"});
+  INFO("--- saved by 2 processes ---\n" << a.r.out);
+  REQUIRE(a.r.status == 0);
+  CHECK_THAT(a.r.out, Catch::Contains("saved step 5 to d/step_5") && Catch::Contains("2 processes, bytes per process max/mean"));
+  CHECK(committed(f, "d") == std::vector<int64_t>{5, 10});
+  const Run b = launch(4, {"--save-dir", "d", "--resume", "--mesh", "data=4,model=1", "--zero", "0", "--steps", "20"});
+  INFO("--- resumed by 4 processes ---\n" << b.r.out);
+  REQUIRE(b.r.status == 0);
+  CHECK_THAT(b.r.out, Catch::Contains("\nresumed from step 10 (saved on data=2,model=2, zero 2)\n"));
+  const Run u = gpt_train(f, {"--seed", seed_of(a.r.out), "--steps", "20", "--mesh", "data=2,model=2", "--zero", "2"});
+  INFO("--- uninterrupted, one process ---\n" << u.r.out);
+  REQUIRE(u.r.status == 0);
+  const double before = check_losses(a.loss, u.loss, 1, 10);
+  const double after = check_losses(b.loss, u.loss, 11, 20);
+  WARN("mpirun: largest relative difference from the uninterrupted run: saved by 2 processes " << before
+       << "; resumed by 4 processes on data=4,model=1 zero 0: " << after);
+}
+#endif

@@ -69,6 +69,10 @@ if(TARGET tessel_example_gpt AND TESSEL_MPIRUN)
                        PASS_REGULAR_EXPRESSION "mlp runs every device as a thread of one process, but a launcher [(]mpirun[)] started 2 processes")
   list(APPEND _mpi_doc_tests "mpi: mlp under mpirun -np 2 refuses to run the job twice")
 endif()
+# gpt_train's checkpoints saved and resumed under mpirun (tests/integration/test_gpt_train_checkpoints.cpp).
+if(TARGET tessel_tests_integration AND TESSEL_MPIRUN)
+  target_compile_definitions(tessel_tests_integration PRIVATE TESSEL_TEST_MPIRUN="${TESSEL_MPIRUN}")
+endif()
 if(TARGET tessel_example_gpt_train AND TESSEL_MPIRUN)
   add_test(NAME "mpi: documented mpirun -np 2 gpt_train --mesh data=2 model=2 --zero 2 matches one device"
            COMMAND ${_mpirun_doc} -np 2 $<TARGET_FILE:tessel_example_gpt_train> --mesh data=2,model=2 --zero 2)

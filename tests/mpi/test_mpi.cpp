@@ -3,17 +3,21 @@
 // (a throwing or killed rank) are tested by tessel-mpi-failure (run_failure.cmake), since a
 // failed job cannot continue in the same processes.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <cmath>
 #include <optional>
 #include <random>
 #include <thread>
 
 #include "../unit/test_util.hpp"
+#include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/runtime/compare.hpp"
@@ -408,4 +412,67 @@ TEST_CASE("mpi: collective-matmul rings across processes == reference", "[mpi][c
   // rings (uni and bi) cross process boundaries.
   MpiRuntime rt(test_options(StreamMode::Async));
   tessel_test::check_sequence_parallel_rings(rt, bcast(tessel_test::seed()));
+}
+
+TEST_CASE("mpi: a checkpoint of device arrays is written by every process and restored onto another layout",
+          "[mpi][checkpoint]") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const uint64_t seed = bcast(tessel_test::seed());
+  if (rank == 0) tessel_test::announce("mpi checkpoint of device arrays", seed, 1);
+  // w split over model and replicated over data (each block written by its data replicas
+  // together), m split over both, b replicated everywhere; 2 devices per process.
+  const Mesh mesh = Mesh::parse(fmt::format("data={},model=2", world));
+  Graph g = parse_graph(fmt::format(R"(
+mesh data={},model=2
+%w = input f32[64,40] sharding=[{{}}, {{model}}]
+%m = input f32[64,40] sharding=[{{data}}, {{model}}]
+%b = input bf16[24] sharding=[{{}}]
+%y = add(%w, %m)
+output %y
+)", world), "ckpt.tsl");
+  MpiRuntime rt(test_options());
+  LoadedExecutable le = load(compile(g, mesh), rt);
+  const auto inputs = random_inputs(g, seed);
+  std::map<std::string, ShardedArray> arrays = {
+      {"w", le.to_device("w", inputs[0])}, {"m", le.to_device("m", inputs[1])}, {"b", le.to_device("b", inputs[2])}};
+  // One folder for the job: rank 0's name.
+  const std::string dir = fmt::format("{}/tessel-mpi-ckpt-{}", std::filesystem::temp_directory_path().string(),
+                                      bcast(static_cast<uint64_t>(::getpid())));
+  if (rank == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CheckpointDir ck(dir);
+  const SaveStats st = ck.save(3, arrays, le);
+  CHECK(st.processes == world);
+  CHECK(st.imbalance <= 1.1);
+  // Every byte once: the processes' bytes add up to the arrays'.
+  long long mine = st.bytes_written, total = 0;
+  MPI_Allreduce(&mine, &total, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(total == static_cast<long long>(inputs[0].bytes() + inputs[1].bytes() + inputs[2].bytes()));
+  CHECK(ck.steps() == std::vector<int64_t>{3});
+  const auto back = ck.read_all(3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::string name = i == 0 ? "w" : i == 1 ? "m" : "b";
+    INFO(name);
+    CHECK(std::memcmp(back.at(name).data(), inputs[i].data(), inputs[i].bytes()) == 0);
+  }
+  // Restored onto the other layout of another program, each process reading its blocks.
+  Graph g2 = parse_graph(fmt::format(R"(
+mesh data={},model=2
+%w = input f32[64,40] sharding=[{{data}}, {{}}]
+%m = input f32[64,40] sharding=[{{}}, {{}}]
+%y = add(%w, %m)
+output %y
+)", world), "ckpt2.tsl");
+  LoadedExecutable le2 = load(compile(g2, mesh), rt);
+  const ShardedArray w2 = ck.restore_to_device(3, "w", le2, "w");
+  const ShardedArray m2 = ck.restore_to_device(3, "m", le2, "m");
+  const HostTensor y = le2.to_host(le2.run({w2, m2}).outputs[0]);
+  const auto want = run_reference(g2, {inputs[0], inputs[1]});
+  CHECK(std::memcmp(y.data(), want[0].data(), y.bytes()) == 0);
+  // A second save of the same step is refused on every process.
+  CHECK_THROWS_WITH(ck.save(3, arrays, le), Catch::Contains("step 3 is already committed"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
 }

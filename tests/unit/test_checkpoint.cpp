@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 
+#include "checkpoint_util.hpp"
 #include "mlp_model.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/checkpoint/zarr.hpp"
@@ -29,32 +30,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& what) {
-  const fs::path p = fs::temp_directory_path() /
-                     ("tessel-ckpt-" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
-  fs::remove_all(p);
-  return p.string();
-}
-
-struct TempDir {
-  std::string path;
-  explicit TempDir(const std::string& what) : path(fresh_dir(what)) {}
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-HostTensor random_tensor(DType t, const Shape& s, std::mt19937_64& rng) {
-  HostTensor h(t, s);
-  std::normal_distribution<double> n(0, 3);
-  for (int64_t i = 0; i < h.numel(); ++i) h.set(i, t == DType::i32 ? std::round(n(rng) * 1000) : n(rng));
-  return h;
-}
-
-bool same_bits(const HostTensor& a, const HostTensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;
-}
+using tessel_test::TempDir;
+using tessel_test::random_tensor;
+using tessel_test::same_bits;
 
 void flip_byte(const std::string& file, int64_t at_from_end) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -393,4 +371,57 @@ output %y
   CHECK_THROWS_WITH(ck.restore_to_device(7, "b", other, "w"),
                     Catch::Contains("array 'b' is bf16[24], input %w of the program takes f32[38,24]"));
   CHECK_THROWS_WITH(ck.restore_to_device(7, "w", other, "w"), Catch::Contains("array 'w' is f32[37,24], input %w of the program takes f32[38,24]"));
+}
+
+TEST_CASE("restore_to_device stays within its host budget whatever the array", "[checkpoint][unit]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("checkpoint restore under a host budget", seed, 3);
+  std::mt19937_64 rng(seed);
+  TempDir tmp("budget");
+  CheckpointDir ck(tmp.path);
+  const HostTensor w = random_tensor(DType::f32, {300, 50, 7}, rng);  // 420,000 bytes
+  SaveOptions so;
+  so.inner_chunk_bytes = 4096;
+  ck.save(1, {{"w", w}}, Mesh::parse("data=2"), {{"w", Sharding::of({{"data"}, {}, {}})}}, so);
+  const int64_t reader = ck.array(1, "w").read_buffer_bytes();
+  for (const char* target : {"[{x}, {}, {}]", "[{}, {x}, {}]", "[{}, {}, {}]"}) {
+    Graph g = parse_graph(std::string(R"(
+mesh x=3
+%w = input f32[300,50,7] sharding=)") + target + R"(
+%y = add(%w, %w)
+output %y
+)", "budget.tsl");
+    ThreadRuntime rt(3);
+    LoadedExecutable le = load(compile(g, *g.mesh), rt);
+    // Slabs of a few elements of dim 2 runs (one row of dims 1-2 is 1,400 bytes), of rows of
+    // dim 1, and the default budget (whole blocks).
+    for (int64_t budget : {reader + 3 * 600, int64_t{16384}, RestoreOptions{}.host_budget_bytes}) {
+      INFO("target " << target << ", budget " << budget << " (reader " << reader << ")");
+      zarr::ReadStats st;
+      RestoreOptions ro;
+      ro.host_budget_bytes = budget;
+      const ShardedArray a = ck.restore_to_device(1, "w", le, "w", &st, ro);
+      // An uneven layout pads the devices (51 columns on x=3): every element of w at its place.
+      const HostTensor back = le.to_host(a);
+      const Shape& bs = back.shape();
+      REQUIRE(bs.size() == 3);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < 300; ++i)
+        for (int64_t j = 0; j < 50; ++j)
+          for (int64_t k = 0; k < 7; ++k)
+            differ += back.get((i * bs[1] + j) * bs[2] + k) != w.get((i * 50 + j) * 7 + k);
+      CHECK(differ == 0);
+      CHECK(st.host_peak_bytes > 0);
+      CHECK(st.host_peak_bytes <= budget);
+      // Slabs within one block overlap no inner chunk twice more than the slab count allows:
+      // the bytes needed are each distinct block's once.
+      CHECK(st.bytes_needed <= static_cast<int64_t>(w.bytes()) * 3);
+    }
+    RestoreOptions tiny;
+    tiny.host_budget_bytes = reader;
+    CHECK_THROWS_WITH(ck.restore_to_device(1, "w", le, "w", nullptr, tiny),
+                      Catch::Contains("a host budget of " + std::to_string(reader) + " bytes cannot hold") &&
+                          Catch::Contains("raise RestoreOptions::host_budget_bytes to at least " +
+                                          std::to_string(reader + 12)));
+  }
 }

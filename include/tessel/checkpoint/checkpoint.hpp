@@ -20,12 +20,28 @@
 // index (and on every inner chunk with SaveOptions::chunk_checksums), an Error naming the array
 // and the chunk on a mismatch.
 //
-// Saving takes global host tensors (a Trainer's state(), gathered) from one process.
+// Saving, three ways:
+//  - save(step, host tensors, mesh, shardings): global tensors from one process;
+//  - save(step, device arrays, program): the arrays on a loaded program's devices (a Trainer's
+//    device_state()), collective over the program's processes (every process of an MpiRuntime,
+//    or the one process of a ThreadRuntime): each process copies to the host and writes only
+//    blocks its devices hold, and a block held by several devices (replicas) is written once,
+//    by the process plan_writes picks so that the bytes written per process are balanced;
+//  - save_local(step, local blocks, mesh, group): the same from blocks on the host, with any
+//    ProcessGroup (mpi_process_group(), file_process_group(), or nullptr for one process).
+// The processes of a many-process save meet four times (allgather): to agree on the arrays and
+// the temporary folder, after rank 0 made the folder and the arrays' zarr.json, after every
+// process wrote and fsynced its shards, and after rank 0 renamed the step into place. A process
+// that fails makes every process throw the same Error naming it, and rank 0 removes the
+// temporary; a process that dies leaves the others waiting in the group (MPI ends the job, a
+// file group times out), and the step is never listed: only rank 0 commits, and only after
+// every process said its shards are durable.
 // Restoring onto another mesh: read_all then the new program's to_device (or Trainer::set_state),
 // or restore_to_device, which reads only each local device's block.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -36,6 +52,7 @@
 #include "tessel/core/mesh.hpp"
 #include "tessel/core/sharding.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/process_group.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel {
@@ -47,6 +64,15 @@ struct SaveOptions {
   bool chunk_checksums = false;  // a crc32c on every inner chunk (the shard index always has one)
   bool bf16_as_uint16 = false;   // bf16 stored as uint16 (+ attribute) for readers without bfloat16
   std::string metadata_json = "{}";  // a JSON object kept in the manifest (e.g. the data position)
+};
+
+struct RestoreOptions {
+  // The most host memory restore_to_device holds at once: each device block is read and sent in
+  // slabs (contiguous runs of its rows) small enough that a slab, its copy to the devices' staging
+  // buffer and the reader's buffers (one encoded and one decoded inner chunk, a shard index) stay
+  // under it, whatever the size of the array. Too small for one inner chunk and one element: an
+  // Error naming both.
+  int64_t host_budget_bytes = int64_t{32} << 20;
 };
 
 struct CheckpointArray {
@@ -66,6 +92,50 @@ struct Manifest {
   const CheckpointArray* find(const std::string& name) const;
 };
 
+// An array as saved: its type, global (unpadded) shape and saving layout.
+struct ArrayLayout {
+  DType dtype = DType::f32;
+  Shape shape;
+  Sharding sharding;  // on the saving mesh; rank 0 (not given) for an array of rank > 0: one block
+};
+
+// One array as this process holds it (CheckpointDir::save_local).
+struct LocalArray {
+  ArrayLayout layout;
+  std::vector<int64_t> devices;  // the mesh positions whose blocks this process holds
+  // The block of devices[i] on the host: the local shape of the layout, ceil(shape / shards)
+  // per dim (what a device of an uneven, padded layout holds; what lies beyond `shape` is not
+  // saved). Called on the saving thread, once per block this process writes, never for the
+  // blocks other processes write.
+  std::function<HostTensor(std::size_t i)> block;
+};
+
+// Who writes what in a many-process save. The zarr shards of an array are its devices' blocks,
+// each cut along one dim into r parts when every block is held by r >= 2 processes (replicas;
+// the longest dim that r divides, none when no dim does), so the replicas share the writing.
+// Each shard goes to the holding process with the fewest bytes so far: the shards with the
+// fewest holders first, then the largest (LPT); ties go to the lowest rank, so every process
+// computes the same plan.
+struct WritePlan {
+  // [array][zarr shard, row-major over the array's shard grid]: the writing process, -1 for a
+  // shard no process holds.
+  std::vector<std::vector<int>> writer;
+  std::vector<int64_t> bytes;  // bytes written by each process
+  int64_t unheld_blocks = 0;   // device blocks no process holds
+  double imbalance() const;    // max / mean of `bytes` (1 when balanced; 1 with no bytes)
+};
+// `process_of_position[p]`: the process holding mesh position p (-1: none).
+WritePlan plan_writes(const std::vector<ArrayLayout>& arrays, const Mesh& mesh,
+                      const std::vector<int>& process_of_position, int processes);
+
+// What one process did in a save.
+struct SaveStats {
+  int64_t bytes_written = 0;   // array bytes this process wrote (before compression)
+  int64_t blocks_written = 0;  // zarr shards this process wrote
+  int processes = 1;
+  double imbalance = 1;        // WritePlan::imbalance of the whole save
+};
+
 class CheckpointDir {
  public:
   // The checkpoint folder `path` (created, with its parents, when missing). Throws Error when
@@ -79,6 +149,18 @@ class CheckpointDir {
   // that could not be written; nothing is listed then.
   void save(int64_t step, const std::map<std::string, HostTensor>& arrays, const Mesh& mesh,
             const std::map<std::string, Sharding>& shardings = {}, const SaveOptions& options = {});
+
+  // Saves the arrays on the devices of `program` (each ShardedArray of this process's devices;
+  // the global shape is the program input's user shape when the array's name is an input,
+  // else the array's) as step `step`. Collective over the program's processes: every process
+  // calls it with the same names and layouts. Returns what this process wrote.
+  SaveStats save(int64_t step, const std::map<std::string, ShardedArray>& arrays, const LoadedExecutable& program,
+                 const SaveOptions& options = {});
+  // The same from this process's blocks on the host. `group` nullptr: this process holds every
+  // block it saves. Collective over `group`. Throws the same Error on every process when one
+  // fails, naming that process (rank) and the array or file; nothing is listed then.
+  SaveStats save_local(int64_t step, const std::map<std::string, LocalArray>& arrays, const Mesh& mesh,
+                       ProcessGroup* group, const SaveOptions& options = {});
 
   std::vector<int64_t> steps() const;      // committed steps, ascending
   std::optional<int64_t> latest() const;   // the last committed step
@@ -95,12 +177,12 @@ class CheckpointDir {
 
   // Array `name` of `step` straight onto the devices of `program`, as its input `input` (any
   // mesh, any layout: the target is the input's sharding there): each local device's block is
-  // read from the inner chunks that overlap it, a block held by several devices once. Host
-  // memory is this process's blocks of this one array, never the whole array on one host
-  // unless it is replicated. Throws Error naming the array when its dtype or shape differs
-  // from the input's.
+  // read from the inner chunks that overlap it, a block held by several devices once, in slabs
+  // within options.host_budget_bytes of host memory (stats->host_peak_bytes: what was held).
+  // Throws Error naming the array when its dtype or shape differs from the input's.
   ShardedArray restore_to_device(int64_t step, const std::string& name, const LoadedExecutable& program,
-                                 const std::string& input, zarr::ReadStats* stats = nullptr) const;
+                                 const std::string& input, zarr::ReadStats* stats = nullptr,
+                                 const RestoreOptions& options = {}) const;
 
  private:
   std::string path_;

@@ -66,6 +66,9 @@ struct ReadStats {
   int64_t bytes_read = 0;    // file bytes read (indexes and encoded chunks)
   int64_t bytes_needed = 0;  // bytes of the region requested
   int64_t chunks_read = 0;
+  // restore_to_device: the most host bytes it held at once (a slab, its staging copy, the
+  // reader's buffers), the largest over its calls with these stats.
+  int64_t host_peak_bytes = 0;
 };
 
 class Array {
@@ -77,6 +80,12 @@ class Array {
   const std::string& dir() const { return dir_; }
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }        // the tessel dtype (bfloat16 for uint16 + tessel_dtype)
+  const Shape& chunk_shape() const { return chunk_shape_; }  // the grid's: one file per shard (or plain chunk)
+  // The unit a read decodes: the inner chunk (the chunk itself without sharding).
+  const Shape& inner_chunk_shape() const { return inner_shape_; }
+  // Host bytes a region read holds besides its result: one encoded and one decoded inner
+  // chunk (at most; a compressed chunk is smaller) and one shard index.
+  int64_t read_buffer_bytes() const;
   const std::string& attributes_json() const { return attributes_; }
 
   // The region [start, start + shape) (whole array: read_all). Throws Error for a region outside

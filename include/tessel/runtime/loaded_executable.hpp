@@ -145,9 +145,23 @@ class LoadedExecutable {
   ShardedArray to_device(const std::string& input, const HostTensor& global) const;
   // Host -> devices from per-device shards (checked against the local type).
   ShardedArray shards_to_device(std::size_t input, const std::vector<HostTensor>& shards) const;
+  // Host -> devices in parts, for inputs too large to stage on the host at once (a checkpoint
+  // restore under a host budget): an array of input `input` whose buffers are allocated and
+  // not written, then write_to_shards copies the host tensor `box` into the shard of each
+  // local device in `locals` at element coordinates `start` (synchronously, through one staging
+  // buffer of the box's size per device). Only for an array being built that nothing else
+  // reads yet. Throws RuntimeError naming the array when the box falls outside the shard.
+  ShardedArray allocate_input_array(std::size_t input) const;
+  void write_to_shards(const ShardedArray& array, const std::vector<std::size_t>& locals,
+                       const std::vector<int64_t>& start, const HostTensor& box) const;
   // Devices -> host: the global tensor (check_replicas as in RunOptions), or every shard.
   HostTensor to_host(const ShardedArray& array, bool check_replicas = false) const;
   std::vector<HostTensor> shards_to_host(const ShardedArray& array) const;
+  // The shard of one local device (array.devices()[local]) on the host, as the device holds it
+  // (local shape, padding included). Not collective: each process copies what it needs (a
+  // checkpoint writes each block from one process). Throws RuntimeError naming the array when
+  // it is not an array of this program's local devices or `local` is out of range.
+  HostTensor shard_to_host(const ShardedArray& array, std::size_t local) const;
 
   // Runs one step. inputs in graph input order (or by name). Throws RuntimeError naming the
   // input on a wrong array, and the device and instruction when one fails (all devices are

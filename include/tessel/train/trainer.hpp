@@ -131,6 +131,13 @@ class Trainer {
   // sharding in the loaded update program (the parameter's annotation, or the ZeRO stage's
   // layout of it and of its moments). What CheckpointDir::save records as the saving layout.
   std::map<std::string, Sharding> state_shardings() const;
+  // The state as it lives on the devices (by state name, arrays of program()'s update step):
+  // what CheckpointDir::save(step, arrays, program) writes block by block, with no gather.
+  const std::map<std::string, ShardedArray>& device_state() const;
+  // A state already on the devices (e.g. CheckpointDir::restore_to_device onto program()'s
+  // inputs): every value of the state, each an array of this trainer's update program with
+  // its input's layout (Error naming a missing, unknown or mislaid one).
+  void set_device_state(int64_t step, std::map<std::string, ShardedArray> values);
 
   // One update from one batch (batch_inputs() order). Throws Error naming the input on a wrong
   // count or type, and on a non-finite step with NonFinite::Stop.
