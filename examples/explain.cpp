@@ -5,7 +5,12 @@
 //                       [--links 'model=bw:50e9,alpha:5e-6;data=bw:12.5e9' | --links @FILE]
 //                       [--dump-after=parse|propagate|partition]
 //                       [--run [--seed N] [--tolerance X] [--trace FILE]]
+//                       [--auto [--memory-budget BYTES] [--auto-seconds S]]
 //
+// --auto chooses the layout of every value the file does not annotate (automatic sharding,
+// tessel/autoshard/auto_shard.hpp), prints them as annotations with the predicted cost, the
+// memory per device and, for the costliest ops, the best layout not taken, then explains the
+// auto-sharded program as it explains an annotated one.
 // --show VALUE draws the mesh as a grid with the block of VALUE each device holds, for
 // every layout the value takes in the program (tessel/compiler/visualize.hpp). --links @FILE reads
 // the link figures from a file (docs/links.md; tessel-bench --calibrate-links writes one).
@@ -25,6 +30,8 @@
 // Bad input exits with status 1 (2 for bad usage: tessel::UsageError from tessel/cli.hpp)
 // and a message; it never crashes. --help prints the usage and exits 0.
 #include <fmt/format.h>
+
+#include "tessel/autoshard/auto_shard.hpp"
 
 #include <cstdio>
 #include <algorithm>
@@ -131,6 +138,32 @@ int run(int argc, char** argv) {
   if (dump_after == "parse") {
     std::fputs(tessel::print_graph(g).c_str(), stdout);
     return 0;
+  }
+  if (opt.auto_shard) {
+    // Automatic sharding: the layouts of every value the file does not annotate are chosen,
+    // printed as annotations, and the rest of this tool explains the program they give.
+    tessel::AutoShardOptions ao;
+    ao.cost = popts.cost;
+    ao.memory_budget_bytes = opt.memory_budget;
+    ao.time_limit_s = opt.auto_seconds;
+    const tessel::AutoShardResult r = tessel::auto_shard(g, mesh, ao);
+    fmt::print("== auto-sharding: {} nodes, {} strategies, {} edges; formulated in {:.3f} s, solved in {:.3f} s by {}\n",
+               r.nodes, r.strategies, r.edges, r.formulate_s, r.solve_s, r.solver);
+    fmt::print("predicted per device: {:.6g} s = compute {:.6g} s + communication {:.6g} s; peak {} bytes{}\n",
+               r.compute_s + r.comm_s, r.compute_s, r.comm_s, r.peak_bytes,
+               opt.memory_budget > 0 ? fmt::format(" ({} the budget of {} bytes)", r.fits ? "within" : "ABOVE",
+                                                   opt.memory_budget)
+                                     : std::string());
+    fmt::print("== chosen layouts (paste as annotations)\n");
+    std::fputs(r.layouts_text(g).c_str(), stdout);
+    fmt::print("== why: the costliest ops and the best layout not taken (the rest of the plan as chosen)\n");
+    for (const tessel::RejectedAlternative& a : r.alternatives) {
+      const tessel::Op& op = g.ops[static_cast<std::size_t>(a.op)];
+      fmt::print("%{} = {}: {} costs {:.6g} s; best other {} would cost {:.6g} s\n",
+                 g.values[static_cast<std::size_t>(op.output)].name, tessel::op_name(op.kind), a.chosen.to_string(),
+                 a.chosen_s, a.alternative.to_string(), a.alternative_s);
+    }
+    g = r.annotated(g);
   }
   // An uneven split is padded (uneven.hpp): the rest of the pipeline sees the padded graph;
   // --run draws inputs for, and compares with, the user's graph.

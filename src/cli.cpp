@@ -94,6 +94,12 @@ std::string usage_explain() {
          "                      [--links SPEC|@FILE] [--dump-after=STEP] [--no-fusion]\n"
          "                      [--collective-matmul auto|on|off] [--ring auto|uni|bi]\n"
          "                      [--run [--seed N] [--tolerance X] [--trace FILE]]\n"
+         "                      [--auto [--memory-budget BYTES] [--auto-seconds S]]\n"
+         "  --auto         choose every layout the file does not annotate (automatic sharding,\n"
+         "                 docs/auto-sharding.md): prints the chosen layouts as annotations, the\n"
+         "                 predicted cost and memory, and why, then explains the program as usual\n"
+         "  --memory-budget BYTES  --auto: the most bytes per device a plan may use (0: no limit)\n"
+         "  --auto-seconds S  --auto: the solver's time limit (default 2)\n"
          "  --show VALUE   draw the mesh with the block of VALUE each device holds (repeatable)\n"
          "  --links SPEC   per-axis link figures, e.g. 'model=bw:50e9,alpha:5e-6;data=bw:12.5e9'\n"
          "                 (bw in bytes/s, finite and > 0; alpha in seconds, finite and >= 0);\n"
@@ -130,6 +136,9 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     };
     if (a == "--why") o.why = true;
     else if (a == "--run") o.run = true;
+    else if (a == "--auto") o.auto_shard = true;
+    else if (is("--memory-budget")) pending.push_back({"--memory-budget", value("--memory-budget")});
+    else if (is("--auto-seconds")) pending.push_back({"--auto-seconds", value("--auto-seconds")});
     else if (a == "--no-fusion") o.fusion = false;
     else if (a == "-h" || a == "--help") o.help = true;
     else if (is("--seed")) pending.push_back({"--seed", value("--seed")});
@@ -158,6 +167,10 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
       o.seed_given = true;
     } else if (p.flag == "--tolerance") {
       o.tolerance = parse_double(p.flag, p.text, 0.0, 1e300);
+    } else if (p.flag == "--memory-budget") {
+      o.memory_budget = parse_i64(p.flag, p.text, 0, INT64_MAX);
+    } else if (p.flag == "--auto-seconds") {
+      o.auto_seconds = parse_double(p.flag, p.text, 0.01, 3600);
     } else if (p.flag == "--device") {
       o.device = parse_i64(p.flag, p.text, 0, INT64_MAX);
     } else if (p.flag == "--links") {
@@ -192,6 +205,10 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     if (std::find(known.begin(), known.end(), o.dump_after) == known.end())
       throw UsageError(fmt::format("--dump-after={}: expected one of {}", o.dump_after, join(known, ", ")));
   }
+  if (!o.auto_shard)
+    for (const Pending& p : pending)
+      if (p.flag == "--memory-budget" || p.flag == "--auto-seconds")
+        throw UsageError(fmt::format("{} needs --auto (it sets the automatic sharding's search)", p.flag));
   if (o.file.empty()) throw UsageError("no FILE given (a graph in the text form, docs/ir.md)");
   return o;
 }

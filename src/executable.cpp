@@ -17,12 +17,15 @@ namespace tessel {
 
 Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& opts) {
   check_compilable(graph, mesh);
+  std::optional<Graph> chosen;
+  if (opts.auto_shard) chosen = auto_shard(graph, mesh, *opts.auto_shard).annotated(graph);
+  const Graph& source = chosen ? *chosen : graph;
   PaddedGraph pg;
   if (opts.strict_even_shardings) {
-    pg.graph = graph.clone();
-    for (int v : graph.inputs) pg.input_shapes.push_back(graph.values[static_cast<std::size_t>(v)].shape);
+    pg.graph = source.clone();
+    for (int v : source.inputs) pg.input_shapes.push_back(source.values[static_cast<std::size_t>(v)].shape);
   } else {
-    pg = pad_uneven(graph, mesh);
+    pg = pad_uneven(source, mesh);
   }
   PropagationResult prop = propagate(pg.graph, mesh, opts.propagation);
   Program prog = partition(pg.graph, mesh, prop, opts.partition);

@@ -17,9 +17,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tessel/autoshard/auto_shard.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/core/mesh.hpp"
 #include "tessel/compiler/partition.hpp"
@@ -36,6 +38,9 @@ struct CompileOptions {
   // An annotation that does not divide its dim is padded as GSPMD does (uneven.hpp); with
   // strict_even_shardings it is a ShardingError naming the value, dim and shard count.
   bool strict_even_shardings = false;
+  // Automatic sharding (autoshard/auto_shard.hpp): every value the graph does not annotate is
+  // laid out as auto_shard chooses before propagation.
+  std::optional<AutoShardOptions> auto_shard;
 };
 
 class Executable {

@@ -24,6 +24,9 @@
 #include "tessel/ops/registry.hpp"
 
 // compiler — the compiler stages: propagation, padding, partitioning, resharding, checks
+#include "tessel/autoshard/auto_shard.hpp"
+#include "tessel/autoshard/problem.hpp"
+#include "tessel/autoshard/solver.hpp"
 #include "tessel/compiler/checks.hpp"
 #include "tessel/compiler/partition.hpp"
 #include "tessel/compiler/propagate.hpp"

@@ -2,6 +2,8 @@
 // factor, their padded sizes, and the rewritten graph with masks and slices.
 #include "tessel/compiler/uneven.hpp"
 
+#include "dim_classes.hpp"
+
 #include <fmt/format.h>
 
 #include <limits>
@@ -14,26 +16,7 @@
 namespace tessel {
 namespace {
 
-// Union-find over (value, dim).
-struct Classes {
-  std::vector<int> parent;
-  std::vector<int> base;  // first node of each value
-  explicit Classes(const Graph& g) {
-    int n = 0;
-    for (const Value& v : g.values) {
-      base.push_back(n);
-      n += static_cast<int>(v.shape.size());
-    }
-    parent.resize(static_cast<std::size_t>(n));
-    std::iota(parent.begin(), parent.end(), 0);
-  }
-  int node(int v, std::size_t d) const { return base[static_cast<std::size_t>(v)] + static_cast<int>(d); }
-  int find(int x) {
-    while (parent[x] != x) x = parent[x] = parent[parent[x]];
-    return x;
-  }
-  void unite(int a, int b) { parent[find(a)] = find(b); }
-};
+using Classes = DimClasses;
 
 // The dim of each tensor of an op that holds exactly factor f, for non-replicated factors:
 // such dims have the same size and are padded alike.

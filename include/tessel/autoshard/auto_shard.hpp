@@ -1,0 +1,96 @@
+// tessel/autoshard/auto_shard.hpp — automatic layouts: tessel chooses the sharding of every value
+// of a graph (Alpa's intra-operator search) instead of the user annotating it.
+//
+//   tessel::AutoShardOptions o;
+//   o.memory_budget_bytes = 8ll << 30;                  // per device
+//   tessel::AutoShardResult r = tessel::auto_shard(g, mesh, o);
+//   tessel::Graph annotated = r.annotated(g);          // every value laid out as chosen
+//   tessel::Executable exe = tessel::compile(annotated, mesh);
+//   // or: CompileOptions::auto_shard = o; compile(g, mesh, copts)
+//
+// The formulation (docs/auto-sharding.md) is a strategy-selection problem (problem.hpp):
+//  - a node per graph input: its strategies are its layouts (each mesh axis on one dim, or
+//    unused, dims split evenly); a user annotation fixes it;
+//  - a node per op: its strategies come from the op's factor rule (ops/registry.hpp): each mesh
+//    axis on one factor the rule lets be split (pass, reduction, or a combined factor of an op
+//    with a distributed form), or unused. A sharded reduction factor leaves the result partial:
+//    the strategy then reduces it at once, with an all-reduce, or with a reduce-scatter onto a
+//    result dim (the second variant). Node cost: the local kernel's roofline time
+//    (CostModel::op_seconds) plus those collectives and a combined factor's statistics;
+//  - an edge per operand: the reshard planner's time (plan_reshard, the collectives the
+//    partitioner emits) from the producer's layout to the layout the consumer's strategy
+//    needs;
+//  - memory: each value's local bytes, live from its op to its last use in program order
+//    (inputs from the start, outputs to the end).
+// Costs are integer picoseconds. The solver is autoshard::solve (solver.hpp): exact on CBC when
+// the problem is small, anytime otherwise. The result's layouts are closed annotations on every
+// value the user did not annotate; compile() partitions them as it does hand annotations.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessel/autoshard/problem.hpp"
+#include "tessel/core/cost.hpp"
+#include "tessel/core/mesh.hpp"
+#include "tessel/core/sharding.hpp"
+#include "tessel/ir/graph.hpp"
+
+namespace tessel {
+
+struct AutoShardOptions {
+  int64_t memory_budget_bytes = 0;  // per device; 0: no limit
+  double time_limit_s = 2.0;        // the solver's wall clock
+  uint64_t seed = 1;
+  // With a budget the plan depends only on the graph, the options and this count (solver.hpp).
+  int64_t max_iterations = -1;
+  CostModel cost;  // compute and link figures (docs/links.md)
+  // Axes that may only split the dims connected to the listed ones ("tokens:0": dim 0 of input
+  // %tokens): e.g. {"data": {"tokens:0", "labels:0"}} keeps `data` on the batch. Dims are
+  // connected through the ops' factors (an einsum letter, an elementwise dim).
+  std::map<std::string, std::vector<std::string>> axis_only_on;
+};
+
+// For `tessel-explain --auto`: the best strategy the solver did not take for an op, everything
+// else as chosen.
+struct RejectedAlternative {
+  int op = -1;
+  Sharding chosen, alternative;  // the op's result layout
+  double chosen_s = 0, alternative_s = 0;  // the op's node cost + its edges, each way
+};
+
+struct AutoShardResult {
+  std::vector<Sharding> shardings;  // per value of the graph
+  std::vector<bool> from_user;      // per value: the user's annotation, kept
+  double compute_s = 0;             // predicted: the ops' local roofline time
+  double comm_s = 0;                // predicted: the collectives (reshards, reductions)
+  int64_t peak_bytes = 0;           // predicted per device (live values' local bytes)
+  std::string solver;               // "exact (CBC)" / "anytime", and its status
+  double solve_s = 0, formulate_s = 0;
+  int64_t nodes = 0, edges = 0, strategies = 0;
+  bool fits = true;  // within memory_budget_bytes
+  std::vector<RejectedAlternative> alternatives;  // the costliest ops, costliest first
+
+  // The graph with every value the user did not annotate annotated with its chosen layout.
+  Graph annotated(const Graph& g) const;
+  // "%name sharding=[...]" lines, one per input the user did not annotate and one per op
+  // result: the layouts as annotations, in the text form (graph_text.hpp).
+  std::string layouts_text(const Graph& g) const;
+};
+
+// The formulation alone (for tests and tools): the problem, and per node which value it lays
+// out and the layout of each strategy.
+struct AutoShardProblem {
+  autoshard::Problem problem;
+  std::vector<int> node_value;                       // per node: the value (input or op result 0)
+  std::vector<int> node_op;                          // per node: the op (-1: an input)
+  std::vector<std::vector<Sharding>> node_layouts;   // per node, per strategy: the value's layout
+};
+AutoShardProblem formulate_auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options);
+
+// Throws Error naming the option (an unknown axis or input, a bad dim) or the graph's problem.
+AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options = {});
+
+}  // namespace tessel

@@ -1,0 +1,556 @@
+// Automatic layouts: the formulation of a graph as a strategy-selection problem and the plan
+// back as layouts (tessel/autoshard/auto_shard.hpp).
+#include "tessel/autoshard/auto_shard.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "tessel/autoshard/solver.hpp"
+#include "tessel/compiler/propagate.hpp"
+#include "tessel/compiler/reshard.hpp"
+#include "tessel/ops/registry.hpp"
+#include "../compiler/dim_classes.hpp"
+
+namespace tessel {
+
+namespace {
+
+int64_t picoseconds(double s) { return static_cast<int64_t>(std::llround(std::max(0.0, s) * 1e12)); }
+
+int64_t local_bytes(const Mesh& mesh, const Shape& shape, DType dt, const Sharding& s) {
+  return num_elements(s.without_partial().local_shape(mesh, shape)) * static_cast<int64_t>(dtype_size(dt));
+}
+
+// One strategy of a node.
+struct Strategy {
+  Sharding out;                   // the value's layout (result 0)
+  std::vector<Sharding> extra;    // results 1..
+  std::vector<Sharding> operands; // what the op needs of each operand (ops only)
+  double compute_s = 0, comm_s = 0;
+  int64_t usage = 0;
+};
+
+std::string layout_key(const Strategy& s) {
+  std::string k = s.out.to_string();
+  for (const Sharding& e : s.extra) k += "|" + e.to_string();
+  for (const Sharding& o : s.operands) k += "#" + o.to_string();
+  return k;
+}
+
+// Closed dims of `want` equal in `got` (open dims are free), partial axes ignored.
+bool matches(const Sharding& want, const Sharding& got) {
+  if (want.rank() != got.rank()) return false;
+  for (int d = 0; d < want.rank(); ++d)
+    if (want.dims[static_cast<std::size_t>(d)].closed &&
+        want.dims[static_cast<std::size_t>(d)].axes != got.dims[static_cast<std::size_t>(d)].axes)
+      return false;
+  return true;
+}
+
+class Formulation {
+ public:
+  Formulation(const Graph& g, const Mesh& mesh, const AutoShardOptions& o) : g_(g), mesh_(mesh), o_(o), sets_(g) {}
+
+  AutoShardProblem run(std::vector<std::vector<Strategy>>& strategies) {
+    connect_dims();
+    resolve_restrictions();
+    AutoShardProblem out;
+    node_of_value_.assign(g_.values.size(), -1);
+    result_of_value_.assign(g_.values.size(), 0);
+    // Time: op k runs at step k + 1; inputs are live from step 0; outputs to the end.
+    const int64_t end = static_cast<int64_t>(g_.ops.size()) + 1;
+    std::vector<int64_t> last(g_.values.size(), -1);
+    for (std::size_t k = 0; k < g_.ops.size(); ++k)
+      for (int v : g_.ops[k].inputs) last[static_cast<std::size_t>(v)] = static_cast<int64_t>(k) + 1;
+    for (int v : g_.outputs) last[static_cast<std::size_t>(v)] = end;
+    auto add_node = [&](int value, int op, std::vector<Strategy> s, int64_t start, int64_t stop) {
+      const int n = static_cast<int>(out.problem.nodes.size());
+      autoshard::Node node;
+      node.live = {start, stop};
+      std::vector<Sharding> layouts;
+      for (const Strategy& st : s) {
+        node.cost.push_back(picoseconds(st.compute_s + st.comm_s));
+        node.usage.push_back(st.usage);
+        layouts.push_back(st.out);
+      }
+      out.problem.nodes.push_back(std::move(node));
+      out.node_value.push_back(value);
+      out.node_op.push_back(op);
+      out.node_layouts.push_back(std::move(layouts));
+      strategies.push_back(std::move(s));
+      return n;
+    };
+    for (int v : g_.inputs) {
+      const int n = add_node(v, -1, input_strategies(v), 0, std::max<int64_t>(1, last[static_cast<std::size_t>(v)] + 1));
+      node_of_value_[static_cast<std::size_t>(v)] = n;
+    }
+    for (std::size_t k = 0; k < g_.ops.size(); ++k) {
+      const Op& op = g_.ops[k];
+      if (op.kind == OpKind::Input) continue;
+      std::vector<Strategy> s = op_strategies(static_cast<int>(k));
+      int64_t stop = 0;
+      for (int r = 0; r < op.num_results(); ++r) stop = std::max(stop, last[static_cast<std::size_t>(op.result(r))]);
+      const int n = add_node(op.output, static_cast<int>(k), std::move(s), static_cast<int64_t>(k) + 1,
+                             std::max<int64_t>(static_cast<int64_t>(k) + 2, stop + 1));
+      for (int r = 0; r < op.num_results(); ++r) {
+        node_of_value_[static_cast<std::size_t>(op.result(r))] = n;
+        result_of_value_[static_cast<std::size_t>(op.result(r))] = r;
+      }
+      // An edge per operand: the producer's layout -> what this strategy needs.
+      const auto& mine = strategies[static_cast<std::size_t>(n)];
+      for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+        const int u = op.inputs[i];
+        const int p = node_of_value_[static_cast<std::size_t>(u)];
+        if (p < 0) throw Error(fmt::format("auto_shard: value %{} is used before it is made", g_.values[static_cast<std::size_t>(u)].name));
+        const int r = result_of_value_[static_cast<std::size_t>(u)];
+        const auto& theirs = strategies[static_cast<std::size_t>(p)];
+        autoshard::Edge e;
+        e.a = p;
+        e.b = n;
+        e.cost.resize(theirs.size() * mine.size());
+        const Value& val = g_.values[static_cast<std::size_t>(u)];
+        for (std::size_t a = 0; a < theirs.size(); ++a) {
+          const Sharding& from = r == 0 ? theirs[a].out : theirs[a].extra[static_cast<std::size_t>(r - 1)];
+          for (std::size_t b = 0; b < mine.size(); ++b)
+            e.cost[a * mine.size() + b] = picoseconds(reshard_s(val.shape, val.dtype, from, mine[b].operands[i]));
+        }
+        out.problem.edges.push_back(std::move(e));
+      }
+    }
+    out.problem.name = "auto_shard";
+    if (o_.memory_budget_bytes > 0) out.problem.usage_limit = o_.memory_budget_bytes;
+    return out;
+  }
+
+  double reshard_s(const Shape& shape, DType dt, const Sharding& from, const Sharding& to) {
+    if (from.same_layout(to)) return 0;
+    std::string key = shape_str(shape) + dtype_name(dt) + from.to_string() + ">" + to.to_string();
+    auto it = reshard_cache_.find(key);
+    if (it != reshard_cache_.end()) return it->second;
+    double s = 0;
+    try {
+      s = plan_reshard(mesh_, shape, dt, from.closed_copy(), to.closed_copy(), o_.cost).seconds;
+    } catch (const Error&) {
+      s = 1e6;  // not reachable: an "infinite" cost (a million seconds)
+    }
+    reshard_cache_.emplace(std::move(key), s);
+    return s;
+  }
+
+ private:
+  const Graph& g_;
+  const Mesh& mesh_;
+  const AutoShardOptions& o_;
+  DimClasses sets_;  // dims joined by the ops' factors (axis_only_on)
+  std::vector<int> node_of_value_, result_of_value_;
+  std::unordered_map<std::string, double> reshard_cache_;
+  std::map<std::string, std::set<int>> allowed_;  // axis -> dim components it may split
+  std::vector<std::optional<OpRule>> rules_;
+
+  const OpRule& rule(int k) {
+    if (rules_.empty()) rules_.resize(g_.ops.size());
+    auto& r = rules_[static_cast<std::size_t>(k)];
+    if (!r) r = op_rule(g_, g_.ops[static_cast<std::size_t>(k)]);
+    return *r;
+  }
+
+  void connect_dims() {
+    for (std::size_t k = 0; k < g_.ops.size(); ++k) {
+      const Op& op = g_.ops[k];
+      if (op.kind == OpKind::Input) continue;
+      const OpRule& rl = rule(static_cast<int>(k));
+      std::vector<int> first(rl.factors.size(), -1);  // a slot holding each factor
+      auto visit = [&](int v, const std::vector<DimFactors>& dims) {
+        for (std::size_t d = 0; d < dims.size(); ++d)
+          for (int f : dims[d]) {
+            const int s = sets_.node(v, d);
+            if (first[static_cast<std::size_t>(f)] < 0) first[static_cast<std::size_t>(f)] = s;
+            else sets_.unite(first[static_cast<std::size_t>(f)], s);
+          }
+      };
+      for (std::size_t i = 0; i < op.inputs.size() && i < rl.operands.size(); ++i) visit(op.inputs[i], rl.operands[i]);
+      for (int r = 0; r < op.num_results(); ++r) visit(op.result(r), rl.result_dims(r));
+    }
+  }
+
+  void resolve_restrictions() {
+    for (const auto& [axis, dims] : o_.axis_only_on) {
+      if (!mesh_.has_axis(axis))
+        throw Error(fmt::format("auto_shard: axis_only_on names axis '{}', which mesh {} does not have", axis,
+                                mesh_.to_string()));
+      auto& comp = allowed_[axis];
+      for (const std::string& spec : dims) {
+        const std::size_t colon = spec.rfind(':');
+        const std::string name = colon == std::string::npos ? spec : spec.substr(0, colon);
+        int v = -1;
+        for (std::size_t i = 0; i < g_.values.size(); ++i)
+          if (g_.values[i].name == name) v = static_cast<int>(i);
+        int64_t d = -1;
+        if (colon != std::string::npos) {
+          try {
+            d = std::stoll(spec.substr(colon + 1));
+          } catch (const std::exception&) {
+            d = -1;
+          }
+        }
+        if (v < 0 || d < 0 || d >= static_cast<int64_t>(g_.values[static_cast<std::size_t>(v)].shape.size()))
+          throw Error(fmt::format("auto_shard: axis_only_on['{}'] entry '{}' is not VALUE:DIM of a value of the graph "
+                                  "(e.g. tokens:0)",
+                                  axis, spec));
+        comp.insert(sets_.find(sets_.node(v, static_cast<std::size_t>(d))));
+      }
+    }
+  }
+
+  std::vector<std::string> axis_names() const {
+    std::vector<std::string> out;
+    for (const MeshAxis& a : mesh_.axes()) out.push_back(a.name);
+    return out;
+  }
+
+  bool axis_allowed(const std::string& axis, int v, std::size_t d) {
+    auto it = allowed_.find(axis);
+    return it == allowed_.end() || it->second.count(sets_.find(sets_.node(v, d)));
+  }
+
+  std::vector<Strategy> input_strategies(int v) {
+    const Value& val = g_.values[static_cast<std::size_t>(v)];
+    std::vector<Strategy> out;
+    auto ann = g_.annotations.find(v);
+    if (ann != g_.annotations.end()) {
+      Strategy s;
+      s.out = ann->second.sharding.closed_copy();
+      s.usage = local_bytes(mesh_, val.shape, val.dtype, s.out);
+      out.push_back(std::move(s));
+      return out;
+    }
+    const std::size_t r = val.shape.size();
+    const std::vector<std::string> axes = axis_names();
+    std::vector<int> choice(axes.size(), -1);  // per axis: its dim, -1 unused
+    while (true) {
+      Sharding sh = Sharding::replicated(static_cast<int>(r));
+      bool ok = true;
+      for (std::size_t a = 0; a < axes.size() && ok; ++a) {
+        if (choice[a] < 0) continue;
+        const std::size_t d = static_cast<std::size_t>(choice[a]);
+        ok = axis_allowed(axes[a], v, d);
+        sh.dims[d].axes.push_back(axes[a]);
+      }
+      for (std::size_t d = 0; d < r && ok; ++d) ok = val.shape[d] % mesh_.axes_size(sh.dims[d].axes) == 0;
+      if (ok) {
+        Strategy s;
+        s.out = sh;
+        s.usage = local_bytes(mesh_, val.shape, val.dtype, sh);
+        out.push_back(std::move(s));
+      }
+      std::size_t a = 0;
+      for (; a < axes.size(); ++a) {
+        if (++choice[a] < static_cast<int>(r)) break;
+        choice[a] = -1;
+      }
+      if (a == axes.size()) break;
+    }
+    return out;
+  }
+
+  std::vector<Strategy> op_strategies(int k) {
+    const Op& op = g_.ops[static_cast<std::size_t>(k)];
+    const OpDef& def = op_def(op.kind);
+    const OpRule& rl = rule(k);
+    const std::vector<std::string> axes = axis_names();
+    // Per factor: a tensor dim holding it (for axis_only_on) and whether it may be split.
+    std::vector<bool> splittable(rl.factors.size(), false);
+    std::vector<std::pair<int, std::size_t>> where(rl.factors.size(), {-1, 0});
+    auto note = [&](int v, const std::vector<DimFactors>& dims) {
+      for (std::size_t d = 0; d < dims.size(); ++d)
+        for (int f : dims[d])
+          if (where[static_cast<std::size_t>(f)].first < 0) where[static_cast<std::size_t>(f)] = {v, d};
+    };
+    for (std::size_t i = 0; i < op.inputs.size() && i < rl.operands.size(); ++i) note(op.inputs[i], rl.operands[i]);
+    for (int r = 0; r < op.num_results(); ++r) note(op.result(r), rl.result_dims(r));
+    for (std::size_t f = 0; f < rl.factors.size(); ++f) {
+      const FactorKind kind = rl.factors[f].kind;
+      splittable[f] = kind == FactorKind::Pass || kind == FactorKind::Reduction ||
+                      (kind == FactorKind::Combined && def.distribute != nullptr && op.num_results() == 1);
+    }
+    std::vector<Shape> in_shapes;
+    std::vector<DType> in_dtypes;
+    for (int v : op.inputs) {
+      in_shapes.push_back(g_.values[static_cast<std::size_t>(v)].shape);
+      in_dtypes.push_back(g_.values[static_cast<std::size_t>(v)].dtype);
+    }
+    const Value& res0 = g_.values[static_cast<std::size_t>(op.output)];
+    // A user's layout for the result (an annotation, or a sharding_constraint) keeps only the
+    // strategies that give it, when there are some.
+    std::optional<Sharding> want;
+    if (auto a = g_.annotations.find(op.output); a != g_.annotations.end()) want = a->second.sharding;
+    if (op.kind == OpKind::ShardingConstraint && op.attrs.sharding) want = *op.attrs.sharding;
+
+    std::vector<Strategy> out;
+    std::map<std::string, std::size_t> seen;
+    auto keep = [&](Strategy s) {
+      const std::string key = layout_key(s);
+      auto it = seen.find(key);
+      if (it == seen.end()) {
+        seen.emplace(key, out.size());
+        out.push_back(std::move(s));
+      } else if (s.compute_s + s.comm_s < out[it->second].compute_s + out[it->second].comm_s) {
+        out[it->second] = std::move(s);
+      }
+    };
+    std::vector<int> choice(axes.size(), -1);  // per axis: its factor, -1 unused
+    while (true) {
+      std::vector<std::vector<std::string>> fs(rl.factors.size());
+      bool ok = true;
+      for (std::size_t a = 0; a < axes.size() && ok; ++a) {
+        const int f = choice[a];
+        if (f < 0) continue;
+        ok = splittable[static_cast<std::size_t>(f)] &&
+             (where[static_cast<std::size_t>(f)].first < 0 ||
+              axis_allowed(axes[a], where[static_cast<std::size_t>(f)].first, where[static_cast<std::size_t>(f)].second));
+        fs[static_cast<std::size_t>(f)].push_back(axes[a]);
+      }
+      for (std::size_t f = 0; f < fs.size() && ok; ++f)
+        ok = rl.factors[f].size % mesh_.axes_size(fs[f]) == 0;
+      if (ok) build(op, def, rl, fs, in_shapes, in_dtypes, res0, keep, ok);
+      std::size_t a = 0;
+      for (; a < axes.size(); ++a) {
+        if (++choice[a] < static_cast<int>(rl.factors.size())) break;
+        choice[a] = -1;
+      }
+      if (a == axes.size()) break;
+    }
+    if (want) {
+      std::vector<Strategy> kept;
+      for (const Strategy& s : out)
+        if (matches(*want, s.out)) kept.push_back(s);
+      if (!kept.empty()) out = std::move(kept);
+    }
+    if (out.empty())
+      throw Error(fmt::format("auto_shard: op #{} {} has no strategy on mesh {} (not even replicated)", k,
+                              op_name(op.kind), mesh_.to_string()));
+    return out;
+  }
+
+  // The layouts of one factor assignment `fs`; adds its strategy (and its reduce-scatter
+  // variants) through keep().
+  template <class Keep>
+  void build(const Op& op, const OpDef& def, const OpRule& rl, const std::vector<std::vector<std::string>>& fs,
+             const std::vector<Shape>& in_shapes, const std::vector<DType>& in_dtypes, const Value& res0, Keep& keep,
+             bool& ok) {
+    // A tensor's layout: every dim takes all the axes of its factors, or the assignment is not
+    // expressible (a minor factor split while the major one is not whole).
+    auto layout = [&](const std::vector<DimFactors>& dims) -> std::optional<Sharding> {
+      Sharding s = Sharding::replicated(static_cast<int>(dims.size()));
+      for (std::size_t d = 0; d < dims.size(); ++d) {
+        std::size_t want_axes = 0;
+        for (int f : dims[d]) want_axes += fs[static_cast<std::size_t>(f)].size();
+        s.dims[d].axes = compose_dim(mesh_, dims[d], rl.factors, fs);
+        if (s.dims[d].axes.size() != want_axes) return std::nullopt;
+      }
+      return s;
+    };
+    Strategy st;
+    for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+      if (i >= rl.operands.size()) {
+        st.operands.push_back(Sharding::replicated(static_cast<int>(in_shapes[i].size())));
+        continue;
+      }
+      auto l = layout(rl.operands[i]);
+      if (!l) {
+        ok = false;
+        return;
+      }
+      st.operands.push_back(*l);
+    }
+    std::vector<Sharding> results;
+    std::vector<std::vector<std::string>> partials;
+    for (int r = 0; r < op.num_results(); ++r) {
+      auto l = layout(rl.result_dims(r));
+      if (!l) {
+        ok = false;
+        return;
+      }
+      std::vector<std::string> partial;
+      for (const std::string& a : axis_names())
+        for (std::size_t f = 0; f < fs.size(); ++f)
+          if (std::find(fs[f].begin(), fs[f].end(), a) != fs[f].end() && !rl.in_result(r, static_cast<int>(f)) &&
+              rl.factors[f].kind != FactorKind::Combined)
+            partial.push_back(a);
+      results.push_back(*l);
+      partials.push_back(partial);
+    }
+    // Compute: the local kernel.
+    std::vector<Shape> local_in;
+    for (std::size_t i = 0; i < in_shapes.size(); ++i) local_in.push_back(st.operands[i].local_shape(mesh_, in_shapes[i]));
+    const Shape local_out = results[0].local_shape(mesh_, res0.shape);
+    const double flops = def.flops ? def.flops(op.attrs, local_in, local_out) : 0;
+    const double bytes = op_bytes(op.kind, op.attrs, local_in, in_dtypes, local_out, res0.dtype);
+    st.compute_s = o_.cost.op_seconds(flops, bytes) + o_.cost.dispatch_seconds();
+    // A combined factor split: the op's distributed form all-reduces per-row statistics.
+    for (std::size_t f = 0; f < fs.size(); ++f)
+      if (!fs[f].empty() && rl.factors[f].kind == FactorKind::Combined) {
+        const int64_t rows = num_elements(local_out) / std::max<int64_t>(1, rl.factors[f].size / mesh_.axes_size(fs[f]));
+        st.comm_s += def.distribute_stats *
+                     o_.cost.collective_seconds(CollectiveKind::AllReduce, mesh_, fs[f], rows * 4);
+      }
+    // The results' partial sums, reduced at once: an all-reduce each.
+    for (int r = 0; r < op.num_results(); ++r) {
+      const Value& rv = g_.values[static_cast<std::size_t>(op.result(r))];
+      const int64_t b = local_bytes(mesh_, rv.shape, rv.dtype, results[static_cast<std::size_t>(r)]);
+      st.usage += b;
+      if (!partials[static_cast<std::size_t>(r)].empty())
+        st.comm_s += o_.cost.collective_seconds(CollectiveKind::AllReduce, mesh_, partials[static_cast<std::size_t>(r)], b);
+    }
+    st.out = results[0];
+    st.extra.assign(results.begin() + 1, results.end());
+    keep(st);
+    // Result 0 reduce-scattered onto one of its dims over one partial axis (the others
+    // all-reduced): the layout a ZeRO-2 gradient or a row-parallel einsum feeding a split
+    // consumer wants.
+    const auto& p0 = partials[0];
+    for (std::size_t pa = 0; pa < p0.size(); ++pa)
+      for (std::size_t d = 0; d < res0.shape.size(); ++d) {
+        Sharding scattered = results[0];
+        const int64_t local = res0.shape[d] / std::max<int64_t>(1, mesh_.axes_size(scattered.dims[d].axes));
+        if (local % mesh_.axis_size(p0[pa]) != 0) continue;
+        scattered.dims[d].axes.push_back(p0[pa]);
+        Strategy v = st;
+        v.out = scattered;
+        const int64_t full = local_bytes(mesh_, res0.shape, res0.dtype, results[0]);
+        std::vector<std::string> rest = p0;
+        rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(pa));
+        v.comm_s = st.comm_s - o_.cost.collective_seconds(CollectiveKind::AllReduce, mesh_, p0, full) +
+                   o_.cost.collective_seconds(CollectiveKind::ReduceScatter, mesh_, {p0[pa]}, full) +
+                   (rest.empty() ? 0 : o_.cost.collective_seconds(CollectiveKind::AllReduce, mesh_, rest, full));
+        v.usage = st.usage - full + local_bytes(mesh_, res0.shape, res0.dtype, scattered);
+        keep(v);
+      }
+  }
+};
+
+}  // namespace
+
+AutoShardProblem formulate_auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options) {
+  std::vector<std::vector<Strategy>> strategies;
+  Formulation f(g, mesh, options);
+  return f.run(strategies);
+}
+
+AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options) {
+  options.cost.validate();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<Strategy>> strategies;
+  Formulation f(g, mesh, options);
+  AutoShardProblem ap = f.run(strategies);
+  const auto t1 = std::chrono::steady_clock::now();
+  autoshard::SolveOptions so;
+  so.time_limit_s = options.time_limit_s;
+  so.seed = options.seed;
+  so.max_iterations = options.max_iterations;
+  const autoshard::SolveResult sr = autoshard::solve(ap.problem, so);
+  AutoShardResult res;
+  res.formulate_s = std::chrono::duration<double>(t1 - t0).count();
+  res.solve_s = sr.seconds;
+  res.solver = fmt::format("{} ({})", sr.method, autoshard::status_name(sr.status));
+  res.nodes = static_cast<int64_t>(ap.problem.nodes.size());
+  res.edges = static_cast<int64_t>(ap.problem.edges.size());
+  for (const auto& s : strategies) res.strategies += static_cast<int64_t>(s.size());
+  res.fits = sr.evaluation.within_memory;
+  res.peak_bytes = sr.evaluation.peak_usage;
+  res.shardings.assign(g.values.size(), Sharding());
+  res.from_user.assign(g.values.size(), false);
+  for (const auto& [v, a] : g.annotations) res.from_user[static_cast<std::size_t>(v)] = true;
+  for (std::size_t n = 0; n < ap.problem.nodes.size(); ++n) {
+    const Strategy& s = strategies[n][static_cast<std::size_t>(sr.plan[n])];
+    res.compute_s += s.compute_s;
+    res.comm_s += s.comm_s;
+    const int op = ap.node_op[n];
+    if (op < 0) {
+      res.shardings[static_cast<std::size_t>(ap.node_value[n])] = s.out;
+      continue;
+    }
+    const Op& o = g.ops[static_cast<std::size_t>(op)];
+    res.shardings[static_cast<std::size_t>(o.output)] = s.out;
+    for (std::size_t r = 0; r < s.extra.size(); ++r) res.shardings[static_cast<std::size_t>(o.result(static_cast<int>(r) + 1))] = s.extra[r];
+  }
+  // Edges: the reshards between the chosen layouts.
+  std::vector<double> node_total(ap.problem.nodes.size(), 0);
+  for (std::size_t n = 0; n < ap.problem.nodes.size(); ++n)
+    node_total[n] = static_cast<double>(ap.problem.nodes[n].cost[static_cast<std::size_t>(sr.plan[n])]) * 1e-12;
+  for (const autoshard::Edge& e : ap.problem.edges) {
+    const std::size_t nb = ap.problem.nodes[static_cast<std::size_t>(e.b)].cost.size();
+    const double s = static_cast<double>(e.cost[static_cast<std::size_t>(sr.plan[static_cast<std::size_t>(e.a)]) * nb +
+                                                static_cast<std::size_t>(sr.plan[static_cast<std::size_t>(e.b)])]) * 1e-12;
+    res.comm_s += s;
+    node_total[static_cast<std::size_t>(e.b)] += s;
+  }
+  // For the costliest ops: the best strategy not taken, with the rest of the plan as chosen.
+  std::vector<std::vector<const autoshard::Edge*>> touching(ap.problem.nodes.size());
+  for (const autoshard::Edge& e : ap.problem.edges) {
+    touching[static_cast<std::size_t>(e.a)].push_back(&e);
+    touching[static_cast<std::size_t>(e.b)].push_back(&e);
+  }
+  std::vector<std::size_t> order;
+  for (std::size_t n = 0; n < ap.problem.nodes.size(); ++n)
+    if (ap.node_op[n] >= 0) order.push_back(n);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return node_total[a] > node_total[b]; });
+  if (order.size() > 8) order.resize(8);
+  for (std::size_t n : order) {
+    const auto& node = ap.problem.nodes[n];
+    auto cost_with = [&](std::size_t s) {
+      double c = static_cast<double>(node.cost[s]);
+      for (const autoshard::Edge* e : touching[n]) {
+        const std::size_t nb = ap.problem.nodes[static_cast<std::size_t>(e->b)].cost.size();
+        const std::size_t sa = static_cast<std::size_t>(e->a) == n ? s : static_cast<std::size_t>(sr.plan[static_cast<std::size_t>(e->a)]);
+        const std::size_t sb = static_cast<std::size_t>(e->b) == n ? s : static_cast<std::size_t>(sr.plan[static_cast<std::size_t>(e->b)]);
+        c += static_cast<double>(e->cost[sa * nb + sb]);
+      }
+      return c * 1e-12;
+    };
+    const std::size_t chosen = static_cast<std::size_t>(sr.plan[n]);
+    RejectedAlternative alt;
+    alt.op = ap.node_op[n];
+    alt.chosen = strategies[n][chosen].out;
+    alt.chosen_s = cost_with(chosen);
+    double best = -1;
+    for (std::size_t s = 0; s < node.cost.size(); ++s) {
+      if (s == chosen) continue;
+      const double c = cost_with(s);
+      if (best < 0 || c < best) {
+        best = c;
+        alt.alternative = strategies[n][s].out;
+      }
+    }
+    alt.alternative_s = best;
+    if (best >= 0) res.alternatives.push_back(alt);
+  }
+  return res;
+}
+
+Graph AutoShardResult::annotated(const Graph& g) const {
+  Graph out = g.clone();
+  for (std::size_t v = 0; v < g.values.size() && v < shardings.size(); ++v)
+    if (!from_user[v] && shardings[v].rank() == static_cast<int>(g.values[v].shape.size()))
+      out.annotate(static_cast<int>(v), shardings[v].closed_copy());
+  return out;
+}
+
+std::string AutoShardResult::layouts_text(const Graph& g) const {
+  std::string out;
+  for (std::size_t v = 0; v < g.values.size() && v < shardings.size(); ++v) {
+    if (from_user[v]) continue;
+    out += fmt::format("%{} sharding={}\n", g.values[v].name, shardings[v].closed_copy().to_string());
+  }
+  return out;
+}
+
+}  // namespace tessel
