@@ -42,7 +42,7 @@ namespace tessel {
 
 struct AutoShardOptions {
   int64_t memory_budget_bytes = 0;  // per device; 0: no limit
-  double time_limit_s = 2.0;        // the solver's wall clock
+  double time_limit_s = 0.5;        // the solver's wall clock (the formulation comes on top)
   uint64_t seed = 1;
   // With a budget the plan depends only on the graph, the options and this count (solver.hpp).
   int64_t max_iterations = -1;
@@ -51,6 +51,10 @@ struct AutoShardOptions {
   // %tokens): e.g. {"data": {"tokens:0", "labels:0"}} keeps `data` on the batch. Dims are
   // connected through the ops' factors (an einsum letter, an elementwise dim).
   std::map<std::string, std::vector<std::string>> axis_only_on;
+  // (input, output) pairs whose layouts must agree, e.g. a training step's donations
+  // (TrainStep::donations(): the updated parameter is written over the parameter): the
+  // output's reshard to the input's layout is part of the cost.
+  std::vector<std::pair<std::string, std::string>> tied;
 };
 
 // For `tessel-explain --auto`: the best strategy the solver did not take for an op, everything
