@@ -501,7 +501,9 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
   AutoShardProblem ap = f.run(strategies);
   const auto t1 = std::chrono::steady_clock::now();
   autoshard::SolveOptions so;
-  so.time_limit_s = options.time_limit_s;
+  so.time_limit_s = options.time_limit_s > 0
+                        ? options.time_limit_s
+                        : std::max(0.5, 1.5e-4 * static_cast<double>(ap.problem.nodes.size()));
   so.seed = options.seed;
   so.max_iterations = options.max_iterations;
   // CBC checks its time limit only between the steps of its search: beyond a few ten thousand

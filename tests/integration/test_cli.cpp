@@ -659,3 +659,25 @@ TEST_CASE("cli: --dump-after=fuse-elementwise shows fused kernels and --no-fusio
   CHECK_THAT(off.out, !Catch::Contains("fused_einsum"));
   CHECK_THAT(off.out, Catch::Contains("= gelu(%ub)"));
 }
+
+// docs/auto-sharding.md's command: the transformer block with only the batch and the weights'
+// Megatron layouts given, the rest chosen; with --run the auto-sharded program equals one device.
+TEST_CASE("cli: --auto prints the chosen layouts and why and the program runs equal to one device",
+          "[integration][cli][autoshard]") {
+  Result r = explain({golden("transformer_block_2d.tsl"), "--auto", "--run"});
+  INFO(r.out);
+  REQUIRE(r.exited);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("== auto-sharding: ") && Catch::Contains("predicted per device: ") &&
+                        Catch::Contains("== chosen layouts (paste as annotations)\n%ln1_g sharding=[{}]\n") &&
+                        Catch::Contains("== why: the costliest ops") && Catch::Contains("best other"));
+  CHECK(max_rel_err(r) >= 0);
+  CHECK(max_rel_err(r) <= 1e-5);
+  // A budget nothing fits is said; the search flags need --auto.
+  Result tight = explain({golden("transformer_block_2d.tsl"), "--auto", "--memory-budget", "1000"});
+  CHECK(tight.status == 0);
+  CHECK_THAT(tight.out, Catch::Contains("(ABOVE the budget of 1000 bytes)"));
+  check_clean_failure(explain({golden("transformer_block_2d.tsl"), "--memory-budget", "1000"}), "budget without --auto");
+  CHECK_THAT(explain({golden("transformer_block_2d.tsl"), "--auto-seconds", "1"}).out,
+             Catch::Contains("--auto-seconds needs --auto"));
+}
