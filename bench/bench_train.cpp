@@ -9,7 +9,9 @@
 // (bench/jax/run_train_side_by_side.sh; gpt_jax.py train): the same step with one kernel thread
 // per device, as BM_GptLoaded runs the forward. config 0: the gpt example, 1: a GPT-2-small-sized
 // block (side_by_side.hpp); mesh 0: one device, 1: data=2, 2: model=2 (Megatron annotations),
-// 3: data=2 with ZeRO-2. Counters: tokens/s, proc_cpu_s (process CPU seconds per step), loss.
+// 3: data=2 with ZeRO-2. Counters: tokens/s, proc_cpu_s (process CPU seconds per step), loss (of
+// the last step), instrs (the program's instructions per device), inline (1: the program runs
+// on the device threads, LoadedExecutable::runs_inline).
 //
 // dump_train_step (tessel-bench --dump-train-step DIR [--config 0|1]): one step of that model on
 // one device, its inputs and outputs written as .npy files by name (in.<input>, out.<output>)
@@ -144,6 +146,8 @@ void BM_TrainSide(benchmark::State& state) {
       benchmark::Counter(tessel_bench::process_cpu_s() - cpu0, benchmark::Counter::kAvgIterations);
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(s.cfg.batch * s.cfg.seq),
                                                   benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["inline"] = s.prog.runs_inline() ? 1 : 0;
+  state.counters["instrs"] = static_cast<double>(s.prog.program().instrs.size());
   if (!last.outputs.empty()) state.counters["loss"] = s.prog.to_host(last.outputs[s.loss_out]).get(0);
   state.SetLabel(std::string(mesh_spec) + (mk == 3 ? " zero=2" : ""));
 }

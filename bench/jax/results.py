@@ -10,12 +10,12 @@ def median_entry(entries, key):
     return entries[(len(entries) - 1) // 2]
 
 
-def gbench(d: pathlib.Path, name):
+def gbench(d: pathlib.Path, name, prefix="tessel"):
     """{benchmark name without /real_time: entry} from the Google Benchmark JSONs of `name`
-    (tessel-<name>.json, or one per round tessel-<name>-r<i>.json): the median aggregate of
+    (<prefix>-<name>.json, or one per round <prefix>-<name>-r<i>.json): the median aggregate of
     repetitions, and over rounds the entry with the median real time."""
     runs = {}
-    for p in sorted(d.glob(f"tessel-{name}.json")) + sorted(d.glob(f"tessel-{name}-r*.json")):
+    for p in sorted(d.glob(f"{prefix}-{name}.json")) + sorted(d.glob(f"{prefix}-{name}-r*.json")):
         for b in json.loads(p.read_text())["benchmarks"]:
             key = b.get("run_name", b["name"]).replace("/real_time", "")
             if b.get("error_occurred"):

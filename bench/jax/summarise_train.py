@@ -65,4 +65,29 @@ for c, (cj, cname) in names.items():
         out.append(f"| {cname} | {mname} | {tt:,.0f} | {jt:,.0f} | {fmt_ratio(tt / jt, 1.2)} | {tc:,.0f} | "
                    f"{jc:,.0f} | {fmt_ratio(tc / jc, 1.2)} |")
 out.append("")
+
+
+# Optional: before/after of tessel's changes in the same session (before-after-<state>-<1dev|2dev>-r<i>.json
+# from before-after.sh in the folder: tessel-bench built at several commits, run alternately).
+states = sorted({p.name.split("-")[2] for p in d.glob("before-after-*-r*.json")})
+if states:
+    ba = {st: {**results.gbench(d, f"{st}-1dev", prefix="before-after"),
+               **results.gbench(d, f"{st}-2dev", prefix="before-after")} for st in states}
+    out.append("## tessel before and after its changes, in one run\n")
+    out.append("`before-after.sh` (in this folder) ran tessel-bench built at each state alternately, three rounds, "
+               "pinned as above; each figure is the median over the rounds, tokens/s (tokens per CPU-second in "
+               "brackets). Load: before-after-load.txt.\n")
+    out.append("| model | mesh | " + " | ".join(f"state {st}" for st in states) + " | last/first |")
+    out.append("|---|---|" + "---|" * (len(states) + 1))
+    for c, (cj, cname) in names.items():
+        for m, (mj, mname) in meshes.items():
+            key = f"BM_TrainSide/config:{c}/mesh:{m}"
+            row = [ba[st].get(key) for st in states]
+            if not all(row) or any("error" in b for b in row):
+                continue
+            tokens = [b["tokens/s"] * b["real_time"] / {"ms": 1e3, "s": 1.0}[b["time_unit"]] for b in row]
+            cells = [f"{b['tokens/s']:,.0f} ({n / b['proc_cpu_s']:,.0f})" for b, n in zip(row, tokens)]
+            out.append(f"| {cname} | {mname} | " + " | ".join(cells) +
+                       f" | {row[-1]['tokens/s'] / row[0]['tokens/s']:.2f}x ({row[0]['proc_cpu_s'] / row[-1]['proc_cpu_s']:.2f}x) |")
+    out.append("")
 print("\n".join(out))
