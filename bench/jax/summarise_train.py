@@ -14,7 +14,7 @@ from results import fmt_ratio, machine_and_load
 
 d = pathlib.Path(sys.argv[1])
 out = [f"# tessel vs JAX, the CPU training step — {d.name}\n"]
-out.append("Recorded by `bench/jax/run_train_side_by_side.sh` (docs/training.md). One step = forward, "
+out.append("Recorded by `bench/jax/run_train_side_by_side.sh` (run from the repository root; docs/training.md). One step = forward, "
            "backward, global-norm clipping and AdamW, parameters and moments on the devices and donated. "
            "Ratios are tessel/JAX in tokens/s (bold: below 1.2x), all from this one run: tessel and JAX "
            "alternate in rounds and each figure is the median over the rounds. The machine is shared with "
