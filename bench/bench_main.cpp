@@ -1,6 +1,8 @@
-// tessel-bench's main: Google Benchmark, plus link calibration.
+// tessel-bench's main: Google Benchmark, plus link calibration and the training step's dump.
 //
 //   tessel-bench [benchmark flags]                 the benchmarks (docs/benchmarks.md)
+//   tessel-bench --dump-train-step DIR [--config 0|1]   one step's inputs and outputs as .npy
+//                                                  (bench_train.cpp; gpt_jax.py train-check)
 //   tessel-bench --calibrate-links --mesh data=2,model=4 [--out links.txt]
 //                [--large-bytes N] [--small-bytes N] [--iters N] [--stream-mode async|eager]
 //
@@ -27,6 +29,7 @@ namespace {
 const char* kUsage =
     "usage: tessel-bench --calibrate-links --mesh data=2,model=4 [--out FILE]\n"
     "                    [--large-bytes N] [--small-bytes N] [--iters N] [--stream-mode async|eager]\n"
+    "       tessel-bench --dump-train-step DIR [--config 0|1]\n"
     "       tessel-bench [Google Benchmark flags, see --help]\n";
 
 int calibrate(const std::vector<std::string>& args) {
@@ -76,13 +79,16 @@ int calibrate(const std::vector<std::string>& args) {
 
 }  // namespace
 
+int dump_train_step(const std::vector<std::string>& args);  // bench_train.cpp
+
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  bool calib = false;
+  bool calib = false, dump = false;
   for (const auto& a : args) calib = calib || a == "--calibrate-links";
-  if (calib) {
+  for (const auto& a : args) dump = dump || a == "--dump-train-step";
+  if (calib || dump) {
     try {
-      return calibrate(args);
+      return calib ? calibrate(args) : dump_train_step(args);
     } catch (const tessel::UsageError& e) {
       std::fprintf(stderr, "tessel-bench: error: %s\n%s", e.what(), kUsage);
       return 2;

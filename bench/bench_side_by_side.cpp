@@ -19,7 +19,6 @@
 #include <benchmark/benchmark.h>
 
 #include <dlfcn.h>
-#include <sys/resource.h>
 
 #include <functional>
 #include <initializer_list>
@@ -33,29 +32,12 @@
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "side_by_side.hpp"
 
 namespace {
 
-// CPU seconds of the whole process so far (every thread: device threads, stream workers). On a
-// shared machine wall time includes waiting for a core; CPU time does not.
-double process_cpu_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-tessel::GptConfig side_config(int64_t c) {
-  tessel::GptConfig cfg;  // the example's defaults
-  if (c == 1) {
-    cfg.batch = 4;
-    cfg.seq = 256;
-    cfg.d_model = 768;
-    cfg.heads = 12;
-    cfg.layers = 2;
-    cfg.vocab = 8192;
-  }
-  return cfg;
-}
+using tessel_bench::process_cpu_s;
+using tessel_bench::side_config;
 
 void BM_GptLoaded(benchmark::State& state) {
   const tessel::GptConfig cfg = side_config(state.range(0));

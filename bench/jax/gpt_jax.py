@@ -1,7 +1,10 @@
-"""The JAX side of bench/jax/run_side_by_side.sh: the same GPT forward as tessel's
-src/models/gpt.cpp, and the dispatch cost of a tiny jitted function, timed on CPU.
+"""The JAX side of bench/jax/run_side_by_side.sh and run_train_side_by_side.sh: the same GPT
+forward as tessel's src/models/gpt.cpp, its training step (train_step.hpp), and the dispatch
+cost of a tiny jitted function, timed on CPU.
 
   gpt_jax.py gpt --config example|gpt2 --mesh 1|data2|model2 [--min-time 2] [--repeats 3]
+  gpt_jax.py train --config example|gpt2 --mesh 1|data2|model2|data2-zero2 [--min-time 2] [--repeats 3]
+  gpt_jax.py train-check DIR     # the step on tessel's inputs (tessel-bench --dump-train-step DIR)
   gpt_jax.py overhead --devices N [--min-time 1] [--repeats 3]
 
 Prints one JSON object per line: {"bench": ..., "median_s": ..., "tokens_per_s": ...}.
@@ -18,8 +21,10 @@ device-resident inputs (jax.block_until_ready), as tessel's LoadedExecutable::ru
 on device-resident ShardedArrays.
 """
 import argparse
+import functools
 import json
 import math
+import pathlib
 import statistics
 import time
 
@@ -107,6 +112,65 @@ def param_specs(p, mesh_kind):
     return specs
 
 
+# ---- the training step: tessel's add_train_step (src/train/train_step.cpp) and adamw kernel --------
+# grad_norm = sqrt(sum of every gradient squared); clip = clip_norm / (grad_norm + 1e-6) when
+# grad_norm > clip_norm, else 1; per parameter p (weight decay on parameters of rank >= 2 only):
+#   g' = g * clip;  m' = b1 m + (1 - b1) g';  v' = b2 v + (1 - b2) g'^2
+#   p' = p - lr * ((m' * bc1) / (sqrt(v' * bc2) + eps) + wd * p)
+# with lr, bc1 = 1/(1 - b1^t), bc2 = 1/(1 - b2^t) inputs (AdamWConfig's defaults below).
+ADAMW = dict(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, clip_norm=1.0)
+
+
+def train_step(p, m, v, tokens, labels, lr, bc1, bc2, grad_shardings=None):
+    a = ADAMW
+    loss, g = jax.value_and_grad(loss_fn)(p, tokens, labels)
+    if grad_shardings is not None:  # ZeRO-2: the gradients reduce-scattered like the moments
+        g = jax.lax.with_sharding_constraint(g, grad_shardings)
+    leaves = jax.tree_util.tree_leaves(g)
+    norm = jnp.sqrt(sum(jnp.sum(x * x) for x in leaves))
+    clip = jnp.where(norm > a["clip_norm"], a["clip_norm"] / (norm + 1e-6), 1.0)
+
+    def update(p, g, m, v):
+        gs = g * clip
+        m2 = a["beta1"] * m + (1 - a["beta1"]) * gs
+        v2 = a["beta2"] * v + (1 - a["beta2"]) * (gs * gs)
+        wd = a["weight_decay"] if p.ndim >= 2 else 0.0
+        return p - lr * ((m2 * bc1) / (jnp.sqrt(v2 * bc2) + a["eps"]) + wd * p), m2, v2
+
+    out = jax.tree_util.tree_map(update, p, g, m, v)
+    treedef = jax.tree_util.tree_structure(p)
+    p2, m2, v2 = (jax.tree_util.tree_unflatten(treedef, [o[i] for o in treedef.flatten_up_to(out)]) for i in range(3))
+    return loss, norm, p2, m2, v2
+
+
+def zero_spec(spec, shape, data=2):
+    """tessel's zero_layout on a mesh whose parameters use at most `model`: `data` added to the
+    first dim without axes that it divides."""
+    parts = list(spec) + [None] * (len(shape) - len(spec))
+    for d, n in enumerate(shape):
+        if parts[d] is None and n % data == 0:
+            parts[d] = "data"
+            return P(*parts)
+    return spec
+
+
+def step_inputs(cfg, mesh_kind, mesh, p):
+    """Shardings of the step's arguments and the jitted, donating step."""
+    to_sh = lambda spec: NamedSharding(mesh, spec)
+    is_p = lambda x: isinstance(x, P)
+    pspec = param_specs(p, "model2" if mesh_kind == "model2" else "1")
+    p_sh = jax.tree_util.tree_map(to_sh, pspec, is_leaf=is_p)
+    if mesh_kind == "data2-zero2":
+        st_sh = jax.tree_util.tree_map(lambda s, x: to_sh(zero_spec(s, x.shape)), pspec, p, is_leaf=is_p)
+    else:
+        st_sh = p_sh
+    tok_sh, rep = to_sh(P("data", None)), to_sh(P())
+    step = functools.partial(train_step, grad_shardings=st_sh if mesh_kind == "data2-zero2" else None)
+    f = jax.jit(step, in_shardings=(p_sh, st_sh, st_sh, tok_sh, tok_sh, rep, rep, rep),
+                out_shardings=(rep, rep, p_sh, st_sh, st_sh), donate_argnums=(0, 1, 2))
+    return f, p_sh, st_sh, tok_sh, rep
+
+
 def time_call(fn, min_time, repeats):
     """Median over `repeats` of the mean wall time per call over >= min_time seconds, and the
     median process CPU time per call (every thread; wall time on a shared machine includes
@@ -127,20 +191,31 @@ def time_call(fn, min_time, repeats):
     return statistics.median(samples), samples, statistics.median(cpu)
 
 
-def bench_gpt(args):
-    cfg = CONFIGS[args.config]
+def make_mesh(mesh_kind):
     devices = jax.devices()
-    want = 1 if args.mesh == "1" else 2
+    want = 1 if mesh_kind == "1" else 2
     if len(devices) < want:
-        raise SystemExit(f"gpt_jax: mesh {args.mesh} needs {want} devices, JAX has {len(devices)} "
+        raise SystemExit(f"gpt_jax: mesh {mesh_kind} needs {want} devices, JAX has {len(devices)} "
                          "(set XLA_FLAGS=--xla_force_host_platform_device_count=2)")
-    shape = {"1": (1, 1), "data2": (2, 1), "model2": (1, 2)}[args.mesh]
-    mesh = Mesh(np.array(devices[:want]).reshape(shape), ("data", "model"))
+    shape = {"1": (1, 1), "data2": (2, 1), "model2": (1, 2), "data2-zero2": (2, 1)}[mesh_kind]
+    return Mesh(np.array(devices[:want]).reshape(shape), ("data", "model")), want
+
+
+def model_and_batch(args):
+    """The config, the mesh, the parameters (seeded) and a random batch (host arrays)."""
+    cfg = CONFIGS[args.config]
+    mesh, want = make_mesh(args.mesh)
     p = init_params(cfg, jax.random.PRNGKey(1234))
     rng = np.random.default_rng(1234)
     B, S, V = cfg["batch"], cfg["seq"], cfg["vocab"]
     tokens = rng.integers(0, V, size=(B, S), dtype=np.int32)
     labels = rng.integers(0, V, size=(B, S), dtype=np.int32)
+    return cfg, mesh, want, p, tokens, labels
+
+
+def bench_gpt(args):
+    cfg, mesh, want, p, tokens, labels = model_and_batch(args)
+    B, S = cfg["batch"], cfg["seq"]
     pspec = param_specs(p, args.mesh)
     to_sh = lambda spec: NamedSharding(mesh, spec)
     p_sh = jax.tree_util.tree_map(to_sh, pspec, is_leaf=lambda x: isinstance(x, P))
@@ -154,6 +229,74 @@ def bench_gpt(args):
                       "proc_cpu_s": cpu,
                       "tokens_per_s": B * S / med, "loss": float(f(p, tokens, labels)),
                       "jax": jax.__version__, "devices": want}), flush=True)
+
+
+def bench_train(args):
+    """One training step per call, the parameters and moments donated and fed back (tessel's
+    BM_TrainSide: LoadOptions::donate)."""
+    cfg, mesh, want, p, tokens, labels = model_and_batch(args)
+    B, S = cfg["batch"], cfg["seq"]
+    f, p_sh, st_sh, tok_sh, rep = step_inputs(cfg, args.mesh, mesh, p)
+    zeros = lambda: jax.tree_util.tree_map(np.zeros_like, p)  # m and v: two buffers (both donated)
+    state = [jax.device_put(p, p_sh), jax.device_put(zeros(), st_sh), jax.device_put(zeros(), st_sh)]
+    batch = [jax.device_put(tokens, tok_sh), jax.device_put(labels, tok_sh)]
+    # step 1's inputs (the bias corrections of t = 1), as tessel's benchmark feeds every step
+    scal = [jax.device_put(np.float32(x), rep) for x in (1e-3, 1 / (1 - ADAMW["beta1"]), 1 / (1 - ADAMW["beta2"]))]
+    last = {}
+
+    def one():
+        loss, norm, *state[:] = f(*state, *batch, *scal)
+        jax.block_until_ready(state)
+        last["loss"] = loss
+
+    med, samples, cpu = time_call(one, args.min_time, args.repeats)
+    print(json.dumps({"bench": f"jax_train/{args.config}/{args.mesh}", "median_s": med, "samples_s": samples,
+                      "proc_cpu_s": cpu, "tokens_per_s": B * S / med, "loss": float(last["loss"]),
+                      "jax": jax.__version__, "devices": want}), flush=True)
+
+
+def train_check(args):
+    """The step on the inputs tessel-bench --dump-train-step wrote (.npy per input, by tessel's
+    names), compared with tessel's outputs of that step: loss, grad_norm, every next.*."""
+    d = pathlib.Path(args.dir)
+    meta = json.loads((d / "config.json").read_text())
+    cfg = {k: meta[k] for k in ("batch", "seq", "d_model", "heads", "layers", "vocab")}
+    ld = lambda name: np.load(d / f"{name}.npy")
+    names = ["wte", "wpe", "lnf_g", "lnf_b"]
+    lnames = ["ln1_g", "ln1_b", "wq", "wk", "wv", "wo", "ln2_g", "ln2_b", "w1", "b1", "w2", "b2"]
+
+    def tree(prefix):
+        t = {n: ld(prefix + n) for n in names}
+        t["layers"] = [{n: ld(f"{prefix}l{i}_{n}") for n in lnames} for i in range(cfg["layers"])]
+        return t
+
+    f = jax.jit(train_step)
+    loss, norm, p2, m2, v2 = f(tree("in.") , tree("in.adam.m."), tree("in.adam.v."), ld("in.tokens"), ld("in.labels"),
+                               ld("in.adam.lr"), ld("in.adam.bc1"), ld("in.adam.bc2"))
+    # Moments: max |JAX - tessel| over max |tessel|, the worst parameter. Parameters: the step's
+    # difference in units of the step size lr (AdamW's m/sqrt(v) is about +-1 wherever a gradient
+    # is not 0, so a gradient near 0 whose rounding differs moves by up to lr), the largest and
+    # the share of elements off by more than 1% of lr.
+    lr = float(ld("in.adam.lr"))
+    worst, off, total = {}, 0, 0
+    for what, got, prefix in (("m", m2, "out.next.adam.m."), ("v", v2, "out.next.adam.v.")):
+        errs = jax.tree_util.tree_map(lambda a, b: float(np.max(np.abs(np.asarray(a) - b)) / (np.max(np.abs(b)) + 1e-30)),
+                                      got, tree(prefix))
+        worst[what] = max(jax.tree_util.tree_leaves(errs))
+    for a, b in zip(jax.tree_util.tree_leaves(p2), jax.tree_util.tree_leaves(tree("out.next."))):
+        diff = np.abs(np.asarray(a) - b) / lr
+        worst["params_in_lr"] = max(worst.get("params_in_lr", 0.0), float(diff.max()))
+        off, total = off + int(np.sum(diff > 0.01)), total + diff.size
+    worst["params_share_off_1pct_lr"] = off / total
+    res = {"config": cfg, "loss_jax": float(loss), "loss_tessel": float(ld("out.loss")),
+           "grad_norm_jax": float(norm), "grad_norm_tessel": float(ld("out.grad_norm")), "errors": worst}
+    print(json.dumps(res), flush=True)
+    ok = (abs(res["loss_jax"] - res["loss_tessel"]) <= 1e-4 * abs(res["loss_tessel"]) and
+          abs(res["grad_norm_jax"] - res["grad_norm_tessel"]) <= 1e-3 * abs(res["grad_norm_tessel"]) and
+          worst["m"] <= 1e-3 and worst["v"] <= 1e-3 and worst["params_in_lr"] <= 2 and
+          worst["params_share_off_1pct_lr"] <= 1e-3)
+    if not ok:
+        raise SystemExit("train-check: JAX and tessel disagree")
 
 
 def bench_overhead(args):
@@ -179,12 +322,19 @@ def main():
     g.add_argument("--mesh", choices=["1", "data2", "model2"], required=True)
     g.add_argument("--min-time", type=float, default=2.0)
     g.add_argument("--repeats", type=int, default=3)
+    t = sub.add_parser("train")
+    t.add_argument("--config", choices=sorted(CONFIGS), required=True)
+    t.add_argument("--mesh", choices=["1", "data2", "model2", "data2-zero2"], required=True)
+    t.add_argument("--min-time", type=float, default=2.0)
+    t.add_argument("--repeats", type=int, default=3)
+    c = sub.add_parser("train-check")
+    c.add_argument("dir")
     o = sub.add_parser("overhead")
     o.add_argument("--devices", type=int, required=True)
     o.add_argument("--min-time", type=float, default=1.0)
     o.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    bench_gpt(args) if args.cmd == "gpt" else bench_overhead(args)
+    {"gpt": bench_gpt, "train": bench_train, "train-check": train_check, "overhead": bench_overhead}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -6,44 +6,21 @@ Every ratio is tessel / JAX in speed (tokens/s, or JAX's time per call / tessel'
 >= 1.0 means tessel is at least as fast; all figures come from the files of that one run
 (medians of the repetitions).
 """
-import json
 import pathlib
 import sys
+
+import results
+from results import fmt_ratio, machine_and_load
 
 d = pathlib.Path(sys.argv[1])
 
 
-def median_entry(entries, key):
-    entries = sorted(entries, key=key)
-    return entries[(len(entries) - 1) // 2]
-
-
 def gbench(name):
-    """{benchmark name without /real_time: entry} from the Google Benchmark JSONs of `name`
-    (tessel-<name>.json, or one per round tessel-<name>-r<i>.json): the median aggregate of
-    repetitions, and over rounds the entry with the median real time."""
-    runs = {}
-    for p in sorted(d.glob(f"tessel-{name}.json")) + sorted(d.glob(f"tessel-{name}-r*.json")):
-        for b in json.loads(p.read_text())["benchmarks"]:
-            key = b.get("run_name", b["name"]).replace("/real_time", "")
-            if b.get("error_occurred"):
-                runs.setdefault(key, []).append({"error": b.get("error_message", "error"), "real_time": 0})
-                continue
-            if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
-                continue
-            runs.setdefault(key, []).append(b)
-    return {k: median_entry(v, lambda b: b["real_time"]) for k, v in runs.items()}
+    return results.gbench(d, name)
 
 
 def jaxres(name):
-    """{bench: the round with the median wall time} from jax-<name>.jsonl (one line a round)."""
-    p = d / f"jax-{name}.jsonl"
-    if not p.exists():
-        return {}
-    runs = {}
-    for r in (json.loads(l) for l in p.read_text().splitlines() if l.strip()):
-        runs.setdefault(r["bench"], []).append(r)
-    return {k: median_entry(v, lambda r: r["median_s"]) for k, v in runs.items()}
+    return results.jaxres(d, name)
 
 
 def us(b):
@@ -51,20 +28,13 @@ def us(b):
     return b["real_time"] * scale
 
 
-def fmt_ratio(r):
-    return f"**{r:.2f}x**" if r < 1.0 else f"{r:.2f}x"
-
-
 out = []
-machine = (d / "machine.txt").read_text() if (d / "machine.txt").exists() else ""
 out.append(f"# tessel vs JAX on CPU — {d.name}\n")
 out.append("Recorded by `bench/jax/run_side_by_side.sh` (docs/cpu-backend.md). Ratios are tessel/JAX in speed "
            "(>= 1.0: tessel at least as fast), all from this one run: tessel and JAX alternate in rounds and each "
            "figure is the median over the rounds (matmuls: over repetitions). "
            "Machine and load: machine.txt, load.txt.\n")
-out.append("```\n" + machine + "```\n")
-if (d / "load.txt").exists():
-    out.append("Load average (1, 5, 15 min) before each step:\n\n```\n" + (d / "load.txt").read_text() + "```\n")
+out += machine_and_load(d)
 
 # (a) GPT forward
 t1, t2 = gbench("gpt-1dev"), gbench("gpt-2dev")

@@ -223,6 +223,16 @@ TEST_CASE("fusion: the fused kernel gives the unfused chain's bits", "[fusion]")
       require_same_bits(run_with(g, one, true, 11), run_with(g, one, false, 11));
     }
   }
+  SECTION("gelu_grad (vectorised in chunks) at odd sizes, with a broadcast gradient") {
+    for (int64_t n : {1, 7, 300, 1000, 4099}) {
+      Graph g;
+      Tensor x = input(g, "x", DType::f32, {3, n});
+      Tensor d = input(g, "d", DType::f32, {n});
+      g.mark_output(add(gelu_grad(mul(x, 3.0), d), x));
+      CHECK(count(lowered_text(g, one, true), "fused_elementwise") == 1);
+      require_same_bits(run_with(g, one, true, 13), run_with(g, one, false, 13));
+    }
+  }
   SECTION("bf16 and f16 intermediates are rounded as stored") {
     for (DType t : {DType::bf16, DType::f16}) {
       Graph g;

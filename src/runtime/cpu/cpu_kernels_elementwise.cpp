@@ -95,7 +95,6 @@ void with_binary_op(const KernelArgs& a, F&& f) {
     case OpKind::Mul: f(MulF{}); break;
     case OpKind::Div: f(DivF{}); break;
     case OpKind::Max: f(MaxF{}); break;
-    case OpKind::GeluGrad: f(GeluGradF{}); break;
     default: fail(a, "not a binary op");
   }
 }
@@ -119,7 +118,22 @@ void k_binary(const KernelArgs& a) {
   const float* x = in_f32(a, 0, b0);
   const float* y = in_f32(a, 1, b1);
   float* o = out_f32(a, ob);
-  with_binary_op<float>(a, [&](auto op) { binary_loop<float>(a, x, y, o, op); });
+  if (a.kind == OpKind::GeluGrad) {
+    // Vectorised over whole buffers (gelu_grad_f32): a broadcast operand is expanded first.
+    const Shape& os = a.out_shape;
+    const int64_t n = num_elements(os);
+    FVec e0, e1;
+    auto whole = [&](const float* p, std::size_t i, FVec& buf) {
+      if (num_elements(a.in_shapes[i]) == n) return p;
+      buf.resize(static_cast<std::size_t>(n));
+      copy_strided<float>(p, broadcast_strides(a, a.in_shapes[i], os, i == 0 ? "lhs" : "rhs"), buf.data(),
+                          contiguous_strides(os), os);
+      return static_cast<const float*>(buf.data());
+    };
+    gelu_grad_f32(whole(x, 0, e0), whole(y, 1, e1), o, n);
+  } else {
+    with_binary_op<float>(a, [&](auto op) { binary_loop<float>(a, x, y, o, op); });
+  }
   finish_out(a, ob);
 }
 

@@ -123,41 +123,30 @@ void k_layer_norm_grad(const KernelArgs& a) {
   float* dx = out_f32(a, ob);
   float* dgamma = result_f32(a, a.extra_out[0], a.extra_out_shapes[0], a.extra_out_dtypes[0], gb);
   float* dbeta = result_f32(a, a.extra_out[1], a.extra_out_shapes[1], a.extra_out_dtypes[1], bb);
-  std::vector<double> sum_g(static_cast<std::size_t>(D), 0.0), sum_b(static_cast<std::size_t>(D), 0.0);
-  std::vector<double> xhat(static_cast<std::size_t>(D));
+  // Per row in double, with Eigen's vectorised reductions (the scalar double loops were 6% of the
+  // gpt example's step); the row sums are added in packets, so in another order than one by one.
+  Eigen::ArrayXd sum_g = Eigen::ArrayXd::Zero(D), sum_b = Eigen::ArrayXd::Zero(D);
+  Eigen::ArrayXd xd(D), xhat(D), gd(D);
+  const Eigen::ArrayXd gam = Eigen::Map<const Eigen::ArrayXf>(gamma, D).cast<double>();
   const int64_t rows = D > 0 ? num_elements(s) / D : 0;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * D;
-    const float* dyr = dy + r * D;
-    double mean = 0.0;
-    for (int64_t j = 0; j < D; ++j) mean += xr[j];
-    mean /= double(D);
-    double var = 0.0;
-    for (int64_t j = 0; j < D; ++j) var += (xr[j] - mean) * (xr[j] - mean);
-    var /= double(D);
+    Eigen::Map<const Eigen::ArrayXf> xr(x + r * D, D), dyr(dy + r * D, D);
+    xd = xr.cast<double>();
+    const double mean = xd.sum() / double(D);
+    const double var = (xd - mean).square().sum() / double(D);
     const double rstd = 1.0 / std::sqrt(var + at.eps);
-    double mg = 0.0, mgx = 0.0;
-    for (int64_t j = 0; j < D; ++j) {
-      const std::size_t u = static_cast<std::size_t>(j);
-      xhat[u] = (xr[j] - mean) * rstd;
-      const double g = double(dyr[j]) * gamma[j];
-      mg += g;
-      mgx += g * xhat[u];
-      // A zero gradient contributes nothing, even where the row is degenerate (constant with
-      // eps = 0, as the zero rows padding an uneven split are): 0 * NaN would poison the sum.
-      if (dyr[j] != 0.0f) sum_g[u] += double(dyr[j]) * xhat[u];
-      sum_b[u] += dyr[j];
-    }
-    mg /= double(D);
-    mgx /= double(D);
-    for (int64_t j = 0; j < D; ++j) {
-      const std::size_t u = static_cast<std::size_t>(j);
-      dx[r * D + j] = static_cast<float>(rstd * (double(dyr[j]) * gamma[j] - mg - xhat[u] * mgx));
-    }
+    xhat = (xd - mean) * rstd;
+    gd = dyr.cast<double>() * gam;
+    const double mg = gd.sum() / double(D), mgx = (gd * xhat).sum() / double(D);
+    // A zero gradient contributes nothing, even where the row is degenerate (constant with
+    // eps = 0, as the zero rows padding an uneven split are): 0 * NaN would poison the sum.
+    sum_g += (dyr != 0.0f).select(dyr.cast<double>() * xhat, 0.0);
+    sum_b += dyr.cast<double>();
+    Eigen::Map<Eigen::ArrayXf>(dx + r * D, D) = (rstd * (gd - mg - xhat * mgx)).cast<float>();
   }
   for (int64_t j = 0; j < D; ++j) {
-    dgamma[j] = static_cast<float>(sum_g[static_cast<std::size_t>(j)]);
-    dbeta[j] = static_cast<float>(sum_b[static_cast<std::size_t>(j)]);
+    dgamma[j] = static_cast<float>(sum_g[j]);
+    dbeta[j] = static_cast<float>(sum_b[j]);
   }
   finish_out(a, ob);
   finish_result(a.extra_out[0], a.extra_out_shapes[0], a.extra_out_dtypes[0], gb);
@@ -244,6 +233,17 @@ void k_softmax_grad(const KernelArgs& a) {
   const float* y = in_f32(a, 0, b0);
   const float* dy = in_f32(a, 1, b1);
   float* dx = out_f32(a, ob);
+  if (inner == 1) {
+    // The usual case (the last axis): per row a vectorised dot product and one vectorised pass
+    // (the strided loop below ran one scalar sum per element: 6% of the gpt example's step).
+    for (int64_t o = 0; o < outer && len > 0; ++o) {
+      Eigen::Map<const Eigen::ArrayXf> yr(y + o * len, len), dyr(dy + o * len, len);
+      const float sum = (dyr * yr).sum();
+      Eigen::Map<Eigen::ArrayXf>(dx + o * len, len) = yr * (dyr - sum);
+    }
+    finish_out(a, ob);
+    return;
+  }
   FVec sum(static_cast<std::size_t>(inner));
   for (int64_t o = 0; o < outer && len > 0; ++o) {
     const int64_t base = o * len * inner;

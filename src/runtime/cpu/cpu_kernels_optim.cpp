@@ -1,7 +1,10 @@
 // src/runtime/cpu/cpu_kernels_optim.cpp — the CPU kernel of adamw: one fused AdamW step
-// (parameter, m and v updated in one elementwise pass, in f32).
+// (parameter, m and v updated in one elementwise pass, in f32, vectorised).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include <Eigen/Dense>
 
 #include "cpu_kernel_families.hpp"
 #include "cpu_kernel_util.hpp"
@@ -42,13 +45,22 @@ void k_adamw(const KernelArgs& a) {
     finish_out(a, ob);
     return;
   }
-  for (int64_t i = 0; i < n; ++i) {
-    const float gs = g[i] * gscale;
-    const float m2 = b1c * m[i] + (1.0f - b1c) * gs;
-    const float v2 = b2c * v[i] + (1.0f - b2c) * (gs * gs);
-    mo[i] = m2;
-    vo[i] = v2;
-    po[i] = p[i] - lr * ((m2 * bc1) / (std::sqrt(v2 * bc2) + eps) + wd * p[i]);
+  // Vectorised in chunks that stay in L1 (Eigen's packet sqrt and division are IEEE's, as the
+  // scalar ones; the scalar loop, its sqrt and division one element at a time, was 6% of the gpt
+  // example's step). Each chunk reads its p, g, m, v before writing them, so the results may be
+  // donated inputs' buffers.
+  constexpr int64_t kChunk = 512;
+  alignas(64) float gsb[kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t c = std::min(kChunk, n - i0);
+    using A = Eigen::Map<Eigen::ArrayXf>;
+    using CA = Eigen::Map<const Eigen::ArrayXf>;
+    A gs(gsb, c), m2(mo + i0, c), v2(vo + i0, c);
+    gs = CA(g + i0, c) * gscale;
+    m2 = b1c * CA(m + i0, c) + (1.0f - b1c) * gs;
+    v2 = b2c * CA(v + i0, c) + (1.0f - b2c) * (gs * gs);
+    const CA pi(p + i0, c);
+    A(po + i0, c) = pi - lr * ((m2 * bc1) / ((v2 * bc2).sqrt() + eps) + wd * pi);
   }
   finish_out(a, ob);
 }
