@@ -696,6 +696,69 @@ void AsyncCheckpointer::wait() {
   }
 }
 
+void AsyncCheckpointer::save(int64_t step, const std::map<std::string, ShardedArray>& arrays,
+                             const LoadedExecutable& program, SaveOptions options, std::shared_ptr<ProcessGroup> group) {
+  const auto t0 = std::chrono::steady_clock::now();
+  wait();  // one save at a time; a failure of the previous one is raised here
+  Runtime& rt = program.runtime();
+  if (rt.process_count() > 1 && !group)
+    throw Error(fmt::format("checkpoint {}: step {}: the {} runtime has {} processes: give the AsyncCheckpointer a "
+                            "process group of its own (e.g. mpi_process_group()) for its background writes",
+                            dir_.path(), step, rt.name(), rt.process_count()));
+  // This process's blocks on the host, each distinct block once (replicas share it).
+  const Mesh& mesh = program.mesh();
+  auto local = std::make_shared<std::map<std::string, LocalArray>>();
+  int64_t bytes = 0;
+  for (const auto& [name, arr] : arrays) {
+    Shape shape = arr.shape();
+    const auto& names = program.input_names();
+    const auto in = std::find(names.begin(), names.end(), name);
+    if (in != names.end()) shape = program.input_shape(static_cast<std::size_t>(in - names.begin()));
+    auto blocks = std::make_shared<std::vector<HostTensor>>();
+    auto of_device = std::make_shared<std::vector<std::size_t>>();
+    std::map<std::vector<int64_t>, std::size_t> seen;
+    for (std::size_t i = 0; i < arr.devices().size(); ++i) {
+      const std::vector<int64_t> off = arr.sharding().without_partial().local_offset(mesh, arr.shape(), arr.devices()[i]);
+      auto [it, fresh] = seen.emplace(off, blocks->size());
+      if (fresh) {
+        blocks->push_back(program.shard_to_host(arr, i));
+        bytes += static_cast<int64_t>(blocks->back().bytes());
+      }
+      of_device->push_back(it->second);
+    }
+    LocalArray la;
+    la.layout = {arr.dtype(), shape, arr.sharding()};
+    la.devices = arr.devices();
+    // Each block is asked for once: it is moved out, not copied again.
+    la.block = [blocks, of_device](std::size_t i) { return std::move((*blocks)[(*of_device)[i]]); };
+    local->emplace(name, std::move(la));
+  }
+  if (budget_ > 0 && bytes > budget_)
+    throw Error(fmt::format("checkpoint {}: step {} stages {} bytes on the host, above the staging budget of {} bytes: "
+                            "raise the budget or save fewer arrays",
+                            dir_.path(), step, bytes, budget_));
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    state_->busy = true;
+  }
+  std::shared_ptr<State> st = state_;
+  CheckpointDir dir = dir_;
+  state_->worker = std::thread([st, dir, step, local, mesh, options = std::move(options), group]() mutable {
+    std::exception_ptr err;
+    try {
+      dir.save_local(step, *local, mesh, group.get(), options);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    local.reset();  // the staging memory goes back before the next save may start
+    std::lock_guard<std::mutex> lk(st->mu);
+    st->error = err;
+    st->busy = false;
+    st->cv.notify_all();
+  });
+  last_blocking_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void AsyncCheckpointer::save(int64_t step, std::map<std::string, HostTensor> arrays, const Mesh& mesh,
                              std::map<std::string, Sharding> shardings, SaveOptions options) {
   const auto t0 = std::chrono::steady_clock::now();

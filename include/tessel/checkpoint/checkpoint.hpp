@@ -204,6 +204,14 @@ class AsyncCheckpointer {
 
   void save(int64_t step, std::map<std::string, HostTensor> arrays, const Mesh& mesh,
             std::map<std::string, Sharding> shardings = {}, SaveOptions options = {});
+  // Device arrays of `program` (a Trainer's device_state()): the caller blocks only while this
+  // process's blocks are copied to the host (each distinct block once, no gather); the worker
+  // writes them as CheckpointDir::save_local does. On a multi-process runtime pass `group`, a
+  // process group of the checkpointer's own (e.g. a second mpi_process_group(): the workers
+  // meet there, beside the training's own exchanges); every process calls save in the same
+  // order. Error naming the runtime when it has several processes and no group is given.
+  void save(int64_t step, const std::map<std::string, ShardedArray>& arrays, const LoadedExecutable& program,
+            SaveOptions options = {}, std::shared_ptr<ProcessGroup> group = nullptr);
   // Waits for the save in flight; rethrows its failure.
   void wait();
   // Seconds the last save() blocked (waiting for the previous save and taking the arrays).
