@@ -160,6 +160,7 @@ class AnytimeSearch {
     int64_t visited = 0;
     int64_t it = 0;
     for (; o_.max_iterations < 0 || it < o_.max_iterations; ++it) {
+      if ((it & 7) == 0 && o_.stop != nullptr && o_.stop->load(std::memory_order_relaxed)) break;
       if (o_.max_iterations < 0 && (it & 7) == 0 && elapsed() >= o_.time_limit_s) break;
       const int32_t root = static_cast<int32_t>(rng_.below(static_cast<uint32_t>(n_)));
       const int32_t size = sizes[rng_.below(sizeof(sizes) / sizeof(sizes[0]))];
