@@ -151,9 +151,12 @@ int main(int argc, char** argv) {
                  r.method.c_str(), status_name(r.status), cost_str(r.evaluation.cost).c_str(),
                  static_cast<long long>(r.evaluation.peak_usage), static_cast<long long>(r.evaluation.peak_time),
                  static_cast<long long>(r.iterations), r.first_feasible_s + read_s, total_s);
-    if (!r.evaluation.feasible())
+    if (r.status == SolveStatus::infeasible)
       std::fprintf(stderr, "tessel-iopddl: %s: no plan fits the usage limit%s; printing the plan of least memory\n",
                    path.c_str(), r.evaluation.uses_infinite ? " without an infinite cost" : "");
+    else if (!r.evaluation.feasible())
+      std::fprintf(stderr, "tessel-iopddl: %s: no feasible plan found within %.1f s; printing the plan of least memory\n",
+                   path.c_str(), seconds);
     if (!trace_path.empty()) {
       std::FILE* f = std::fopen(trace_path.c_str(), "w");
       if (f == nullptr) {

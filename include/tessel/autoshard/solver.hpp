@@ -30,7 +30,7 @@ enum class SolveStatus {
   optimal,     // proven optimal (exact method)
   feasible,    // a plan within memory and without an infinite cost; maybe not optimal
   infeasible,  // no plan fits: the plan returned is the one of least peak memory
-  unknown,     // the exact method stopped (time limit) before it found any plan
+  unknown,     // the method stopped (time limit) before it found a feasible plan
 };
 const char* status_name(SolveStatus s);
 
