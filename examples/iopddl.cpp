@@ -15,6 +15,8 @@
 // printed); 2 for bad arguments or a bad file (the message names the file and the item).
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdint>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -32,19 +34,28 @@
 
 namespace {
 
+const char* kUsage =
+    "usage: tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact | --anytime] [--trace PATH]\n"
+    "  FILE        an IOPDDL problem (.json or .json.gz)\n"
+    "  SECONDS     the time limit; the answer is printed within it\n"
+    "  --seed N    the search's seed (default 1)\n"
+    "  --iterations N  stop after N improvement steps (deterministic plan)\n"
+    "  --exact     only the integer program on CBC (small problems)\n"
+    "  --anytime   only the anytime search (default: anytime, then CBC when small)\n"
+    "  --trace PATH  write every better plan's time (s since start) and cost to PATH\n";
+
 int usage(const char* msg) {
-  std::fprintf(stderr,
-               "tessel-iopddl: %s\n"
-               "usage: tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact | --anytime] [--trace PATH]\n"
-               "  FILE        an IOPDDL problem (.json or .json.gz)\n"
-               "  SECONDS     the time limit; the answer is printed within it\n"
-               "  --seed N    the search's seed (default 1)\n"
-               "  --iterations N  stop after N improvement steps (deterministic plan)\n"
-               "  --exact     only the integer program on CBC (small problems)\n"
-               "  --anytime   only the anytime search (default: anytime, then CBC when small)\n"
-               "  --trace PATH  write every better plan's time (s since start) and cost to PATH\n",
-               msg);
+  std::fprintf(stderr, "tessel-iopddl: %s\n%s", msg, kUsage);
   return 2;
+}
+
+// A non-negative integer, all of s.
+bool parse_count(const char* s, uint64_t& out) {
+  if (*s < '0' || *s > '9') return false;
+  char* end = nullptr;
+  errno = 0;
+  out = std::strtoull(s, &end, 10);
+  return *end == '\0' && errno == 0;
 }
 
 bool parse_number(const char* s, double& out) {
@@ -59,6 +70,11 @@ int main(int argc, char** argv) {
   using namespace tessel::autoshard;
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf("tessel-iopddl: solves an IOPDDL contest problem; the last line of stdout is the answer\n%s", kUsage);
+      return 0;
+    }
   if (argc < 3) return usage("expected FILE and SECONDS");
   const std::string path = argv[1];
   double seconds = 0;
@@ -69,11 +85,11 @@ int main(int argc, char** argv) {
   std::string trace_path;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
-    double v = 0;
+    uint64_t v = 0;
     if ((a == "--seed" || a == "--iterations") && i + 1 < argc) {
-      if (!parse_number(argv[i + 1], v) || v < 0)
+      if (!parse_count(argv[i + 1], v) || (a == "--iterations" && v > static_cast<uint64_t>(INT64_MAX)))
         return usage(fmt::format("{} needs a non-negative integer, got '{}'", a, argv[i + 1]).c_str());
-      if (a == "--seed") options.seed = static_cast<uint64_t>(v);
+      if (a == "--seed") options.seed = v;
       else options.max_iterations = static_cast<int64_t>(v);
       ++i;
     } else if (a == "--trace" && i + 1 < argc) {
