@@ -140,9 +140,10 @@ class AnytimeSearch {
       r.seconds = elapsed();
       return r;
     }
-    // Start: each group's strategy of least usage x time among those of finite cost. It may
-    // not fit (a group cannot take every member's least usage at once); moves then may not
-    // raise the peak, and the overflowing segment is priced up until the plan fits.
+    // Start: each group's strategy of least usage x time (or least cost) among those of
+    // finite cost. It may not fit (a group cannot take every member's least usage at once,
+    // and the cheapest strategies seldom fit); moves then may not raise the peak, and the
+    // overflowing segment is priced up until the plan fits.
     x_.assign(n_, 0);
     for (int32_t g = 0; g < n_; ++g) x_[g] = least_cost_start_ ? least_cost_strategy(g) : least_area_strategy(g);
     if (limited())
@@ -154,12 +155,13 @@ class AnytimeSearch {
       best_cost_ = cur_;
       note_improvement(r, 0);
     }
-    // Block sizes tried in turn: single nodes, small trees, and trees as large as the graph
-    // allows.
+    // Block sizes, drawn at random: single nodes, small trees, and trees as large as the
+    // graph allows.
     const int32_t sizes[] = {1, 2, 4, 8, 16, 64, 256, 1024, n_};
     int64_t visited = 0;
     int64_t it = 0;
     for (; o_.max_iterations < 0 || it < o_.max_iterations; ++it) {
+      if ((it & 7) == 0 && o_.stop != nullptr && o_.stop->load(std::memory_order_relaxed)) break;
       if (o_.max_iterations < 0 && (it & 7) == 0 && elapsed() >= o_.time_limit_s) break;
       const int32_t root = static_cast<int32_t>(rng_.below(static_cast<uint32_t>(n_)));
       const int32_t size = sizes[rng_.below(sizeof(sizes) / sizeof(sizes[0]))];
@@ -182,7 +184,15 @@ class AnytimeSearch {
     if (pending_) best_ = x_;
     r.plan = expand(best_);
     r.evaluation = evaluate(p_, r.plan);
-    r.status = r.evaluation.feasible() ? SolveStatus::feasible : SolveStatus::infeasible;
+    r.status = SolveStatus::feasible;
+    if (!r.evaluation.feasible()) {
+      // No group plan ever fitted: the node plan of least memory fits (checked above) and is
+      // the answer when it has no infinite cost; otherwise the search found nothing.
+      r.plan = least;
+      r.evaluation = start;
+      r.status = start.feasible() ? SolveStatus::feasible : SolveStatus::unknown;
+      if (start.feasible()) note_improvement_of(r, start.cost, it);
+    }
     r.iterations = it;
     r.seconds = elapsed();
     return r;
@@ -264,12 +274,15 @@ class AnytimeSearch {
   }
   double elapsed() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
 
-  void note_improvement(SolveResult& r, int64_t it) {
-    if (best_cost_ >= kInf / 2) return;  // an infinite cost is no feasible plan
-    TracePoint tp{elapsed(), static_cast<TotalCost>(std::llround(best_cost_)), it};
+  void note_improvement_of(SolveResult& r, TotalCost cost, int64_t it) {
+    TracePoint tp{elapsed(), cost, it};
     if (r.first_feasible_s < 0) r.first_feasible_s = tp.seconds;
     r.trace.push_back(tp);
     if (o_.on_improvement) o_.on_improvement(tp);
+  }
+  void note_improvement(SolveResult& r, int64_t it) {
+    if (best_cost_ >= kInf / 2) return;  // an infinite cost is no feasible plan
+    note_improvement_of(r, static_cast<TotalCost>(std::llround(best_cost_)), it);
   }
 
   // A typical cost per unit of usage: the median over nodes of (cost spread / usage spread).

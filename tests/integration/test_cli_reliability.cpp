@@ -41,7 +41,7 @@ output %q, %r, %c
 }
 
 TEST_CASE("cli: every example binary answers --help with its usage", "[integration][cli]") {
-  for (const char* bin : {"tessel-explain", "gpt", "mlp"}) {
+  for (const char* bin : {"tessel-explain", "gpt", "mlp", "tessel-iopddl"}) {
     for (const char* flag : {"--help", "-h"}) {
       BinaryResult r = run_binary(bin, {flag});
       INFO(bin << " " << flag << "\n--- output ---\n" << r.out);
@@ -69,6 +69,8 @@ TEST_CASE("cli: a bad number for a flag names the flag and exits 2", "[integrati
       {"gpt", {"--seed", "-1"}, {"--seed", "-1"}},
       {"mlp", {"--seed", "1e3"}, {"--seed", "1e3"}},
       {"mlp", {"--mesh"}, {"--mesh needs a value"}},
+      {"tessel-iopddl", {"example.json", "5", "--seed", "x"}, {"--seed", "'x'"}},
+      {"tessel-iopddl", {"example.json", "0"}, {"SECONDS", "'0'"}},
   };
   for (const Case& c : cases) {
     BinaryResult r = run_binary(c.bin, c.args);

@@ -59,7 +59,7 @@ TEST_CASE("autoshard: the evaluator reproduces the contest's values on example.j
   CHECK(format_plan({0, 0, 2, 1, 0}) == "[0, 0, 2, 1, 0]");
 }
 
-TEST_CASE("autoshard: memory is checked at every time step, parallel edges add, 10^18 is infinite", "[autoshard]") {
+TEST_CASE("autoshard: memory at every time step and parallel edges that add and the 10^18 sentinel", "[autoshard]") {
   Problem p;
   p.nodes = {{{0, 3}, {1, 2}, {5, 9}}, {{3, 5}, {1, 1}, {4, 4}}, {{2, 2}, {7}, {100}}};  // node 2: empty span
   p.edges = {{0, 1, {1, 2, 3, 4}}, {1, 0, {10, 20, 30, 40}}};  // (1,0) is transposed: [s1][s0]

@@ -157,7 +157,7 @@ TEST_CASE("autoshard: the anytime solver is feasible and never below the optimum
   CHECK(optimal * 10 >= feasible * 8);
 }
 
-TEST_CASE("autoshard: the same problem, seed and step budget give the same plan", "[autoshard]") {
+TEST_CASE("autoshard: the same problem and seed and step budget give the same plan", "[autoshard]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("autoshard: determinism", seed, 5);
   std::mt19937_64 rng(seed);

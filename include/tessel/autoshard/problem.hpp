@@ -97,7 +97,9 @@ std::string cost_str(TotalCost cost);
 // Reads an IOPDDL contest file (JSON with a "problem" object; gzipped or plain, detected from
 // the content) with a streaming parser: memory is the problem's own arrays, never a JSON
 // document of the file. Throws ProblemError naming `path` and the item for a missing file, bad
-// JSON, an unknown or missing field, or inconsistent sizes.
+// JSON (with its byte offset), a missing "problem" or "nodes" object, a value of the wrong
+// kind, or inconsistent sizes. Unknown fields are skipped; "edges" and "usage_limit" may be
+// absent.
 Problem read_iopddl(const std::string& path);
 // The same from text in memory; `where` names it in errors.
 Problem parse_iopddl(std::string_view json, const std::string& where);

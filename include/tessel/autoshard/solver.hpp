@@ -16,6 +16,7 @@
 // plan fast) then CBC for the rest of the time, keeping the better; anytime otherwise.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -29,7 +30,7 @@ enum class SolveStatus {
   optimal,     // proven optimal (exact method)
   feasible,    // a plan within memory and without an infinite cost; maybe not optimal
   infeasible,  // no plan fits: the plan returned is the one of least peak memory
-  unknown,     // the exact method stopped (time limit) before it found any plan
+  unknown,     // the method stopped (time limit) before it found a feasible plan
 };
 const char* status_name(SolveStatus s);
 
@@ -53,6 +54,9 @@ struct SolveOptions {
   int64_t exact_max_variables = 300000;
   // Called (from the solving thread) whenever the anytime method records a better plan.
   std::function<void(const TracePoint&)> on_improvement;
+  // The anytime method returns its best plan soon after this becomes true (e.g. set by another
+  // thread whose exact method proved optimality). Not read by the exact method.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct SolveResult {
