@@ -2,7 +2,9 @@
 #include "file_io.hpp"
 
 #include <fcntl.h>
+#include <climits>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -42,6 +44,29 @@ void SyncedFile::write(const void* data, std::size_t n) {
     }
     p += w;
     n -= static_cast<std::size_t>(w);
+  }
+}
+
+void SyncedFile::write_pieces(const std::vector<std::pair<const char*, std::size_t>>& pieces) {
+  std::vector<iovec> iov;
+  iov.reserve(std::min<std::size_t>(pieces.size(), IOV_MAX));
+  std::size_t next = 0;
+  while (next < pieces.size()) {
+    iov.clear();
+    for (std::size_t i = next; i < pieces.size() && iov.size() < IOV_MAX; ++i)
+      iov.push_back({const_cast<char*>(pieces[i].first), pieces[i].second});
+    const ssize_t w = ::writev(fd_, iov.data(), static_cast<int>(iov.size()));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      sys_fail("cannot write", path_);
+    }
+    // Whole pieces written move `next` on; a piece cut short is finished with write().
+    std::size_t left = static_cast<std::size_t>(w);
+    while (next < pieces.size() && left >= pieces[next].second) left -= pieces[next++].second;
+    if (left > 0) {
+      write(pieces[next].first + left, pieces[next].second - left);
+      ++next;
+    }
   }
 }
 

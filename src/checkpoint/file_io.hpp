@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tessel::zarr {
 
@@ -17,6 +19,9 @@ class SyncedFile {
   SyncedFile(const SyncedFile&) = delete;
   SyncedFile& operator=(const SyncedFile&) = delete;
   void write(const void* data, std::size_t n);
+  // The pieces (pointer, size) one after the other, with as few system calls as the kernel
+  // allows (writev): no copy into a buffer of our own.
+  void write_pieces(const std::vector<std::pair<const char*, std::size_t>>& pieces);
   void commit();
 
  private:
