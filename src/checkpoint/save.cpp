@@ -696,6 +696,31 @@ void AsyncCheckpointer::wait() {
   }
 }
 
+void AsyncCheckpointer::start(int64_t step, int64_t bytes, std::function<void()> write) {
+  if (budget_ > 0 && bytes > budget_)
+    throw Error(fmt::format("checkpoint {}: step {} stages {} bytes on the host, above the staging budget of {} bytes: "
+                            "raise the budget or save fewer arrays",
+                            dir_.path(), step, bytes, budget_));
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    state_->busy = true;
+  }
+  std::shared_ptr<State> st = state_;
+  state_->worker = std::thread([st, write = std::move(write)]() mutable {
+    std::exception_ptr err;
+    try {
+      write();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    write = nullptr;  // the staged arrays go back before the next save may start
+    std::lock_guard<std::mutex> lk(st->mu);
+    st->error = err;
+    st->busy = false;
+    st->cv.notify_all();
+  });
+}
+
 void AsyncCheckpointer::save(int64_t step, const std::map<std::string, ShardedArray>& arrays,
                              const LoadedExecutable& program, SaveOptions options, std::shared_ptr<ProcessGroup> group) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -733,28 +758,9 @@ void AsyncCheckpointer::save(int64_t step, const std::map<std::string, ShardedAr
     la.block = [blocks, of_device](std::size_t i) { return std::move((*blocks)[(*of_device)[i]]); };
     local->emplace(name, std::move(la));
   }
-  if (budget_ > 0 && bytes > budget_)
-    throw Error(fmt::format("checkpoint {}: step {} stages {} bytes on the host, above the staging budget of {} bytes: "
-                            "raise the budget or save fewer arrays",
-                            dir_.path(), step, bytes, budget_));
-  {
-    std::lock_guard<std::mutex> lk(state_->mu);
-    state_->busy = true;
-  }
-  std::shared_ptr<State> st = state_;
   CheckpointDir dir = dir_;
-  state_->worker = std::thread([st, dir, step, local, mesh, options = std::move(options), group]() mutable {
-    std::exception_ptr err;
-    try {
-      dir.save_local(step, *local, mesh, group.get(), options);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    local.reset();  // the staging memory goes back before the next save may start
-    std::lock_guard<std::mutex> lk(st->mu);
-    st->error = err;
-    st->busy = false;
-    st->cv.notify_all();
+  start(step, bytes, [dir, step, local, mesh, options = std::move(options), group]() mutable {
+    dir.save_local(step, *local, mesh, group.get(), options);
   });
   last_blocking_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -765,30 +771,9 @@ void AsyncCheckpointer::save(int64_t step, std::map<std::string, HostTensor> arr
   wait();  // one save at a time; a failure of the previous one is raised here
   int64_t bytes = 0;
   for (const auto& [name, t] : arrays) bytes += static_cast<int64_t>(t.bytes());
-  if (budget_ > 0 && bytes > budget_)
-    throw Error(fmt::format("checkpoint {}: step {} stages {} bytes on the host, above the staging budget of {} bytes: "
-                            "raise the budget or save fewer arrays",
-                            dir_.path(), step, bytes, budget_));
-  {
-    std::lock_guard<std::mutex> lk(state_->mu);
-    state_->busy = true;
-  }
-  std::shared_ptr<State> st = state_;
   CheckpointDir dir = dir_;
-  state_->worker = std::thread([st, dir, step, arrays = std::move(arrays), mesh, shardings = std::move(shardings),
-                                options = std::move(options)]() mutable {
-    std::exception_ptr err;
-    try {
-      dir.save(step, arrays, mesh, shardings, options);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    arrays.clear();  // the staging memory goes back before the next save may start
-    std::lock_guard<std::mutex> lk(st->mu);
-    st->error = err;
-    st->busy = false;
-    st->cv.notify_all();
-  });
+  start(step, bytes, [dir, step, arrays = std::move(arrays), mesh, shardings = std::move(shardings),
+                      options = std::move(options)]() mutable { dir.save(step, arrays, mesh, shardings, options); });
   last_blocking_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

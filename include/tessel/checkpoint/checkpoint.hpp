@@ -220,6 +220,9 @@ class AsyncCheckpointer {
 
  private:
   struct State;
+  // Checks the staging budget, marks a save in flight and runs `write` (which owns the staged
+  // arrays) on the worker thread; its failure is kept for the next call.
+  void start(int64_t step, int64_t bytes, std::function<void()> write);
   CheckpointDir dir_;
   int64_t budget_;
   double last_blocking_ = 0;
