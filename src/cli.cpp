@@ -99,7 +99,8 @@ std::string usage_explain() {
          "                 docs/auto-sharding.md): prints the chosen layouts as annotations, the\n"
          "                 predicted cost and memory, and why, then explains the program as usual\n"
          "  --memory-budget BYTES  --auto: the most bytes per device a plan may use (0: no limit)\n"
-         "  --auto-seconds S  --auto: the solver's time limit (default 2)\n"
+         "  --auto-seconds S  --auto: the solver's time limit (default 0: automatic, 0.5 s or\n"
+         "                 0.15 ms per node of the problem, whichever is longer)\n"
          "  --show VALUE   draw the mesh with the block of VALUE each device holds (repeatable)\n"
          "  --links SPEC   per-axis link figures, e.g. 'model=bw:50e9,alpha:5e-6;data=bw:12.5e9'\n"
          "                 (bw in bytes/s, finite and > 0; alpha in seconds, finite and >= 0);\n"
@@ -170,7 +171,7 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     } else if (p.flag == "--memory-budget") {
       o.memory_budget = parse_i64(p.flag, p.text, 0, INT64_MAX);
     } else if (p.flag == "--auto-seconds") {
-      o.auto_seconds = parse_double(p.flag, p.text, 0.01, 3600);
+      o.auto_seconds = parse_double(p.flag, p.text, 0, 3600);
     } else if (p.flag == "--device") {
       o.device = parse_i64(p.flag, p.text, 0, INT64_MAX);
     } else if (p.flag == "--links") {
