@@ -53,6 +53,7 @@ class ShapeError : public Error { public: using Error::Error; };
 class ShardingError : public Error { public: using Error::Error; };
 class ParseError : public Error { public: using Error::Error; };
 class PartitionError : public Error { public: using Error::Error; };
+class PlanError : public Error { public: using Error::Error; };  // the multi-job planner (planner/)
 class RuntimeError : public Error { public: using Error::Error; };
 
 // RunOptions::check_finite found NaN or infinity: `instruction` is the index of the program

@@ -1,0 +1,88 @@
+// tessel/planner/schedule.hpp — the joint schedule of many jobs on one pool (Saturn's problem):
+// every job's device count, its devices and its start time, minimising the makespan (or, as an
+// option, the sum of completion times).
+//
+// The model: a job j run on g devices takes runtime_s(g) seconds, on g devices of one node (or
+// g / devices_per_node whole nodes when it may span), all starting together, not preempted.
+// Within a node any g devices will do (the devices of a node are alike and all linked), so a
+// node is a pool of interchangeable units: a schedule is feasible when, at every moment, the
+// jobs on a node use at most devices_per_node; the device ids follow by a sweep (assign_devices).
+//
+// Methods (docs/planner.md):
+//  - plan_fast: malleable list scheduling. Device counts from the dual approximation (for a
+//    target makespan T, each job takes the count of least device-seconds that finishes within
+//    T), jobs placed in priority order by the serial schedule-generation scheme (each at the
+//    earliest moment its devices are free, filling holes), then a local search over the order
+//    and the counts. Deterministic: the same input gives the same plan (an iteration budget,
+//    not the clock, ends the search; time_limit_s only cuts it short).
+//  - plan_exact: a mixed-integer program on CBC (one binary per job and device-count/node
+//    choice, precedence binaries, a flow of devices of each node from job to job, the area
+//    bound as a cut), warm-started from plan_fast. Proves optimality on small batches.
+//  - plan_brute_force: every order x every choice through the same scheme (tests only; the
+//    serial scheme over all orders reaches an optimal schedule).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessel/planner/jobs.hpp"
+
+namespace tessel::planner {
+
+enum class Objective { makespan, sum_completion };
+
+struct Placement {
+  std::string job;
+  int32_t job_index = 0;              // into the jobs given
+  int32_t num_devices = 0;
+  std::vector<int32_t> nodes;         // the node(s) it runs on
+  std::vector<int32_t> devices;       // global device ids (Pool::device_id), ascending
+  double start_s = 0;
+  double end_s = 0;
+};
+
+struct Schedule {
+  std::vector<Placement> jobs;        // in the order of the jobs given
+  double makespan_s = 0;
+  double sum_completion_s = 0;
+  double lower_bound_s = 0;           // a bound on the best makespan (area, longest job, MILP)
+  bool optimal = false;               // proven optimal for the objective (exact method)
+  std::string method;
+  double solve_seconds = 0;
+  int64_t iterations = 0;
+};
+
+struct PlanOptions {
+  Objective objective = Objective::makespan;
+  double time_limit_s = 1.0;          // wall clock; 0 = no limit (the iteration budget only)
+  int64_t max_iterations = -1;        // local-search moves; -1 = 200 x jobs
+  uint64_t seed = 1;
+  int32_t exact_max_jobs = 12;        // plan(): CBC after the fast method up to this many jobs
+};
+
+// The fast method, the exact one, the choice of the two (plan: fast, then exact up to
+// exact_max_jobs within the time limit, keeping the better), and brute force (at most 7 jobs).
+Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
+Schedule plan_exact(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
+Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
+Schedule plan_brute_force(const std::vector<JobProfile>& jobs, const Pool& pool, Objective objective = Objective::makespan);
+
+// Baselines (docs/planner.md): each job alone on all the devices it can use, one after
+// another; an equal split of the pool into slices of pool / min(jobs, pool) devices (rounded
+// down to a count every job can use), jobs longest first onto the first free slice; each job
+// on the device count it requested (requested_devices, else 1), longest first, by the same
+// list scheduling as plan_fast.
+Schedule baseline_sequential(const std::vector<JobProfile>& jobs, const Pool& pool);
+Schedule baseline_equal_split(const std::vector<JobProfile>& jobs, const Pool& pool);
+Schedule baseline_requested(const std::vector<JobProfile>& jobs, const Pool& pool);
+
+// max(total least device-seconds / devices, longest least runtime): no plan is shorter.
+double makespan_lower_bound(const std::vector<JobProfile>& jobs, const Pool& pool);
+
+// Throws PlanError naming the job(s) and devices if the schedule is not feasible: a count the
+// job cannot use, a runtime that disagrees with its profile, devices outside the pool or across
+// nodes when it may not span, two jobs on one device at once, a job missing.
+void validate_schedule(const Schedule& s, const std::vector<JobProfile>& jobs, const Pool& pool);
+
+}  // namespace tessel::planner
