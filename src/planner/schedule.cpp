@@ -1,0 +1,366 @@
+// The fast method, brute force, the baselines and the checks of the joint schedule
+// (tessel/planner/schedule.hpp). The exact method is in exact.cpp.
+#include "tessel/planner/schedule.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "sgs.hpp"
+#include "tessel/core/common.hpp"
+
+namespace tessel::planner {
+
+using detail::Instance;
+using detail::Mode;
+using detail::Timeline;
+
+namespace {
+
+// splitmix64: the search's random numbers, the same on every platform.
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  int32_t below(int32_t n) { return static_cast<int32_t>(next() % static_cast<uint64_t>(n)); }
+};
+
+double elapsed(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The mode of least device-seconds among those finishing within T (ties: the shorter); the
+// fastest mode when none does. The dual approximation of malleable scheduling.
+int32_t mode_for_target(const std::vector<Mode>& modes, double target) {
+  int32_t best = -1;
+  for (int32_t m = 0; m < static_cast<int32_t>(modes.size()); ++m) {
+    if (modes[m].p > target) continue;
+    if (best < 0) {
+      best = m;
+      continue;
+    }
+    const double a = modes[m].g * modes[m].p, b = modes[best].g * modes[best].p;
+    if (a < b || (a == b && modes[m].p < modes[best].p)) best = m;
+  }
+  if (best >= 0) return best;
+  for (int32_t m = 0; m < static_cast<int32_t>(modes.size()); ++m)
+    if (best < 0 || modes[m].p < modes[best].p) best = m;
+  return best;
+}
+
+// Longest first for the makespan, shortest first for the sum of completion times.
+std::vector<int32_t> priority_order(const Instance& inst, const std::vector<int32_t>& mode_of, Objective o) {
+  std::vector<int32_t> order(inst.modes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    const Mode& ma = inst.modes[a][mode_of[a]];
+    const Mode& mb = inst.modes[b][mode_of[b]];
+    if (o == Objective::makespan) return ma.p > mb.p || (ma.p == mb.p && ma.g > mb.g);
+    return ma.p * ma.g < mb.p * mb.g;
+  });
+  return order;
+}
+
+// What the search minimises: the objective, then (a small weight) the other one, so moves that
+// pack the rest of the jobs earlier without changing the makespan are taken.
+double score(const Timeline& t, Objective o, std::size_t n) {
+  if (o == Objective::makespan) return t.makespan + 1e-3 * t.sum_completion / static_cast<double>(n);
+  return t.sum_completion + 1e-3 * t.makespan;
+}
+
+Schedule sequential_modes(const std::vector<JobProfile>& jobs, const Pool& pool, const Instance& inst,
+                          const std::vector<int32_t>& mode_of, const std::string& method) {
+  // One after another in the given order: the SGS with every job after the previous one is the
+  // same as the SGS here only when each takes the whole pool, so the starts are set directly.
+  Timeline t;
+  t.start.resize(jobs.size());
+  t.nodes.resize(jobs.size());
+  double at = 0;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const Mode& m = inst.modes[j][mode_of[j]];
+    t.start[j] = at;
+    for (int32_t k = 0; k < m.span(); ++k) t.nodes[j].push_back(k);
+    at += m.p;
+    t.sum_completion += at;
+  }
+  t.makespan = at;
+  return detail::make_schedule(inst, t, mode_of, jobs, pool, method);
+}
+
+}  // namespace
+
+double makespan_lower_bound(const std::vector<JobProfile>& jobs, const Pool& pool) {
+  const Instance inst = detail::make_instance(jobs, pool, false);
+  double area = 0, longest = 0;
+  for (const std::vector<Mode>& modes : inst.modes) {
+    double a = -1, p = -1;
+    for (const Mode& m : modes) {
+      a = a < 0 ? m.g * m.p : std::min(a, m.g * m.p);
+      p = p < 0 ? m.p : std::min(p, m.p);
+    }
+    area += a;
+    longest = std::max(longest, p);
+  }
+  return std::max(area / pool.num_devices(), longest);
+}
+
+Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Instance inst = detail::make_instance(jobs, pool, false);
+  const std::size_t n = jobs.size();
+  const Objective obj = options.objective;
+  const double lb = makespan_lower_bound(jobs, pool);
+
+  // Start: for each target T (the bound and every runtime above it), the dual approximation's
+  // modes in priority order; the best of these.
+  std::set<double> targets{lb};
+  for (const auto& modes : inst.modes)
+    for (const Mode& m : modes)
+      if (m.p >= lb) targets.insert(m.p);
+  std::vector<int32_t> best_mode, best_order;
+  Timeline best;
+  double best_score = 0;
+  std::set<std::vector<int32_t>> seen;
+  for (double target : targets) {
+    std::vector<int32_t> mode_of(n);
+    for (std::size_t j = 0; j < n; ++j) mode_of[j] = mode_for_target(inst.modes[j], target);
+    if (!seen.insert(mode_of).second) continue;
+    std::vector<int32_t> order = priority_order(inst, mode_of, obj);
+    Timeline t = detail::serial_sgs(inst, order, mode_of);
+    const double sc = score(t, obj, n);
+    if (best_order.empty() || sc < best_score) {
+      best = t;
+      best_score = sc;
+      best_mode = mode_of;
+      best_order = order;
+    }
+    if (options.time_limit_s > 0 && elapsed(t0) > 0.25 * options.time_limit_s) break;
+  }
+
+  // Local search over the order and the modes: move a job (often one that ends last) earlier,
+  // swap two, or change a job's device count; keep a move that does not make the score worse.
+  const int64_t budget = options.max_iterations >= 0 ? options.max_iterations : 200 * static_cast<int64_t>(n);
+  Rng rng{options.seed * 0x2545F4914F6CDD1DULL + 7};
+  std::vector<int32_t> cur_order = best_order, cur_mode = best_mode;
+  double cur_score = best_score;
+  int64_t it = 0, since_best = 0;
+  for (; it < budget && n > 1; ++it) {
+    if (options.time_limit_s > 0 && (it & 15) == 0 && elapsed(t0) > options.time_limit_s) break;
+    std::vector<int32_t> order = cur_order, mode_of = cur_mode;
+    const int32_t kind = rng.below(3);
+    if (kind == 0) {
+      // a job that ends last, or any, moved to an earlier place
+      int32_t pos = rng.below(static_cast<int32_t>(n));
+      if (rng.below(2) == 0) {
+        const Timeline t = detail::serial_sgs(inst, order, mode_of);
+        double last = -1;
+        for (std::size_t q = 0; q < n; ++q) {
+          const double end = t.start[order[q]] + inst.modes[order[q]][mode_of[order[q]]].p;
+          if (end > last) last = end, pos = static_cast<int32_t>(q);
+        }
+      }
+      if (pos == 0) continue;
+      const int32_t to = rng.below(pos);
+      const int32_t job = order[pos];
+      order.erase(order.begin() + pos);
+      order.insert(order.begin() + to, job);
+    } else if (kind == 1) {
+      const int32_t a = rng.below(static_cast<int32_t>(n)), b = rng.below(static_cast<int32_t>(n));
+      if (a == b) continue;
+      std::swap(order[a], order[b]);
+    } else {
+      const int32_t j = rng.below(static_cast<int32_t>(n));
+      const int32_t count = static_cast<int32_t>(inst.modes[j].size());
+      if (count < 2) continue;
+      int32_t m = rng.below(count - 1);
+      if (m >= mode_of[j]) ++m;
+      mode_of[j] = m;
+    }
+    const Timeline t = detail::serial_sgs(inst, order, mode_of);
+    const double sc = score(t, obj, n);
+    if (sc <= cur_score) {
+      cur_score = sc;
+      cur_order = std::move(order);
+      cur_mode = std::move(mode_of);
+      if (sc < best_score) {
+        best_score = sc;
+        best = t;
+        best_order = cur_order;
+        best_mode = cur_mode;
+        since_best = 0;
+        continue;
+      }
+    }
+    if (++since_best > 50 * static_cast<int64_t>(n)) {  // a long plateau: back to the best
+      cur_order = best_order;
+      cur_mode = best_mode;
+      cur_score = best_score;
+      since_best = 0;
+    }
+  }
+  Schedule s = detail::make_schedule(inst, best, best_mode, jobs, pool, "fast (list scheduling + local search)");
+  s.iterations = it;
+  s.solve_seconds = elapsed(t0);
+  s.optimal = obj == Objective::makespan && s.makespan_s <= lb * (1 + 1e-12);
+  return s;
+}
+
+Schedule plan_brute_force(const std::vector<JobProfile>& jobs, const Pool& pool, Objective objective) {
+  const Instance inst = detail::make_instance(jobs, pool, true);
+  const std::size_t n = jobs.size();
+  double combos = 1;
+  for (std::size_t j = 0; j < n; ++j) combos *= static_cast<double>(inst.modes[j].size()) * static_cast<double>(j + 1);
+  if (n > 7 || combos > 5e7)
+    throw PlanError(fmt::format("brute force over {} jobs would try {:.3g} schedules: it is for tests of at most 7 "
+                                "small jobs; use plan_exact",
+                                n, combos));
+  std::vector<int32_t> mode_of(n, 0), best_mode, best_order;
+  Timeline best;
+  double best_value = -1;
+  while (true) {
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    do {
+      const Timeline t = detail::serial_sgs(inst, order, mode_of);
+      const double v = detail::objective_value(t, objective);
+      if (best_value < 0 || v < best_value) {
+        best_value = v;
+        best = t;
+        best_mode = mode_of;
+        best_order = order;
+      }
+    } while (std::next_permutation(order.begin(), order.end()));
+    std::size_t j = 0;
+    while (j < n && ++mode_of[j] == static_cast<int32_t>(inst.modes[j].size())) mode_of[j++] = 0;
+    if (j == n) break;
+  }
+  Schedule s = detail::make_schedule(inst, best, best_mode, jobs, pool, "brute force");
+  s.optimal = true;
+  return s;
+}
+
+Schedule baseline_sequential(const std::vector<JobProfile>& jobs, const Pool& pool) {
+  const Instance inst = detail::make_instance(jobs, pool, false);
+  std::vector<int32_t> mode_of(jobs.size());
+  for (std::size_t j = 0; j < jobs.size(); ++j) mode_of[j] = mode_for_target(inst.modes[j], 0);  // the fastest
+  return sequential_modes(jobs, pool, inst, mode_of, "each alone on all it can use, one after another");
+}
+
+Schedule baseline_equal_split(const std::vector<JobProfile>& jobs, const Pool& pool) {
+  const Instance inst = detail::make_instance(jobs, pool, false);
+  const int32_t k = pool.num_devices();
+  const int32_t share = std::max<int32_t>(1, k / std::min<int32_t>(static_cast<int32_t>(jobs.size()), k));
+  // The largest slice of at most `share` devices that every job can use (each job's own largest
+  // count within the share if there is no common one).
+  int32_t slice = 0;
+  for (int32_t g = std::min(share, pool.devices_per_node); g >= 1 && slice == 0; --g) {
+    bool all = true;
+    for (const auto& modes : inst.modes)
+      all = all && std::any_of(modes.begin(), modes.end(), [&](const Mode& m) { return m.g == g; });
+    if (all) slice = g;
+  }
+  std::vector<int32_t> mode_of(jobs.size());
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    int32_t pick = 0;
+    for (int32_t m = 0; m < static_cast<int32_t>(inst.modes[j].size()); ++m)
+      if (inst.modes[j][m].g <= (slice > 0 ? slice : share)) pick = m;
+    mode_of[j] = pick;
+  }
+  const Timeline t = detail::serial_sgs(inst, priority_order(inst, mode_of, Objective::makespan), mode_of);
+  return detail::make_schedule(inst, t, mode_of, jobs, pool,
+                               fmt::format("equal split (slices of {} devices, longest first)", slice > 0 ? slice : share));
+}
+
+Schedule baseline_requested(const std::vector<JobProfile>& jobs, const Pool& pool) {
+  const Instance inst = detail::make_instance(jobs, pool, false);
+  std::vector<int32_t> mode_of(jobs.size());
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const int32_t want = std::max(1, jobs[j].requested_devices);
+    int32_t pick = 0;  // the largest usable count within the request (else the smallest)
+    for (int32_t m = 0; m < static_cast<int32_t>(inst.modes[j].size()); ++m)
+      if (inst.modes[j][m].g <= want) pick = m;
+    mode_of[j] = pick;
+  }
+  const Timeline t = detail::serial_sgs(inst, priority_order(inst, mode_of, Objective::makespan), mode_of);
+  return detail::make_schedule(inst, t, mode_of, jobs, pool, "requested device counts, longest first");
+}
+
+Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  PlanOptions fast_options = options;
+  const bool try_exact = static_cast<int32_t>(jobs.size()) <= options.exact_max_jobs;
+  if (try_exact && options.time_limit_s > 0) fast_options.time_limit_s = 0.2 * options.time_limit_s;
+  Schedule best = plan_fast(jobs, pool, fast_options);
+  if (try_exact && !best.optimal) {
+    PlanOptions exact_options = options;
+    if (options.time_limit_s > 0) exact_options.time_limit_s = std::max(0.05, options.time_limit_s - elapsed(t0));
+    Schedule exact = plan_exact(jobs, pool, exact_options);
+    const bool better = options.objective == Objective::makespan ? exact.makespan_s < best.makespan_s
+                                                                 : exact.sum_completion_s < best.sum_completion_s;
+    if (better || exact.optimal) {
+      exact.lower_bound_s = std::max(exact.lower_bound_s, best.lower_bound_s);
+      best = exact;
+    }
+  }
+  best.solve_seconds = elapsed(t0);
+  return best;
+}
+
+void validate_schedule(const Schedule& s, const std::vector<JobProfile>& jobs, const Pool& pool) {
+  if (s.jobs.size() != jobs.size())
+    throw PlanError(fmt::format("the schedule places {} jobs, the batch has {}", s.jobs.size(), jobs.size()));
+  struct Use {
+    double start, end;
+    int32_t job;
+  };
+  std::vector<std::vector<Use>> per_device(static_cast<std::size_t>(pool.num_devices()));
+  double makespan = 0;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const Placement& p = s.jobs[j];
+    const JobProfile& job = jobs[j];
+    if (p.job != job.name) throw PlanError(fmt::format("placement {} is for '{}', the job is '{}'", j, p.job, job.name));
+    const std::vector<int32_t> counts = usable_counts(job, pool);
+    if (std::find(counts.begin(), counts.end(), p.num_devices) == counts.end())
+      throw PlanError(fmt::format("job '{}' is placed on {} devices, which it cannot use in this pool", job.name,
+                                  p.num_devices));
+    if (static_cast<int32_t>(p.devices.size()) != p.num_devices)
+      throw PlanError(fmt::format("job '{}' has {} device ids for {} devices", job.name, p.devices.size(), p.num_devices));
+    const double want = job.runtime_s(p.num_devices);
+    if (std::abs((p.end_s - p.start_s) - want) > 1e-9 * std::max(1.0, want) || p.start_s < 0)
+      throw PlanError(fmt::format("job '{}' runs [{}, {}) s; on {} devices it takes {} s", job.name, p.start_s, p.end_s,
+                                  p.num_devices, want));
+    std::set<int32_t> nodes;
+    for (int32_t d : p.devices) {
+      if (d < 0 || d >= pool.num_devices())
+        throw PlanError(fmt::format("job '{}' is on device {}, outside the pool of {}", job.name, d, pool.num_devices()));
+      nodes.insert(d / pool.devices_per_node);
+      per_device[d].push_back({p.start_s, p.end_s, static_cast<int32_t>(j)});
+    }
+    if (std::set<int32_t>(p.devices.begin(), p.devices.end()).size() != p.devices.size())
+      throw PlanError(fmt::format("job '{}' names a device twice", job.name));
+    if (nodes.size() > 1 && !(job.may_span_nodes || pool.allow_spanning))
+      throw PlanError(fmt::format("job '{}' spans {} nodes but may not span nodes", job.name, nodes.size()));
+    makespan = std::max(makespan, p.end_s);
+  }
+  for (std::size_t d = 0; d < per_device.size(); ++d) {
+    auto& uses = per_device[d];
+    std::sort(uses.begin(), uses.end(), [](const Use& a, const Use& b) { return a.start < b.start; });
+    for (std::size_t k = 1; k < uses.size(); ++k)
+      if (uses[k].start < uses[k - 1].end - 1e-9 * std::max(1.0, uses[k - 1].end))
+        throw PlanError(fmt::format("device {}: jobs '{}' [{}, {}) and '{}' [{}, {}) overlap", d,
+                                    jobs[uses[k - 1].job].name, uses[k - 1].start, uses[k - 1].end,
+                                    jobs[uses[k].job].name, uses[k].start, uses[k].end));
+  }
+  if (std::abs(makespan - s.makespan_s) > 1e-9 * std::max(1.0, makespan))
+    throw PlanError(fmt::format("the schedule says its makespan is {} s, its jobs end at {} s", s.makespan_s, makespan));
+}
+
+}  // namespace tessel::planner

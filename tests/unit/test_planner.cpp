@@ -1,0 +1,251 @@
+// The multi-job planner's schedule (tessel/planner/schedule.hpp): the exact program against
+// brute force, the fast method against both, the baselines, the feasibility checks, the job,
+// pool and Gavel readers.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "tessel/core/common.hpp"
+#include "tessel/planner/jobs.hpp"
+#include "tessel/planner/schedule.hpp"
+
+using namespace tessel;
+using namespace tessel::planner;
+
+namespace {
+
+std::string gavel_dir() { return std::string(TESSEL_SOURCE_DIR) + "/../shared/benchmarks/multijob-gavel"; }
+
+uint64_t test_seed() {
+  static const uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) % 100000;
+  return seed;
+}
+
+// n jobs with step times on 1, 2 and 4 devices: sub-linear speed-ups drawn at random, some
+// jobs without a 4-device figure, a few that may span nodes.
+std::vector<JobProfile> random_jobs(std::mt19937_64& rng, int32_t n, bool spanning) {
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<JobProfile> jobs;
+  for (int32_t j = 0; j < n; ++j) {
+    JobProfile p;
+    p.name = "job" + std::to_string(j);
+    p.steps = 10 + static_cast<int64_t>(u(rng) * 90);
+    const double t1 = 0.1 + u(rng);
+    p.step_time_s[1] = t1;
+    p.step_time_s[2] = t1 / (1.2 + 0.8 * u(rng));
+    if (u(rng) < 0.7) p.step_time_s[4] = p.step_time_s[2] / (1.1 + 0.9 * u(rng));
+    p.requested_devices = 1 << static_cast<int32_t>(u(rng) * 3);
+    if (!p.step_time_s.count(p.requested_devices)) p.requested_devices = 2;
+    p.may_span_nodes = spanning && u(rng) < 0.3;
+    jobs.push_back(p);
+  }
+  return jobs;
+}
+
+}  // namespace
+
+TEST_CASE("planner: the exact program and the fast method against brute force on small random batches", "[planner]") {
+  const uint64_t seed = test_seed();
+  INFO("seed " << seed);
+  std::printf("planner brute-force test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const Pool pools[] = {{1, 4}, {2, 2}, {1, 2}};
+  int32_t fast_optimal = 0, cases = 0;
+  for (int32_t trial = 0; trial < 12; ++trial) {
+    const Pool& pool = pools[trial % 3];
+    const int32_t n = 3 + trial % 3;
+    std::vector<JobProfile> jobs = random_jobs(rng, n, pool.nodes > 1);
+    if (pool.devices_per_node == 2)
+      for (JobProfile& j : jobs) j.may_span_nodes = j.may_span_nodes || trial % 2 == 0;
+    INFO("trial " << trial << " pool " << pool.nodes << "x" << pool.devices_per_node << "\n" << jobs_to_json(jobs));
+    for (Objective obj : {Objective::makespan, Objective::sum_completion}) {
+      const Schedule brute = plan_brute_force(jobs, pool, obj);
+      INFO("objective " << (obj == Objective::makespan ? "makespan" : "sum of completion times"));
+      PlanOptions o;
+      o.objective = obj;
+      o.time_limit_s = 30;
+      const Schedule exact = plan_exact(jobs, pool, o);
+      const Schedule fast = plan_fast(jobs, pool, o);
+      validate_schedule(brute, jobs, pool);
+      validate_schedule(exact, jobs, pool);
+      validate_schedule(fast, jobs, pool);
+      const double b = obj == Objective::makespan ? brute.makespan_s : brute.sum_completion_s;
+      const double e = obj == Objective::makespan ? exact.makespan_s : exact.sum_completion_s;
+      const double f = obj == Objective::makespan ? fast.makespan_s : fast.sum_completion_s;
+      CHECK(exact.optimal);
+      CHECK(e == Approx(b).epsilon(1e-9));
+      CHECK(f >= b * (1 - 1e-12));
+      CHECK(f <= b * 1.25);
+      CHECK(brute.makespan_s >= makespan_lower_bound(jobs, pool) * (1 - 1e-12));
+      if (obj == Objective::makespan) {
+        CHECK(exact.lower_bound_s <= b * (1 + 1e-6));
+        ++cases;
+        fast_optimal += f <= b * (1 + 1e-9) ? 1 : 0;
+      }
+    }
+  }
+  std::printf("planner: fast method optimal on %d of %d small makespan cases\n", fast_optimal, cases);
+  CHECK(fast_optimal * 2 >= cases);
+}
+
+TEST_CASE("planner: the fast method is deterministic and never below the bound", "[planner]") {
+  const uint64_t seed = test_seed() + 1;
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<JobProfile> jobs = random_jobs(rng, 40, true);
+  const Pool pool{2, 4};
+  PlanOptions o;
+  o.time_limit_s = 0;  // the iteration budget alone
+  o.max_iterations = 2000;
+  const Schedule a = plan_fast(jobs, pool, o);
+  const Schedule b = plan_fast(jobs, pool, o);
+  validate_schedule(a, jobs, pool);
+  REQUIRE(a.jobs.size() == b.jobs.size());
+  for (std::size_t j = 0; j < a.jobs.size(); ++j) {
+    CHECK(a.jobs[j].devices == b.jobs[j].devices);
+    CHECK(a.jobs[j].start_s == b.jobs[j].start_s);
+  }
+  CHECK(a.makespan_s >= a.lower_bound_s * (1 - 1e-12));
+  // Every baseline is feasible and none beats the plan by more than noise.
+  for (const Schedule& s : {baseline_sequential(jobs, pool), baseline_equal_split(jobs, pool), baseline_requested(jobs, pool)}) {
+    validate_schedule(s, jobs, pool);
+    CHECK(s.makespan_s >= a.lower_bound_s * (1 - 1e-12));
+    CHECK(a.makespan_s <= s.makespan_s * (1 + 1e-9));
+  }
+}
+
+TEST_CASE("planner: validate_schedule names what is wrong", "[planner]") {
+  std::vector<JobProfile> jobs(2);
+  jobs[0].name = "a";
+  jobs[0].steps = 10;
+  jobs[0].step_time_s = {{1, 1.0}, {2, 0.6}};
+  jobs[1].name = "b";
+  jobs[1].steps = 5;
+  jobs[1].step_time_s = {{1, 1.0}, {2, 0.6}};
+  const Pool pool{2, 2};
+  Schedule s = plan_fast(jobs, pool);
+  validate_schedule(s, jobs, pool);
+  {
+    Schedule bad = s;  // both on device 0 at once
+    bad.jobs[0].num_devices = bad.jobs[1].num_devices = 1;
+    bad.jobs[0].devices = bad.jobs[1].devices = {0};
+    bad.jobs[0].start_s = bad.jobs[1].start_s = 0;
+    bad.jobs[0].end_s = 10;
+    bad.jobs[1].end_s = 5;
+    bad.makespan_s = 10;
+    CHECK_THROWS_WITH(validate_schedule(bad, jobs, pool), Catch::Contains("device 0") && Catch::Contains("overlap"));
+  }
+  {
+    Schedule bad = s;  // across nodes without permission
+    bad.jobs[0].num_devices = 2;
+    bad.jobs[0].devices = {1, 2};
+    bad.jobs[0].start_s = 0;
+    bad.jobs[0].end_s = 6;
+    bad.jobs[1].devices = {0, 3};
+    bad.jobs[1].num_devices = 2;
+    bad.jobs[1].start_s = 6;
+    bad.jobs[1].end_s = 9;
+    bad.makespan_s = 9;
+    CHECK_THROWS_WITH(validate_schedule(bad, jobs, pool), Catch::Contains("'a' spans 2 nodes"));
+  }
+  {
+    Schedule bad = s;
+    bad.jobs[1].end_s += 1;
+    CHECK_THROWS_WITH(validate_schedule(bad, jobs, pool), Catch::Contains("job 'b' runs"));
+  }
+  {
+    Schedule bad = s;
+    bad.jobs[0].num_devices = 4;
+    CHECK_THROWS_WITH(validate_schedule(bad, jobs, pool), Catch::Contains("job 'a' is placed on 4 devices"));
+  }
+}
+
+TEST_CASE("planner: memory and node limits decide the usable counts", "[planner]") {
+  JobProfile p;
+  p.name = "big";
+  p.steps = 100;
+  p.step_time_s = {{1, 1.0}, {2, 0.6}, {4, 0.4}, {8, 0.3}};
+  p.peak_bytes = {{1, 9e9}, {2, 5e9}, {4, 3e9}, {8, 2e9}};
+  Pool pool{2, 4, 6e9};
+  CHECK(usable_counts(p, pool) == std::vector<int32_t>{2, 4});
+  p.may_span_nodes = true;
+  CHECK(usable_counts(p, pool) == std::vector<int32_t>{2, 4, 8});
+  // Spanning: the job takes both nodes whole.
+  const Schedule s = plan_fast({p}, pool);
+  validate_schedule(s, {p}, pool);
+  CHECK(s.jobs[0].num_devices == 8);
+  CHECK(s.jobs[0].nodes == std::vector<int32_t>{0, 1});
+  pool.memory_bytes = 1e9;
+  CHECK_THROWS_WITH(plan_fast({p}, pool),
+                    Catch::Contains("job 'big' can use none of its device counts (1, 2, 4, 8)") && Catch::Contains("peak bytes"));
+}
+
+TEST_CASE("planner: job and pool files and their errors", "[planner]") {
+  const std::vector<JobProfile> jobs = parse_jobs_json(
+      R"({"jobs": [{"name": "a", "steps": 1000, "step_time_s": {"1": 0.9, "2": 0.5, "4": 0.3},
+                    "peak_bytes": {"1": 9e9, "2": 5e9, "4": 3e9}},
+                   {"name": "b", "steps": 10, "step_time_s": {"2": 1.5}, "may_span_nodes": true}]})",
+      "inline");
+  REQUIRE(jobs.size() == 2);
+  CHECK(jobs[0].runtime_s(2) == Approx(500));
+  CHECK(jobs[0].peak_bytes.at(4) == 3e9);
+  CHECK(jobs[1].may_span_nodes);
+  CHECK(parse_jobs_json(jobs_to_json(jobs), "round trip")[0].step_time_s == jobs[0].step_time_s);
+  const Pool pool = parse_pool_json(R"({"nodes": 2, "devices_per_node": 8, "memory_bytes": 8e10})", "pool");
+  CHECK(pool.num_devices() == 16);
+  CHECK(pool.memory_bytes == 8e10);
+
+  CHECK_THROWS_WITH(parse_jobs_json(R"({"jobs": [{"name": "a", "step_time_s": {"1": 1}}]})", "f.json"),
+                    Catch::Contains("f.json") && Catch::Contains("job 'a' needs \"steps\""));
+  CHECK_THROWS_WITH(parse_jobs_json(R"({"jobs": [{"name": "a", "steps": 3, "step_time_s": {"x": 1}}]})", "f.json"),
+                    Catch::Contains("the key \"x\""));
+  CHECK_THROWS_WITH(parse_jobs_json(R"({"jobs": [{"name": "a", "steps": 3, "step_time_s": {"1": -2}}]})", "f.json"),
+                    Catch::Contains("must be a positive number"));
+  CHECK_THROWS_WITH(parse_jobs_json(R"({"jobs": [{"name": "a", "steps": 3, "step_time_s": {"1": 1}},
+                                                 {"name": "a", "steps": 3, "step_time_s": {"1": 1}}]})",
+                                    "f.json"),
+                    Catch::Contains("two jobs are named 'a'"));
+  CHECK_THROWS_WITH(parse_jobs_json(R"({"jobs": [{"name": "m", "steps": 3, "gpt": {"layers": 2}}]})", "f.json"),
+                    Catch::Contains("'m' is a model job"));
+  CHECK(parse_job_file(R"({"jobs": [{"name": "m", "steps": 3, "gpt": {"layers": 2}}]})", "f.json")[0].is_model());
+  CHECK_THROWS_WITH(parse_jobs_json("{\"jobs\": [", "f.json"), Catch::Contains("f.json: not valid JSON"));
+  CHECK_THROWS_WITH(parse_pool_json(R"({"nodes": 2, "devices_per_node": 0})", "p.json"),
+                    Catch::Contains("\"devices_per_node\" = 0"));
+  CHECK_THROWS_WITH(parse_pool_json(R"({"nodes": 2, "devices_per_node": 8, "gpus": 3})", "p.json"),
+                    Catch::Contains("unknown pool field \"gpus\""));
+  CHECK_THROWS_WITH(read_jobs_json("/nonexistent/jobs.json"), Catch::Contains("/nonexistent/jobs.json"));
+}
+
+TEST_CASE("planner: Gavel's trace with its measured rates", "[planner]") {
+  const std::vector<JobProfile> raw = read_gavel_trace(gavel_dir() + "/minimize_makespan.trace",
+                                                       gavel_dir() + "/simulation_throughputs.json", {"v100", false});
+  const std::vector<JobProfile> jobs = read_gavel_trace(gavel_dir() + "/minimize_makespan.trace",
+                                                        gavel_dir() + "/simulation_throughputs.json");
+  REQUIRE(jobs.size() == 100);
+  int32_t asked[9] = {};
+  int32_t superlinear = 0;
+  double requested_gpu_hours = 0;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    asked[jobs[j].requested_devices]++;
+    for (const auto& [g, t] : jobs[j].step_time_s) CHECK(t >= jobs[j].step_time_s.at(1) / g * (1 - 1e-12));
+    for (const auto& [g, t] : raw[j].step_time_s)
+      if (g > 1 && t < raw[j].step_time_s.at(1) / g) ++superlinear;
+    requested_gpu_hours += jobs[j].requested_devices * raw[j].runtime_s(jobs[j].requested_devices) / 3600;
+  }
+  // The README's counts: 71 jobs ask for 1 GPU, 6 for 2, 23 for 4; 601 GPU-hours as requested.
+  CHECK(asked[1] == 71);
+  CHECK(asked[2] == 6);
+  CHECK(asked[4] == 23);
+  CHECK(requested_gpu_hours == Approx(601).epsilon(0.01));
+  CHECK(superlinear > 0);
+  const Pool pool{1, 8};
+  const Schedule s = plan_fast(jobs, pool);
+  validate_schedule(s, jobs, pool);
+  CHECK(s.makespan_s >= makespan_lower_bound(jobs, pool) * (1 - 1e-12));
+  CHECK(s.makespan_s < baseline_sequential(jobs, pool).makespan_s);
+  CHECK_THROWS_WITH(read_gavel_trace(gavel_dir() + "/minimize_makespan.trace", gavel_dir() + "/simulation_throughputs.json",
+                                     {"h100", true}),
+                    Catch::Contains("no GPU kind 'h100'"));
+}
