@@ -9,7 +9,9 @@
 
 #include "tessel/core/common.hpp"
 #include "tessel/planner/jobs.hpp"
+#include "tessel/planner/plan_args.hpp"
 #include "tessel/planner/schedule.hpp"
+#include "tessel/planner/show.hpp"
 
 using namespace tessel;
 using namespace tessel::planner;
@@ -248,4 +250,45 @@ TEST_CASE("planner: Gavel's trace with its measured rates", "[planner]") {
   CHECK_THROWS_WITH(read_gavel_trace(gavel_dir() + "/minimize_makespan.trace", gavel_dir() + "/simulation_throughputs.json",
                                      {"h100", true}),
                     Catch::Contains("no GPU kind 'h100'"));
+}
+
+TEST_CASE("planner: the plan shown as a table JSON a Perfetto trace and SVG", "[planner]") {
+  std::vector<JobProfile> jobs(3);
+  for (int32_t j = 0; j < 3; ++j) {
+    jobs[j].name = "job<" + std::to_string(j) + ">";
+    jobs[j].steps = 100 * (j + 1);
+    jobs[j].step_time_s = {{1, 1.0}, {2, 0.55}};
+  }
+  const Pool pool{1, 2};
+  const Schedule s = plan_fast(jobs, pool);
+  const std::string table = schedule_table(s, jobs, pool);
+  CHECK_THAT(table, Catch::Contains("job<2>") && Catch::Contains("makespan"));
+  const std::string js = schedule_json(s, jobs);
+  CHECK_THAT(js, Catch::Contains("\"makespan_s\"") && Catch::Contains("\"devices\"") && Catch::Contains("\"start_s\""));
+  const std::string trace = schedule_perfetto(s, pool);
+  CHECK_THAT(trace, Catch::Contains("\"traceEvents\"") && Catch::Contains("device 1"));
+  const std::string svg = schedule_svg(s, pool, "a & b");
+  std::size_t rects = 0;
+  for (std::size_t at = svg.find("<rect x="); at != std::string::npos; at = svg.find("<rect x=", at + 1)) ++rects;
+  std::size_t uses = 0;
+  for (const Placement& p : s.jobs) uses += p.devices.size();
+  CHECK(rects == uses);
+  CHECK_THAT(svg, Catch::Contains("a &amp; b") && Catch::Contains("job&lt;0&gt;"));
+  CHECK(format_duration(3725) == "1:02:05");
+}
+
+TEST_CASE("planner: tessel-plan's arguments", "[planner]") {
+  const PlanArgs a = parse_plan_args({"jobs.json", "--pool-shape", "2x8", "--baselines", "--json", "p.json"});
+  CHECK(a.jobs_file == "jobs.json");
+  CHECK(a.pool_nodes == 2);
+  CHECK(a.pool_devices_per_node == 8);
+  CHECK(a.baselines);
+  CHECK(a.json_out == "p.json");
+  CHECK_THROWS_WITH(parse_plan_args({"jobs.json"}), Catch::Contains("no pool"));
+  CHECK_THROWS_WITH(parse_plan_args({"--pool-shape", "2x8"}), Catch::Contains("no jobs"));
+  CHECK_THROWS_WITH(parse_plan_args({"j.json", "--pool-shape", "2by8"}), Catch::Contains("--pool-shape: '2by8'"));
+  CHECK_THROWS_WITH(parse_plan_args({"j.json", "--pool", "p.json", "--seconds", "-1"}), Catch::Contains("--seconds"));
+  CHECK_THROWS_WITH(parse_plan_args({"j.json", "--pool", "p.json", "--objective", "speed"}), Catch::Contains("'speed'"));
+  CHECK_THROWS_WITH(parse_plan_args({"j.json", "--pool", "p.json", "--frobnicate"}), Catch::Contains("unknown flag '--frobnicate'"));
+  CHECK(parse_plan_args({"--help"}).help);
 }
