@@ -33,8 +33,9 @@
 //     the same program (equal prediction and peak), each run on g CPU virtual devices (a
 //     ThreadRuntime and the Trainer): warm-up steps, then timed steps whose median is the
 //     measured step time. The chosen layout is the trial of least measured time (without trials:
-//     the least prediction); JobProfile::step_time_s[g] is its measured time, peak_bytes[g] the
-//     larger of its predicted and measured peak, plan[g] its layout text.
+//     the least prediction); JobProfile::step_time_s[g] is its measured time (without trials its
+//     prediction), peak_bytes[g] the larger of its predicted and measured peak, plan[g] its
+//     layout text (Layout::parse reads it back).
 // A count with no fitting candidate is left out of the profile (the report says why); when no
 // count fits, profile_model_job throws PlanError naming the job, the least peak and the memory.
 #pragma once
@@ -111,7 +112,8 @@ struct ModelJobReport {
   double predict_seconds = 0;           // wall time of building and pricing every candidate
   double trial_seconds = 0;             // wall time of every trial together (issue 25: <= 5% of the batch)
   int32_t trials = 0;
-  // One line per candidate: count, layout, predicted (compute + comm), peak, fits, measured.
+  // One line per candidate: count, layout, predicted (compute, comm, dispatch), peak, fits,
+  // measured, the chosen mark and the note; then the notes per count.
   std::string table() const;
 };
 
