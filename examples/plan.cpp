@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "tessel/cli.hpp"
 #include "tessel/core/common.hpp"
 #include "tessel/planner/jobs.hpp"
+#include "tessel/planner/model_job.hpp"
 #include "tessel/planner/plan_args.hpp"
 #include "tessel/planner/schedule.hpp"
 #include "tessel/planner/show.hpp"
@@ -32,7 +34,7 @@ void write_file(const std::string& path, const std::string& text, const char* wh
   fmt::print("wrote the {} to {}\n", what, path);
 }
 
-std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool) {
+std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& trial_seconds) {
   if (!a.gavel_dir.empty()) {
     GavelOptions g;
     g.gpu = a.gpu;
@@ -43,13 +45,21 @@ std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool) {
   std::vector<JobProfile> jobs;
   for (JobEntry& e : read_job_file(a.jobs_file)) {
     if (a.max_jobs > 0 && static_cast<int32_t>(jobs.size()) >= a.max_jobs) break;
-    if (e.is_model())
-      throw tessel::PlanError(fmt::format("{}: job '{}' is a model job; this build of tessel-plan plans profiled jobs "
-                                          "only (give its \"step_time_s\")",
-                                          a.jobs_file, e.profile.name));
-    jobs.push_back(std::move(e.profile));
+    if (!e.is_model()) {
+      jobs.push_back(std::move(e.profile));
+      continue;
+    }
+    // A model job: its layouts priced for every device count, the best one or two timed on
+    // this machine's CPU devices (threads sharing its cores).
+    const ModelJob job = parse_model_job(e.model_json, a.jobs_file);
+    ProfileOptions po;
+    po.measure = a.measure;
+    po.shared_cores = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+    ModelJobReport report;
+    jobs.push_back(profile_model_job(job, pool, po, &report));
+    std::fputs(report.table().c_str(), stdout);
+    trial_seconds += report.trial_seconds;
   }
-  (void)pool;
   return jobs;
 }
 
@@ -65,7 +75,8 @@ int run(int argc, char** argv) {
     pool.nodes = a.pool_nodes;
     pool.devices_per_node = a.pool_devices_per_node;
   }
-  const std::vector<JobProfile> jobs = load_jobs(a, pool);
+  double trial_seconds = 0;
+  const std::vector<JobProfile> jobs = load_jobs(a, pool, trial_seconds);
   PlanOptions o;
   o.objective = a.objective == "sum" ? Objective::sum_completion : Objective::makespan;
   o.time_limit_s = a.seconds;
@@ -76,6 +87,9 @@ int run(int argc, char** argv) {
   validate_schedule(s, jobs, pool);
   fmt::print("{} jobs on {} node(s) x {} devices\n", jobs.size(), pool.nodes, pool.devices_per_node);
   std::fputs(schedule_table(s, jobs, pool).c_str(), stdout);
+  if (trial_seconds > 0)
+    fmt::print("the model jobs' trial steps took {:.2f} s, {:.2f}% of the planned makespan\n", trial_seconds,
+               100.0 * trial_seconds / s.makespan_s);
   if (a.baselines) {
     fmt::print("\n{:<52}  {:>12}  {:>10}\n", "plan", "makespan", "vs tessel");
     auto line = [&](const Schedule& b) {
