@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cmath>
 #include <numeric>
 #include <set>
@@ -98,23 +99,61 @@ Schedule sequential_modes(const std::vector<JobProfile>& jobs, const Pool& pool,
 }  // namespace
 
 double makespan_lower_bound(const std::vector<JobProfile>& jobs, const Pool& pool) {
-  const Instance inst = detail::make_instance(jobs, pool, false);
-  double area = 0, longest = 0;
-  for (const std::vector<Mode>& modes : inst.modes) {
-    double a = -1, p = -1;
+  // A makespan T is possible only if (1) every job has a mode of runtime <= T, (2) the least
+  // device-seconds of those modes fit in K x T, and (3) the jobs whose every such mode runs
+  // longer than T / 2 (each is running at the moment T / 2, whatever its start) fit in K devices
+  // at once, each on the fewest devices of those modes. Each condition only changes where T
+  // crosses a runtime or twice one, so the least T meeting all three is found by a scan over
+  // those breakpoints (within an interval, (1) and (3) are fixed and (2) holds from
+  // area / K on). Conditions (2) and (3) choose their modes separately: a relaxation, so the
+  // result is a lower bound. It is at least the area bound and the longest least runtime.
+  const Instance inst = detail::make_instance(jobs, pool, detail::NodeModes::greedy);
+  const double k = pool.num_devices();
+  std::vector<double> breaks{0.0};
+  for (const std::vector<Mode>& modes : inst.modes)
     for (const Mode& m : modes) {
-      a = a < 0 ? m.g * m.p : std::min(a, m.g * m.p);
-      p = p < 0 ? m.p : std::min(p, m.p);
+      breaks.push_back(m.p);
+      breaks.push_back(2 * m.p);
     }
-    area += a;
-    longest = std::max(longest, p);
+  std::sort(breaks.begin(), breaks.end());
+  breaks.erase(std::unique(breaks.begin(), breaks.end()), breaks.end());
+  breaks.push_back(std::numeric_limits<double>::infinity());
+  for (std::size_t b = 0; b + 1 < breaks.size(); ++b) {
+    // In (breaks[b], breaks[b+1]) every comparison with a runtime is decided; probe the middle
+    // (or just past the last breakpoint).
+    const double lo = breaks[b], hi = breaks[b + 1];
+    const double probe = std::isinf(hi) ? lo * 1.5 + 1 : 0.5 * (lo + hi);
+    double area = 0, midpoint_devices = 0;
+    bool every_job = true;
+    for (const std::vector<Mode>& modes : inst.modes) {
+      double a = -1;
+      int32_t fewest = 0;
+      bool short_mode = false;
+      for (const Mode& m : modes) {
+        if (m.p > probe) continue;
+        a = a < 0 ? m.g * m.p : std::min(a, m.g * m.p);
+        if (m.p <= probe / 2) short_mode = true;
+        fewest = fewest == 0 ? m.g : std::min(fewest, m.g);
+      }
+      if (a < 0) {
+        every_job = false;
+        break;
+      }
+      area += a;
+      if (!short_mode) midpoint_devices += fewest;
+    }
+    if (!every_job || midpoint_devices > k) continue;
+    // Condition (2) within this interval: T >= area / K. The interval's own ends: a T equal to
+    // lo belongs to the interval below (already rejected), so the bound is above lo.
+    const double t = std::max(lo, area / k);
+    if (t < hi) return t;
   }
-  return std::max(area / pool.num_devices(), longest);
+  throw PlanError("internal: no makespan bound found");
 }
 
 Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  const Instance inst = detail::make_instance(jobs, pool, false);
+  const Instance inst = detail::make_instance(jobs, pool, pool.nodes <= 4 ? detail::NodeModes::both : detail::NodeModes::greedy);
   const std::size_t n = jobs.size();
   const Objective obj = options.objective;
   const double lb = makespan_lower_bound(jobs, pool);
@@ -129,9 +168,22 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
   Timeline best;
   double best_score = 0;
   std::set<std::vector<int32_t>> seen;
+  // Also every job on the same count where it can (its largest usable count up to it): the
+  // whole-pool plans a sum of completion times often wants, which the targets need not give.
+  std::vector<std::vector<int32_t>> starts;
   for (double target : targets) {
     std::vector<int32_t> mode_of(n);
     for (std::size_t j = 0; j < n; ++j) mode_of[j] = mode_for_target(inst.modes[j], target);
+    starts.push_back(std::move(mode_of));
+  }
+  for (int32_t g = 1; g <= pool.num_devices(); g *= 2) {
+    std::vector<int32_t> mode_of(n, 0);
+    for (std::size_t j = 0; j < n; ++j)
+      for (int32_t m = 0; m < static_cast<int32_t>(inst.modes[j].size()); ++m)
+        if (inst.modes[j][m].g <= g && inst.modes[j][m].g > inst.modes[j][mode_of[j]].g) mode_of[j] = m;
+    starts.push_back(std::move(mode_of));
+  }
+  for (std::vector<int32_t>& mode_of : starts) {
     if (!seen.insert(mode_of).second) continue;
     std::vector<int32_t> order = priority_order(inst, mode_of, obj);
     Timeline t = detail::serial_sgs(inst, order, mode_of);
@@ -145,63 +197,121 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
     if (options.time_limit_s > 0 && elapsed(t0) > 0.25 * options.time_limit_s) break;
   }
 
-  // Local search over the order and the modes: move a job (often one that ends last) earlier,
-  // swap two, or change a job's device count; keep a move that does not make the score worse.
-  const int64_t budget = options.max_iterations >= 0 ? options.max_iterations : 200 * static_cast<int64_t>(n);
+  // Local search over the order and the modes. Moves: re-insert one job (half the time one
+  // that ends last) at its best place and device count among all (or, past 24 jobs, 24 sampled)
+  // places; swap two jobs; give one job another count at a random place. A move is kept when it
+  // does not make the score worse (so the search walks plateaus); after a long walk without a
+  // better plan it returns to the best. The budget counts schedule generations, the search's
+  // only cost, so it bounds the time and keeps the plan independent of the clock.
+  const int64_t budget = options.max_iterations >= 0
+                             ? options.max_iterations
+                             : std::max<int64_t>(20000, 2000000 / static_cast<int64_t>(std::max<std::size_t>(n, 1)));
   Rng rng{options.seed * 0x2545F4914F6CDD1DULL + 7};
   std::vector<int32_t> cur_order = best_order, cur_mode = best_mode;
+  Timeline cur = best;
   double cur_score = best_score;
   int64_t it = 0, since_best = 0;
-  for (; it < budget && n > 1; ++it) {
-    if (options.time_limit_s > 0 && (it & 15) == 0 && elapsed(t0) > options.time_limit_s) break;
-    std::vector<int32_t> order = cur_order, mode_of = cur_mode;
-    const int32_t kind = rng.below(3);
-    if (kind == 0) {
-      // a job that ends last, or any, moved to an earlier place
-      int32_t pos = rng.below(static_cast<int32_t>(n));
-      if (rng.below(2) == 0) {
-        const Timeline t = detail::serial_sgs(inst, order, mode_of);
+  // Threshold accepting: a move may make the score worse by a fraction that falls from 1% to 0
+  // over the budget, so the search can leave a local optimum that needs several jobs to change
+  // together (all of it deterministic: the threshold follows the budget, not the clock).
+  auto consider = [&](std::vector<int32_t> order, std::vector<int32_t> mode_of, const Timeline& t) {
+    const double sc = score(t, obj, n);
+    const double threshold = 0.01 * std::max(0.0, 1.0 - static_cast<double>(it) / static_cast<double>(budget));
+    if (sc > cur_score * (1 + threshold)) return false;
+    cur_score = sc;
+    cur = t;
+    cur_order = std::move(order);
+    cur_mode = std::move(mode_of);
+    if (sc < best_score) {
+      best_score = sc;
+      best = t;
+      best_order = cur_order;
+      best_mode = cur_mode;
+      since_best = 0;
+    }
+    return true;
+  };
+  const int32_t nn = static_cast<int32_t>(n);
+  while (it < budget && n > 1) {
+    if (options.time_limit_s > 0 && elapsed(t0) > options.time_limit_s) break;
+    if (obj == Objective::makespan && best.makespan <= lb) break;  // at the bound: optimal
+    const int64_t before = it;
+    const int32_t kind = rng.below(6);
+    if (kind <= 1) {
+      int32_t pos = rng.below(nn);
+      if (kind == 0) {  // the job that ends last
         double last = -1;
-        for (std::size_t q = 0; q < n; ++q) {
-          const double end = t.start[order[q]] + inst.modes[order[q]][mode_of[order[q]]].p;
-          if (end > last) last = end, pos = static_cast<int32_t>(q);
+        for (int32_t q = 0; q < nn; ++q) {
+          const double end = cur.start[cur_order[q]] + inst.modes[cur_order[q]][cur_mode[cur_order[q]]].p;
+          if (end > last) last = end, pos = q;
         }
       }
-      if (pos == 0) continue;
-      const int32_t to = rng.below(pos);
-      const int32_t job = order[pos];
-      order.erase(order.begin() + pos);
-      order.insert(order.begin() + to, job);
-    } else if (kind == 1) {
-      const int32_t a = rng.below(static_cast<int32_t>(n)), b = rng.below(static_cast<int32_t>(n));
-      if (a == b) continue;
-      std::swap(order[a], order[b]);
-    } else {
-      const int32_t j = rng.below(static_cast<int32_t>(n));
-      const int32_t count = static_cast<int32_t>(inst.modes[j].size());
-      if (count < 2) continue;
-      int32_t m = rng.below(count - 1);
-      if (m >= mode_of[j]) ++m;
-      mode_of[j] = m;
-    }
-    const Timeline t = detail::serial_sgs(inst, order, mode_of);
-    const double sc = score(t, obj, n);
-    if (sc <= cur_score) {
-      cur_score = sc;
-      cur_order = std::move(order);
-      cur_mode = std::move(mode_of);
-      if (sc < best_score) {
-        best_score = sc;
-        best = t;
-        best_order = cur_order;
-        best_mode = cur_mode;
-        since_best = 0;
-        continue;
+      const int32_t job = cur_order[pos];
+      std::vector<int32_t> rest = cur_order;
+      rest.erase(rest.begin() + pos);
+      std::vector<int32_t> places;
+      if (nn <= 24) {
+        for (int32_t q = 0; q < nn; ++q) places.push_back(q);
+      } else {
+        for (int32_t q = 0; q < 24; ++q) places.push_back(rng.below(nn));
       }
+      double best_sc = 0;
+      std::vector<int32_t> pick_order, pick_mode;
+      Timeline pick;
+      for (int32_t m = 0; m < static_cast<int32_t>(inst.modes[job].size()); ++m)
+        for (int32_t q : places) {
+          if (q == pos && m == cur_mode[job]) continue;  // the plan as it is
+          std::vector<int32_t> order = rest;
+          order.insert(order.begin() + q, job);
+          std::vector<int32_t> mode_of = cur_mode;
+          mode_of[job] = m;
+          Timeline t = detail::serial_sgs(inst, order, mode_of);
+          ++it;
+          const double sc = score(t, obj, n);
+          if (pick_order.empty() || sc < best_sc) {
+            best_sc = sc;
+            pick = std::move(t);
+            pick_order = std::move(order);
+            pick_mode = std::move(mode_of);
+          }
+        }
+      if (!pick_order.empty()) consider(std::move(pick_order), std::move(pick_mode), pick);
+    } else {
+      std::vector<int32_t> order = cur_order, mode_of = cur_mode;
+      if (kind == 2) {  // a job that ends last (or any) to a random earlier place
+        int32_t pos = rng.below(nn);
+        if (rng.below(2) == 0) {
+          double last = -1;
+          for (int32_t q = 0; q < nn; ++q) {
+            const double end = cur.start[order[q]] + inst.modes[order[q]][mode_of[order[q]]].p;
+            if (end > last) last = end, pos = q;
+          }
+        }
+        if (pos == 0) continue;
+        const int32_t job = order[pos];
+        order.erase(order.begin() + pos);
+        order.insert(order.begin() + rng.below(pos), job);
+      } else if (kind == 3) {
+        const int32_t x = rng.below(nn), y = rng.below(nn);
+        if (x == y) continue;
+        std::swap(order[x], order[y]);
+      } else {  // another device count, in place
+        const int32_t j = rng.below(nn);
+        const int32_t count = static_cast<int32_t>(inst.modes[j].size());
+        if (count < 2) continue;
+        int32_t m = rng.below(count - 1);
+        if (m >= mode_of[j]) ++m;
+        mode_of[j] = m;
+      }
+      const Timeline t = detail::serial_sgs(inst, order, mode_of);
+      ++it;
+      consider(std::move(order), std::move(mode_of), t);
     }
-    if (++since_best > 50 * static_cast<int64_t>(n)) {  // a long plateau: back to the best
+    since_best += it - before;
+    if (since_best > 20 * budget / 100 + 1) {  // a long walk without a better plan: back to the best
       cur_order = best_order;
       cur_mode = best_mode;
+      cur = best;
       cur_score = best_score;
       since_best = 0;
     }
@@ -214,7 +324,7 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
 }
 
 Schedule plan_brute_force(const std::vector<JobProfile>& jobs, const Pool& pool, Objective objective) {
-  const Instance inst = detail::make_instance(jobs, pool, true);
+  const Instance inst = detail::make_instance(jobs, pool, detail::NodeModes::explicit_nodes);
   const std::size_t n = jobs.size();
   double combos = 1;
   for (std::size_t j = 0; j < n; ++j) combos *= static_cast<double>(inst.modes[j].size()) * static_cast<double>(j + 1);
@@ -248,14 +358,14 @@ Schedule plan_brute_force(const std::vector<JobProfile>& jobs, const Pool& pool,
 }
 
 Schedule baseline_sequential(const std::vector<JobProfile>& jobs, const Pool& pool) {
-  const Instance inst = detail::make_instance(jobs, pool, false);
+  const Instance inst = detail::make_instance(jobs, pool, detail::NodeModes::greedy);
   std::vector<int32_t> mode_of(jobs.size());
   for (std::size_t j = 0; j < jobs.size(); ++j) mode_of[j] = mode_for_target(inst.modes[j], 0);  // the fastest
   return sequential_modes(jobs, pool, inst, mode_of, "each alone on all it can use, one after another");
 }
 
 Schedule baseline_equal_split(const std::vector<JobProfile>& jobs, const Pool& pool) {
-  const Instance inst = detail::make_instance(jobs, pool, false);
+  const Instance inst = detail::make_instance(jobs, pool, detail::NodeModes::greedy);
   const int32_t k = pool.num_devices();
   const int32_t share = std::max<int32_t>(1, k / std::min<int32_t>(static_cast<int32_t>(jobs.size()), k));
   // The largest slice of at most `share` devices that every job can use (each job's own largest
@@ -280,7 +390,7 @@ Schedule baseline_equal_split(const std::vector<JobProfile>& jobs, const Pool& p
 }
 
 Schedule baseline_requested(const std::vector<JobProfile>& jobs, const Pool& pool) {
-  const Instance inst = detail::make_instance(jobs, pool, false);
+  const Instance inst = detail::make_instance(jobs, pool, detail::NodeModes::greedy);
   std::vector<int32_t> mode_of(jobs.size());
   for (std::size_t j = 0; j < jobs.size(); ++j) {
     const int32_t want = std::max(1, jobs[j].requested_devices);

@@ -82,7 +82,7 @@ class NodeProfile {
 
 }  // namespace
 
-Instance make_instance(const std::vector<JobProfile>& jobs, const Pool& pool, bool explicit_nodes) {
+Instance make_instance(const std::vector<JobProfile>& jobs, const Pool& pool, NodeModes node_modes) {
   if (jobs.empty()) throw PlanError("the planner was given no jobs");
   if (pool.nodes <= 0 || pool.devices_per_node <= 0)
     throw PlanError(fmt::format("the pool has {} nodes of {} devices: both must be positive", pool.nodes,
@@ -101,10 +101,9 @@ Instance make_instance(const std::vector<JobProfile>& jobs, const Pool& pool, bo
       if (!(m.p > 0) || !std::isfinite(m.p))
         throw PlanError(fmt::format("job '{}' on {} devices runs {} s: a runtime must be positive and finite", job.name,
                                     g, m.p));
-      if (!explicit_nodes) {
-        modes.push_back(m);
-        continue;
-      }
+      if (node_modes != NodeModes::explicit_nodes) modes.push_back(m);
+      // (one node: the greedy mode is the explicit one)
+      if (node_modes == NodeModes::greedy || (node_modes == NodeModes::both && pool.nodes == 1)) continue;
       const int32_t k = m.span();
       // every set of k nodes (k = 1: each node)
       std::vector<int32_t> pick(static_cast<std::size_t>(k));

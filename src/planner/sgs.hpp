@@ -28,9 +28,11 @@ struct Instance {
   std::vector<std::vector<Mode>> modes;  // per job: its usable modes, fewest devices first
 };
 
-// explicit_nodes: one mode per usable count and node (set); else one per count, nodes chosen
-// at placement. Throws PlanError naming a job that no count fits.
-Instance make_instance(const std::vector<JobProfile>& jobs, const Pool& pool, bool explicit_nodes);
+// Which modes a job gets per usable count: one whose node(s) are chosen at placement (the
+// earliest free), one per node (set), or both (the greedy one first).
+enum class NodeModes { greedy, explicit_nodes, both };
+// Throws PlanError naming a job that no count fits.
+Instance make_instance(const std::vector<JobProfile>& jobs, const Pool& pool, NodeModes node_modes);
 
 struct Timeline {
   std::vector<double> start;

@@ -56,7 +56,9 @@ struct Schedule {
 struct PlanOptions {
   Objective objective = Objective::makespan;
   double time_limit_s = 1.0;          // wall clock; 0 = no limit (the iteration budget only)
-  int64_t max_iterations = -1;        // local-search moves; -1 = 200 x jobs
+  // The fast method's budget, in schedule generations (its local search's unit of work; one
+  // takes microseconds for a few jobs, ~20 us for 100); -1 = max(20000, 2,000,000 / jobs).
+  int64_t max_iterations = -1;
   uint64_t seed = 1;
   int32_t exact_max_jobs = 12;        // plan(): CBC after the fast method up to this many jobs
 };
