@@ -88,8 +88,11 @@ int run(int argc, char** argv) {
   fmt::print("{} jobs on {} node(s) x {} devices\n", jobs.size(), pool.nodes, pool.devices_per_node);
   std::fputs(schedule_table(s, jobs, pool).c_str(), stdout);
   if (trial_seconds > 0)
-    fmt::print("the model jobs' trial steps took {:.2f} s, {:.2f}% of the planned makespan\n", trial_seconds,
-               100.0 * trial_seconds / s.makespan_s);
+    fmt::print("the model jobs' trial steps took {:.2f} s, {:.2f}% of the planned makespan{}\n", trial_seconds,
+               100.0 * trial_seconds / s.makespan_s,
+               trial_seconds > 0.05 * s.makespan_s ? " (above 5%: the jobs are short for their trials; give them more "
+                                                     "steps, or plan with --no-measure)"
+                                                   : "");
   if (a.baselines) {
     fmt::print("\n{:<52}  {:>12}  {:>10}\n", "plan", "makespan", "vs tessel");
     auto line = [&](const Schedule& b) {
@@ -102,6 +105,7 @@ int run(int argc, char** argv) {
     line(baseline_requested(jobs, pool));
   }
   if (!a.json_out.empty()) write_file(a.json_out, schedule_json(s, jobs), "plan");
+  if (!a.profiles_out.empty()) write_file(a.profiles_out, jobs_to_json(jobs), "jobs' profiles");
   if (a.pictures) {
     write_file(a.trace_out, schedule_perfetto(s, pool), "Perfetto trace");
     write_file(a.svg_out,

@@ -28,6 +28,7 @@ std::string usage_plan() {
          "  --iterations N     the fast method's local-search moves (default 200 x jobs)\n"
          "  --baselines        also plan the three baselines and compare\n"
          "  --json PLAN.json   write the plan as JSON\n"
+         "  --profiles PATH    write every job as a profiled job (a job file to plan again without trials)\n"
          "  --trace PATH       the Perfetto trace (default tessel-plan.trace.json)\n"
          "  --svg PATH         the Gantt chart (default tessel-plan.svg)\n"
          "  --no-pictures      write neither\n"
@@ -72,6 +73,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     else if (f == "--iterations") a.iterations = cli::parse_i64(f, cli::next_value(i, argc, argv.data()), 0, INT64_MAX);
     else if (f == "--baselines") a.baselines = true;
     else if (f == "--json") a.json_out = cli::next_value(i, argc, argv.data());
+    else if (f == "--profiles") a.profiles_out = cli::next_value(i, argc, argv.data());
     else if (f == "--trace") a.trace_out = cli::next_value(i, argc, argv.data());
     else if (f == "--svg") a.svg_out = cli::next_value(i, argc, argv.data());
     else if (f == "--no-pictures") a.pictures = false;

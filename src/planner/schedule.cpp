@@ -418,6 +418,9 @@ Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanO
     if (better || exact.optimal) {
       exact.lower_bound_s = std::max(exact.lower_bound_s, best.lower_bound_s);
       best = exact;
+    } else {
+      best.lower_bound_s = std::max(exact.lower_bound_s, best.lower_bound_s);
+      best.method += "; CBC found no better plan in its time";
     }
   }
   best.solve_seconds = elapsed(t0);

@@ -46,9 +46,21 @@ std::string xml_escape(const std::string& s) {
 }
 
 // A colour per job: the golden-angle hue walk, alternating lightness, so neighbours differ.
+// Written as #rrggbb (some SVG renderers do not read hsl()).
 std::string job_colour(int32_t j) {
-  const double hue = std::fmod(j * 137.508, 360.0);
-  return fmt::format("hsl({:.0f},65%,{}%)", hue, j % 2 == 0 ? 62 : 74);
+  const double h = std::fmod(j * 137.508, 360.0) / 60.0, s = 0.65, l = j % 2 == 0 ? 0.62 : 0.74;
+  const double c = (1 - std::abs(2 * l - 1)) * s, x = c * (1 - std::abs(std::fmod(h, 2.0) - 1)), m = l - c / 2;
+  double r = 0, g = 0, b = 0;
+  switch (static_cast<int>(h)) {
+    case 0: r = c, g = x; break;
+    case 1: r = x, g = c; break;
+    case 2: g = c, b = x; break;
+    case 3: g = x, b = c; break;
+    case 4: r = x, b = c; break;
+    default: r = c, b = x; break;
+  }
+  auto byte = [&](double v) { return static_cast<int>(std::lround((v + m) * 255)); };
+  return fmt::format("#{:02x}{:02x}{:02x}", byte(r), byte(g), byte(b));
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ struct PlanArgs {
   int64_t iterations = -1;         // --iterations N: the fast method's local-search moves
   bool baselines = false;          // --baselines
   std::string json_out;            // --json PLAN.json
+  std::string profiles_out;        // --profiles JOBS.json: every job as a profiled job (model jobs' step times as measured)
   std::string trace_out = "tessel-plan.trace.json";  // --trace PATH
   std::string svg_out = "tessel-plan.svg";           // --svg PATH
   bool pictures = true;            // --no-pictures: neither trace nor SVG

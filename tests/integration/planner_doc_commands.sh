@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every `build/bin/tessel-plan ...` line of docs/planner.md exactly as written, from a
+# scratch copy of the repository root (so the files it writes land there): build/bin points at
+# this build's binaries and ../shared at the shared benchmarks, as on a developer's machine.
+# Checks each prints a plan and the baselines, then the files the first one writes.
+set -euo pipefail
+bin_dir=$1 src=$2 work=$3
+rm -rf "$work"
+mkdir -p "$work/root/build"
+ln -s "$bin_dir" "$work/root/build/bin"
+cp -r "$src/examples" "$work/root/examples"
+ln -s "$(cd "$src/../shared" && pwd)" "$work/shared"
+cd "$work/root"
+mapfile -t cmds < <(grep -E '^build/bin/tessel-plan ' "$src/docs/planner.md")
+[ ${#cmds[@]} -ge 2 ] || { echo "found ${#cmds[@]} tessel-plan commands in docs/planner.md, expected 2"; exit 1; }
+for c in "${cmds[@]}"; do
+  echo "\$ $c"
+  out=$(bash -c "$c" 2>&1) || { echo "$out"; echo "FAILED: $c"; exit 1; }
+  echo "$out" | tail -8
+  grep -q "^makespan " <<<"$out" || { echo "no makespan line"; exit 1; }
+  grep -q "each alone on all it can use" <<<"$out" || { echo "no baselines"; exit 1; }
+done
+python3 - <<'PY'
+import json
+p = json.load(open("plan.json"))
+assert p["makespan_s"] > 0 and len(p["jobs"]) == 6, p
+for j in p["jobs"]:
+    assert j["end_s"] > j["start_s"] >= 0 and len(j["devices"]) == j["num_devices"], j
+t = json.load(open("tessel-plan.trace.json"))
+assert any(e["ph"] == "X" for e in t["traceEvents"])
+svg = open("tessel-plan.svg").read()
+assert svg.startswith("<svg") and "<rect x=" in svg
+print("plan.json, the trace and the Gantt chart check out")
+PY
