@@ -20,6 +20,7 @@
 #include "tessel/planner/jobs.hpp"
 #include "tessel/planner/model_job.hpp"
 #include "tessel/planner/plan_args.hpp"
+#include "tessel/planner/pool_runtime.hpp"
 #include "tessel/planner/schedule.hpp"
 #include "tessel/planner/show.hpp"
 
@@ -34,7 +35,8 @@ void write_file(const std::string& path, const std::string& text, const char* wh
   fmt::print("wrote the {} to {}\n", what, path);
 }
 
-std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& trial_seconds) {
+std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& trial_seconds,
+                                  std::vector<ModelJob>& models) {
   if (!a.gavel_dir.empty()) {
     GavelOptions g;
     g.gpu = a.gpu;
@@ -52,6 +54,7 @@ std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& t
     // A model job: its layouts priced for every device count, the best one or two timed on
     // this machine's CPU devices (threads sharing its cores).
     const ModelJob job = parse_model_job(e.model_json, a.jobs_file);
+    models.push_back(job);
     ProfileOptions po;
     po.measure = a.measure;
     po.shared_cores = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
@@ -61,6 +64,39 @@ std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& t
     trial_seconds += report.trial_seconds;
   }
   return jobs;
+}
+
+// --run: the plan executed on this machine's CPU devices (planner/pool_runtime.hpp), then the
+// plan beside what ran, and a Gantt chart of what ran.
+void run_planned(const PlanArgs& a, const std::vector<ModelJob>& models, const std::vector<JobProfile>& jobs,
+                 const Schedule& plan, const Pool& pool) {
+  PoolRunOptions o;
+  o.progress_interval_s = a.progress_every;
+  o.replan_interval_s = a.replan_every;
+  o.checkpoint_dir = a.checkpoint_dir;
+  fmt::print("\nrunning {} jobs on {} CPU virtual devices\n", models.size(), pool.num_devices());
+  const PoolRunReport r = run_pool(models, jobs, plan, pool, o);
+  std::fputs(r.table().c_str(), stdout);
+  if (!a.pictures) return;
+  Schedule ran;  // one bar per segment
+  for (std::size_t j = 0; j < r.jobs.size(); ++j)
+    for (const RunSegment& seg : r.jobs[j].segments) {
+      Placement p;
+      p.job = r.jobs[j].name;
+      p.job_index = static_cast<int32_t>(j);
+      p.num_devices = static_cast<int32_t>(seg.devices.size());
+      p.devices = seg.devices;
+      p.start_s = seg.start_s;
+      p.end_s = seg.end_s;
+      ran.jobs.push_back(p);
+    }
+  ran.makespan_s = r.makespan_s;
+  std::string path = a.svg_out;
+  if (path.size() > 4 && path.compare(path.size() - 4, 4, ".svg") == 0) path.resize(path.size() - 4);
+  write_file(path + ".run.svg",
+             schedule_svg(ran, pool, fmt::format("as run: makespan {} (planned {})", format_duration(r.makespan_s),
+                                                 format_duration(r.predicted_makespan_s))),
+             "Gantt chart of the run");
 }
 
 int run(int argc, char** argv) {
@@ -76,7 +112,12 @@ int run(int argc, char** argv) {
     pool.devices_per_node = a.pool_devices_per_node;
   }
   double trial_seconds = 0;
-  const std::vector<JobProfile> jobs = load_jobs(a, pool, trial_seconds);
+  std::vector<ModelJob> models;
+  const std::vector<JobProfile> jobs = load_jobs(a, pool, trial_seconds, models);
+  if (a.run && models.size() != jobs.size())
+    throw tessel::PlanError(fmt::format("--run runs model jobs only; {} of the {} jobs are profiled jobs (no model "
+                                        "to run): plan them without --run",
+                                        jobs.size() - models.size(), jobs.size()));
   PlanOptions o;
   o.objective = a.objective == "sum" ? Objective::sum_completion : Objective::makespan;
   o.time_limit_s = a.seconds;
@@ -113,6 +154,7 @@ int run(int argc, char** argv) {
                                                  s.method)),
                "Gantt chart");
   }
+  if (a.run) run_planned(a, models, jobs, s, pool);
   return 0;
 }
 

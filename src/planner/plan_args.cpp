@@ -32,7 +32,14 @@ std::string usage_plan() {
          "  --trace PATH       the Perfetto trace (default tessel-plan.trace.json)\n"
          "  --svg PATH         the Gantt chart (default tessel-plan.svg)\n"
          "  --no-pictures      write neither\n"
-         "  --no-measure       model jobs: predicted step times only, no timed trial steps\n";
+         "  --no-measure       model jobs: predicted step times only, no timed trial steps\n"
+         "  --run              run the planned model jobs side by side on this machine's CPU devices,\n"
+         "                     with progress lines, then the plan beside what ran (and its Gantt chart,\n"
+         "                     the --svg path with .run.svg)\n"
+         "  --replan-every S   with --run: re-plan the rest every S s from the measured step times\n"
+         "                     (a moved job is checkpointed and restored on its new devices)\n"
+         "  --checkpoint-dir D with --run: where moved jobs' states go (default tessel-plan-checkpoints)\n"
+         "  --progress-every S with --run: a progress line per running job every S s (default 2; 0: none)\n";
 }
 
 PlanArgs parse_plan_args(const std::vector<std::string>& args) {
@@ -78,11 +85,17 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     else if (f == "--svg") a.svg_out = cli::next_value(i, argc, argv.data());
     else if (f == "--no-pictures") a.pictures = false;
     else if (f == "--no-measure") a.measure = false;
+    else if (f == "--run") a.run = true;
+    else if (f == "--replan-every") a.replan_every = cli::parse_double(f, cli::next_value(i, argc, argv.data()), 0, 1e6);
+    else if (f == "--progress-every") a.progress_every = cli::parse_double(f, cli::next_value(i, argc, argv.data()), 0, 1e6);
+    else if (f == "--checkpoint-dir") a.checkpoint_dir = cli::next_value(i, argc, argv.data());
     else if (!f.empty() && f[0] == '-')
       throw UsageError(fmt::format("unknown flag '{}' (tessel-plan --help lists them)", f));
     else if (a.jobs_file.empty()) a.jobs_file = f;
     else throw UsageError(fmt::format("a second job file '{}' (one JOBS.json, already '{}')", f, a.jobs_file));
   }
+  if (a.run && !a.gavel_dir.empty())
+    throw UsageError("--run runs model jobs (\"gpt\" entries of JOBS.json); Gavel's jobs are profiles only");
   if (a.jobs_file.empty() == a.gavel_dir.empty())
     throw UsageError(a.jobs_file.empty() ? "no jobs: give JOBS.json or --gavel DIR"
                                          : "give JOBS.json or --gavel DIR, not both");

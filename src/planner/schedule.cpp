@@ -153,7 +153,13 @@ double makespan_lower_bound(const std::vector<JobProfile>& jobs, const Pool& poo
 
 Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  const Instance inst = detail::make_instance(jobs, pool, pool.nodes <= 4 ? detail::NodeModes::both : detail::NodeModes::greedy);
+  Instance inst = detail::make_instance(jobs, pool, pool.nodes <= 4 ? detail::NodeModes::both : detail::NodeModes::greedy);
+  if (!options.device_free_at.empty()) {
+    if (static_cast<int32_t>(options.device_free_at.size()) != pool.num_devices())
+      throw PlanError(fmt::format("PlanOptions::device_free_at has {} entries for a pool of {} devices",
+                                  options.device_free_at.size(), pool.num_devices()));
+    inst.device_free_at = options.device_free_at;
+  }
   const std::size_t n = jobs.size();
   const Objective obj = options.objective;
   const double lb = makespan_lower_bound(jobs, pool);

@@ -140,6 +140,9 @@ Instance make_instance(const std::vector<JobProfile>& jobs, const Pool& pool, No
 Timeline serial_sgs(const Instance& inst, const std::vector<int32_t>& order, const std::vector<int32_t>& mode_of) {
   const std::size_t n = inst.modes.size();
   std::vector<NodeProfile> prof(static_cast<std::size_t>(inst.nodes), NodeProfile(inst.devices_per_node));
+  for (std::size_t d = 0; d < inst.device_free_at.size(); ++d)  // devices still busy at 0
+    if (inst.device_free_at[d] > 0)
+      prof[d / static_cast<std::size_t>(inst.devices_per_node)].add(0, inst.device_free_at[d], 1);
   Timeline out;
   out.start.assign(n, 0);
   out.nodes.assign(n, {});
@@ -219,6 +222,8 @@ Schedule make_schedule(const Instance& inst, const Timeline& t, const std::vecto
   s.method = method;
   s.jobs.resize(n);
   std::vector<double> busy_until(static_cast<std::size_t>(pool.num_devices()), 0.0);
+  for (std::size_t d = 0; d < inst.device_free_at.size() && d < busy_until.size(); ++d)
+    busy_until[d] = inst.device_free_at[d];
   for (int32_t j : order_by_start(t.start)) {
     const Mode& m = inst.modes[j][mode_of[j]];
     Placement& p = s.jobs[j];

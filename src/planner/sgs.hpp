@@ -26,6 +26,7 @@ struct Instance {
   int32_t nodes = 1;
   int32_t devices_per_node = 1;
   std::vector<std::vector<Mode>> modes;  // per job: its usable modes, fewest devices first
+  std::vector<double> device_free_at;    // per global device: busy until then (empty: all free)
 };
 
 // Which modes a job gets per usable count: one whose node(s) are chosen at placement (the

@@ -18,10 +18,7 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02d}:{:02d}", total / 3600, (total / 60) % 60, total % 60);
 }
 
-namespace {
-
-std::string device_list(const std::vector<int32_t>& ids) {
-  // 0-3,8 style
+std::string format_devices(const std::vector<int32_t>& ids) {
   std::string out;
   for (std::size_t i = 0; i < ids.size();) {
     std::size_t k = i;
@@ -32,6 +29,8 @@ std::string device_list(const std::vector<int32_t>& ids) {
   }
   return out;
 }
+
+namespace {
 
 std::string xml_escape(const std::string& s) {
   std::string out;
@@ -78,7 +77,7 @@ std::string schedule_table(const Schedule& s, const std::vector<JobProfile>& job
     const Placement& p = s.jobs[j];
     const JobProfile& job = jobs[p.job_index];
     out += fmt::format("{:<{}}  {:>7}  {:<12}  {:>10}  {:>10}  {:>10}  {:>10}", p.job, width, p.num_devices,
-                       device_list(p.devices), format_duration(p.start_s), format_duration(p.end_s),
+                       format_devices(p.devices), format_duration(p.start_s), format_duration(p.end_s),
                        format_duration(p.end_s - p.start_s), format_duration(job.step_time_s.at(p.num_devices)));
     auto plan = job.plan.find(p.num_devices);
     if (plan != job.plan.end()) out += "  " + plan->second;

@@ -30,6 +30,10 @@ struct PlanArgs {
   std::string svg_out = "tessel-plan.svg";           // --svg PATH
   bool pictures = true;            // --no-pictures: neither trace nor SVG
   bool measure = true;             // --no-measure: model jobs by prediction only (no trial steps)
+  bool run = false;                // --run: run the planned model jobs on this machine's CPU devices
+  double replan_every = 0;         // --replan-every S: with --run, re-plan the rest every S seconds
+  std::string checkpoint_dir = "tessel-plan-checkpoints";  // --checkpoint-dir: moved jobs' states
+  double progress_every = 2;       // --progress-every S: with --run, progress lines (0: none)
   bool help = false;
 };
 

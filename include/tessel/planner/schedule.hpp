@@ -61,6 +61,10 @@ struct PlanOptions {
   int64_t max_iterations = -1;
   uint64_t seed = 1;
   int32_t exact_max_jobs = 12;        // plan(): CBC after the fast method up to this many jobs
+  // Devices already busy (jobs running when a pool re-plans): device_free_at[d] is when global
+  // device d becomes free (empty, or 0: free at time 0). plan_fast places the jobs around them;
+  // the other methods do not take it.
+  std::vector<double> device_free_at;
 };
 
 // The fast method, the exact one, the choice of the two (plan: fast, then exact up to

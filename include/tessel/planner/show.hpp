@@ -29,5 +29,7 @@ std::string schedule_svg(const Schedule& s, const Pool& pool, const std::string&
 
 // "1:02:03" past an hour, "12.3 s" below.
 std::string format_duration(double seconds);
+// Device ids as runs: {0, 1, 2, 3, 8} -> "0-3,8".
+std::string format_devices(const std::vector<int32_t>& ids);
 
 }  // namespace tessel::planner
