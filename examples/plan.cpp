@@ -74,9 +74,41 @@ void run_planned(const PlanArgs& a, const std::vector<ModelJob>& models, const s
   o.progress_interval_s = a.progress_every;
   o.replan_interval_s = a.replan_every;
   o.checkpoint_dir = a.checkpoint_dir;
-  fmt::print("\nrunning {} jobs on {} CPU virtual devices\n", models.size(), pool.num_devices());
-  const PoolRunReport r = run_pool(models, jobs, plan, pool, o);
-  std::fputs(r.table().c_str(), stdout);
+  // On CPU virtual devices sharing the machine's cores, the plan is priced with the sharing.
+  auto run_one = [&](const Schedule& s, const char* what) {
+    fmt::print("\nrunning {} ({} jobs) on {} CPU virtual devices{}\n", what, models.size(), pool.num_devices(),
+               pool.cores > 0 ? fmt::format(" sharing {} cores", pool.cores) : "");
+    PoolRunReport r = run_pool(models, jobs, s, pool, o);
+    if (pool.cores > 0) {
+      const Schedule predicted = predict_shared_cores(s, jobs, pool);
+      r.predicted_makespan_s = predicted.makespan_s;
+      for (std::size_t j = 0; j < r.jobs.size(); ++j) {
+        r.jobs[j].predicted_start_s = predicted.jobs[j].start_s;
+        r.jobs[j].predicted_end_s = predicted.jobs[j].end_s;
+      }
+    }
+    std::fputs(r.table().c_str(), stdout);
+    return r;
+  };
+  const PoolRunReport r = run_one(plan, "the plan");
+  if (a.run_baselines) {
+    o.progress_interval_s = 0;
+    o.replan_interval_s = 0;
+    struct Row {
+      std::string name;
+      double predicted, measured;
+    };
+    std::vector<Row> rows{{"tessel's plan", r.predicted_makespan_s, r.makespan_s}};
+    for (const Schedule& b : {baseline_sequential(jobs, pool), baseline_equal_split(jobs, pool),
+                              baseline_requested(jobs, pool)}) {
+      const PoolRunReport rb = run_one(b, b.method.c_str());
+      rows.push_back({b.method, rb.predicted_makespan_s, rb.makespan_s});
+    }
+    fmt::print("\n{:<52}  {:>10}  {:>10}  {:>9}  {:>10}\n", "run", "predicted", "measured", "meas/pred", "vs tessel");
+    for (const Row& row : rows)
+      fmt::print("{:<52}  {:>10}  {:>10}  {:>8.2f}x  {:>9.2f}x\n", row.name, format_duration(row.predicted),
+                 format_duration(row.measured), row.measured / row.predicted, row.measured / rows[0].measured);
+  }
   if (!a.pictures) return;
   Schedule ran;  // one bar per segment
   for (std::size_t j = 0; j < r.jobs.size(); ++j)
@@ -128,6 +160,9 @@ int run(int argc, char** argv) {
   validate_schedule(s, jobs, pool);
   fmt::print("{} jobs on {} node(s) x {} devices\n", jobs.size(), pool.nodes, pool.devices_per_node);
   std::fputs(schedule_table(s, jobs, pool).c_str(), stdout);
+  if (pool.cores > 0)
+    fmt::print("on {} cores shared by the {} devices (the pool's \"cores\"), the plan takes {}\n", pool.cores,
+               pool.num_devices(), format_duration(predict_shared_cores(s, jobs, pool).makespan_s));
   if (trial_seconds > 0)
     fmt::print("the model jobs' trial steps took {:.2f} s, {:.2f}% of the planned makespan{}\n", trial_seconds,
                100.0 * trial_seconds / s.makespan_s,

@@ -161,11 +161,17 @@ Pool parse_pool_json(const std::string& text, const std::string& origin) {
   nonneg("intra_node_gbps", p.intra_node_gbps);
   nonneg("inter_node_gbps", p.inter_node_gbps);
   if (j.contains("allow_spanning")) p.allow_spanning = j["allow_spanning"].get<bool>();
+  if (j.contains("cores")) {
+    if (!j["cores"].is_number_integer() || j["cores"].get<int64_t>() < 0 || j["cores"].get<int64_t>() > (1 << 20))
+      throw PlanError(fmt::format("{}: \"cores\" = {} must be an integer >= 0", origin, j["cores"].dump()));
+    p.cores = j["cores"].get<int32_t>();
+  }
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key() != "nodes" && it.key() != "devices_per_node" && it.key() != "memory_bytes" &&
-        it.key() != "intra_node_gbps" && it.key() != "inter_node_gbps" && it.key() != "allow_spanning")
+        it.key() != "intra_node_gbps" && it.key() != "inter_node_gbps" && it.key() != "allow_spanning" &&
+        it.key() != "cores")
       throw PlanError(fmt::format("{}: unknown pool field \"{}\" (known: nodes, devices_per_node, memory_bytes, "
-                                  "intra_node_gbps, inter_node_gbps, allow_spanning)",
+                                  "intra_node_gbps, inter_node_gbps, allow_spanning, cores)",
                                   origin, it.key()));
   return p;
 }

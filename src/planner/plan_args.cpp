@@ -36,6 +36,7 @@ std::string usage_plan() {
          "  --run              run the planned model jobs side by side on this machine's CPU devices,\n"
          "                     with progress lines, then the plan beside what ran (and its Gantt chart,\n"
          "                     the --svg path with .run.svg)\n"
+         "  --run-baselines    with --run: then run the three baselines the same way, one after another\n"
          "  --replan-every S   with --run: re-plan the rest every S s from the measured step times\n"
          "                     (a moved job is checkpointed and restored on its new devices)\n"
          "  --checkpoint-dir D with --run: where moved jobs' states go (default tessel-plan-checkpoints)\n"
@@ -86,6 +87,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     else if (f == "--no-pictures") a.pictures = false;
     else if (f == "--no-measure") a.measure = false;
     else if (f == "--run") a.run = true;
+    else if (f == "--run-baselines") a.run_baselines = true;
     else if (f == "--replan-every") a.replan_every = cli::parse_double(f, cli::next_value(i, argc, argv.data()), 0, 1e6);
     else if (f == "--progress-every") a.progress_every = cli::parse_double(f, cli::next_value(i, argc, argv.data()), 0, 1e6);
     else if (f == "--checkpoint-dir") a.checkpoint_dir = cli::next_value(i, argc, argv.data());
@@ -94,6 +96,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     else if (a.jobs_file.empty()) a.jobs_file = f;
     else throw UsageError(fmt::format("a second job file '{}' (one JOBS.json, already '{}')", f, a.jobs_file));
   }
+  if (a.run_baselines && !a.run) throw UsageError("--run-baselines goes with --run");
   if (a.run && !a.gavel_dir.empty())
     throw UsageError("--run runs model jobs (\"gpt\" entries of JOBS.json); Gavel's jobs are profiles only");
   if (a.jobs_file.empty() == a.gavel_dir.empty())

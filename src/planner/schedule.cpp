@@ -483,3 +483,75 @@ void validate_schedule(const Schedule& s, const std::vector<JobProfile>& jobs, c
 }
 
 }  // namespace tessel::planner
+
+namespace tessel::planner {
+
+Schedule predict_shared_cores(const Schedule& plan, const std::vector<JobProfile>& jobs, const Pool& pool) {
+  if (pool.cores <= 0) throw PlanError("predict_shared_cores: the pool has no \"cores\" (its devices do not share cores)");
+  if (plan.jobs.size() != jobs.size())
+    throw PlanError(fmt::format("predict_shared_cores: a plan of {} jobs for {} jobs", plan.jobs.size(), jobs.size()));
+  const std::size_t n = jobs.size();
+  const double cores = pool.cores;
+  // Each job waits for the jobs planned before it on any of its devices (the pool runtime's order).
+  std::vector<std::vector<std::size_t>> before(n);
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i == j) continue;
+      const Placement &a = plan.jobs[i], &b = plan.jobs[j];
+      const bool earlier = a.start_s < b.start_s || (a.start_s == b.start_s && i < j);
+      if (!earlier) continue;
+      for (int32_t d : a.devices)
+        if (std::find(b.devices.begin(), b.devices.end(), d) != b.devices.end()) {
+          before[j].push_back(i);
+          break;
+        }
+    }
+  enum { waiting, running, done };
+  std::vector<int> phase(n, waiting);
+  std::vector<double> work(n);  // seconds left at the profiled (alone) speed
+  for (std::size_t j = 0; j < n; ++j) work[j] = jobs[j].runtime_s(plan.jobs[j].num_devices);
+  Schedule out = plan;
+  out.method = plan.method + ", priced on " + std::to_string(pool.cores) + " shared cores";
+  double t = 0;
+  std::size_t finished = 0;
+  while (finished < n) {
+    for (std::size_t j = 0; j < n; ++j)
+      if (phase[j] == waiting &&
+          std::all_of(before[j].begin(), before[j].end(), [&](std::size_t i) { return phase[i] == done; })) {
+        phase[j] = running;
+        out.jobs[j].start_s = t;
+      }
+    double busy = 0;
+    for (std::size_t j = 0; j < n; ++j)
+      if (phase[j] == running) busy += plan.jobs[j].num_devices;
+    if (busy == 0) throw PlanError("predict_shared_cores: no job can start (the plan's order has a cycle)");
+    std::vector<double> speed(n, 0);
+    double step = -1;
+    for (std::size_t j = 0; j < n; ++j) {
+      if (phase[j] != running) continue;
+      const double g = plan.jobs[j].num_devices;
+      speed[j] = g * std::min(1.0, cores / busy) / std::min(g, cores);
+      const double left = work[j] / speed[j];
+      step = step < 0 ? left : std::min(step, left);
+    }
+    t += step;
+    for (std::size_t j = 0; j < n; ++j) {
+      if (phase[j] != running) continue;
+      work[j] -= step * speed[j];
+      if (work[j] <= 1e-12 * std::max(1.0, jobs[j].runtime_s(plan.jobs[j].num_devices))) {
+        phase[j] = done;
+        out.jobs[j].end_s = t;
+        ++finished;
+      }
+    }
+  }
+  out.makespan_s = 0;
+  out.sum_completion_s = 0;
+  for (const Placement& p : out.jobs) {
+    out.makespan_s = std::max(out.makespan_s, p.end_s);
+    out.sum_completion_s += p.end_s;
+  }
+  return out;
+}
+
+}  // namespace tessel::planner

@@ -292,3 +292,45 @@ TEST_CASE("planner: tessel-plan's arguments", "[planner]") {
   CHECK_THROWS_WITH(parse_plan_args({"j.json", "--pool", "p.json", "--frobnicate"}), Catch::Contains("unknown flag '--frobnicate'"));
   CHECK(parse_plan_args({"--help"}).help);
 }
+
+TEST_CASE("planner: a plan priced on devices that share cores", "[planner]") {
+  std::vector<JobProfile> jobs(3);
+  for (int32_t j = 0; j < 3; ++j) {
+    jobs[j].name = "j" + std::to_string(j);
+    jobs[j].steps = 10;
+    jobs[j].step_time_s = {{1, 1.0}, {2, 0.5}};
+  }
+  Pool pool = parse_pool_json(R"({"nodes": 1, "devices_per_node": 2, "cores": 1})", "pool.json");
+  CHECK(pool.cores == 1);
+  // j0 and j1 side by side on one core each get half of it; j2 follows j0 on device 0.
+  Schedule s;
+  s.jobs.resize(3);
+  for (int32_t j = 0; j < 3; ++j) {
+    s.jobs[j].job = jobs[j].name;
+    s.jobs[j].job_index = j;
+    s.jobs[j].num_devices = 1;
+  }
+  s.jobs[0].devices = {0};
+  s.jobs[1].devices = {1};
+  s.jobs[2].devices = {0};
+  s.jobs[0].end_s = s.jobs[1].end_s = 10;
+  s.jobs[2].start_s = 10;
+  s.jobs[2].end_s = s.makespan_s = 20;
+  validate_schedule(s, jobs, pool);
+  const Schedule p = predict_shared_cores(s, jobs, pool);
+  CHECK(p.jobs[0].end_s == Approx(20));
+  CHECK(p.jobs[1].end_s == Approx(20));
+  CHECK(p.jobs[2].start_s == Approx(20));
+  CHECK(p.jobs[2].end_s == Approx(30));  // alone again: the whole core
+  // As many cores as devices: nothing is shared, and no job ends later than planned.
+  std::mt19937_64 rng(test_seed() + 2);
+  const std::vector<JobProfile> many = random_jobs(rng, 12, false);
+  const Pool big{1, 4, 0, 0, 0, false, 4};
+  const Schedule plan_big = plan_fast(many, big);
+  const Schedule q = predict_shared_cores(plan_big, many, big);
+  for (std::size_t j = 0; j < many.size(); ++j) CHECK(q.jobs[j].end_s <= plan_big.jobs[j].end_s * (1 + 1e-9));
+  CHECK(q.makespan_s <= plan_big.makespan_s * (1 + 1e-9));
+  CHECK_THROWS_WITH(predict_shared_cores(plan_big, many, Pool{1, 4}), Catch::Contains("no \"cores\""));
+  CHECK_THROWS_WITH(parse_pool_json(R"({"nodes": 1, "devices_per_node": 2, "cores": -1})", "pool.json"),
+                    Catch::Contains("\"cores\" = -1"));
+}

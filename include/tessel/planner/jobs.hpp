@@ -14,7 +14,7 @@
 //                              "step_time_s": {"1": 0.9, "2": 0.5, "4": 0.3},
 //                              "peak_bytes": {"1": 9e9, "2": 5e9, "4": 3e9}}, ... ]}
 // Pool file (JSON): {"nodes": 2, "devices_per_node": 8, "memory_bytes": 8e10}
-// (optional: "intra_node_gbps", "inter_node_gbps", "allow_spanning").
+// (optional: "intra_node_gbps", "inter_node_gbps", "allow_spanning", "cores").
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,9 @@ struct Pool {
   double intra_node_gbps = 0;       // per-level link figures, for model jobs' cost model (0 = the
   double inter_node_gbps = 0;       // cost model's defaults)
   bool allow_spanning = false;      // every job may span whole nodes (else only jobs that say so)
+  // A pool of CPU virtual devices sharing this many cores (0: every device computes on its
+  // own, as GPUs do). predict_shared_cores prices a plan with it.
+  int32_t cores = 0;
   int32_t num_devices() const { return nodes * devices_per_node; }
   // Global device id of device d of node n (node-major).
   int32_t device_id(int32_t node, int32_t d) const { return node * devices_per_node + d; }

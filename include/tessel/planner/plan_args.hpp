@@ -31,6 +31,7 @@ struct PlanArgs {
   bool pictures = true;            // --no-pictures: neither trace nor SVG
   bool measure = true;             // --no-measure: model jobs by prediction only (no trial steps)
   bool run = false;                // --run: run the planned model jobs on this machine's CPU devices
+  bool run_baselines = false;      // --run-baselines: with --run, run the three baselines too
   double replan_every = 0;         // --replan-every S: with --run, re-plan the rest every S seconds
   std::string checkpoint_dir = "tessel-plan-checkpoints";  // --checkpoint-dir: moved jobs' states
   double progress_every = 2;       // --progress-every S: with --run, progress lines (0: none)

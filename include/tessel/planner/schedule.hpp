@@ -83,6 +83,14 @@ Schedule baseline_sequential(const std::vector<JobProfile>& jobs, const Pool& po
 Schedule baseline_equal_split(const std::vector<JobProfile>& jobs, const Pool& pool);
 Schedule baseline_requested(const std::vector<JobProfile>& jobs, const Pool& pool);
 
+// A plan priced on a pool of CPU virtual devices that share pool.cores cores (pool.cores > 0):
+// the plan run in each device's planned order (a job starts when the jobs planned before it on
+// its devices have ended), every running job slowed while more device threads run than there
+// are cores. A job of g devices, timed alone on min(g, cores) cores, runs at
+// g x min(1, cores / busy) / min(g, cores) of its profiled speed, busy being the devices of all
+// running jobs (processor sharing). Returns the plan with the starts and ends so predicted.
+Schedule predict_shared_cores(const Schedule& plan, const std::vector<JobProfile>& jobs, const Pool& pool);
+
 // max(total least device-seconds / devices, longest least runtime): no plan is shorter.
 double makespan_lower_bound(const std::vector<JobProfile>& jobs, const Pool& pool);
 
