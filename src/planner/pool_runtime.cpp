@@ -317,7 +317,9 @@ class PoolRun {
         waiting.push_back(j);
       }
     }
-    if (ratios.empty() || waiting.empty()) return;
+    // With nothing waiting only a move can help, and moving to more devices helps only when the
+    // devices compute on their own (a pool sharing cores gains nothing from more threads).
+    if (ratios.empty() || (waiting.empty() && pool_.cores > 0)) return;
     const double f = median(ratios);
     auto remaining_profile = [&](std::size_t j) {
       JobProfile p;
@@ -334,6 +336,7 @@ class PoolRun {
     std::sort(by_key.begin(), by_key.end(), [&](std::size_t a, std::size_t b) { return state_[a].key < state_[b].key; });
     std::vector<double> keep_free = free_at;
     double keep_end = *std::max_element(free_at.begin(), free_at.end());
+    const double running_end = keep_end;
     for (std::size_t j : by_key) {
       double start = 0;
       for (int32_t d : state_[j].devices) start = std::max(start, keep_free[d]);
@@ -351,13 +354,13 @@ class PoolRun {
       std::ptrdiff_t moved = -1;
     };
     std::vector<Option> options;
-    {
+    if (!waiting.empty()) {
       Option a;
       std::vector<JobProfile> ps;
       for (std::size_t j : waiting) ps.push_back(remaining_profile(j));
       po.device_free_at = free_at;
       a.plan = plan_fast(ps, pool_, po);
-      a.end = std::max(a.plan.makespan_s, *std::max_element(free_at.begin(), free_at.end()));
+      a.end = std::max(a.plan.makespan_s, running_end);
       a.jobs = waiting;
       options.push_back(std::move(a));
     }
@@ -387,6 +390,7 @@ class PoolRun {
         options.push_back(std::move(b));
       }
     }
+    if (options.empty()) return;
     const Option* best = &options[0];
     for (const Option& op : options)
       if (op.end < best->end) best = &op;

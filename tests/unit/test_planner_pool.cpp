@@ -162,3 +162,38 @@ TEST_CASE("pool runtime: bad requests are clear errors", "[planner]") {
   ps[0] = no_layout;
   CHECK_THROWS_WITH(run_pool(b.jobs, ps, plan, b.pool, {}), Catch::Contains("job 'a' has no layout"));
 }
+
+TEST_CASE("pool runtime: the re-planner moves a running job onto idle devices and its losses continue", "[planner]") {
+  Batch b = small_batch();
+  b.jobs = {job_of("long", 60, 16, 11)};
+  b.profiles.resize(1);
+  ProfileOptions po;
+  po.measure = false;
+  b.profiles[0] = profile_model_job(b.jobs[0], b.pool, po);
+  // The profile says two devices run it 1.8x faster: with three idle devices the re-planner
+  // should move it once its measured rate is known.
+  const double t1 = b.profiles[0].step_time_s.at(1);
+  b.profiles[0].step_time_s = {{1, t1}, {2, t1 / 1.8}};
+  Schedule plan = plan_fast(b.profiles, b.pool);
+  plan.jobs[0].num_devices = 1;
+  plan.jobs[0].devices = {0};
+  plan.jobs[0].end_s = plan.makespan_s = b.profiles[0].runtime_s(1);
+  PoolRunOptions o;
+  o.progress_interval_s = 0;
+  o.replan_interval_s = 0.001;
+  o.move_cost_s = 0;
+  o.checkpoint_dir = temp_dir("replan-move");
+  const PoolRunReport r = run_pool(b.jobs, b.profiles, plan, b.pool, o);
+  INFO(r.table());
+  const JobRunRecord& rec = r.jobs[0];
+  REQUIRE(rec.segments.size() >= 2);
+  CHECK(rec.segments[1].devices.size() == 2);
+  CHECK_THAT(r.table(), Catch::Contains("adopted") && Catch::Contains("job 'long' moves"));
+  REQUIRE(rec.losses.size() == 60);
+  const std::vector<double> solo = solo_losses(b.jobs[0], rec.segments[0].layout, 60);
+  for (std::size_t k = 0; k < solo.size(); ++k) {
+    INFO("step " << k + 1);
+    CHECK(rec.losses[k] == Approx(solo[k]).epsilon(1e-4));
+  }
+  std::filesystem::remove_all(o.checkpoint_dir);
+}
