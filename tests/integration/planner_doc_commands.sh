@@ -2,7 +2,8 @@
 # Runs every `build/bin/tessel-plan ...` line of docs/planner.md exactly as written, from a
 # scratch copy of the repository root (so the files it writes land there): build/bin points at
 # this build's binaries and ../shared at the shared benchmarks, as on a developer's machine.
-# Checks each prints a plan and the baselines, then the files the first one writes.
+# Checks each prints a plan (and the baselines, and the run's report, where it asks for them),
+# then the files the first one writes.
 set -euo pipefail
 bin_dir=$1 src=$2 work=$3
 rm -rf "$work"
@@ -12,13 +13,18 @@ cp -r "$src/examples" "$work/root/examples"
 ln -s "$(cd "$src/../shared" && pwd)" "$work/shared"
 cd "$work/root"
 mapfile -t cmds < <(grep -E '^build/bin/tessel-plan ' "$src/docs/planner.md")
-[ ${#cmds[@]} -ge 2 ] || { echo "found ${#cmds[@]} tessel-plan commands in docs/planner.md, expected 2"; exit 1; }
+[ ${#cmds[@]} -ge 3 ] || { echo "found ${#cmds[@]} tessel-plan commands in docs/planner.md, expected 3"; exit 1; }
 for c in "${cmds[@]}"; do
   echo "\$ $c"
   out=$(bash -c "$c" 2>&1) || { echo "$out"; echo "FAILED: $c"; exit 1; }
   echo "$out" | tail -8
   grep -q "^makespan " <<<"$out" || { echo "no makespan line"; exit 1; }
-  grep -q "each alone on all it can use" <<<"$out" || { echo "no baselines"; exit 1; }
+  if [[ $c == *--baselines* ]]; then
+    grep -q "each alone on all it can use" <<<"$out" || { echo "no baselines"; exit 1; }
+  fi
+  if [[ $c == *--run* ]]; then
+    grep -q "^makespan: planned " <<<"$out" || { echo "no run report"; exit 1; }
+  fi
 done
 python3 - <<'PY'
 import json
