@@ -88,6 +88,7 @@ void run_planned(const PlanArgs& a, const std::vector<ModelJob>& models, const s
       }
     }
     std::fputs(r.table().c_str(), stdout);
+    std::fflush(stdout);  // the progress lines of the next run follow it
     return r;
   };
   const PoolRunReport r = run_one(plan, "the plan");
@@ -160,15 +161,19 @@ int run(int argc, char** argv) {
   validate_schedule(s, jobs, pool);
   fmt::print("{} jobs on {} node(s) x {} devices\n", jobs.size(), pool.nodes, pool.devices_per_node);
   std::fputs(schedule_table(s, jobs, pool).c_str(), stdout);
-  if (pool.cores > 0)
+  // The planned time: on devices that share cores, the plan priced with the sharing.
+  double planned_s = s.makespan_s;
+  if (pool.cores > 0) {
+    planned_s = predict_shared_cores(s, jobs, pool).makespan_s;
     fmt::print("on {} cores shared by the {} devices (the pool's \"cores\"), the plan takes {}\n", pool.cores,
-               pool.num_devices(), format_duration(predict_shared_cores(s, jobs, pool).makespan_s));
+               pool.num_devices(), format_duration(planned_s));
+  }
   if (trial_seconds > 0)
     fmt::print("the model jobs' trial steps took {:.2f} s, {:.2f}% of the planned makespan{}\n", trial_seconds,
-               100.0 * trial_seconds / s.makespan_s,
-               trial_seconds > 0.05 * s.makespan_s ? " (above 5%: the jobs are short for their trials; give them more "
-                                                     "steps, or plan with --no-measure)"
-                                                   : "");
+               100.0 * trial_seconds / planned_s,
+               trial_seconds > 0.05 * planned_s ? " (above 5%: the jobs are short for their trials; give them more "
+                                                  "steps, or plan with --no-measure)"
+                                                : "");
   if (a.baselines) {
     fmt::print("\n{:<52}  {:>12}  {:>10}\n", "plan", "makespan", "vs tessel");
     auto line = [&](const Schedule& b) {

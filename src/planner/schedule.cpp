@@ -429,6 +429,50 @@ Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanO
       best.method += "; CBC found no better plan in its time";
     }
   }
+  if (pool.cores > 0 && options.objective == Objective::makespan) {
+    // Devices that share cores: the schedule above assumes each computes on its own. Price it
+    // and the other natural plans (the baselines, every job on one count where it can) with the
+    // sharing, and keep the cheapest (docs/planner.md, "Devices that share cores").
+    std::vector<Schedule> candidates{best, baseline_equal_split(jobs, pool), baseline_requested(jobs, pool),
+                                     baseline_sequential(jobs, pool)};
+    std::set<int32_t> counts;
+    for (const JobProfile& j : jobs)
+      for (const auto& [g, t] : j.step_time_s) counts.insert(g);
+    for (int32_t g : counts) {
+      std::vector<JobProfile> one = jobs;
+      for (JobProfile& j : one) {
+        int32_t pick = -1;  // g, else the largest count below it, else the smallest
+        for (const auto& [c, t] : j.step_time_s)
+          if (c <= g) pick = c;
+        if (pick < 0) pick = j.step_time_s.begin()->first;
+        const double t = j.step_time_s.at(pick);
+        j.step_time_s = {{pick, t}};
+      }
+      PlanOptions uo = options;
+      uo.time_limit_s = 0;
+      uo.max_iterations = 2000;
+      try {
+        Schedule u = plan_fast(one, pool, uo);
+        u.method = fmt::format("every job on {} device(s) where it can", g);
+        candidates.push_back(std::move(u));
+      } catch (const PlanError&) {
+        // a count some job cannot use in this pool
+      }
+    }
+    double best_price = -1;
+    std::size_t pick = 0;
+    for (std::size_t c = 0; c < candidates.size(); ++c) {
+      const double price = predict_shared_cores(candidates[c], jobs, pool).makespan_s;
+      if (best_price < 0 || price < best_price) best_price = price, pick = c;
+    }
+    if (pick != 0) {
+      const double lb = best.lower_bound_s;
+      best = candidates[pick];
+      best.lower_bound_s = lb;
+      best.optimal = false;
+    }
+    best.method += fmt::format(" (the cheapest of {} plans priced on {} shared cores)", candidates.size(), pool.cores);
+  }
   best.solve_seconds = elapsed(t0);
   return best;
 }

@@ -334,3 +334,23 @@ TEST_CASE("planner: a plan priced on devices that share cores", "[planner]") {
   CHECK_THROWS_WITH(parse_pool_json(R"({"nodes": 1, "devices_per_node": 2, "cores": -1})", "pool.json"),
                     Catch::Contains("\"cores\" = -1"));
 }
+
+TEST_CASE("planner: on devices that share cores plan keeps the cheapest plan priced with the sharing", "[planner]") {
+  // Two devices alone run each job 1.5x faster than one; with one core shared by the four
+  // devices, two one-device jobs side by side already fill the core.
+  std::vector<JobProfile> jobs(4);
+  for (int32_t j = 0; j < 4; ++j) {
+    jobs[j].name = "j" + std::to_string(j);
+    jobs[j].steps = 100 + 10 * j;
+    jobs[j].step_time_s = {{1, 0.3}, {2, 0.2}};
+  }
+  const Pool shared{1, 4, 0, 0, 0, false, 1};
+  const Pool own{1, 4};
+  const Schedule s = plan(jobs, shared);
+  validate_schedule(s, jobs, shared);
+  CHECK_THAT(s.method, Catch::Contains("priced on 1 shared cores"));
+  const double price = predict_shared_cores(s, jobs, shared).makespan_s;
+  for (const Schedule& other : {plan_fast(jobs, own), baseline_sequential(jobs, shared), baseline_equal_split(jobs, shared),
+                                baseline_requested(jobs, shared)})
+    CHECK(price <= predict_shared_cores(other, jobs, shared).makespan_s * (1 + 1e-9));
+}

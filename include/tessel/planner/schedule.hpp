@@ -68,7 +68,9 @@ struct PlanOptions {
 };
 
 // The fast method, the exact one, the choice of the two (plan: fast, then exact up to
-// exact_max_jobs within the time limit, keeping the better), and brute force (at most 7 jobs).
+// exact_max_jobs within the time limit, keeping the better; on a pool whose devices share cores,
+// that plan, the baselines and every-job-on-one-count plans priced with predict_shared_cores,
+// the cheapest kept), and brute force (at most 7 jobs).
 Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
 Schedule plan_exact(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
 Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
