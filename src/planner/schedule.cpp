@@ -96,6 +96,49 @@ Schedule sequential_modes(const std::vector<JobProfile>& jobs, const Pool& pool,
   return detail::make_schedule(inst, t, mode_of, jobs, pool, method);
 }
 
+
+// n! x the product of the jobs' mode counts: what enumerate_all tries.
+double enumeration_size(const Instance& inst) {
+  double combos = 1;
+  for (std::size_t j = 0; j < inst.modes.size(); ++j)
+    combos *= static_cast<double>(inst.modes[j].size()) * static_cast<double>(j + 1);
+  return combos;
+}
+
+struct Enumerated {
+  Timeline timeline;
+  std::vector<int32_t> mode_of;
+  int64_t generations = 0;
+};
+
+// Every order of the jobs with every choice of modes through the serial scheme: with a mode
+// per node set (NodeModes::explicit_nodes or both), the optimum of either objective, since
+// some order generates an optimal schedule (the left-shift argument in docs/planner.md).
+Enumerated enumerate_all(const Instance& inst, Objective objective) {
+  const std::size_t n = inst.modes.size();
+  std::vector<int32_t> mode_of(n, 0);
+  Enumerated best;
+  double best_value = -1;
+  while (true) {
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    do {
+      Timeline t = detail::serial_sgs(inst, order, mode_of);
+      ++best.generations;
+      const double v = detail::objective_value(t, objective);
+      if (best_value < 0 || v < best_value) {
+        best_value = v;
+        best.timeline = std::move(t);
+        best.mode_of = mode_of;
+      }
+    } while (std::next_permutation(order.begin(), order.end()));
+    std::size_t j = 0;
+    while (j < n && ++mode_of[j] == static_cast<int32_t>(inst.modes[j].size())) mode_of[j++] = 0;
+    if (j == n) break;
+  }
+  return best;
+}
+
 }  // namespace
 
 double makespan_lower_bound(const std::vector<JobProfile>& jobs, const Pool& pool) {
@@ -163,6 +206,20 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
   const std::size_t n = jobs.size();
   const Objective obj = options.objective;
   const double lb = makespan_lower_bound(jobs, pool);
+  const int64_t budget = options.max_iterations >= 0
+                             ? options.max_iterations
+                             : std::max<int64_t>(20000, 2000000 / static_cast<int64_t>(std::max<std::size_t>(n, 1)));
+
+  // A batch small enough that every order and count fits the budget is enumerated: the optimum
+  // (when each node set has its own mode), for less work than the search would spend.
+  if (options.enumerate && enumeration_size(inst) <= static_cast<double>(budget)) {
+    const Enumerated e = enumerate_all(inst, obj);
+    Schedule s = detail::make_schedule(inst, e.timeline, e.mode_of, jobs, pool, "fast (all orders and counts)");
+    s.iterations = e.generations;
+    s.solve_seconds = elapsed(t0);
+    s.optimal = pool.nodes <= 4 || (obj == Objective::makespan && s.makespan_s <= lb * (1 + 1e-12));
+    return s;
+  }
 
   // Start: for each target T (the bound and every runtime above it), the dual approximation's
   // modes in priority order; the best of these.
@@ -209,9 +266,6 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
   // does not make the score worse (so the search walks plateaus); after a long walk without a
   // better plan it returns to the best. The budget counts schedule generations, the search's
   // only cost, so it bounds the time and keeps the plan independent of the clock.
-  const int64_t budget = options.max_iterations >= 0
-                             ? options.max_iterations
-                             : std::max<int64_t>(20000, 2000000 / static_cast<int64_t>(std::max<std::size_t>(n, 1)));
   Rng rng{options.seed * 0x2545F4914F6CDD1DULL + 7};
   std::vector<int32_t> cur_order = best_order, cur_mode = best_mode;
   Timeline cur = best;
@@ -332,34 +386,15 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
 Schedule plan_brute_force(const std::vector<JobProfile>& jobs, const Pool& pool, Objective objective) {
   const Instance inst = detail::make_instance(jobs, pool, detail::NodeModes::explicit_nodes);
   const std::size_t n = jobs.size();
-  double combos = 1;
-  for (std::size_t j = 0; j < n; ++j) combos *= static_cast<double>(inst.modes[j].size()) * static_cast<double>(j + 1);
+  const double combos = enumeration_size(inst);
   if (n > 7 || combos > 5e7)
     throw PlanError(fmt::format("brute force over {} jobs would try {:.3g} schedules: it is for tests of at most 7 "
                                 "small jobs; use plan_exact",
                                 n, combos));
-  std::vector<int32_t> mode_of(n, 0), best_mode, best_order;
-  Timeline best;
-  double best_value = -1;
-  while (true) {
-    std::vector<int32_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    do {
-      const Timeline t = detail::serial_sgs(inst, order, mode_of);
-      const double v = detail::objective_value(t, objective);
-      if (best_value < 0 || v < best_value) {
-        best_value = v;
-        best = t;
-        best_mode = mode_of;
-        best_order = order;
-      }
-    } while (std::next_permutation(order.begin(), order.end()));
-    std::size_t j = 0;
-    while (j < n && ++mode_of[j] == static_cast<int32_t>(inst.modes[j].size())) mode_of[j++] = 0;
-    if (j == n) break;
-  }
-  Schedule s = detail::make_schedule(inst, best, best_mode, jobs, pool, "brute force");
+  const Enumerated e = enumerate_all(inst, objective);
+  Schedule s = detail::make_schedule(inst, e.timeline, e.mode_of, jobs, pool, "brute force");
   s.optimal = true;
+  s.iterations = e.generations;
   return s;
 }
 

@@ -68,11 +68,21 @@ TEST_CASE("planner: the exact program and the fast method against brute force on
       PlanOptions o;
       o.objective = obj;
       o.time_limit_s = 30;
+      o.max_iterations = 20000;
+      o.enumerate = false;  // the local search itself (and CBC not handed the optimum)
       const Schedule exact = plan_exact(jobs, pool, o);
       const Schedule fast = plan_fast(jobs, pool, o);
+      PlanOptions defaults;
+      defaults.objective = obj;
+      const Schedule enumerated = plan_fast(jobs, pool, defaults);
       validate_schedule(brute, jobs, pool);
       validate_schedule(exact, jobs, pool);
       validate_schedule(fast, jobs, pool);
+      validate_schedule(enumerated, jobs, pool);
+      CHECK(enumerated.optimal);
+      CHECK(enumerated.method.find("all orders") != std::string::npos);
+      CHECK((obj == Objective::makespan ? enumerated.makespan_s : enumerated.sum_completion_s) ==
+            Approx(obj == Objective::makespan ? brute.makespan_s : brute.sum_completion_s).epsilon(1e-9));
       const double b = obj == Objective::makespan ? brute.makespan_s : brute.sum_completion_s;
       const double e = obj == Objective::makespan ? exact.makespan_s : exact.sum_completion_s;
       const double f = obj == Objective::makespan ? fast.makespan_s : fast.sum_completion_s;

@@ -59,6 +59,10 @@ struct PlanOptions {
   // The fast method's budget, in schedule generations (its local search's unit of work; one
   // takes microseconds for a few jobs, ~20 us for 100); -1 = max(20000, 2,000,000 / jobs).
   int64_t max_iterations = -1;
+  // plan_fast enumerates every order and count instead of searching when there are no more
+  // schedules than its budget (a handful of jobs): the optimum, in milliseconds. false: always
+  // the local search (to compare the search with the optimum).
+  bool enumerate = true;
   uint64_t seed = 1;
   int32_t exact_max_jobs = 12;        // plan(): CBC after the fast method up to this many jobs
   // Devices already busy (jobs running when a pool re-plans): device_free_at[d] is when global
