@@ -14,12 +14,20 @@
 //                       [--tolerance 1e-4] [--no-reference] [--mixed] [--remat none|einsums|all]
 //                       [--offload] [--out PREFIX] [--check-finite] [--backend cpu|cuda] [--gpus N]
 //                       [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]]
+//                       [--auto] [--memory-budget BYTES] [--links SPEC|@FILE]
 //
 // Prints a progress line per step (step/total, loss, the one-device loss and their relative
 // difference, gradient norm, learning rate, tokens/s, time left); then peak bytes per device
 // (measured and planned) and the collectives of the step; writes the loss curve to PREFIX.csv
 // and PREFIX.svg (default gpt_train.csv and gpt_train.svg). Exits 1 when a step differs from
 // the one-device run by more than the tolerance or the loss did not fall.
+//
+// --auto: the layouts are chosen by automatic sharding (autoshard/auto_shard.hpp,
+// TrainerOptions::auto_shard) instead of the Megatron annotations: only the batch is placed on
+// `data`, every other layout of the step (weights, activations, gradients, moments) is chosen
+// by the cost model, within --memory-budget BYTES per device when given; --links gives the
+// cost model the link figures (docs/links.md; e.g. the file tessel-bench --calibrate-links
+// writes). --zero and --accumulate do not apply: auto_shard picks ZeRO-like layouts itself.
 //
 // Checkpoints (tessel/checkpoint/checkpoint.hpp): with --save-dir DIR the training state (the
 // parameters and AdamW moments, each with its layout on this mesh: Trainer::state_shardings)
@@ -80,6 +88,7 @@ const char* kUsage =
     "                 [--mixed] [--remat none|einsums|all] [--offload] [--out PREFIX] [--check-finite]\n"
     "                 [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
     "                 [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]]\n"
+    "                 [--auto] [--memory-budget BYTES] [--links SPEC|@FILE]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --warmup N: the learning rate rises linearly\n"
     "over N steps, then falls along a cosine to 0 at --steps (default: constant). --accumulate K:\n"
@@ -100,7 +109,10 @@ const char* kUsage =
     "in --save-dir (none: starts from scratch), --resume STEP from that step, on any --mesh and\n"
     "--zero, up to --steps (the total, counted from step 1): the same batches and learning rates as\n"
     "an uninterrupted run. The model, batch, corpus, seed, --lr, --warmup and --mixed must be the\n"
-    "saved run's (an error names the one that differs; the seed is taken from the checkpoint).\n";
+    "saved run's (an error names the one that differs; the seed is taken from the checkpoint).\n"
+    "--auto: automatic sharding chooses every layout of the step but the batch's (on data), within\n"
+    "--memory-budget BYTES per device when given, pricing collectives with --links (docs/links.md;\n"
+    "default: the cost model's figures). Not with --zero or --accumulate.\n";
 
 using json = nlohmann::json;
 
@@ -192,6 +204,9 @@ int run(int argc, char** argv) {
   int save_every = 0, keep = 0;  // 0: save after the last step only; keep every step
   bool resume = false;
   int64_t resume_at = -1;  // --resume STEP; -1: the latest committed step
+  bool auto_layouts = false, zero_given = false;
+  int64_t memory_budget = 0;
+  std::string links;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return tessel::cli::next_value(i, argc, argv); };
@@ -200,7 +215,13 @@ int run(int argc, char** argv) {
       return 0;
     }
     if (a == "--mesh") mesh_spec = next();
-    else if (a == "--zero") to.zero = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 3));
+    else if (a == "--zero") {
+      to.zero = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 3));
+      zero_given = true;
+    }
+    else if (a == "--auto") auto_layouts = true;
+    else if (a == "--memory-budget") memory_budget = tessel::cli::parse_i64(a, next(), 1, INT64_MAX);
+    else if (a == "--links") links = next();
     else if (a == "--steps") steps = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1000000));
     else if (a == "--lr") lr = tessel::cli::parse_double(a, next(), 0, 10);
     else if (a == "--warmup") warmup = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 1000000));
@@ -264,6 +285,12 @@ int run(int argc, char** argv) {
     throw tessel::UsageError(fmt::format("--accumulate {}: the batch of {} rows does not split into {} equal micro-batches",
                                          accumulate, cfg.batch, accumulate));
   const int64_t batch_rows = cfg.batch;
+  if (!auto_layouts && (memory_budget > 0 || !links.empty()))
+    throw tessel::UsageError(fmt::format("{} applies to --auto (automatic sharding) only",
+                                         memory_budget > 0 ? "--memory-budget" : "--links"));
+  if (auto_layouts && (zero_given || accumulate > 1))
+    throw tessel::UsageError(fmt::format("--auto chooses the layouts of the parameters and optimizer state itself: "
+                                         "leave out {}", zero_given ? "--zero" : "--accumulate"));
 
   // What a checkpoint keeps besides the state, and what a resumed run must share with it.
   json meta = {{"tool", "gpt_train"},
@@ -341,8 +368,13 @@ int run(int argc, char** argv) {
                                         c, save_dir, join_steps(committed)));
   }
   cfg.batch /= accumulate;  // the model sees one micro-batch
+  cfg.annotate = !auto_layouts;
   tessel::GptGraph m = tessel::build_gpt(cfg);
   tessel::Graph& g = m.graph;
+  if (auto_layouts) {  // only the batch is placed (on data); auto_shard chooses the rest
+    g.annotate(m.tokens, tessel::Sharding::of({{cfg.data_axis}, {}}));
+    g.annotate(m.labels, tessel::Sharding::of({{cfg.data_axis}, {}}));
+  }
   to.checkpoints = m.checkpoints;
   auto t0 = std::chrono::steady_clock::now();
   // CUDA: a CudaRuntime (one process, or one NCCL world over the launcher's processes). CPU
@@ -378,18 +410,35 @@ int run(int argc, char** argv) {
   o.run.check_finite = check_finite;
   // A hung GPU collective fails instead of waiting forever; on MPI, 0 is the runtime's timeout.
   if (cuda) o.load.collective_timeout_s = timeout_s >= 0 ? timeout_s : 300;
+  if (auto_layouts) {
+    tessel::AutoShardOptions ao;
+    ao.memory_budget_bytes = memory_budget;
+    if (!links.empty()) ao.cost.parse_links(links[0] == '@' ? tessel::read_links_file(links.substr(1)) : links);
+    o.auto_shard = ao;
+  }
   tessel::Trainer trainer(g, m.loss, m.weights, mesh, *rt, o);
   const tessel::Executable& exe = trainer.executable();
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   print(fmt::format("gpt_train: batch={}{} seq={} d_model={} heads={} layers={} vocab={} params={} corpus={} bytes\n",
                     batch_rows, accumulate > 1 ? fmt::format(" ({} micro-batches of {})", accumulate, cfg.batch) : "",
                     cfg.seq, cfg.d_model, cfg.heads, cfg.layers, cfg.vocab, m.params, corpus.size()));
-  print(fmt::format("mesh {} = {} {} devices{}, zero={}, remat={}, lr {}, {}, seed {}\n", mesh.to_string(),
+  print(fmt::format("mesh {} = {} {} devices{}, {}, remat={}, lr {}, {}, seed {}\n", mesh.to_string(),
                     mesh.num_devices(), cuda ? "CUDA" : "CPU",
                     rt->process_count() > 1 ? fmt::format(" on {} processes ({})", rt->process_count(), rt->name())
                                             : std::string(" (virtual)"),
-                    to.zero, tessel::remat_policy_name(to.remat), o.lr.to_string(),
+                    auto_layouts ? std::string("layouts by auto_shard") : fmt::format("zero={}", to.zero), tessel::remat_policy_name(to.remat), o.lr.to_string(),
                     cfg.compute == cfg.dtype ? "f32" : "mixed precision (bf16 compute, f32 master weights)", seed));
+  if (const tessel::AutoShardResult* ar = trainer.auto_shard_result(); ar && !ar->fits)
+    throw tessel::Error(fmt::format("--memory-budget {}: automatic sharding found no layouts within it on mesh {} (the "
+                                    "least it found needs {} bytes per device); give a larger budget, more devices or "
+                                    "--remat einsums",
+                                    memory_budget, mesh.to_string(), ar->peak_bytes));
+  if (const tessel::AutoShardResult* ar = trainer.auto_shard_result())
+    print(fmt::format("auto_shard: {} ({:.2f} s): predicted {:.3f} ms compute + {:.3f} ms collectives per step, peak "
+                      "{} bytes per device{}\n",
+                      ar->solver, ar->formulate_s + ar->solve_s, ar->compute_s * 1e3, ar->comm_s * 1e3, ar->peak_bytes,
+                      memory_budget > 0 ? fmt::format(" ({} the budget of {})", ar->fits ? "within" : "OVER", memory_budget)
+                                        : std::string()));
   // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
   for (const std::string& w : exe.program().warnings) print("warning: " + w + "\n");
   print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms,
@@ -426,6 +475,7 @@ int run(int argc, char** argv) {
   }
   meta["seed"] = seed;
   meta["zero"] = to.zero;
+  meta["auto_shard"] = auto_layouts;
   meta["mesh"] = mesh_flag(mesh);
   meta["remat"] = tessel::remat_policy_name(to.remat);
   meta["accumulate"] = accumulate;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -18,6 +19,7 @@
 #include "tessel/compiler/reshard.hpp"
 #include "tessel/ops/registry.hpp"
 #include "../compiler/dim_classes.hpp"
+#include "repeats.hpp"
 
 namespace tessel {
 
@@ -71,6 +73,16 @@ class Formulation {
     for (std::size_t k = 0; k < g_.ops.size(); ++k)
       for (int v : g_.ops[k].inputs) last[static_cast<std::size_t>(v)] = static_cast<int64_t>(k) + 1;
     for (int v : g_.outputs) last[static_cast<std::size_t>(v)] = end;
+    // A tied output is written into its input's buffer (a Trainer donates one to the other):
+    // the input's bytes stay live to the end and the output adds none (the result gives it the
+    // input's layout).
+    std::vector<bool> tied_out(g_.values.size(), false);
+    for (const auto& [in_name, out_name] : o_.tied) {
+      const int vi = g_.find(in_name), vo = g_.find(out_name);
+      if (vi < 0 || vo < 0) continue;  // (named in the error below)
+      last[static_cast<std::size_t>(vi)] = end;
+      tied_out[static_cast<std::size_t>(vo)] = true;
+    }
     auto add_node = [&](int value, int op, std::vector<Strategy> s, int64_t start, int64_t stop) {
       const int n = static_cast<int>(out.problem.nodes.size());
       autoshard::Node node;
@@ -97,9 +109,14 @@ class Formulation {
       if (op.kind == OpKind::Input) continue;
       std::vector<Strategy> s = op_strategies(static_cast<int>(k));
       int64_t stop = 0;
-      for (int r = 0; r < op.num_results(); ++r) stop = std::max(stop, last[static_cast<std::size_t>(op.result(r))]);
-      const int n = add_node(op.output, static_cast<int>(k), std::move(s), static_cast<int64_t>(k) + 1,
-                             std::max<int64_t>(static_cast<int64_t>(k) + 2, stop + 1));
+      bool all_tied = true;
+      for (int r = 0; r < op.num_results(); ++r) {
+        stop = std::max(stop, last[static_cast<std::size_t>(op.result(r))]);
+        all_tied = all_tied && tied_out[static_cast<std::size_t>(op.result(r))];
+      }
+      const int64_t start = static_cast<int64_t>(k) + 1;
+      const int n = add_node(op.output, static_cast<int>(k), std::move(s), start,
+                             all_tied ? start : std::max<int64_t>(start + 1, stop + 1));
       for (int r = 0; r < op.num_results(); ++r) {
         node_of_value_[static_cast<std::size_t>(op.result(r))] = n;
         result_of_value_[static_cast<std::size_t>(op.result(r))] = r;
@@ -511,7 +528,48 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
   // anytime method (measured: a 2-layer GPT training step, 340 nodes, took 63 s on CBC with a
   // 2 s limit).
   so.exact_max_variables = 20000;
-  const autoshard::SolveResult sr = autoshard::solve(ap.problem, so);
+  // Repeated layers: one decision per class of alike nodes (repeats.hpp), solved on its own
+  // and checked on the whole problem, beside the search over every node; the better is kept.
+  // The classes start from what makes two nodes interchangeable: the op, the value's type and
+  // the strategies' costs and memory.
+  std::vector<uint64_t> colors(ap.problem.nodes.size());
+  for (std::size_t n = 0; n < colors.size(); ++n) {
+    const Value& v = g.values[static_cast<std::size_t>(ap.node_value[n])];
+    std::string key = fmt::format("{}|{}|{}|", ap.node_op[n] < 0 ? -1 : static_cast<int>(g.ops[static_cast<std::size_t>(ap.node_op[n])].kind),
+                                  dtype_name(v.dtype), fmt::join(v.shape, ","));
+    uint64_t h = std::hash<std::string>{}(key);
+    for (int64_t c : ap.problem.nodes[n].cost) h = h * 1000003ULL ^ static_cast<uint64_t>(c);
+    for (int64_t u : ap.problem.nodes[n].usage) h = h * 1000003ULL ^ static_cast<uint64_t>(u);
+    colors[n] = h;
+  }
+  const autoshard::RepeatClasses classes = autoshard::repeat_classes(ap.problem, std::move(colors), 4);
+  std::optional<autoshard::SolveResult> tied;
+  const bool repeats = classes.count * 10 < static_cast<int32_t>(ap.problem.nodes.size()) * 9;
+  if (repeats) {
+    autoshard::SolveOptions to = so;
+    to.time_limit_s = 0.3 * so.time_limit_s;
+    so.time_limit_s -= to.time_limit_s;
+    const autoshard::Problem tp = autoshard::tied_problem(ap.problem, classes);
+    tied = autoshard::solve(tp, to);
+    tied->plan = autoshard::expand(classes, tied->plan);
+    tied->evaluation = autoshard::evaluate(ap.problem, tied->plan);
+  }
+  autoshard::SolveResult sr = autoshard::solve(ap.problem, so);
+  if (tied) {
+    auto rank = [](const autoshard::Evaluation& e) { return std::make_pair(!e.within_memory || e.uses_infinite, e.cost); };
+    const double both = sr.seconds + tied->seconds;
+    if (rank(tied->evaluation) < rank(sr.evaluation)) {
+      sr.plan = tied->plan;
+      sr.evaluation = tied->evaluation;
+      sr.status = !tied->evaluation.within_memory ? autoshard::SolveStatus::infeasible
+                  : tied->evaluation.uses_infinite ? autoshard::SolveStatus::unknown
+                                                   : autoshard::SolveStatus::feasible;
+      sr.method = fmt::format("{} over {} classes of repeated nodes", tied->method, classes.count);
+    } else {
+      sr.method += fmt::format(" (beside {} classes of repeated nodes)", classes.count);
+    }
+    sr.seconds = both;
+  }
   AutoShardResult res;
   res.formulate_s = std::chrono::duration<double>(t1 - t0).count();
   res.solve_s = sr.seconds;
@@ -536,6 +594,13 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
     const Op& o = g.ops[static_cast<std::size_t>(op)];
     res.shardings[static_cast<std::size_t>(o.output)] = s.out;
     for (std::size_t r = 0; r < s.extra.size(); ++r) res.shardings[static_cast<std::size_t>(o.result(static_cast<int>(r) + 1))] = s.extra[r];
+  }
+  // A tied output takes its input's layout (the reshard to it is priced on the tied edge), so
+  // the pair can be donated: the same global type and sharding.
+  for (const auto& [in_name, out_name] : options.tied) {
+    const std::size_t vi = static_cast<std::size_t>(g.find(in_name)), vo = static_cast<std::size_t>(g.find(out_name));
+    if (!res.from_user[vo]) res.shardings[vo] = res.from_user[vi] ? g.annotations.at(static_cast<int>(vi)).sharding
+                                                                   : res.shardings[vi];
   }
   // Edges: the reshards between the chosen layouts.
   std::vector<double> node_total(ap.problem.nodes.size(), 0);

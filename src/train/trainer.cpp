@@ -80,6 +80,7 @@ struct Trainer::Impl {
   int64_t t = 0;
   bool initialised = false;
   std::vector<StepRecord> history;
+  std::optional<AutoShardResult> auto_result;  // TrainerOptions::auto_shard's plan of the update
 
   // A copy of the model with only the loss as output, and handles of the loss and parameters.
   Graph copy(Tensor& loss, std::vector<Tensor>& ps) const {
@@ -104,14 +105,38 @@ struct Trainer::Impl {
     LoadedExecutable le = load(exe, *rt, lo);
     return Loaded{std::move(exe), std::move(le)};
   }
-  Loaded build_update(bool accumulated) const {
+  Loaded build_update(bool accumulated) {
     Tensor loss;
     std::vector<Tensor> ps;
     Graph g = copy(loss, ps);
+    if (accumulated) refuse_auto_accumulation();
+    const std::map<int, Annotation> user = g.annotations;  // the model's own (e.g. the batch on data)
     TrainStep s = add_train_step(g, loss, ps, mesh, train_options(g, accumulated));
+    if (o.auto_shard) {
+      // The step's own layouts (parameters, moments, gradients) are left to auto_shard, each
+      // update tied to its parameter so the donated state keeps one layout.
+      g.annotations = user;
+      AutoShardOptions ao = *o.auto_shard;
+      const auto tied = s.donations();
+      ao.tied.insert(ao.tied.end(), tied.begin(), tied.end());
+      auto_result = auto_shard(g, mesh, ao);
+      g.annotations = auto_result->annotated(g).annotations;  // (g's handles stay valid)
+      // Gathers of the chosen layouts (FSDP-like parameters, updates computed sharded and
+      // gathered into the parameter's layout) are the plan's own, priced by it: not warnings.
+      for (auto& [v, a] : g.annotations)
+        if (!user.count(v)) a.gather_expected = true;
+    }
     return build(g, s.donations());
   }
+  void refuse_auto_accumulation() const {
+    if (o.auto_shard)
+      throw Error(
+          "Trainer: gradient accumulation (several micro-batches per step) with TrainerOptions::auto_shard is not "
+          "supported: the accumulation programs would need the update program's chosen layouts; give one batch per "
+          "step, or annotate the model by hand");
+  }
   Loaded& micro_program() {
+    refuse_auto_accumulation();
     if (!micro) {
       Tensor loss;
       std::vector<Tensor> ps;
@@ -135,7 +160,7 @@ struct Trainer::Impl {
       for (std::size_t i = 0; i < ps.size(); ++i) {
         const std::size_t in = update->le.input_index(params[i]);
         g.annotate(ps[i], up.values[static_cast<std::size_t>(up.inputs[in])].sharding.closed_copy());
-        if (o.train.zero >= 3) g.expect_gathers(ps[i]);
+        if (o.train.zero >= 3 || o.auto_shard) g.expect_gathers(ps[i]);  // (auto: FSDP-like layouts are by design)
       }
       eval = build(g, {});
     }
@@ -233,6 +258,9 @@ int64_t Trainer::planned_peak_bytes() const {
 }
 
 const Executable& Trainer::executable() const { return impl_->update->exe; }
+const AutoShardResult* Trainer::auto_shard_result() const {
+  return impl_->auto_result ? &*impl_->auto_result : nullptr;
+}
 LoadedExecutable& Trainer::program() { return impl_->update->le; }
 
 void Trainer::init(const std::map<std::string, HostTensor>& values) {

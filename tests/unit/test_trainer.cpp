@@ -105,6 +105,54 @@ TEST_CASE("trainer: steps on data=2 model=2 equal one device at every ZeRO stage
   }
 }
 
+TEST_CASE("trainer: auto_shard chooses the step's layouts and its steps equal one device", "[train][trainer]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("trainer: auto_shard steps equal one device", seed, 4);
+  Mlp m = build_mlp(8);
+  for (auto it = m.g.annotations.begin(); it != m.g.annotations.end();)  // keep only the batch's
+    it = (m.g.values[static_cast<std::size_t>(it->first)].name == "x" ||
+          m.g.values[static_cast<std::size_t>(it->first)].name == "y")
+             ? std::next(it)
+             : m.g.annotations.erase(it);
+  TrainerOptions o;
+  o.lr = LrSchedule::constant(0.02);
+  TrainerOptions ao = o;
+  ao.auto_shard = AutoShardOptions{};
+  // A budget below the replicated step's: parameters, moments and updates must be split.
+  ao.auto_shard->memory_budget_bytes = 20000;
+  ThreadRuntime rt4(4), rt1(1);
+  const Mesh mesh = Mesh::parse("data=2,model=2");
+  Trainer many(m.g, m.loss, m.params, mesh, rt4, ao);
+  Trainer one(m.g, m.loss, m.params, Mesh::parse("data=1,model=1"), rt1, o);
+  const AutoShardResult* r = many.auto_shard_result();
+  REQUIRE(r != nullptr);
+  CHECK(one.auto_shard_result() == nullptr);
+  CHECK(r->fits);
+  CHECK(r->peak_bytes <= 20000);
+  // Every parameter and its update share a layout (they are donated), the batch stays on data.
+  bool some_split = false;
+  for (const auto& [name, sh] : many.state_shardings()) some_split = some_split || !sh.is_replicated();
+  CHECK(some_split);
+  const auto p0 = init_params(m, seed);
+  many.init(p0);
+  one.init(p0);
+  std::mt19937_64 rng(seed + 1);
+  for (int t = 1; t <= 4; ++t) {
+    const auto b = batch_of(8, rng);
+    const StepRecord a = many.step(b), e = one.step(b);
+    CHECK(std::fabs(a.loss - e.loss) <= 1e-5 * std::fabs(e.loss));
+    CHECK(std::fabs(a.grad_norm - e.grad_norm) <= 1e-5 * e.grad_norm);
+  }
+  for (const std::string& p : many.param_names()) {
+    INFO(p);
+    CHECK(max_rel(many.param(p), one.param(p)) <= 2e-4);
+  }
+  const auto fixed = batch_of(8, rng);
+  CHECK(many.evaluate(fixed) == Approx(one.evaluate(fixed)).epsilon(1e-5));
+  // Gradient accumulation is refused, saying why.
+  CHECK_THROWS_WITH(many.step({batch_of(4, rng), batch_of(4, rng)}), Catch::Contains("auto_shard"));
+}
+
 TEST_CASE("trainer: gradient accumulation equals one batch K times larger", "[train][trainer]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("trainer: gradient accumulation equals one batch K times larger", seed, 1);

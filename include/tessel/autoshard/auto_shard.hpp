@@ -21,7 +21,8 @@
 //    partitioner emits) from the producer's layout to the layout the consumer's strategy
 //    needs;
 //  - memory: each value's local bytes, live from its op to its last use in program order
-//    (inputs from the start, outputs to the end).
+//    (inputs from the start, outputs to the end; a tied output is written into its input, which
+//    stays live to the end in its stead).
 // Costs are integer picoseconds. The solver is autoshard::solve (solver.hpp): exact on CBC when
 // the problem is small, anytime otherwise. The result's layouts are closed annotations on every
 // value the user did not annotate; compile() partitions them as it does hand annotations.
@@ -56,7 +57,8 @@ struct AutoShardOptions {
   std::map<std::string, std::vector<std::string>> axis_only_on;
   // (input, output) pairs whose layouts must agree, e.g. a training step's donations
   // (TrainStep::donations(): the updated parameter is written over the parameter): the
-  // output's reshard to the input's layout is part of the cost.
+  // output's reshard to the input's layout is part of the cost, and the result gives the
+  // output the input's layout (so a Trainer can donate one to the other).
   std::vector<std::pair<std::string, std::string>> tied;
 };
 

@@ -35,9 +35,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tessel/autoshard/auto_shard.hpp"
 #include "tessel/core/mesh.hpp"
 #include "tessel/core/sharding.hpp"
 #include "tessel/executable.hpp"
@@ -77,6 +79,12 @@ struct TrainerOptions {
   // Tokens per batch for tokens_per_s; 0: the element count of the first i32 batch input (the
   // token ids), else of the first batch input.
   int64_t tokens_per_batch = 0;
+  // Automatic sharding of the update program (autoshard/auto_shard.hpp): the model's own
+  // annotations are kept (e.g. only the batch on `data`), every other layout of the step is
+  // chosen, the parameters, moments and gradients included (the ZeRO stage in `train` is then
+  // not used: auto_shard picks ZeRO-like layouts itself when they pay or the memory budget asks
+  // for them); each updated parameter is tied to its parameter. Not with gradient accumulation.
+  std::optional<AutoShardOptions> auto_shard;
 };
 
 struct StepRecord {
@@ -171,6 +179,9 @@ class Trainer {
   int64_t planned_peak_bytes() const;
 
   const Executable& executable() const;  // the training step
+  // TrainerOptions::auto_shard's plan of the training step (layouts, predicted cost, memory);
+  // nullptr without auto_shard.
+  const AutoShardResult* auto_shard_result() const;
   LoadedExecutable& program();           // ... loaded
 
   struct Impl;
