@@ -17,6 +17,7 @@
 #include "tessel/autoshard/solver.hpp"
 #include "tessel/compiler/propagate.hpp"
 #include "tessel/compiler/reshard.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/ops/registry.hpp"
 #include "../compiler/dim_classes.hpp"
 #include "repeats.hpp"
@@ -595,12 +596,15 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
     res.shardings[static_cast<std::size_t>(o.output)] = s.out;
     for (std::size_t r = 0; r < s.extra.size(); ++r) res.shardings[static_cast<std::size_t>(o.result(static_cast<int>(r) + 1))] = s.extra[r];
   }
-  // A tied output takes its input's layout (the reshard to it is priced on the tied edge), so
-  // the pair can be donated: the same global type and sharding.
+  // A tied output must leave in its input's layout (so the pair can be donated: the same global
+  // type and sharding); the reshard to it is priced on the tied edge. annotated() makes that
+  // reshard explicit where the op computes the output in another layout.
   for (const auto& [in_name, out_name] : options.tied) {
     const std::size_t vi = static_cast<std::size_t>(g.find(in_name)), vo = static_cast<std::size_t>(g.find(out_name));
-    if (!res.from_user[vo]) res.shardings[vo] = res.from_user[vi] ? g.annotations.at(static_cast<int>(vi)).sharding
-                                                                   : res.shardings[vi];
+    if (res.from_user[vo]) continue;
+    const Sharding& want = res.from_user[vi] ? g.annotations.at(static_cast<int>(vi)).sharding : res.shardings[vi];
+    if (want.closed_copy().to_string() != res.shardings[vo].closed_copy().to_string())
+      res.tied_layouts.push_back({static_cast<int>(vo), want});
   }
   // Edges: the reshards between the chosen layouts.
   std::vector<double> node_total(ap.problem.nodes.size(), 0);
@@ -661,6 +665,18 @@ Graph AutoShardResult::annotated(const Graph& g) const {
   for (std::size_t v = 0; v < g.values.size() && v < shardings.size(); ++v)
     if (!from_user[v] && shardings[v].rank() == static_cast<int>(g.values[v].shape.size()))
       out.annotate(static_cast<int>(v), shardings[v].closed_copy());
+  // A tied output computed in another layout than its input's: an identity (a reshape to the
+  // same shape) in the input's layout takes its name and its place among the outputs, so the
+  // partitioner computes the op as chosen and reshards that one value, as the plan priced it.
+  for (const auto& [v, want] : tied_layouts) {
+    const std::string name = out.values[static_cast<std::size_t>(v)].name;
+    Tensor computed = out.tensor(v).named(name + ".computed");
+    Tensor tied = reshape(computed, out.values[static_cast<std::size_t>(v)].shape).named(name);
+    out.annotate(tied, want.closed_copy());
+    out.expect_gathers(tied);
+    for (int& o : out.outputs)
+      if (o == v) o = tied.id;
+  }
   return out;
 }
 

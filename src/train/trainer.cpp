@@ -120,11 +120,12 @@ struct Trainer::Impl {
       const auto tied = s.donations();
       ao.tied.insert(ao.tied.end(), tied.begin(), tied.end());
       auto_result = auto_shard(g, mesh, ao);
-      g.annotations = auto_result->annotated(g).annotations;  // (g's handles stay valid)
+      Graph chosen = auto_result->annotated(g);
       // Gathers of the chosen layouts (FSDP-like parameters, updates computed sharded and
       // gathered into the parameter's layout) are the plan's own, priced by it: not warnings.
-      for (auto& [v, a] : g.annotations)
+      for (auto& [v, a] : chosen.annotations)
         if (!user.count(v)) a.gather_expected = true;
+      return build(chosen, s.donations());
     }
     return build(g, s.donations());
   }

@@ -57,8 +57,8 @@ struct AutoShardOptions {
   std::map<std::string, std::vector<std::string>> axis_only_on;
   // (input, output) pairs whose layouts must agree, e.g. a training step's donations
   // (TrainStep::donations(): the updated parameter is written over the parameter): the
-  // output's reshard to the input's layout is part of the cost, and the result gives the
-  // output the input's layout (so a Trainer can donate one to the other).
+  // output's reshard to the input's layout is part of the cost, and the annotated graph gives
+  // the output the input's layout (so a Trainer can donate one to the other).
   std::vector<std::pair<std::string, std::string>> tied;
 };
 
@@ -81,8 +81,14 @@ struct AutoShardResult {
   int64_t nodes = 0, edges = 0, strategies = 0;
   bool fits = true;  // within memory_budget_bytes
   std::vector<RejectedAlternative> alternatives;  // the costliest ops, costliest first
+  // Tied outputs (AutoShardOptions::tied) the plan computes in another layout than their
+  // input's: (the output's value id, the input's layout). annotated() reshards each into it.
+  std::vector<std::pair<int, Sharding>> tied_layouts;
 
-  // The graph with every value the user did not annotate annotated with its chosen layout.
+  // The graph with every value the user did not annotate annotated with its chosen layout;
+  // a tied output computed in another layout than its input's is renamed `<name>.computed`,
+  // and an identity (reshape to the same shape) in the input's layout takes its name and its
+  // place among the graph's outputs.
   Graph annotated(const Graph& g) const;
   // "%name sharding=[...]" lines, one per input the user did not annotate and one per op
   // result: the layouts as annotations, in the text form (graph_text.hpp).
