@@ -432,13 +432,13 @@ int run(int argc, char** argv) {
     throw tessel::Error(fmt::format("--memory-budget {}: automatic sharding found no layouts within it on mesh {} (the "
                                     "least it found needs {} bytes per device); give a larger budget, more devices or "
                                     "--remat einsums",
-                                    memory_budget, mesh.to_string(), ar->peak_bytes));
+                                    memory_budget, mesh.to_string(), ar->program_peak_bytes));
   if (const tessel::AutoShardResult* ar = trainer.auto_shard_result())
-    print(fmt::format("auto_shard: {} ({:.2f} s): predicted {:.3f} ms compute + {:.3f} ms collectives per step, peak "
-                      "{} bytes per device{}\n",
-                      ar->solver, ar->formulate_s + ar->solve_s, ar->compute_s * 1e3, ar->comm_s * 1e3, ar->peak_bytes,
-                      memory_budget > 0 ? fmt::format(" ({} the budget of {})", ar->fits ? "within" : "OVER", memory_budget)
-                                        : std::string()));
+    print(fmt::format("auto_shard: {} ({:.2f} s): predicted {:.3f} ms compute + {:.3f} ms collectives per step, {}\n",
+                      ar->solver, ar->formulate_s + ar->solve_s, ar->compute_s * 1e3, ar->comm_s * 1e3,
+                      memory_budget > 0 ? fmt::format("program peak {} bytes per device (within the budget of {})",
+                                                      ar->program_peak_bytes, memory_budget)
+                                        : fmt::format("peak about {} bytes per device", ar->peak_bytes)));
   // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
   for (const std::string& w : exe.program().warnings) print("warning: " + w + "\n");
   print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms,

@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 
 #include "tessel/autoshard/solver.hpp"
+#include "tessel/executable.hpp"
+#include "tessel/passes/program_passes.hpp"
 #include "tessel/compiler/propagate.hpp"
 #include "tessel/compiler/reshard.hpp"
 #include "tessel/ops/builders.hpp"
@@ -511,13 +513,14 @@ AutoShardProblem formulate_auto_shard(const Graph& g, const Mesh& mesh, const Au
   return f.run(strategies);
 }
 
-AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options) {
-  options.cost.validate();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::vector<Strategy>> strategies;
-  Formulation f(g, mesh, options);
-  AutoShardProblem ap = f.run(strategies);
-  const auto t1 = std::chrono::steady_clock::now();
+namespace {
+
+// Solves a formulated problem (at its usage limit as set) and builds the result from the plan:
+// the search over every node and, where nodes repeat, the one over their classes, the better
+// kept.
+AutoShardResult solve_formulated(const Graph& g, const AutoShardOptions& options, const AutoShardProblem& ap,
+                                 const std::vector<std::vector<Strategy>>& strategies,
+                                 const autoshard::RepeatClasses& classes) {
   autoshard::SolveOptions so;
   so.time_limit_s = options.time_limit_s > 0
                         ? options.time_limit_s
@@ -529,21 +532,6 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
   // anytime method (measured: a 2-layer GPT training step, 340 nodes, took 63 s on CBC with a
   // 2 s limit).
   so.exact_max_variables = 20000;
-  // Repeated layers: one decision per class of alike nodes (repeats.hpp), solved on its own
-  // and checked on the whole problem, beside the search over every node; the better is kept.
-  // The classes start from what makes two nodes interchangeable: the op, the value's type and
-  // the strategies' costs and memory.
-  std::vector<uint64_t> colors(ap.problem.nodes.size());
-  for (std::size_t n = 0; n < colors.size(); ++n) {
-    const Value& v = g.values[static_cast<std::size_t>(ap.node_value[n])];
-    std::string key = fmt::format("{}|{}|{}|", ap.node_op[n] < 0 ? -1 : static_cast<int>(g.ops[static_cast<std::size_t>(ap.node_op[n])].kind),
-                                  dtype_name(v.dtype), fmt::join(v.shape, ","));
-    uint64_t h = std::hash<std::string>{}(key);
-    for (int64_t c : ap.problem.nodes[n].cost) h = h * 1000003ULL ^ static_cast<uint64_t>(c);
-    for (int64_t u : ap.problem.nodes[n].usage) h = h * 1000003ULL ^ static_cast<uint64_t>(u);
-    colors[n] = h;
-  }
-  const autoshard::RepeatClasses classes = autoshard::repeat_classes(ap.problem, std::move(colors), 4);
   std::optional<autoshard::SolveResult> tied;
   const bool repeats = classes.count * 10 < static_cast<int32_t>(ap.problem.nodes.size()) * 9;
   if (repeats) {
@@ -557,7 +545,11 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
   }
   autoshard::SolveResult sr = autoshard::solve(ap.problem, so);
   if (tied) {
-    auto rank = [](const autoshard::Evaluation& e) { return std::make_pair(!e.within_memory || e.uses_infinite, e.cost); };
+    // Feasible first, then the lower cost; of two plans over the budget, the one of less memory.
+    auto rank = [](const autoshard::Evaluation& e) {
+      const bool bad = !e.within_memory || e.uses_infinite;
+      return std::make_tuple(bad, bad && !e.within_memory ? e.peak_usage : 0, e.cost);
+    };
     const double both = sr.seconds + tied->seconds;
     if (rank(tied->evaluation) < rank(sr.evaluation)) {
       sr.plan = tied->plan;
@@ -572,7 +564,6 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
     sr.seconds = both;
   }
   AutoShardResult res;
-  res.formulate_s = std::chrono::duration<double>(t1 - t0).count();
   res.solve_s = sr.seconds;
   res.solver = fmt::format("{} ({})", sr.method, autoshard::status_name(sr.status));
   res.nodes = static_cast<int64_t>(ap.problem.nodes.size());
@@ -657,6 +648,93 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
     alt.alternative_s = best;
     if (best >= 0) res.alternatives.push_back(alt);
   }
+  return res;
+}
+
+// The peak bytes per device of the program load() runs for `annotated` (lowered, each tied
+// output written into its input counted once, as a Trainer loads it).
+int64_t program_peak(const Graph& annotated, const Mesh& mesh, const AutoShardOptions& options) {
+  const Executable exe = compile(annotated, mesh);
+  Program low = lower_program(exe.program(), false, {});
+  std::vector<int> donate(low.inputs.size(), -1);
+  for (const auto& [in_name, out_name] : options.tied)
+    for (std::size_t i = 0; i < annotated.inputs.size(); ++i)
+      if (annotated.values[static_cast<std::size_t>(annotated.inputs[i])].name == in_name)
+        for (std::size_t o = 0; o < annotated.outputs.size(); ++o)
+          if (annotated.values[static_cast<std::size_t>(annotated.outputs[o])].name == out_name)
+            donate[i] = static_cast<int>(o);
+  plan_donations(low, donate);
+  return low.memory_plan().peak_bytes();
+}
+
+// With a budget, the formulation's memory (each value from its op to its last use in graph
+// order, before fusion and scheduling) is an estimate; the lowered program's memory plan is
+// what runs. So the plan is checked there, and while the two disagree about the budget the
+// solver's limit is rescaled by this plan's ratio of estimate to program and the problem
+// solved again (at most three more times). Kept: the cheapest plan whose program fits, else
+// the one of least program memory.
+void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& options, AutoShardProblem& ap,
+                const std::vector<std::vector<Strategy>>& strategies, const autoshard::RepeatClasses& classes,
+                AutoShardResult& res) {
+  const int64_t budget = options.memory_budget_bytes;
+  auto cost = [](const AutoShardResult& r) { return r.compute_s + r.comm_s; };
+  std::optional<AutoShardResult> best, least;
+  AutoShardResult cur = res;
+  double solve_s = 0;
+  int solves = 1;
+  while (true) {
+    solve_s += cur.solve_s;
+    cur.program_peak_bytes = program_peak(cur.annotated(g), mesh, options);
+    const bool fits = cur.program_peak_bytes <= budget;
+    if (fits && (!best || cost(cur) < cost(*best))) best = cur;
+    if (!least || cur.program_peak_bytes < least->program_peak_bytes) least = cur;
+    // Done when the estimate and the program agree, when even the least memory the solver
+    // found does not fit the program, or after four solves.
+    if (fits == cur.fits || (!fits && !cur.fits) || solves == 4) break;
+    const double ratio =
+        static_cast<double>(cur.peak_bytes) / static_cast<double>(std::max<int64_t>(1, cur.program_peak_bytes));
+    const int64_t next = static_cast<int64_t>(static_cast<double>(budget) * ratio);
+    if (next == *ap.problem.usage_limit || next <= 0) break;
+    ap.problem.usage_limit = next;
+    cur = solve_formulated(g, options, ap, strategies, classes);
+    ++solves;
+  }
+  ap.problem.usage_limit = budget;
+  AutoShardResult out = best ? *best : *least;
+  out.formulate_s = res.formulate_s;
+  out.solve_s = solve_s;
+  out.fits = best.has_value();
+  if (solves > 1) out.solver += fmt::format("; {} solves to fit the budget in the lowered program", solves);
+  res = std::move(out);
+}
+
+}  // namespace
+
+AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options) {
+  options.cost.validate();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<Strategy>> strategies;
+  Formulation f(g, mesh, options);
+  AutoShardProblem ap = f.run(strategies);
+  const auto t1 = std::chrono::steady_clock::now();
+  // Repeated layers: one decision per class of alike nodes (repeats.hpp), solved on its own
+  // and checked on the whole problem, beside the search over every node; the better is kept.
+  // The classes start from what makes two nodes interchangeable: the op, the value's type and
+  // the strategies' costs and memory.
+  std::vector<uint64_t> colors(ap.problem.nodes.size());
+  for (std::size_t n = 0; n < colors.size(); ++n) {
+    const Value& v = g.values[static_cast<std::size_t>(ap.node_value[n])];
+    std::string key = fmt::format("{}|{}|{}|", ap.node_op[n] < 0 ? -1 : static_cast<int>(g.ops[static_cast<std::size_t>(ap.node_op[n])].kind),
+                                  dtype_name(v.dtype), fmt::join(v.shape, ","));
+    uint64_t h = std::hash<std::string>{}(key);
+    for (int64_t c : ap.problem.nodes[n].cost) h = h * 1000003ULL ^ static_cast<uint64_t>(c);
+    for (int64_t u : ap.problem.nodes[n].usage) h = h * 1000003ULL ^ static_cast<uint64_t>(u);
+    colors[n] = h;
+  }
+  const autoshard::RepeatClasses classes = autoshard::repeat_classes(ap.problem, std::move(colors), 4);
+  AutoShardResult res = solve_formulated(g, options, ap, strategies, classes);
+  res.formulate_s = std::chrono::duration<double>(t1 - t0).count();
+  if (options.memory_budget_bytes > 0) fit_budget(g, mesh, options, ap, strategies, classes, res);
   return res;
 }
 

@@ -42,7 +42,11 @@
 namespace tessel {
 
 struct AutoShardOptions {
-  int64_t memory_budget_bytes = 0;  // per device; 0: no limit
+  // Per device; 0: no limit. The solver's memory is an estimate (values live from their op to
+  // their last use in graph order, before fusion): with a budget the plan is compiled and its
+  // lowered program's peak decides, the solver's limit rescaled and the problem solved again
+  // (at most four solves, each with a compile) while the two disagree.
+  int64_t memory_budget_bytes = 0;
   // The solver's wall clock (the formulation comes on top); 0: automatic, 0.5 s or 0.15 ms per
   // node of the problem, whichever is longer (the anytime method needs time in proportion to
   // the graph: the 96-layer GPT-3 training step, 13,500 nodes, gets 2 s).
@@ -76,10 +80,13 @@ struct AutoShardResult {
   double compute_s = 0;             // predicted: the ops' local roofline time
   double comm_s = 0;                // predicted: the collectives (reshards, reductions)
   int64_t peak_bytes = 0;           // predicted per device (live values' local bytes)
+  // With a memory budget: the peak of the program that runs (compiled, lowered, each tied
+  // output counted once in its input), which decides `fits`; 0 without a budget.
+  int64_t program_peak_bytes = 0;
   std::string solver;               // "exact (CBC)" / "anytime", and its status
   double solve_s = 0, formulate_s = 0;
   int64_t nodes = 0, edges = 0, strategies = 0;
-  bool fits = true;  // within memory_budget_bytes
+  bool fits = true;  // within memory_budget_bytes: the program's peak (program_peak_bytes)
   std::vector<RejectedAlternative> alternatives;  // the costliest ops, costliest first
   // Tied outputs (AutoShardOptions::tied) the plan computes in another layout than their
   // input's: (the output's value id, the input's layout). annotated() reshards each into it.
