@@ -813,6 +813,13 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
     }
   for (int64_t d = 0; d < n; ++d)
     if (errors[d]) std::rethrow_exception(errors[d]);
+  // Every device finished, but the world was aborted meanwhile (a collective watchdog, a peer
+  // process, a cancel): an aborted NCCL communicator stops its kernels without a CUDA error,
+  // so the outputs cannot be trusted (issue 22, finding 9).
+  if (world->aborted())
+    throw RuntimeError(fmt::format("run: the collective world was aborted during the run ({}) although every device "
+                                   "finished: its outputs cannot be trusted; the next run makes a new world",
+                                   cancel_reason.empty() ? world->abort_reason() : "cancelled: " + cancel_reason));
   RunResult r;
   r.stats.seconds = seconds;
   r.stats.planned_peak_bytes = p.memory.peak_bytes();

@@ -26,6 +26,8 @@
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/cpu/thread_communicator.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/ir/graph_text.hpp"
 #include "../unit/test_util.hpp"
 
@@ -505,4 +507,93 @@ TEST_CASE("failures: host memory that cannot be had is an error naming the tenso
   } catch (const tessel::OutOfMemoryError& e) {
     CHECK_THAT(std::string(e.what()), Catch::Contains("random_inputs: input %w_embed: host memory"));
   }
+}
+
+namespace {
+
+// A world whose communicators abort it once every member of a group has finished its all-reduce
+// (each waits for its stream, then counts): the run's only collective completes everywhere, no
+// device sees an error, and the world is aborted, as when an NCCL watchdog fires after the last
+// collective was enqueued (issue 22, finding 9: ncclCommAbort drains kernels without a CUDA
+// error).
+class AbortAfterWorld : public CollectiveWorld {
+ public:
+  explicit AbortAfterWorld(std::unique_ptr<CollectiveWorld> inner) : inner_(std::move(inner)) {}
+  std::unique_ptr<Communicator> communicator(int64_t position, const std::vector<std::string>& axes) override;
+  void abort(std::string reason) override { inner_->abort(std::move(reason)); }
+  bool aborted() const override { return inner_->aborted(); }
+  std::string abort_reason() const override { return inner_->abort_reason(); }
+  std::atomic<int> finished{0};
+
+ private:
+  std::unique_ptr<CollectiveWorld> inner_;
+};
+
+class AbortAfterComm : public Communicator {
+ public:
+  AbortAfterComm(std::unique_ptr<Communicator> c, AbortAfterWorld& w) : c_(std::move(c)), w_(w) {}
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  void all_gather(const void* a, void* b, std::size_t n, Stream& s) override { c_->all_gather(a, b, n, s); }
+  void reduce_scatter(const void* a, void* b, std::size_t n, DType t, ReduceOp o, Stream& s) override {
+    c_->reduce_scatter(a, b, n, t, o, s);
+  }
+  void all_reduce(const void* a, void* b, std::size_t n, DType t, ReduceOp o, Stream& s) override {
+    c_->all_reduce(a, b, n, t, o, s);
+    s.synchronize();  // this member's all-reduce has completed (so have its peers' sends)
+    if (++w_.finished == size()) w_.abort("injected: aborted after the last collective completed");
+  }
+  void all_to_all(const void* a, void* b, std::size_t n, Stream& s) override { c_->all_to_all(a, b, n, s); }
+  void collective_permute(const void* a, int to, void* b, int from, std::size_t n, Stream& s) override {
+    c_->collective_permute(a, to, b, from, n, s);
+  }
+  void send(const void* b, std::size_t n, int peer, Stream& s) override { c_->send(b, n, peer, s); }
+  void recv(void* b, std::size_t n, int peer, Stream& s) override { c_->recv(b, n, peer, s); }
+  void broadcast(void* b, std::size_t n, int root, Stream& s) override { c_->broadcast(b, n, root, s); }
+  void barrier(Stream& s) override { c_->barrier(s); }
+  void group_start() override { c_->group_start(); }
+  void group_end() override { c_->group_end(); }
+  void abort(const std::string& reason) override { c_->abort(reason); }
+
+ private:
+  std::unique_ptr<Communicator> c_;
+  AbortAfterWorld& w_;
+};
+
+std::unique_ptr<Communicator> AbortAfterWorld::communicator(int64_t position, const std::vector<std::string>& axes) {
+  return std::make_unique<AbortAfterComm>(inner_->communicator(position, axes), *this);
+}
+
+class AbortAfterRuntime : public ThreadRuntime {
+ public:
+  using ThreadRuntime::ThreadRuntime;
+  std::unique_ptr<CollectiveWorld> make_world(const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
+                                              double timeout_s) override {
+    return std::make_unique<AbortAfterWorld>(ThreadRuntime::make_world(mesh, axes, timeout_s));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("failures: a world aborted after the last collective completed fails the run and names why",
+          "[integration][failures]") {
+  // y = x·w with the contraction split over data: one all-reduce, the run's only collective.
+  Graph g;
+  Tensor x = input(g, "x", DType::f32, {4, 8});
+  Tensor w = input(g, "w", DType::f32, {8, 4});
+  g.annotate(x, Sharding::of({{}, {"data"}}));
+  g.annotate(w, Sharding::of({{"data"}, {}}));
+  Tensor y = einsum("ik,kj->ij", x, w);
+  g.annotate(y, Sharding::of({{}, {}}));
+  g.mark_output(y);
+  const Mesh mesh = Mesh::parse("data=2");
+  const Executable exe = compile(g, mesh);
+  AbortAfterRuntime rt(2);
+  LoadedExecutable le = load(exe, rt);
+  const std::vector<ShardedArray> in = {le.to_device("x", filled(DType::f32, {4, 8})),
+                                        le.to_device("w", filled(DType::f32, {8, 4}))};
+  const std::string msg = error_of<RuntimeError>("run after an abort", [&] { return le.run(in); });
+  CHECK_THAT(msg, Catch::Contains("aborted during the run"));
+  CHECK_THAT(msg, Catch::Contains("injected: aborted after the last collective completed"));
+  CHECK_THAT(msg, Catch::Contains("cannot be trusted"));
 }

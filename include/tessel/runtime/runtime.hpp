@@ -44,6 +44,8 @@ class CollectiveWorld {
   // multi-process runtime the other processes are told too.
   virtual void abort(std::string reason) = 0;
   virtual bool aborted() const = 0;
+  // The reason given to the first abort(); empty while not aborted.
+  virtual std::string abort_reason() const = 0;
 };
 
 class Runtime {

@@ -300,6 +300,7 @@ class NcclWorld : public CollectiveWorld {
     std::lock_guard<std::mutex> lk(mu_);
     return reason_;
   }
+  std::string abort_reason() const override { return reason(); }
   void forget(NcclCommunicator* c) {
     std::lock_guard<std::mutex> lk(mu_);
     live_.erase(std::remove(live_.begin(), live_.end(), c), live_.end());

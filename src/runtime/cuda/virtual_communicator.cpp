@@ -113,6 +113,10 @@ class World : public CollectiveWorld {
     }
   }
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
+  std::string abort_reason() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return reason_;
+  }
   void check(const std::string& what) const {
     if (!aborted()) return;
     std::lock_guard<std::mutex> lk(mu_);

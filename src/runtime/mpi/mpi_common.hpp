@@ -172,6 +172,7 @@ class MpiWorld final : public CollectiveWorld {
     std::lock_guard<std::mutex> lk(mu_);
     return reason_;
   }
+  std::string abort_reason() const override { return reason(); }
 
   MpiRuntime::Impl& rt() { return *rt_; }
   double timeout() const { return timeout_; }

@@ -95,7 +95,7 @@ class ThreadWorld : public CollectiveWorld {
   void abort(std::string reason) override;
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
   // The reason given to the first abort(); empty while not aborted.
-  std::string abort_reason() const;
+  std::string abort_reason() const override;
 
   // Internal: throws RuntimeError when aborted (used by the communicators).
   void check_not_aborted(const char* what) const;
