@@ -127,14 +127,24 @@ int main(int argc, char** argv) {
     std::atomic<bool> stop{false};
     std::thread exact_thread;
     const bool race = !exact && !anytime_only && exact_program_size(problem) <= options.exact_max_variables;
+    options.stop = &stop;  // before the thread copies the options
     if (race) {
       exact_thread = std::thread([&] {
         SolveOptions eo = options;
         eo.on_improvement = nullptr;
+        eo.stop = nullptr;
+        // A warm start: a short anytime run of its own (its Lagrangian phase finds a good
+        // plan in a few seconds on these small programs). It bounds CBC's search from the
+        // start: IOPDDL P was proven optimal in 51 s with it, 224 s without.
+        SolveOptions wo = eo;
+        wo.time_limit_s = std::min(10.0, 0.1 * options.time_limit_s);
+        const auto w0 = Clock::now();
+        eo.warm_start = solve_anytime(problem, wo).plan;
         // Half the time: CBC overran its limit by up to 45 s, and an incumbent it returns
         // late is lost.
-        eo.time_limit_s = 0.5 * options.time_limit_s;
+        eo.time_limit_s = std::max(0.1, 0.5 * options.time_limit_s - std::chrono::duration<double>(Clock::now() - w0).count());
         SolveResult er = solve_exact(problem, eo);
+        er.seconds = std::chrono::duration<double>(Clock::now() - t0).count() - read_s;  // since the solve began
         std::lock_guard<std::mutex> lock(mu);
         exact_result = std::move(er);
         exact_done = true;
@@ -142,7 +152,6 @@ int main(int argc, char** argv) {
         cv.notify_all();
       });
     }
-    options.stop = &stop;
     SolveResult r = exact ? solve_exact(problem, options) : solve_anytime(problem, options);
     if (race) {
       const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(

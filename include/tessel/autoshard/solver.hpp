@@ -59,6 +59,10 @@ struct SolveOptions {
   // The anytime method returns its best plan soon after this becomes true (e.g. set by another
   // thread whose exact method proved optimality). Not read by the exact method.
   const std::atomic<bool>* stop = nullptr;
+  // The exact method: a plan (one strategy per node) to start CBC from when it is feasible
+  // (its cost bounds the search from the start); ignored when empty, infeasible, or not a
+  // plan the coarsened program can express. Not read by the anytime method.
+  Plan warm_start;
 };
 
 struct SolveResult {
