@@ -123,6 +123,15 @@ TEST_CASE("autoshard: the exact solver's optimum equals brute force on random pr
       REQUIRE(r.status == SolveStatus::optimal);
       CHECK(r.evaluation.feasible());
       CHECK(cost_str(r.evaluation.cost) == cost_str(want));
+      // Started from the anytime search's plan (or from a plan that does not fit): the same
+      // optimum.
+      SolveOptions warm = budget(-1, seed);
+      warm.warm_start = solve_anytime(p, budget(50, seed)).plan;
+      if (c % 2 == 1) warm.warm_start = Plan(p.nodes.size(), 0);
+      const SolveResult w = solve_exact(p, warm);
+      REQUIRE(w.status == SolveStatus::optimal);
+      CHECK(w.evaluation.feasible());
+      CHECK(cost_str(w.evaluation.cost) == cost_str(want));
     }
   }
 }
