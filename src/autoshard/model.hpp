@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tessel/autoshard/problem.hpp"
@@ -72,5 +73,62 @@ struct Coarse {
 };
 
 Coarse build_coarse(const Problem& problem, const Model& model);
+
+}  // namespace tessel::autoshard::detail
+
+namespace tessel::autoshard::detail {
+
+// Min-sum message passing over the coarse graph: sequential tree-reweighted message passing
+// (TRW-S, Kolmogorov 2006) on the pairwise problem "group unary cost + pair matrices". Each
+// pass visits the groups in order and then in reverse, sends messages along the edges to
+// later (earlier) groups, and decodes a plan on the way forward: each group takes its best
+// strategy given the strategies already chosen for earlier neighbours and the messages from
+// later ones. Exact on a forest (the messages are then the dynamic program's tables); on
+// graphs with cycles a heuristic whose plans are usually far better than a local search's
+// (IOPDDL P, unconstrained: see docs/auto-sharding.md). Messages persist between calls, so a
+// change of the unary costs (memory prices) warm-starts from the last messages.
+class MinSum {
+ public:
+  explicit MinSum(const Coarse& c);
+  // Runs `passes` forward+backward passes with the given unary costs ([group][strategy]) and
+  // returns the cheapest plan decoded (by the true cost: unary + pairs, in double).
+  Plan run(const std::vector<std::vector<double>>& unary, int passes);
+  // Drops the messages (the next run starts cold).
+  void reset();
+  // The plan's cost by the true unary costs given to the last run (capped infinities summed).
+  double cost_of(const std::vector<std::vector<double>>& unary, const Plan& x) const { return decode_cost(unary, x); }
+
+ private:
+  double decode_cost(const std::vector<std::vector<double>>& unary, const Plan& x) const;
+  const Coarse& c_;
+  std::vector<std::vector<double>> msg_;  // per pair: [0] a->b over S(b), [1] b->a over S(a)
+  std::vector<double> gamma_;
+};
+
+}  // namespace tessel::autoshard::detail
+
+namespace tessel::autoshard::detail {
+
+// Lagrangian relaxation of the usage limit solved by min-sum message passing (IOPDDL's
+// winners turned memory into penalties the same way and solved the rest with a complete
+// weighted-constraint solver). Each time segment t has a price lambda_t >= 0; a group
+// strategy's unary cost is its cost plus the usage of each member times the sum of the prices
+// of the segments where the member is live. One iteration runs `passes` TRW-S passes (warm),
+// decodes a plan, and moves every price by a subgradient step:
+//   lambda_t <- max(0, lambda_t + beta * price_base * (usage_t - limit) / limit).
+// The step size that works differs by instance (IOPDDL K wants beta ~0.1, Q ~0.5), so each beta
+// of `betas` gets `iterations` iterations from zero prices and cold messages. Every decoded
+// plan that fits the limit and has no infinite cost is a candidate; the cheapest is kept.
+// Deterministic (no random choices); `out_of_time` is polled once per iteration.
+struct LagrangianResult {
+  Plan best;                  // group plan; empty when no decoded plan fitted
+  double best_cost = 0;       // its cost (double)
+  int64_t iterations = 0;     // iterations run
+  int64_t found_at = -1;      // iteration that found best
+};
+LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, const Coarse& coarse,
+                                    const std::vector<double>& betas, int iterations, int passes, double price_base,
+                                    const std::function<bool()>& out_of_time,
+                                    const std::function<void(double cost, int64_t iteration)>& on_improvement);
 
 }  // namespace tessel::autoshard::detail

@@ -184,6 +184,32 @@ SolveResult solve_exact(const Problem& problem, const SolveOptions& options) {
     for (int32_t g = 0; g < ng; ++g)
       if (x_col[g] >= 0)
         for (int32_t s = 0; s < coarse.groups[g].num_strategies; ++s) Cbc_setInteger(model.get(), x_col[g] + s);
+    // A warm start: the columns of a feasible plan whose group strategies are consistent
+    // (every member follows its group's root as the coarsening says).
+    if (!options.warm_start.empty() && options.warm_start.size() == problem.nodes.size() &&
+        evaluate(problem, options.warm_start).feasible()) {
+      std::vector<int32_t> gs(ng, 0);
+      bool consistent = true;
+      for (int32_t g = 0; g < ng && consistent; ++g) {
+        const detail::Group& grp = coarse.groups[g];
+        const std::size_t k = grp.members.size();
+        gs[g] = options.warm_start[grp.members[0]];
+        for (std::size_t i = 0; i < k; ++i)
+          consistent &= options.warm_start[grp.members[i]] == grp.assign[gs[g] * k + i];
+      }
+      if (consistent) {
+        std::vector<double> start_value(num_cols, 0.0);
+        for (int32_t g = 0; g < ng; ++g)
+          if (x_col[g] >= 0) start_value[x_col[g] + gs[g]] = 1.0;
+        for (std::size_t p = 0; p < coarse.pairs.size(); ++p) {
+          const detail::PairEdge& e = coarse.pairs[p];
+          start_value[y_col[p] + gs[e.a] * coarse.groups[e.b].num_strategies + gs[e.b]] = 1.0;
+        }
+        std::vector<int> cols(num_cols);
+        for (int c = 0; c < num_cols; ++c) cols[c] = c;
+        Cbc_setMIPStartI(model.get(), num_cols, cols.data(), start_value.data());
+      }
+    }
     Cbc_setLogLevel(model.get(), 0);
     // Costs are integers: a gap below 1 proves optimality; no relative gap is allowed.
     Cbc_setAllowableGap(model.get(), 0.5);

@@ -1,8 +1,11 @@
 // Auto-sharding solvers (tessel/autoshard/solver.hpp) against brute-force enumeration on small
 // random problems: the exact method's optimum equals the enumeration's; the anytime method is
 // feasible, never below the optimum, and optimal on trees without a memory limit (its moves
-// are exact there); the same seed and step budget give the same plan.
+// are exact there); the same seed and step budget give the same plan. The min-sum message
+// passing (detail::MinSum) is exact on trees, and the Lagrangian phase built on it returns only
+// plans that fit, at the cost it reports.
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include <catch2/catch.hpp>
@@ -10,6 +13,7 @@
 #include "tessel/autoshard/problem.hpp"
 #include "tessel/autoshard/solver.hpp"
 #include "test_util.hpp"
+#include "../../src/autoshard/model.hpp"
 
 using namespace tessel::autoshard;
 
@@ -119,6 +123,15 @@ TEST_CASE("autoshard: the exact solver's optimum equals brute force on random pr
       REQUIRE(r.status == SolveStatus::optimal);
       CHECK(r.evaluation.feasible());
       CHECK(cost_str(r.evaluation.cost) == cost_str(want));
+      // Started from the anytime search's plan (or from a plan that does not fit): the same
+      // optimum.
+      SolveOptions warm = budget(-1, seed);
+      warm.warm_start = solve_anytime(p, budget(50, seed)).plan;
+      if (c % 2 == 1) warm.warm_start = Plan(p.nodes.size(), 0);
+      const SolveResult w = solve_exact(p, warm);
+      REQUIRE(w.status == SolveStatus::optimal);
+      CHECK(w.evaluation.feasible());
+      CHECK(cost_str(w.evaluation.cost) == cost_str(want));
     }
   }
 }
@@ -187,4 +200,83 @@ TEST_CASE("autoshard: solve() ends with the exact method on small problems", "[a
   const SolveResult any = solve(p, o);
   CHECK(any.method == "anytime");
   CHECK(cost_str(any.evaluation.cost) == "445");
+}
+
+namespace {
+
+// The node plan of a plan over the coarse groups.
+Plan expand(const detail::Coarse& c, std::size_t num_nodes, const Plan& gx) {
+  Plan plan(num_nodes, 0);
+  for (std::size_t g = 0; g < c.groups.size(); ++g) {
+    const detail::Group& grp = c.groups[g];
+    const std::size_t k = grp.members.size();
+    for (std::size_t i = 0; i < k; ++i) plan[grp.members[i]] = grp.assign[gx[g] * k + i];
+  }
+  return plan;
+}
+
+std::vector<std::vector<double>> group_costs(const detail::Coarse& c) {
+  std::vector<std::vector<double>> u(c.groups.size());
+  for (std::size_t g = 0; g < c.groups.size(); ++g)
+    for (int64_t v : c.groups[g].cost) u[g].push_back(static_cast<double>(v));
+  return u;
+}
+
+}  // namespace
+
+TEST_CASE("autoshard: min-sum message passing is exact on trees", "[autoshard]") {
+  const uint64_t seed = tessel_test::seed();
+  const int n_cases = tessel_test::cases(60);
+  tessel_test::announce("autoshard: min-sum exact on trees", seed, n_cases);
+  std::mt19937_64 rng(seed);
+  for (int c = 0; c < n_cases; ++c) {
+    Shape shape;
+    shape.tree = true;
+    shape.limit = false;
+    const Problem p = random_problem(rng, 3 + c % 6, 5, shape);
+    INFO("seed " << seed << " case " << c);
+    const detail::Model m = detail::build_model(p);
+    const detail::Coarse coarse = detail::build_coarse(p, m);
+    detail::MinSum ms(coarse);
+    const Plan gx = ms.run(group_costs(coarse), 4);
+    REQUIRE(gx.size() == coarse.groups.size());
+    const Evaluation ev = evaluate(p, expand(coarse, p.nodes.size(), gx));
+    CHECK(cost_str(ev.cost) == cost_str(brute_force(p)));
+  }
+}
+
+TEST_CASE("autoshard: the Lagrangian phase returns plans that fit, at the cost it says", "[autoshard]") {
+  const uint64_t seed = tessel_test::seed();
+  const int n_cases = tessel_test::cases(60);
+  tessel_test::announce("autoshard: Lagrangian min-sum fits", seed, n_cases);
+  std::mt19937_64 rng(seed);
+  int found = 0, optimal = 0, feasible = 0;
+  for (int c = 0; c < n_cases; ++c) {
+    Shape shape;
+    shape.tree = c % 2 == 0;
+    shape.infinite = c % 3 == 0;
+    const Problem p = random_problem(rng, 3 + c % 6, 4, shape);
+    INFO("seed " << seed << " case " << c);
+    const TotalCost want = brute_force(p);
+    const detail::Model m = detail::build_model(p);
+    const detail::Coarse coarse = detail::build_coarse(p, m);
+    int improvements = 0;
+    const detail::LagrangianResult r = detail::lagrangian_min_sum(
+        p, m, coarse, {0.5, 0.1}, 30, 2, 1.0, nullptr, [&](double, int64_t) { ++improvements; });
+    if (want >= 0) ++feasible;
+    if (r.best.empty()) {
+      CHECK(improvements == 0);
+      continue;
+    }
+    ++found;
+    REQUIRE(want >= 0);  // a plan fits, so the enumeration finds one
+    const Evaluation ev = evaluate(p, expand(coarse, p.nodes.size(), r.best));
+    REQUIRE(ev.feasible());
+    CHECK(ev.cost >= want);
+    CHECK(cost_str(ev.cost) == cost_str(static_cast<TotalCost>(std::llround(r.best_cost))));
+    CHECK(improvements >= 1);
+    if (ev.cost == want) ++optimal;
+  }
+  INFO("found a plan on " << found << " of " << feasible << ", optimal on " << optimal);
+  CHECK(found * 10 >= feasible * 7);
 }

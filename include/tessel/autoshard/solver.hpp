@@ -5,13 +5,15 @@
 //  - solve_exact: the integer program of Alpa / XLA's auto-sharding (a 0/1 variable per node
 //    strategy, a linearised product per edge entry, one memory row per time segment) on CBC.
 //    Proves optimality on small problems; given a time limit it returns its best plan so far.
-//  - solve_anytime: for large graphs. Starts from the plan of least memory (feasible whenever
-//    any plan is: it minimises every time step's usage at once), then improves it until the
-//    time limit with exact dynamic programming over induced trees of the graph (a block of
-//    nodes re-chosen jointly with the rest fixed), guided by Lagrangian penalties on the time
-//    segments where memory ran out, keeping every accepted plan within the limit
-//    (docs/auto-sharding.md). Deterministic: the same problem, options and iteration count
-//    give the same plan; a time limit can only cut the sequence short.
+//  - solve_anytime: for large graphs. First a Lagrangian relaxation of the memory limit (a
+//    price per time segment, moved by subgradient steps) whose priced problem is solved by
+//    min-sum message passing (TRW-S); the cheapest decoded plan that fits is then improved
+//    until the time limit with exact dynamic programming over trees of the graph (a block of
+//    nodes re-chosen jointly with the rest fixed), keeping every accepted plan within the
+//    limit. When no decoded plan fits, the search starts from the plan of least memory
+//    (feasible whenever any plan is) and from the cheapest one (docs/auto-sharding.md).
+//    Deterministic: the same problem, options and iteration count give the same plan; a
+//    time limit can only cut the sequence short.
 // solve() picks: for a program of at most exact_max_variables, a short anytime run (a feasible
 // plan fast) then CBC for the rest of the time, keeping the better; anytime otherwise.
 #pragma once
@@ -57,6 +59,10 @@ struct SolveOptions {
   // The anytime method returns its best plan soon after this becomes true (e.g. set by another
   // thread whose exact method proved optimality). Not read by the exact method.
   const std::atomic<bool>* stop = nullptr;
+  // The exact method: a plan (one strategy per node) to start CBC from when it is feasible
+  // (its cost bounds the search from the start); ignored when empty, infeasible, or not a
+  // plan the coarsened program can express. Not read by the anytime method.
+  Plan warm_start;
 };
 
 struct SolveResult {

@@ -1,0 +1,183 @@
+// Min-sum message passing (TRW-S) over the coarse graph; see model.hpp.
+#include <algorithm>
+#include <limits>
+
+#include "model.hpp"
+
+namespace tessel::autoshard::detail {
+
+namespace {
+// Infinite entries (10^18) are capped here so that sums of them stay finite and ordered.
+constexpr double kCap = 1e18;
+}  // namespace
+
+MinSum::MinSum(const Coarse& c) : c_(c) {
+  const int32_t n = static_cast<int32_t>(c.groups.size());
+  gamma_.assign(n, 1.0);
+  for (int32_t v = 0; v < n; ++v) {
+    int32_t before = 0, after = 0;
+    for (const Neighbor& nb : c.adj[v]) (nb.node < v ? before : after)++;
+    gamma_[v] = 1.0 / std::max<int32_t>(1, std::max(before, after));
+  }
+  reset();
+}
+
+void MinSum::reset() {
+  msg_.assign(c_.pairs.size() * 2, {});
+  for (std::size_t k = 0; k < c_.pairs.size(); ++k) {
+    msg_[2 * k].assign(c_.groups[c_.pairs[k].b].num_strategies, 0.0);
+    msg_[2 * k + 1].assign(c_.groups[c_.pairs[k].a].num_strategies, 0.0);
+  }
+}
+
+double MinSum::decode_cost(const std::vector<std::vector<double>>& unary, const Plan& x) const {
+  double cost = 0;
+  for (std::size_t g = 0; g < c_.groups.size(); ++g) cost += unary[g][x[g]];
+  for (const PairEdge& e : c_.pairs)
+    cost += std::min(kCap, static_cast<double>(e.cost[static_cast<std::size_t>(x[e.a]) * c_.groups[e.b].num_strategies + x[e.b]]));
+  return cost;
+}
+
+Plan MinSum::run(const std::vector<std::vector<double>>& unary, int passes) {
+  const int32_t n = static_cast<int32_t>(c_.groups.size());
+  Plan x(n, 0), best;
+  double best_cost = std::numeric_limits<double>::infinity();
+  std::vector<double> theta, tmp;
+  for (int pass = 0; pass < passes; ++pass) {
+    for (int dir = 0; dir < 2; ++dir) {
+      const bool forward = dir == 0;
+      for (int32_t step = 0; step < n; ++step) {
+        const int32_t v = forward ? step : n - 1 - step;
+        const int32_t sv = c_.groups[v].num_strategies;
+        // theta = unary + all incoming messages.
+        theta.assign(unary[v].begin(), unary[v].end());
+        for (const Neighbor& nb : c_.adj[v]) {
+          const bool v_is_a = c_.pairs[nb.pair].a == v;
+          const std::vector<double>& in = msg_[2 * nb.pair + (v_is_a ? 1 : 0)];  // into v
+          for (int32_t s = 0; s < sv; ++s) theta[s] += in[s];
+        }
+        if (forward) {  // decode: earlier neighbours fixed, later ones through their messages
+          tmp.assign(unary[v].begin(), unary[v].end());
+          for (const Neighbor& nb : c_.adj[v]) {
+            const PairEdge& e = c_.pairs[nb.pair];
+            const bool v_is_a = e.a == v;
+            if (nb.node < v) {
+              const int32_t sb = c_.groups[e.b].num_strategies;
+              for (int32_t s = 0; s < sv; ++s)
+                tmp[s] += std::min(kCap, static_cast<double>(v_is_a ? e.cost[static_cast<std::size_t>(s) * sb + x[nb.node]]
+                                                                     : e.cost[static_cast<std::size_t>(x[nb.node]) * sb + s]));
+            } else {
+              const std::vector<double>& in = msg_[2 * nb.pair + (v_is_a ? 1 : 0)];
+              for (int32_t s = 0; s < sv; ++s) tmp[s] += in[s];
+            }
+          }
+          x[v] = static_cast<int32_t>(std::min_element(tmp.begin(), tmp.end()) - tmp.begin());
+        }
+        // Messages to the neighbours ahead in this direction.
+        for (const Neighbor& nb : c_.adj[v]) {
+          if (forward ? nb.node < v : nb.node > v) continue;
+          const PairEdge& e = c_.pairs[nb.pair];
+          const bool v_is_a = e.a == v;
+          std::vector<double>& out = msg_[2 * nb.pair + (v_is_a ? 0 : 1)];  // v -> nb
+          const std::vector<double>& back = msg_[2 * nb.pair + (v_is_a ? 1 : 0)];
+          const int32_t sw = c_.groups[nb.node].num_strategies;
+          const int32_t sb = c_.groups[e.b].num_strategies;
+          std::fill(out.begin(), out.end(), std::numeric_limits<double>::infinity());
+          for (int32_t s = 0; s < sv; ++s) {
+            const double base = gamma_[v] * theta[s] - back[s];
+            for (int32_t t = 0; t < sw; ++t) {
+              const int64_t raw = v_is_a ? e.cost[static_cast<std::size_t>(s) * sb + t] : e.cost[static_cast<std::size_t>(t) * sb + s];
+              const double val = base + std::min(kCap, static_cast<double>(raw));
+              if (val < out[t]) out[t] = val;
+            }
+          }
+          const double lo = *std::min_element(out.begin(), out.end());
+          for (double& m : out) m = std::min(kCap, m - lo);
+        }
+      }
+    }
+    const double cost = decode_cost(unary, x);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = x;
+    }
+  }
+  return best;
+}
+
+}  // namespace tessel::autoshard::detail
+
+namespace tessel::autoshard::detail {
+
+LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, const Coarse& coarse,
+                                    const std::vector<double>& betas, int iterations, int passes, double price_base,
+                                    const std::function<bool()>& out_of_time,
+                                    const std::function<void(double, int64_t)>& on_improvement) {
+  LagrangianResult r;
+  const int32_t n = static_cast<int32_t>(coarse.groups.size());
+  const int32_t segments = model.num_segments;
+  const bool limited = problem.usage_limit.has_value();
+  const double limit = limited ? static_cast<double>(*problem.usage_limit) : 0.0;
+  std::vector<double> lambda(segments, 0.0), prefix(segments + 1, 0.0), usage(segments + 1, 0.0);
+  std::vector<std::vector<double>> unary(n), truth(n);
+  for (int32_t g = 0; g < n; ++g)
+    for (int64_t c : coarse.groups[g].cost) truth[g].push_back(std::min(kCap, static_cast<double>(c)));
+  MinSum ms(coarse);
+  r.best_cost = std::numeric_limits<double>::infinity();
+  for (double beta : betas) {
+    std::fill(lambda.begin(), lambda.end(), 0.0);
+    ms.reset();
+    for (int it = 0; it < iterations; ++it) {
+      if (out_of_time && out_of_time()) return r;
+      ++r.iterations;
+      prefix[0] = 0;
+      for (int32_t t = 0; t < segments; ++t) prefix[t + 1] = prefix[t] + lambda[t];
+      for (int32_t g = 0; g < n; ++g) {
+        const Group& grp = coarse.groups[g];
+        const std::size_t k = grp.members.size();
+        unary[g] = truth[g];
+        for (std::size_t i = 0; i < k; ++i) {
+          const int32_t v = grp.members[i];
+          const double price = prefix[model.seg_hi[v]] - prefix[model.seg_lo[v]];
+          if (price == 0) continue;
+          for (int32_t s = 0; s < grp.num_strategies; ++s)
+            unary[g][s] += price * static_cast<double>(problem.nodes[v].usage[grp.assign[s * k + i]]);
+        }
+      }
+      const Plan x = ms.run(unary, passes);
+      // Usage per segment (difference array over the members' spans).
+      std::fill(usage.begin(), usage.end(), 0.0);
+      for (int32_t g = 0; g < n; ++g) {
+        const Group& grp = coarse.groups[g];
+        const std::size_t k = grp.members.size();
+        for (std::size_t i = 0; i < k; ++i) {
+          const int32_t v = grp.members[i];
+          const double u = static_cast<double>(problem.nodes[v].usage[grp.assign[x[g] * k + i]]);
+          usage[model.seg_lo[v]] += u;
+          usage[model.seg_hi[v]] -= u;
+        }
+      }
+      bool fits = true;
+      double run = 0;
+      for (int32_t t = 0; t < segments; ++t) {
+        run += usage[t];
+        usage[t] = run;
+        if (limited && run > limit) fits = false;
+      }
+      const double cost = ms.cost_of(truth, x);
+      if (fits && cost < kCap / 2 && cost < r.best_cost) {
+        r.best_cost = cost;
+        r.best = x;
+        r.found_at = r.iterations;
+        if (on_improvement) on_improvement(cost, r.iterations);
+      }
+      if (!limited) break;  // nothing to price
+      for (int32_t t = 0; t < segments; ++t)
+        lambda[t] = std::max(0.0, lambda[t] + beta * price_base * (usage[t] - limit) / limit);
+    }
+    if (!limited) break;
+  }
+  return r;
+}
+
+}  // namespace tessel::autoshard::detail
