@@ -245,7 +245,7 @@ TEST_CASE("autoshard: min-sum message passing is exact on trees", "[autoshard]")
   }
 }
 
-TEST_CASE("autoshard: the Lagrangian phase returns plans that fit, at the cost it says", "[autoshard]") {
+TEST_CASE("autoshard: the Lagrangian phase returns plans that fit at the cost it says", "[autoshard]") {
   const uint64_t seed = tessel_test::seed();
   const int n_cases = tessel_test::cases(60);
   tessel_test::announce("autoshard: Lagrangian min-sum fits", seed, n_cases);
