@@ -8,7 +8,8 @@
 
 #include <string>
 
-#include "launchers.hpp"
+#include "elementwise_math.cuh"  // max_nan
+#include "launchers.hpp"  // Loop, loop_offsets
 
 namespace tessel::cuda_kernels {
 
@@ -43,32 +44,6 @@ template <class T> __device__ __forceinline__ T from_f(float v);
 template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-
-// NaN propagates (numpy.maximum, the CPU kernels' MaxF).
-__device__ __forceinline__ float max_nan(float x, float y) { return (x != x || x > y) ? x : y; }
-
-// Offsets of linear index i of `loop` for operands 0..N-1. A small loop (with_divisors) splits
-// i with its FastDivmods in 32 bits; else with 64-bit divisions.
-template <int N>
-__device__ __forceinline__ void loop_offsets(const Loop& loop, int64_t i, int64_t (&off)[N]) {
-  for (int k = 0; k < N; ++k) off[k] = 0;
-  if (loop.small) {
-    uint32_t rest = static_cast<uint32_t>(i);
-    for (int d = loop.rank - 1; d >= 0; --d) {
-      const uint32_t q = loop.div[d].div(rest);
-      const int64_t idx = rest - q * loop.div[d].d;
-      rest = q;
-      for (int k = 0; k < N; ++k) off[k] += idx * loop.stride[k][d];
-    }
-    return;
-  }
-  for (int d = loop.rank - 1; d >= 0; --d) {
-    const int64_t n = loop.shape[d];
-    const int64_t idx = i % n;
-    i /= n;
-    for (int k = 0; k < N; ++k) off[k] += idx * loop.stride[k][d];
-  }
-}
 
 // Records the first error of a stream; later ones are dropped.
 __device__ __forceinline__ void report(DeviceError* err, unsigned seq, int code, long long value, long long pos,

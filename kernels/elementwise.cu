@@ -48,10 +48,7 @@ __global__ void k_unary(Unary op, const T* in, T* out, int64_t n) {
 }
 
 __global__ void k_unary_i32(Unary op, const int32_t* in, int32_t* out, int64_t n) {
-  TESSEL_GRID_STRIDE(i, n) {
-    const int32_t x = in[i];
-    out[i] = op == Unary::Neg ? static_cast<int32_t>(0u - static_cast<uint32_t>(x)) : (x > 0 ? x : 0);
-  }
+  TESSEL_GRID_STRIDE(i, n) out[i] = unary_i(op, in[i]);
 }
 
 // ---- binary ---------------------------------------------------------------------------------------

@@ -5,128 +5,22 @@
 //
 // Each float step runs the unfused op's per-element code (elementwise_math.cuh) in f32 and is
 // rounded to its dtype, as the unfused chain's intermediate buffer would be, so a fused chain
-// computes what the unfused kernels compute. The step values live in a per-thread array indexed
+// computes what the unfused kernels compute. The per-element evaluation (eval_fused) is in
+// fused_eval.hpp, which the host compiler builds too (tests/unit/test_cuda_device_math.cpp runs it
+// against the CPU fused kernel). The step values live in a per-thread array indexed
 // at run time (local memory, cached in L1). This is the fallback: by default each program is
 // compiled into straight-line code at run time (src/runtime/cuda/fused_jit.cpp), which computes
 // the same bits several times faster (docs/backend-cuda.md has the H200 figures).
 #include <fmt/format.h>
 
 #include "device_common.cuh"
-#include "elementwise_math.cuh"
+#include "fused_eval.hpp"
 
 namespace tessel::cuda_kernels {
 namespace {
 
-union Val {
-  float f;
-  int32_t i;
-};
-
-constexpr int8_t kBf16 = static_cast<int8_t>(DType::bf16);
-constexpr int8_t kF16 = static_cast<int8_t>(DType::f16);
-constexpr int8_t kI32 = static_cast<int8_t>(DType::i32);
-
-__device__ __forceinline__ float round_to(float v, int8_t dt) {
-  if (dt == kBf16) return __bfloat162float(__float2bfloat16_rn(v));
-  if (dt == kF16) return __half2float(__float2half_rn(v));
-  return v;
-}
-
-__device__ __forceinline__ Val load(const void* p, int8_t dt, int64_t off) {
-  Val v;
-  if (dt == kI32) v.i = static_cast<const int32_t*>(p)[off];
-  else if (dt == kBf16) v.f = __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
-  else if (dt == kF16) v.f = __half2float(static_cast<const __half*>(p)[off]);
-  else v.f = static_cast<const float*>(p)[off];
-  return v;
-}
-
-__device__ __forceinline__ void store(void* p, int8_t dt, int64_t i, Val v) {
-  if (dt == kI32) static_cast<int32_t*>(p)[i] = v.i;
-  else if (dt == kBf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v.f);
-  else if (dt == kF16) static_cast<__half*>(p)[i] = __float2half_rn(v.f);
-  else static_cast<float*>(p)[i] = v.f;
-}
-
-// The program's value at element i of the result (row-major over p.shape).
-__device__ __forceinline__ Val eval_fused(const FusedProgram& p, int64_t i) {
-  int64_t coord[kMaxRank];
-  if (p.small) {
-    uint32_t rest = static_cast<uint32_t>(i);
-    for (int d = p.rank - 1; d >= 0; --d) {
-      const uint32_t q = p.div[d].div(rest);
-      coord[d] = rest - q * p.div[d].d;
-      rest = q;
-    }
-  } else {
-    int64_t rest = i;
-    for (int d = p.rank - 1; d >= 0; --d) {
-      coord[d] = rest % p.shape[d];
-      rest /= p.shape[d];
-    }
-  }
-  Val v[kMaxFusedSteps];
-  for (int k = 0; k < p.nsteps; ++k) {
-    const FusedStep& st = p.steps[k];
-    Val r;
-    r.i = 0;
-    switch (static_cast<FusedKind>(st.kind)) {
-      case FusedKind::Operand: {
-        int64_t off = 0;
-        for (int d = 0; d < p.rank; ++d) off += coord[d] * p.stride[st.operand][d];
-        r = load(p.in[st.operand], p.in_dtype[st.operand], off);
-        break;
-      }
-      case FusedKind::Literal:
-        if (st.dtype == kI32) r.i = st.lit_i;
-        else r.f = st.lit_f;
-        break;
-      case FusedKind::Unary: {
-        const Val x = v[st.arg[0]];
-        if (st.dtype == kI32)  // neg and relu of i32 (wrapping negation)
-          r.i = static_cast<Unary>(st.op) == Unary::Neg ? static_cast<int32_t>(0u - static_cast<uint32_t>(x.i))
-                                                        : (x.i > 0 ? x.i : 0);
-        else
-          r.f = round_to(unary_f(static_cast<Unary>(st.op), x.f), st.dtype);
-        break;
-      }
-      case FusedKind::Binary: {
-        const Val x = v[st.arg[0]], y = v[st.arg[1]];
-        if (st.arg_dtype == kI32) r.i = binary_i(static_cast<Binary>(st.op), x.i, y.i);
-        else r.f = round_to(binary_f(static_cast<Binary>(st.op), x.f, y.f), st.dtype);
-        break;
-      }
-      case FusedKind::Compare: {
-        const Val x = v[st.arg[0]], y = v[st.arg[1]];
-        r.i = st.arg_dtype == kI32 ? compare(static_cast<Binary>(st.op), x.i, y.i)
-                                   : compare(static_cast<Binary>(st.op), x.f, y.f);
-        break;
-      }
-      case FusedKind::Where:
-        r = v[st.arg[0]].i != 0 ? v[st.arg[1]] : v[st.arg[2]];
-        break;
-      case FusedKind::Cast: {
-        const Val x = v[st.arg[0]];
-        if (st.arg_dtype == st.dtype) r = x;
-        else if (st.arg_dtype == kI32) r.f = round_to(__int2float_rn(x.i), st.dtype);
-        else if (st.dtype == kI32) r.i = f32_to_i32_sat(x.f);
-        else r.f = round_to(x.f, st.dtype);
-        break;
-      }
-      case FusedKind::CausalMask: {
-        const int64_t q = p.rank >= 2 ? coord[p.rank - 2] : 0, key = p.rank >= 1 ? coord[p.rank - 1] : 0;
-        r = v[st.arg[0]];
-        if (key + p.koff > q + p.qoff) r.f = -INFINITY;
-        break;
-      }
-    }
-    v[k] = r;
-  }
-  return v[p.nsteps - 1];
-}
-
 __global__ void k_fused(FusedProgram p, void* out, int8_t out_t, int64_t n) {
-  TESSEL_GRID_STRIDE(i, n) store(out, out_t, i, eval_fused(p, i));
+  TESSEL_GRID_STRIDE(i, n) store_val(out, out_t, i, eval_fused(p, i));
 }
 
 // softmax over the last axis of the program's result, rows of len <= kMaxRow: one warp per

@@ -33,12 +33,6 @@ constexpr int kMaxRank = 8;
 constexpr int kMaxOperands = 4;
 constexpr int kMaxReduceSources = 64;  // members of one virtual-device all-reduce
 
-#if defined(__CUDACC__)
-#define TESSEL_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define TESSEL_HOST_DEVICE inline
-#endif
-
 // n / d and n % d for 0 <= n < 2^31 and 1 <= d < 2^31 by a multiply-high, an add and a shift
 // (Granlund and Montgomery's division by invariant integers): the index decomposition of the
 // strided kernels, where a 64-bit division costs tens of instructions per element and dominated
@@ -56,7 +50,7 @@ struct FastDivmod {
     f.magic = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - f.d)) / f.d + 1);
     return f;
   }
-  TESSEL_HOST_DEVICE uint32_t div(uint32_t n) const {
+  TESSEL_HD uint32_t div(uint32_t n) const {
 #if defined(__CUDA_ARCH__)
     const uint32_t hi = __umulhi(n, magic);
 #else
@@ -163,6 +157,31 @@ Space with_divisors(Space space) {
   for (int d = 0; d < space.rank; ++d) space.div[d] = FastDivmod::make(space.shape[d]);
   space.small = true;
   return space;
+}
+
+// Offsets of linear index i of `loop` for operands 0..N-1 (the strided kernels' index
+// decomposition, host and device: tests/unit/test_cuda_device_math.cpp checks it against the
+// CPU kernels' strided loops). A small loop (with_divisors) splits i with its FastDivmods in 32
+// bits; else with 64-bit divisions.
+template <int N>
+TESSEL_HD void loop_offsets(const Loop& loop, int64_t i, int64_t (&off)[N]) {
+  for (int k = 0; k < N; ++k) off[k] = 0;
+  if (loop.small) {
+    uint32_t rest = static_cast<uint32_t>(i);
+    for (int d = loop.rank - 1; d >= 0; --d) {
+      const uint32_t q = loop.div[d].div(rest);
+      const int64_t idx = rest - q * loop.div[d].d;
+      rest = q;
+      for (int k = 0; k < N; ++k) off[k] += idx * loop.stride[k][d];
+    }
+    return;
+  }
+  for (int d = loop.rank - 1; d >= 0; --d) {
+    const int64_t n = loop.shape[d];
+    const int64_t idx = i % n;
+    i /= n;
+    for (int k = 0; k < N; ++k) off[k] += idx * loop.stride[k][d];
+  }
 }
 
 // out (dtype out_t, the result's shape, contiguous) = the program's last step. out may be the

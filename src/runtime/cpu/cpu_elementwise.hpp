@@ -30,7 +30,9 @@ inline bool unary_f32(OpKind kind, const float* px, float* py, int64_t n) {
   Eigen::Map<const Eigen::ArrayXf> x(px, n);
   Eigen::Map<Eigen::ArrayXf> y(py, n);
   switch (kind) {
-    case OpKind::Neg: y = -x; break;
+    // x * -1, not -x: Eigen 3.4's AVX negation is 0 - x, which gives +0 for +0 in whole packets
+    // (and -0 in the scalar tail), where IEEE negation (and the CUDA kernel) gives -0.
+    case OpKind::Neg: y = x * -1.0f; break;
     case OpKind::Exp: y = x.exp(); break;
     case OpKind::Log: y = x.log(); break;
     case OpKind::Tanh: y = x.tanh(); break;
@@ -45,8 +47,12 @@ inline bool unary_f32(OpKind kind, const float* px, float* py, int64_t n) {
       break;
     }
     case OpKind::Relu: y = (x > 0.0f).select(x, 0.0f); break;
-    case OpKind::Sqrt: y = x.sqrt(); break;
-    case OpKind::Rsqrt: y = x.rsqrt(); break;
+    // sqrt and rsqrt correctly rounded (IEEE sqrt, then one division), as the CUDA kernels
+    // compute them: Eigen 3.4's packet sqrt and rsqrt (EIGEN_FAST_MATH, on by default) are a
+    // hardware reciprocal-sqrt estimate and a Newton step, 1-2 bits short, with sqrt(inf) = NaN
+    // and sqrt(-0) = +0 (found by tests/unit/test_cuda_device_math.cpp).
+    case OpKind::Sqrt: y = x.unaryExpr([](float v) { return std::sqrt(v); }); break;
+    case OpKind::Rsqrt: y = x.unaryExpr([](float v) { return 1.0f / std::sqrt(v); }); break;
     // exp(-x) overflows to inf for x << 0, giving exactly 0 (sigmoid) and -0 (silu).
     case OpKind::Sigmoid: y = 1.0f / (1.0f + (-x).exp()); break;
     case OpKind::Silu: y = x / (1.0f + (-x).exp()); break;

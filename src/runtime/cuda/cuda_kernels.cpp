@@ -13,6 +13,7 @@
 #include "cuda_backend.hpp"
 #include "cuda_loop.hpp"
 #include "fused_jit.hpp"
+#include "fused_program.hpp"
 #include "tessel/ir/fused_expr.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/runtime/tensor.hpp"
@@ -118,26 +119,13 @@ void k_constant(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   ck::fill_bits(a.out, num_elements(a.out_shape), es, scalar_bits(a.out_dtype, v), s.handle());
 }
 
-const std::pair<OpKind, ck::Unary> kUnaries[] = {
-    {OpKind::Neg, ck::Unary::Neg},   {OpKind::Exp, ck::Unary::Exp},         {OpKind::Log, ck::Unary::Log},
-    {OpKind::Tanh, ck::Unary::Tanh}, {OpKind::Gelu, ck::Unary::Gelu},       {OpKind::Relu, ck::Unary::Relu},
-    {OpKind::Sqrt, ck::Unary::Sqrt}, {OpKind::Rsqrt, ck::Unary::Rsqrt},     {OpKind::Sigmoid, ck::Unary::Sigmoid},
-    {OpKind::Silu, ck::Unary::Silu}};
-
-const std::pair<OpKind, ck::Binary> kBinaries[] = {
-    {OpKind::Add, ck::Binary::Add}, {OpKind::Sub, ck::Binary::Sub}, {OpKind::Mul, ck::Binary::Mul},
-    {OpKind::Div, ck::Binary::Div}, {OpKind::Max, ck::Binary::Max}, {OpKind::GeluGrad, ck::Binary::GeluGrad},
-    {OpKind::Eq, ck::Binary::Eq},
-    {OpKind::Ne, ck::Binary::Ne},   {OpKind::Lt, ck::Binary::Lt},   {OpKind::Le, ck::Binary::Le},
-    {OpKind::Gt, ck::Binary::Gt},   {OpKind::Ge, ck::Binary::Ge}};
-
 void k_unary(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   check_arity(a, 1, 1);
   const int64_t n = num_elements(a.out_shape);
   if (num_elements(a.in_shapes[0]) != n) fail(a, "operand and result sizes differ");
   if ((a.in_dtypes[0] == DType::i32) != (a.out_dtype == DType::i32))
     fail(a, "operand and result dtypes must both be i32 or both float");
-  for (const auto& [kind, op] : kUnaries)
+  for (const auto& [kind, op] : kUnaryCodes)
     if (kind == a.kind) {
       ck::unary(op, a.in[0], a.out, a.out_dtype, n, s.handle());
       return;
@@ -151,7 +139,7 @@ void k_binary(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   if (i0 != i1) fail(a, "i32 and float operands cannot be mixed");
   ck::Binary op = ck::Binary::Add;
   bool found = false;
-  for (const auto& [kind, o] : kBinaries)
+  for (const auto& [kind, o] : kBinaryCodes)
     if (kind == a.kind) op = o, found = true;
   if (!found) fail(a, "not a binary op");
   const bool cmp = op >= ck::Binary::Eq;
@@ -561,59 +549,11 @@ ck::FusedProgram plan_fused(const KernelArgs& a, FusedExpr& e, bool positional, 
                         "fuse_elementwise off",
                         e.nodes.size(), a.in.size(), os.size(), ck::kMaxFusedSteps, ck::kMaxFusedOperands,
                         ck::kMaxRank));
-  ck::FusedProgram p;
-  p.nsteps = static_cast<int>(e.nodes.size());
-  p.noperands = static_cast<int>(a.in.size());
-  p.rank = static_cast<int>(os.size());
-  for (std::size_t d = 0; d < os.size(); ++d) p.shape[d] = os[d];
-  for (std::size_t i = 0; i < a.in.size(); ++i) {
-    const auto st = broadcast_strides(a.in_shapes[i], os);
-    for (std::size_t d = 0; d < os.size(); ++d) p.stride[i][d] = st[d];
-    p.in_dtype[i] = static_cast<int8_t>(a.in_dtypes[i]);
+  try {
+    return fused_program_of(e, a.in_shapes, a.in_dtypes, os);
+  } catch (const RuntimeError& err) {
+    fail(a, err.what());
   }
-  for (std::size_t k = 0; k < e.nodes.size(); ++k) {
-    const FusedNode& nd = e.nodes[k];
-    ck::FusedStep& st = p.steps[k];
-    st.dtype = static_cast<int8_t>(nd.dtype);
-    for (std::size_t j = 0; j < nd.args.size() && j < 3; ++j) st.arg[j] = static_cast<int16_t>(nd.args[j]);
-    if (!nd.args.empty()) st.arg_dtype = static_cast<int8_t>(e.nodes[static_cast<std::size_t>(nd.args[0])].dtype);
-    switch (nd.kind) {
-      case FusedNode::Kind::Operand:
-        st.kind = static_cast<int8_t>(ck::FusedKind::Operand);
-        st.operand = static_cast<int16_t>(nd.operand);
-        continue;
-      case FusedNode::Kind::Literal:
-        st.kind = static_cast<int8_t>(ck::FusedKind::Literal);
-        if (nd.dtype == DType::i32) {
-          st.lit_i = static_cast<int32_t>(nd.value);
-        } else {  // rounded once to its dtype, as the CPU kernel's literal
-          HostTensor t(nd.dtype, {1});
-          t.set(0, static_cast<double>(static_cast<float>(nd.value)));
-          st.lit_f = static_cast<float>(t.get(0));
-        }
-        continue;
-      case FusedNode::Kind::Op: break;
-    }
-    bool found = false;
-    for (const auto& [kind, op] : kUnaries)
-      if (kind == nd.op) st.kind = static_cast<int8_t>(ck::FusedKind::Unary), st.op = static_cast<int8_t>(op), found = true;
-    for (const auto& [kind, op] : kBinaries)
-      if (kind == nd.op) {
-        st.kind = static_cast<int8_t>(op >= ck::Binary::Eq ? ck::FusedKind::Compare : ck::FusedKind::Binary);
-        st.op = static_cast<int8_t>(op);
-        found = true;
-      }
-    if (nd.op == OpKind::Where) st.kind = static_cast<int8_t>(ck::FusedKind::Where), found = true;
-    if (nd.op == OpKind::Cast) st.kind = static_cast<int8_t>(ck::FusedKind::Cast), found = true;
-    if (nd.op == OpKind::CausalMask) st.kind = static_cast<int8_t>(ck::FusedKind::CausalMask), found = true;
-    if (!found) fail(a, fmt::format("'{}' is not an op the CUDA fused kernel evaluates", op_name(nd.op)));
-    if ((st.kind == static_cast<int8_t>(ck::FusedKind::Binary) ||
-         st.kind == static_cast<int8_t>(ck::FusedKind::Compare)) &&
-        (e.nodes[static_cast<std::size_t>(nd.args[0])].dtype == DType::i32) !=
-            (e.nodes[static_cast<std::size_t>(nd.args[1])].dtype == DType::i32))
-      fail(a, fmt::format("{}: i32 and float operands cannot be mixed", op_name(nd.op)));
-  }
-  return p;
 }
 
 // The device program of a fused kernel's args: planned (or found in this thread's cache), then
@@ -695,8 +635,8 @@ const KernelTable<CudaKernelFn>& cuda_kernel_table() {
     KernelTable<CudaKernelFn> k("cuda");
     k.add(OpKind::Constant, k_constant);
     k.add(OpKind::Einsum, k_einsum);
-    for (const auto& [kind, op] : kUnaries) k.add(kind, k_unary);
-    for (const auto& [kind, op] : kBinaries) k.add(kind, k_binary);
+    for (const auto& [kind, op] : kUnaryCodes) k.add(kind, k_unary);
+    for (const auto& [kind, op] : kBinaryCodes) k.add(kind, k_binary);
     for (OpKind r : {OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMean}) k.add(r, k_reduce);
     k.add(OpKind::Reshape, k_copy);
     k.add(OpKind::ShardingConstraint, k_copy);
