@@ -100,7 +100,12 @@ class PoolRun {
       for (const JobState& s : state_) all_done = all_done && s.phase == Phase::done;
       if (all_done) break;
       dispatch();
-      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      // Wake at the next progress line or re-plan when that comes sooner than 50 ms.
+      double wait_s = 0.05;
+      const double now_s = now();
+      if (o_.progress_interval_s > 0) wait_s = std::min(wait_s, next_progress - now_s);
+      if (o_.replan_interval_s > 0) wait_s = std::min(wait_s, next_replan - now_s);
+      cv_.wait_for(lock, std::chrono::microseconds(static_cast<int64_t>(std::max(wait_s, 0.001) * 1e6)));
       const double t = now();
       if (o_.progress_interval_s > 0 && t >= next_progress) {
         progress(t);
