@@ -97,12 +97,12 @@ Plan MinSum::run(const std::vector<std::vector<double>>& unary, int passes) {
       }
     }
     const double cost = decode_cost(unary, x);
-    if (cost < best_cost) {
+    if (cost < best_cost || best.empty()) {  // (a NaN cost must not leave the plan empty)
       best_cost = cost;
       best = x;
     }
   }
-  return best;
+  return best.empty() ? x : best;
 }
 
 }  // namespace tessel::autoshard::detail
@@ -172,8 +172,10 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
         if (on_improvement) on_improvement(cost, r.iterations);
       }
       if (!limited) break;  // nothing to price
+      // (a limit of 0 prices by bytes over it, not by a ratio that would divide by zero)
+      const double scale = limit > 0 ? limit : 1.0;
       for (int32_t t = 0; t < segments; ++t)
-        lambda[t] = std::max(0.0, lambda[t] + beta * price_base * (usage[t] - limit) / limit);
+        lambda[t] = std::max(0.0, lambda[t] + beta * price_base * (usage[t] - limit) / scale);
     }
     if (!limited) break;
   }

