@@ -688,9 +688,9 @@ void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& option
     const bool fits = cur.program_peak_bytes <= budget;
     if (fits && (!best || cost(cur) < cost(*best))) best = cur;
     if (!least || cur.program_peak_bytes < least->program_peak_bytes) least = cur;
-    // Done when the estimate and the program agree, when even the least memory the solver
-    // found does not fit the program, or after four solves.
-    if (fits == cur.fits || (!fits && !cur.fits) || solves == 4) break;
+    // Done when the estimate and the program agree about the budget (both over it: even the
+    // least memory the solver found does not fit the program), or after four solves.
+    if (fits == cur.fits || solves == 4) break;
     const double ratio =
         static_cast<double>(cur.peak_bytes) / static_cast<double>(std::max<int64_t>(1, cur.program_peak_bytes));
     const int64_t next = static_cast<int64_t>(static_cast<double>(budget) * ratio);
