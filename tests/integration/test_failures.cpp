@@ -588,12 +588,17 @@ TEST_CASE("failures: a world aborted after the last collective completed fails t
   g.mark_output(y);
   const Mesh mesh = Mesh::parse("data=2");
   const Executable exe = compile(g, mesh);
-  AbortAfterRuntime rt(2);
-  LoadedExecutable le = load(exe, rt);
-  const std::vector<ShardedArray> in = {le.to_device("x", filled(DType::f32, {4, 8})),
-                                        le.to_device("w", filled(DType::f32, {8, 4}))};
-  const std::string msg = error_of<RuntimeError>("run after an abort", [&] { return le.run(in); });
-  CHECK_THAT(msg, Catch::Contains("aborted during the run"));
-  CHECK_THAT(msg, Catch::Contains("injected: aborted after the last collective completed"));
-  CHECK_THAT(msg, Catch::Contains("cannot be trusted"));
+  for (StreamMode mode : {StreamMode::Async, StreamMode::Eager}) {
+    INFO("streams " << stream_mode_name(mode));
+    ThreadRuntimeOptions tro;
+    tro.stream_mode = mode;
+    AbortAfterRuntime rt(2, tro);
+    LoadedExecutable le = load(exe, rt);
+    const std::vector<ShardedArray> in = {le.to_device("x", filled(DType::f32, {4, 8})),
+                                          le.to_device("w", filled(DType::f32, {8, 4}))};
+    const std::string msg = error_of<RuntimeError>("run after an abort", [&] { return le.run(in); });
+    CHECK_THAT(msg, Catch::Contains("aborted during the run"));
+    CHECK_THAT(msg, Catch::Contains("injected: aborted after the last collective completed"));
+    CHECK_THAT(msg, Catch::Contains("cannot be trusted"));
+  }
 }
