@@ -39,6 +39,7 @@ struct Strategy {
   Sharding out;                   // the value's layout (result 0)
   std::vector<Sharding> extra;    // results 1..
   std::vector<Sharding> operands; // what the op needs of each operand (ops only)
+  std::vector<std::vector<std::string>> factors;  // per factor of the op's rule: its axes
   double compute_s = 0, comm_s = 0;
   int64_t usage = 0;
 };
@@ -427,6 +428,7 @@ class Formulation {
       return s;
     };
     Strategy st;
+    st.factors = fs;
     for (std::size_t i = 0; i < op.inputs.size(); ++i) {
       if (i >= rl.operands.size()) {
         st.operands.push_back(Sharding::replicated(static_cast<int>(in_shapes[i].size())));
@@ -573,6 +575,7 @@ AutoShardResult solve_formulated(const Graph& g, const AutoShardOptions& options
   res.peak_bytes = sr.evaluation.peak_usage;
   res.shardings.assign(g.values.size(), Sharding());
   res.from_user.assign(g.values.size(), false);
+  res.op_factors.assign(g.ops.size(), {});
   for (const auto& [v, a] : g.annotations) res.from_user[static_cast<std::size_t>(v)] = true;
   for (std::size_t n = 0; n < ap.problem.nodes.size(); ++n) {
     const Strategy& s = strategies[n][static_cast<std::size_t>(sr.plan[n])];
@@ -584,6 +587,7 @@ AutoShardResult solve_formulated(const Graph& g, const AutoShardOptions& options
       continue;
     }
     const Op& o = g.ops[static_cast<std::size_t>(op)];
+    res.op_factors[static_cast<std::size_t>(op)] = s.factors;
     res.shardings[static_cast<std::size_t>(o.output)] = s.out;
     for (std::size_t r = 0; r < s.extra.size(); ++r) res.shardings[static_cast<std::size_t>(o.result(static_cast<int>(r) + 1))] = s.extra[r];
   }
@@ -656,14 +660,7 @@ AutoShardResult solve_formulated(const Graph& g, const AutoShardOptions& options
 int64_t program_peak(const Graph& annotated, const Mesh& mesh, const AutoShardOptions& options) {
   const Executable exe = compile(annotated, mesh);
   Program low = lower_program(exe.program(), false, {});
-  std::vector<int> donate(low.inputs.size(), -1);
-  for (const auto& [in_name, out_name] : options.tied)
-    for (std::size_t i = 0; i < annotated.inputs.size(); ++i)
-      if (annotated.values[static_cast<std::size_t>(annotated.inputs[i])].name == in_name)
-        for (std::size_t o = 0; o < annotated.outputs.size(); ++o)
-          if (annotated.values[static_cast<std::size_t>(annotated.outputs[o])].name == out_name)
-            donate[i] = static_cast<int>(o);
-  plan_donations(low, donate);
+  plan_donations(low, exe.graph(), options.tied);
   return low.memory_plan().peak_bytes();
 }
 
@@ -743,6 +740,8 @@ Graph AutoShardResult::annotated(const Graph& g) const {
   for (std::size_t v = 0; v < g.values.size() && v < shardings.size(); ++v)
     if (!from_user[v] && shardings[v].rank() == static_cast<int>(g.values[v].shape.size()))
       out.annotate(static_cast<int>(v), shardings[v].closed_copy());
+  // Each op's chosen strategy, so that the partitioner computes it as the plan priced it.
+  for (std::size_t k = 0; k < g.ops.size() && k < op_factors.size(); ++k) out.ops[k].factor_axes = op_factors[k];
   // A tied output computed in another layout than its input's: an identity (a reshape to the
   // same shape) in the input's layout takes its name and its place among the outputs, so the
   // partitioner computes the op as chosen and reshards that one value, as the plan priced it.

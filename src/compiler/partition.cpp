@@ -338,6 +338,35 @@ struct Partitioner {
   // Estimated communication seconds of a factor sharding: operand reshards plus the reshard of
   // each result to its propagated layout. An operand that may stay partial (kept_partials) is
   // not reduced: its sum flows into the result, which is reduced instead.
+  // Op::factor_axes fits this op on this mesh: one entry per factor, known axes each used once,
+  // every factor's size divisible by its axes', and every operand and result dim composed of
+  // exactly its factors' axes (a minor factor split only under a whole major one).
+  bool valid_strategy(const Op& op, const OpRule& rule) const {
+    const auto& fs = op.factor_axes;
+    if (fs.empty() || fs.size() != rule.factors.size()) return false;
+    std::set<std::string> used;
+    for (std::size_t f = 0; f < fs.size(); ++f) {
+      for (const std::string& a : fs[f])
+        if (!mesh.has_axis(a) || !used.insert(a).second) return false;
+      if (!fs[f].empty() && (rule.factors[f].kind == FactorKind::Replicated ||
+                             rule.factors[f].size % mesh.axes_size(fs[f]) != 0))
+        return false;
+    }
+    auto whole = [&](const std::vector<DimFactors>& dims) {
+      for (const auto& d : dims) {
+        std::size_t want = 0;
+        for (int f : d) want += fs[static_cast<std::size_t>(f)].size();
+        if (compose_dim(mesh, d, rule.factors, fs).size() != want) return false;
+      }
+      return true;
+    };
+    for (const auto& o : rule.operands)
+      if (!whole(o)) return false;
+    for (int r = 0; r < rule.num_results(); ++r)
+      if (!whole(rule.result_dims(r))) return false;
+    return true;
+  }
+
   double comm_estimate(const Op& op, const OpRule& rule, const std::vector<Axes>& fs) {
     double t = 0;
     const std::vector<bool> keep = kept_partials(op, fs);
@@ -468,7 +497,11 @@ struct Partitioner {
     // they stay split the op is emitted in its distributed form, whose statistics
     // all-reduces are added to its cost.
     std::vector<Axes> fs;
-    {
+    // A strategy chosen by automatic sharding is taken as it is: the plan priced the op's
+    // compute and collectives and every reshard around it, where the candidates below are
+    // compared on this op's collectives alone.
+    if (valid_strategy(op, rule)) fs = op.factor_axes;
+    else {
       const OpDef& def = op_def(op.kind);
       std::vector<std::vector<Axes>> cands = {choose_factors(op, rule, true), choose_factors(op, rule, false)};
       // An additive op (add, sub) of operands partial over the same axes: also try each
@@ -549,7 +582,7 @@ struct Partitioner {
       lv.global_shape = outv.shape;
       lv.sharding = rs;
       lv.name = g.values[op.output].name;
-      phys[op.output] = res;
+      phys[op.output] = as_annotated(op.output, res, oi);
       return;
     }
     int out = new_value(op.output, rs, outv.dtype, outv.shape);
@@ -582,7 +615,20 @@ struct Partitioner {
       emit_kernel(oi, OpKind::Mul, {}, {out, c}, scaled);
       out = scaled;
     }
-    phys[op.output] = out;
+    phys[op.output] = as_annotated(op.output, out, oi);
+    for (int r = 1; r < op.num_results(); ++r)
+      phys[static_cast<std::size_t>(op.result(r))] = as_annotated(op.result(r), phys[static_cast<std::size_t>(op.result(r))], oi);
+  }
+
+  // A result the graph annotates is made in its layout at once when the op computed it in
+  // another (the operands' layouts won, or it came out partial): the annotation says where the
+  // value lives, and every consumer reshards from there (as comm_estimate priced it), not each
+  // from the computed layout.
+  int as_annotated(int v, int local, int oi) {
+    if (!g.annotations.count(v)) return local;
+    const Sharding want = prop.shardings[static_cast<std::size_t>(v)].closed_copy();
+    if (want.rank() != static_cast<int>(g.values[static_cast<std::size_t>(v)].shape.size())) return local;
+    return reshard(local, want, oi, fmt::format("to its annotated layout, after {}", g.describe_op(oi)));
   }
 
   // The layout an output is delivered in. A closed output (annotated by the user, or the

@@ -50,7 +50,7 @@ struct AutoShardOptions {
   // The solver's wall clock (the formulation comes on top); 0: automatic, 0.5 s or 0.15 ms per
   // node of the problem, whichever is longer (the anytime method needs time in proportion to
   // the graph: the 96-layer GPT-3 training step, 13,500 nodes, gets 2 s).
-  double time_limit_s = 0;
+  double time_limit_s = 0;  // (so the plan can differ by run: max_iterations fixes it)
   uint64_t seed = 1;
   // With a budget the plan depends only on the graph, the options and this count (solver.hpp).
   int64_t max_iterations = -1;
@@ -91,8 +91,12 @@ struct AutoShardResult {
   // Tied outputs (AutoShardOptions::tied) the plan computes in another layout than their
   // input's: (the output's value id, the input's layout). annotated() reshards each into it.
   std::vector<std::pair<int, Sharding>> tied_layouts;
+  // Per op of the graph, its chosen strategy: per factor of its rule, the mesh axes it is split
+  // over (empty for inputs). annotated() sets Op::factor_axes from it.
+  std::vector<std::vector<std::vector<std::string>>> op_factors;
 
-  // The graph with every value the user did not annotate annotated with its chosen layout;
+  // The graph with every value the user did not annotate annotated with its chosen layout and
+  // every op given its chosen strategy (Op::factor_axes);
   // a tied output computed in another layout than its input's is renamed `<name>.computed`,
   // and an identity (reshape to the same shape) in the input's layout takes its name and its
   // place among the graph's outputs.
@@ -100,6 +104,12 @@ struct AutoShardResult {
   // "%name sharding=[...]" lines, one per input the user did not annotate and one per op
   // result: the layouts as annotations, in the text form (graph_text.hpp).
   std::string layouts_text(const Graph& g) const;
+  // The whole result as JSON and back, e.g. to agree on one plan across the processes of a
+  // multi-process run (a Trainer adopts rank 0's: a time-limited search can end differently in
+  // each process). from_json throws Error when the text is not such a plan or does not fit `g`
+  // (value and op counts, layout ranks), naming what differs.
+  std::string to_json() const;
+  static AutoShardResult from_json(const std::string& text, const Graph& g);
 };
 
 // The formulation alone (for tests and tools): the problem, and per node which value it lays

@@ -58,6 +58,12 @@ struct Op {
   // partitioner re-gathers a ZeRO-3/FSDP weight once per region (PartitionOptions). Not part of
   // the text form: a graph read back from text has none.
   int region = -1;
+  // The op's strategy chosen by automatic sharding (AutoShardResult::annotated): per factor of
+  // its rule (ops/registry.hpp), the mesh axes the factor is split over. The partitioner then
+  // computes the op exactly so, where its heuristic would pick among a few candidates; empty:
+  // none chosen. A strategy that no longer fits the op (another mesh, padded shapes) is
+  // ignored. Not part of the text form.
+  std::vector<std::vector<std::string>> factor_axes;
   int num_results() const { return 1 + static_cast<int>(extra_outputs.size()); }
   // Value id of result r (0 <= r < num_results()).
   int result(int r) const { return r == 0 ? output : extra_outputs.at(static_cast<std::size_t>(r - 1)); }
