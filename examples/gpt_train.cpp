@@ -27,7 +27,7 @@
 // `data`, every other layout of the step (weights, activations, gradients, moments) is chosen
 // by the cost model, within --memory-budget BYTES per device when given; --links gives the
 // cost model the link figures (docs/links.md; e.g. the file tessel-bench --calibrate-links
-// writes). --zero and --accumulate do not apply: auto_shard picks ZeRO-like layouts itself.
+// writes). --zero does not apply: auto_shard picks ZeRO-like layouts itself.
 //
 // Checkpoints (tessel/checkpoint/checkpoint.hpp): with --save-dir DIR the training state (the
 // parameters and AdamW moments, each with its layout on this mesh: Trainer::state_shardings)
@@ -112,7 +112,7 @@ const char* kUsage =
     "saved run's (an error names the one that differs; the seed is taken from the checkpoint).\n"
     "--auto: automatic sharding chooses every layout of the step but the batch's (on data), within\n"
     "--memory-budget BYTES per device when given, pricing collectives with --links (docs/links.md;\n"
-    "default: the cost model's figures). Not with --zero or --accumulate.\n";
+    "default: the cost model's figures). Not with --zero.\n";
 
 using json = nlohmann::json;
 
@@ -288,9 +288,8 @@ int run(int argc, char** argv) {
   if (!auto_layouts && (memory_budget > 0 || !links.empty()))
     throw tessel::UsageError(fmt::format("{} applies to --auto (automatic sharding) only",
                                          memory_budget > 0 ? "--memory-budget" : "--links"));
-  if (auto_layouts && (zero_given || accumulate > 1))
-    throw tessel::UsageError(fmt::format("--auto chooses the layouts of the parameters and optimizer state itself: "
-                                         "leave out {}", zero_given ? "--zero" : "--accumulate"));
+  if (auto_layouts && zero_given)
+    throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
 
   // What a checkpoint keeps besides the state, and what a resumed run must share with it.
   json meta = {{"tool", "gpt_train"},

@@ -109,41 +109,76 @@ struct Trainer::Impl {
     Tensor loss;
     std::vector<Tensor> ps;
     Graph g = copy(loss, ps);
-    if (accumulated) refuse_auto_accumulation();
     const std::map<int, Annotation> user = g.annotations;  // the model's own (e.g. the batch on data)
     TrainStep s = add_train_step(g, loss, ps, mesh, train_options(g, accumulated));
-    if (o.auto_shard) {
-      // The step's own layouts (parameters, moments, gradients) are left to auto_shard, each
-      // update tied to its parameter so the donated state keeps one layout.
-      g.annotations = user;
-      AutoShardOptions ao = *o.auto_shard;
-      const auto tied = s.donations();
-      ao.tied.insert(ao.tied.end(), tied.begin(), tied.end());
-      auto_result = auto_shard(g, mesh, ao);
-      Graph chosen = auto_result->annotated(g);
-      // Gathers of the chosen layouts (FSDP-like parameters, updates computed sharded and
-      // gathered into the parameter's layout) are the plan's own, priced by it: not warnings.
-      for (auto& [v, a] : chosen.annotations)
-        if (!user.count(v)) a.gather_expected = true;
-      return build(chosen, s.donations());
-    }
-    return build(g, s.donations());
+    if (!o.auto_shard) return build(g, s.donations());
+    // The step's own layouts (parameters, moments, gradients) are left to auto_shard, each
+    // update tied to its parameter so the donated state keeps one layout. The update that
+    // ends an accumulation takes the state in the layouts the plain update keeps it in.
+    g.annotations = user;
+    if (accumulated) pin_inputs(g, *update, state_names());
+    return build_auto(g, s.donations(), accumulated ? nullptr : &auto_result);
   }
-  void refuse_auto_accumulation() const {
-    if (o.auto_shard)
-      throw Error(
-          "Trainer: gradient accumulation (several micro-batches per step) with TrainerOptions::auto_shard is not "
-          "supported: the accumulation programs would need the update program's chosen layouts; give one batch per "
-          "step, or annotate the model by hand");
+  // auto_shard of `g` (its annotations kept, the donations tied), compiled and loaded.
+  Loaded build_auto(Graph& g, const std::vector<std::pair<std::string, std::string>>& donations,
+                    std::optional<AutoShardResult>* result) {
+    AutoShardOptions ao = *o.auto_shard;
+    ao.tied.insert(ao.tied.end(), donations.begin(), donations.end());
+    AutoShardResult r = auto_shard(g, mesh, ao);
+    // Under a multi-process runtime every process searched alone, and a time-limited search
+    // can end differently in each: all adopt rank 0's plan.
+    if (rt->process_count() > 1) r = AutoShardResult::from_json(rt->allgather_host(r.to_json()).at(0), g);
+    Graph chosen = r.annotated(g);
+    // Every gather of the program is the plan's own, priced by it (FSDP-like parameters,
+    // updates computed sharded and gathered into the parameter's layout, the batch gathered
+    // for an op the plan computes whole): not warnings.
+    for (auto& [v, a] : chosen.annotations) a.gather_expected = true;
+    if (result) *result = std::move(r);
+    return build(chosen, donations);
+  }
+  // The parameters and their moments, by input name.
+  std::vector<std::string> state_names() const {
+    std::vector<std::string> n = params;
+    for (const std::string& p : params) {
+      n.push_back("adam.m." + p);
+      n.push_back("adam.v." + p);
+    }
+    return n;
+  }
+  // Annotates the inputs of `g` named in `names` with the layouts program `from` takes them in,
+  // so that its arrays fit (their gathers by design).
+  void pin_inputs(Graph& g, const Loaded& from, const std::vector<std::string>& names) const {
+    const Program& p = from.exe.program();
+    const Graph& fg = from.exe.graph();
+    for (const std::string& n : names) {
+      const int v = g.find(n);
+      for (std::size_t i = 0; v >= 0 && i < fg.inputs.size(); ++i)
+        if (fg.values[static_cast<std::size_t>(fg.inputs[i])].name == n) {
+          g.annotate(v, p.values[static_cast<std::size_t>(p.inputs[i])].sharding.closed_copy());
+          g.expect_gathers(g.tensor(v));
+        }
+    }
   }
   Loaded& micro_program() {
-    refuse_auto_accumulation();
     if (!micro) {
+      if (o.auto_shard) update_acc_program();  // the layouts it takes the accumulated gradients in
       Tensor loss;
       std::vector<Tensor> ps;
       Graph g = copy(loss, ps);
+      const std::map<int, Annotation> user = g.annotations;
       GradAccumulation a = add_grad_accumulation(g, loss, ps, mesh, train_options(g, true));
-      micro = build(g, a.donations());
+      if (!o.auto_shard) {
+        micro = build(g, a.donations());
+      } else {
+        // The parameters as the update keeps them, the accumulated gradients as the update
+        // that ends the accumulation takes them; the rest chosen by auto_shard.
+        g.annotations = user;
+        pin_inputs(g, *update, params);
+        std::vector<std::string> acc;
+        for (const Tensor& t : a.acc) acc.push_back(t.name());
+        pin_inputs(g, *update_acc, acc);
+        micro = build_auto(g, a.donations(), nullptr);
+      }
     }
     return *micro;
   }

@@ -77,6 +77,10 @@ if(TARGET tessel_example_gpt_train AND TESSEL_MPIRUN)
   add_test(NAME "mpi: documented mpirun -np 2 gpt_train --mesh data=2 model=2 --zero 2 matches one device"
            COMMAND ${_mpirun_doc} -np 2 $<TARGET_FILE:tessel_example_gpt_train> --mesh data=2,model=2 --zero 2)
   list(APPEND _mpi_doc_tests "mpi: documented mpirun -np 2 gpt_train --mesh data=2 model=2 --zero 2 matches one device")
+  # docs/training.md, "Automatic layouts": each process searches, rank 0's plan is adopted.
+  add_test(NAME "mpi: documented mpirun -np 2 gpt_train --mesh data=2 model=2 --auto matches one device"
+           COMMAND ${_mpirun_doc} -np 2 $<TARGET_FILE:tessel_example_gpt_train> --mesh data=2,model=2 --auto)
+  list(APPEND _mpi_doc_tests "mpi: documented mpirun -np 2 gpt_train --mesh data=2 model=2 --auto matches one device")
 endif()
 if(_mpi_doc_tests)
   set_tests_properties(${_mpi_doc_tests} PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE)

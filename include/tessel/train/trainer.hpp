@@ -83,7 +83,10 @@ struct TrainerOptions {
   // annotations are kept (e.g. only the batch on `data`), every other layout of the step is
   // chosen, the parameters, moments and gradients included (the ZeRO stage in `train` is then
   // not used: auto_shard picks ZeRO-like layouts itself when they pay or the memory budget asks
-  // for them); each updated parameter is tied to its parameter. Not with gradient accumulation.
+  // for them); each updated parameter is tied to its parameter. With gradient accumulation the
+  // update that ends it and the micro-batch program are searched too, each taking the state
+  // (and the accumulated gradients) in the layouts the program after it keeps them in. Under a
+  // multi-process runtime every process adopts rank 0's plans (AutoShardResult::to_json).
   std::optional<AutoShardOptions> auto_shard;
 };
 
