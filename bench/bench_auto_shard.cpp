@@ -91,14 +91,7 @@ using Donations = std::vector<std::pair<std::string, std::string>>;
 // input (the parameters and moments updated in place) counted once, as a Trainer loads it.
 int64_t loaded_peak(const tessel::Executable& exe, const Donations& donations) {
   tessel::Program low = tessel::lower_program(exe.program(), false, {});
-  const tessel::Graph& g = exe.graph();
-  std::vector<int> donate(low.inputs.size(), -1);
-  for (const auto& [in_name, out_name] : donations)
-    for (std::size_t i = 0; i < g.inputs.size(); ++i)
-      if (g.values[static_cast<std::size_t>(g.inputs[i])].name == in_name)
-        for (std::size_t o = 0; o < g.outputs.size(); ++o)
-          if (g.values[static_cast<std::size_t>(g.outputs[o])].name == out_name) donate[i] = static_cast<int>(o);
-  tessel::plan_donations(low, donate);
+  tessel::plan_donations(low, exe.graph(), donations);
   return low.memory_plan().peak_bytes();
 }
 

@@ -146,6 +146,16 @@ std::vector<int> donated_outputs(const Program& p, const std::vector<int>& donat
   return into;
 }
 
+void plan_donations(Program& p, const Graph& g, const std::vector<std::pair<std::string, std::string>>& donations) {
+  std::vector<int> donate(p.inputs.size(), -1);
+  for (const auto& [in_name, out_name] : donations)
+    for (std::size_t i = 0; i < g.inputs.size() && i < donate.size(); ++i)
+      if (g.values[static_cast<std::size_t>(g.inputs[i])].name == in_name)
+        for (std::size_t o = 0; o < g.outputs.size(); ++o)
+          if (g.values[static_cast<std::size_t>(g.outputs[o])].name == out_name) donate[i] = static_cast<int>(o);
+  plan_donations(p, donate);
+}
+
 void plan_donations(Program& p, const std::vector<int>& donate) {
   if (donate.size() != p.inputs.size())
     throw Error(fmt::format("plan_donations: {} donation entries for a program with {} inputs (one per input: the "

@@ -93,17 +93,7 @@ double price(const ModelJob& job, const Pool& pool, const ProfileOptions& o, Can
   }
   // Memory: its plan with each output written into its donor (the parameters and moments
   // updated in place) counted once, as the Trainer loads it.
-  std::vector<std::string> inputs, outputs;
-  for (int v : cs.exe.graph().inputs) inputs.push_back(cs.exe.graph().values[static_cast<std::size_t>(v)].name);
-  for (int v : cs.exe.graph().outputs) outputs.push_back(cs.exe.graph().values[static_cast<std::size_t>(v)].name);
-  std::vector<int> donate(low.inputs.size(), -1);
-  for (const auto& [in_name, out_name] : cs.donations) {
-    const auto i = std::find(inputs.begin(), inputs.end(), in_name);
-    const auto out = std::find(outputs.begin(), outputs.end(), out_name);
-    if (i != inputs.end() && out != outputs.end())
-      donate[static_cast<std::size_t>(i - inputs.begin())] = static_cast<int>(out - outputs.begin());
-  }
-  plan_donations(low, donate);
+  plan_donations(low, cs.exe.graph(), cs.donations);
   c.peak_bytes = static_cast<double>(low.memory_plan().peak_bytes());
   // An offload's copies to the host and back: on their own stream, but priced in full (the PCIe
   // link is the bottleneck where offloading is needed at all).

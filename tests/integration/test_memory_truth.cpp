@@ -125,6 +125,13 @@ TEST_CASE("memory plan: an output written into its donated input's buffer is cou
     Program p = donated.program();
     plan_donations(p, {0});
   }(), Catch::Contains("one per input"));
+  // By name, as LoadOptions::donate gives them: the plan load made; unknown names are skipped.
+  Program by_name = kept.program();
+  plan_donations(by_name, exe.graph(), {{"w", "next.w"}, {"nope", "next.w"}, {"w", "nope"}});
+  CHECK(by_name.memory_plan().donated_bytes == shard);
+  CHECK(by_name.memory_plan().peak_bytes() == b.peak_bytes());
+  plan_donations(by_name, exe.graph(), {{"nope", "next.w"}});
+  CHECK(by_name.memory_plan().donated_bytes == 0);
 }
 
 TEST_CASE("memory: an allocation the plan does not know of shows in the measured peak only", "[memory]") {

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "tessel/passes/collective_matmul.hpp"
+#include "tessel/ir/graph.hpp"
 #include "tessel/ir/program.hpp"
 
 namespace tessel {
@@ -126,6 +127,11 @@ std::vector<int> donated_outputs(const Program& p, const std::vector<int>& donat
 // that MemoryPlan::peak_bytes() counts each of them once. Load calls it once donation is
 // known; Error when `donate` does not have one entry per input.
 void plan_donations(Program& p, const std::vector<int>& donate);
+// The same from (input name, output name) pairs of `g`, the graph p was partitioned from (its
+// inputs and outputs in p's order), as LoadOptions::donate names them; a pair naming no input
+// or output of g is skipped. Then p.memory_plan().peak_bytes() is the peak per device of the
+// program load() runs (e.g. a training step's parameters and moments updated in place).
+void plan_donations(Program& p, const Graph& g, const std::vector<std::pair<std::string, std::string>>& donations);
 
 using ProgramPassFn = std::function<Program(Program)>;
 
