@@ -28,7 +28,9 @@ struct CudaRuntime::Impl {
 namespace {
 
 // Lets every GPU of the set read the others' memory (the virtual-device reductions pull peers'
-// buffers directly).
+// buffers directly). Peer access covers cudaMalloc memory only: memory from a GPU's
+// stream-ordered pool (cudaMallocAsync, what CudaBackend allocates from) is visible to another
+// GPU only once the pool grants it (cudaMemPoolSetAccess), so every pool grants every peer.
 void enable_peer_access(const std::set<int>& gpus) {
   for (int a : gpus)
     for (int b : gpus) {
@@ -45,6 +47,26 @@ void enable_peer_access(const std::set<int>& gpus) {
         throw RuntimeError(fmt::format("CudaRuntime: GPU {} cannot access GPU {}: {}", a, b, cudaGetErrorString(e)));
       cudaGetLastError();  // clears cudaErrorPeerAccessAlreadyEnabled
     }
+  for (int b : gpus) {
+    int pools = 0;
+    TESSEL_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, b));
+    if (!pools) continue;  // the backend falls back to cudaMalloc there
+    cudaMemPool_t pool;
+    TESSEL_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, b));
+    for (int a : gpus) {
+      if (a == b) continue;
+      cudaMemAccessDesc desc{};
+      desc.location.type = cudaMemLocationTypeDevice;
+      desc.location.id = a;
+      desc.flags = cudaMemAccessFlagsProtReadWrite;
+      const cudaError_t e = cudaMemPoolSetAccess(pool, &desc, 1);
+      if (e != cudaSuccess)
+        throw RuntimeError(fmt::format("CudaRuntime: GPU {}'s memory pool cannot be opened to GPU {} "
+                                       "(cudaMemPoolSetAccess: {}), which the virtual-device collectives need; use "
+                                       "use_nccl, num_gpus = 1, or TESSEL_CUDA_MEMORY_POOLS=0",
+                                       b, a, cudaGetErrorString(e)));
+    }
+  }
 }
 
 std::string no_gpu_message(const char* who) {

@@ -35,6 +35,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <shared_mutex>
 #include <thread>
 
 namespace tessel::cuda {
@@ -127,11 +128,8 @@ class NcclCommunicator : public Communicator {
       return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, st);
     });
   }
-  void group_start() override { TESSEL_NCCL_CHECK(ncclGroupStart()); ++group_depth_; }
-  void group_end() override {
-    --group_depth_;
-    TESSEL_NCCL_CHECK(ncclGroupEnd());
-  }
+  void group_start() override;
+  void group_end() override;
   void abort(const std::string& reason) override;
 
   // For the watchdog (under its lock): true when a collective has been pending too long.
@@ -165,6 +163,9 @@ class NcclCommunicator : public Communicator {
   Pending pending_;
   void* barrier_buf_ = nullptr;
   int group_depth_ = 0;
+  // Held shared from the outermost group_start to its group_end: a group's calls are issued at
+  // its end, so the whole group is one call for the world's guard (NcclWorld::calls_mutex).
+  std::shared_lock<std::shared_timed_mutex> group_guard_;
 };
 
 class NcclWorld : public CollectiveWorld {
@@ -287,6 +288,11 @@ class NcclWorld : public CollectiveWorld {
         // best effort: the peers still have their own watchdogs
       }
     }
+    // Calls that passed their aborted() check before it was set finish enqueueing first. A call
+    // blocked inside NCCL (a peer that never comes) does not: after 2 s the abort goes ahead,
+    // since ncclCommAbort is what releases such a call. Calls that come later see aborted().
+    std::unique_lock<std::shared_timed_mutex> calls(calls_mu_, std::defer_lock);
+    (void)calls.try_lock_for(std::chrono::seconds(2));
     // ncclCommAbort also stops kernels still running on the device: blocked streams return.
     std::lock_guard<std::mutex> lk(split_mu_);
     for (auto& [axes, comms] : split_)
@@ -383,6 +389,14 @@ class NcclWorld : public CollectiveWorld {
   std::string reason_;
   bool stop_ = false;
   std::thread watchdog_;
+  // Calls into the communicators hold it shared from their aborted() check through the NCCL
+  // call; an abort takes it exclusively before freeing them (ncclCommAbort), so no call uses
+  // a communicator the watchdog has freed (finding 10 of issue 22).
+  std::shared_timed_mutex calls_mu_;
+
+ public:
+  // The shared side, for NcclCommunicator::call.
+  std::shared_timed_mutex& calls_mutex() { return calls_mu_; }
 };
 
 NcclCommunicator::~NcclCommunicator() {
@@ -393,8 +407,24 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::abort(const std::string& reason) { w_.abort(reason); }
 
+void NcclCommunicator::group_start() {
+  if (group_depth_ == 0) group_guard_ = std::shared_lock<std::shared_timed_mutex>(w_.calls_mutex());
+  TESSEL_NCCL_CHECK(ncclGroupStart());
+  ++group_depth_;
+}
+
+void NcclCommunicator::group_end() {
+  --group_depth_;
+  const ncclResult_t r = ncclGroupEnd();
+  if (group_depth_ == 0 && group_guard_.owns_lock()) group_guard_.unlock();
+  TESSEL_NCCL_CHECK(r);
+}
+
 template <class F>
 void NcclCommunicator::call(const char* what, Stream& s, F&& f) {
+  // The communicator stays alive to the end of the call (inside a group the group holds it).
+  std::shared_lock<std::shared_timed_mutex> calls(w_.calls_mutex(), std::defer_lock);
+  if (group_depth_ == 0) calls.lock();
   if (w_.aborted()) throw RuntimeError(fmt::format("nccl {}: the world was aborted: {}", what, w_.reason()));
   CudaStream& cs = cuda_stream(s, "nccl communicator");
   DeviceGuard g(device_);
@@ -402,6 +432,8 @@ void NcclCommunicator::call(const char* what, Stream& s, F&& f) {
   if (r != ncclSuccess && r != ncclInProgress) {
     const std::string msg = fmt::format("nccl {} on device {} (rank {} of {} in group {}): {}", what, device_, rank_,
                                         size_, group_, ncclGetErrorString(r));
+    if (calls.owns_lock()) calls.unlock();  // the abort takes it exclusively
+    if (group_guard_.owns_lock()) group_guard_.unlock();
     w_.abort(msg);
     throw RuntimeError(msg);
   }
