@@ -237,7 +237,21 @@ T bits_as(uint64_t bits) {
 
 }  // namespace
 
+__global__ void k_spin(int64_t ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < static_cast<unsigned long long>(ns));
+}
+
 // ---- launchers -------------------------------------------------------------------------------------
+
+void spin(int64_t ns, StreamHandle s) {
+  if (ns <= 0) return;
+  k_spin<<<1, 1, 0, as_stream(s)>>>(ns);
+  TESSEL_CUDA_LAUNCH_CHECK("spin");
+}
 
 void fill_bits(void* out, int64_t n, std::size_t elem, uint64_t bits, StreamHandle s) {
   if (n <= 0) return;

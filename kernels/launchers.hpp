@@ -96,6 +96,9 @@ struct DeviceError {
 
 // ---- copies and fills (dtype-generic by element size: 1, 2, 4 or 8 bytes) --------------------
 void fill_bits(void* out, int64_t n, std::size_t elem, uint64_t bits, StreamHandle s);
+// One thread busy for `ns` nanoseconds of the GPU's global timer: a delay in stream order
+// (CudaBackendOptions::debug_delay_us).
+void spin(int64_t ns, StreamHandle s);
 // out[off0] = in[off1] over loop (stride 0: result, 1: operand).
 void strided_copy(const void* in, void* out, std::size_t elem, const Loop& loop, StreamHandle s);
 

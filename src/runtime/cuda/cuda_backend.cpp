@@ -287,6 +287,14 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options) : options_(options) 
                                    n == 1 ? "" : "s", n == 0 ? "; is a driver installed and CUDA_VISIBLE_DEVICES set?" : ""));
   DeviceGuard g(options_.device);
   if (const char* jit = std::getenv("TESSEL_CUDA_FUSED_JIT"); jit && std::string(jit) == "0") options_.fused_jit = false;
+  if (const char* d = std::getenv("TESSEL_CUDA_DEBUG_DELAY_US"); d && *d) {
+    char* end = nullptr;
+    const long v = std::strtol(d, &end, 10);
+    if (*end != '\0' || v < 0 || v > 1000000)
+      throw RuntimeError(fmt::format("TESSEL_CUDA_DEBUG_DELAY_US='{}': expected microseconds, 0 to 1000000", d));
+    options_.debug_delay_us = static_cast<int>(v);
+  }
+  delay_state_ = 0x5eed0000ULL + static_cast<uint64_t>(options_.device);
   // Stream-ordered memory pools are optional (cudaDevAttrMemoryPoolsSupported): without them,
   // plain cudaMalloc/cudaFree, said once per process on stderr. TESSEL_CUDA_MEMORY_POOLS=0
   // forces the fallback (to test it on a GPU that has pools).
@@ -447,7 +455,25 @@ void CudaBackend::poison(Buffer& b, DType dtype, Stream& s) {
 
 void CudaBackend::run_kernel(const KernelArgs& args, Stream& s) {
   CudaStream& cs = cuda_stream(s, "cuda backend run_kernel");
-  enqueue(cs, options_.device, [&] { run_cuda_kernel(*this, args, cs); });
+  enqueue(cs, options_.device, [&] {
+    debug_delay(cs);
+    run_cuda_kernel(*this, args, cs);
+  });
+}
+
+void CudaBackend::debug_delay(CudaStream& s) {
+  if (options_.debug_delay_us <= 0) return;
+  uint64_t z;
+  {
+    std::lock_guard<std::mutex> lk(delay_mu_);
+    z = (delay_state_ += 0x9e3779b97f4a7c15ULL);
+  }
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  if (z & 1) return;  // half of the time no delay
+  const int64_t ns = static_cast<int64_t>((z >> 1) % (static_cast<uint64_t>(options_.debug_delay_us) * 1000 + 1));
+  cuda_kernels::spin(ns, s.handle());
 }
 
 bool CudaBackend::has_kernel(OpKind kind) const { return has_cuda_kernel(kind); }

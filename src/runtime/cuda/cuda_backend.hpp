@@ -183,9 +183,14 @@ class CudaBackend : public Backend {
   // cudaDevAttrMemoryPoolsSupported is 0 (some virtualised GPUs, older drivers) or
   // TESSEL_CUDA_MEMORY_POOLS=0; then cudaMalloc/cudaFree, freeing after the stream synchronises.
   bool memory_pools() const { return pools_; }
+  // CudaBackendOptions::debug_delay_us: maybe a random spin on `s` (before a kernel or a
+  // collective's work is enqueued there); nothing when the option is 0.
+  void debug_delay(CudaStream& s);
 
  private:
   CudaBackendOptions options_;
+  std::mutex delay_mu_;
+  uint64_t delay_state_ = 0;  // splitmix64 state of the debug delays
   cudaStream_t alloc_stream_ = nullptr;
   bool pools_ = true;
   PinnedPool pinned_;

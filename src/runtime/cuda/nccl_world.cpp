@@ -428,6 +428,7 @@ void NcclCommunicator::call(const char* what, Stream& s, F&& f) {
   if (w_.aborted()) throw RuntimeError(fmt::format("nccl {}: the world was aborted: {}", what, w_.reason()));
   CudaStream& cs = cuda_stream(s, "nccl communicator");
   DeviceGuard g(device_);
+  cs.backend().debug_delay(cs);
   const ncclResult_t r = f(cs.handle());
   if (r != ncclSuccess && r != ncclInProgress) {
     const std::string msg = fmt::format("nccl {} on device {} (rank {} of {} in group {}): {}", what, device_, rank_,

@@ -274,6 +274,7 @@ class VirtualCommunicator : public Communicator {
     CudaStream& cs = cuda_stream(s, "cuda virtual communicator");
     const std::string label = what(p.kind);
     DeviceGuard guard(cs.backend().device());
+    cs.backend().debug_delay(cs);
     const std::size_t m = static_cast<std::size_t>(me);
     if (!ch.ready[m]) {
       TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&ch.ready[m], cudaEventDisableTiming));

@@ -53,6 +53,12 @@ struct CudaBackendOptions {
   // Both give the same bits; on an H200 the GPT-2 124M forward took 17.3 ms with the JIT and
   // 32.4 ms without.
   bool fused_jit = true;
+  // > 0: a debugging aid for ordering bugs between streams and devices. Before every kernel
+  // and collective, with probability 1/2, a one-thread kernel spins for a random 0 to this many
+  // microseconds on the stream it is enqueued on, so that work on other streams runs ahead and
+  // a missing wait shows as a wrong or changing result. Also set by the environment variable
+  // TESSEL_CUDA_DEBUG_DELAY_US (scripts/gpu-check phase 2 runs the stress test with it).
+  int debug_delay_us = 0;
 };
 
 // One device of a mesh on GPU options.device. Throws RuntimeError naming the device when
