@@ -1,5 +1,6 @@
 // Helpers of the GPU tests: skipping (exit code 77, CTest's SKIP_RETURN_CODE for this binary:
-// Debian's Catch2 2.13 has no SKIP), and host-side dtype conversion of test tensors.
+// Debian's Catch2 2.13 has no SKIP) and their GPT. The kernel-level harness is
+// tests/unit/kernel_check.hpp (shared with the CPU suite).
 #pragma once
 
 #include <cstdio>
@@ -18,14 +19,6 @@ constexpr int kSkipCode = 77;
   std::printf("SKIPPED: %s\n", why.c_str());
   std::fflush(stdout);
   std::_Exit(kSkipCode);
-}
-
-// t converted element by element (through double) to dtype `to`.
-inline tessel::HostTensor converted(const tessel::HostTensor& t, tessel::DType to) {
-  if (t.dtype() == to) return t;
-  tessel::HostTensor r(to, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
-  return r;
 }
 
 // The GPT of the GPU tests: batch 4, seq 16, d_model 32, 4 heads, vocab 64.
