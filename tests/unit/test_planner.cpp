@@ -102,6 +102,68 @@ TEST_CASE("planner: the exact program and the fast method against brute force on
   CHECK(fast_optimal * 2 >= cases);
 }
 
+TEST_CASE("planner: branch and bound equals brute force on small random batches", "[planner]") {
+  const uint64_t seed = test_seed() + 3;
+  INFO("seed " << seed);
+  std::printf("planner branch-and-bound test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const Pool pools[] = {{1, 4}, {2, 2}, {1, 2}, {2, 4}, {1, 8}};
+  int32_t improved = 0;
+  for (int32_t trial = 0; trial < 40; ++trial) {
+    const Pool& pool = pools[trial % 5];
+    const int32_t n = pool.nodes > 1 || pool.devices_per_node == 8 ? 3 + trial % 3 : 4 + trial % 3;
+    std::vector<JobProfile> jobs = random_jobs(rng, n, pool.nodes > 1);
+    if (trial % 4 == 1) {  // identical jobs (the twin rule)
+      jobs[1].steps = jobs[0].steps;
+      jobs[1].step_time_s = jobs[0].step_time_s;
+      jobs[1].may_span_nodes = jobs[0].may_span_nodes;
+    }
+    if (pool.devices_per_node == 8)
+      for (JobProfile& j : jobs) j.step_time_s[8] = j.step_time_s.rbegin()->second / 1.5;
+    INFO("trial " << trial << " pool " << pool.nodes << "x" << pool.devices_per_node << "\n" << jobs_to_json(jobs));
+    const Schedule brute = plan_brute_force(jobs, pool);
+    PlanOptions o;
+    o.time_limit_s = 0;  // deterministic: the search alone decides
+    o.enumerate = false;
+    o.max_iterations = 0;  // a weak first plan, so the search has something to find
+    const Schedule bnb = plan_branch_and_bound(jobs, pool, o);
+    validate_schedule(bnb, jobs, pool);
+    CHECK(bnb.optimal);
+    CHECK_THAT(bnb.method, Catch::Contains("proven optimal"));
+    CHECK(bnb.makespan_s == Approx(brute.makespan_s).epsilon(1e-9));
+    CHECK(bnb.lower_bound_s <= brute.makespan_s * (1 + 1e-9));
+    PlanOptions fast_options = o;
+    if (plan_fast(jobs, pool, fast_options).makespan_s > bnb.makespan_s * (1 + 1e-9)) ++improved;
+  }
+  std::printf("planner: branch and bound improved on the first plan in %d of 40 cases\n", improved);
+  CHECK(improved > 0);
+}
+
+TEST_CASE("planner: branch and bound stopped early is not proven and bad requests are clear errors", "[planner]") {
+  std::mt19937_64 rng(test_seed() + 4);
+  const std::vector<JobProfile> jobs = random_jobs(rng, 9, true);
+  const Pool pool{2, 4};
+  PlanOptions o;
+  o.time_limit_s = 0;
+  o.enumerate = false;
+  o.max_iterations = 0;
+  o.exact_max_nodes = 3;
+  const Schedule s = plan_branch_and_bound(jobs, pool, o);
+  validate_schedule(s, jobs, pool);
+  if (!s.optimal) {  // (the first plan may already meet the bound: then it is proven without a search)
+    CHECK_THAT(s.method, Catch::Contains("node budget"));
+    CHECK(s.lower_bound_s < s.makespan_s);
+  }
+  CHECK(s.lower_bound_s >= makespan_lower_bound(jobs, pool) * (1 - 1e-12));
+  PlanOptions sum;
+  sum.objective = Objective::sum_completion;
+  CHECK_THROWS_WITH(plan_branch_and_bound(jobs, pool, sum), Catch::Contains("minimises the makespan"));
+  std::vector<JobProfile> many;
+  for (int32_t k = 0; k < 8; ++k) many.insert(many.end(), jobs.begin(), jobs.end());
+  for (std::size_t j = 0; j < many.size(); ++j) many[j].name = "job" + std::to_string(j);
+  CHECK_THROWS_WITH(plan_branch_and_bound(many, pool), Catch::Contains("at most 64 jobs") && Catch::Contains("72"));
+}
+
 TEST_CASE("planner: the fast method is deterministic and never below the bound", "[planner]") {
   const uint64_t seed = test_seed() + 1;
   INFO("seed " << seed);
