@@ -367,7 +367,21 @@ class BranchAndBound {
         max_nodes_(max_nodes),
         time_limit_s_(time_limit_s),
         t0_(t0) {
+    // The search's own job order: largest least area first, so that a depth-first search
+    // starting jobs in index order places the big ones first (longest first, as list
+    // scheduling does) and finds good plans early.
     for (const auto& modes : inst.modes) modes_.push_back(useful_modes(modes));
+    perm_.resize(static_cast<std::size_t>(n_));
+    std::iota(perm_.begin(), perm_.end(), 0);
+    auto least = [&](int32_t j) {
+      double a = std::numeric_limits<double>::infinity();
+      for (const BMode& m : modes_[j]) a = std::min(a, m.area());
+      return a;
+    };
+    std::stable_sort(perm_.begin(), perm_.end(), [&](int32_t a, int32_t b) { return least(a) > least(b); });
+    std::vector<std::vector<BMode>> by_search_order;
+    for (int32_t j : perm_) by_search_order.push_back(modes_[j]);
+    modes_ = std::move(by_search_order);
     twin_.assign(static_cast<std::size_t>(n_), -1);
     for (int32_t j = 0; j < n_; ++j)
       for (int32_t i = j - 1; i >= 0 && twin_[j] < 0; --i) {
@@ -516,22 +530,27 @@ class BranchAndBound {
       double makespan = 0;
       for (const auto& f : free_) makespan = std::max(makespan, f.back());
       if (makespan <= target()) {
-        best_ = makespan;
         improved_ = true;
+        const std::size_t n = static_cast<std::size_t>(n_);
+        best_timeline_.start.assign(n, 0.0);
+        best_timeline_.nodes.assign(n, {});
+        best_mode_.assign(n, 0);
+        best_timeline_.makespan = makespan;
+        best_timeline_.sum_completion = 0;
+        for (int32_t i = 0; i < n_; ++i) {
+          const int32_t j = perm_[i];
+          best_timeline_.start[j] = start_[i];
+          best_timeline_.nodes[j] = where_[i];
+          best_mode_[j] = modes_[i][mode_[i]].index;
+          best_timeline_.sum_completion += start_[i] + modes_[i][mode_[i]].p;
+        }
+        polisher_.polish(best_timeline_, best_mode_);
+        best_ = best_timeline_.makespan;
         // The new plan may meet the packing bound of the whole batch: then it is optimal.
         if (root_packs_within(target(), 1000000) == Packer::Result::does_not_fit) {
           proven_by_bound_ = true;
           aborted_ = true;
         }
-        best_timeline_.start = start_;
-        best_timeline_.nodes = where_;
-        best_timeline_.makespan = makespan;
-        best_timeline_.sum_completion = 0;
-        for (int32_t j = 0; j < n_; ++j) best_timeline_.sum_completion += start_[j] + modes_[j][mode_[j]].p;
-        best_mode_.assign(static_cast<std::size_t>(n_), 0);
-        for (int32_t j = 0; j < n_; ++j) best_mode_[j] = modes_[j][mode_[j]].index;
-        polisher_.polish(best_timeline_, best_mode_);
-        best_ = best_timeline_.makespan;
       }
       return;
     }
@@ -655,7 +674,8 @@ class BranchAndBound {
   int64_t max_nodes_;
   double time_limit_s_;
   std::chrono::steady_clock::time_point t0_;
-  std::vector<std::vector<BMode>> modes_;
+  std::vector<std::vector<BMode>> modes_;  // in the search's order: job i is perm_[i]
+  std::vector<int32_t> perm_;
   std::vector<int32_t> twin_;
   std::unique_ptr<Packer> packer_;
   std::vector<double> room_;
