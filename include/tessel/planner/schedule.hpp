@@ -11,9 +11,10 @@
 // Methods (docs/planner.md):
 //  - plan_fast: malleable list scheduling. Device counts from the dual approximation (for a
 //    target makespan T, each job takes the count of least device-seconds that finishes within
-//    T), jobs placed in priority order by the serial schedule-generation scheme (each at the
-//    earliest moment its devices are free, filling holes), then a local search over the order
-//    and the counts. Deterministic: the same input gives the same plan (an iteration budget,
+//    T; also with a slack towards wider counts) and, on small batches, from a packing of the
+//    jobs onto the devices; jobs placed in priority order by the serial schedule-generation
+//    scheme (each at the earliest moment its devices are free, filling holes), then a local
+//    search over the order and the counts, in restart rounds. Deterministic: the same input gives the same plan (an iteration budget,
 //    not the clock, ends the search; time_limit_s only cuts it short).
 //  - plan_exact: a mixed-integer program on CBC (one binary per job and device-count/node
 //    choice, precedence binaries, a flow of devices of each node from job to job, the area
@@ -72,6 +73,9 @@ struct PlanOptions {
   // plan_branch_and_bound: stop after this many search nodes (-1: no budget, the time limit
   // only); a search stopped early is reported as not proven.
   int64_t exact_max_nodes = -1;
+  // plan_branch_and_bound starts from the fast plan, polished (true), or from each job alone one
+  // after another, unpolished (false: the search alone has to find the optimum; tests).
+  bool exact_warm_start = true;
   // Devices already busy (jobs running when a pool re-plans): device_free_at[d] is when global
   // device d becomes free (empty, or 0: free at time 0). plan_fast places the jobs around them;
   // the other methods do not take it.
