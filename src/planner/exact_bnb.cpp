@@ -186,7 +186,10 @@ class BranchAndBound {
   // Searches for a plan shorter than the incumbent; returns whether the incumbent is proven
   // optimal (the search finished, or a plan it found meets the packing bound).
   bool run() {
-    if (root_packs_within(target(), 1000000) == Packer::Result::does_not_fit) return true;
+    if (root_packs_within(target(), 1000000) == Packer::Result::does_not_fit) {
+      proven_by_bound_ = true;
+      return true;
+    }
     free_.assign(static_cast<std::size_t>(nodes_), std::vector<double>(static_cast<std::size_t>(dpn_), 0.0));
     left_ = n_ == 64 ? ~0ULL : ((1ULL << n_) - 1);
     start_.assign(static_cast<std::size_t>(n_), 0.0);

@@ -554,7 +554,10 @@ Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanO
   if (try_exact && !best.optimal) {
     PlanOptions exact_options = options;
     if (options.time_limit_s > 0) exact_options.time_limit_s = std::max(0.05, options.time_limit_s - elapsed(t0));
-    Schedule exact = plan_exact(jobs, pool, exact_options);
+    // The makespan: the branch and bound (it proves what CBC only brackets); the sum of
+    // completion times: CBC.
+    Schedule exact = options.objective == Objective::makespan ? plan_branch_and_bound(jobs, pool, exact_options)
+                                                              : plan_exact(jobs, pool, exact_options);
     const bool better = options.objective == Objective::makespan ? exact.makespan_s < best.makespan_s
                                                                  : exact.sum_completion_s < best.sum_completion_s;
     if (better || exact.optimal) {
@@ -562,7 +565,8 @@ Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanO
       best = exact;
     } else {
       best.lower_bound_s = std::max(exact.lower_bound_s, best.lower_bound_s);
-      best.method += "; CBC found no better plan in its time";
+      best.method += options.objective == Objective::makespan ? "; branch and bound found no better plan in its time"
+                                                               : "; CBC found no better plan in its time";
     }
   }
   if (pool.cores > 0 && options.objective == Objective::makespan) {

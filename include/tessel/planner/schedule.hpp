@@ -69,7 +69,7 @@ struct PlanOptions {
   // the local search (to compare the search with the optimum).
   bool enumerate = true;
   uint64_t seed = 1;
-  int32_t exact_max_jobs = 12;        // plan(): CBC after the fast method up to this many jobs
+  int32_t exact_max_jobs = 12;        // plan(): an exact method after the fast one up to this many jobs
   // plan_branch_and_bound: stop after this many search nodes (-1: no budget, the time limit
   // only); a search stopped early is reported as not proven.
   int64_t exact_max_nodes = -1;
