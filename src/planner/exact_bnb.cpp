@@ -14,15 +14,10 @@
 //  - a state reached twice (same time, same jobs left, same device free times and the same
 //    room during the last interval, up to the order of the nodes) is searched once;
 //  - bounds against the best plan known (the fast plan first): the latest end already fixed,
-//    each job's earliest end, the area, and the device packing below.
-//
-// The device packing is a relaxation: a plan of makespan <= T puts on every device work that
-// fits in what is left of [0, T] on it; a job on g devices for p seconds puts p on each of g
-// devices of one node (k whole nodes when it spans). Forgetting that the g pieces run at the
-// same time leaves a multi-bin packing, which a small search decides (with its own failure
-// memo and a node budget; out of budget counts as "fits", so the bound stays sound). It sees
-// what the area bound cannot: a job that must take a whole node leaves the node's devices
-// with less room, and runtimes that do not add up to the room leave gaps.
+//    each job's earliest end, the area, and the device packing (packing.hpp: each job's g
+//    pieces on g devices of one node, their simultaneity dropped), the bound that does the work.
+// It starts from the fast plan, polished (Polisher below: pairwise swaps), polishes every plan it
+// finds, and stops as soon as a plan meets the packing bound of the whole batch.
 //
 // Nothing here reads the clock except to stop at the time limit, which leaves the plan
 // unproven; the node budget (PlanOptions::exact_max_nodes) stops it the same way.
