@@ -156,8 +156,10 @@ int run(int argc, char** argv) {
   o.time_limit_s = a.seconds;
   o.seed = a.seed;
   o.max_iterations = a.iterations;
-  const Schedule s = a.method == "fast" ? plan_fast(jobs, pool, o) : a.method == "exact" ? plan_exact(jobs, pool, o)
-                                                                                         : plan(jobs, pool, o);
+  const Schedule s = a.method == "fast"    ? plan_fast(jobs, pool, o)
+                     : a.method == "exact" ? plan_exact(jobs, pool, o)
+                     : a.method == "bnb"   ? plan_branch_and_bound(jobs, pool, o)
+                                           : plan(jobs, pool, o);
   validate_schedule(s, jobs, pool);
   fmt::print("{} jobs on {} node(s) x {} devices\n", jobs.size(), pool.nodes, pool.devices_per_node);
   std::fputs(schedule_table(s, jobs, pool).c_str(), stdout);

@@ -22,7 +22,9 @@ std::string usage_plan() {
          "  --no-clamp         with --gavel: keep measured rates above g x the 1-GPU rate\n"
          "  --jobs N           only the first N jobs\n"
          "  --objective makespan|sum   what to minimise (sum: the sum of completion times)\n"
-         "  --method auto|fast|exact   auto (default): fast, then CBC up to 12 jobs\n"
+         "  --method auto|fast|exact|bnb   auto (default): fast, then up to 12 jobs the branch and\n"
+         "                     bound (makespan) or CBC (sum); exact: CBC; bnb: the makespan's\n"
+         "                     optimum by branch and bound (within --seconds)\n"
          "  --seconds S        the planner's time limit (default 1)\n"
          "  --seed N           the local search's seed (default 1)\n"
          "  --iterations N     the fast method's local-search moves (default 200 x jobs)\n"
@@ -74,8 +76,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         throw UsageError(fmt::format("--objective: '{}' is not makespan or sum", a.objective));
     } else if (f == "--method") {
       a.method = cli::next_value(i, argc, argv.data());
-      if (a.method != "auto" && a.method != "fast" && a.method != "exact")
-        throw UsageError(fmt::format("--method: '{}' is not auto, fast or exact", a.method));
+      if (a.method != "auto" && a.method != "fast" && a.method != "exact" && a.method != "bnb")
+        throw UsageError(fmt::format("--method: '{}' is not auto, fast, exact or bnb", a.method));
     } else if (f == "--seconds") a.seconds = cli::parse_double(f, cli::next_value(i, argc, argv.data()), 0.001, 1e6);
     else if (f == "--seed") a.seed = cli::parse_u64(f, cli::next_value(i, argc, argv.data()));
     else if (f == "--iterations") a.iterations = cli::parse_i64(f, cli::next_value(i, argc, argv.data()), 0, INT64_MAX);

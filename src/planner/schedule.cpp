@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "packing.hpp"
 #include "sgs.hpp"
 #include "tessel/core/common.hpp"
 
@@ -39,8 +40,11 @@ double elapsed(std::chrono::steady_clock::time_point t0) {
 }
 
 // The mode of least device-seconds among those finishing within T (ties: the shorter); the
-// fastest mode when none does. The dual approximation of malleable scheduling.
-int32_t mode_for_target(const std::vector<Mode>& modes, double target) {
+// fastest mode when none does. The dual approximation of malleable scheduling. With slack > 0,
+// the mode of most devices (then the shorter) among those within (1 + slack) x that least area:
+// a job that scales almost linearly then takes a wide count, and wide jobs one after another
+// on a node leave no holes.
+int32_t mode_for_target(const std::vector<Mode>& modes, double target, double slack = 0) {
   int32_t best = -1;
   for (int32_t m = 0; m < static_cast<int32_t>(modes.size()); ++m) {
     if (modes[m].p > target) continue;
@@ -51,9 +55,18 @@ int32_t mode_for_target(const std::vector<Mode>& modes, double target) {
     const double a = modes[m].g * modes[m].p, b = modes[best].g * modes[best].p;
     if (a < b || (a == b && modes[m].p < modes[best].p)) best = m;
   }
-  if (best >= 0) return best;
-  for (int32_t m = 0; m < static_cast<int32_t>(modes.size()); ++m)
-    if (best < 0 || modes[m].p < modes[best].p) best = m;
+  if (best < 0) {
+    for (int32_t m = 0; m < static_cast<int32_t>(modes.size()); ++m)
+      if (best < 0 || modes[m].p < modes[best].p) best = m;
+    return best;
+  }
+  if (slack > 0) {
+    const double least = modes[best].g * modes[best].p;
+    for (int32_t m = 0; m < static_cast<int32_t>(modes.size()); ++m) {
+      if (modes[m].p > target || modes[m].g * modes[m].p > least * (1 + slack)) continue;
+      if (modes[m].g > modes[best].g || (modes[m].g == modes[best].g && modes[m].p < modes[best].p)) best = m;
+    }
+  }
   return best;
 }
 
@@ -234,11 +247,12 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
   // Also every job on the same count where it can (its largest usable count up to it): the
   // whole-pool plans a sum of completion times often wants, which the targets need not give.
   std::vector<std::vector<int32_t>> starts;
-  for (double target : targets) {
-    std::vector<int32_t> mode_of(n);
-    for (std::size_t j = 0; j < n; ++j) mode_of[j] = mode_for_target(inst.modes[j], target);
-    starts.push_back(std::move(mode_of));
-  }
+  for (double slack : {0.0, 0.02, 0.1})
+    for (double target : targets) {
+      std::vector<int32_t> mode_of(n);
+      for (std::size_t j = 0; j < n; ++j) mode_of[j] = mode_for_target(inst.modes[j], target, slack);
+      starts.push_back(std::move(mode_of));
+    }
   for (int32_t g = 1; g <= pool.num_devices(); g *= 2) {
     std::vector<int32_t> mode_of(n, 0);
     for (std::size_t j = 0; j < n; ++j)
@@ -246,18 +260,87 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
         if (inst.modes[j][m].g <= g && inst.modes[j][m].g > inst.modes[j][mode_of[j]].g) mode_of[j] = m;
     starts.push_back(std::move(mode_of));
   }
+  // Each start also with its whole-node jobs pinned to node 0 (where nodes have their own
+  // modes): one after another there they leave no holes, where the earliest free node would
+  // spread them over the nodes and hold every node back for them.
+  if (pool.nodes > 1 && pool.nodes <= 4) {
+    const std::size_t count = starts.size();
+    for (std::size_t s = 0; s < count; ++s) {
+      std::vector<int32_t> pinned = starts[s];
+      for (std::size_t j = 0; j < n; ++j) {
+        const Mode& m = inst.modes[j][pinned[j]];
+        if (m.g != pool.devices_per_node || !m.nodes.empty()) continue;
+        for (int32_t c = 0; c < static_cast<int32_t>(inst.modes[j].size()); ++c)
+          if (inst.modes[j][c].g == m.g && inst.modes[j][c].nodes == std::vector<int32_t>{0}) pinned[j] = c;
+      }
+      starts.push_back(std::move(pinned));
+    }
+  }
+  auto try_start = [&](const std::vector<int32_t>& mode_of) {
+    std::vector<int32_t> order = priority_order(inst, mode_of, obj);
+    // and widest first (then longest): the whole-node jobs together at the start
+    std::vector<int32_t> wide = order;
+    std::stable_sort(wide.begin(), wide.end(), [&](int32_t a, int32_t b) {
+      return inst.modes[a][mode_of[a]].g > inst.modes[b][mode_of[b]].g;
+    });
+    for (std::vector<int32_t>* o : {&order, &wide}) {
+      Timeline t = detail::serial_sgs(inst, *o, mode_of);
+      const double sc = score(t, obj, n);
+      if (best_order.empty() || sc < best_score) {
+        best = t;
+        best_score = sc;
+        best_mode = mode_of;
+        best_order = *o;
+      }
+    }
+  };
   for (std::vector<int32_t>& mode_of : starts) {
     if (!seen.insert(mode_of).second) continue;
-    std::vector<int32_t> order = priority_order(inst, mode_of, obj);
-    Timeline t = detail::serial_sgs(inst, order, mode_of);
-    const double sc = score(t, obj, n);
-    if (best_order.empty() || sc < best_score) {
-      best = t;
-      best_score = sc;
-      best_mode = mode_of;
-      best_order = order;
-    }
+    try_start(mode_of);
     if (options.time_limit_s > 0 && elapsed(t0) > 0.25 * options.time_limit_s) break;
+  }
+  // A start from the device packing (small batches on up to 4 nodes, empty at 0): each job on
+  // the count and node(s) of a packing of its pieces onto the devices within the least T found
+  // (packing.hpp; a bisection with a node budget per check, so no clock). Where those pieces
+  // can run side by side, as on Gavel's 16- and 20-job subsets, this is a plan near the optimum
+  // that moves of one job at a time do not reach.
+  if (obj == Objective::makespan && pool.nodes <= 4 && n <= 24 && inst.device_free_at.empty()) {
+    std::vector<std::vector<Mode>> counts(n);  // each job's modes with the node chosen at placement
+    std::vector<std::vector<detail::BMode>> packed(n);
+    for (std::size_t j = 0; j < n; ++j) {
+      for (const Mode& m : inst.modes[j])
+        if (m.nodes.empty()) counts[j].push_back(m);
+      packed[j] = detail::useful_modes(counts[j]);
+    }
+    detail::Packer packer(packed, pool.nodes, pool.devices_per_node);
+    std::vector<int32_t> all(n);
+    std::iota(all.begin(), all.end(), 0);
+    const std::vector<double> empty(static_cast<std::size_t>(pool.num_devices()), 0.0);
+    auto packs = [&](double T) {
+      std::vector<double> room = empty;
+      for (double& r : room) r = T;
+      return packer.check(room, all, 5000) == detail::Packer::Result::fits;
+    };
+    double lo = lb, hi = best.makespan;
+    if (packs(hi)) {
+      for (int32_t step = 0; step < 12; ++step) {
+        const double mid = 0.5 * (lo + hi);
+        if (packs(mid)) hi = mid;
+        else lo = mid;
+      }
+      packs(hi);  // the packing at hi, for its modes and nodes
+      std::vector<int32_t> mode_of(n, -1);
+      for (std::size_t j = 0; j < n; ++j) {
+        const detail::BMode* m = packer.mode_of(static_cast<int32_t>(j));
+        const std::vector<int32_t>& on = packer.nodes_of(static_cast<int32_t>(j));
+        for (int32_t c = 0; m != nullptr && c < static_cast<int32_t>(inst.modes[j].size()); ++c) {
+          const Mode& mode = inst.modes[j][c];
+          if (mode.g == m->g && (mode.nodes == on || (pool.nodes == 1 && mode.nodes.empty()))) mode_of[j] = c;
+        }
+      }
+      if (std::find(mode_of.begin(), mode_of.end(), -1) == mode_of.end() && seen.insert(mode_of).second)
+        try_start(mode_of);
+    }
   }
 
   // Local search over the order and the modes. Moves: re-insert one job (half the time one
@@ -271,12 +354,22 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
   Timeline cur = best;
   double cur_score = best_score;
   int64_t it = 0, since_best = 0;
+  // Restarts: the budget in kRounds rounds, each a walk from the best start with the threshold
+  // falling from 1% to 0 over the round (independent walks find different packings; the best
+  // of them is kept).
+  constexpr int64_t kRounds = 4;
+  const std::vector<int32_t> start_order = best_order, start_mode = best_mode;
+  const Timeline start_plan = best;
+  const double start_score = best_score;
+  const int64_t round_len = std::max<int64_t>(1, budget / kRounds);
+  int64_t round_start = 0;
   // Threshold accepting: a move may make the score worse by a fraction that falls from 1% to 0
   // over the budget, so the search can leave a local optimum that needs several jobs to change
   // together (all of it deterministic: the threshold follows the budget, not the clock).
   auto consider = [&](std::vector<int32_t> order, std::vector<int32_t> mode_of, const Timeline& t) {
     const double sc = score(t, obj, n);
-    const double threshold = 0.01 * std::max(0.0, 1.0 - static_cast<double>(it) / static_cast<double>(budget));
+    const double threshold =
+        0.01 * std::max(0.0, 1.0 - static_cast<double>(it - round_start) / static_cast<double>(round_len));
     if (sc > cur_score * (1 + threshold)) return false;
     cur_score = sc;
     cur = t;
@@ -368,7 +461,15 @@ Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const 
       consider(std::move(order), std::move(mode_of), t);
     }
     since_best += it - before;
-    if (since_best > 20 * budget / 100 + 1) {  // a long walk without a better plan: back to the best
+    if (it - round_start >= round_len && it < budget) {  // the next round
+      round_start = it;
+      cur_order = start_order;
+      cur_mode = start_mode;
+      cur = start_plan;
+      cur_score = start_score;
+      since_best = 0;
+    }
+    if (since_best > 20 * round_len / 100 + 1) {  // a long walk without a better plan: back to the best
       cur_order = best_order;
       cur_mode = best_mode;
       cur = best;
@@ -453,7 +554,10 @@ Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanO
   if (try_exact && !best.optimal) {
     PlanOptions exact_options = options;
     if (options.time_limit_s > 0) exact_options.time_limit_s = std::max(0.05, options.time_limit_s - elapsed(t0));
-    Schedule exact = plan_exact(jobs, pool, exact_options);
+    // The makespan: the branch and bound (it proves what CBC only brackets); the sum of
+    // completion times: CBC.
+    Schedule exact = options.objective == Objective::makespan ? plan_branch_and_bound(jobs, pool, exact_options)
+                                                              : plan_exact(jobs, pool, exact_options);
     const bool better = options.objective == Objective::makespan ? exact.makespan_s < best.makespan_s
                                                                  : exact.sum_completion_s < best.sum_completion_s;
     if (better || exact.optimal) {
@@ -461,7 +565,8 @@ Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanO
       best = exact;
     } else {
       best.lower_bound_s = std::max(exact.lower_bound_s, best.lower_bound_s);
-      best.method += "; CBC found no better plan in its time";
+      best.method += options.objective == Objective::makespan ? "; branch and bound found no better plan in its time"
+                                                               : "; CBC found no better plan in its time";
     }
   }
   if (pool.cores > 0 && options.objective == Objective::makespan) {

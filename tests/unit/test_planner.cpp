@@ -102,6 +102,95 @@ TEST_CASE("planner: the exact program and the fast method against brute force on
   CHECK(fast_optimal * 2 >= cases);
 }
 
+TEST_CASE("planner: branch and bound equals brute force on small random batches", "[planner]") {
+  const uint64_t seed = test_seed() + 3;
+  INFO("seed " << seed);
+  std::printf("planner branch-and-bound test seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const Pool pools[] = {{1, 4}, {2, 2}, {1, 2}, {2, 4}, {1, 8}};
+  int32_t improved = 0;
+  for (int32_t trial = 0; trial < 40; ++trial) {
+    const Pool& pool = pools[trial % 5];
+    // (brute force tries n! x modes^n schedules: fewer jobs where jobs have more modes)
+    const int32_t n = pool.nodes > 1 ? 3 + trial % 2 : pool.devices_per_node == 2 ? 4 + trial % 3 : 3 + trial % 3;
+    std::vector<JobProfile> jobs = random_jobs(rng, n, pool.nodes > 1);
+    if (trial % 4 == 1) {  // identical jobs (the twin rule)
+      jobs[1].steps = jobs[0].steps;
+      jobs[1].step_time_s = jobs[0].step_time_s;
+      jobs[1].may_span_nodes = jobs[0].may_span_nodes;
+    }
+    if (pool.devices_per_node == 8)
+      for (JobProfile& j : jobs) j.step_time_s[8] = j.step_time_s.rbegin()->second / 1.5;
+    INFO("trial " << trial << " pool " << pool.nodes << "x" << pool.devices_per_node << "\n" << jobs_to_json(jobs));
+    const Schedule brute = plan_brute_force(jobs, pool);
+    PlanOptions o;
+    o.time_limit_s = 0;  // deterministic: the search alone decides
+    o.exact_warm_start = trial % 4 == 3;  // mostly the search alone, from a weak first plan
+    const Schedule bnb = plan_branch_and_bound(jobs, pool, o);
+    validate_schedule(bnb, jobs, pool);
+    CHECK(bnb.optimal);
+    CHECK_THAT(bnb.method, Catch::Contains("proven optimal"));
+    CHECK(bnb.makespan_s == Approx(brute.makespan_s).epsilon(1e-9));
+    CHECK(bnb.lower_bound_s <= brute.makespan_s * (1 + 1e-9));
+    if (baseline_sequential(jobs, pool).makespan_s > bnb.makespan_s * (1 + 1e-9)) ++improved;
+  }
+  std::printf("planner: branch and bound improved on one job after another in %d of 40 cases\n", improved);
+  CHECK(improved >= 20);
+}
+
+TEST_CASE("planner: branch and bound stopped early is not proven and bad requests are clear errors", "[planner]") {
+  std::mt19937_64 rng(test_seed() + 4);
+  const std::vector<JobProfile> jobs = random_jobs(rng, 9, true);
+  const Pool pool{2, 4};
+  PlanOptions o;
+  o.time_limit_s = 0;
+  o.exact_warm_start = false;
+  o.exact_max_nodes = 3;
+  const Schedule s = plan_branch_and_bound(jobs, pool, o);
+  validate_schedule(s, jobs, pool);
+  if (!s.optimal) {  // (the first plan may already meet the bound: then it is proven without a search)
+    CHECK_THAT(s.method, Catch::Contains("node budget"));
+    CHECK(s.lower_bound_s < s.makespan_s);
+  }
+  CHECK(s.lower_bound_s >= makespan_lower_bound(jobs, pool) * (1 - 1e-12));
+  PlanOptions sum;
+  sum.objective = Objective::sum_completion;
+  CHECK_THROWS_WITH(plan_branch_and_bound(jobs, pool, sum), Catch::Contains("minimises the makespan"));
+  std::vector<JobProfile> many;
+  for (int32_t k = 0; k < 8; ++k) many.insert(many.end(), jobs.begin(), jobs.end());
+  for (std::size_t j = 0; j < many.size(); ++j) many[j].name = "job" + std::to_string(j);
+  CHECK_THROWS_WITH(plan_branch_and_bound(many, pool), Catch::Contains("at most 64 jobs") && Catch::Contains("72"));
+}
+
+TEST_CASE("planner: on Gavel's first 16 and 20 jobs on two nodes the exact and fast plans meet the proven optima", "[planner]") {
+  // The optima proven by plan_branch_and_bound (bench/results/2026-11-26T1849-2core-cpu-planner-exact/):
+  // 13568.79 s for 16 jobs and 17095.64 s for 20 jobs on 2 nodes of 8 devices.
+  const std::string trace = gavel_dir() + "/minimize_makespan.trace", rates = gavel_dir() + "/simulation_throughputs.json";
+  const Pool pool{2, 8};
+  PlanOptions o;
+  o.time_limit_s = 0;  // no clock: the search decides
+  {
+    GavelOptions g;
+    g.max_jobs = 16;
+    const std::vector<JobProfile> jobs = read_gavel_trace(trace, rates, g);
+    const Schedule s = plan_branch_and_bound(jobs, pool, o);
+    validate_schedule(s, jobs, pool);
+    CHECK(s.optimal);
+    CHECK(s.makespan_s == Approx(13568.791232581312).epsilon(1e-9));
+  }
+  {
+    GavelOptions g;
+    g.max_jobs = 20;
+    const std::vector<JobProfile> jobs = read_gavel_trace(trace, rates, g);
+    PlanOptions starts = o;
+    starts.max_iterations = 0;  // the starts alone: the device packing's start is within 2%
+    const Schedule s = plan_fast(jobs, pool, starts);
+    validate_schedule(s, jobs, pool);
+    CHECK(s.makespan_s >= 17095.638322517105 * (1 - 1e-9));
+    CHECK(s.makespan_s <= 17095.638322517105 * 1.02);
+  }
+}
+
 TEST_CASE("planner: the fast method is deterministic and never below the bound", "[planner]") {
   const uint64_t seed = test_seed() + 1;
   INFO("seed " << seed);

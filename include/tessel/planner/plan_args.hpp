@@ -19,7 +19,7 @@ struct PlanArgs {
   bool clamp_superlinear = true;   // --no-clamp (with --gavel)
   int32_t max_jobs = -1;           // --jobs N: the first N jobs
   std::string objective = "makespan";  // --objective makespan|sum
-  std::string method = "auto";     // --method auto|fast|exact
+  std::string method = "auto";     // --method auto|fast|exact|bnb
   double seconds = 1.0;            // --seconds S: the planner's time limit
   uint64_t seed = 1;               // --seed N
   int64_t iterations = -1;         // --iterations N: the fast method's local-search moves

@@ -11,13 +11,18 @@
 // Methods (docs/planner.md):
 //  - plan_fast: malleable list scheduling. Device counts from the dual approximation (for a
 //    target makespan T, each job takes the count of least device-seconds that finishes within
-//    T), jobs placed in priority order by the serial schedule-generation scheme (each at the
-//    earliest moment its devices are free, filling holes), then a local search over the order
-//    and the counts. Deterministic: the same input gives the same plan (an iteration budget,
+//    T; also with a slack towards wider counts) and, on small batches, from a packing of the
+//    jobs onto the devices; jobs placed in priority order by the serial schedule-generation
+//    scheme (each at the earliest moment its devices are free, filling holes), then a local
+//    search over the order and the counts, in restart rounds. Deterministic: the same input gives the same plan (an iteration budget,
 //    not the clock, ends the search; time_limit_s only cuts it short).
 //  - plan_exact: a mixed-integer program on CBC (one binary per job and device-count/node
 //    choice, precedence binaries, a flow of devices of each node from job to job, the area
 //    bound as a cut), warm-started from plan_fast. Proves optimality on small batches.
+//  - plan_branch_and_bound: the makespan's exact optimum by a branch and bound over the serial
+//    scheme's schedules in time order, pruned by a device-packing relaxation, symmetry and
+//    left-shift rules (src/planner/exact_bnb.cpp). Reports "proven optimal" only when the
+//    search finished; a time limit or node budget that stops it leaves the best plan found.
 //  - plan_brute_force: every order x every choice through the same scheme (tests only; the
 //    serial scheme over all orders reaches an optimal schedule).
 #pragma once
@@ -64,7 +69,13 @@ struct PlanOptions {
   // the local search (to compare the search with the optimum).
   bool enumerate = true;
   uint64_t seed = 1;
-  int32_t exact_max_jobs = 12;        // plan(): CBC after the fast method up to this many jobs
+  int32_t exact_max_jobs = 12;        // plan(): an exact method after the fast one up to this many jobs
+  // plan_branch_and_bound: stop after this many search nodes (-1: no budget, the time limit
+  // only); a search stopped early is reported as not proven.
+  int64_t exact_max_nodes = -1;
+  // plan_branch_and_bound starts from the fast plan, polished (true), or from each job alone one
+  // after another, unpolished (false: the search alone has to find the optimum; tests).
+  bool exact_warm_start = true;
   // Devices already busy (jobs running when a pool re-plans): device_free_at[d] is when global
   // device d becomes free (empty, or 0: free at time 0). plan_fast places the jobs around them;
   // the other methods do not take it.
@@ -78,6 +89,10 @@ struct PlanOptions {
 Schedule plan_fast(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
 Schedule plan_exact(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
 Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
+// The makespan's exact optimum (at most 64 jobs; objective makespan only), starting from the
+// fast plan: optimal (Schedule::optimal) when the search finishes within the time limit and node
+// budget; otherwise the best plan found, with lower_bound_s the device-packing bound.
+Schedule plan_branch_and_bound(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options = {});
 Schedule plan_brute_force(const std::vector<JobProfile>& jobs, const Pool& pool, Objective objective = Objective::makespan);
 
 // Baselines (docs/planner.md): each job alone on all the devices it can use, one after
