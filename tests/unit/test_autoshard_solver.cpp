@@ -238,7 +238,9 @@ TEST_CASE("autoshard: min-sum message passing is exact on trees", "[autoshard]")
     const detail::Model m = detail::build_model(p);
     const detail::Coarse coarse = detail::build_coarse(p, m);
     detail::MinSum ms(coarse);
-    const Plan gx = ms.run(group_costs(coarse), 4);
+    // TRW-S is exact on a tree once its messages have converged: 4 passes left 1 case in about
+    // 3,000 one unit above the optimum (seed 1795720727051304995, case 47); 8 passed 12,000.
+    const Plan gx = ms.run(group_costs(coarse), 8);
     REQUIRE(gx.size() == coarse.groups.size());
     const Evaluation ev = evaluate(p, expand(coarse, p.nodes.size(), gx));
     CHECK(cost_str(ev.cost) == cost_str(brute_force(p)));
