@@ -440,7 +440,7 @@ DeviceRunResult DeviceExecutor::run(const std::vector<std::shared_ptr<Buffer>>& 
       } else {
 
         try {
-          st.buf[v] = be.allocate(static_cast<std::size_t>(lv.bytes()));
+          st.buf[v] = be.allocate_on(static_cast<std::size_t>(lv.bytes()), *streams_[static_cast<std::size_t>(stream_of_[i])]);
         } catch (const OutOfMemoryError& e) {
           throw OutOfMemoryError(
               fmt::format("device {}: cannot allocate output %{} {} ({} bytes, {:.4g} GiB per device, "

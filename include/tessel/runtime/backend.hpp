@@ -92,6 +92,14 @@ class Backend {
   // hands out memory that an enqueued operation still uses: see release). Throws
   // OutOfMemoryError when the memory cannot be had.
   virtual std::unique_ptr<Buffer> allocate(std::size_t bytes) = 0;
+  // The same for a buffer first written on stream s (a program's output, by the instruction
+  // that defines it): a backend with stream-ordered allocation allocates in s's order without
+  // waiting for it on the host; the buffer may be used on s at once and on another stream once
+  // it is ordered after s (an event). The default is allocate(bytes).
+  virtual std::unique_ptr<Buffer> allocate_on(std::size_t bytes, Stream& s) {
+    (void)s;
+    return allocate(bytes);
+  }
   // Host memory that copy() moves to and from device buffers asynchronously (the host pool of
   // offloaded activations, MemoryPlan::host_bytes): pinned memory on CUDA. The default is
   // allocate(), right for a backend whose device memory is host memory (the CPU's).

@@ -338,10 +338,17 @@ CudaBackend::~CudaBackend() {
   if (prev >= 0) cudaSetDevice(prev);
 }
 
-std::unique_ptr<Buffer> CudaBackend::allocate(std::size_t bytes) {
+std::unique_ptr<Buffer> CudaBackend::allocate(std::size_t bytes) { return allocate_ordered(bytes, alloc_stream_, true); }
+
+std::unique_ptr<Buffer> CudaBackend::allocate_on(std::size_t bytes, Stream& s) {
+  if (!pools_) return allocate(bytes);
+  return allocate_ordered(bytes, cuda_stream(s, "cuda backend allocate_on").handle(), false);
+}
+
+std::unique_ptr<Buffer> CudaBackend::allocate_ordered(std::size_t bytes, cudaStream_t stream, bool wait) {
   DeviceGuard g(options_.device);
   void* p = nullptr;
-  const cudaError_t e = pools_ ? cudaMallocAsync(&p, std::max<std::size_t>(bytes, 1), alloc_stream_)
+  const cudaError_t e = pools_ ? cudaMallocAsync(&p, std::max<std::size_t>(bytes, 1), stream)
                                : cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
@@ -349,8 +356,11 @@ std::unique_ptr<Buffer> CudaBackend::allocate(std::size_t bytes) {
                                        "memory", options_.device, bytes, double(bytes) / double(1ull << 30)), bytes);
   }
   if (e != cudaSuccess) throw_cuda_error(e, pools_ ? "cudaMallocAsync" : "cudaMalloc", __FILE__, __LINE__);
-  if (pools_) TESSEL_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
-  // Dropped without release(): freed on the legacy default stream (0), after all prior work.
+  // allocate(): usable on any stream once the allocation stream is done. allocate_on(): the
+  // first use is on `stream` itself, after the allocation in its order.
+  if (pools_ && wait) TESSEL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // Dropped without release(): freed on the legacy default stream (0), after all prior work
+  // (every stream of the backend is a blocking one, so that orders it after all their uses).
   return std::make_unique<CudaBuffer>(options_.device, p, bytes, cudaStream_t{0}, device_meter_, pools_);
 }
 

@@ -157,6 +157,9 @@ class CudaBackend : public Backend {
 
   std::string name() const override { return "cuda"; }
   std::unique_ptr<Buffer> allocate(std::size_t bytes) override;
+  // cudaMallocAsync on s with no host synchronisation (allocate() waits for its own
+  // allocation stream); plain allocate() without memory pools.
+  std::unique_ptr<Buffer> allocate_on(std::size_t bytes, Stream& s) override;
   std::unique_ptr<Buffer> allocate_host(std::size_t bytes) override;
   void release(std::shared_ptr<Buffer> b, Stream& s) override;
   void copy_from_host(Buffer& dst, const void* src, std::size_t bytes, Stream& s) override;
@@ -188,6 +191,7 @@ class CudaBackend : public Backend {
   void debug_delay(CudaStream& s);
 
  private:
+  std::unique_ptr<Buffer> allocate_ordered(std::size_t bytes, cudaStream_t stream, bool wait);
   CudaBackendOptions options_;
   std::mutex delay_mu_;
   uint64_t delay_state_ = 0;  // splitmix64 state of the debug delays
