@@ -22,7 +22,8 @@
 //
 // BM_AutoShardMeasured: measured, not predicted. GPT-2 124M's shapes at seq 128, batch 8 on 4
 // CPU virtual devices (mesh data=2,model=2, one ThreadRuntime): a Trainer with the hand plan
-// (Megatron, ZeRO 0) and one with TrainerOptions::auto_shard (as `gpt_train --auto` runs it),
+// (Megatron, ZeRO 0) and one with TrainerOptions::auto_shard planning with this machine's
+// measured figures (measured_cost_model: calibrate_links and calibrate_compute),
 // the same initial weights and batches; after a warm-up step each, steps alternate between the
 // two (the order swapped every round) so that load on the shared machine falls on both alike;
 // each round's times are printed. Counters: the median and least step time of each and the
@@ -43,6 +44,7 @@
 
 #include "tessel/autoshard/auto_shard.hpp"
 #include "tessel/passes/program_passes.hpp"
+#include "tessel/runtime/calibrate.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/runtime.hpp"
 #include "tessel/train/trainer.hpp"
@@ -81,6 +83,16 @@ double process_cpu_s() {
 
 double predicted(const tessel::Executable& exe, const tessel::CostModel& cost) {
   return exe.program().compute_seconds(cost) + exe.program().comm_seconds();
+}
+
+// The same with every collective priced by `cost` too (comm_seconds() holds the compile-time
+// figures, the default H100 ones).
+double predicted_all_by(const tessel::Executable& exe, const tessel::CostModel& cost) {
+  double comm = 0;
+  for (const tessel::Instr& in : exe.program().instrs)
+    if (in.kind == tessel::InstrKind::Collective || in.kind == tessel::InstrKind::CollectiveStart)
+      comm += cost.collective_seconds(in.collective, exe.program().mesh, in.axes, in.bytes);
+  return exe.program().compute_seconds(cost) + comm;
 }
 
 const char* kMeshes[] = {"data=2,model=4", "data=8,model=1", "data=8,model=8", "fsdp=8"};
@@ -243,6 +255,9 @@ void BM_AutoShardMeasured(benchmark::State& state) {
   tessel::Trainer hand(hand_model.graph, hand_model.loss, hand_model.weights, mesh, rt);
   tessel::TrainerOptions ao;
   ao.auto_shard = tessel::AutoShardOptions{};
+  // The plan is made for the machine it runs on: links, compute and memory rates measured here
+  // (the default figures are an H100's, whose ratios of compute to collectives differ).
+  ao.auto_shard->cost = tessel::measured_cost_model(rt, mesh);
   tessel::Trainer autos(auto_model.graph, auto_model.loss, auto_model.weights, mesh, rt, ao);
   const auto w = initial_weights(hand_model, seed);
   hand.init(w);
@@ -286,8 +301,12 @@ void BM_AutoShardMeasured(benchmark::State& state) {
   state.counters["auto_step_s"] = a;
   state.counters["auto_over_hand"] = a / h;
   state.counters["loss_rel_diff"] = worst;
-  state.counters["hand_predicted_s"] = predicted(hand.executable(), tessel::CostModel{});
-  state.counters["auto_predicted_s"] = predicted(autos.executable(), tessel::CostModel{});
+  // Both plans priced with the measured figures the auto plan was made with.
+  const tessel::CostModel& here = ao.auto_shard->cost;
+  state.counters["hand_predicted_s"] = predicted_all_by(hand.executable(), here);
+  state.counters["auto_predicted_s"] = predicted_all_by(autos.executable(), here);
+  state.counters["measured_gflops"] = here.flops_per_s * 1e-9;
+  state.counters["measured_GBps"] = here.memory_bandwidth * 1e-9;
   state.counters["hand_peak_GB"] = static_cast<double>(hand.planned_peak_bytes()) * 1e-9;
   state.counters["auto_peak_GB"] = static_cast<double>(autos.planned_peak_bytes()) * 1e-9;
   state.SetLabel(fmt::format("GPT-2 124M seq {} batch {} on 4 CPU devices {}: auto {} ({:.2f} s search)", cfg.seq,

@@ -8,8 +8,11 @@
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "tessel/runtime/backend.hpp"
+#include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 
@@ -140,6 +143,63 @@ LinkCalibration calibrate_links(Runtime& rt, const Mesh& mesh, const Calibration
     cal.axes.push_back(a);
   }
   return cal;
+}
+
+ComputeCalibration calibrate_compute(const CalibrationOptions& o) {
+  if (o.iterations < 1 || o.warmup < 0)
+    throw RuntimeError(fmt::format("calibrate_compute: iterations {} and warmup {} (want iterations >= 1, warmup >= 0)",
+                                   o.iterations, o.warmup));
+  ComputeCalibration c;
+  auto timed = [&](const KernelArgs& a) {
+    std::vector<double> t;
+    for (int k = 0; k < o.warmup + o.iterations; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run_cpu_kernel(a);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (k >= o.warmup) t.push_back(s);
+    }
+    return median(std::move(t));
+  };
+  // A binary kernel x op y -> z on f32 tensors.
+  auto binary = [](OpKind kind, const OpAttrs& attrs, HostTensor& x, HostTensor& y, HostTensor& z) {
+    KernelArgs a;
+    a.kind = kind;
+    a.attrs = &attrs;
+    a.in = {x.data(), y.data()};
+    a.in_shapes = {x.shape(), y.shape()};
+    a.in_dtypes = {DType::f32, DType::f32};
+    a.out = z.data();
+    a.out_shape = z.shape();
+    a.out_dtype = DType::f32;
+    return a;
+  };
+  auto ones = [](Shape shape) {
+    HostTensor t(DType::f32, std::move(shape));
+    for (int64_t i = 0; i < t.numel(); ++i) t.as<float>()[i] = 1.0f;  // (values do not change the time)
+    return t;
+  };
+  const int64_t n = c.gemm_size;
+  HostTensor x = ones({n, n}), y = ones({n, n}), z(DType::f32, {n, n});
+  OpAttrs mm;
+  mm.equation = "mk,kn->mn";
+  c.gemm_seconds = timed(binary(OpKind::Einsum, mm, x, y, z));
+  c.flops_per_s = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / c.gemm_seconds;
+  const int64_t m = c.stream_bytes / 4;  // a + b -> out, each stream_bytes
+  HostTensor a = ones({m}), b = ones({m}), out(DType::f32, {m});
+  c.stream_seconds = timed(binary(OpKind::Add, OpAttrs{}, a, b, out));
+  c.memory_bandwidth = 3.0 * static_cast<double>(c.stream_bytes) / c.stream_seconds;
+  return c;
+}
+
+CostModel measured_cost_model(Runtime& runtime, const Mesh& mesh, const CalibrationOptions& options) {
+  CostModel cost;
+  cost.links = calibrate_links(runtime, mesh, options).links();
+  const ComputeCalibration c = calibrate_compute(options);
+  cost.flops_per_s = c.flops_per_s;
+  cost.memory_bandwidth = c.memory_bandwidth;
+  const int64_t local = mesh.num_devices() / std::max(1, runtime.process_count());
+  cost.compute_sharing = compute_sharing(local, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  return cost;
 }
 
 }  // namespace tessel

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <thread>
 
 #include "tessel/core/cost.hpp"
 #include "tessel/runtime/calibrate.hpp"
@@ -95,4 +96,26 @@ TEST_CASE("parse_links: the file form takes newlines and comments and blanks", "
   CHECK_THROWS_WITH(read_links_file("/nonexistent/links.txt"), Catch::Contains("/nonexistent/links.txt"));
   // A wrong path to something endless fails at once.
   CHECK_THROWS_WITH(read_links_file("/dev/zero"), Catch::Contains("larger than 1 MiB"));
+}
+
+TEST_CASE("calibrate_compute and measured_cost_model: this host's figures in the cost model", "[calibrate][runtime]") {
+  CalibrationOptions o;
+  o.large_bytes = 256u << 10;
+  o.iterations = 3;
+  o.warmup = 1;
+  const ComputeCalibration c = calibrate_compute(o);
+  CHECK(c.gemm_seconds > 0);
+  CHECK(c.stream_seconds > 0);
+  CHECK(std::isfinite(c.flops_per_s));
+  CHECK(c.flops_per_s == Approx(2.0 * 512 * 512 * 512 / c.gemm_seconds));
+  CHECK(c.memory_bandwidth == Approx(3.0 * (16 << 20) / c.stream_seconds));
+  const Mesh mesh = Mesh::parse("data=2,model=2");
+  ThreadRuntime rt(mesh.num_devices());
+  const CostModel cm = measured_cost_model(rt, mesh, o);
+  CHECK(cm.links.size() == 2);
+  CHECK(cm.flops_per_s > 0);
+  CHECK(cm.memory_bandwidth > 0);
+  CHECK(cm.compute_sharing == Approx(compute_sharing(4, static_cast<int64_t>(std::thread::hardware_concurrency()))));
+  o.iterations = 0;
+  CHECK_THROWS_WITH(calibrate_compute(o), Catch::Contains("iterations"));
 }

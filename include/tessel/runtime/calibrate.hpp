@@ -63,4 +63,24 @@ struct LinkCalibration {
 // options are unusable (sizes not multiples of 4 bytes, small >= large, iterations < 1).
 LinkCalibration calibrate_links(Runtime& runtime, const Mesh& mesh, const CalibrationOptions& options = {});
 
+// The compute figures of the cost model (CostModel::flops_per_s, memory_bandwidth) measured on
+// this host's CPU kernels, as one device thread runs them (one kernel thread): an f32 einsum
+// `mk,kn->mn` of gemm_size^3 (its flops over its median time) and an f32 add over stream_bytes
+// per operand (3 x stream_bytes moved over its median time). For CPU virtual devices; a GPU
+// has its own figures (docs/links.md).
+struct ComputeCalibration {
+  int64_t gemm_size = 512;
+  int64_t stream_bytes = 16 << 20;
+  double gemm_seconds = 0, stream_seconds = 0;  // medians
+  double flops_per_s = 0, memory_bandwidth = 0;
+};
+ComputeCalibration calibrate_compute(const CalibrationOptions& options = {});
+
+// A cost model of `mesh` on `runtime` as measured here: calibrate_links for the links,
+// calibrate_compute for the compute (on CPU runtimes), and compute_sharing for the mesh's
+// local devices on this host's hardware threads. What automatic sharding should plan with on
+// CPU devices, where the default (H100) figures price compute and collectives in other ratios
+// (docs/auto-sharding.md).
+CostModel measured_cost_model(Runtime& runtime, const Mesh& mesh, const CalibrationOptions& options = {});
+
 }  // namespace tessel
