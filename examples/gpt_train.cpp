@@ -27,7 +27,9 @@
 // `data`, every other layout of the step (weights, activations, gradients, moments) is chosen
 // by the cost model, within --memory-budget BYTES per device when given; --links gives the
 // cost model the link figures (docs/links.md; e.g. the file tessel-bench --calibrate-links
-// writes). --zero does not apply: auto_shard picks ZeRO-like layouts itself.
+// writes), and `--links measured` this machine's whole cost model (measured_cost_model: links,
+// compute and memory rates of CPU devices). --zero does not apply: auto_shard picks ZeRO-like
+// layouts itself.
 //
 // Checkpoints (tessel/checkpoint/checkpoint.hpp): with --save-dir DIR the training state (the
 // parameters and AdamW moments, each with its layout on this mesh: Trainer::state_shardings)
@@ -76,6 +78,7 @@
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
+#include "tessel/runtime/calibrate.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/train/trainer.hpp"
 
@@ -112,7 +115,8 @@ const char* kUsage =
     "saved run's (an error names the one that differs; the seed is taken from the checkpoint).\n"
     "--auto: automatic sharding chooses every layout of the step but the batch's (on data), within\n"
     "--memory-budget BYTES per device when given, pricing collectives with --links (docs/links.md;\n"
-    "default: the cost model's figures). Not with --zero.\n";
+    "default: the cost model's figures; --links measured: this machine's measured links, compute\n"
+    "and memory rates, for CPU devices). Not with --zero.\n";
 
 using json = nlohmann::json;
 
@@ -285,6 +289,9 @@ int run(int argc, char** argv) {
     throw tessel::UsageError(fmt::format("--accumulate {}: the batch of {} rows does not split into {} equal micro-batches",
                                          accumulate, cfg.batch, accumulate));
   const int64_t batch_rows = cfg.batch;
+  if (links == "measured" && cuda)
+    throw tessel::UsageError("--links measured measures CPU devices (their links and kernels); with --backend cuda "
+                             "give the GPUs' link figures (--links SPEC|@FILE, docs/links.md)");
   if (!auto_layouts && (memory_budget > 0 || !links.empty()))
     throw tessel::UsageError(fmt::format("{} applies to --auto (automatic sharding) only",
                                          memory_budget > 0 ? "--memory-budget" : "--links"));
@@ -412,7 +419,10 @@ int run(int argc, char** argv) {
   if (auto_layouts) {
     tessel::AutoShardOptions ao;
     ao.memory_budget_bytes = memory_budget;
-    if (!links.empty()) ao.cost.parse_links(links[0] == '@' ? tessel::read_links_file(links.substr(1)) : links);
+    if (links == "measured")  // this machine's figures: links, compute and memory (calibrate.hpp)
+      ao.cost = tessel::measured_cost_model(*rt, mesh);
+    else if (!links.empty())
+      ao.cost.parse_links(links[0] == '@' ? tessel::read_links_file(links.substr(1)) : links);
     o.auto_shard = ao;
   }
   tessel::Trainer trainer(g, m.loss, m.weights, mesh, *rt, o);
