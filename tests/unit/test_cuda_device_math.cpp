@@ -252,22 +252,7 @@ HostTensor operand(DType t, int64_t n, std::mt19937_64& rng, int role) {
 // run_cpu_kernel on operands `in`: the result (poisoned first: an unwritten element fails).
 HostTensor cpu_run(OpKind kind, const std::vector<const HostTensor*>& in, DType out_dtype, const Shape& out_shape,
                    const OpAttrs& attrs = OpAttrs{}) {
-  KernelArgs a;
-  a.kind = kind;
-  a.attrs = &attrs;
-  for (const HostTensor* t : in) {
-    a.in.push_back(t->data());
-    a.in_shapes.push_back(t->shape());
-    a.in_dtypes.push_back(t->dtype());
-  }
-  HostTensor out(out_dtype, out_shape);
-  out.poison();
-  a.out = out.data();
-  a.out_shape = out_shape;
-  a.out_dtype = out_dtype;
-  a.num_threads = 1;
-  run_cpu_kernel(a);
-  return out;
+  return tessel_test::run_cpu_op(kind, attrs, in, out_dtype, out_shape);
 }
 
 // The device kernels' loads and stores (device_common.cuh to_f / from_f; fused_eval.hpp's).

@@ -16,6 +16,7 @@
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "tessel/ir/graph_text.hpp"
+#include "test_util.hpp"
 
 using namespace tessel;
 
@@ -38,21 +39,7 @@ std::vector<int32_t> values(const HostTensor& t) {
 
 HostTensor run1(OpKind kind, const std::vector<const HostTensor*>& in, const Shape& out_shape,
                 const OpAttrs& attrs = {}) {
-  KernelArgs a;
-  a.kind = kind;
-  a.attrs = &attrs;
-  for (const HostTensor* t : in) {
-    a.in.push_back(t->data());
-    a.in_shapes.push_back(t->shape());
-    a.in_dtypes.push_back(t->dtype());
-  }
-  HostTensor out(DType::i32, out_shape);
-  out.poison();
-  a.out = out.data();
-  a.out_shape = out_shape;
-  a.out_dtype = DType::i32;
-  run_cpu_kernel(a);
-  return out;
+  return tessel_test::run_cpu_op(kind, attrs, in, DType::i32, out_shape);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/tensor.hpp"
+#include "test_util.hpp"
 
 using namespace tessel;
 
@@ -39,28 +40,11 @@ HostTensor from_values(DType t, const Shape& s, const std::vector<double>& v) {
   return x;
 }
 
-// Runs one kernel on the given operands; the result is poisoned first so that an unwritten
-// element fails the comparison.
+// Runs one kernel on the given operands (tessel_test::run_cpu_op: the result poisoned first).
 HostTensor run(OpKind kind, const OpAttrs& attrs, const std::vector<const HostTensor*>& in,
                DType out_dtype, const Shape& out_shape,
                std::vector<std::vector<int64_t>> offsets = {}, int threads = 1) {
-  KernelArgs a;
-  a.kind = kind;
-  a.attrs = &attrs;
-  for (const HostTensor* t : in) {
-    a.in.push_back(t->data());
-    a.in_shapes.push_back(t->shape());
-    a.in_dtypes.push_back(t->dtype());
-  }
-  a.in_offsets = std::move(offsets);
-  HostTensor out(out_dtype, out_shape);
-  out.poison();
-  a.out = out.data();
-  a.out_shape = out_shape;
-  a.out_dtype = out_dtype;
-  a.num_threads = threads;
-  run_cpu_kernel(a);
-  return out;
+  return tessel_test::run_cpu_op(kind, attrs, in, out_dtype, out_shape, std::move(offsets), threads);
 }
 
 void require_close(const HostTensor& got, const HostTensor& want, double rtol = 1e-5,

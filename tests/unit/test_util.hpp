@@ -17,6 +17,7 @@
 #include "tessel/core/mesh.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/kernels.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/core/sharding.hpp"
@@ -25,6 +26,32 @@
 #include "tessel/compiler/propagate.hpp"
 
 namespace tessel_test {
+
+// Runs one CPU kernel (run_cpu_kernel) on the operands `in` and returns its result, poisoned
+// first so that an element the kernel does not write fails a comparison. `offsets` and
+// `threads`: KernelArgs::in_offsets and num_threads.
+inline tessel::HostTensor run_cpu_op(tessel::OpKind kind, const tessel::OpAttrs& attrs,
+                                     const std::vector<const tessel::HostTensor*>& in, tessel::DType out_dtype,
+                                     const tessel::Shape& out_shape, std::vector<std::vector<int64_t>> offsets = {},
+                                     int threads = 1) {
+  tessel::KernelArgs a;
+  a.kind = kind;
+  a.attrs = &attrs;
+  for (const tessel::HostTensor* t : in) {
+    a.in.push_back(t->data());
+    a.in_shapes.push_back(t->shape());
+    a.in_dtypes.push_back(t->dtype());
+  }
+  a.in_offsets = std::move(offsets);
+  tessel::HostTensor out(out_dtype, out_shape);
+  out.poison();
+  a.out = out.data();
+  a.out_shape = out_shape;
+  a.out_dtype = out_dtype;
+  a.num_threads = threads;
+  tessel::run_cpu_kernel(a);
+  return out;
+}
 
 // An optimizer-style update on data=2 x model=2: %w is dead after tanh, before %w_new is
 // written, so a run donating %w to %w_new writes %w_new over %w's buffer (in place).
