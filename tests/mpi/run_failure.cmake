@@ -63,9 +63,11 @@ foreach(r RANGE 0 ${_last})
     endif()
   elseif(MODE STREQUAL "throw")
     # A rank blocked in the all-reduce names it; a rank the abort reaches before it gets
-    # there (a race on a loaded machine) fails at once naming rank 1's failure.
+    # there (a race on a loaded machine: still in load, or between load and run) fails at
+    # once naming rank 1's failure.
     if(NOT out MATCHES "rank ${r}: error: [^\n]*all_reduce over \\{data\\}[^\n]*stopped: rank 1: device 1 failed:[^\n]*out"
        AND NOT out MATCHES "rank ${r}: error: [^\n]*the job failed earlier \\(rank 1: device 1 failed:[^\n]*out"
+       AND NOT out MATCHES "rank ${r}: error: rank ${r}: load, [^\n]*stopped: rank 1: device 1 failed:[^\n]*out"
        AND NOT out MATCHES "rank ${r}: error: [^\n]*all_reduce over \\{data\\}[^\n]*timed out after [0-9]+ s waiting for device 1 on rank 1")
       message(FATAL_ERROR "rank ${r} did not report rank 1's failure in the all_reduce:\n${out}\n${err}")
     endif()

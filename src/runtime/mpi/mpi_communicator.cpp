@@ -472,8 +472,16 @@ MpiWorld::MpiWorld(std::shared_ptr<MpiRuntime::Impl> rt, const Mesh& mesh,
   }
   make_communicators();
   for (auto& kv : groups_) kv.second->comm = dups_[kv.second->dup];
-  std::lock_guard<std::mutex> lk(rt_->mu);
-  rt_->worlds.push_back(this);
+  // Registered under the runtime's lock, which fail() holds while it reads the worlds to abort:
+  // an abort that came in while this world was being made (a peer's failure during this
+  // process's load) aborts it here, or its collectives would wait for the timeout.
+  std::string earlier;
+  {
+    std::lock_guard<std::mutex> lk(rt_->mu);
+    rt_->worlds.push_back(this);
+    if (rt_->failed.load()) earlier = rt_->failure;
+  }
+  if (!earlier.empty()) abort_local(earlier);
 }
 
 MpiWorld::~MpiWorld() {
