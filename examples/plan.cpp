@@ -2,6 +2,7 @@
 //
 //   tessel-plan JOBS.json --pool POOL.json [--baselines] [--json PLAN.json]
 //   tessel-plan --gavel ../shared/benchmarks/multijob-gavel --pool-shape 1x8 --baselines
+//   mpirun -np 8 tessel-plan JOBS.json --pool POOL.json --run    # one process per device
 //
 // Prints the plan as a table (and the baselines beside it with --baselines), writes it as a
 // Perfetto trace and an SVG Gantt chart, and with --json as {"makespan_s": ..., "jobs": [...]}.
@@ -23,6 +24,9 @@
 #include "tessel/planner/pool_runtime.hpp"
 #include "tessel/planner/schedule.hpp"
 #include "tessel/planner/show.hpp"
+#include "tessel/runtime/launch.hpp"
+#include "tessel/runtime/mpi/mpi_runtime.hpp"
+#include "tessel/runtime/process_group.hpp"
 
 namespace {
 
@@ -68,15 +72,22 @@ std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& t
 
 // --run: the plan executed on this machine's CPU devices (planner/pool_runtime.hpp), then the
 // plan beside what ran, and a Gantt chart of what ran.
-void run_planned(const PlanArgs& a, const std::vector<ModelJob>& models, const std::vector<JobProfile>& jobs,
-                 const Schedule& plan, const Pool& pool) {
+PoolRunOptions run_options(const PlanArgs& a, std::shared_ptr<tessel::ProcessGroup> processes) {
   PoolRunOptions o;
   o.progress_interval_s = a.progress_every;
   o.replan_interval_s = a.replan_every;
   o.checkpoint_dir = a.checkpoint_dir;
+  o.processes = std::move(processes);
+  return o;
+}
+
+void run_planned(const PlanArgs& a, const std::vector<ModelJob>& models, const std::vector<JobProfile>& jobs,
+                 const Schedule& plan, const Pool& pool, std::shared_ptr<tessel::ProcessGroup> processes) {
+  PoolRunOptions o = run_options(a, processes);
   // On CPU virtual devices sharing the machine's cores, the plan is priced with the sharing.
   auto run_one = [&](const Schedule& s, const char* what) {
-    fmt::print("\nrunning {} ({} jobs) on {} CPU virtual devices{}\n", what, models.size(), pool.num_devices(),
+    fmt::print("\nrunning {} ({} jobs) on {} CPU virtual devices{}{}\n", what, models.size(), pool.num_devices(),
+               processes ? " (one process each)" : "",
                pool.cores > 0 ? fmt::format(" sharing {} cores", pool.cores) : "");
     PoolRunReport r = run_pool(models, jobs, s, pool, o);
     if (pool.cores > 0) {
@@ -132,6 +143,20 @@ void run_planned(const PlanArgs& a, const std::vector<ModelJob>& models, const s
              "Gantt chart of the run");
 }
 
+// Under mpirun, the processes other than rank 0 only serve the pool runs (one per device):
+// the same runs as rank 0, in the same order.
+int serve(const PlanArgs& a, const Pool& pool, std::shared_ptr<tessel::ProcessGroup> processes) {
+  std::vector<ModelJob> models;
+  for (JobEntry& e : read_job_file(a.jobs_file)) {
+    if (a.max_jobs > 0 && static_cast<int32_t>(models.size()) >= a.max_jobs) break;
+    if (e.is_model()) models.push_back(parse_model_job(e.model_json, a.jobs_file));
+  }
+  const PoolRunOptions o = run_options(a, processes);
+  const int runs = a.run_baselines ? 4 : 1;
+  for (int i = 0; i < runs; ++i) run_pool(models, {}, {}, pool, o);
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const PlanArgs a = parse_plan_args(std::vector<std::string>(argv + 1, argv + argc));
   if (a.help) {
@@ -143,6 +168,27 @@ int run(int argc, char** argv) {
   else {
     pool.nodes = a.pool_nodes;
     pool.devices_per_node = a.pool_devices_per_node;
+  }
+  // Several processes: an MPI launch runs the plan with one process per device (--run); rank 0
+  // plans and prints, the others serve its runs.
+  std::shared_ptr<tessel::ProcessGroup> processes;
+  const tessel::LaunchInfo launch = tessel::detect_launch();
+  if (launch.multi_process()) {
+    if (launch.source != "mpi")
+      throw tessel::UsageError(fmt::format("tessel-plan runs several processes only under mpirun (this launcher "
+                                           "says rank {} of {}): run it as one process, or with mpirun -np {} --run",
+                                           launch.rank, launch.world_size, pool.num_devices()));
+    if (!a.run) {
+      if (launch.rank != 0) return 0;  // planning needs one process: rank 0 prints the plan
+    } else {
+      if (!a.gavel_dir.empty()) throw tessel::UsageError("--run runs model jobs (\"gpt\" entries of JOBS.json)");
+      processes = tessel::mpi_process_group();
+      if (processes->size() != pool.num_devices())
+        throw tessel::UsageError(fmt::format("under mpirun, --run takes one process per device: the pool has {} "
+                                             "devices, so launch mpirun -np {} (this job has {} processes)",
+                                             pool.num_devices(), pool.num_devices(), processes->size()));
+      if (processes->rank() != 0) return serve(a, pool, processes);
+    }
   }
   double trial_seconds = 0;
   std::vector<ModelJob> models;
@@ -196,7 +242,7 @@ int run(int argc, char** argv) {
                                                  s.method)),
                "Gantt chart");
   }
-  if (a.run) run_planned(a, models, jobs, s, pool);
+  if (a.run) run_planned(a, models, jobs, s, pool, processes);
   return 0;
 }
 
@@ -207,9 +253,11 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const tessel::UsageError& e) {
     std::fprintf(stderr, "tessel-plan: %s\n%s", e.what(), usage_plan().c_str());
+    tessel::abort_job_on_error(2, 2.0);  // under mpirun: end every process (returns otherwise)
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessel-plan: %s\n", e.what());
+    tessel::abort_job_on_error(1, 2.0);
     return 1;
   }
 }

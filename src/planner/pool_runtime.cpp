@@ -11,10 +11,12 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "pool_protocol.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/core/common.hpp"
 #include "tessel/planner/show.hpp"
@@ -186,7 +188,10 @@ class PoolRun {
       s.segment_seconds = 0;
       s.segment_steps = 0;
       if (report_.jobs[j].segments.empty()) report_.jobs[j].start_s = s.segment_start;
-      s.thread = std::thread([this, j] { job_thread(j); });
+      s.thread = std::thread([this, j] {
+        if (o_.processes) remote_job(j);
+        else job_thread(j);
+      });
     }
   }
 
@@ -259,6 +264,11 @@ class PoolRun {
     } catch (...) {
       error = std::current_exception();
     }
+    end_segment(j, layout, error, moved);
+  }
+
+  // The segment of job j that just ended (under no lock): its record, and what comes next.
+  void end_segment(std::size_t j, const std::string& layout, std::exception_ptr error, bool moved) {
     std::lock_guard<std::mutex> g(mu_);
     JobState& st = state_[j];
     JobRunRecord& rec = report_.jobs[j];
@@ -289,6 +299,101 @@ class PoolRun {
     }
     st.finished_thread = true;
     cv_.notify_all();
+  }
+
+  // The process form: job j's segment runs on the processes of its devices (pool_worker.cpp);
+  // this thread sends the order, follows the leader's reports and relays moves and stops.
+  void remote_job(std::size_t j) {
+    const ModelJob& job = jobs_[j];
+    detail::SegmentOrder order;
+    std::ptrdiff_t forced = -1;  // the PoolRunOptions::moves entry this segment ends with
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      JobState& st = state_[j];
+      order.seg = ++segments_;
+      order.job = j;
+      order.resume_step = st.checkpoint_step;
+      order.devices = st.devices;
+      for (std::size_t m = 0; m < o_.moves.size(); ++m)
+        if (o_.moves[m].job == job.name && !st.forced_done.count(m) && o_.moves[m].after_step >= st.steps_done &&
+            (forced < 0 || o_.moves[m].after_step < o_.moves[static_cast<std::size_t>(forced)].after_step))
+          forced = static_cast<std::ptrdiff_t>(m);
+      if (forced >= 0) order.stop_after = o_.moves[static_cast<std::size_t>(forced)].after_step;
+    }
+    std::sort(order.devices.begin(), order.devices.end());
+    std::exception_ptr error;
+    bool moved = false;
+    std::string layout;
+    try {
+      layout = layout_for(j, static_cast<int32_t>(order.devices.size()));
+      order.layout = layout;
+      if (order.seg >= detail::kMaxSegments)
+        throw PlanError(fmt::format("run_pool: more than {} job segments in one pool run", detail::kMaxSegments));
+      const std::string text = detail::format_order(order);
+      for (int32_t d : order.devices) o_.processes->send(d, detail::kStartTag, text);
+      const int leader = order.devices[0];
+      bool sent_move = false, sent_stop = false;
+      while (true) {
+        std::optional<ProcessGroup::Message> m = o_.processes->try_recv(detail::progress_tag(order.seg));
+        if (!m) {
+          bool stop = false, move = false;
+          {
+            std::lock_guard<std::mutex> g(mu_);
+            stop = stop_;
+            move = state_[j].move_requested;
+          }
+          if (stop && !sent_stop) {
+            o_.processes->send(leader, detail::control_tag(order.seg), "X");
+            sent_stop = true;
+          } else if (move && !sent_move && !sent_stop) {
+            o_.processes->send(leader, detail::control_tag(order.seg), "M");
+            sent_move = true;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          continue;
+        }
+        const std::string& b = m->bytes;
+        if (b.rfind("P ", 0) == 0) {
+          int64_t k = 0;
+          double loss = 0, seconds = 0;
+          std::istringstream in(b.substr(2));
+          in >> k >> loss >> seconds;
+          std::lock_guard<std::mutex> g(mu_);
+          JobState& st = state_[j];
+          st.steps_done = k;
+          st.last_loss = loss;
+          st.segment_seconds += seconds;
+          st.segment_steps += 1;
+          report_.jobs[j].losses.push_back(loss);
+        } else if (b == "D" || b == "X") {
+          break;
+        } else if (b.rfind("M ", 0) == 0) {
+          const int64_t at = std::stoll(b.substr(2));
+          std::lock_guard<std::mutex> g(mu_);
+          JobState& st = state_[j];
+          st.checkpoint_step = at;
+          moved = true;
+          if (forced >= 0 && at == order.stop_after) {
+            const PoolRunOptions::Move& mv = o_.moves[static_cast<std::size_t>(forced)];
+            st.forced_done.insert(static_cast<std::size_t>(forced));
+            st.next_devices = mv.devices;
+            std::sort(st.next_devices.begin(), st.next_devices.end());
+            st.next_key = st.key;
+            report_.events.push_back(fmt::format("{:.2f} s: job '{}' moves after step {} from devices {} to {} (asked "
+                                                 "for)",
+                                                 now(), job.name, at, ids(st.devices), ids(st.next_devices)));
+          }
+          break;
+        } else if (b.rfind("E ", 0) == 0) {
+          throw PlanError(b.substr(2));
+        } else {
+          throw PlanError(fmt::format("run_pool: an unknown report '{}' from process {}", b.substr(0, 60), m->rank));
+        }
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    end_segment(j, layout, error, moved);
   }
 
   void progress(double t) {
@@ -434,6 +539,7 @@ class PoolRun {
   std::condition_variable cv_;
   bool stop_ = false;
   bool failed_ = false;
+  int64_t segments_ = 0;  // segment orders sent (the process form)
 };
 
 }  // namespace
@@ -461,8 +567,46 @@ std::string PoolRunReport::table() const {
 
 PoolRunReport run_pool(const std::vector<ModelJob>& jobs, const std::vector<JobProfile>& profiles,
                        const Schedule& plan, const Pool& pool, const PoolRunOptions& options) {
-  PoolRun run(jobs, profiles, plan, pool, options);
-  return run.run();
+  if (!options.processes) {
+    PoolRun run(jobs, profiles, plan, pool, options);
+    return run.run();
+  }
+  ProcessGroup& pg = *options.processes;
+  if (pg.name() != "mpi")
+    throw PlanError(fmt::format("run_pool: the process form runs jobs on MpiRuntimes: give mpi_process_group(), not a "
+                                "'{}' group",
+                                pg.name()));
+  if (pg.size() != pool.num_devices())
+    throw PlanError(fmt::format("run_pool: one process per device: the pool has {} devices but {} processes were "
+                                "launched (mpirun -np {})",
+                                pool.num_devices(), pg.size(), pool.num_devices()));
+  if (pg.rank() != 0) {
+    detail::serve_pool(jobs, pg, options);
+    return {};
+  }
+  // Rank 0: the coordinator, and the worker of device 0 beside it.
+  std::exception_ptr worker_error;
+  std::thread worker([&] {
+    try {
+      detail::serve_pool(jobs, pg, options);
+    } catch (...) {
+      worker_error = std::current_exception();
+    }
+  });
+  auto quit = [&](const std::string& message) {
+    for (int r = 0; r < pg.size(); ++r) pg.send(r, detail::kStartTag, message);
+    worker.join();
+  };
+  PoolRunReport report;
+  try {
+    PoolRun run(jobs, profiles, plan, pool, options);
+    report = run.run();
+  } catch (const std::exception& e) {
+    quit(std::string("Q failed\n") + e.what());
+    throw;
+  }
+  quit("Q ok");
+  return report;
 }
 
 }  // namespace tessel::planner

@@ -99,6 +99,19 @@ class FileProcessGroup : public ProcessGroup {
 
 }  // namespace
 
+void ProcessGroup::send(int rank, int tag, const std::string& bytes) {
+  (void)bytes;
+  throw RuntimeError(fmt::format("process group '{}' has no point-to-point messages (send to rank {}, tag {}): launch "
+                                 "the processes with mpirun",
+                                 name(), rank, tag));
+}
+
+std::optional<ProcessGroup::Message> ProcessGroup::try_recv(int tag) {
+  throw RuntimeError(fmt::format("process group '{}' has no point-to-point messages (receive with tag {}): launch the "
+                                 "processes with mpirun",
+                                 name(), tag));
+}
+
 std::shared_ptr<ProcessGroup> file_process_group(const FileRendezvousOptions& options) {
   return std::make_shared<FileProcessGroup>(options);
 }

@@ -4,16 +4,23 @@
 # this build's binaries and ../shared at the shared benchmarks, as on a developer's machine.
 # Checks each prints a plan (and the baselines, and the run's report, where it asks for them),
 # then the files the first one writes.
+# With a fourth argument "mpi": the `mpirun ... build/bin/tessel-plan ...` lines instead (one
+# process per device), each of which must run the plan with one process per device.
 set -euo pipefail
-bin_dir=$1 src=$2 work=$3
+bin_dir=$1 src=$2 work=$3 form=${4:-threads}
 rm -rf "$work"
 mkdir -p "$work/root/build"
 ln -s "$bin_dir" "$work/root/build/bin"
 cp -r "$src/examples" "$work/root/examples"
 ln -s "$(cd "$src/../shared" && pwd)" "$work/shared"
 cd "$work/root"
-mapfile -t cmds < <(grep -E '^build/bin/tessel-plan ' "$src/docs/planner.md")
-[ ${#cmds[@]} -ge 3 ] || { echo "found ${#cmds[@]} tessel-plan commands in docs/planner.md, expected 3"; exit 1; }
+if [ "$form" = mpi ]; then
+  mapfile -t cmds < <(grep -E '^mpirun .*build/bin/tessel-plan ' "$src/docs/planner.md")
+  [ ${#cmds[@]} -ge 1 ] || { echo "found no mpirun tessel-plan command in docs/planner.md"; exit 1; }
+else
+  mapfile -t cmds < <(grep -E '^build/bin/tessel-plan ' "$src/docs/planner.md")
+  [ ${#cmds[@]} -ge 3 ] || { echo "found ${#cmds[@]} tessel-plan commands in docs/planner.md, expected 3"; exit 1; }
+fi
 for c in "${cmds[@]}"; do
   echo "\$ $c"
   out=$(bash -c "$c" 2>&1) || { echo "$out"; echo "FAILED: $c"; exit 1; }
@@ -25,7 +32,20 @@ for c in "${cmds[@]}"; do
   if [[ $c == *--run* ]]; then
     grep -q "^makespan: planned " <<<"$out" || { echo "no run report"; exit 1; }
   fi
+  if [ "$form" = mpi ]; then
+    grep -q "CPU virtual devices (one process each)" <<<"$out" || { echo "not run with one process per device"; exit 1; }
+    # Every job ran all its steps: the report's segments end at the job's step count.
+    python3 - "$out" "$src/examples/planner" <<'PY'
+import json, re, sys
+out = sys.argv[1]
+for j in json.load(open(sys.argv[2] + "/gpt_jobs.json"))["jobs"]:
+    m = re.search(r"^%s .*steps (\d+)-(\d+)\s*$" % re.escape(j["name"]), out, re.M)
+    assert m and int(m.group(2)) == j["steps"], (j["name"], m and m.group(0))
+print("every job ran all its steps")
+PY
+  fi
 done
+[ "$form" = mpi ] && exit 0
 python3 - <<'PY'
 import json
 p = json.load(open("plan.json"))

@@ -15,7 +15,8 @@ if(TESSEL_SANITIZE_ADDRESS OR TESSEL_SANITIZE_THREAD)
 endif()
 set(_mpi_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;TESSEL_MPI_TIMEOUT_S=120")
 
-add_executable(tessel_tests_mpi ${CMAKE_CURRENT_LIST_DIR}/../main.cpp ${CMAKE_CURRENT_LIST_DIR}/test_mpi.cpp)
+add_executable(tessel_tests_mpi ${CMAKE_CURRENT_LIST_DIR}/../main.cpp ${CMAKE_CURRENT_LIST_DIR}/test_mpi.cpp
+                                ${CMAKE_CURRENT_LIST_DIR}/test_mpi_pool.cpp)
 target_link_libraries(tessel_tests_mpi PRIVATE tessel::tessel Catch2::Catch2 fmt::fmt MPI::MPI_CXX)
 target_compile_options(tessel_tests_mpi PRIVATE ${TESSEL_TEST_WARNINGS})
 target_compile_definitions(tessel_tests_mpi PRIVATE
@@ -81,6 +82,15 @@ if(TARGET tessel_example_gpt_train AND TESSEL_MPIRUN)
   add_test(NAME "mpi: documented mpirun -np 2 gpt_train --mesh data=2 model=2 --auto matches one device"
            COMMAND ${_mpirun_doc} -np 2 $<TARGET_FILE:tessel_example_gpt_train> --mesh data=2,model=2 --auto)
   list(APPEND _mpi_doc_tests "mpi: documented mpirun -np 2 gpt_train --mesh data=2 model=2 --auto matches one device")
+endif()
+# docs/planner.md, "One process per device": tessel-plan --run under mpirun, one process per
+# device, as written (tests/integration/planner_doc_commands.sh picks the mpirun lines).
+if(TARGET tessel_example_plan AND TESSEL_MPIRUN)
+  add_test(NAME "mpi: documented mpirun -np 8 tessel-plan --run runs the plan with one process per device"
+           COMMAND bash ${PROJECT_SOURCE_DIR}/tests/integration/planner_doc_commands.sh
+                   $<TARGET_FILE_DIR:tessel_example_plan> ${PROJECT_SOURCE_DIR}
+                   ${CMAKE_BINARY_DIR}/tests/planner-doc-commands-mpi mpi)
+  list(APPEND _mpi_doc_tests "mpi: documented mpirun -np 8 tessel-plan --run runs the plan with one process per device")
 endif()
 if(_mpi_doc_tests)
   set_tests_properties(${_mpi_doc_tests} PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE)

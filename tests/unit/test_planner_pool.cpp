@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "tessel/core/common.hpp"
+#include "tiny_model_job.hpp"
 #include "tessel/planner/model_job.hpp"
 #include "tessel/planner/pool_runtime.hpp"
 #include "tessel/planner/schedule.hpp"
@@ -20,11 +21,7 @@ using namespace tessel::planner;
 namespace {
 
 ModelJob job_of(const std::string& name, int64_t steps, int64_t d_model, uint64_t seed) {
-  const std::string text = "{\"name\": \"" + name + "\", \"steps\": " + std::to_string(steps) +
-                           ", \"gpt\": {\"batch\": 4, \"seq\": 8, \"d_model\": " + std::to_string(d_model) +
-                           ", \"heads\": 2, \"layers\": 1, \"vocab\": 32}, \"device_counts\": [1, 2], \"seed\": " +
-                           std::to_string(seed) + ", \"lr\": 0.003}";
-  return parse_model_job(text, "jobs.json");
+  return tessel_test::tiny_model_job(name, steps, d_model, seed);
 }
 
 // The job alone on its layout for `steps` steps: the losses the pool must reproduce.

@@ -21,12 +21,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tessel/planner/jobs.hpp"
 #include "tessel/planner/model_job.hpp"
 #include "tessel/planner/schedule.hpp"
+#include "tessel/runtime/process_group.hpp"
 
 namespace tessel::planner {
 
@@ -47,6 +49,16 @@ struct PoolRunOptions {
     std::vector<int32_t> devices;
   };
   std::vector<Move> moves;
+  // The process form (one process per device, as on GPUs): an MPI process group (mpi_process_group())
+  // of pool.num_devices() processes, device d being process d. Every process calls run_pool with
+  // the same jobs and options; rank 0 runs the plan it is given (the other processes may pass empty
+  // profiles and an empty plan: they only serve) and sends each job's segment to the processes of
+  // its devices, where the job runs on an MpiRuntime over those processes (MpiRuntimeOptions::ranks);
+  // the segment's first process reports every step to rank 0, which prints the progress lines,
+  // re-plans and moves jobs as in one process. The report is rank 0's; the others return one
+  // without jobs. A job that fails stops the pool on every process, each throwing PlanError with
+  // rank 0's message. nullptr: every device is a thread of this process.
+  std::shared_ptr<ProcessGroup> processes;
 };
 
 // One stretch of a job on one set of devices.
@@ -76,7 +88,8 @@ struct PoolRunReport {
 };
 
 // Runs `jobs` (profiles[i] is jobs[i]'s, with plan[g] for the counts the schedule uses) as
-// `plan` places them, on CPU virtual devices. Throws PlanError when a job's count has no layout
+// `plan` places them, on CPU virtual devices (threads of this process, or with
+// PoolRunOptions::processes one process per device). Throws PlanError when a job's count has no layout
 // in its profile, when the plan does not place every job, or when moves are asked for without
 // a checkpoint_dir; a job that fails stops the pool and its error is rethrown naming the job.
 PoolRunReport run_pool(const std::vector<ModelJob>& jobs, const std::vector<JobProfile>& profiles,

@@ -47,6 +47,19 @@ class ProcessGroup {
   // received.
   virtual void post_abort(const std::string& reason) { (void)reason; }
   virtual std::optional<AbortNotice> poll_abort() { return std::nullopt; }
+
+  // Point-to-point host messages (the pool runtime's coordinator and its workers,
+  // planner/pool_runtime.hpp): send queues `bytes` for process `rank` (itself included) under
+  // `tag` (0 <= tag < 16384) and returns at once; try_recv returns the oldest message with that
+  // tag not yet returned, from any process, or nothing. Neither is collective; messages from one
+  // sender with one tag arrive in order; one thread per tag may receive while others send.
+  // Default: RuntimeError (the file group has no such channel; use mpirun).
+  struct Message {
+    int rank = -1;
+    std::string bytes;
+  };
+  virtual void send(int rank, int tag, const std::string& bytes);
+  virtual std::optional<Message> try_recv(int tag);
 };
 
 // MPI_COMM_WORLD (a duplicate of it). Throws RuntimeError when tessel was built without MPI.

@@ -122,6 +122,7 @@ struct MpiRuntime::Impl {
   double timeout = 300;
   MPI_Comm ctrl = MPI_COMM_NULL;  // abort messages
   MPI_Comm host = MPI_COMM_NULL;  // splits and host exchanges (user thread only)
+  MPI_Comm group = MPI_COMM_NULL;  // the processes of MpiRuntimeOptions::ranks (none: MPI_COMM_WORLD)
   std::unique_ptr<ThreadRuntime> local;
   int64_t mesh_devices = -1;
   std::vector<int> owner;  // position -> rank

@@ -35,6 +35,8 @@ class MpiProcessGroup : public ProcessGroup {
     TESSEL_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &abort_comm_));
     TESSEL_MPI(MPI_Comm_set_errhandler(abort_comm_, MPI_ERRORS_RETURN));
+    TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &msg_comm_));
+    TESSEL_MPI(MPI_Comm_set_errhandler(msg_comm_, MPI_ERRORS_RETURN));
   }
   ~MpiProcessGroup() override {
     int fin = 0;
@@ -49,6 +51,19 @@ class MpiProcessGroup : public ProcessGroup {
       if (!sends_.empty())
         for (auto& b : posted_) (void)b.release();
     }
+    {
+      std::lock_guard<std::mutex> lk(msg_mu_);
+      const double deadline = detail::now_s() + 1.0;
+      while (!out_.empty() && detail::now_s() < deadline) {
+        reap_sends();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      for (Outgoing& o : out_) {
+        MPI_Request_free(&o.req);
+        (void)o.bytes.release();  // a freed send may still read it
+      }
+    }
+    MPI_Comm_free(&msg_comm_);
     MPI_Comm_free(&abort_comm_);
     MPI_Comm_free(&comm_);
   }
@@ -85,6 +100,41 @@ class MpiProcessGroup : public ProcessGroup {
     drive_sends(2.0);
   }
 
+  void send(int rank, int tag, const std::string& bytes) override {
+    if (rank < 0 || rank >= size_)
+      throw RuntimeError(fmt::format("process group send: rank {} is not one of the {} processes", rank, size_));
+    if (tag < 0 || tag >= 16384)
+      throw RuntimeError(fmt::format("process group send: tag {} is outside [0, 16384)", tag));
+    std::lock_guard<std::mutex> lk(msg_mu_);
+    reap_sends();
+    Outgoing o;
+    o.bytes = std::make_unique<std::string>(bytes);
+    TESSEL_MPI(MPI_Isend(o.bytes->data(), detail::int_count(o.bytes->size(), "process group send"), MPI_CHAR, rank, tag,
+                         msg_comm_, &o.req));
+    out_.push_back(std::move(o));
+  }
+
+  std::optional<Message> try_recv(int tag) override {
+    {
+      std::lock_guard<std::mutex> lk(msg_mu_);
+      reap_sends();
+    }
+    // A matched probe (MPI_Improbe + MPI_Mrecv): another thread receiving meanwhile cannot
+    // take this message.
+    int flag = 0;
+    MPI_Message m;
+    MPI_Status st;
+    TESSEL_MPI(MPI_Improbe(MPI_ANY_SOURCE, tag, msg_comm_, &flag, &m, &st));
+    if (!flag) return std::nullopt;
+    int count = 0;
+    MPI_Get_count(&st, MPI_CHAR, &count);
+    Message out;
+    out.rank = st.MPI_SOURCE;
+    out.bytes.assign(static_cast<std::size_t>(std::max(count, 0)), '\0');
+    TESSEL_MPI(MPI_Mrecv(out.bytes.data(), count, MPI_CHAR, &m, MPI_STATUS_IGNORE));
+    return out;
+  }
+
   std::optional<AbortNotice> poll_abort() override {
     std::lock_guard<std::mutex> lk(abort_mu_);
     int flag = 0;
@@ -116,9 +166,29 @@ class MpiProcessGroup : public ProcessGroup {
     }
   }
 
+  // Under msg_mu_: drops the sends that completed.
+  void reap_sends() {
+    for (std::size_t i = 0; i < out_.size();) {
+      int done = 0;
+      if (MPI_Test(&out_[i].req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
+        out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  struct Outgoing {
+    std::unique_ptr<std::string> bytes;
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm abort_comm_ = MPI_COMM_NULL;  // abort notices only
+  MPI_Comm msg_comm_ = MPI_COMM_NULL;    // send / try_recv
+  std::mutex msg_mu_;
+  std::vector<Outgoing> out_;           // sends in flight
   std::mutex abort_mu_;
   std::vector<std::unique_ptr<std::string>> posted_;  // the buffers of sends in flight
   std::vector<MPI_Request> sends_;

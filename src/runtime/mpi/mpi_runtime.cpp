@@ -14,6 +14,7 @@
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -143,9 +144,40 @@ MpiRuntime::MpiRuntime(MpiRuntimeOptions options) : impl_(std::make_shared<Impl>
   im.rank = s.rank;
   im.size = s.size;
   im.local_rank = s.local_rank;
-  TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &im.ctrl));
+  MPI_Comm base = MPI_COMM_WORLD;
+  if (!im.opts.ranks.empty()) {
+    const std::vector<int>& rs = im.opts.ranks;
+    std::vector<int> sorted = rs;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+        sorted.back() >= s.size)
+      throw RuntimeError(fmt::format("MpiRuntime: ranks [{}] must be distinct ranks of MPI_COMM_WORLD's {} processes",
+                                     fmt::join(rs, ", "), s.size));
+    const auto me = std::find(rs.begin(), rs.end(), s.rank);
+    if (me == rs.end())
+      throw RuntimeError(fmt::format("MpiRuntime: process {} of MPI_COMM_WORLD is not one of the runtime's ranks [{}]: "
+                                     "only the processes listed construct it",
+                                     s.rank, fmt::join(rs, ", ")));
+    if (im.opts.group_tag < 0)
+      throw RuntimeError(fmt::format("MpiRuntime: group_tag must be >= 0, got {}", im.opts.group_tag));
+    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    TESSEL_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+    TESSEL_MPI(MPI_Group_incl(world_group, static_cast<int>(rs.size()), rs.data(), &group));
+    TESSEL_MPI(MPI_Comm_create_group(MPI_COMM_WORLD, group, im.opts.group_tag, &im.group));
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    TESSEL_MPI(MPI_Comm_set_errhandler(im.group, MPI_ERRORS_RETURN));
+    base = im.group;
+    im.rank = static_cast<int>(me - rs.begin());
+    im.size = static_cast<int>(rs.size());
+    MPI_Comm node;
+    TESSEL_MPI(MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, im.rank, MPI_INFO_NULL, &node));
+    TESSEL_MPI(MPI_Comm_rank(node, &im.local_rank));
+    MPI_Comm_free(&node);
+  }
+  TESSEL_MPI(MPI_Comm_dup(base, &im.ctrl));
   TESSEL_MPI(MPI_Comm_set_errhandler(im.ctrl, MPI_ERRORS_RETURN));
-  TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &im.host));
+  TESSEL_MPI(MPI_Comm_dup(base, &im.host));
   TESSEL_MPI(MPI_Comm_set_errhandler(im.host, MPI_ERRORS_RETURN));
   Impl* raw = impl_.get();
   im.watcher = std::thread([raw] { raw->watch(); });
@@ -161,6 +193,7 @@ MpiRuntime::~MpiRuntime() {
   if (!im.failed.load()) {
     MPI_Comm_free(&im.ctrl);
     MPI_Comm_free(&im.host);
+    if (im.group != MPI_COMM_NULL) MPI_Comm_free(&im.group);
   } else {
     for (auto& q : im.abort_sends)
       if (q != MPI_REQUEST_NULL) MPI_Request_free(&q);  // completed ones are already null

@@ -58,6 +58,15 @@ struct MpiRuntimeOptions {
   // Explicit mesh <-> process map: process_of_device[position] = the rank owning it (every
   // rank must own at least one device). Empty: contiguous blocks.
   std::vector<int> process_of_device;
+  // The processes of this runtime: MPI_COMM_WORLD ranks, in the order of their ranks here
+  // (ranks[i] is rank i of the runtime; rank(), world_size(), process_of_device and the
+  // checkpoint writers all count in it). Empty: every process of MPI_COMM_WORLD. Only the
+  // processes listed construct it, and the constructor waits until all of them do
+  // (MPI_Comm_create_group): several runtimes over disjoint sets of processes run side by side
+  // (the pool runtime, planner/pool_runtime.hpp, runs one per job). Runtimes made concurrently
+  // over overlapping sets need different group_tag values.
+  std::vector<int> ranks;
+  int group_tag = 0;
 };
 
 class MpiRuntime : public Runtime {
@@ -69,8 +78,8 @@ class MpiRuntime : public Runtime {
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
 
-  int rank() const;        // MPI_COMM_WORLD rank
-  int world_size() const;  // MPI_COMM_WORLD size
+  int rank() const;        // rank among the runtime's processes (MPI_COMM_WORLD's without ranks)
+  int world_size() const;  // number of the runtime's processes
   int local_rank() const;  // rank among the processes of this node (MPI_COMM_TYPE_SHARED)
   double timeout_s() const;
 

@@ -1,0 +1,188 @@
+// The pool runtime's process form under mpirun (planner/pool_runtime.hpp, PoolRunOptions::
+// processes): one process per device, each job on an MpiRuntime over its devices' processes
+// (MpiRuntimeOptions::ranks). The oracle is the same plan run as threads of rank 0.
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "../unit/test_util.hpp"
+#include "../unit/tiny_model_job.hpp"
+#include "tessel/executable.hpp"
+#include "tessel/ops/builders.hpp"
+#include "tessel/planner/model_job.hpp"
+#include "tessel/planner/pool_runtime.hpp"
+#include "tessel/planner/schedule.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/mpi/mpi_runtime.hpp"
+#include "tessel/runtime/process_group.hpp"
+#include "tessel/runtime/reference.hpp"
+
+using namespace tessel;
+using namespace tessel::planner;
+
+namespace {
+
+ModelJob job_of(const std::string& name, int64_t steps, int64_t d_model, uint64_t seed) {
+  return tessel_test::tiny_model_job(name, steps, d_model, seed);
+}
+
+}  // namespace
+
+TEST_CASE("mpi: runtimes over disjoint sets of processes run different programs side by side", "[mpi][pool]") {
+  auto pg = mpi_process_group();
+  const int n = pg->size();
+  const int me = pg->rank();
+  if (n < 2) return;
+  // Halves (n = 2: one process each, two devices per process; n = 4: two processes each).
+  const bool first = me < n / 2;
+  std::vector<int> ranks;
+  for (int r = first ? 0 : n / 2; r < (first ? n / 2 : n); ++r) ranks.push_back(r);
+  MpiRuntimeOptions ro;
+  ro.ranks = ranks;
+  ro.timeout_s = 60;
+  MpiRuntime rt(ro);
+  CHECK(rt.world_size() == static_cast<int>(ranks.size()));
+  CHECK(rt.rank() == me - ranks[0]);
+  // Each half its own program: a matmul summed over data (an all-reduce across processes for
+  // n = 4), or a sum of squares.
+  const uint64_t seed = std::stoull(pg->allgather(std::to_string(tessel_test::seed()))[0]);  // rank 0's
+  tessel_test::announce("mpi: runtimes over disjoint sets of processes", seed, 1);
+  INFO("seed " << seed);
+  Graph g;
+  const int64_t d = 2 * static_cast<int64_t>(ranks.size());
+  const Mesh mesh = Mesh::parse(fmt::format("data={}", d));
+  g.mesh = mesh;
+  auto x = input(g, "x", DType::f32, {4 * d, 6});
+  Tensor y;
+  if (first) {
+    auto w = input(g, "w", DType::f32, {6, 5});
+    y = reduce_sum(matmul(x, w), {0});
+  } else {
+    y = reduce_sum(mul(x, x), {0});
+  }
+  g.annotate(x, Sharding::of({{"data"}, {}}));
+  g.mark_output(y);
+  Executable exe = compile(g, mesh);
+  LoadedExecutable prog = load(exe, rt);
+  const std::vector<HostTensor> in = random_inputs(g, seed);
+  std::vector<ShardedArray> args;
+  for (std::size_t i = 0; i < in.size(); ++i) args.push_back(prog.to_device(prog.input_names()[i], in[i]));
+  auto r = prog.run(args);
+  const HostTensor got = prog.to_host(r.outputs[0]);
+  const HostTensor want = run_reference(g, in).at(0);
+  REQUIRE(got.numel() == want.numel());
+  for (int64_t i = 0; i < got.numel(); ++i) CHECK(got.get(i) == Approx(want.get(i)).epsilon(1e-5));
+}
+
+TEST_CASE("mpi: an MpiRuntime over ranks refuses a process not listed and repeated ranks", "[mpi][pool]") {
+  auto pg = mpi_process_group();
+  if (pg->size() < 2) return;
+  MpiRuntimeOptions ro;
+  ro.ranks = {pg->rank() == 0 ? 1 : 0};
+  CHECK_THROWS_WITH(MpiRuntime(ro), Catch::Contains("is not one of the runtime's ranks"));
+  ro.ranks = {pg->rank(), pg->rank()};
+  CHECK_THROWS_WITH(MpiRuntime(ro), Catch::Contains("must be distinct"));
+  ro.ranks = {pg->rank(), pg->size()};
+  CHECK_THROWS_WITH(MpiRuntime(ro), Catch::Contains("must be distinct ranks of MPI_COMM_WORLD"));
+}
+
+TEST_CASE("mpi: a pool with one process per device runs the plan as threads do with a moved job",
+          "[mpi][pool]") {
+  auto pg = mpi_process_group();
+  const int n = pg->size();
+  Pool pool;
+  pool.nodes = 1;
+  pool.devices_per_node = n;
+  std::vector<ModelJob> jobs = {job_of("a", 10, 16, 1), job_of("b", 7, 32, 2)};
+  if (n >= 4) {
+    jobs.push_back(job_of("c", 8, 16, 3));
+    jobs.push_back(job_of("d", 5, 16, 4));
+  }
+  const std::string ck = fmt::format("{}/mpi-pool-checkpoints-{}", TESSEL_BINARY_DIR, n);
+  PoolRunOptions o;
+  o.progress_interval_s = 0.05;
+  o.checkpoint_dir = ck + "/processes";
+  if (n >= 2) o.moves.push_back({"a", 4, {0, 1}});
+  std::vector<std::string> lines;
+  o.print = [&](const std::string& l) { lines.push_back(l); };
+  o.processes = pg;
+  if (pg->rank() != 0) {
+    // Serving only: no profiles, no plan.
+    const PoolRunReport r = run_pool(jobs, {}, {}, pool, o);
+    CHECK(r.jobs.empty());
+    return;
+  }
+  std::filesystem::remove_all(ck);
+  ProfileOptions po;
+  po.measure = false;
+  std::vector<JobProfile> profiles;
+  for (const ModelJob& j : jobs) profiles.push_back(profile_model_job(j, pool, po));
+  Schedule plan = plan_fast(profiles, pool);
+  // a starts on device 0 alone, so that its move to {0, 1} changes its layout.
+  plan.jobs[0].num_devices = 1;
+  plan.jobs[0].devices = {0};
+  const PoolRunReport got = run_pool(jobs, profiles, plan, pool, o);
+
+  PoolRunOptions t = o;  // the oracle: the same plan and move on threads of this process
+  t.processes = nullptr;
+  t.checkpoint_dir = ck + "/threads";
+  t.print = [](const std::string&) {};
+  const PoolRunReport want = run_pool(jobs, profiles, plan, pool, t);
+
+  REQUIRE(got.jobs.size() == jobs.size());
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    INFO("job " << jobs[j].name);
+    const JobRunRecord& a = got.jobs[j];
+    const JobRunRecord& b = want.jobs[j];
+    REQUIRE(a.losses.size() == static_cast<std::size_t>(jobs[j].steps));
+    REQUIRE(a.segments.size() == b.segments.size());
+    for (std::size_t s = 0; s < a.segments.size(); ++s) {
+      CHECK(a.segments[s].devices == b.segments[s].devices);
+      CHECK(a.segments[s].layout == b.segments[s].layout);
+      CHECK(a.segments[s].first_step == b.segments[s].first_step);
+      CHECK(a.segments[s].last_step == b.segments[s].last_step);
+    }
+    for (std::size_t k = 0; k < a.losses.size(); ++k) {
+      INFO("step " << k + 1);
+      CHECK(a.losses[k] == Approx(b.losses[k]).epsilon(1e-5));
+    }
+    CHECK(a.end_s > a.start_s);
+  }
+  if (n >= 2) {
+    REQUIRE(got.jobs[0].segments.size() == 2);
+    CHECK(got.jobs[0].segments[0].last_step == 4);
+    CHECK(got.jobs[0].segments[1].devices == std::vector<int32_t>{0, 1});
+    CHECK_THAT(got.table(), Catch::Contains("moves after step 4"));
+  }
+  bool progress = false;
+  for (const std::string& l : lines) progress = progress || l.find("tok/s") != std::string::npos;
+  CHECK(progress);
+  std::filesystem::remove_all(ck);
+}
+
+TEST_CASE("mpi: a job that fails in a pool of processes stops the pool on every process naming the job", "[mpi][pool]") {
+  auto pg = mpi_process_group();
+  Pool pool;
+  pool.nodes = 1;
+  pool.devices_per_node = pg->size();
+  std::vector<ModelJob> jobs = {job_of("bad", 3, 16, 1)};
+  PoolRunOptions o;
+  o.progress_interval_s = 0;
+  o.processes = pg;
+  std::vector<JobProfile> profiles;
+  Schedule plan;
+  if (pg->rank() == 0) {
+    ProfileOptions po;
+    po.measure = false;
+    profiles.push_back(profile_model_job(jobs[0], pool, po));
+    plan = plan_fast(profiles, pool);
+    for (auto& [g, layout] : profiles[0].plan) layout = "data=7 zero=9";  // not a layout
+  }
+  CHECK_THROWS_WITH(run_pool(jobs, profiles, plan, pool, o), Catch::Contains("job 'bad' failed"));
+  // A pool that does not have one process per device is refused on every process alike.
+  Pool wrong = pool;
+  wrong.devices_per_node = pg->size() + 1;
+  CHECK_THROWS_WITH(run_pool(jobs, profiles, plan, wrong, o), Catch::Contains("one process per device"));
+}
