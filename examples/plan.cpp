@@ -24,6 +24,7 @@
 #include "tessel/planner/pool_runtime.hpp"
 #include "tessel/planner/schedule.hpp"
 #include "tessel/planner/show.hpp"
+#include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/process_group.hpp"
@@ -61,7 +62,8 @@ std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& t
     models.push_back(job);
     ProfileOptions po;
     po.measure = a.measure;
-    po.shared_cores = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+    // On GPUs (--backend cuda) each device computes on its own.
+    po.shared_cores = a.backend == "cuda" ? 0 : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
     ModelJobReport report;
     jobs.push_back(profile_model_job(job, pool, po, &report));
     std::fputs(report.table().c_str(), stdout);
@@ -78,6 +80,17 @@ PoolRunOptions run_options(const PlanArgs& a, std::shared_ptr<tessel::ProcessGro
   o.replan_interval_s = a.replan_every;
   o.checkpoint_dir = a.checkpoint_dir;
   o.processes = std::move(processes);
+  if (a.backend == "cuda") {
+    // One GPU per process (the GPU of its local rank), NCCL over each job's processes.
+    const int gpu = tessel::detect_launch().local_rank;
+    o.make_runtime = [gpu](const std::vector<int>& ranks, int tag) -> std::unique_ptr<tessel::Runtime> {
+      tessel::CudaRuntimeOptions c;
+      c.processes = tessel::mpi_process_group(ranks, tag);
+      c.num_gpus = 1;
+      c.backend.device = gpu;
+      return std::make_unique<tessel::CudaRuntime>(1, c);
+    };
+  }
   return o;
 }
 
@@ -86,8 +99,8 @@ void run_planned(const PlanArgs& a, const std::vector<ModelJob>& models, const s
   PoolRunOptions o = run_options(a, processes);
   // On CPU virtual devices sharing the machine's cores, the plan is priced with the sharing.
   auto run_one = [&](const Schedule& s, const char* what) {
-    fmt::print("\nrunning {} ({} jobs) on {} CPU virtual devices{}{}\n", what, models.size(), pool.num_devices(),
-               processes ? " (one process each)" : "",
+    fmt::print("\nrunning {} ({} jobs) on {} {}{}{}\n", what, models.size(), pool.num_devices(),
+               a.backend == "cuda" ? "GPUs" : "CPU virtual devices", processes ? " (one process each)" : "",
                pool.cores > 0 ? fmt::format(" sharing {} cores", pool.cores) : "");
     PoolRunReport r = run_pool(models, jobs, s, pool, o);
     if (pool.cores > 0) {
@@ -173,7 +186,16 @@ int run(int argc, char** argv) {
   // plans and prints, the others serve its runs.
   std::shared_ptr<tessel::ProcessGroup> processes;
   const tessel::LaunchInfo launch = tessel::detect_launch();
-  if (launch.multi_process()) {
+  if (a.backend == "cuda") {
+    if (!tessel::cuda_compiled())
+      throw tessel::UsageError("--backend cuda: this tessel-plan was built without CUDA (configure with "
+                               "-DTESSEL_WITH_CUDA=ON -DTESSEL_WITH_NCCL=ON)");
+    if (launch.source != "mpi")
+      throw tessel::UsageError(fmt::format("--backend cuda runs one process per GPU: launch it with mpirun -np {} "
+                                           "(the pool's devices)",
+                                           pool.num_devices()));
+  }
+  if (launch.multi_process() || a.backend == "cuda") {
     if (launch.source != "mpi")
       throw tessel::UsageError(fmt::format("tessel-plan runs several processes only under mpirun (this launcher "
                                            "says rank {} of {}): run it as one process, or with mpirun -np {} --run",

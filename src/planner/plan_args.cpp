@@ -42,7 +42,10 @@ std::string usage_plan() {
          "  --replan-every S   with --run: re-plan the rest every S s from the measured step times\n"
          "                     (a moved job is checkpointed and restored on its new devices)\n"
          "  --checkpoint-dir D with --run: where moved jobs' states go (default tessel-plan-checkpoints)\n"
-         "  --progress-every S with --run: a progress line per running job every S s (default 2; 0: none)\n";
+         "  --progress-every S with --run: a progress line per running job every S s (default 2; 0: none)\n"
+         "  --backend cpu|cuda with --run under mpirun (one process per device): each job on an MpiRuntime\n"
+         "                     (cpu, default) or on one GPU per process with NCCL (cuda; model jobs are then\n"
+         "                     priced by the cost model, no CPU trial steps)\n";
 }
 
 PlanArgs parse_plan_args(const std::vector<std::string>& args) {
@@ -93,12 +96,19 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     else if (f == "--replan-every") a.replan_every = cli::parse_double(f, cli::next_value(i, argc, argv.data()), 0, 1e6);
     else if (f == "--progress-every") a.progress_every = cli::parse_double(f, cli::next_value(i, argc, argv.data()), 0, 1e6);
     else if (f == "--checkpoint-dir") a.checkpoint_dir = cli::next_value(i, argc, argv.data());
+    else if (f == "--backend") {
+      a.backend = cli::next_value(i, argc, argv.data());
+      if (a.backend != "cpu" && a.backend != "cuda")
+        throw UsageError(fmt::format("--backend: '{}' is not cpu or cuda", a.backend));
+    }
     else if (!f.empty() && f[0] == '-')
       throw UsageError(fmt::format("unknown flag '{}' (tessel-plan --help lists them)", f));
     else if (a.jobs_file.empty()) a.jobs_file = f;
     else throw UsageError(fmt::format("a second job file '{}' (one JOBS.json, already '{}')", f, a.jobs_file));
   }
   if (a.run_baselines && !a.run) throw UsageError("--run-baselines goes with --run");
+  if (a.backend != "cpu" && !a.run) throw UsageError("--backend says what --run runs on: give --run too");
+  if (a.backend == "cuda") a.measure = false;  // trial steps would time this machine's CPU, not its GPUs
   if (a.run && !a.gavel_dir.empty())
     throw UsageError("--run runs model jobs (\"gpt\" entries of JOBS.json); Gavel's jobs are profiles only");
   if (a.jobs_file.empty() == a.gavel_dir.empty())

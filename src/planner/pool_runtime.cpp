@@ -567,6 +567,8 @@ std::string PoolRunReport::table() const {
 
 PoolRunReport run_pool(const std::vector<ModelJob>& jobs, const std::vector<JobProfile>& profiles,
                        const Schedule& plan, const Pool& pool, const PoolRunOptions& options) {
+  if (options.make_runtime && !options.processes)
+    throw PlanError("run_pool: PoolRunOptions::make_runtime is for the process form: set processes too");
   if (!options.processes) {
     PoolRun run(jobs, profiles, plan, pool, options);
     return run.run();

@@ -56,11 +56,19 @@ void run_segment(const std::vector<ModelJob>& jobs, ProcessGroup& pg, const Pool
     // The step first: a layout that does not build fails on every process of the segment alike,
     // before any MPI communicator exists (no process is left waiting, none marked failed).
     ModelJobStep s = build_model_step(job, Layout::parse(o.layout));
-    MpiRuntimeOptions ro;
-    ro.ranks.assign(o.devices.begin(), o.devices.end());
-    ro.group_tag = static_cast<int>(o.seg);
-    ro.kernel_threads = opt.kernel_threads;
-    MpiRuntime rt(ro);  // waits until every process of the segment is here; outlives the trainer
+    const std::vector<int> ranks(o.devices.begin(), o.devices.end());
+    std::unique_ptr<Runtime> runtime;  // waits until every process of the segment is here; outlives the trainer
+    if (opt.make_runtime) {
+      runtime = opt.make_runtime(ranks, static_cast<int>(o.seg));
+      if (!runtime) throw PlanError("pool worker: PoolRunOptions::make_runtime returned no runtime");
+    } else {
+      MpiRuntimeOptions ro;
+      ro.ranks = ranks;
+      ro.group_tag = static_cast<int>(o.seg);
+      ro.kernel_threads = opt.kernel_threads;
+      runtime = std::make_unique<MpiRuntime>(ro);
+    }
+    Runtime& rt = *runtime;
     Trainer tr(s.model.graph, s.model.loss, s.model.weights, s.mesh, rt, s.options);
     std::unique_ptr<CheckpointDir> ck;
     if (!opt.checkpoint_dir.empty()) ck = std::make_unique<CheckpointDir>(opt.checkpoint_dir + "/" + job.name);

@@ -45,6 +45,21 @@ TEST_CASE("mpi: runtimes over disjoint sets of processes run different programs 
   MpiRuntime rt(ro);
   CHECK(rt.world_size() == static_cast<int>(ranks.size()));
   CHECK(rt.rank() == me - ranks[0]);
+  // A process group of the same processes (what NCCL bootstraps through in the GPU form).
+  auto sub = mpi_process_group(ranks, 7);
+  CHECK(sub->size() == static_cast<int>(ranks.size()));
+  CHECK(sub->rank() == me - ranks[0]);
+  const std::vector<std::string> got_ranks = sub->allgather(std::to_string(me));
+  for (std::size_t i = 0; i < ranks.size(); ++i) CHECK(got_ranks[i] == std::to_string(ranks[i]));
+  sub->send(0, 3, fmt::format("from {}", me));
+  if (sub->rank() == 0) {
+    std::vector<std::string> heard;
+    while (heard.size() < ranks.size())
+      if (auto m = sub->try_recv(3)) heard.push_back(m->bytes);
+    std::sort(heard.begin(), heard.end());
+    for (int r : ranks) CHECK(std::count(heard.begin(), heard.end(), fmt::format("from {}", r)) == 1);
+  }
+  sub->allgather("");  // every message was received before the group goes
   // Each half its own program: a matmul summed over data (an all-reduce across processes for
   // n = 4), or a sum of squares.
   const uint64_t seed = std::stoull(pg->allgather(std::to_string(tessel_test::seed()))[0]);  // rank 0's
@@ -108,6 +123,14 @@ TEST_CASE("mpi: a pool with one process per device runs the plan as threads do w
   std::vector<std::string> lines;
   o.print = [&](const std::string& l) { lines.push_back(l); };
   o.processes = pg;
+  int made = 0;  // segments whose runtime this process made through make_runtime
+  o.make_runtime = [&made](const std::vector<int>& ranks, int tag) -> std::unique_ptr<Runtime> {
+    ++made;
+    MpiRuntimeOptions ro;
+    ro.ranks = ranks;
+    ro.group_tag = tag;
+    return std::make_unique<MpiRuntime>(ro);
+  };
   if (pg->rank() != 0) {
     // Serving only: no profiles, no plan.
     const PoolRunReport r = run_pool(jobs, {}, {}, pool, o);
@@ -125,8 +148,10 @@ TEST_CASE("mpi: a pool with one process per device runs the plan as threads do w
   plan.jobs[0].devices = {0};
   const PoolRunReport got = run_pool(jobs, profiles, plan, pool, o);
 
+  CHECK(made >= 2);  // job a's two segments both hold device 0
   PoolRunOptions t = o;  // the oracle: the same plan and move on threads of this process
   t.processes = nullptr;
+  t.make_runtime = nullptr;
   t.checkpoint_dir = ck + "/threads";
   t.print = [](const std::string&) {};
   const PoolRunReport want = run_pool(jobs, profiles, plan, pool, t);

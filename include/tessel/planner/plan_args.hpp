@@ -35,6 +35,7 @@ struct PlanArgs {
   double replan_every = 0;         // --replan-every S: with --run, re-plan the rest every S seconds
   std::string checkpoint_dir = "tessel-plan-checkpoints";  // --checkpoint-dir: moved jobs' states
   double progress_every = 2;       // --progress-every S: with --run, progress lines (0: none)
+  std::string backend = "cpu";     // --backend cpu|cuda: with --run under mpirun, what each job runs on
   bool help = false;
 };
 

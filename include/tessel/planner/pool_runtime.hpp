@@ -29,6 +29,7 @@
 #include "tessel/planner/model_job.hpp"
 #include "tessel/planner/schedule.hpp"
 #include "tessel/runtime/process_group.hpp"
+#include "tessel/runtime/runtime.hpp"
 
 namespace tessel::planner {
 
@@ -59,6 +60,20 @@ struct PoolRunOptions {
   // without jobs. A job that fails stops the pool on every process, each throwing PlanError with
   // rank 0's message. nullptr: every device is a thread of this process.
   std::shared_ptr<ProcessGroup> processes;
+  // The runtime a job's segment runs on in the process form, made on each of the segment's
+  // processes: `ranks` are their MPI_COMM_WORLD ranks (= the segment's devices, ascending),
+  // `tag` is unique to the segment (for MPI_Comm_create_group). Null: an MpiRuntime over
+  // `ranks` (MpiRuntimeOptions::ranks, group_tag = tag, kernel_threads). On GPUs, one GPU per
+  // process with NCCL over the segment's processes (what tessel-plan --backend cuda gives; the
+  // planner library does not link the CUDA backend):
+  //   o.make_runtime = [](const std::vector<int>& ranks, int tag) -> std::unique_ptr<Runtime> {
+  //     CudaRuntimeOptions c;
+  //     c.processes = mpi_process_group(ranks, tag);  // NCCL's bootstrap, these processes only
+  //     c.num_gpus = 1;
+  //     c.backend.device = detect_launch().local_rank;  // this process's GPU on its node
+  //     return std::make_unique<CudaRuntime>(1, c);
+  //   };
+  std::function<std::unique_ptr<Runtime>(const std::vector<int>& ranks, int tag)> make_runtime;
 };
 
 // One stretch of a job on one set of devices.

@@ -64,6 +64,12 @@ class ProcessGroup {
 
 // MPI_COMM_WORLD (a duplicate of it). Throws RuntimeError when tessel was built without MPI.
 std::shared_ptr<ProcessGroup> mpi_process_group();
+// Some of MPI_COMM_WORLD's processes: ranks[i] is rank i of the group (its local rank counts
+// the group's processes on this node). Only those processes call it, and it returns once all
+// of them have (MPI_Comm_create_group with `tag`: groups made concurrently over overlapping
+// processes need distinct tags). RuntimeError for a rank listed twice or out of range, or
+// when this process is not listed.
+std::shared_ptr<ProcessGroup> mpi_process_group(const std::vector<int>& ranks, int tag);
 
 struct FileRendezvousOptions {
   int rank = 0;

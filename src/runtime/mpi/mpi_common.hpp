@@ -58,6 +58,16 @@ inline void isend_abort_to_peers(const std::string& msg, int self, int size, MPI
   }
 }
 
+// This process's rank among the processes of `comm` on its node (MPI_COMM_TYPE_SHARED).
+inline int node_rank(MPI_Comm comm, int rank) {
+  MPI_Comm node;
+  TESSEL_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  int r = 0;
+  TESSEL_MPI(MPI_Comm_rank(node, &r));
+  MPI_Comm_free(&node);
+  return r;
+}
+
 // MPI is initialised once per process (it cannot be re-initialised after MPI_Finalize):
 // on the first MpiRuntime, finalised at exit unless a failure left peers in an unknown state.
 struct Session {
@@ -81,10 +91,7 @@ struct Session {
     TESSEL_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     TESSEL_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     TESSEL_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
-    MPI_Comm node;
-    TESSEL_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-    TESSEL_MPI(MPI_Comm_rank(node, &local_rank));
-    MPI_Comm_free(&node);
+    local_rank = node_rank(MPI_COMM_WORLD, rank);
   }
   ~Session() {
     int fin = 0;

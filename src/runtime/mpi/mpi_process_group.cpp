@@ -4,6 +4,7 @@
 #include "tessel/runtime/process_group.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,16 +27,23 @@ namespace tessel {
 namespace {
 class MpiProcessGroup : public ProcessGroup {
  public:
-  MpiProcessGroup() {
+  // `base`: MPI_COMM_WORLD, or a communicator of some of its processes this group takes over.
+  explicit MpiProcessGroup(MPI_Comm base = MPI_COMM_WORLD) {
     detail::Session& s = detail::session();
     rank_ = s.rank;
     size_ = s.size;
     local_rank_ = s.local_rank;
-    TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+    if (base != MPI_COMM_WORLD) {
+      TESSEL_MPI(MPI_Comm_rank(base, &rank_));
+      TESSEL_MPI(MPI_Comm_size(base, &size_));
+      local_rank_ = detail::node_rank(base, rank_);
+      sub_ = base;
+    }
+    TESSEL_MPI(MPI_Comm_dup(base, &comm_));
     TESSEL_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-    TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &abort_comm_));
+    TESSEL_MPI(MPI_Comm_dup(base, &abort_comm_));
     TESSEL_MPI(MPI_Comm_set_errhandler(abort_comm_, MPI_ERRORS_RETURN));
-    TESSEL_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &msg_comm_));
+    TESSEL_MPI(MPI_Comm_dup(base, &msg_comm_));
     TESSEL_MPI(MPI_Comm_set_errhandler(msg_comm_, MPI_ERRORS_RETURN));
   }
   ~MpiProcessGroup() override {
@@ -66,6 +74,7 @@ class MpiProcessGroup : public ProcessGroup {
     MPI_Comm_free(&msg_comm_);
     MPI_Comm_free(&abort_comm_);
     MPI_Comm_free(&comm_);
+    if (sub_ != MPI_COMM_NULL) MPI_Comm_free(&sub_);
   }
   std::string name() const override { return "mpi"; }
   int rank() const override { return rank_; }
@@ -184,6 +193,7 @@ class MpiProcessGroup : public ProcessGroup {
   };
 
   int rank_ = 0, size_ = 1, local_rank_ = 0;
+  MPI_Comm sub_ = MPI_COMM_NULL;   // the communicator of some processes this group was made on
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm abort_comm_ = MPI_COMM_NULL;  // abort notices only
   MPI_Comm msg_comm_ = MPI_COMM_NULL;    // send / try_recv
@@ -196,5 +206,31 @@ class MpiProcessGroup : public ProcessGroup {
 }  // namespace
 
 std::shared_ptr<ProcessGroup> mpi_process_group() { return std::make_shared<MpiProcessGroup>(); }
+
+std::shared_ptr<ProcessGroup> mpi_process_group(const std::vector<int>& ranks, int tag) {
+  detail::Session& s = detail::session();
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (ranks.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+      sorted.back() >= s.size)
+    throw RuntimeError(fmt::format("mpi_process_group: ranks [{}] must be distinct ranks of MPI_COMM_WORLD's {} "
+                                   "processes",
+                                   fmt::join(ranks, ", "), s.size));
+  if (std::find(ranks.begin(), ranks.end(), s.rank) == ranks.end())
+    throw RuntimeError(fmt::format("mpi_process_group: process {} of MPI_COMM_WORLD is not one of the ranks [{}]: only "
+                                   "the processes listed make the group",
+                                   s.rank, fmt::join(ranks, ", ")));
+  if (tag < 0) throw RuntimeError(fmt::format("mpi_process_group: tag must be >= 0, got {}", tag));
+  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  TESSEL_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+  TESSEL_MPI(MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group));
+  MPI_Comm sub = MPI_COMM_NULL;
+  const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &sub);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  if (rc != MPI_SUCCESS) TESSEL_MPI(rc);
+  TESSEL_MPI(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
+  return std::make_shared<MpiProcessGroup>(sub);
+}
 
 }  // namespace tessel

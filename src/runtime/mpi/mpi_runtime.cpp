@@ -170,10 +170,7 @@ MpiRuntime::MpiRuntime(MpiRuntimeOptions options) : impl_(std::make_shared<Impl>
     base = im.group;
     im.rank = static_cast<int>(me - rs.begin());
     im.size = static_cast<int>(rs.size());
-    MPI_Comm node;
-    TESSEL_MPI(MPI_Comm_split_type(base, MPI_COMM_TYPE_SHARED, im.rank, MPI_INFO_NULL, &node));
-    TESSEL_MPI(MPI_Comm_rank(node, &im.local_rank));
-    MPI_Comm_free(&node);
+    im.local_rank = detail::node_rank(base, im.rank);
   }
   TESSEL_MPI(MPI_Comm_dup(base, &im.ctrl));
   TESSEL_MPI(MPI_Comm_set_errhandler(im.ctrl, MPI_ERRORS_RETURN));
