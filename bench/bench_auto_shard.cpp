@@ -88,11 +88,7 @@ double predicted(const tessel::Executable& exe, const tessel::CostModel& cost) {
 // The same with every collective priced by `cost` too (comm_seconds() holds the compile-time
 // figures, the default H100 ones).
 double predicted_all_by(const tessel::Executable& exe, const tessel::CostModel& cost) {
-  double comm = 0;
-  for (const tessel::Instr& in : exe.program().instrs)
-    if (in.kind == tessel::InstrKind::Collective || in.kind == tessel::InstrKind::CollectiveStart)
-      comm += cost.collective_seconds(in.collective, exe.program().mesh, in.axes, in.bytes);
-  return exe.program().compute_seconds(cost) + comm;
+  return exe.program().compute_seconds(cost) + exe.program().comm_seconds(cost);
 }
 
 const char* kMeshes[] = {"data=2,model=4", "data=8,model=1", "data=8,model=8", "fsdp=8"};

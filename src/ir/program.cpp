@@ -44,6 +44,14 @@ double Program::comm_seconds() const {
   return t;
 }
 
+double Program::comm_seconds(const CostModel& cost) const {
+  double t = 0;
+  for (const Instr& in : instrs)
+    if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart)
+      t += cost.collective_seconds(in.collective, mesh, in.axes, in.bytes);
+  return t;
+}
+
 double Program::compute_seconds(const CostModel& cost) const {
   double t = 0;
   for (const Instr& in : instrs) {

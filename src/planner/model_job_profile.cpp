@@ -80,11 +80,9 @@ double price(const ModelJob& job, const Pool& pool, const ProfileOptions& o, Can
   // The compiler's estimates (tessel-explain's "compute_s + comm_s") of that program: the
   // kernels' roofline time and every collective at the options' link figures.
   c.predicted_compute_s = low.compute_seconds(cost);
-  c.predicted_comm_s = 0;
+  c.predicted_comm_s = low.comm_seconds(cost);
   c.predicted_dispatch_s = 0;
   for (const Instr& in : low.instrs) {
-    if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart)
-      c.predicted_comm_s += cost.collective_seconds(in.collective, s.mesh, in.axes, in.bytes);
     // What a step of many small instructions pays beyond their roofline (a launch, a hand-off):
     // ZeRO's per-parameter gathers and slices, a tiny model's many kernels.
     if (in.kind == InstrKind::Kernel || in.kind == InstrKind::Copy || in.kind == InstrKind::Collective ||

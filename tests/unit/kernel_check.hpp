@@ -26,7 +26,23 @@
 
 namespace tessel_test {
 
-using namespace tessel;
+// The tessel names these helpers use (declarations, not a using-directive: a header must not
+// pull all of tessel into its includers' lookup).
+using tessel::Buffer;
+using tessel::DType;
+using tessel::Graph;
+using tessel::HostTensor;
+using tessel::Op;
+using tessel::OpKind;
+using tessel::Shape;
+using tessel::CompareResult;
+using tessel::Error;
+using tessel::KernelArgs;
+using tessel::Mesh;
+using tessel::OpAttrs;
+using tessel::Tensor;
+using tessel::Value;
+using tessel::run_cpu_kernel;
 
 // t converted element by element (through double) to dtype `to`.
 inline HostTensor converted(const HostTensor& t, DType to) {

@@ -166,7 +166,9 @@ struct Program {
   // partitioned one it came from, moving the same bytes.
   CollectiveSummary summary() const;
   double total_flops() const;
-  double comm_seconds() const;
+  double comm_seconds() const;  // the collectives at the figures they were priced with at compile time
+  // Every collective priced again by `cost` (e.g. a machine's measured links) on this mesh.
+  double comm_seconds(const CostModel& cost) const;
   double compute_seconds(const CostModel& cost) const;
   // Index of the last instruction reading each value (-1: never read); outputs count as
   // read at the end. The runtime frees a buffer after its last use.
