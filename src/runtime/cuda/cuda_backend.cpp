@@ -8,8 +8,8 @@
 // next step's allocations (outputs, kernel scratch) are served without a cudaMalloc; the
 // executor's intermediates live in one arena allocated at load from the memory plan.
 // release(b, s) frees with cudaFreeAsync on s when it drops the last reference (stream order:
-// after everything enqueued on s); a buffer dropped elsewhere is freed on the legacy default
-// stream, which waits for all work of the device's (blocking) streams: always safe.
+// after everything enqueued on s); a buffer dropped elsewhere is freed by its GPU's DropQueue,
+// after all work enqueued so far on that GPU's streams, without holding up later work.
 #include "cuda_backend.hpp"
 
 #include <fmt/format.h>
@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 
 #include "cuda_loop.hpp"
@@ -39,13 +40,59 @@ DeviceGuard::~DeviceGuard() {
   if (prev_ >= 0) cudaSetDevice(prev_);
 }
 
+DropQueue& DropQueue::of(int device) {
+  static std::mutex mu;
+  static std::map<int, DropQueue*> queues;  // leaked on purpose: see the class comment
+  std::lock_guard<std::mutex> lk(mu);
+  DropQueue*& q = queues[device];
+  if (!q) q = new DropQueue();
+  return *q;
+}
+
+void DropQueue::add(cudaStream_t s) {
+  cudaEvent_t e = nullptr;
+  TESSEL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  std::lock_guard<std::mutex> lk(mu_);
+  streams_.emplace_back(s, e);
+}
+
+void DropQueue::remove(cudaStream_t s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (std::size_t i = 0; i < streams_.size(); ++i)
+    if (streams_[i].first == s) {
+      cudaEventDestroy(streams_[i].second);
+      streams_.erase(streams_.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+}
+
+bool DropQueue::free(void* ptr) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!stream_ && cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
+    stream_ = nullptr;
+    return false;
+  }
+  // cudaStreamWaitEvent waits for the event's latest record at the time of the call, so one
+  // event per stream serves every drop.
+  for (const auto& [s, e] : streams_)
+    if (cudaEventRecord(e, s) != cudaSuccess || cudaStreamWaitEvent(stream_, e, 0) != cudaSuccess) return false;
+  return cudaFreeAsync(ptr, stream_) == cudaSuccess;
+}
+
 CudaBuffer::~CudaBuffer() {
   if (!ptr_) return;
   int prev = -1;
   cudaGetDevice(&prev);
   if (prev != device_) cudaSetDevice(device_);
   // Errors cannot be thrown from here; a failed free leaves the memory to the pool.
-  if (pooled_) {
+  if (pooled_ && free_stream_ == cudaStream_t{0}) {
+    // Dropped without release(): the GPU's drop queue, or (should CUDA refuse it) the legacy
+    // default stream, which waits for every blocking stream of the GPU.
+    if (!DropQueue::of(device_).free(ptr_)) {
+      cudaGetLastError();
+      if (cudaFreeAsync(ptr_, cudaStream_t{0}) != cudaSuccess) cudaGetLastError();
+    }
+  } else if (pooled_) {
     if (cudaFreeAsync(ptr_, free_stream_) != cudaSuccess) cudaGetLastError();
   } else if (cudaStreamSynchronize(free_stream_) != cudaSuccess || cudaFree(ptr_) != cudaSuccess) {
     cudaGetLastError();
@@ -57,9 +104,10 @@ CudaBuffer::~CudaBuffer() {
 
 CudaStream::CudaStream(CudaBackend& backend, std::string name) : backend_(backend), name_(std::move(name)) {
   DeviceGuard g(backend_.device());
-  // A blocking stream (not cudaStreamNonBlocking): the legacy default stream, used only to
-  // free buffers dropped without release(), then waits for it.
+  // A blocking stream (not cudaStreamNonBlocking): should the drop queue fail, a dropped buffer
+  // is freed on the legacy default stream, which then waits for this one.
   TESSEL_CUDA_CHECK(cudaStreamCreate(&stream_));
+  DropQueue::of(backend_.device()).add(stream_);
   // The error record lives in device memory (a kernel's atomicCAS on it is a device atomic, not
   // one across PCIe or a VM's passthrough); synchronize copies it back on this stream into a
   // pinned mirror.
@@ -78,6 +126,7 @@ CudaStream::~CudaStream() {
   cudaGetDevice(&prev);
   cudaSetDevice(backend_.device());
   cudaStreamSynchronize(stream_);
+  DropQueue::of(backend_.device()).remove(stream_);
   if (workspace_) cudaFree(workspace_);
   cudaStreamDestroy(stream_);
   cudaFree(err_);
@@ -359,8 +408,8 @@ std::unique_ptr<Buffer> CudaBackend::allocate_ordered(std::size_t bytes, cudaStr
   // allocate(): usable on any stream once the allocation stream is done. allocate_on(): the
   // first use is on `stream` itself, after the allocation in its order.
   if (pools_ && wait) TESSEL_CUDA_CHECK(cudaStreamSynchronize(stream));
-  // Dropped without release(): freed on the legacy default stream (0), after all prior work
-  // (every stream of the backend is a blocking one, so that orders it after all their uses).
+  // Dropped without release(): freed by the GPU's DropQueue (free stream 0 says so), after all
+  // work enqueued so far on the GPU's streams.
   return std::make_unique<CudaBuffer>(options_.device, p, bytes, cudaStream_t{0}, device_meter_, pools_);
 }
 

@@ -47,6 +47,27 @@ class CudaBackend;
 // the host has synchronised) on the backend's allocation stream.
 // Without memory pools (CudaBackend::memory_pools() false) it came from cudaMalloc and is freed
 // by cudaFree once the free stream has finished.
+// Frees device memory dropped without release(), in stream order: after all work enqueued so
+// far on every stream of its GPU (what the legacy default stream would wait for), on a
+// non-blocking stream of its own, so that no later work waits for the free (the legacy default
+// stream would have serialised every virtual device's streams: issue 22 finding 11). One per
+// GPU, never destroyed (buffers may be dropped during static destruction); every CudaStream
+// registers while it lives.
+class DropQueue {
+ public:
+  static DropQueue& of(int device);
+  void add(cudaStream_t s);
+  void remove(cudaStream_t s);
+  // Enqueues cudaFreeAsync(ptr) after the GPU's streams' work so far; false when CUDA refused
+  // (the caller falls back to the legacy default stream). Call with `device` current.
+  bool free(void* ptr);
+
+ private:
+  std::mutex mu_;
+  cudaStream_t stream_ = nullptr;  // created on first use
+  std::vector<std::pair<cudaStream_t, cudaEvent_t>> streams_;
+};
+
 class CudaBuffer : public Buffer {
  public:
   // Counted in `meter` (the backend's device_memory()) until the free is enqueued.
