@@ -43,6 +43,9 @@ struct CbcDeleter {
 
 Schedule plan_exact(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (!options.device_free_at.empty())
+    throw PlanError("the exact program (CBC) plans an idle pool; with devices still busy "
+                    "(PlanOptions::device_free_at) use plan_fast");
   const detail::Instance inst = detail::make_instance(jobs, pool, detail::NodeModes::explicit_nodes);
   const int32_t n = static_cast<int32_t>(jobs.size());
   const int32_t nodes = pool.nodes, D = pool.devices_per_node;

@@ -467,6 +467,9 @@ Schedule plan_branch_and_bound(const std::vector<JobProfile>& jobs, const Pool& 
   if (jobs.size() > 64)
     throw PlanError(fmt::format("branch and bound takes at most 64 jobs, this batch has {}: use plan_fast",
                                 jobs.size()));
+  if (!options.device_free_at.empty())
+    throw PlanError("branch and bound plans an idle pool (its devices are interchangeable per node); with devices "
+                    "still busy (PlanOptions::device_free_at) use plan_fast");
   const detail::Instance inst = detail::make_instance(jobs, pool, detail::NodeModes::greedy);
 
   // The incumbent: the fast plan (or, without the warm start, each job alone one after another).

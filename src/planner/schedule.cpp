@@ -548,7 +548,9 @@ Schedule baseline_requested(const std::vector<JobProfile>& jobs, const Pool& poo
 Schedule plan(const std::vector<JobProfile>& jobs, const Pool& pool, const PlanOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   PlanOptions fast_options = options;
-  const bool try_exact = static_cast<int32_t>(jobs.size()) <= options.exact_max_jobs;
+  // The exact methods plan an idle pool: with devices still busy only the fast method runs.
+  const bool try_exact =
+      static_cast<int32_t>(jobs.size()) <= options.exact_max_jobs && options.device_free_at.empty();
   if (try_exact && options.time_limit_s > 0) fast_options.time_limit_s = 0.2 * options.time_limit_s;
   Schedule best = plan_fast(jobs, pool, fast_options);
   if (try_exact && !best.optimal) {

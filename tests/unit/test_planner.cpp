@@ -162,6 +162,26 @@ TEST_CASE("planner: branch and bound stopped early is not proven and bad request
   CHECK_THROWS_WITH(plan_branch_and_bound(many, pool), Catch::Contains("at most 64 jobs") && Catch::Contains("72"));
 }
 
+TEST_CASE("planner: devices still busy are planned around by plan and refused by the exact methods", "[planner]") {
+  PlanOptions o;
+  o.device_free_at = {0, 50, 0, 120};  // devices 1 and 3 still busy
+  o.time_limit_s = 0;
+  std::mt19937_64 rng(test_seed() + 5);
+  const Pool pool{1, 4};
+  const std::vector<JobProfile> jobs = random_jobs(rng, 6, false);
+  // plan (which would otherwise try the branch and bound on 6 jobs) keeps every job off a busy
+  // device until it is free.
+  const Schedule s = plan(jobs, pool, o);
+  REQUIRE(s.jobs.size() == jobs.size());
+  for (const Placement& p : s.jobs)
+    for (int32_t d : p.devices) {
+      INFO(p.job << " on device " << d);
+      CHECK(p.start_s >= o.device_free_at[static_cast<std::size_t>(d)] - 1e-9);
+    }
+  CHECK_THROWS_WITH(plan_branch_and_bound(jobs, pool, o), Catch::Contains("device_free_at"));
+  CHECK_THROWS_WITH(plan_exact(jobs, pool, o), Catch::Contains("device_free_at"));
+}
+
 TEST_CASE("planner: on Gavel's first 16 and 20 jobs on two nodes the exact and fast plans meet the proven optima", "[planner]") {
   // The optima proven by plan_branch_and_bound (bench/results/2026-11-26T1849-2core-cpu-planner-exact/):
   // 13568.79 s for 16 jobs and 17095.64 s for 20 jobs on 2 nodes of 8 devices.

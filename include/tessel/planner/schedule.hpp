@@ -77,8 +77,9 @@ struct PlanOptions {
   // after another, unpolished (false: the search alone has to find the optimum; tests).
   bool exact_warm_start = true;
   // Devices already busy (jobs running when a pool re-plans): device_free_at[d] is when global
-  // device d becomes free (empty, or 0: free at time 0). plan_fast places the jobs around them;
-  // the other methods do not take it.
+  // device d becomes free (empty, or 0: free at time 0). plan_fast places the jobs around them,
+  // and so does plan (which then runs the fast method only); plan_exact and
+  // plan_branch_and_bound plan an idle pool and throw PlanError when it is given.
   std::vector<double> device_free_at;
 };
 
