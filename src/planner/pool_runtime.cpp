@@ -310,7 +310,7 @@ class PoolRun {
     {
       std::lock_guard<std::mutex> g(mu_);
       JobState& st = state_[j];
-      order.seg = ++segments_;
+      order.seg = ++next_segment;
       order.job = j;
       order.resume_step = st.checkpoint_step;
       order.devices = st.devices;
@@ -328,14 +328,23 @@ class PoolRun {
       layout = layout_for(j, static_cast<int32_t>(order.devices.size()));
       order.layout = layout;
       if (order.seg >= detail::kMaxSegments)
-        throw PlanError(fmt::format("run_pool: more than {} job segments in one pool run", detail::kMaxSegments));
+        throw PlanError(fmt::format("run_pool: more than {} job segments in this process's pool runs (the tags of "
+                                    "their messages would overflow)",
+                                    detail::kMaxSegments));
       const std::string text = detail::format_order(order);
       for (int32_t d : order.devices) o_.processes->send(d, detail::kStartTag, text);
       const int leader = order.devices[0];
       bool sent_move = false, sent_stop = false;
+      auto last_report = Clock::now();
       while (true) {
         std::optional<ProcessGroup::Message> m = o_.processes->try_recv(detail::progress_tag(order.seg));
         if (!m) {
+          const double quiet = std::chrono::duration<double>(Clock::now() - last_report).count();
+          if (o_.report_timeout_s > 0 && quiet > o_.report_timeout_s)
+            throw PlanError(fmt::format(
+                "process {} (the first of devices {}) has reported nothing for {:.0f} s (PoolRunOptions::"
+                "report_timeout_s): did it die or hang? (with mpirun's defaults a dead process ends the job)",
+                leader, ids(order.devices), quiet));
           bool stop = false, move = false;
           {
             std::lock_guard<std::mutex> g(mu_);
@@ -352,6 +361,7 @@ class PoolRun {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
           continue;
         }
+        last_report = Clock::now();
         const std::string& b = m->bytes;
         if (b.rfind("P ", 0) == 0) {
           int64_t k = 0;
@@ -539,8 +549,13 @@ class PoolRun {
   std::condition_variable cv_;
   bool stop_ = false;
   bool failed_ = false;
-  int64_t segments_ = 0;  // segment orders sent (the process form)
+  // Segment ids (the process form) are unique over every pool run of this process: a report
+  // of an earlier run's segment that nobody read (a run that failed) can never be taken for one
+  // of this run's.
+  static std::atomic<int64_t> next_segment;
 };
+
+std::atomic<int64_t> PoolRun::next_segment{0};
 
 }  // namespace
 

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <filesystem>
 
 #include "../unit/test_util.hpp"
@@ -206,6 +208,31 @@ TEST_CASE("mpi: a job that fails in a pool of processes stops the pool on every 
     for (auto& [g, layout] : profiles[0].plan) layout = "data=7 zero=9";  // not a layout
   }
   CHECK_THROWS_WITH(run_pool(jobs, profiles, plan, pool, o), Catch::Contains("job 'bad' failed"));
+  // A process that stays silent (here: its runtime takes 4 s to make, against a report timeout of
+  // 1.5 s) fails the pool on every process, naming it, instead of leaving rank 0 waiting.
+  if (pg->size() >= 2) {
+    PoolRunOptions slow = o;
+    slow.report_timeout_s = 1.5;
+    slow.make_runtime = [](const std::vector<int>& ranks, int tag) -> std::unique_ptr<Runtime> {
+      std::this_thread::sleep_for(std::chrono::seconds(4));
+      MpiRuntimeOptions ro;
+      ro.ranks = ranks;
+      ro.group_tag = tag;
+      return std::make_unique<MpiRuntime>(ro);
+    };
+    std::vector<JobProfile> ok_profiles;
+    Schedule on_1;
+    if (pg->rank() == 0) {
+      ProfileOptions po;
+      po.measure = false;
+      ok_profiles.push_back(profile_model_job(jobs[0], pool, po));
+      on_1 = plan_fast(ok_profiles, pool);
+      on_1.jobs[0].num_devices = 1;
+      on_1.jobs[0].devices = {1};
+    }
+    CHECK_THROWS_WITH(run_pool(jobs, ok_profiles, on_1, pool, slow),
+                      Catch::Contains("process 1 (the first of devices 1) has reported nothing"));
+  }
   // A pool that does not have one process per device is refused on every process alike.
   Pool wrong = pool;
   wrong.devices_per_node = pg->size() + 1;

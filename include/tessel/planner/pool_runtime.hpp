@@ -74,6 +74,13 @@ struct PoolRunOptions {
   //     return std::make_unique<CudaRuntime>(1, c);
   //   };
   std::function<std::unique_ptr<Runtime>(const std::vector<int>& ranks, int tag)> make_runtime;
+  // The process form: a segment whose first process has sent rank 0 nothing (no step, no end)
+  // for this long fails the pool, naming the job and its processes (a process that died or
+  // hangs, where mpirun keeps the others running). Counts from the order, so it must cover a
+  // segment's compile and load too. 0: wait for ever. After such a failure the processes of
+  // that job may still be blocked in it: end the MPI job (abort_job_on_error, as tessel-plan
+  // does) rather than go on.
+  double report_timeout_s = 600;
 };
 
 // One stretch of a job on one set of devices.
