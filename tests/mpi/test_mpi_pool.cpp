@@ -198,15 +198,19 @@ TEST_CASE("mpi: a job that fails in a pool of processes stops the pool on every 
   PoolRunOptions o;
   o.progress_interval_s = 0;
   o.processes = pg;
-  std::vector<JobProfile> profiles;
-  Schedule plan;
-  if (pg->rank() == 0) {
+  // Rank 0's profiles (predictions only) and plan; the other processes pass none.
+  auto planned = [&](std::vector<JobProfile>& profiles, Schedule& plan) {
+    if (pg->rank() != 0) return false;
     ProfileOptions po;
     po.measure = false;
     profiles.push_back(profile_model_job(jobs[0], pool, po));
     plan = plan_fast(profiles, pool);
+    return true;
+  };
+  std::vector<JobProfile> profiles;
+  Schedule plan;
+  if (planned(profiles, plan))
     for (auto& [g, layout] : profiles[0].plan) layout = "data=7 zero=9";  // not a layout
-  }
   CHECK_THROWS_WITH(run_pool(jobs, profiles, plan, pool, o), Catch::Contains("job 'bad' failed"));
   // A process that stays silent (here: its runtime takes 4 s to make, against a report timeout of
   // 1.5 s) fails the pool on every process, naming it, instead of leaving rank 0 waiting.
@@ -222,11 +226,7 @@ TEST_CASE("mpi: a job that fails in a pool of processes stops the pool on every 
     };
     std::vector<JobProfile> ok_profiles;
     Schedule on_1;
-    if (pg->rank() == 0) {
-      ProfileOptions po;
-      po.measure = false;
-      ok_profiles.push_back(profile_model_job(jobs[0], pool, po));
-      on_1 = plan_fast(ok_profiles, pool);
+    if (planned(ok_profiles, on_1)) {
       on_1.jobs[0].num_devices = 1;
       on_1.jobs[0].devices = {1};
     }
