@@ -19,7 +19,9 @@
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/process_group.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/runtime/reference.hpp"
+#include "tessel/train/trainer.hpp"
 
 using namespace tessel;
 using namespace tessel::planner;
@@ -186,6 +188,57 @@ TEST_CASE("mpi: a pool with one process per device runs the plan as threads do w
   bool progress = false;
   for (const std::string& l : lines) progress = progress || l.find("tok/s") != std::string::npos;
   CHECK(progress);
+  std::filesystem::remove_all(ck);
+}
+
+TEST_CASE("mpi: in a pool of processes the re-planner moves a running job and its loss curve continues",
+          "[mpi][pool]") {
+  auto pg = mpi_process_group();
+  if (pg->size() < 2) return;
+  Pool pool;
+  pool.nodes = 1;
+  pool.devices_per_node = pg->size();
+  const std::vector<ModelJob> jobs = {job_of("long", 240, 16, 11)};
+  const std::string ck = fmt::format("{}/mpi-pool-replan-{}", TESSEL_BINARY_DIR, pg->size());
+  PoolRunOptions o;
+  o.progress_interval_s = 0;
+  o.replan_interval_s = 0.001;
+  o.move_cost_s = 0;
+  o.checkpoint_dir = ck;
+  o.processes = pg;
+  if (pg->rank() != 0) {
+    CHECK(run_pool(jobs, {}, {}, pool, o).jobs.empty());
+    return;
+  }
+  std::filesystem::remove_all(ck);
+  // The profile says two devices run it 1.8x faster: with idle devices beside it the re-planner
+  // moves it once its measured rate is known (its move goes through the leader's decision).
+  ProfileOptions po;
+  po.measure = false;
+  std::vector<JobProfile> profiles = {profile_model_job(jobs[0], pool, po)};
+  const double t1 = profiles[0].step_time_s.at(1);
+  profiles[0].step_time_s = {{1, t1}, {2, t1 / 1.8}};
+  Schedule plan = plan_fast(profiles, pool);
+  plan.jobs[0].num_devices = 1;
+  plan.jobs[0].devices = {0};
+  plan.jobs[0].end_s = plan.makespan_s = profiles[0].runtime_s(1);
+  const PoolRunReport r = run_pool(jobs, profiles, plan, pool, o);
+  INFO(r.table());
+  const JobRunRecord& rec = r.jobs.at(0);
+  REQUIRE(rec.segments.size() >= 2);
+  CHECK(rec.segments[1].devices.size() == 2);
+  CHECK_THAT(r.table(), Catch::Contains("adopted") && Catch::Contains("job 'long' moves"));
+  REQUIRE(rec.losses.size() == 240);
+  // The oracle: the job alone, never moved, on threads.
+  ModelJobStep s = build_model_step(jobs[0], Layout::parse(rec.segments[0].layout));
+  ThreadRuntime rt(s.mesh.num_devices());
+  Trainer tr(s.model.graph, s.model.loss, s.model.weights, s.mesh, rt, s.options);
+  tr.init(initial_params(jobs[0], s.model));
+  for (int64_t k = 1; k <= 240; ++k) {
+    const double want = tr.step(model_job_batch(jobs[0], k)).loss;
+    INFO("step " << k);
+    CHECK(rec.losses[static_cast<std::size_t>(k - 1)] == Approx(want).epsilon(1e-4));
+  }
   std::filesystem::remove_all(ck);
 }
 
