@@ -10,7 +10,9 @@
 #include <mpi.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -66,6 +68,35 @@ inline int node_rank(MPI_Comm comm, int rank) {
   TESSEL_MPI(MPI_Comm_rank(node, &r));
   MPI_Comm_free(&node);
   return r;
+}
+
+// A communicator of some of MPI_COMM_WORLD's processes: ranks[i] becomes its rank i. Only the
+// processes listed call it; it returns once all of them have (MPI_Comm_create_group, `tag`).
+// RuntimeError naming `what` (whose ranks: `whose`) and the list for a rank listed twice or out of range, a caller not
+// listed, or a negative tag.
+inline MPI_Comm comm_of_ranks(const std::vector<int>& ranks, int tag, int world_rank, int world_size,
+                              const char* what, const char* whose) {
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+      sorted.back() >= world_size)
+    throw RuntimeError(fmt::format("{}: ranks [{}] must be distinct ranks of MPI_COMM_WORLD's {} processes", what,
+                                   fmt::join(ranks, ", "), world_size));
+  if (std::find(ranks.begin(), ranks.end(), world_rank) == ranks.end())
+    throw RuntimeError(fmt::format("{}: process {} of MPI_COMM_WORLD is not one of the {} ranks [{}]: only the "
+                                   "processes listed make it",
+                                   what, world_rank, whose, fmt::join(ranks, ", ")));
+  if (tag < 0) throw RuntimeError(fmt::format("{}: the group tag must be >= 0, got {}", what, tag));
+  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  TESSEL_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+  TESSEL_MPI(MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group));
+  MPI_Comm comm = MPI_COMM_NULL;
+  const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  TESSEL_MPI(rc);
+  TESSEL_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  return comm;
 }
 
 // MPI is initialised once per process (it cannot be re-initialised after MPI_Finalize):

@@ -209,27 +209,7 @@ std::shared_ptr<ProcessGroup> mpi_process_group() { return std::make_shared<MpiP
 
 std::shared_ptr<ProcessGroup> mpi_process_group(const std::vector<int>& ranks, int tag) {
   detail::Session& s = detail::session();
-  std::vector<int> sorted = ranks;
-  std::sort(sorted.begin(), sorted.end());
-  if (ranks.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
-      sorted.back() >= s.size)
-    throw RuntimeError(fmt::format("mpi_process_group: ranks [{}] must be distinct ranks of MPI_COMM_WORLD's {} "
-                                   "processes",
-                                   fmt::join(ranks, ", "), s.size));
-  if (std::find(ranks.begin(), ranks.end(), s.rank) == ranks.end())
-    throw RuntimeError(fmt::format("mpi_process_group: process {} of MPI_COMM_WORLD is not one of the ranks [{}]: only "
-                                   "the processes listed make the group",
-                                   s.rank, fmt::join(ranks, ", ")));
-  if (tag < 0) throw RuntimeError(fmt::format("mpi_process_group: tag must be >= 0, got {}", tag));
-  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
-  TESSEL_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
-  TESSEL_MPI(MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group));
-  MPI_Comm sub = MPI_COMM_NULL;
-  const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &sub);
-  MPI_Group_free(&group);
-  MPI_Group_free(&world_group);
-  if (rc != MPI_SUCCESS) TESSEL_MPI(rc);
-  TESSEL_MPI(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
+  const MPI_Comm sub = detail::comm_of_ranks(ranks, tag, s.rank, s.size, "mpi_process_group", "group's");
   return std::make_shared<MpiProcessGroup>(sub);
 }
 

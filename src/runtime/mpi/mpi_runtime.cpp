@@ -147,28 +147,9 @@ MpiRuntime::MpiRuntime(MpiRuntimeOptions options) : impl_(std::make_shared<Impl>
   MPI_Comm base = MPI_COMM_WORLD;
   if (!im.opts.ranks.empty()) {
     const std::vector<int>& rs = im.opts.ranks;
-    std::vector<int> sorted = rs;
-    std::sort(sorted.begin(), sorted.end());
-    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
-        sorted.back() >= s.size)
-      throw RuntimeError(fmt::format("MpiRuntime: ranks [{}] must be distinct ranks of MPI_COMM_WORLD's {} processes",
-                                     fmt::join(rs, ", "), s.size));
-    const auto me = std::find(rs.begin(), rs.end(), s.rank);
-    if (me == rs.end())
-      throw RuntimeError(fmt::format("MpiRuntime: process {} of MPI_COMM_WORLD is not one of the runtime's ranks [{}]: "
-                                     "only the processes listed construct it",
-                                     s.rank, fmt::join(rs, ", ")));
-    if (im.opts.group_tag < 0)
-      throw RuntimeError(fmt::format("MpiRuntime: group_tag must be >= 0, got {}", im.opts.group_tag));
-    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
-    TESSEL_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
-    TESSEL_MPI(MPI_Group_incl(world_group, static_cast<int>(rs.size()), rs.data(), &group));
-    TESSEL_MPI(MPI_Comm_create_group(MPI_COMM_WORLD, group, im.opts.group_tag, &im.group));
-    MPI_Group_free(&group);
-    MPI_Group_free(&world_group);
-    TESSEL_MPI(MPI_Comm_set_errhandler(im.group, MPI_ERRORS_RETURN));
+    im.group = detail::comm_of_ranks(rs, im.opts.group_tag, s.rank, s.size, "MpiRuntime", "runtime's");
     base = im.group;
-    im.rank = static_cast<int>(me - rs.begin());
+    im.rank = static_cast<int>(std::find(rs.begin(), rs.end(), s.rank) - rs.begin());
     im.size = static_cast<int>(rs.size());
     im.local_rank = detail::node_rank(base, im.rank);
   }
