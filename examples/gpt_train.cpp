@@ -8,7 +8,7 @@
 // moments before the step, gathered to the host), so the check measures each step's error and
 // not the drift of two trajectories, which training amplifies.
 //
-//   build/bin/gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3]
+//   build/bin/gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 1.5e-3]
 //                       [--warmup N] [--accumulate K] [--batch 8] [--seq 32] [--d-model 64]
 //                       [--heads 4] [--layers 2] [--seed N] [--threads T] [--corpus FILE]
 //                       [--tolerance 1e-4] [--no-reference] [--mixed] [--remat none|einsums|all]
@@ -85,7 +85,7 @@
 namespace {
 
 const char* kUsage =
-    "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 3e-3] [--warmup N]\n"
+    "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 1.5e-3] [--warmup N]\n"
     "                 [--accumulate K] [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
     "                 [--mixed] [--remat none|einsums|all] [--offload] [--out PREFIX] [--check-finite]\n"
@@ -200,7 +200,7 @@ int run(int argc, char** argv) {
   bool check_finite = false;
   double timeout_s = -1;  // < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s
   bool cuda = false;
-  double lr = 3e-3, tolerance = 1e-4;
+  double lr = 1.5e-3, tolerance = 1e-4;
   bool reference = true, tolerance_given = false, offload = false;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   bool seed_given = false;
