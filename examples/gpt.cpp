@@ -5,10 +5,18 @@
 //   build/bin/gpt [--mesh data=2,model=4] [--batch 8] [--seq 64] [--d-model 128] [--heads 4]
 //                 [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]
 //                 [--trace FILE] [--print-program] [--backend cpu|cuda] [--gpus N]
+//                 [--layouts megatron|batch|auto] [--write-graph FILE]
 //
 // Prints the loss, the loss of the same inputs on one device and their relative
 // difference, tokens/s, peak bytes per device, and the collectives summary line of
 // tessel-explain. Exits 1 when the relative difference is above 1e-5.
+//
+// --layouts: megatron (the default) annotates the Megatron layout; batch places only the batch
+// (tokens and labels) on `data` and leaves the rest to propagation; auto places only the batch
+// and lets automatic sharding choose every other layout (autoshard/auto_shard.hpp; under mpirun
+// every process adopts rank 0's plan). --write-graph FILE writes the model's graph in the text
+// form (graph_text.hpp: the mesh, the layouts of --layouts megatron or batch) to FILE and exits
+// without running, e.g. for `tessel-explain FILE --auto` (docs/auto-sharding.md).
 //
 // Under mpirun (e.g. `mpirun -np 2 build/bin/gpt --mesh data=2,model=2`) it runs on the MPI
 // runtime: each process owns devices/np devices of the mesh, and only rank 0 prints.
@@ -24,11 +32,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
+#include "tessel/ir/graph_text.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
@@ -38,18 +49,35 @@
 
 namespace {
 
+// The model with the layouts of cfg.annotate (Megatron) or, without them, only the batch on the
+// data axis; the mesh set, so its text form declares it.
+tessel::GptGraph build_batch_annotated(const tessel::GptConfig& cfg, const tessel::Mesh& mesh) {
+  tessel::GptGraph m = tessel::build_gpt(cfg);
+  if (!cfg.annotate) {
+    m.graph.annotate(m.tokens, tessel::Sharding::of({{cfg.data_axis}, {}}));
+    m.graph.annotate(m.labels, tessel::Sharding::of({{cfg.data_axis}, {}}));
+  }
+  m.graph.mesh = mesh;
+  return m;
+}
+
 const char* kUsage =
     "usage: gpt [--mesh data=2,model=4] [--batch 8] [--seq 64] [--d-model 128] [--heads 4]\n"
     "           [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]\n"
     "           [--trace FILE] [--print-program] [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
+    "           [--layouts megatron|batch|auto] [--write-graph FILE]\n"
     "A GPT-2-style decoder on N virtual CPU (or CUDA) devices, checked against one device.\n"
+    "--layouts: megatron (default: the Megatron annotations), batch (only the batch on data, the\n"
+    "rest propagated), auto (only the batch on data, the rest chosen by automatic sharding).\n"
+    "--write-graph FILE: write the graph (mesh and layouts) in the text form and exit, e.g. for\n"
+    "tessel-explain FILE --auto.\n"
     "Under mpirun every process owns a block of the devices; --timeout S: a collective waiting longer\n"
     "than S seconds for another process (a dead or stuck rank) fails the whole job, naming the rank\n"
     "(default: $TESSEL_MPI_TIMEOUT_S, else 300 s; 0: no limit).\n";
 
 int run(int argc, char** argv) {
   tessel::GptConfig cfg;
-  std::string mesh_spec = "data=2,model=4", trace;
+  std::string mesh_spec = "data=2,model=4", trace, layouts = "megatron", write_graph;
   int iters = 3, threads = 1, gpus = 0;
   double timeout_s = -1;  // < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s
   bool print_program = false, cuda = false;
@@ -71,12 +99,31 @@ int run(int argc, char** argv) {
     else if (a == "--backend") cuda = tessel::cli::parse_backend_is_cuda(a, next());
     else if (a == "--timeout") timeout_s = tessel::cli::parse_double(a, next(), 0, 1e9);
     else if (a == "--gpus") gpus = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 1024));
+    else if (a == "--layouts") {
+      layouts = next();
+      if (layouts != "megatron" && layouts != "batch" && layouts != "auto")
+        throw tessel::UsageError(fmt::format("--layouts {}: expected megatron, batch or auto", layouts));
+    } else if (a == "--write-graph") write_graph = next();
     else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
   }
   tessel::Mesh mesh = tessel::Mesh::parse(mesh_spec);
   if (!mesh.has_axis(cfg.data_axis) || !mesh.has_axis(cfg.model_axis))
     throw tessel::Error(fmt::format("gpt: the mesh {} needs axes '{}' and '{}' (size 1 is fine)",
                                     mesh.to_string(), cfg.data_axis, cfg.model_axis));
+  cfg.annotate = layouts == "megatron";
+  if (!write_graph.empty()) {
+    if (layouts == "auto")
+      throw tessel::UsageError("--write-graph writes the layouts of --layouts megatron or batch; for the automatic "
+                               "ones use --layouts batch and `tessel-explain FILE --auto`");
+    tessel::GptGraph m = build_batch_annotated(cfg, mesh);
+    std::ofstream f(write_graph);
+    f << tessel::print_graph(m.graph);
+    if (!f.flush())
+      throw tessel::Error(fmt::format("gpt: cannot write the graph to '{}' (--write-graph)", write_graph));
+    fmt::print("gpt: wrote the graph ({} values, {} ops, layouts: {}, mesh {}) to {}\n", m.graph.values.size(),
+               m.graph.ops.size(), layouts, mesh.to_string(), write_graph);
+    return 0;
+  }
   // CUDA: a CudaRuntime (one process, or one NCCL world over the launcher's processes). CPU
   // under an MPI launcher: the MPI runtime. Only rank 0 prints.
   std::unique_ptr<tessel::Runtime> runtime;
@@ -94,7 +141,7 @@ int run(int argc, char** argv) {
   auto print = [&](const std::string& text) {
     if (printer) std::fputs(text.c_str(), stdout);
   };
-  tessel::GptGraph m = tessel::build_gpt(cfg);
+  tessel::GptGraph m = build_batch_annotated(cfg, mesh);
   if (printer) fmt::print("gpt: batch={} seq={} d_model={} heads={} layers={} vocab={} params={}\n", cfg.batch,
              cfg.seq, cfg.d_model, cfg.heads, cfg.layers, cfg.vocab, m.params);
   if (cuda) {
@@ -114,7 +161,17 @@ int run(int argc, char** argv) {
     print(fmt::format("mesh {} = {} virtual CPU devices, seed {}\n", mesh.to_string(), mesh.num_devices(), seed));
 
   auto t0 = std::chrono::steady_clock::now();
-  tessel::Executable exe = tessel::compile(m.graph, mesh);
+  std::optional<tessel::Graph> auto_graph;  // --layouts auto: m.graph with the chosen layouts
+  if (layouts == "auto") {
+    tessel::AutoShardResult r = tessel::auto_shard(m.graph, mesh, {});
+    // A time-limited search can end differently in each process: all adopt rank 0's plan.
+    if (rt && rt->process_count() > 1)
+      r = tessel::AutoShardResult::from_json(rt->allgather_host(r.to_json()).at(0), m.graph);
+    print(fmt::format("auto_shard: {} ({:.2f} s): predicted {:.4g} ms compute + {:.4g} ms collectives per device\n",
+                      r.solver, r.formulate_s + r.solve_s, r.compute_s * 1e3, r.comm_s * 1e3));
+    auto_graph.emplace(r.annotated(m.graph));
+  }
+  tessel::Executable exe = tessel::compile(auto_graph ? *auto_graph : m.graph, mesh);
   double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (print_program) print(exe.program().to_string(0));
   // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
