@@ -41,8 +41,8 @@ endforeach()
 file(GLOB TESSEL_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu
      ${PROJECT_SOURCE_DIR}/src/runtime/cuda/*.cpp)
 # cuda_stub.cpp stands in for the backend in a build without CUDA (CMakeLists.txt); gemm_plan.cpp
-# (the host-only einsum planner) is in tessel itself.
-list(FILTER TESSEL_CUDA_SOURCES EXCLUDE REGEX "/(cuda_stub|gemm_plan)\\.cpp$")
+# (the host-only einsum planner) and nccl_core.cpp (the NCCL world's host logic) are in tessel itself.
+list(FILTER TESSEL_CUDA_SOURCES EXCLUDE REGEX "/(cuda_stub|gemm_plan|nccl_core)\\.cpp$")
 
 # NCCL ships with the CUDA toolkit here (nccl.h and libnccl next to cudart); elsewhere point
 # NCCL_ROOT at an install (e.g. the nvidia-nccl-cu13 wheel's nvidia/nccl folder).

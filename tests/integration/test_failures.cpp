@@ -577,15 +577,7 @@ class AbortAfterRuntime : public ThreadRuntime {
 
 TEST_CASE("failures: a world aborted after the last collective completed fails the run and names why",
           "[integration][failures]") {
-  // y = x·w with the contraction split over data: one all-reduce, the run's only collective.
-  Graph g;
-  Tensor x = input(g, "x", DType::f32, {4, 8});
-  Tensor w = input(g, "w", DType::f32, {8, 4});
-  g.annotate(x, Sharding::of({{}, {"data"}}));
-  g.annotate(w, Sharding::of({{"data"}, {}}));
-  Tensor y = einsum("ik,kj->ij", x, w);
-  g.annotate(y, Sharding::of({{}, {}}));
-  g.mark_output(y);
+  const Graph g = tessel_test::one_all_reduce_graph();
   const Mesh mesh = Mesh::parse("data=2");
   const Executable exe = compile(g, mesh);
   for (StreamMode mode : {StreamMode::Async, StreamMode::Eager}) {

@@ -53,6 +53,21 @@ inline tessel::HostTensor run_cpu_op(tessel::OpKind kind, const tessel::OpAttrs&
   return out;
 }
 
+// y = x·w with the contraction split over data (mesh data=2): one all-reduce, the run's only
+// collective (the tests of a world aborted after the last collective, issue 22 finding 9).
+inline tessel::Graph one_all_reduce_graph() {
+  using namespace tessel;
+  Graph g;
+  Tensor x = input(g, "x", DType::f32, {4, 8});
+  Tensor w = input(g, "w", DType::f32, {8, 4});
+  g.annotate(x, Sharding::of({{}, {"data"}}));
+  g.annotate(w, Sharding::of({{"data"}, {}}));
+  Tensor y = einsum("ik,kj->ij", x, w);
+  g.annotate(y, Sharding::of({{}, {}}));
+  g.mark_output(y);
+  return g;
+}
+
 // An optimizer-style update on data=2 x model=2: %w is dead after tanh, before %w_new is
 // written, so a run donating %w to %w_new writes %w_new over %w's buffer (in place).
 inline tessel::Graph donated_update_graph() {
