@@ -1,7 +1,8 @@
 // Tests of the in-process thread communicator: every collective, on every axis group (every
 // non-empty ordered subset of the axes) of 2-D and 3-D meshes, one std::thread per device,
 // against a direct computation from the same seeded data; abort, mismatch and timeout
-// behaviour; a 64-device smoke test.
+// behaviour; a 64-device smoke test. The same suite checks the virtual-device protocol of the
+// CUDA backend's one-process world on CPU streams (make_cpu_virtual_world, the last tests).
 //
 // Catch2 assertions are not thread-safe, so device threads only record failures as strings
 // and the test thread asserts on them.
@@ -165,9 +166,8 @@ std::vector<std::vector<std::string>> ordered_subsets(const std::vector<std::str
 // Runs body(position, errors) on one thread per device. A device that throws aborts the
 // world (so the others do not hang) and its exception is recorded.
 std::vector<std::string> run_devices(
-    ThreadWorld& world,
+    CollectiveWorld& world, int64_t n,
     const std::function<void(int64_t, std::vector<std::string>&)>& body) {
-  const int64_t n = world.mesh().num_devices();
   std::vector<std::vector<std::string>> errs(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
   for (int64_t p = 0; p < n; ++p) {
@@ -184,6 +184,12 @@ std::vector<std::string> run_devices(
   std::vector<std::string> all;
   for (auto& e : errs) all.insert(all.end(), e.begin(), e.end());
   return all;
+}
+
+std::vector<std::string> run_devices(
+    ThreadWorld& world,
+    const std::function<void(int64_t, std::vector<std::string>&)>& body) {
+  return run_devices(world, world.mesh().num_devices(), body);
 }
 
 std::string first_errors(const std::vector<std::string>& errs) {
@@ -214,6 +220,11 @@ struct Suite {
   std::string where;
   std::vector<std::string>& errs;
   int tag = 0;
+  // The stream the calls are enqueued on (null: the thread's eager stream); each call is
+  // followed by its synchronize, so the checks read finished results.
+  Stream* stream = nullptr;
+
+  Stream& st() const { return stream ? *stream : eager(); }
 
   int r() const { return c.rank(); }
   int n() const { return c.size(); }
@@ -243,7 +254,8 @@ struct Suite {
     int32_t* sp = send.data();
     if (in_place) sp = recv.data() + r() * cnt;
     fill(dt, sp, cnt, seed, members[r()], tag);
-    c.all_gather(sp, recv.data(), cnt * 4, eager());
+    c.all_gather(sp, recv.data(), cnt * 4, st());
+    st().synchronize();
     check(std::string("all_gather") + (in_place ? " in place" : ""), dt, recv.data(), n_ * cnt,
           [&](std::size_t i) { return gen_bits(dt, seed, members[i / cnt], tag, i % cnt); });
     check("all_gather guard", dt, recv.data() + n_ * cnt, 1, [](std::size_t) { return 0xA5A5A5A5u; });
@@ -259,7 +271,8 @@ struct Suite {
     poison_fill(recv_buf);
     fill(dt, send.data(), n_ * cnt, seed, members[r()], tag);
     char* rp = in_place ? send.data() + r() * cnt * es : recv_buf.data();
-    c.reduce_scatter(send.data(), rp, cnt, dt, op, eager());
+    c.reduce_scatter(send.data(), rp, cnt, dt, op, st());
+    st().synchronize();
     check(std::string("reduce_scatter ") + dtype_name(dt) + (op == ReduceOp::Sum ? " sum" : " max") +
               (in_place ? " in place" : ""),
           dt, rp, cnt,
@@ -279,7 +292,8 @@ struct Suite {
     poison_fill(recv_buf);
     fill(dt, send.data(), cnt, seed, members[r()], tag);
     char* rp = in_place ? send.data() : recv_buf.data();
-    c.all_reduce(send.data(), rp, cnt, dt, op, eager());
+    c.all_reduce(send.data(), rp, cnt, dt, op, st());
+    st().synchronize();
     check(std::string("all_reduce ") + dtype_name(dt) + (op == ReduceOp::Sum ? " sum" : " max") +
               (in_place ? " in place" : ""),
           dt, rp, cnt,
@@ -300,7 +314,8 @@ struct Suite {
     poison_fill(recv_buf);
     fill(dt, send.data(), n_ * cnt, seed, members[r()], tag);
     int32_t* rp = in_place ? send.data() : recv_buf.data();
-    c.all_to_all(send.data(), rp, cnt * 4, eager());
+    c.all_to_all(send.data(), rp, cnt * 4, st());
+    st().synchronize();
     check(std::string("all_to_all") + (in_place ? " in place" : ""), dt, rp, n_ * cnt,
           [&](std::size_t i) {
             return gen_bits(dt, seed, members[i / cnt], tag, r() * cnt + i % cnt);
@@ -320,7 +335,8 @@ struct Suite {
     poison_fill(recv_buf);
     fill(dt, send.data(), cnt, seed, members[rk], tag);
     int32_t* rp = in_place ? send.data() : recv_buf.data();
-    c.collective_permute(send.data(), to, rp, from, cnt * 4, eager());
+    c.collective_permute(send.data(), to, rp, from, cnt * 4, st());
+    st().synchronize();
     check("collective_permute shift " + std::to_string(shift) + (partial ? " partial" : "") +
               (in_place ? " in place" : ""),
           dt, rp, cnt, [&](std::size_t k) {
@@ -335,7 +351,8 @@ struct Suite {
     std::vector<float> buf(cnt);
     poison_fill(buf);
     if (r() == root) fill(dt, buf.data(), cnt, seed, members[root], tag);
-    c.broadcast(buf.data(), cnt * 4, root, eager());
+    c.broadcast(buf.data(), cnt * 4, root, st());
+    st().synchronize();
     check("broadcast root " + std::to_string(root), dt, buf.data(), cnt,
           [&](std::size_t k) { return gen_bits(dt, seed, members[root], tag, k); });
     ++tag;
@@ -353,9 +370,11 @@ struct Suite {
         const bool sender = (rk % 2 == 0) == (dir == 0);
         if (sender) {
           fill(dt, out.data(), cnt, seed, members[rk], tag + dir);
-          c.send(out.data(), cnt * 4, peer, eager());
+          c.send(out.data(), cnt * 4, peer, st());
+    st().synchronize();
         } else {
-          c.recv(in.data(), cnt * 4, peer, eager());
+          c.recv(in.data(), cnt * 4, peer, st());
+    st().synchronize();
           check("recv dir " + std::to_string(dir), dt, in.data(), cnt,
                 [&](std::size_t k) { return gen_bits(dt, seed, members[peer], tag + dir, k); });
         }
@@ -384,7 +403,8 @@ struct Suite {
     broadcast(0, 700);
     broadcast(n() - 1, 700);
     send_recv(500);
-    c.barrier(eager());
+    c.barrier(st());
+    st().synchronize();
   }
 };
 
@@ -759,4 +779,188 @@ TEST_CASE("thread communicator: the link model holds each transfer for alpha + b
     CHECK(single[static_cast<std::size_t>(d)] >= 0.049);
     CHECK(same_peer[static_cast<std::size_t>(d)] >= 0.049);
   }
+}
+
+// ---- The virtual-device protocol (make_cpu_virtual_world: make_cuda_virtual_world's code, on
+// CPU streams). Each device enqueues on a stream of its own; the suite synchronizes after each
+// call. On async streams the members' pulls run on the stream workers, ordered only by the
+// protocol's events, so a missing wait is a wrong element here and a race under TSan.
+
+namespace {
+
+std::unique_ptr<Stream> device_stream(StreamMode mode, int64_t pos) {
+  // The backend may go: a CPU stream owns its worker.
+  return make_cpu_backend({mode, 1})->create_stream("device " + std::to_string(pos));
+}
+
+}  // namespace
+
+TEST_CASE("virtual communicator: every collective on every axis group on CPU streams", "[runtime][comm][virtual]") {
+  const uint64_t seed = test_seed();
+  INFO("seed " << seed << " (rerun with TESSEL_SEED=" << seed << ")");
+  for (const char* spec : {"a=2,b=4", "x=2,y=3,z=2"}) {
+    for (StreamMode mode : {StreamMode::Async, StreamMode::Eager}) {
+      DYNAMIC_SECTION("mesh " << spec << " streams " << stream_mode_name(mode)) {
+        const Mesh mesh = Mesh::parse(spec);
+        std::vector<std::string> names;
+        for (const auto& a : mesh.axes()) names.push_back(a.name);
+        const auto axes_lists = ordered_subsets(names);
+        auto world = make_cpu_virtual_world(mesh, 240);
+        const auto errs = run_devices(*world, mesh.num_devices(), [&](int64_t pos, std::vector<std::string>& e) {
+          auto stream = device_stream(mode, pos);
+          for (const auto& axes : axes_lists) {
+            auto comm = world->communicator(pos, axes);
+            const auto members = mesh.group(pos, axes);
+            const std::string where = std::string(spec) + " axes " + axes_str(axes);
+            if (comm->size() != static_cast<int>(members.size()) || comm->rank() != mesh.index_in_group(pos, axes)) {
+              e.push_back(where + ": wrong rank/size for device " + std::to_string(pos));
+              continue;
+            }
+            Suite s{seed, members, *comm, where, e};
+            s.stream = stream.get();
+            s.run_all();
+          }
+        });
+        INFO(first_errors(errs));
+        CHECK(errs.empty());
+        CHECK_FALSE(world->aborted());
+      }
+    }
+  }
+}
+
+TEST_CASE("virtual communicator: groups of several axis sets used interleaved without synchronizing",
+          "[runtime][comm][virtual]") {
+  // Many small collectives on three groups, enqueued back to back on one async stream per
+  // device and synchronized only at the end: the channels' events are re-recorded while
+  // earlier pulls may still be queued.
+  const Mesh mesh = Mesh::parse("a=2,b=4");
+  auto world = make_cpu_virtual_world(mesh, 240);
+  const std::vector<std::vector<std::string>> sets = {{"a"}, {"b"}, {"a", "b"}};
+  constexpr int kRounds = 200;
+  const auto errs = run_devices(*world, mesh.num_devices(), [&](int64_t pos, std::vector<std::string>& e) {
+    auto stream = device_stream(StreamMode::Async, pos);
+    std::vector<std::unique_ptr<Communicator>> comms;
+    for (const auto& s : sets) comms.push_back(world->communicator(pos, s));
+    // Round k: an all-reduce (sum, i32) of the value pos + k on group k % 3, into out[k].
+    std::vector<int32_t> in(kRounds), out(kRounds, -1);
+    for (int k = 0; k < kRounds; ++k) {
+      in[static_cast<std::size_t>(k)] = static_cast<int32_t>(pos + k);
+      comms[static_cast<std::size_t>(k) % sets.size()]->all_reduce(&in[static_cast<std::size_t>(k)],
+                                                                   &out[static_cast<std::size_t>(k)], 1, DType::i32,
+                                                                   ReduceOp::Sum, *stream);
+    }
+    stream->synchronize();
+    for (int k = 0; k < kRounds; ++k) {
+      int32_t expect = 0;
+      for (int64_t m : mesh.group(pos, sets[static_cast<std::size_t>(k) % sets.size()]))
+        expect += static_cast<int32_t>(m + k);
+      if (out[static_cast<std::size_t>(k)] != expect) {
+        e.push_back("device " + std::to_string(pos) + " round " + std::to_string(k) + ": " +
+                    std::to_string(out[static_cast<std::size_t>(k)]) + ", expected " + std::to_string(expect));
+        return;
+      }
+    }
+  });
+  INFO(first_errors(errs));
+  CHECK(errs.empty());
+}
+
+TEST_CASE("virtual communicator: abort wakes every blocked device and later calls throw", "[runtime][comm][virtual]") {
+  const Mesh mesh = Mesh::parse("a=4");
+  std::shared_ptr<CollectiveWorld> world = make_cpu_virtual_world(mesh);  // no timeout: abort alone must unblock
+  auto outcome = std::make_shared<std::vector<std::string>>(4);
+  const bool finished = finishes_within(
+      [world, outcome] {
+        std::vector<std::thread> threads;
+        for (int64_t p = 0; p < 3; ++p)  // device 3 never joins
+          threads.emplace_back([world, outcome, p] {
+            try {
+              auto stream = device_stream(StreamMode::Async, p);
+              auto c = world->communicator(p, {"a"});
+              std::vector<float> buf(16, 1.0f);
+              c->all_reduce(buf.data(), buf.data(), buf.size(), DType::f32, ReduceOp::Sum, *stream);
+              stream->synchronize();
+              (*outcome)[static_cast<std::size_t>(p)] = "returned normally";
+            } catch (const RuntimeError& e) {
+              (*outcome)[static_cast<std::size_t>(p)] = e.what();
+            }
+          });
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        world->abort("device 3 failed");
+        for (auto& t : threads) t.join();
+      },
+      30.0);
+  REQUIRE(finished);  // a hang here means abort did not wake a blocked device
+  for (int p = 0; p < 3; ++p) {
+    INFO("device " << p);
+    CHECK_THAT((*outcome)[static_cast<std::size_t>(p)],
+               Catch::Contains("all_reduce of device " + std::to_string(p)) && Catch::Contains("device 3 failed"));
+  }
+  CHECK_THROWS_WITH(world->communicator(0, {"a"}), Catch::Contains("device 3 failed"));
+}
+
+TEST_CASE("virtual communicator: members that disagree abort the world naming the collective",
+          "[runtime][comm][virtual]") {
+  const Mesh mesh = Mesh::parse("a=2");
+  auto world = make_cpu_virtual_world(mesh, 60);
+  const auto errs = run_devices(*world, 2, [&](int64_t pos, std::vector<std::string>&) {
+    auto stream = device_stream(StreamMode::Async, pos);
+    auto c = world->communicator(pos, {"a"});
+    std::vector<int32_t> send(8, 1), recv(16, 0);
+    c->all_gather(send.data(), recv.data(), pos == 0 ? 16 : 32, *stream);  // 4 against 8 elements
+    stream->synchronize();
+  });
+  REQUIRE(errs.size() == 2);
+  for (const std::string& e : errs) CHECK_THAT(e, Catch::Contains("all_gather") && Catch::Contains("disagree"));
+  CHECK(world->aborted());
+}
+
+TEST_CASE("virtual communicator: a timeout names the collective and aborts the world", "[runtime][comm][virtual]") {
+  const Mesh mesh = Mesh::parse("a=2");
+  auto world = make_cpu_virtual_world(mesh, 0.3);
+  auto stream = device_stream(StreamMode::Async, 0);
+  auto c = world->communicator(0, {"a"});  // device 1 never comes
+  CHECK_THROWS_WITH(c->barrier(*stream), Catch::Contains("barrier of device 0") && Catch::Contains("timed out"));
+  CHECK(world->aborted());
+  CHECK_THROWS_AS(make_cpu_virtual_world(mesh, -1), RuntimeError);
+}
+
+TEST_CASE("virtual communicator: pulls wait for the peers' stream work before and after the collective",
+          "[runtime][comm][virtual]") {
+  // Each member's input is written by its own stream (after a sleep of a few ms that differs by
+  // device and round) and overwritten on its stream right after the collective. A member that
+  // pulled before a peer's `ready` would read the previous round's garbage; a member that
+  // reused its buffer before its peers' `done` would hand them the garbage of this round.
+  const Mesh mesh = Mesh::parse("a=4");
+  auto world = make_cpu_virtual_world(mesh, 240);
+  constexpr int kRounds = 24;
+  constexpr std::size_t kCount = 4096;
+  const auto errs = run_devices(*world, 4, [&](int64_t pos, std::vector<std::string>& e) {
+    auto backend = make_cpu_backend({StreamMode::Async, 1});
+    auto stream = backend->create_stream("device " + std::to_string(pos));
+    auto comm = world->communicator(pos, {"a"});
+    std::shared_ptr<Buffer> send = backend->allocate(kCount * 4), recv = backend->allocate(4 * kCount * 4);
+    std::vector<int32_t> value(kCount), garbage(kCount, -7), got(4 * kCount);
+    for (int k = 0; k < kRounds; ++k) {
+      for (std::size_t i = 0; i < kCount; ++i) value[i] = static_cast<int32_t>(pos * 1000003 + k * 7919 + i);
+      const int sleep_ms = static_cast<int>((pos * 7 + k * 3) % 11);
+      backend->launch_host_func(*stream, [sleep_ms] { std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms)); });
+      backend->copy_from_host(*send, value.data(), kCount * 4, *stream);
+      comm->all_gather(send->data(), recv->data(), kCount * 4, *stream);
+      backend->copy_from_host(*send, garbage.data(), kCount * 4, *stream);
+      backend->copy_to_host(got.data(), *recv, 4 * kCount * 4, *stream);
+      stream->synchronize();
+      for (std::size_t i = 0; i < 4 * kCount; ++i) {
+        const int32_t expect = static_cast<int32_t>(static_cast<int64_t>(i / kCount) * 1000003 + k * 7919 + i % kCount);
+        if (got[i] != expect) {
+          e.push_back("device " + std::to_string(pos) + " round " + std::to_string(k) + ": element " +
+                      std::to_string(i) + " is " + std::to_string(got[i]) + ", expected " + std::to_string(expect));
+          return;
+        }
+      }
+    }
+  });
+  INFO(first_errors(errs));
+  CHECK(errs.empty());
 }

@@ -118,4 +118,13 @@ class ThreadWorld : public CollectiveWorld {
       groups_;
 };
 
+// The virtual-device protocol of the CUDA backend's one-process world (make_cuda_virtual_world:
+// host rendezvous, ready/done events, each member pulling from its peers' buffers on its own
+// stream; src/runtime/virtual_world.hpp) run on CPU streams: the same code, so that its event
+// ordering is checked on any machine — a missing wait is a data race TSan reports — and against
+// the thread communicator's tests. Members enqueue on CPU streams (async or eager) of any CPU
+// backend; timeout_seconds > 0: a member waiting longer for its peers aborts the world. Not
+// the CPU runtimes' world (ThreadWorld is): a test vehicle for the GPU path's protocol.
+std::unique_ptr<CollectiveWorld> make_cpu_virtual_world(const Mesh& mesh, double timeout_seconds = 0);
+
 }  // namespace tessel
