@@ -62,6 +62,13 @@ if(TARGET tessel_example_gpt AND TESSEL_MPIRUN)
                          FAIL_REGULAR_EXPRESSION "FAILED")
     list(APPEND _mpi_doc_tests "mpi: documented mpirun -np ${np} gpt --mesh data=2 model=2 matches one device")
   endforeach()
+  # --layouts auto under mpirun: every process adopts rank 0's plan (a time-limited search can
+  # end differently per process), and the forward matches one device.
+  add_test(NAME "mpi: mpirun -np 2 gpt --layouts auto matches one device"
+           COMMAND ${_mpirun_doc} -np 2 $<TARGET_FILE:tessel_example_gpt> --mesh data=2,model=2 --layouts auto)
+  set_tests_properties("mpi: mpirun -np 2 gpt --layouts auto matches one device" PROPERTIES
+                       FAIL_REGULAR_EXPRESSION "FAILED" PASS_REGULAR_EXPRESSION "relative difference = .* [(]ok")
+  list(APPEND _mpi_doc_tests "mpi: mpirun -np 2 gpt --layouts auto matches one device")
   # mlp runs on the threads of one process: under mpirun it says so instead of running the
   # whole job once per process.
   add_test(NAME "mpi: mlp under mpirun -np 2 refuses to run the job twice"
