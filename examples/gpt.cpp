@@ -163,10 +163,8 @@ int run(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   std::optional<tessel::Graph> auto_graph;  // --layouts auto: m.graph with the chosen layouts
   if (layouts == "auto") {
-    tessel::AutoShardResult r = tessel::auto_shard(m.graph, mesh, {});
-    // A time-limited search can end differently in each process: all adopt rank 0's plan.
-    if (rt && rt->process_count() > 1)
-      r = tessel::AutoShardResult::from_json(rt->allgather_host(r.to_json()).at(0), m.graph);
+    // Under mpirun every process adopts rank 0's plan.
+    const tessel::AutoShardResult r = tessel::agree_on_plan(rt, tessel::auto_shard(m.graph, mesh, {}), m.graph);
     print(fmt::format("auto_shard: {} ({:.2f} s): predicted {:.4g} ms compute + {:.4g} ms collectives per device\n",
                       r.solver, r.formulate_s + r.solve_s, r.compute_s * 1e3, r.comm_s * 1e3));
     auto_graph.emplace(r.annotated(m.graph));

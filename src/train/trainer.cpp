@@ -124,10 +124,8 @@ struct Trainer::Impl {
                     std::optional<AutoShardResult>* result) {
     AutoShardOptions ao = *o.auto_shard;
     ao.tied.insert(ao.tied.end(), donations.begin(), donations.end());
-    AutoShardResult r = auto_shard(g, mesh, ao);
-    // Under a multi-process runtime every process searched alone, and a time-limited search
-    // can end differently in each: all adopt rank 0's plan.
-    if (rt->process_count() > 1) r = AutoShardResult::from_json(rt->allgather_host(r.to_json()).at(0), g);
+    // Under a multi-process runtime all adopt rank 0's plan.
+    AutoShardResult r = agree_on_plan(rt, auto_shard(g, mesh, ao), g);
     Graph chosen = r.annotated(g);
     // Every gather of the program is the plan's own, priced by it (FSDP-like parameters,
     // updates computed sharded and gathered into the parameter's layout, the batch gathered

@@ -155,8 +155,8 @@ TEST_CASE("nccl fake: all-gather reduce-scatter and all-reduce move NCCL's data 
   for (const auto& axes : kAxisSets) {
     INFO("axes {" << join(axes, ",") << "}");
     FakeSetup f(mesh, axes);
-    FakeNccl& fake = f.fake;
-    std::vector<std::unique_ptr<Communicator>>& comms = f.comms;
+    auto& fake = f.fake;
+    auto& comms = f.comms;
     const std::size_t n = mesh.group(0, axes).size();
     // Per position: buffers, allocated up front and tracked (every pointer must lie in them).
     struct Bufs {
@@ -237,8 +237,8 @@ TEST_CASE("nccl fake: all-to-all and permutes pair every send with its receive",
   for (const auto& axes : kAxisSets) {
     INFO("axes {" << join(axes, ",") << "}");
     FakeSetup f(mesh, axes);
-    FakeNccl& fake = f.fake;
-    std::vector<std::unique_ptr<Communicator>>& comms = f.comms;
+    auto& fake = f.fake;
+    auto& comms = f.comms;
     const std::size_t n = mesh.group(0, axes).size();
     struct Bufs {
       std::vector<unsigned char> a2a_send, a2a_out, mine, ring_out, chain_out, left_out, right_out;
@@ -304,8 +304,8 @@ TEST_CASE("nccl fake: all-to-all and permutes pair every send with its receive",
 TEST_CASE("nccl fake: broadcast and barrier", "[unit][nccl]") {
   const Mesh mesh = Mesh::parse("data=2,model=2");
   FakeSetup f(mesh, {"model"});
-  FakeNccl& fake = f.fake;
-  std::vector<std::unique_ptr<Communicator>>& comms = f.comms;
+  auto& fake = f.fake;
+  auto& comms = f.comms;
   std::vector<std::vector<unsigned char>> buf(4, std::vector<unsigned char>(5));
   for (int64_t p = 0; p < 4; ++p) std::fill(buf[static_cast<std::size_t>(p)].begin(), buf[static_cast<std::size_t>(p)].end(), static_cast<unsigned char>(p + 1));
   on_threads(4, [&](int64_t p) {
@@ -355,9 +355,9 @@ TEST_CASE("nccl fake: after an abort no NCCL call is made and every call names w
 TEST_CASE("nccl fake: an abort while members wait inside a collective releases them", "[unit][nccl]") {
   const Mesh mesh = Mesh::parse("model=4");
   FakeSetup f(mesh, {"model"}, /*wait_seconds=*/30);
-  FakeNccl& fake = f.fake;
-  std::unique_ptr<NcclWorldBase>& w = f.world;
-  std::vector<std::unique_ptr<Communicator>>& comms = f.comms;
+  auto& fake = f.fake;
+  auto& w = f.world;
+  auto& comms = f.comms;
   std::atomic<int> waiting{0};
   std::vector<std::string> errors(3);
   std::vector<std::thread> ts;
@@ -382,9 +382,9 @@ TEST_CASE("nccl fake: an abort while members wait inside a collective releases t
 TEST_CASE("nccl fake: the watchdog aborts the world on NCCL's asynchronous error", "[unit][nccl]") {
   const Mesh mesh = Mesh::parse("data=2,model=2");
   FakeSetup f(mesh, {"model"});
-  FakeNccl& fake = f.fake;
-  std::unique_ptr<NcclWorldBase>& w = f.world;
-  std::vector<std::unique_ptr<Communicator>>& comms = f.comms;
+  auto& fake = f.fake;
+  auto& w = f.world;
+  auto& comms = f.comms;
   fake.set_async_error(member(comms[2]).comm(), tessel::cuda::kNcclRemoteError);
   for (int i = 0; i < 100 && !w->aborted(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   REQUIRE(w->aborted());
@@ -398,9 +398,9 @@ TEST_CASE("nccl fake: the watchdog aborts the world on NCCL's asynchronous error
 TEST_CASE("nccl fake: a failed call inside a group closes the group and aborts the world", "[unit][nccl]") {
   const Mesh mesh = Mesh::parse("data=3");
   FakeSetup f(mesh, {"data"});
-  FakeNccl& fake = f.fake;
-  std::unique_ptr<NcclWorldBase>& w = f.world;
-  std::vector<std::unique_ptr<Communicator>>& comms = f.comms;
+  auto& fake = f.fake;
+  auto& w = f.world;
+  auto& comms = f.comms;
   HostStream s;
   std::vector<unsigned char> send(24), recv(24);
   fake.fail_next("ncclRecv", 3);  // the first receive of the all-to-all's group fails
@@ -411,8 +411,8 @@ TEST_CASE("nccl fake: a failed call inside a group closes the group and aborts t
   for (const std::string& v : fake.check_quiescent()) CHECK_THAT(v, !Catch::Contains("left a group open"));
   // The same through the communicator's own group: group_end still balances the start.
   FakeSetup f2(mesh, {"data"});
-  FakeNccl& fake2 = f2.fake;
-  std::vector<std::unique_ptr<Communicator>>& comms2 = f2.comms;
+  auto& fake2 = f2.fake;
+  auto& comms2 = f2.comms;
   fake2.fail_next("ncclSend", 3);
   comms2[0]->group_start();
   CHECK_THAT(error_of([&] { comms2[0]->collective_permute(send.data(), 1, recv.data(), 2, 8, s); }),

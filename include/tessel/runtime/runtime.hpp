@@ -28,6 +28,8 @@
 namespace tessel {
 
 class ThreadRuntime;
+class Graph;
+struct AutoShardResult;
 
 namespace detail {
 class RuntimeLifetime;
@@ -96,5 +98,12 @@ class Runtime {
 // the tools pass their seed through this before drawing anything. `runtime` nullptr or a
 // single process: `seed` itself. Collective over the processes.
 uint64_t agree_on_seed(Runtime* runtime, uint64_t seed);
+
+// The automatic-sharding plan every process of a job uses: rank 0's (autoshard/auto_shard.hpp).
+// Each process searches alone, and a time-limited search can end differently in each; the
+// processes of one SPMD program need the same layouts. `runtime` nullptr or a single process:
+// `mine` itself. Collective over the processes; throws Error when rank 0's plan does not fit
+// `g` (AutoShardResult::from_json).
+AutoShardResult agree_on_plan(Runtime* runtime, const AutoShardResult& mine, const Graph& g);
 
 }  // namespace tessel
