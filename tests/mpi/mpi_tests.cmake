@@ -101,7 +101,7 @@ if(TARGET tessel_example_plan AND TESSEL_MPIRUN)
   # --backend cuda on a machine without a GPU (or a build without CUDA): every process ends,
   # non-zero, with an error naming the job and what is missing.
   add_test(NAME "mpi: tessel-plan --run --backend cuda without a GPU names the job and the missing GPU"
-           COMMAND bash -c "out=$(${TESSEL_MPIRUN} --allow-run-as-root --oversubscribe -np 8 $<TARGET_FILE:tessel_example_plan> ${PROJECT_SOURCE_DIR}/examples/planner/gpt_jobs.json --pool ${PROJECT_SOURCE_DIR}/examples/planner/cpu_pool.json --run --backend cuda --no-pictures 2>&1); rc=$?; echo "$out" | tail -5; test $rc -ne 0 && echo "$out" | grep -Eq "job '[a-z-]+' failed: process [0-9]+ of devices [0-9,]+: CudaRuntime: no CUDA GPU is visible|built without CUDA"")
+           COMMAND bash -c "out=$(${TESSEL_MPIRUN} --allow-run-as-root --oversubscribe -np 8 $<TARGET_FILE:tessel_example_plan> ${PROJECT_SOURCE_DIR}/examples/planner/gpt_jobs.json --pool ${PROJECT_SOURCE_DIR}/examples/planner/cpu_pool.json --run --backend cuda --no-pictures 2>&1); rc=$?; echo \"$out\" | tail -5; test $rc -ne 0 && echo \"$out\" | grep -Eq \"job '[a-z-]+' failed: process [0-9]+ of devices [0-9,]+: CudaRuntime: no CUDA GPU is visible|built without CUDA\"")
   list(APPEND _mpi_doc_tests "mpi: tessel-plan --run --backend cuda without a GPU names the job and the missing GPU")
 endif()
 if(_mpi_doc_tests)

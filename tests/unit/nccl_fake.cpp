@@ -532,8 +532,10 @@ int FakeNccl::data_call(Call rec, Kind kind, NcclComm comm) {
     return refuse();
   }
   const std::size_t sb = send_bytes(rec), rb = recv_bytes(rec);
-  const bool inside = check_memory_locked(at.c_str(), rec.send, sb) & check_memory_locked(at.c_str(), rec.recv, rb);
-  if (!inside) return refuse();  // never write out of bounds
+  // Check both buffers (not short-circuited) so that each one out of bounds is reported.
+  const bool send_inside = check_memory_locked(at.c_str(), rec.send, sb);
+  const bool recv_inside = check_memory_locked(at.c_str(), rec.recv, rb);
+  if (!send_inside || !recv_inside) return refuse();  // never write out of bounds
   // NCCL's in-place forms: the only overlaps of a send and a receive buffer it allows.
   if (overlap(rec.send, sb, rec.recv, rb)) {
     const std::size_t e = rec.count * nccl_type_size(rec.type), off = static_cast<std::size_t>(rec.rank) * e;
