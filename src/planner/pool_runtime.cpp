@@ -336,6 +336,7 @@ class PoolRun {
       const int leader = order.devices[0];
       bool sent_move = false, sent_stop = false;
       auto last_report = Clock::now();
+      detail::QuietBackoff backoff;
       while (true) {
         std::optional<ProcessGroup::Message> m = o_.processes->try_recv(detail::progress_tag(order.seg));
         if (!m) {
@@ -358,23 +359,30 @@ class PoolRun {
             o_.processes->send(leader, detail::control_tag(order.seg), "M");
             sent_move = true;
           }
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          backoff.wait();
           continue;
         }
+        backoff.reset();
         last_report = Clock::now();
         const std::string& b = m->bytes;
         if (b.rfind("P ", 0) == 0) {
-          int64_t k = 0;
-          double loss = 0, seconds = 0;
-          std::istringstream in(b.substr(2));
-          in >> k >> loss >> seconds;
+          std::istringstream lines(b);
+          std::string line;
           std::lock_guard<std::mutex> g(mu_);
           JobState& st = state_[j];
-          st.steps_done = k;
-          st.last_loss = loss;
-          st.segment_seconds += seconds;
-          st.segment_steps += 1;
-          report_.jobs[j].losses.push_back(loss);
+          while (std::getline(lines, line)) {
+            int64_t k = 0;
+            double loss = 0, seconds = 0;
+            std::istringstream in(line.substr(std::min<std::size_t>(2, line.size())));
+            if (line.rfind("P ", 0) != 0 || !(in >> k >> loss >> seconds))
+              throw PlanError(fmt::format("run_pool: a malformed step report '{}' from process {}",
+                                          line.substr(0, 60), m->rank));
+            st.steps_done = k;
+            st.last_loss = loss;
+            st.segment_seconds += seconds;
+            st.segment_steps += 1;
+            report_.jobs[j].losses.push_back(loss);
+          }
         } else if (b == "D" || b == "X") {
           break;
         } else if (b.rfind("M ", 0) == 0) {

@@ -44,7 +44,16 @@ void run_segment(const std::vector<ModelJob>& jobs, ProcessGroup& pg, const Pool
                  const SegmentOrder& o) {
   const bool leader = pg.rank() == o.devices[0];
   const int ptag = progress_tag(o.seg), ctag = control_tag(o.seg);
-  auto tell = [&](const std::string& m) {
+  std::string steps;  // step reports not yet sent (the leader's)
+  auto last_sent = std::chrono::steady_clock::now();
+  auto send_steps = [&] {
+    if (!leader || steps.empty()) return;
+    pg.send(0, ptag, steps);
+    steps.clear();
+    last_sent = std::chrono::steady_clock::now();
+  };
+  auto tell = [&](const std::string& m) {  // the segment's last report: the steps before it first
+    send_steps();
     if (leader) pg.send(0, ptag, m);
   };
   try {
@@ -103,11 +112,20 @@ void run_segment(const std::vector<ModelJob>& jobs, ProcessGroup& pg, const Pool
         return;
       }
       const StepRecord r = tr.step(model_job_batch(job, k));
-      tell(fmt::format("P {} {:.9g} {:.9g}", k, r.loss, r.seconds));
+      if (leader) {
+        steps += fmt::format("{}P {} {:.9g} {:.9g}", steps.empty() ? "" : "\n", k, r.loss, r.seconds);
+        // The first step at once (the coordinator's first rate), then every kReportEvery.
+        if (k == o.resume_step + 1 || std::chrono::steady_clock::now() - last_sent >= kReportEvery) send_steps();
+      }
     }
     tell("D");
   } catch (const std::exception& e) {
-    // Every process of the segment says so (the leader may be the one that cannot).
+    // Every process of the segment says so (the leader may be the one that cannot), the
+    // leader after the steps that ran.
+    try {
+      send_steps();
+    } catch (const std::exception&) {
+    }
     pg.send(0, ptag, fmt::format("E process {} of devices {}: {}", pg.rank(), fmt::join(o.devices, ","), e.what()));
   }
 }
@@ -115,12 +133,14 @@ void run_segment(const std::vector<ModelJob>& jobs, ProcessGroup& pg, const Pool
 }  // namespace
 
 void serve_pool(const std::vector<ModelJob>& jobs, ProcessGroup& pg, const PoolRunOptions& options) {
+  QuietBackoff quiet;
   while (true) {
     std::optional<ProcessGroup::Message> m = pg.try_recv(kStartTag);
     if (!m) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      quiet.wait();
       continue;
     }
+    quiet.reset();
     if (m->bytes.rfind("Q ok", 0) == 0) return;
     if (m->bytes.rfind("Q failed", 0) == 0) {
       const std::size_t nl = m->bytes.find('\n');

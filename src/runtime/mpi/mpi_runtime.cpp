@@ -83,7 +83,9 @@ void MpiRuntime::Impl::watch() {
           MPI_SUCCESS)
         return;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    // 5 ms: a peer's abort reaches a waiting worker within that, with fewer wake-ups on
+    // oversubscribed cores (bench/results/2026-11-27T0330-2core-cpu-pool-processes).
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   MPI_Cancel(&req);
   if (failed.load())
