@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include "tessel/core/common.hpp"
@@ -20,8 +21,12 @@ namespace {
 
 std::string gavel_dir() { return std::string(TESSEL_SOURCE_DIR) + "/../shared/benchmarks/multijob-gavel"; }
 
+// TESSEL_SEED=<the printed seed> reproduces a run.
 uint64_t test_seed() {
-  static const uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) % 100000;
+  static const uint64_t seed =
+      std::getenv("TESSEL_SEED") != nullptr
+          ? std::strtoull(std::getenv("TESSEL_SEED"), nullptr, 10)
+          : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) % 100000;
   return seed;
 }
 
