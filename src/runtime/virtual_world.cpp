@@ -11,27 +11,15 @@
 #include <map>
 #include <mutex>
 
+#include "collective_kind.hpp"
 #include "tessel/runtime/communicator.hpp"
 
 namespace tessel {
 namespace detail {
 namespace {
 
-enum class Kind { AllGather, ReduceScatter, AllReduce, AllToAll, Permute, Broadcast, Barrier, P2P };
-
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::AllGather: return "all_gather";
-    case Kind::ReduceScatter: return "reduce_scatter";
-    case Kind::AllReduce: return "all_reduce";
-    case Kind::AllToAll: return "all_to_all";
-    case Kind::Permute: return "collective_permute";
-    case Kind::Broadcast: return "broadcast";
-    case Kind::Barrier: return "barrier";
-    case Kind::P2P: return "send/recv";
-  }
-  return "?";
-}
+using Kind = CollectiveKind;
+const char* kind_name(Kind k) { return collective_kind_name(k); }
 
 struct Post {
   Kind kind = Kind::Barrier;
@@ -303,6 +291,7 @@ class VirtualCommunicator : public Communicator {
       case Kind::Permute:
       case Kind::Broadcast: return p.bytes;
       case Kind::P2P: return p.count;
+      case Kind::None:
       case Kind::Barrier: return 0;
     }
     return 0;
@@ -368,6 +357,7 @@ class VirtualCommunicator : public Communicator {
         copy(dst, peer.send, p.count);
         break;
       }
+      case Kind::None:
       case Kind::Barrier: break;
     }
     return temp;

@@ -17,35 +17,14 @@
 #include <utility>
 #include <vector>
 
+#include "../collective_kind.hpp"
 #include "tessel/runtime/cpu/thread_communicator.hpp"
 
 namespace tessel {
 namespace detail {
 
-enum class Kind : int {
-  None,
-  AllGather,
-  ReduceScatter,
-  AllReduce,
-  AllToAll,
-  Permute,
-  Broadcast,
-  Barrier
-};
-
-inline const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::None: return "none";
-    case Kind::AllGather: return "all_gather";
-    case Kind::ReduceScatter: return "reduce_scatter";
-    case Kind::AllReduce: return "all_reduce";
-    case Kind::AllToAll: return "all_to_all";
-    case Kind::Permute: return "collective_permute";
-    case Kind::Broadcast: return "broadcast";
-    case Kind::Barrier: return "barrier";
-  }
-  return "?";
-}
+using Kind = CollectiveKind;
+inline const char* kind_name(Kind k) { return collective_kind_name(k); }
 
 // What one member publishes for one call.
 struct alignas(64) ThreadSlot {
