@@ -6,6 +6,9 @@
 //   config 0: the gpt example's defaults (batch 8, seq 64, d_model 128, 4 heads, 2 layers,
 //   vocab 512); 1: a GPT-2-small-sized block (batch 4, seq 256, d_model 768, 12 heads, 2
 //   layers, vocab 8192). mesh 0: one device; 1: data=2; 2: model=2 (Megatron annotations).
+//   attn 1: the fused attention op (the model's default, docs/attention.md); 0: the long form
+//   (einsum -> scale -> causal_mask -> softmax -> einsum, compiled without the fuse-attention
+//   pass), the same model before the op existed, measured in the same run.
 // Counter proc_cpu_s: process CPU seconds per run (wall time on a shared machine includes
 //   waiting for a core).
 // BM_Matmul/shape:<s>/lib:<l>: one f32 matrix product C[M,N] = A[M,K]·B (B stored [K,N], or
@@ -40,11 +43,14 @@ using tessel_bench::process_cpu_s;
 using tessel_bench::side_config;
 
 void BM_GptLoaded(benchmark::State& state) {
-  const tessel::GptConfig cfg = side_config(state.range(0));
+  tessel::GptConfig cfg = side_config(state.range(0));
   const int64_t m = state.range(1);
+  cfg.fused_attention = state.range(2) != 0;
   const char* mesh_spec = m == 0 ? "data=1,model=1" : m == 1 ? "data=2,model=1" : "data=1,model=2";
   tessel::GptGraph g = tessel::build_gpt(cfg);
-  tessel::Executable exe = tessel::compile(g.graph, tessel::Mesh::parse(mesh_spec));
+  tessel::CompileOptions co;
+  co.fuse_attention = cfg.fused_attention;
+  tessel::Executable exe = tessel::compile(g.graph, tessel::Mesh::parse(mesh_spec), co);
   tessel::ThreadRuntimeOptions ro;
   ro.kernel_threads = 1;
   tessel::ThreadRuntime rt(m == 0 ? 1 : 2, ro);
@@ -65,8 +71,8 @@ void BM_GptLoaded(benchmark::State& state) {
   state.SetLabel(mesh_spec);
 }
 BENCHMARK(BM_GptLoaded)
-    ->ArgsProduct({{0, 1}, {0, 1, 2}})
-    ->ArgNames({"config", "mesh"})
+    ->ArgsProduct({{0, 1}, {0, 1, 2}, {1, 0}})
+    ->ArgNames({"config", "mesh", "attn"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

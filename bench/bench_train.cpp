@@ -5,11 +5,12 @@
 // BM_TrainStepReference, the unpartitioned step on one device. Counters: tokens/s and the
 // peak bytes per device of the memory plan.
 //
-// BM_TrainSide/config:<c>/mesh:<m>: tessel's side of the training-step comparison with JAX
+// BM_TrainSide/config:<c>/mesh:<m>/attn:<a>: tessel's side of the training-step comparison with JAX
 // (bench/jax/run_train_side_by_side.sh; gpt_jax.py train): the same step with one kernel thread
 // per device, as BM_GptLoaded runs the forward. config 0: the gpt example, 1: a GPT-2-small-sized
 // block (side_by_side.hpp); mesh 0: one device, 1: data=2, 2: model=2 (Megatron annotations),
-// 3: data=2 with ZeRO-2. Counters: tokens/s, proc_cpu_s (process CPU seconds per step), loss (of
+// 3: data=2 with ZeRO-2; attn 1: the fused attention op (the model's default), 0: the long form
+// (einsum -> scale -> causal_mask -> softmax -> einsum, unfused backward) in the same run. Counters: tokens/s, proc_cpu_s (process CPU seconds per step), loss (of
 // the last step), instrs (the program's instructions per device), inline (1: the program runs
 // on the device threads, LoadedExecutable::runs_inline).
 //
@@ -138,7 +139,9 @@ void BM_TrainSide(benchmark::State& state) {
   const char* mesh_spec = mk == 0 ? "data=1,model=1" : mk == 2 ? "data=1,model=2" : "data=2,model=1";
   tessel::ThreadRuntimeOptions ro;
   ro.kernel_threads = 1;
-  LoadedStep s(tessel_bench::side_config(state.range(0)), tessel::Mesh::parse(mesh_spec), mk == 3 ? 2 : 0, ro);
+  tessel::GptConfig cfg = tessel_bench::side_config(state.range(0));
+  cfg.fused_attention = state.range(2) != 0;
+  LoadedStep s(cfg, tessel::Mesh::parse(mesh_spec), mk == 3 ? 2 : 0, ro);
   tessel::RunResult last;
   const double cpu0 = tessel_bench::process_cpu_s();
   for (auto _ : state) last = s.step();
@@ -152,8 +155,8 @@ void BM_TrainSide(benchmark::State& state) {
   state.SetLabel(std::string(mesh_spec) + (mk == 3 ? " zero=2" : ""));
 }
 BENCHMARK(BM_TrainSide)
-    ->ArgsProduct({{0, 1}, {0, 1, 2, 3}})
-    ->ArgNames({"config", "mesh"})
+    ->ArgsProduct({{0, 1}, {0, 1, 2, 3}, {1, 0}})
+    ->ArgNames({"config", "mesh", "attn"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "tessel/compiler/checks.hpp"
+#include "tessel/passes/fuse_attention.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/compiler/uneven.hpp"
@@ -17,9 +18,15 @@ namespace tessel {
 
 Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& opts) {
   check_compilable(graph, mesh);
+  std::optional<Graph> fused;
+  if (opts.fuse_attention) {
+    FusedAttentionGraph f = fuse_attention(graph);
+    if (f.fused > 0) fused = std::move(f.graph);
+  }
+  const Graph& user = fused ? *fused : graph;
   std::optional<Graph> chosen;
-  if (opts.auto_shard) chosen = auto_shard(graph, mesh, *opts.auto_shard).annotated(graph);
-  const Graph& source = chosen ? *chosen : graph;
+  if (opts.auto_shard) chosen = auto_shard(user, mesh, *opts.auto_shard).annotated(user);
+  const Graph& source = chosen ? *chosen : user;
   PaddedGraph pg;
   if (opts.strict_even_shardings) {
     pg.graph = source.clone();

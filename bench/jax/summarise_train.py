@@ -46,24 +46,31 @@ j = {**results.jaxres(d, "train-1dev"), **results.jaxres(d, "train-2dev")}
 out.append("## Training step, tokens/s\n")
 out.append("The last columns divide by process CPU seconds instead (tokens per CPU-second, every thread "
            "of the process), which waiting for a core on a loaded machine does not inflate.\n")
-out.append("| model | mesh (cores) | tessel tokens/s | JAX tokens/s | tessel/JAX | tessel tokens/CPU-s | JAX tokens/CPU-s | tessel/JAX by CPU time |")
-out.append("|---|---|---|---|---|---|---|---|")
+out.append("tessel runs the model with its fused attention op and the flash backward (docs/attention.md); the "
+           "last two columns are the same step with the long-form attention (einsum, scale, mask, softmax, einsum "
+           "and their separate backwards) measured in the same run, and its ratio to JAX: the before and after of "
+           "the op.\n")
+out.append("| model | mesh (cores) | tessel tokens/s | JAX tokens/s | tessel/JAX | tessel tokens/CPU-s | JAX tokens/CPU-s | tessel/JAX by CPU time | long-form tessel tokens/s | long-form tessel/JAX |")
+out.append("|---|---|---|---|---|---|---|---|---|---|")
 names = {"0": ("example", "gpt example (B8 S64 D128 H4 L2 V512)"),
          "1": ("gpt2", "GPT-2-small block (B4 S256 D768 H12 L2 V8192)")}
 meshes = {"0": ("1", "1 device (core 0)"), "1": ("data2", "data=2 (cores 0,1)"),
           "2": ("model2", "model=2 (cores 0,1)"), "3": ("data2-zero2", "data=2, ZeRO-2 (cores 0,1)")}
 for c, (cj, cname) in names.items():
     for m, (mj, mname) in meshes.items():
-        tb, jb = t.get(f"BM_TrainSide/config:{c}/mesh:{m}"), j.get(f"jax_train/{cj}/{mj}")
+        tb, jb = t.get(f"BM_TrainSide/config:{c}/mesh:{m}/attn:1"), j.get(f"jax_train/{cj}/{mj}")
+        lb = t.get(f"BM_TrainSide/config:{c}/mesh:{m}/attn:0")
         if not tb or not jb or "error" in tb:
             out.append(f"| {cname} | {mname} | {tb and tb.get('tokens/s', tb.get('error'))} | "
-                       f"{jb and jb['tokens_per_s']} | n/a | | | |")
+                       f"{jb and jb['tokens_per_s']} | n/a | | | | | |")
             continue
         tt, jt = tb["tokens/s"], jb["tokens_per_s"]
         tokens = jt * jb["median_s"]
         tc, jc = tokens / tb["proc_cpu_s"], tokens / jb["proc_cpu_s"]
+        lt = lb["tokens/s"] if lb and "error" not in lb else None
+        long_cols = f"{lt:,.0f} | {fmt_ratio(lt / jt, 1.2)}" if lt else "n/a | n/a"
         out.append(f"| {cname} | {mname} | {tt:,.0f} | {jt:,.0f} | {fmt_ratio(tt / jt, 1.2)} | {tc:,.0f} | "
-                   f"{jc:,.0f} | {fmt_ratio(tc / jc, 1.2)} |")
+                   f"{jc:,.0f} | {fmt_ratio(tc / jc, 1.2)} | {long_cols} |")
 out.append("")
 
 

@@ -41,6 +41,10 @@ struct CompileOptions {
   // Automatic sharding (autoshard/auto_shard.hpp): every value the graph does not annotate is
   // laid out as auto_shard chooses before propagation.
   std::optional<AutoShardOptions> auto_shard;
+  // Attention written the long way (einsum -> scale -> causal_mask -> softmax -> einsum) becomes
+  // one attention op first (passes/fuse_attention.hpp), when nothing else reads the chain's
+  // intermediates. Off: the chain is partitioned op by op.
+  bool fuse_attention = true;
 };
 
 class Executable {

@@ -19,12 +19,42 @@ void check_compilable(const Graph& graph, const Mesh& mesh) {
         graph.values.size(), mesh.to_string()));
 }
 
+std::string attention_split_warning(const Graph& graph, int op_index) {
+  const Op& op = graph.ops[static_cast<std::size_t>(op_index)];
+  if (op.kind != OpKind::Attention && op.kind != OpKind::AttentionGrad) return {};
+  const bool bshd = op.attrs.equation == "bshd";
+  const int seq = bshd ? 1 : 2;
+  std::vector<int> values = op.inputs;
+  for (int r : op.results()) values.push_back(r);
+  for (int v : values) {
+    auto it = graph.annotations.find(v);
+    const Value& val = graph.values[static_cast<std::size_t>(v)];
+    if (it == graph.annotations.end() || val.shape.size() != 4) continue;  // lse [b, h, q] is checked through q
+    const Sharding& s = it->second.sharding;
+    for (int d : {seq, 3}) {
+      if (d >= s.rank() || s.dims[static_cast<std::size_t>(d)].axes.empty()) continue;
+      return fmt::format("{} reads or writes {} annotated {}, which splits its {} (dim {}) over {}: attention keeps "
+                         "the sequences and the head dim whole on each device, so the value is gathered there (a "
+                         "split sequence needs a ring form, which tessel does not have yet); split the batch or the "
+                         "heads to divide attention's work",
+                         graph.describe_op(op_index), graph.describe(v), s.to_string(),
+                         d == 3 ? "head dim" : "sequence", d,
+                         fmt::join(s.dims[static_cast<std::size_t>(d)].axes, ","));
+    }
+  }
+  return {};
+}
+
 std::vector<std::string> program_warnings(const Graph& graph, const Mesh& mesh, const Program& program) {
   std::vector<std::string> out;
   if (graph.outputs.empty())
     out.push_back("the graph has no output: nothing is computed (compile() refuses it); mark the results "
                   "with `output %VALUE`");
   if (mesh.num_devices() <= 1) return out;
+  for (std::size_t i = 0; i < graph.ops.size(); ++i) {
+    std::string w = attention_split_warning(graph, static_cast<int>(i));
+    if (!w.empty()) out.push_back(std::move(w));
+  }
   bool annotated = !graph.annotations.empty();
   for (const Op& op : graph.ops)
     if (op.kind == OpKind::ShardingConstraint) annotated = true;

@@ -155,6 +155,7 @@ class Parser : LineLexer {
       case AttrField::Beta2: a.beta2 = parse_double(spec.key); return;
       case AttrField::WeightDecay: a.weight_decay = parse_double(spec.key); return;
       case AttrField::Keepdims: a.keepdims = parse_bool(spec.key); return;
+      case AttrField::Causal: a.causal = parse_bool(spec.key); return;
       case AttrField::DType: {
         Token t = next();
         if (auto d = t.kind == TK::Ident ? dtype_from_text(t.text) : std::nullopt) {

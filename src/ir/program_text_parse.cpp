@@ -668,6 +668,7 @@ class Parser : LineLexer {
       case AttrField::Beta2: a.beta2 = parse_double(spec.key); return;
       case AttrField::WeightDecay: a.weight_decay = parse_double(spec.key); return;
       case AttrField::Keepdims: a.keepdims = parse_bool(spec.key); return;
+      case AttrField::Causal: a.causal = parse_bool(spec.key); return;
       case AttrField::DType: a.dtype = parse_dtype(next(), fmt::format("for '{}'", spec.key)); return;
     }
   }

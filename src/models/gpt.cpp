@@ -60,9 +60,14 @@ GptGraph build_gpt(const GptConfig& c) {
     Tensor q = einsum("bsd,dhk->bshk", h, wq).named(nm("q"));
     Tensor k = einsum("bsd,dhk->bshk", h, wk).named(nm("k"));
     Tensor v = einsum("bsd,dhk->bshk", h, wv).named(nm("v"));
-    Tensor s = mul(einsum("bqhk,bshk->bhqs", q, k), scale).named(nm("scores"));
-    Tensor p = softmax(causal_mask(s), -1).named(nm("probs"));
-    Tensor o = einsum("bhqs,bshk->bqhk", p, v).named(nm("ctx"));
+    Tensor o;
+    if (c.fused_attention) {
+      o = attention(q, k, v, /*causal=*/true, scale, "bshd").out.named(nm("ctx"));
+    } else {
+      Tensor s = mul(einsum("bqhk,bshk->bhqs", q, k), scale).named(nm("scores"));
+      Tensor p = softmax(causal_mask(s), -1).named(nm("probs"));
+      o = einsum("bhqs,bshk->bqhk", p, v).named(nm("ctx"));
+    }
     Tensor attn = einsum("bqhk,hkd->bqd", o, wo).named(nm("attn"));
     x = add(x, attn).named(nm("x_attn"));
     Tensor h2 = layer_norm(x, ln2g, ln2b).named(nm("h2"));

@@ -167,6 +167,7 @@ void register_nn_ops(std::vector<OpDef>& t);
 void register_index_ops(std::vector<OpDef>& t);
 void register_optim_ops(std::vector<OpDef>& t);
 void register_fused_ops(std::vector<OpDef>& t);
+void register_attention_ops(std::vector<OpDef>& t);
 
 // An entry with the fields every op has; callers set the rest.
 inline OpDef entry(OpKind kind, const char* name, int min_inputs, int max_inputs, InferFn infer,

@@ -26,6 +26,7 @@ const std::vector<OpDef>& table() {
     ops_detail::register_index_ops(v);
     ops_detail::register_optim_ops(v);
     ops_detail::register_fused_ops(v);
+    ops_detail::register_attention_ops(v);
     // Every kind has exactly its own entry, with the functions every pass calls: a missing
     // entry is a programming error in the registry, caught by the first lookup (and by the
     // registry test).
@@ -60,6 +61,7 @@ bool is_default(AttrField f, const OpAttrs& a) {
     case AttrField::Beta2: return a.beta2 == d.beta2;
     case AttrField::WeightDecay: return a.weight_decay == d.weight_decay;
     case AttrField::Keepdims: return a.keepdims == d.keepdims;
+    case AttrField::Causal: return a.causal == d.causal;
     case AttrField::DType: return a.dtype == d.dtype;
   }
   return false;
@@ -142,6 +144,7 @@ std::string attr_value_text(AttrField f, const OpAttrs& a) {
     case AttrField::Beta2: return fmt::format("{}", a.beta2);
     case AttrField::WeightDecay: return fmt::format("{}", a.weight_decay);
     case AttrField::Keepdims: return a.keepdims ? "true" : "false";
+    case AttrField::Causal: return a.causal ? "true" : "false";
     case AttrField::DType: return dtype_name(a.dtype);
   }
   return "?";

@@ -198,19 +198,28 @@ std::vector<Tensor> grad(Tensor loss, const std::vector<Tensor>& wrt, const Grad
     for (int v : op.inputs)
       any_float_in = any_float_in || (depends[static_cast<std::size_t>(v)] && g.values[static_cast<std::size_t>(v)].dtype != DType::i32);
     if (!any_float_in) continue;
-    if (op.num_results() > 1)
+    const OpDef& def = op_def(op.kind);
+    if (op.num_results() > 1 && !def.vjp)
       throw Error(fmt::format("grad: {} has several results and no vector-Jacobian product (the gradient of %{} "
                               "passes through it)", g.describe_op(static_cast<int>(i)), lv.name));
-    auto ct = cot.find(op.output);
-    if (ct == cot.end()) continue;  // no gradient reaches this result (only through integer paths)
-    const OpDef& def = op_def(op.kind);
+    // Each result's gradient (a default Tensor where none reaches it: only integer paths).
+    std::vector<Tensor> result_grads;
+    bool any_grad = false;
+    for (int r : op.results()) {
+      auto it = cot.find(r);
+      result_grads.push_back(it == cot.end() ? Tensor{} : it->second);
+      any_grad = any_grad || it != cot.end();
+    }
+    if (!any_grad) continue;
     if (!def.vjp)
       throw Error(fmt::format("grad: {} has no vector-Jacobian product yet, and the gradient of %{} passes "
                               "through it (its result {})", g.describe_op(static_cast<int>(i)), lv.name,
                               g.describe(op.output)));
     const std::size_t first_op = g.ops.size();
-    VjpArgs args{g, op, {}, g.tensor(op.output), ct->second};
+    VjpArgs args{g, op, {}, g.tensor(op.output), result_grads[0]};
     for (int v : op.inputs) args.inputs.push_back(g.tensor(v));
+    for (int r : op.results()) args.outputs.push_back(g.tensor(r));
+    args.grad_outputs = result_grads;
     const std::vector<Tensor> grads = def.vjp(args);
     if (grads.size() != op.inputs.size())
       throw Error(fmt::format("grad: the vjp of {} returned {} gradients for {} operands (a bug in its registry "

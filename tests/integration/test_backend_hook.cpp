@@ -90,11 +90,11 @@ TEST_CASE("load names the op and instruction and device and backend when a kerne
   GptGraph m = small_gpt();
   Executable exe = compile(m.graph, Mesh::parse("data=1,model=2"));
   ThreadRuntimeOptions o;
-  o.make_backend = [](int64_t) { return std::make_unique<HidingBackend>(std::set<OpKind>{OpKind::Softmax}); };
+  o.make_backend = [](int64_t) { return std::make_unique<HidingBackend>(std::set<OpKind>{OpKind::Attention}); };
   ThreadRuntime rt(2, o);
   LoadOptions lo;
   lo.lowering.fuse_elementwise = false;
-  CHECK_THROWS_WITH(load(exe, rt, lo), Catch::Contains("= softmax") && Catch::Contains("local device 0") &&
+  CHECK_THROWS_WITH(load(exe, rt, lo), Catch::Contains("%l0_ctx = attention") && Catch::Contains("local device 0") &&
                                            Catch::Contains("no kernel on backend 'cpu-hiding'"));
 }
 

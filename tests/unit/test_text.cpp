@@ -171,6 +171,9 @@ mesh data=2, model=4
 %fe = fused_elementwise(%h, %c) expr="exp($0);where(gt(#0,$1),#0,mul($1,0.5:f32[]))"
 %fs = fused_softmax(%h) expr="causal_mask(mul($0,0.125:f32[]))" axis=-1
 %fei = fused_einsum(%x, %w, %gamma, %h) eq="bsd,df->bsf" epilogue="add(gelu(add($0,$1)),$2)"
+%aq = input f32[8,16,4,8]
+%ao, %alse = attention(%aq, %aq, %aq) layout="bshd" causal=true scale=0.25
+%adq, %adk, %adv = attention_grad(%aq, %aq, %aq, %ao, %alse, %ao) layout="bshd" causal=true scale=0.25
 %pn, %mn, %vn = adamw(%h, %h, %h, %h, %lr, %c, %c, %c) beta1=0.9 beta2=0.999 eps=1e-08 weight_decay=0.01
 output %ce, %cm
 output %g2
@@ -189,7 +192,7 @@ TEST_CASE("text: every op kind parses and round-trips", "[text]") {
 
   REQUIRE(g.mesh.has_value());
   CHECK(*g.mesh == Mesh({{"data", 2}, {"model", 4}}));
-  CHECK(g.inputs.size() == 7);
+  CHECK(g.inputs.size() == 8);
   CHECK(g.outputs == std::vector<int>{g.find("ce"), g.find("cm"), g.find("g2")});
 
   const Op& sm = g.ops[g.values[g.find("sm")].producer];

@@ -20,10 +20,16 @@ namespace tessel {
 // would be computed, and a run would compare nothing). The message says how to mark one.
 void check_compilable(const Graph& graph, const Mesh& mesh);
 
+// A warning when an annotation on an operand or result of attention op `op` splits a sequence or
+// the head dim, which attention keeps whole on each device (no ring form yet), so the value is
+// gathered for it (empty: none). Names the op, the value, its sharding and what to do.
+std::string attention_split_warning(const Graph& graph, int op);
+
 // Warnings about a partitioned program, each a sentence naming what and what to do:
 //   - the graph has no output (for tools that partition without compile(), which refuses it);
 //   - no value of the graph is annotated (no `sharding=` and no sharding_constraint) on a
 //     mesh of more than one device: every device runs the whole program;
+//   - an annotation splits an attention's sequence or head dim (attention_split_warning);
 //   - a mesh axis of size > 1 that no value of the program is split, or partial, over and
 //     no collective runs on: the work is repeated on each of its devices.
 // (With no annotation at all only the first is given: it explains the second.)

@@ -5,7 +5,8 @@
 //   wo [H, Dh, D]                heads over model (row split: the output is a partial sum)
 //   w1 [D, F], b1 [F]            F over model;  w2 [F, D] F over model (row split)
 //   wte [V, D], wpe [S, D], layer-norm parameters: replicated
-// Forward: token + position embedding, L blocks of pre-norm causal self-attention and GELU
+// Forward: token + position embedding, L blocks of pre-norm causal self-attention (one fused
+// attention op, GptConfig::fused_attention) and GELU
 // MLP with residuals, final layer norm, tied LM head (logits = x · wteᵀ), mean
 // cross-entropy loss over all positions.
 #pragma once
@@ -35,6 +36,11 @@ struct GptConfig {
   // (mixed precision; gradients come back to the master weights in f32). The loss is f32.
   DType compute = DType::f32;
   bool annotate = true;  // Megatron layout annotations (data × model)
+  // The attention as one fused op (attention(q, k, v), layout "bshd": the projections' own,
+  // so no head split or merge copies; its backward is the flash backward). false: the long
+  // form einsum -> scale -> causal_mask -> softmax -> einsum (compile() still fuses a forward
+  // graph's chains unless CompileOptions::fuse_attention is off).
+  bool fused_attention = true;
   std::string data_axis = "data";
   std::string model_axis = "model";
 };

@@ -104,6 +104,26 @@ struct AdamWResults {
 };
 AdamWResults adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor lr, Tensor bc1, Tensor bc2, Tensor gscale,
                    double beta1, double beta2, double eps, double weight_decay, Tensor apply = {});
+// Fused attention (docs/attention.md): out = softmax(scale q kᵀ, masked when `causal`) v, and
+// lse = the row log-sum-exp of the (masked, scaled) scores, f32 [batch, heads, Sq], which the
+// backward reads instead of the [Sq, Sk] probabilities. `layout` "bhsd": q [batch, heads, Sq,
+// head_dim], k and v [batch, heads, Sk, head_dim]; "bshd": [batch, Sq, heads, head_dim] (the
+// GPT projections' own layout: no head split or merge copies). `scale` 0 means 1/sqrt(head_dim).
+// Causal masking is aligned to the end: query i sees keys j <= i + Sk - Sq (Sq <= Sk). Batch and
+// heads shard freely; the sequences and head_dim stay whole on each device. The kernels never
+// write the scores (FlashAttention's tiled online softmax). Differentiable (attention_grad).
+struct AttentionResults {
+  Tensor out, lse;
+};
+AttentionResults attention(Tensor q, Tensor k, Tensor v, bool causal = false, double scale = 0,
+                           const std::string& layout = "bhsd");
+// attention's backward (FlashAttention-2's): dq, dk, dv from the forward's operands, its
+// results and dout, the scores recomputed tile by tile from q, k and lse.
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+};
+AttentionGrads attention_grad(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor dout, bool causal,
+                              double scale, const std::string& layout = "bhsd");
 Tensor embedding(Tensor table, Tensor ids);
 Tensor cross_entropy(Tensor logits, Tensor labels);
 // cross_entropy's backward: (softmax(logits) - one_hot(labels)) * g[..., None], with g the

@@ -16,7 +16,8 @@
 namespace tessel {
 
 struct OpAttrs {
-  std::string equation;          // Einsum; FusedElementwise / FusedSoftmax: the expression
+  std::string equation;          // Einsum; FusedElementwise / FusedSoftmax: the expression;
+                                 // Attention*: the layout ("bhsd" or "bshd")
   std::string epilogue;          // FusedEinsum: the elementwise expression applied to the product
   std::vector<int64_t> dims;     // Reduce*: reduced dims; Transpose: permutation
   Shape shape;                   // Reshape / Broadcast / Constant target shape
@@ -24,22 +25,24 @@ struct OpAttrs {
   std::vector<int64_t> limits;   // Slice
   int64_t axis = -1;             // Concat / Softmax / Gather / ScatterAdd (normalized to >= 0)
   int64_t depth = 0;             // OneHot: number of classes
-  double scalar = 0.0;           // Constant
+  double scalar = 0.0;           // Constant; Attention*: the scores' scale
   double eps = 1e-5;             // LayerNorm, AdamW
   double beta1 = 0.9;            // AdamW: first-moment decay
   double beta2 = 0.999;          // AdamW: second-moment decay
   double weight_decay = 0.0;     // AdamW: decoupled weight decay
   bool keepdims = false;         // Reduce*
+  bool causal = false;           // Attention*: mask keys after each query
   std::optional<Sharding> sharding;  // ShardingConstraint
   int priority = 0;                  // ShardingConstraint
   DType dtype = DType::f32;          // Constant / Input / Cast / OneHot: result dtype
 };
 
 // The fields of OpAttrs an attribute schema can name. Each has one text syntax:
-//   Equation "bsd,df->bsf" · Epilogue "gelu(add($0,$1))" · Ints / Shape [1,2] · Int / Depth 3 · Float 1e-5 · Bool true ·
+//   Equation "bsd,df->bsf" · Epilogue "gelu(add($0,$1))" · Ints / Shape [1,2] · Int / Depth 3 · Float 1e-5 ·
+//   Bool (Keepdims, Causal) true ·
 //   DType bf16
 enum class AttrField { Equation, Dims, Shape, Starts, Limits, Axis, Depth, Scalar, Eps, Keepdims, DType, Beta1, Beta2,
-                       WeightDecay, Epilogue };
+                       WeightDecay, Epilogue, Causal };
 
 struct AttrSpec {
   const char* key;          // text-form name, e.g. "perm" for Transpose's dims

@@ -41,4 +41,6 @@
   X(CrossEntropyGrad)   /* (logits, labels, g) -> (softmax - one_hot) g: fused backward   */   \
   X(FusedElementwise)   /* operands -> attrs.equation's elementwise expression (fused_expr) */ \
   X(FusedSoftmax)       /* softmax along attrs.axis of attrs.equation's expression        */ \
-  X(FusedEinsum)        /* einsum attrs.equation, then attrs.epilogue over the product    */
+  X(FusedEinsum)        /* einsum attrs.equation, then attrs.epilogue over the product    */ \
+  X(Attention)          /* (q, k, v) -> (out, lse): softmax(scale q k^T, causal) v, tiled */ \
+  X(AttentionGrad)      /* (q, k, v, out, lse, dout) -> (dq, dk, dv): flash backward     */

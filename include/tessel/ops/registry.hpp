@@ -113,12 +113,16 @@ struct SampleGen {
 // gradient of the result (same type as the result). It returns one gradient per operand, of
 // the operand's type, or a default Tensor where the operand gets none (integer ids, labels,
 // conditions). autodiff.hpp's grad() calls it.
+// An op with several results and a vjp (attention) also sees every result and each one's
+// gradient (a default Tensor where none reaches it; grad_output too may then be default).
 struct VjpArgs {
   Graph& graph;
   Op op;
   std::vector<Tensor> inputs;
   Tensor output;
   Tensor grad_output;
+  std::vector<Tensor> outputs = {};       // every result, output first
+  std::vector<Tensor> grad_outputs = {};  // their gradients, as grad_output
 };
 
 // The partitioner's side of a distributed reduction (OpDef::distribute): local kernels on

@@ -49,6 +49,10 @@ void k_softmax_grad(const KernelArgs& a);
 void k_cross_entropy_grad(const KernelArgs& a);
 void k_causal_mask(const KernelArgs& a);
 
+// attention (cpu_kernels_attention.cpp): the tiled (flash) forward and backward.
+void k_attention(const KernelArgs& a);
+void k_attention_grad(const KernelArgs& a);
+
 // optim (cpu_kernels_optim.cpp): one fused AdamW step.
 void k_adamw(const KernelArgs& a);
 

@@ -16,9 +16,11 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -152,6 +154,35 @@ void by_elem_size(const KernelArgs& a, DType t, F&& f) {
     case 8: f(uint64_t{}); return;
     default: fail(a, std::string("unsupported element size of dtype ") + dtype_name(t));
   }
+}
+
+// ---- threads within one kernel ------------------------------------------------------------
+
+// Runs fn(unit) for every unit in [0, units): on the calling thread alone when threads <= 1,
+// else on up to `threads` threads (the caller and threads - 1 spawned ones) taking units in
+// order from a shared counter. A thread that cannot be spawned leaves its share to the caller.
+// Each unit must write only its own elements (then the result does not depend on the split).
+template <class F>
+void parallel_units(int64_t units, int threads, F&& fn) {
+  if (threads <= 1 || units <= 1) {
+    for (int64_t u = 0; u < units; ++u) fn(u);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  auto work = [&]() {
+    for (int64_t u; (u = next.fetch_add(1)) < units;) fn(u);
+  };
+  std::vector<std::thread> pool;
+  const int64_t extra = std::min<int64_t>(threads, units) - 1;
+  for (int64_t t = 0; t < extra; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (...) {
+      break;  // cannot spawn more threads: the calling thread does the rest
+    }
+  }
+  work();
+  for (auto& th : pool) th.join();
 }
 
 // ---- reductions ----------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 // (GEMM, einsum), cpu_kernels_elementwise.cpp (unary, binary, cast, comparisons, where),
 // cpu_kernels_reduction.cpp, cpu_kernels_layout.cpp (constant, copy, transpose, broadcast,
 // slice, concat), cpu_kernels_nn.cpp (softmax, layer_norm, embedding, cross_entropy, their
-// grads, causal_mask), cpu_kernels_optim.cpp (adamw), cpu_kernels_index.cpp (one_hot, gather,
+// grads, causal_mask), cpu_kernels_attention.cpp (attention and its backward), cpu_kernels_optim.cpp (adamw), cpu_kernels_index.cpp (one_hot, gather,
 // scatter_add, mask_padding); the fused ops' kernels are cpu_fused.cpp's. They are declared in
 // cpu_kernel_families.hpp and share cpu_kernel_util.hpp (argument checks, f32 views of float
 // operands, the strided loop nest).
@@ -63,6 +63,8 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::FusedElementwise, fused_elementwise_kernel);
     k.add(OpKind::FusedSoftmax, fused_softmax_kernel);
     k.add(OpKind::FusedEinsum, fused_einsum_kernel);
+    k.add(OpKind::Attention, k_attention);
+    k.add(OpKind::AttentionGrad, k_attention_grad);
     return k;
   }();
   return t;

@@ -67,26 +67,11 @@ void gemm_batched_t(const float* A, const float* B, float* C, int64_t batch, int
   // Work units: whole batches when there are enough, else row blocks of each batch.
   const int64_t chunks = batch >= nt ? 1 : std::min<int64_t>(M, (nt + batch - 1) / batch);
   const int64_t rows_per = (M + chunks - 1) / chunks;
-  const int64_t units = batch * chunks;
-  std::atomic<int64_t> next{0};
-  auto work = [&]() {
-    for (int64_t u; (u = next.fetch_add(1)) < units;) {
-      const int64_t b = u / chunks, c = u % chunks;
-      const int64_t i0 = c * rows_per, i1 = std::min(M, i0 + rows_per);
-      if (i0 < i1) gemm_block<OA, OB, OC>(A, B, C, M, N, K, b, i0, i1);
-    }
-  };
-  std::vector<std::thread> pool;
-  const int64_t extra = std::min<int64_t>(nt, units) - 1;
-  for (int64_t t = 0; t < extra; ++t) {
-    try {
-      pool.emplace_back(work);
-    } catch (...) {
-      break;  // cannot spawn more threads: the calling thread does the rest
-    }
-  }
-  work();
-  for (auto& th : pool) th.join();
+  parallel_units(batch * chunks, nt, [&](int64_t u) {
+    const int64_t b = u / chunks, c = u % chunks;
+    const int64_t i0 = c * rows_per, i1 = std::min(M, i0 + rows_per);
+    if (i0 < i1) gemm_block<OA, OB, OC>(A, B, C, M, N, K, b, i0, i1);
+  });
 }
 
 void gemm_batched(bool ta, bool tb, bool tc, const float* A, const float* B, float* C,
