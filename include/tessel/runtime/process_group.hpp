@@ -95,7 +95,8 @@ std::shared_ptr<ProcessGroup> file_process_group(const FileRendezvousOptions& op
 // single-process job (world size 1):
 //  - an MPI launcher (mpirun, PMI): mpi_process_group();
 //  - RANK/WORLD_SIZE (torchrun style): a file rendezvous in $TESSEL_RENDEZVOUS_DIR (required:
-//    RuntimeError naming it when missing) with key $TESSEL_RENDEZVOUS_KEY (default "tessel").
+//    RuntimeError naming it when missing) with key $TESSEL_RENDEZVOUS_KEY (default "tessel") and
+//    timeout $TESSEL_RENDEZVOUS_TIMEOUT (seconds, default 300: a peer missing that long fails).
 std::shared_ptr<ProcessGroup> process_group_from_env();
 
 }  // namespace tessel
