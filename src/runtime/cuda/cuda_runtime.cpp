@@ -7,6 +7,7 @@
 #include <set>
 
 #include "cuda_backend.hpp"
+#include "nccl_core.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 
 namespace tessel {
@@ -104,7 +105,7 @@ CudaRuntime::CudaRuntime(int64_t num_devices, CudaRuntimeOptions options) : impl
     if (o.num_gpus >= 1)
       g = first + static_cast<int>(i % o.num_gpus);
     else if (o.processes)
-      g = static_cast<int>((o.processes->local_rank() * num_devices + i) % visible);
+      g = cuda::nccl_process_gpu(o.processes->local_rank(), num_devices, i, visible);
     else
       g = first + static_cast<int>(i % std::max(1, visible - first));
     if (g < 0 || g >= visible)
@@ -163,12 +164,18 @@ std::unique_ptr<CollectiveWorld> CudaRuntime::make_world(const Mesh& mesh,
   wo.timeout_seconds = timeout_s;
   const Impl& im = *impl_;
   if (im.options.processes) {
-    // Rank 0 makes the id; everyone takes rank 0's bytes. A fresh id per world: after an abort
+    // Rank 0 makes the id; everyone takes rank 0's bytes, after every process's GPUs were checked
+    // against NCCL's one-rank-per-GPU rule (nccl_bootstrap). A fresh id per world: after an abort
     // load makes a new world, and NCCL ids are single-use.
-    const std::string mine = im.rank == 0 ? nccl_unique_id() : std::string();
-    const std::vector<std::string> all = im.options.processes->allgather(mine);
+    std::vector<std::string> bus_ids;
+    for (int g : im.gpus) {
+      char bus[64] = {};
+      TESSEL_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, static_cast<int>(sizeof bus), g));
+      bus_ids.emplace_back(bus);
+    }
+    const std::string id = cuda::nccl_bootstrap(*im.options.processes, bus_ids, [] { return nccl_unique_id(); });
     wo.processes = im.options.processes;  // the abort channel
-    return make_nccl_world(mesh, im.positions(), im.gpus, all.at(0), wo);
+    return make_nccl_world(mesh, im.positions(), im.gpus, id, wo);
   }
   if (im.options.use_nccl) return make_nccl_world(mesh, im.gpus, wo);
   return make_cuda_virtual_world(mesh, wo);

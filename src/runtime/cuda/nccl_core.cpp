@@ -4,8 +4,13 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
 
 #include "tessel/runtime/process_group.hpp"
@@ -174,6 +179,142 @@ std::vector<NcclSplit> nccl_split_plan(const Mesh& mesh, const std::vector<std::
   return out;
 }
 
+// ---- several processes: the GPU map and the bootstrap ---------------------------------------
+
+int nccl_process_gpu(int local_rank, int64_t local_devices, int64_t i, int visible) {
+  if (local_rank < 0 || local_devices < 1 || i < 0 || i >= local_devices || visible < 1)
+    throw RuntimeError(fmt::format("nccl_process_gpu: local rank {}, local device {} of {}, {} visible GPU(s): out "
+                                   "of range",
+                                   local_rank, i, local_devices, visible));
+  return static_cast<int>((static_cast<int64_t>(local_rank) * local_devices + i) % visible);
+}
+
+NcclProcessInfo nccl_process_info(int rank, std::vector<std::string> gpus, std::string unique_id) {
+  NcclProcessInfo p;
+  p.rank = rank;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) p.hostname = host;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  boot >> p.boot_id;  // NCCL's host hash: hostname + boot id, unless NCCL_HOSTID
+  if (const char* h = std::getenv("NCCL_HOSTID")) p.nccl_hostid = h;
+  if (const char* m = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE")) p.multi_rank_gpu = *m && std::atoi(m) != 0;
+  p.gpus = std::move(gpus);
+  p.unique_id = std::move(unique_id);
+  return p;
+}
+
+namespace {
+
+// The bootstrap message: length-prefixed fields ("<bytes>:<field>"), the unique id binary.
+constexpr const char* kBootstrapMagic = "tessel-nccl-bootstrap-v1";
+
+void put_field(std::string& out, const std::string& field) {
+  out += std::to_string(field.size());
+  out += ':';
+  out += field;
+}
+
+bool get_field(const std::string& in, std::size_t& pos, std::string& field) {
+  const std::size_t colon = in.find(':', pos);
+  if (colon == std::string::npos || colon == pos || colon - pos > 12) return false;
+  std::size_t n = 0;
+  for (std::size_t i = pos; i < colon; ++i) {
+    if (in[i] < '0' || in[i] > '9') return false;
+    n = n * 10 + static_cast<std::size_t>(in[i] - '0');
+  }
+  if (n > in.size() - colon - 1) return false;
+  field = in.substr(colon + 1, n);
+  pos = colon + 1 + n;
+  return true;
+}
+
+std::string encode(const NcclProcessInfo& p) {
+  std::string out;
+  for (const std::string& f : {std::string(kBootstrapMagic), std::to_string(p.rank), p.hostname, p.boot_id,
+                               p.nccl_hostid, std::string(p.multi_rank_gpu ? "1" : "0"),
+                               std::to_string(p.gpus.size())})
+    put_field(out, f);
+  for (const std::string& g : p.gpus) put_field(out, g);
+  put_field(out, p.unique_id);
+  return out;
+}
+
+NcclProcessInfo decode(const std::string& in, int from) {
+  auto bad = [&] {
+    return RuntimeError(fmt::format("nccl bootstrap: process {} sent {} bytes that are not a tessel NCCL bootstrap "
+                                    "message (v1): every process must run the same tessel build",
+                                    from, in.size()));
+  };
+  NcclProcessInfo p;
+  std::size_t pos = 0;
+  std::string magic, rank, multi, count;
+  if (!get_field(in, pos, magic) || magic != kBootstrapMagic || !get_field(in, pos, rank) ||
+      !get_field(in, pos, p.hostname) || !get_field(in, pos, p.boot_id) || !get_field(in, pos, p.nccl_hostid) ||
+      !get_field(in, pos, multi) || !get_field(in, pos, count) || count.empty() || count.size() > 6 ||
+      count.find_first_not_of("0123456789") != std::string::npos || rank != std::to_string(from))
+    throw bad();
+  p.rank = from;
+  p.multi_rank_gpu = multi == "1";
+  p.gpus.resize(std::stoul(count));
+  for (std::string& g : p.gpus)
+    if (!get_field(in, pos, g)) throw bad();
+  if (!get_field(in, pos, p.unique_id) || pos != in.size()) throw bad();
+  return p;
+}
+
+}  // namespace
+
+std::string nccl_check_process_gpus(const std::vector<NcclProcessInfo>& ps) {
+  std::string warning;
+  for (std::size_t b = 0; b < ps.size(); ++b)
+    for (std::size_t a = 0; a < b; ++a)
+      for (const std::string& gpu : ps[b].gpus) {
+        if (std::find(ps[a].gpus.begin(), ps[a].gpus.end(), gpu) == ps[a].gpus.end()) continue;
+        const bool one_machine = ps[a].hostname == ps[b].hostname && ps[a].boot_id == ps[b].boot_id;
+        if (ps[a].nccl_host() != ps[b].nccl_host()) {
+          // Two hosts to NCCL: one machine's GPU shared through distinct NCCL_HOSTID.
+          if (one_machine && warning.empty())
+            warning = fmt::format(
+                "tessel: processes {} and {} share GPU {} of host {}; their distinct NCCL_HOSTID ('{}', '{}') make "
+                "NCCL treat them as two hosts and connect them over sockets: correctness tests only, not "
+                "supported by NVIDIA",
+                ps[a].rank, ps[b].rank, gpu, ps[a].hostname, ps[a].nccl_hostid, ps[b].nccl_hostid);
+          continue;
+        }
+        if (ps[a].multi_rank_gpu && ps[b].multi_rank_gpu) continue;  // NCCL 2.30+ decides
+        const std::string why =
+            ps[a].nccl_hostid.empty()
+                ? fmt::format("of host {} (NCCL_HOSTID unset on both)", ps[a].hostname)
+                : fmt::format("of what NCCL takes for one host (NCCL_HOSTID='{}' on both)", ps[a].nccl_hostid);
+        throw RuntimeError(fmt::format(
+            "nccl bootstrap: processes {} and {} both have a rank on GPU {} {}, and NCCL refuses two ranks on one "
+            "GPU (\"Duplicate GPU detected\"). Give each process its own GPU (LOCAL_RANK, CUDA_VISIBLE_DEVICES); "
+            "or, to test on one GPU only (not supported by NVIDIA), give each process its own NCCL_HOSTID (e.g. "
+            "NCCL_HOSTID=tessel-$RANK) with NCCL_SOCKET_IFNAME=lo NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "
+            "NCCL_IB_DISABLE=1, or with NCCL 2.30+ set NCCL_MULTI_RANK_GPU_ENABLE=1 (docs/backend-cuda.md)",
+            ps[a].rank, ps[b].rank, gpu, why));
+      }
+  return warning;
+}
+
+std::string nccl_bootstrap(ProcessGroup& processes, const std::vector<std::string>& gpu_bus_ids,
+                           const std::function<std::string()>& make_unique_id) {
+  const int rank = processes.rank();
+  const NcclProcessInfo mine =
+      nccl_process_info(rank, gpu_bus_ids, rank == 0 ? make_unique_id() : std::string());
+  const std::vector<std::string> all = processes.allgather(encode(mine));
+  if (all.size() != static_cast<std::size_t>(processes.size()))
+    throw RuntimeError(fmt::format("nccl bootstrap: {} messages from {} processes", all.size(), processes.size()));
+  std::vector<NcclProcessInfo> infos;
+  for (std::size_t r = 0; r < all.size(); ++r) infos.push_back(decode(all[r], static_cast<int>(r)));
+  const std::string warning = nccl_check_process_gpus(infos);
+  if (!warning.empty() && rank == 0) std::fprintf(stderr, "%s\n", warning.c_str());
+  if (infos[0].unique_id.size() != kNcclUniqueIdBytes)
+    throw RuntimeError(fmt::format("nccl bootstrap: process 0 sent a unique id of {} bytes, NCCL's has {}",
+                                   infos[0].unique_id.size(), kNcclUniqueIdBytes));
+  return infos[0].unique_id;
+}
+
 // ---- the communicator --------------------------------------------------------------------
 
 NcclCommunicatorBase::NcclCommunicatorBase(NcclWorldBase& w, NcclComm comm, int device, int rank, int size,
@@ -274,8 +415,10 @@ NcclWorldBase::NcclWorldBase(NcclApi& api, const Mesh& mesh, std::vector<int64_t
     for (int j = 0; j < i; ++j)
       if (gpus_[static_cast<std::size_t>(i)] == gpus_[static_cast<std::size_t>(j)])
         throw RuntimeError(fmt::format(
-            "nccl world: mesh positions {} and {} of mesh {} are both on GPU {}; NCCL needs one GPU per position "
-            "(give each position its own GPU, or make_cuda_virtual_world for several positions on one GPU)",
+            "nccl world: mesh positions {} and {} of mesh {} are both on GPU {} of this process; NCCL needs one GPU "
+            "per rank (give each position its own GPU, or make_cuda_virtual_world for several positions on one "
+            "GPU; to test NCCL on one GPU, one process per position with a distinct NCCL_HOSTID each, "
+            "docs/backend-cuda.md)",
             positions_[static_cast<std::size_t>(j)], positions_[static_cast<std::size_t>(i)], mesh_.to_string(),
             gpus_[static_cast<std::size_t>(i)]));
   world_.resize(static_cast<std::size_t>(local));

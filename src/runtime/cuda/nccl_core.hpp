@@ -5,7 +5,8 @@
 // (nccl_api.hpp), part of tessel in every build: the plan of each collective (the NCCL calls and
 // their arguments: pointers, counts, types, peers, groups), the ncclCommSplit colours and keys,
 // the communicator init, the gate that orders calls against an abort, the abort itself (across
-// processes too) and the watchdog. nccl_world.cpp adds only what needs the CUDA runtime: the
+// processes too), the watchdog, and a multi-process world's bootstrap (each process's GPUs, the
+// unique id, NCCL's one-rank-per-GPU rule across processes). nccl_world.cpp adds only what needs the CUDA runtime: the
 // cudaStream_t behind a Stream, the current device, an end event per call for the watchdog's
 // timeout, and the barrier's device word (NcclCommunicatorBase's virtuals).
 //
@@ -86,6 +87,47 @@ struct NcclSplit {
 };
 std::vector<NcclSplit> nccl_split_plan(const Mesh& mesh, const std::vector<std::string>& axes,
                                        const std::vector<int>& local_of);
+
+// ---- one NCCL world over several processes: the launcher's side (CudaRuntime) -----------------
+
+// The GPU of local device i (of `local_devices`) of the process with local rank `local_rank`,
+// among `visible` GPUs: (local_rank * local_devices + i) % visible. Processes of one node take
+// distinct GPUs while there are enough, and share them round-robin otherwise (on one GPU, every
+// process is on GPU 0: NCCL then needs a distinct NCCL_HOSTID per process, see nccl_bootstrap).
+int nccl_process_gpu(int local_rank, int64_t local_devices, int64_t i, int visible);
+
+// What one process tells the others before its ranks join a multi-process NCCL world.
+struct NcclProcessInfo {
+  int rank = 0;                    // the process's rank
+  std::string hostname;            // gethostname()
+  std::string boot_id;             // /proc/sys/kernel/random/boot_id: hostname + boot id = one machine
+  std::string nccl_hostid;         // $NCCL_HOSTID ("" when unset)
+  bool multi_rank_gpu = false;     // $NCCL_MULTI_RANK_GPU_ENABLE set and not 0 (NCCL 2.30+)
+  std::vector<std::string> gpus;   // per local device, the GPU's PCI bus id
+  std::string unique_id;           // rank 0: the world's NCCL unique id; the others: empty
+  // What NCCL hashes as the host (its "host hash"): NCCL_HOSTID when set, else hostname + boot id.
+  std::string nccl_host() const { return nccl_hostid.empty() ? hostname + boot_id : nccl_hostid; }
+};
+// This process's info: `gpus` and `unique_id` as given, the rest from the machine and the
+// environment, as NCCL reads them.
+NcclProcessInfo nccl_process_info(int rank, std::vector<std::string> gpus, std::string unique_id);
+
+// NCCL refuses two ranks on one GPU of one host ("Duplicate GPU detected": same host hash and
+// PCI bus id). Throws RuntimeError naming the two processes, the GPU, and what to set when two
+// processes would be that (the ranks of one process are NcclWorldBase's check), unless both set
+// NCCL_MULTI_RANK_GPU_ENABLE. Returns a warning (empty when none) when processes of one machine
+// share a GPU through distinct NCCL_HOSTID: NCCL then sees two hosts and connects them over
+// sockets (correctness tests only; not supported by NVIDIA).
+std::string nccl_check_process_gpus(const std::vector<NcclProcessInfo>& processes);
+
+// The bootstrap of a multi-process NCCL world (CudaRuntime::make_world): one allgather over
+// `processes` of every process's NcclProcessInfo (rank 0's carrying a fresh unique id from
+// make_unique_id, called on rank 0 only), then nccl_check_process_gpus on every process alike
+// (so all of them fail with the same message, none is left waiting in ncclCommInitRank; its
+// warning goes to stderr on rank 0). `gpu_bus_ids`: this process's GPUs, per local device.
+// Returns rank 0's unique id.
+std::string nccl_bootstrap(ProcessGroup& processes, const std::vector<std::string>& gpu_bus_ids,
+                           const std::function<std::string()>& make_unique_id);
 
 class NcclWorldBase;
 

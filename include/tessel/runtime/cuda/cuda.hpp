@@ -129,7 +129,9 @@ std::string nccl_unique_id();
 // every process alike, e.g. when the launcher gives each process its GPU through
 // CUDA_VISIBLE_DEVICES). num_gpus == 0: one process: the GPUs visible from backend.device on;
 // several processes: GPU (local_rank * k + i) % cuda_device_count(), so local rank r of a node
-// with one process per GPU runs on GPU r.
+// with one process per GPU runs on GPU r. Processes that share a GPU (more processes than GPUs)
+// need a distinct NCCL_HOSTID each, for testing only (not supported by NVIDIA); without it
+// make_world refuses them on every process, saying what to set (docs/backend-cuda.md).
 //
 // Throws RuntimeError when tessel was built without CUDA, no GPU is visible, or a GPU asked
 // for does not exist.
