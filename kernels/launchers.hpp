@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention_plan.hpp"  // AttentionDims
 #include "elementwise_ops.hpp"
 #include "tessel/core/common.hpp"
 
@@ -263,5 +264,21 @@ void causal_mask(const void* in, void* out, std::size_t elem, uint64_t neg_inf_b
 // x [P, n, S]: rows >= keep along n := fill_bits.
 void mask_padding(const void* in, void* out, std::size_t elem, uint64_t fill_bits, int64_t P, int64_t n, int64_t S,
                   int64_t keep, StreamHandle s);
+
+// ---- fused attention (kernels/attention.cu; geometry in attention_plan.hpp) ---------------------
+// out = softmax(scale q kᵀ, causal mask aligned to the end) v and lse (f32 [B, H, Sq], the natural
+// log-sum-exp of the masked scaled scores), q/k/v/out read and written in place through the
+// strides of p; all of q, k, v, out of dtype t. FlashAttention-2 on tensor cores for bf16/f16 with
+// head_dim 64 or 128 (16-byte aligned pointers, strides a multiple of 8), else the generic f32-tile
+// kernel (head_dim up to 256; above: RuntimeError).
+void attention_forward(const void* q, const void* k, const void* v, void* out, float* lse, DType t,
+                       const AttentionDims& p, StreamHandle s);
+// The backward: dq (q's strides), dk and dv (k's) from q, k, v, the forward's out and lse, and
+// dout; deterministic (no atomics: each element summed by one thread in a fixed order). scratch:
+// attention_backward_scratch_bytes(p) bytes (D_i = rowsum(dout * out), f32).
+std::size_t attention_backward_scratch_bytes(const AttentionDims& p);
+void attention_backward(const void* q, const void* k, const void* v, const void* out, const float* lse,
+                        const void* dout, void* dq, void* dk, void* dv, DType t, const AttentionDims& p, void* scratch,
+                        StreamHandle s);
 
 }  // namespace tessel::cuda_kernels
