@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "../attention_params.hpp"
 #include "cuda_backend.hpp"
 #include "cuda_loop.hpp"
 #include "fused_jit.hpp"
@@ -516,6 +517,25 @@ void k_mask_padding(CudaBackend&, const KernelArgs& a, CudaStream& s) {
 
 void k_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) { run_cuda_einsum(be, a, &s); }
 
+// Fused attention (kernels/attention.cu): the checks and strides every backend shares
+// (attention_params.hpp), then FlashAttention-2's kernels on the stream. q, k, v (out, dout, dq,
+// dk, dv) of one float dtype, lse f32 (so not through with_uniform_floats).
+void k_attention(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  const AttentionParams p = attention_params(a, "cuda");
+  ck::attention_forward(a.in[0], a.in[1], a.in[2], a.out, static_cast<float*>(a.extra_out[0]), p.dtype,
+                        ck::attention_dims(p), s.handle());
+}
+
+// The backward: D_i = rowsum(dout * out) into scratch, then the dK/dV and the dQ kernels
+// (deterministic: no atomics).
+void k_attention_grad(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
+  const AttentionParams p = attention_params(a, "cuda");
+  const ck::AttentionDims d = ck::attention_dims(p);
+  const ScopedScratch scratch(be, s, ck::attention_backward_scratch_bytes(d));
+  ck::attention_backward(a.in[0], a.in[1], a.in[2], a.in[3], static_cast<const float*>(a.in[4]), a.in[5], a.out,
+                         a.extra_out[0], a.extra_out[1], p.dtype, d, scratch.get(), s.handle());
+}
+
 // ---- fused expressions -----------------------------------------------------------------------------
 
 // The expression of a fused kernel as the device program's steps, for one list of operand types
@@ -662,6 +682,8 @@ const KernelTable<CudaKernelFn>& cuda_kernel_table() {
     k.add(OpKind::FusedElementwise, k_fused_elementwise);
     k.add(OpKind::FusedSoftmax, k_fused_softmax);
     k.add(OpKind::FusedEinsum, k_fused_einsum);
+    k.add(OpKind::Attention, k_attention);
+    k.add(OpKind::AttentionGrad, k_attention_grad);
     return k;
   }();
   return t;
@@ -675,6 +697,8 @@ bool needs_uniform_floats(OpKind k) {
     case OpKind::CrossEntropyGrad:  // g is f32 whatever the logits' dtype
     case OpKind::FusedElementwise:  // each operand read in its own dtype, each node rounded to its own
     case OpKind::FusedSoftmax:
+    case OpKind::Attention:  // lse is f32 whatever q's dtype; the kernels take bf16/f16 as they are
+    case OpKind::AttentionGrad:
       return false;
     default: return true;
   }
