@@ -18,6 +18,11 @@
 //  * BM_AllReduce / BM_AllGather /<devices>/<bytes>: the virtual-device communicator on one
 //    GPU; counter busbw as nccl-tests defines it (all-reduce 2(n-1)/n · bytes / t, all-gather
 //    (n-1)/n · n·bytes / t).
+//  * BM_Attention/forward and BM_Attention/backward: the fused attention kernels (kernels/attention.cu,
+//    FlashAttention-2 on mma.sync) at GPT-2 124M's shape, [8, 12, 1024, 64] bf16, causal, layout
+//    bshd, through the backend's kernel call (the backward's D_i scratch included). Counters FLOP/s
+//    and TFLOP/s, causal-counted as FlashAttention reports: 4 (forward) or 10 (backward) flops per
+//    kept (query, key) pair and head-dim element (targets on H100/H200: >= 200 and >= 150 TFLOP/s).
 //  * BM_CollectiveMatmulCuda/<graph>/<devices>: issue 9's benchmark on the GPU — the Megatron
 //    MLP (T 8192, D 4096, F 16384) and the transformer block (T 4096, D 4096, 32 heads of 128,
 //    F 16384) in bf16 on 2, 4, 8 devices (one per GPU when there are enough, else virtual
@@ -29,6 +34,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -314,6 +320,70 @@ void BM_Gpt2Forward(benchmark::State& state) {
                                                    : ""));
 }
 BENCHMARK(BM_Gpt2Forward)->Arg(1)->Arg(2)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+
+// ---- fused attention ----------------------------------------------------------------------------
+
+void BM_Attention(benchmark::State& state, bool backward) {
+  if (!need_gpu(state)) return;
+  constexpr int64_t B = 8, H = 12, S = 1024, D = 64;
+  std::unique_ptr<tessel::Backend> be = tessel::make_cuda_backend();
+  std::unique_ptr<tessel::Stream> s = be->create_stream("bench");
+  const tessel::Shape x{B, S, H, D}, stats{B, H, S};  // bshd
+  const auto n = static_cast<std::size_t>(B * S * H * D);
+  auto bf16_buffer = [&](uint64_t seed) {
+    std::shared_ptr<tessel::Buffer> b = be->allocate(n * 2);
+    if (seed) be->copy_from_host(*b, random_bf16(n, seed).data(), n * 2, *s);
+    return b;
+  };
+  std::shared_ptr<tessel::Buffer> q = bf16_buffer(11), k = bf16_buffer(12), v = bf16_buffer(13), dout = bf16_buffer(14),
+                                  out = bf16_buffer(0), dq = bf16_buffer(0), dk = bf16_buffer(0), dv = bf16_buffer(0),
+                                  lse = be->allocate(static_cast<std::size_t>(B * H * S) * 4);
+  tessel::OpAttrs attrs;
+  attrs.equation = "bshd";
+  attrs.causal = true;
+  attrs.scalar = 1.0 / std::sqrt(static_cast<double>(D));
+  const tessel::DType bf = tessel::DType::bf16;
+  tessel::KernelArgs fwd;
+  fwd.kind = tessel::OpKind::Attention;
+  fwd.attrs = &attrs;
+  fwd.in = {q->data(), k->data(), v->data()};
+  fwd.in_shapes = {x, x, x};
+  fwd.in_dtypes = {bf, bf, bf};
+  fwd.out = out->data();
+  fwd.out_shape = x;
+  fwd.out_dtype = bf;
+  fwd.extra_out = {lse->data()};
+  fwd.extra_out_shapes = {stats};
+  fwd.extra_out_dtypes = {tessel::DType::f32};
+  tessel::KernelArgs bwd;
+  bwd.kind = tessel::OpKind::AttentionGrad;
+  bwd.attrs = &attrs;
+  bwd.in = {q->data(), k->data(), v->data(), out->data(), lse->data(), dout->data()};
+  bwd.in_shapes = {x, x, x, x, stats, x};
+  bwd.in_dtypes = {bf, bf, bf, bf, tessel::DType::f32, bf};
+  bwd.out = dq->data();
+  bwd.out_shape = x;
+  bwd.out_dtype = bf;
+  bwd.extra_out = {dk->data(), dv->data()};
+  bwd.extra_out_shapes = {x, x};
+  bwd.extra_out_dtypes = {bf, bf};
+  be->run_kernel(fwd, *s);  // the backward's out and lse; the forward's warm-up
+  const tessel::KernelArgs& call = backward ? bwd : fwd;
+  be->run_kernel(call, *s);
+  s->synchronize();
+  for (auto _ : state) {
+    for (int r = 0; r < kReps; ++r) be->run_kernel(call, *s);
+    s->synchronize();
+  }
+  const double pairs = static_cast<double>(S) * static_cast<double>(S + 1) / 2;  // the causal mask keeps
+  const double flops = (backward ? 10.0 : 4.0) * static_cast<double>(B * H * D) * pairs;
+  state.counters["FLOP/s"] = benchmark::Counter(flops * kReps, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["TFLOP/s"] = benchmark::Counter(flops * kReps / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(fmt::format("{} [8,12,1024,64] bf16 causal bshd, {:.4g} FLOP a call (causal-counted)",
+                             backward ? "backward" : "forward", flops));
+}
+BENCHMARK_CAPTURE(BM_Attention, forward, false)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+BENCHMARK_CAPTURE(BM_Attention, backward, true)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 
 // ---- collectives on virtual devices --------------------------------------------------------------
 
