@@ -778,6 +778,26 @@ TA_DEV float generic_dot(const float* x, const float* y, int D) {
   return acc;
 }
 
+// The accumulators of a generic kernel (element e = tid + i * threads of a [tile, D] block:
+// row e / D, column e % D) stored to rows row0.. of out (row stride ss), those below `rows`,
+// times scale(row in the tile).
+template <class T, class Scale>
+TA_DEV void generic_store(T* out, int64_t row0, int64_t rows, int64_t ss, const float (&acc)[kGenericAcc], int tile,
+                          int D, int tid, Scale&& scale) {
+  TA_UNROLL
+  for (int i = 0; i < kGenericAcc; ++i) {
+    const int e = tid + i * kGenericThreads;
+    if (e < tile * D) {
+      const int r = e / D, d = e % D;
+      if (row0 + r < rows) out[(row0 + r) * ss + d] = from_f<T>(acc[i] * scale(r));
+    }
+  }
+}
+TA_DEV void generic_zero(float (&acc)[kGenericAcc]) {
+  TA_UNROLL
+  for (int i = 0; i < kGenericAcc; ++i) acc[i] = 0.0f;
+}
+
 template <class T>
 TA_KERNEL(kGenericThreads) fwd_generic(const Args a) {
   const AttentionDims& p = a.p;
@@ -796,8 +816,7 @@ TA_KERNEL(kGenericThreads) fwd_generic(const Args a) {
   generic_load<T>(s.q, P, q + m0 * p.q_ss, p.q_ss, p.Sq - m0, TT, D, tid);
   if (tid < TT) sM[tid] = -INFINITY, sL[tid] = 0.0f;
   float acc[kGenericAcc];
-  TA_UNROLL
-  for (int i = 0; i < kGenericAcc; ++i) acc[i] = 0.0f;
+  generic_zero(acc);
   const int64_t n_tiles = ceil_div(kv_end(p, m0, TT), TT);
   for (int64_t n = 0; n < n_tiles; ++n) {
     const int64_t j0 = n * TT;
@@ -840,18 +859,8 @@ TA_KERNEL(kGenericThreads) fwd_generic(const Args a) {
     }
   }
   ta_sync();
-  T* out = static_cast<T*>(a.out) + w.qoff;
-  TA_UNROLL
-  for (int i = 0; i < kGenericAcc; ++i) {
-    const int e = tid + i * kGenericThreads;
-    if (e < TT * D) {
-      const int r = e / D, d = e % D;
-      if (m0 + r < p.Sq) {
-        const float l = sL[r];
-        out[(m0 + r) * p.q_ss + d] = from_f<T>(acc[i] * (l > 0.0f ? 1.0f / l : 0.0f));
-      }
-    }
-  }
+  generic_store(static_cast<T*>(a.out) + w.qoff, m0, p.Sq, p.q_ss, acc, TT, D, tid,
+                [&](int r) { return sL[r] > 0.0f ? 1.0f / sL[r] : 0.0f; });
   if (tid < TT && m0 + tid < p.Sq) {
     const float l = sL[tid];
     a.lse[w.bh * p.Sq + m0 + tid] = l > 0.0f ? sM[tid] + ta_log(l) : -INFINITY;
@@ -899,8 +908,8 @@ TA_KERNEL(kGenericThreads) bwd_dkdv_generic(Args a) {
   generic_load<T>(s.k, P, static_cast<const T*>(a.k) + koff + n0 * p.k_ss, p.k_ss, p.Sk - n0, TT, D, tid);
   generic_load<T>(s.v, P, static_cast<const T*>(a.v) + koff + n0 * p.k_ss, p.k_ss, p.Sk - n0, TT, D, tid);
   float dk[kGenericAcc], dv[kGenericAcc];
-  TA_UNROLL
-  for (int i = 0; i < kGenericAcc; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
+  generic_zero(dk);
+  generic_zero(dv);
   for (int64_t i0 = q_begin(p, n0) / TT * TT; i0 < p.Sq; i0 += TT) {
     ta_sync();
     generic_load<T>(s.q, P, q + i0 * p.q_ss, p.q_ss, p.Sq - i0, TT, D, tid);
@@ -923,19 +932,8 @@ TA_KERNEL(kGenericThreads) bwd_dkdv_generic(Args a) {
       }
     }
   }
-  T* dkp = static_cast<T*>(a.dk) + koff;
-  T* dvp = static_cast<T*>(a.dv) + koff;
-  TA_UNROLL
-  for (int i = 0; i < kGenericAcc; ++i) {
-    const int e = tid + i * kGenericThreads;
-    if (e < TT * D) {
-      const int c = e / D, d = e % D;
-      if (n0 + c < p.Sk) {
-        dkp[(n0 + c) * p.k_ss + d] = from_f<T>(dk[i] * p.scale);
-        dvp[(n0 + c) * p.k_ss + d] = from_f<T>(dv[i]);
-      }
-    }
-  }
+  generic_store(static_cast<T*>(a.dk) + koff, n0, p.Sk, p.k_ss, dk, TT, D, tid, [&](int) { return p.scale; });
+  generic_store(static_cast<T*>(a.dv) + koff, n0, p.Sk, p.k_ss, dv, TT, D, tid, [](int) { return 1.0f; });
 }
 
 template <class T>
@@ -955,8 +953,7 @@ TA_KERNEL(kGenericThreads) bwd_dq_generic(Args a) {
   generic_load<T>(s.o, P, static_cast<const T*>(a.dout) + qoff + m0 * p.q_ss, p.q_ss, p.Sq - m0, TT, D, tid);
   generic_stats(s, a, m0, tid);
   float dq[kGenericAcc];
-  TA_UNROLL
-  for (int i = 0; i < kGenericAcc; ++i) dq[i] = 0.0f;
+  generic_zero(dq);
   const int64_t end = kv_end(p, m0, TT);
   for (int64_t j0 = 0; j0 < end; j0 += TT) {
     ta_sync();
@@ -976,15 +973,7 @@ TA_KERNEL(kGenericThreads) bwd_dq_generic(Args a) {
       }
     }
   }
-  T* dqp = static_cast<T*>(a.out) + qoff;
-  TA_UNROLL
-  for (int i = 0; i < kGenericAcc; ++i) {
-    const int e = tid + i * kGenericThreads;
-    if (e < TT * D) {
-      const int r = e / D, d = e % D;
-      if (m0 + r < p.Sq) dqp[(m0 + r) * p.q_ss + d] = from_f<T>(dq[i] * p.scale);
-    }
-  }
+  generic_store(static_cast<T*>(a.out) + qoff, m0, p.Sq, p.q_ss, dq, TT, D, tid, [&](int) { return p.scale; });
 }
 
 // ============================== dispatch ==========================================================
