@@ -470,6 +470,8 @@ TA_KERNEL(kFwdThreads) fwd_tc(const Args a) {
         if (t4 == 0) a.lse[w.bh * p.Sq + row] = l > 0.0f ? m_run[mt][hf] * kLn2 + ta_log(l) : -INFINITY;
       }
     }
+#else
+  __trap();  // never launched there: attention.cu checks the binary's architecture first
 #endif
 }
 
@@ -668,6 +670,8 @@ TA_KERNEL(kBwdThreads) bwd_dkdv_tc(const Args a) {
   ta_cp_async_wait<0>();
   store_rows<T, D>(static_cast<T*>(a.dk) + koff, n0 + wr, p.Sk, p.k_ss, dk, p.scale, lane);
   store_rows<T, D>(static_cast<T*>(a.dv) + koff, n0 + wr, p.Sk, p.k_ss, dv, 1.0f, lane);
+#else
+  __trap();  // never launched there: attention.cu checks the binary's architecture first
 #endif
 }
 
@@ -735,6 +739,8 @@ TA_KERNEL(kBwdThreads) bwd_dq_tc(const Args a) {
   }
   ta_cp_async_wait<0>();
   store_rows<T, D>(static_cast<T*>(a.out) + qoff, m0 + wr, p.Sq, p.q_ss, dq, p.scale, lane);
+#else
+  __trap();  // never launched there: attention.cu checks the binary's architecture first
 #endif
 }
 
