@@ -6,6 +6,8 @@
 //    and f16); layouts bhsd and bshd; causal and not; sequences off every tile size, Sk = Sq and
 //    Sk > Sq (the causal mask aligned to the end);
 //  * long sequences (1024) at head_dim 64 and 128 in bf16, causal;
+//  * operands 2 bytes off 16-byte alignment: bf16/f16 at head_dim 64/128 then take the generic
+//    kernels (the tensor-core path's cp.async needs 16-byte aligned rows);
 //  * the backward ten times: bit-identical results (no atomics: the GPU round checks this too);
 //  * a head_dim above the kernels' limit is an error naming it.
 // Tolerances (max-norm relative error, floored at the largest operand: compare()): f32 1e-5
@@ -95,33 +97,44 @@ std::vector<HostTensor> on_cpu(OpKind kind, const OpAttrs& attrs, const std::vec
   return tessel_test::cpu_kernel(op, in, types);
 }
 
-// The CUDA kernel of `kind` on `in` (uploaded), results poisoned first, downloaded.
+// The CUDA kernel of `kind` on `in` (uploaded), results poisoned first, downloaded. `shift` bytes
+// into each buffer (2: pointers off 16-byte alignment, which sends bf16/f16 to the generic kernels).
 std::vector<HostTensor> on_gpu(KernelDevice& dev, OpKind kind, const OpAttrs& attrs, const std::vector<HostTensor>& in,
-                               const std::vector<std::pair<DType, Shape>>& types) {
+                               const std::vector<std::pair<DType, Shape>>& types, std::size_t shift = 0) {
   std::vector<std::shared_ptr<Buffer>> din, dout;
   std::vector<const void*> ip;
   std::vector<void*> op;
   for (const HostTensor& t : in) {
-    din.push_back(dev.upload(t));
-    ip.push_back(din.back()->data());
+    std::vector<char> bytes(t.bytes() + shift, 0);
+    std::memcpy(bytes.data() + shift, t.data(), t.bytes());
+    din.push_back(dev.be->allocate(bytes.size()));
+    dev.be->copy_from_host(*din.back(), bytes.data(), bytes.size(), *dev.s);
+    dev.s->synchronize();
+    ip.push_back(static_cast<const char*>(din.back()->data()) + shift);
   }
   for (const auto& [dt, s] : types) {
-    dout.push_back(dev.be->allocate(static_cast<std::size_t>(num_elements(s)) * dtype_size(dt)));
+    dout.push_back(dev.be->allocate(static_cast<std::size_t>(num_elements(s)) * dtype_size(dt) + shift));
     dev.be->poison(*dout.back(), dt, *dev.s);
-    op.push_back(dout.back()->data());
+    op.push_back(static_cast<char*>(dout.back()->data()) + shift);
   }
   dev.be->run_kernel(args_of(kind, attrs, ip, in, op, types), *dev.s);
   dev.s->synchronize();
   std::vector<HostTensor> out;
-  for (std::size_t r = 0; r < types.size(); ++r) out.push_back(dev.download(*dout[r], types[r].first, types[r].second));
+  for (std::size_t r = 0; r < types.size(); ++r) {
+    out.emplace_back(types[r].first, types[r].second);
+    std::vector<char> bytes(out.back().bytes() + shift);
+    dev.be->copy_to_host(bytes.data(), *dout[r], bytes.size(), *dev.s);
+    dev.s->synchronize();
+    std::memcpy(out.back().data(), bytes.data() + shift, out.back().bytes());
+  }
   return out;
 }
 
 double tolerance(const Case& c) { return c.dt == DType::f32 ? 1e-5 : c.dt == DType::bf16 ? 1e-2 : 2e-3; }
 
 // The forward and the backward of c on the GPU against the CPU.
-void check_case(KernelDevice& dev, const Case& c, uint64_t seed) {
-  INFO(describe(c) << " seed " << seed);
+void check_case(KernelDevice& dev, const Case& c, uint64_t seed, std::size_t shift = 0) {
+  INFO(describe(c) << " seed " << seed << (shift ? " (operands off 16-byte alignment)" : ""));
   std::mt19937_64 rng(seed);
   const OpAttrs attrs = attrs_of(c);
   const Shape qs = shape_of(c, c.Sq), ks = shape_of(c, c.Sk), ls{c.B, c.H, c.Sq};
@@ -129,7 +142,7 @@ void check_case(KernelDevice& dev, const Case& c, uint64_t seed) {
                                       random_tensor(c.dt, ks, rng, -1, 1)};
   const std::vector<std::pair<DType, Shape>> ftypes = {{c.dt, qs}, {DType::f32, ls}};
   const std::vector<HostTensor> want = on_cpu(OpKind::Attention, attrs, in, ftypes);
-  const std::vector<HostTensor> got = on_gpu(dev, OpKind::Attention, attrs, in, ftypes);
+  const std::vector<HostTensor> got = on_gpu(dev, OpKind::Attention, attrs, in, ftypes, shift);
   const double floor = max_abs(in);
   for (std::size_t r = 0; r < 2; ++r) {
     const CompareResult cmp = compare(got[r], want[r], floor);
@@ -140,7 +153,7 @@ void check_case(KernelDevice& dev, const Case& c, uint64_t seed) {
   const std::vector<HostTensor> bin = {in[0], in[1], in[2], want[0], want[1], random_tensor(c.dt, qs, rng, -1, 1)};
   const std::vector<std::pair<DType, Shape>> btypes = {{c.dt, qs}, {c.dt, ks}, {c.dt, ks}};
   const std::vector<HostTensor> bwant = on_cpu(OpKind::AttentionGrad, attrs, bin, btypes);
-  const std::vector<HostTensor> bgot = on_gpu(dev, OpKind::AttentionGrad, attrs, bin, btypes);
+  const std::vector<HostTensor> bgot = on_gpu(dev, OpKind::AttentionGrad, attrs, bin, btypes, shift);
   const double bfloor = max_abs(bin);
   const char* names[] = {"dq", "dk", "dv"};
   for (std::size_t r = 0; r < 3; ++r) {
@@ -178,6 +191,15 @@ TEST_CASE("attention kernels == CPU kernels at 1024 tokens", "[gpu][attention]")
   check_case(dev, {DType::bf16, 1, 2, 1024, 1024, 128, true, false}, rng());
   check_case(dev, {DType::f16, 1, 2, 1000, 1024, 64, true, true}, rng());
   check_case(dev, {DType::bf16, 1, 2, 1024, 1024, 64, false, true}, rng());
+}
+
+TEST_CASE("attention on operands off 16-byte alignment (the generic kernels) == CPU kernels", "[gpu][attention]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("gpu: attention on misaligned operands == CPU kernels", seed, 2);
+  KernelDevice dev(make_cuda_backend());
+  std::mt19937_64 rng(seed);
+  check_case(dev, {DType::bf16, 1, 2, 90, 130, 64, true, true}, rng(), 2);
+  check_case(dev, {DType::f16, 1, 2, 70, 70, 128, false, false}, rng(), 2);
 }
 
 TEST_CASE("attention_grad on CUDA is bit-identical over 10 runs", "[gpu][attention]") {
