@@ -9,6 +9,7 @@
 // backward: FlashAttention's convention) and the planned peak bytes per device.
 #include <benchmark/benchmark.h>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/runtime/loaded_executable.hpp"

@@ -42,6 +42,7 @@
 #include <random>
 #include <vector>
 
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/autoshard/auto_shard.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/runtime/calibrate.hpp"

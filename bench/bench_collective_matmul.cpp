@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "collective_matmul_graphs.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/passes/collective_matmul.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/loaded_executable.hpp"

@@ -27,11 +27,12 @@
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "../src/runtime/cpu/onednn_einsum.hpp"
 

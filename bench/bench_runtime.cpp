@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"

@@ -31,7 +31,7 @@
 
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"

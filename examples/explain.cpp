@@ -48,6 +48,7 @@
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/compiler/partition.hpp"
 #include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/compiler/propagate.hpp"

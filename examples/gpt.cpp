@@ -43,6 +43,7 @@
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
+#include "tessel/runtime/make_runtime.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/reference.hpp"
@@ -126,15 +127,9 @@ int run(int argc, char** argv) {
   }
   // CUDA: a CudaRuntime (one process, or one NCCL world over the launcher's processes). CPU
   // under an MPI launcher: the MPI runtime. Only rank 0 prints.
-  std::unique_ptr<tessel::Runtime> runtime;
-  if (cuda) {
-    runtime = tessel::make_cuda_runtime(mesh, {}, gpus);
-  } else {
-    tessel::MpiRuntimeOptions mo;
-    mo.kernel_threads = threads;
-    mo.timeout_s = timeout_s;
-    runtime = tessel::cpu_runtime_from_launch(mo);  // nullptr: one process, devices on threads
-  }
+  std::unique_ptr<tessel::Runtime> runtime = tessel::make_runtime({cuda ? "cuda" : "cpu", mesh, threads, timeout_s, gpus});
+  // One process with every device a thread of it: the Executable conveniences below.
+  if (runtime->name() == "threads") runtime.reset();
   tessel::Runtime* const rt = runtime.get();
   seed = tessel::agree_on_seed(rt, seed);  // every process draws the same inputs: rank 0's seed
   const bool printer = !rt || rt->process_rank() == 0;

@@ -45,7 +45,7 @@
 // Under mpirun (e.g. `mpirun -np 2 build/bin/gpt_train --mesh data=2,model=2 --zero 2`) it
 // runs on the MPI runtime: each process owns devices/np devices of the mesh, every process
 // draws the same batches from rank 0's seed (agree_on_seed), and only rank 0 prints. A RANK/
-// WORLD_SIZE launcher without MPI is an error saying so (cpu_runtime_from_launch).
+// WORLD_SIZE launcher without MPI is an error saying so (make_runtime, runtime/make_runtime.hpp).
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
 // device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
@@ -70,12 +70,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
+#include "tessel/runtime/make_runtime.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/calibrate.hpp"
@@ -386,20 +388,7 @@ int run(int argc, char** argv) {
   // CUDA: a CudaRuntime (one process, or one NCCL world over the launcher's processes). CPU
   // under an MPI launcher: the MPI runtime (this process owns a block of the devices).
   // Otherwise every device is a CPU thread of this process. Only rank 0 prints.
-  std::unique_ptr<tessel::Runtime> rt;
-  if (cuda) {
-    rt = tessel::make_cuda_runtime(mesh, {}, gpus);
-  } else {
-    tessel::MpiRuntimeOptions mo;
-    mo.kernel_threads = threads;
-    mo.timeout_s = timeout_s;
-    rt = tessel::cpu_runtime_from_launch(mo);
-  }
-  if (!rt) {  // no launcher: every device is a CPU thread of this process
-    tessel::ThreadRuntimeOptions tro;
-    tro.kernel_threads = threads;
-    rt = std::make_unique<tessel::ThreadRuntime>(mesh.num_devices(), tro);
-  }
+  std::unique_ptr<tessel::Runtime> rt = tessel::make_runtime({cuda ? "cuda" : "cpu", mesh, threads, timeout_s, gpus});
   seed = tessel::agree_on_seed(rt.get(), seed);  // the same inputs and batches on every process
   const bool printer = rt->process_rank() == 0;
   auto print = [&](const std::string& text) {

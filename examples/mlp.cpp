@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/compare.hpp"

@@ -4,6 +4,7 @@
 #include <random>
 #include <string>
 
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/tessel.hpp"
 
 int main(int argc, char** argv) {

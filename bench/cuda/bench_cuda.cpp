@@ -397,7 +397,7 @@ void BM_Collective(benchmark::State& state) {
   std::unique_ptr<tessel::CollectiveWorld> world = rt.make_world(mesh, {{"x"}}, 0);
   std::vector<std::unique_ptr<tessel::Communicator>> comms;
   std::vector<std::shared_ptr<tessel::Buffer>> send, recv;
-  tessel::ThreadRuntime& lr = rt.local();
+  tessel::DeviceThreads& lr = rt.local();
   for (int64_t d = 0; d < n; ++d) {
     comms.push_back(world->communicator(d, {"x"}));
     send.push_back(lr.backend(d).allocate(bytes));

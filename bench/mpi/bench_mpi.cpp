@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     auto mine = rt.devices_for(mesh);
     auto world = rt.make_world(mesh, {{"x"}}, 0);
     auto comm = world->communicator(mine[0], {"x"});
-    ThreadRuntime& lr = rt.local();
+    DeviceThreads& lr = rt.local();
     Backend& be = lr.backend(0);
     Stream& s = lr.comm_stream(0);
     if (rt.rank() == 0)

@@ -1,10 +1,11 @@
-// AutoShardResult as JSON and back (tessel/autoshard/auto_shard.hpp): one plan agreed by every
-// process of a multi-process run.
+// AutoShardResult as JSON and back (tessel/autoshard/auto_shard.hpp), and agree_on_plan: one
+// plan agreed by every process of a multi-process run (rank 0's, sent as JSON).
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
 #include "tessel/autoshard/auto_shard.hpp"
+#include "tessel/runtime/runtime.hpp"
 
 namespace tessel {
 
@@ -121,6 +122,11 @@ AutoShardResult AutoShardResult::from_json(const std::string& text, const Graph&
     throw Error(fmt::format("AutoShardResult::from_json: a field is missing or of the wrong kind ({})", e.what()));
   }
   return r;
+}
+
+AutoShardResult agree_on_plan(Runtime* runtime, const AutoShardResult& mine, const Graph& g) {
+  if (!runtime || runtime->process_count() <= 1) return mine;
+  return AutoShardResult::from_json(runtime->allgather_host(mine.to_json()).at(0), g);
 }
 
 }  // namespace tessel

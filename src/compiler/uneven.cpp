@@ -1,5 +1,6 @@
 // src/compiler/uneven.cpp — uneven shardings by padding (uneven.hpp): classes of dims that share a
 // factor, their padded sizes, and the rewritten graph with masks and slices.
+#include "tessel/ops/builders.hpp"
 #include "tessel/compiler/uneven.hpp"
 
 #include "dim_classes.hpp"

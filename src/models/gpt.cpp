@@ -1,4 +1,5 @@
 // GPT-2-style decoder graph with Megatron annotations (see models/gpt.hpp).
+#include "tessel/ops/builders.hpp"
 #include "tessel/models/gpt.hpp"
 
 #include <fmt/format.h>

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <limits>
 
+#include "tessel/ops/builders.hpp"
 #include "op_helpers.hpp"
 
 namespace tessel {

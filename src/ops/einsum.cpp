@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "tessel/ops/builders.hpp"
 #include "op_helpers.hpp"
 
 namespace tessel {

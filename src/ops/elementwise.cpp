@@ -1,6 +1,7 @@
 // src/ops/elementwise.cpp — registry entries of the elementwise ops: unary math and binary
 // arithmetic with numpy broadcasting. One factor per result dim; a broadcast size-1 operand
 // dim has no factor (it stays whole on every device).
+#include "tessel/ops/builders.hpp"
 #include "op_helpers.hpp"
 
 namespace tessel {

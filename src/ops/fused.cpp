@@ -7,6 +7,7 @@
 // softmax in one kernel. fused_einsum is an einsum whose product goes through such an expression
 // (its epilogue: bias, GELU, residual, scale) before it is stored: the matmul's post-ops.
 #include "op_helpers.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/ir/fused_expr.hpp"
 
 namespace tessel {

@@ -8,6 +8,7 @@
 //   device keeps the rows of its block.
 // Index semantics: one_hot gives an all-zero row for an id outside [0, depth) (as JAX);
 // gather and scatter_add report such an id as an error.
+#include "tessel/ops/builders.hpp"
 #include "op_helpers.hpp"
 
 namespace tessel {

@@ -2,6 +2,7 @@
 // reshape, transpose, broadcast, slice, concat. Their kernels are dtype-generic copies.
 #include <set>
 
+#include "tessel/ops/builders.hpp"
 #include "op_helpers.hpp"
 
 namespace tessel {

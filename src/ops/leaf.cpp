@@ -1,5 +1,6 @@
 // src/ops/leaf.cpp — registry entries of the ops that make or pin values: input, constant,
 // and sharding_constraint (JAX's with_sharding_constraint).
+#include "tessel/ops/builders.hpp"
 #include "op_helpers.hpp"
 
 namespace tessel {

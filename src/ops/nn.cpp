@@ -4,6 +4,7 @@
 // and causal_mask. Their kernels read global positions where a block's place matters.
 #include <limits>
 
+#include "tessel/ops/builders.hpp"
 #include "op_helpers.hpp"
 
 namespace tessel {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/ops/registry.hpp"
 
 namespace tessel::ops_detail {

@@ -4,6 +4,7 @@
 // time) and its update one pass over memory (run time).
 #include <limits>
 
+#include "tessel/ops/builders.hpp"
 #include "op_helpers.hpp"
 
 namespace tessel {

@@ -4,6 +4,7 @@
 // reduced dim whole.
 #include <set>
 
+#include "tessel/ops/builders.hpp"
 #include "op_helpers.hpp"
 
 namespace tessel {

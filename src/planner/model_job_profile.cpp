@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "tessel/runtime/make_runtime.hpp"
 #include "tessel/core/common.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/passes/program_passes.hpp"
@@ -113,11 +114,11 @@ double price(const ModelJob& job, const Pool& pool, const ProfileOptions& o, Can
 // Times `c` on g CPU virtual devices (model_job.hpp, step 3).
 void trial(const ModelJob& job, const ProfileOptions& o, Candidate& c) {
   const auto t0 = Clock::now();
-  ThreadRuntimeOptions ro;
-  ro.kernel_threads = o.kernel_threads;
-  ThreadRuntime rt(c.layout.devices(), ro);  // outlives the trainer (declared first)
   try {
     ModelJobStep s = build_model_step(job, c.layout);
+    // Outlives the trainer (declared first).
+    const std::unique_ptr<Runtime> runtime = make_cpu_runtime({"threads", s.mesh, o.kernel_threads});
+    Runtime& rt = *runtime;
     Trainer tr(s.model.graph, s.model.loss, s.model.weights, s.mesh, rt, s.options);
     tr.init(initial_params(job, s.model));
     std::vector<double> times;

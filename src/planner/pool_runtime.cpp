@@ -1,5 +1,6 @@
 // Running a planned batch of model jobs side by side on one pool, with re-planning and moves
 // through checkpoints (tessel/planner/pool_runtime.hpp).
+#include "tessel/runtime/make_runtime.hpp"
 #include "tessel/planner/pool_runtime.hpp"
 
 #include <algorithm>
@@ -209,10 +210,10 @@ class PoolRun {
     std::exception_ptr error;
     bool moved = false;
     try {
-      ThreadRuntimeOptions ro;
-      ro.kernel_threads = o_.kernel_threads;
-      ThreadRuntime rt(count, ro);  // outlives the trainer (declared first)
       ModelJobStep s = build_model_step(job, Layout::parse(layout));
+      // Outlives the trainer (declared first).
+      const std::unique_ptr<Runtime> runtime = make_cpu_runtime({"threads", s.mesh, o_.kernel_threads});
+      Runtime& rt = *runtime;
       Trainer tr(s.model.graph, s.model.loss, s.model.weights, s.mesh, rt, s.options);
       std::unique_ptr<CheckpointDir> ck;
       if (!o_.checkpoint_dir.empty()) ck = std::make_unique<CheckpointDir>(o_.checkpoint_dir + "/" + job.name);

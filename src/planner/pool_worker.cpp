@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "pool_protocol.hpp"
+#include "tessel/runtime/make_runtime.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/train/trainer.hpp"
@@ -71,11 +72,13 @@ void run_segment(const std::vector<ModelJob>& jobs, ProcessGroup& pg, const Pool
       runtime = opt.make_runtime(ranks, static_cast<int>(o.seg));
       if (!runtime) throw PlanError("pool worker: PoolRunOptions::make_runtime returned no runtime");
     } else {
-      MpiRuntimeOptions ro;
-      ro.ranks = ranks;
-      ro.group_tag = static_cast<int>(o.seg);
-      ro.kernel_threads = opt.kernel_threads;
-      runtime = std::make_unique<MpiRuntime>(ro);
+      RuntimeRequest rq;
+      rq.backend = "mpi";
+      rq.mesh = s.mesh;
+      rq.mpi_ranks = ranks;
+      rq.mpi_group_tag = static_cast<int>(o.seg);
+      rq.kernel_threads = opt.kernel_threads;
+      runtime = make_cpu_runtime(rq);
     }
     Runtime& rt = *runtime;
     Trainer tr(s.model.graph, s.model.loss, s.model.weights, s.mesh, rt, s.options);

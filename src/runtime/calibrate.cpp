@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tessel/runtime/backend.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 
@@ -69,7 +69,7 @@ LinkCalibration calibrate_links(Runtime& rt, const Mesh& mesh, const Calibration
     if (a.size > 1) groups.push_back({a.name});
   if (groups.empty()) return cal;
   std::unique_ptr<CollectiveWorld> world = rt.make_world(mesh, groups, o.timeout_s);
-  ThreadRuntime& lr = rt.local();
+  DeviceThreads& lr = rt.local();
   const std::size_t nlocal = positions.size();
 
   // Buffers (zeros: no denormal or NaN arithmetic in the timed reductions).

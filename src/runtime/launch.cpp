@@ -7,8 +7,6 @@
 // followed by exactly <len> payload bytes.
 #include "tessel/runtime/launch.hpp"
 
-#include "tessel/runtime/mpi/mpi_runtime.hpp"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -194,19 +192,6 @@ std::vector<std::string> file_rendezvous(const std::string& dir_in, const std::s
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-}
-
-std::unique_ptr<Runtime> cpu_runtime_from_launch(const MpiRuntimeOptions& options) {
-  if (launched_by_mpi()) return std::make_unique<MpiRuntime>(options);
-  const LaunchInfo li = detect_launch();
-  if (li.multi_process())
-    throw RuntimeError(fmt::format(
-        "RANK={} WORLD_SIZE={}: a launcher started this process as one of {} without MPI, but the CPU runtime "
-        "runs across processes only under MPI; launch with `mpirun -np {} ...` (docs/runtime-mpi.md), or unset "
-        "RANK and WORLD_SIZE to run every device as a thread of one process (--backend cuda uses RANK/WORLD_SIZE "
-        "with TESSEL_RENDEZVOUS_DIR to bootstrap NCCL)",
-        li.rank, li.world_size, li.world_size, li.world_size));
-  return nullptr;
 }
 
 }  // namespace tessel

@@ -24,8 +24,8 @@
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/ir/program_verify.hpp"
 #include "tessel/runtime/block_copy.hpp"
+#include "tessel/runtime/device_threads.hpp"
 #include "tessel/runtime/executor.hpp"
-#include "tessel/runtime/cpu/thread_communicator.hpp"
 #include "tessel/runtime/trace.hpp"
 #include "program_fingerprint.hpp"
 #include "runtime_lifetime.hpp"
@@ -156,9 +156,9 @@ HostTensor gather_host(const Mesh& mesh, const Sharding& sharding, DType dtype, 
 
 struct LoadedExecutable::Impl {
   Runtime* rt = nullptr;
-  ThreadRuntime* local = nullptr;  // rt->local(): local device i runs mesh position positions[i]
-  // The lifetimes of *rt and *local (runtime.hpp): every use of them enters both.
-  std::shared_ptr<detail::RuntimeLifetime> rt_life, local_life;
+  DeviceThreads* local = nullptr;  // rt->local(): local device i runs mesh position positions[i]
+  // The lifetime of *rt (runtime.hpp), which owns *local: every use of them enters it.
+  std::shared_ptr<detail::RuntimeLifetime> rt_life;
 
   // The calls in flight on this program (runs, transfers, cancel): the destructor waits for
   // them, and a call that starts while it runs throws.
@@ -184,7 +184,6 @@ struct LoadedExecutable::Impl {
       if (!what) return;
       try {
         rt_use_.emplace(im.rt_life->enter(what));
-        if (im.local_life != im.rt_life) local_use_.emplace(im.local_life->enter(what));
       } catch (...) {
         leave();
         throw;
@@ -193,7 +192,6 @@ struct LoadedExecutable::Impl {
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
     ~Call() {
-      local_use_.reset();
       rt_use_.reset();
       leave();
     }
@@ -204,7 +202,7 @@ struct LoadedExecutable::Impl {
       if (--im_->calls == 0) im_->calls_cv.notify_all();
     }
     Impl* im_;
-    std::optional<detail::RuntimeLifetime::Use> rt_use_, local_use_;
+    std::optional<detail::RuntimeLifetime::Use> rt_use_;
   };
   std::vector<int64_t> positions;
   Program program;
@@ -233,9 +231,9 @@ struct LoadedExecutable::Impl {
     world.reset();
     world = rt->make_world(program.mesh, axes, options.collective_timeout_s);
     // An inline program's collectives run on the device threads alone: they may spin as long
-    // as those threads have cores (the runtime's budget counts its stream workers too).
-    if (inline_run && rt == local)
-      if (auto* tw = dynamic_cast<ThreadWorld*>(world.get())) tw->set_spin_us(local->inline_spin_us());
+    // as those threads have cores (the runtime's budget counts its stream workers too). A world
+    // whose members do not spin (across processes, on a GPU) ignores it.
+    if (inline_run) world->set_wait_budget_us(local->inline_spin_us());
     comms.resize(static_cast<std::size_t>(n));
     for (int64_t d = 0; d < n; ++d) {
       for (const auto& a : axes) comms[d][a] = world->communicator(positions[static_cast<std::size_t>(d)], a);
@@ -365,7 +363,7 @@ std::size_t LoadedExecutable::output_index(const std::string& name) const {
 }
 
 ProgramPassOptions lowering_for(Runtime& rt, ProgramPassOptions lowering) {
-  ThreadRuntime& lr = rt.local();
+  DeviceThreads& lr = rt.local();
   for (int64_t d = 0; d < lr.num_devices(); ++d) {
     const Backend& be = lr.backend(d);
     // fuse-elementwise is the only pass that makes these three kinds: without their kernels
@@ -401,7 +399,6 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
   impl->positions = rt.devices_for(exe.mesh());  // throws on a runtime that cannot run this mesh
   impl->local = &rt.local();
   impl->rt_life = rt.lifetime();
-  impl->local_life = impl->local->lifetime();
   // Lowered for the local backends: no pass makes a kernel one of them lacks.
   impl->program = lower_program(exe.program(), /*verify=*/false, lowering_for(rt, options.lowering));
   verify_program(impl->program);
@@ -433,17 +430,17 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
   plan_donations(impl->program, impl->donate);
   impl->axes = communicator_axes(p);
   const int64_t n = static_cast<int64_t>(impl->positions.size());
-  ThreadRuntime& lr = *impl->local;
+  DeviceThreads& lr = *impl->local;
   // Nothing to overlap (every instruction on compute, or every collective on the critical
   // path), or too little communication that could overlap for it to pay for the hand-offs to
   // the stream workers: run on the device thread itself.
-  const bool serial = lr.options().inline_serial_programs &&
+  const bool serial = lr.settings().inline_serial_programs &&
                       (std::all_of(p.instrs.begin(), p.instrs.end(), [](const Instr& in) {
                          return in.stream == "compute" && in.kind != InstrKind::Wait;
                        }) ||
-                       (!lr.link_model().on() && lr.options().inline_max_comm_bytes > 0 &&
-                        overlappable_comm_bytes(p) <= lr.options().inline_max_comm_bytes));
-  impl->inline_run = serial && lr.options().stream_mode == StreamMode::Async;
+                       (lr.settings().inline_max_comm_bytes > 0 &&
+                        overlappable_comm_bytes(p) <= lr.settings().inline_max_comm_bytes));
+  impl->inline_run = serial && lr.settings().stream_mode == StreamMode::Async;
   // Every process loads the same program, or none does. Only after every check of this
   // process passed: a process that fails one never comes to the exchange, and the others
   // time out naming it, instead of waiting in the communicator creation below.
@@ -477,7 +474,7 @@ ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& us
                                                           ? impl_->user_input_shapes[input] : lv.global_shape),
                                    type_str(user_global.dtype(), user_global.shape())));
   const HostTensor global = pad_host(user_global, lv.global_shape);
-  ThreadRuntime& lr = *impl_->local;
+  DeviceThreads& lr = *impl_->local;
   const auto& pos = impl_->positions;
   const int64_t n = static_cast<int64_t>(pos.size());
   std::vector<std::shared_ptr<Buffer>> bufs;
@@ -528,7 +525,7 @@ ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::ve
       throw RuntimeError(fmt::format("shards_to_device: input #{} %{} with sharding {} expects local shards {} but got {}",
                                      input, name, lv.sharding.to_string(), type_str(lv.dtype, lv.shape),
                                      type_str(t.dtype(), t.shape())));
-  ThreadRuntime& lr = *impl_->local;
+  DeviceThreads& lr = *impl_->local;
   std::vector<std::shared_ptr<Buffer>> bufs;
   for (int64_t d = 0; d < n; ++d) {
     Backend& be = lr.backend(d);
@@ -546,7 +543,7 @@ ShardedArray LoadedExecutable::allocate_input_array(std::size_t input) const {
   impl_->check_input(input, "allocate_input_array");
   const LocalValue& lv = impl_->in_value(input);
   const std::string& name = impl_->input_names[input];
-  ThreadRuntime& lr = *impl_->local;
+  DeviceThreads& lr = *impl_->local;
   const std::size_t bytes = static_cast<std::size_t>(num_elements(lv.shape)) * dtype_size(lv.dtype);
   std::vector<std::shared_ptr<Buffer>> bufs;
   for (std::size_t d = 0; d < impl_->positions.size(); ++d)
@@ -571,7 +568,7 @@ void LoadedExecutable::write_to_shards(const ShardedArray& a, const std::vector<
                                    dtype_name(box.dtype()), shape_str(box.shape()), shape_str(start), a.to_string(),
                                    shape_str(local), impl_->positions.size()));
   if (box.numel() == 0) return;
-  ThreadRuntime& lr = *impl_->local;
+  DeviceThreads& lr = *impl_->local;
   BlockCopy c;
   c.src_shape = box.shape();
   c.src_offset.assign(local.size(), 0);
@@ -601,7 +598,7 @@ std::vector<HostTensor> LoadedExecutable::shards_to_host(const ShardedArray& a) 
     if (a.devices() != pos)
       throw RuntimeError(fmt::format("to_host: array {} is not an array of the devices {} of mesh {} held here",
                                      a.to_string(), shape_str(pos), mesh().to_string()));
-    ThreadRuntime& lr = *impl_->local;
+    DeviceThreads& lr = *impl_->local;
     for (int64_t d = 0; d < n; ++d) {
       HostTensor t(a.dtype(), a.local_shape());
       lr.backend(d).copy_to_host(t.data(), *held.local(static_cast<std::size_t>(d)), t.bytes(), lr.transfer_stream(d));
@@ -621,7 +618,7 @@ HostTensor LoadedExecutable::shard_to_host(const ShardedArray& a, std::size_t lo
   if (local >= impl_->positions.size())
     throw RuntimeError(fmt::format("shard_to_host: local device {} of array {}: this process holds {} devices", local,
                                    a.to_string(), impl_->positions.size()));
-  ThreadRuntime& lr = *impl_->local;
+  DeviceThreads& lr = *impl_->local;
   const int64_t d = static_cast<int64_t>(local);
   HostTensor t(a.dtype(), a.local_shape());
   lr.backend(d).copy_to_host(t.data(), *held.local(local), t.bytes(), lr.transfer_stream(d));
@@ -635,7 +632,7 @@ HostTensor LoadedExecutable::to_host(const ShardedArray& a, bool check_replicas)
       !impl_->positions.empty()) {
     HostTensor t(a.dtype(), a.shape());  // replicated: one local copy is the tensor
     const ShardedArray::Reading held = a.read("to_host");
-    ThreadRuntime& lr = *impl_->local;
+    DeviceThreads& lr = *impl_->local;
     lr.backend(0).copy_to_host(t.data(), *held.local(0), t.bytes(), lr.transfer_stream(0));
     lr.transfer_stream(0).synchronize();
     return t;

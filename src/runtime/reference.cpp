@@ -13,7 +13,7 @@
 #include <string>
 
 #include "tessel/ops/registry.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 
 namespace tessel {
 

@@ -6,7 +6,6 @@
 
 #include <charconv>
 
-#include "tessel/autoshard/auto_shard.hpp"
 #include "tessel/core/common.hpp"
 #include "runtime_lifetime.hpp"
 
@@ -70,11 +69,6 @@ uint64_t agree_on_seed(Runtime* runtime, uint64_t seed) {
     throw RuntimeError(fmt::format("agree_on_seed: rank {} got {} answers (expected {}), rank 0's '{}' is not a seed",
                                    runtime->process_rank(), all.size(), runtime->process_count(), s));
   return first;
-}
-
-AutoShardResult agree_on_plan(Runtime* runtime, const AutoShardResult& mine, const Graph& g) {
-  if (!runtime || runtime->process_count() <= 1) return mine;
-  return AutoShardResult::from_json(runtime->allgather_host(mine.to_json()).at(0), g);
 }
 
 }  // namespace tessel

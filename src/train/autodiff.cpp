@@ -1,5 +1,6 @@
 // Reverse-mode differentiation of the global graph (autodiff.hpp): the ops between the
 // arguments and the loss, walked backwards, each contributing its registry vjp.
+#include "tessel/ops/builders.hpp"
 #include "tessel/train/autodiff.hpp"
 
 #include <fmt/format.h>

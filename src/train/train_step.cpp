@@ -1,5 +1,6 @@
 // A training step as one global graph (train.hpp): gradients, global-norm clipping, AdamW and
 // the ZeRO layouts as annotations.
+#include "tessel/ops/builders.hpp"
 #include "tessel/train/train_step.hpp"
 
 #include <fmt/format.h>

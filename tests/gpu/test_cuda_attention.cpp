@@ -165,7 +165,7 @@ void check_case(KernelDevice& dev, const Case& c, uint64_t seed, std::size_t shi
 
 }  // namespace
 
-TEST_CASE("attention kernels == CPU kernels: dtypes, head dims, layouts, masks, Sk > Sq", "[gpu][attention]") {
+TEST_CASE("attention kernels == CPU kernels over dtypes and head dims and layouts and masks and Sk > Sq", "[gpu][attention]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("gpu: attention kernels == CPU kernels", seed, 96);
   KernelDevice dev(make_cuda_backend());

@@ -22,6 +22,7 @@
 #include "../unit/test_util.hpp"
 #include "../unit/kernel_check.hpp"
 #include "gpu_test_util.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/ops/registry.hpp"

@@ -14,6 +14,7 @@
 
 #include "../unit/test_util.hpp"
 #include "hiding_backend.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/compare.hpp"

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/runtime/loaded_executable.hpp"

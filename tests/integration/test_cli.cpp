@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../unit/test_util.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/compiler/propagate.hpp"
 #include "tessel/ir/graph_text.hpp"
 #include "tessel/passes/program_passes.hpp"

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/passes/collective_matmul.hpp"
 #include "../unit/test_util.hpp"
 #include "tessel/executable.hpp"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../unit/test_util.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/ir/program_text.hpp"

@@ -15,6 +15,7 @@
 
 #include "../unit/test_util.hpp"
 #include "fused_jit.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/passes/program_passes.hpp"

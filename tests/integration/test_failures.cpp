@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/compare.hpp"

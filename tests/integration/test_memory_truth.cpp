@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/tessel.hpp"
 
 using namespace tessel;

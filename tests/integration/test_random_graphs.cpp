@@ -13,6 +13,7 @@
 #include <random>
 
 #include "../unit/test_util.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/reference.hpp"

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../unit/test_util.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ir/program_text.hpp"
 #include "tessel/runtime/compare.hpp"

@@ -22,6 +22,7 @@
 
 #include "../unit/test_util.hpp"
 #include "hiding_backend.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ir/graph_text.hpp"
 #include "tessel/runtime/loaded_executable.hpp"

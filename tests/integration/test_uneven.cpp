@@ -10,6 +10,7 @@
 #include <random>
 
 #include "../unit/test_util.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/runtime/compare.hpp"

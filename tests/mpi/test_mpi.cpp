@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "../unit/test_util.hpp"
+#include "tessel/ops/builders.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ops/registry.hpp"
@@ -77,7 +78,7 @@ TEST_CASE("mpi: collectives of groups within and across processes", "[mpi]") {
     REQUIRE(static_cast<int64_t>(mine.size()) * world == mesh.num_devices());
     const std::vector<std::vector<std::string>> axes_list = {{"x"}, {"y"}, {"x", "y"}};
     auto cw = rt.make_world(mesh, axes_list, 60);
-    ThreadRuntime& lr = rt.local();
+    DeviceThreads& lr = rt.local();
     for (const auto& axes : axes_list) {
       INFO("mesh " << spec << " axes " << join(axes, ",") << " streams " << stream_mode_name(mode));
       const std::size_t count = 10;  // elements per rank block (not a multiple of the group size)

@@ -19,7 +19,7 @@
 #include "tessel/ops/registry.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/compare.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/ir/graph_text.hpp"
 #include "test_util.hpp"

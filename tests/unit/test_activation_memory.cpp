@@ -7,6 +7,8 @@
 
 #include <map>
 
+#include "tessel/ops/builders.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/ir/program_text.hpp"

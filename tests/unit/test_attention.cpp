@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/compiler/checks.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ir/graph_text.hpp"

@@ -7,6 +7,7 @@
 #include <random>
 #include <set>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/train/autodiff.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ops/registry.hpp"

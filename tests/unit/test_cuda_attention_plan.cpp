@@ -569,7 +569,7 @@ ck::AttentionDims dims(int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D, 
 
 }  // namespace
 
-TEST_CASE("cuda attention plan: visited tiles cover every visible pair, skipped ones none", "[cuda][attention]") {
+TEST_CASE("cuda attention plan: visited tiles cover every visible pair and skipped ones none", "[cuda][attention]") {
   std::mt19937_64 rng(7);
   for (int c = 0; c < 400; ++c) {
     const int64_t Sq = 1 + static_cast<int64_t>(rng() % 300);
@@ -629,7 +629,7 @@ TEST_CASE("cuda attention plan: causal blocks skip the masked half", "[cuda][att
   CHECK(last.bh == 95);
 }
 
-TEST_CASE("cuda attention plan: paths, grids and limits", "[cuda][attention]") {
+TEST_CASE("cuda attention plan: paths and grids and limits", "[cuda][attention]") {
   using at::Path;
   const ck::AttentionDims p64 = dims(8, 12, 1024, 1024, 64, true, true);
   at::Plan pl = at::plan_attention(p64, DType::bf16, true, true, "attention");

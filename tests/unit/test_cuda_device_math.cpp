@@ -39,7 +39,7 @@
 #include "../../kernels/fused_eval.hpp"
 #include "../../src/runtime/cuda/fused_program.hpp"
 #include "tessel/ir/fused_expr.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "test_util.hpp"
 

@@ -11,7 +11,7 @@
 #include "test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/compare.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/ir/fused_expr.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/ir/program_text.hpp"

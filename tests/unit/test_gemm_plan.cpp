@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "../../src/runtime/cuda/gemm_plan.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "test_util.hpp"
 
 using namespace tessel;

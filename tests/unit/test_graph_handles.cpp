@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/ir/graph_text.hpp"

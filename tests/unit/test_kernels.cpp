@@ -13,8 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/ir/graph.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "test_util.hpp"

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/passes/program_passes.hpp"

@@ -17,7 +17,7 @@
 
 #include "../../src/runtime/cpu/onednn_einsum.hpp"
 #include "../../src/runtime/cpu/onednn_ops.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 using namespace tessel;

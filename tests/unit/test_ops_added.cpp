@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/runtime/reference.hpp"

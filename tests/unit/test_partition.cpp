@@ -1,12 +1,13 @@
 // Propagation and partitioning on graphs built with the builder.
 #include <catch2/catch.hpp>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/compiler/partition.hpp"
 #include "tessel/compiler/propagate.hpp"
 #include "tessel/compiler/uneven.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 
 using namespace tessel;
 

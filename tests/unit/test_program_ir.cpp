@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/compiler/partition.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/ir/program_text.hpp"

@@ -7,8 +7,9 @@
 #include <set>
 #include <string>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/ops/registry.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/ir/graph_text.hpp"
 
 using namespace tessel;

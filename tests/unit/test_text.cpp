@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/ir/graph_text.hpp"

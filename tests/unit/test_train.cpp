@@ -6,6 +6,8 @@
 #include <map>
 #include <set>
 
+#include "tessel/ops/builders.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/passes/program_passes.hpp"

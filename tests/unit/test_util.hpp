@@ -13,11 +13,12 @@
 
 #include <catch2/catch.hpp>
 
+#include "tessel/ops/builders.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/core/mesh.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/runtime/compare.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/core/sharding.hpp"

@@ -41,6 +41,8 @@
 
 namespace tessel {
 
+class Runtime;  // tessel/runtime/runtime.hpp
+
 struct AutoShardOptions {
   // Per device; 0: no limit. The solver's memory is an estimate (values live from their op to
   // their last use in graph order, before fusion): with a budget the plan is compiled and its
@@ -124,5 +126,13 @@ AutoShardProblem formulate_auto_shard(const Graph& g, const Mesh& mesh, const Au
 
 // Throws Error naming the option (an unknown axis or input, a bad dim) or the graph's problem.
 AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options = {});
+
+// The automatic-sharding plan every process of a job uses: rank 0's (this header).
+// Each process searches alone, and a time-limited search can end differently in each; the
+// processes of one SPMD program need the same layouts. `runtime` nullptr or a single process:
+// `mine` itself. Collective over the processes; throws Error when rank 0's plan does not fit
+// `g` (AutoShardResult::from_json).
+AutoShardResult agree_on_plan(Runtime* runtime, const AutoShardResult& mine, const Graph& g);
+
 
 }  // namespace tessel

@@ -186,5 +186,3 @@ class Graph {
 
 }  // namespace tessel
 
-// The builder functions (einsum, add, softmax, ...) are declared with the registry.
-#include "tessel/ops/builders.hpp"

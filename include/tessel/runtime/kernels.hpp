@@ -1,7 +1,7 @@
-// tessel/runtime/kernels.hpp — the CPU reference kernels: one per OpKind, on dense
-// row-major buffers of *local* shapes. The partitioned executor and the unpartitioned
-// reference executor call the same kernels, so a difference between them is a partitioning
-// bug, never a kernel difference.
+// tessel/runtime/kernels.hpp — what every backend's kernels see: KernelArgs, one op on dense
+// row-major buffers of *local* shapes (the backend-neutral half of the kernel contract; each
+// backend has a KernelTable of its kernels, kernel_table.hpp). The CPU kernels, which the
+// unpartitioned reference executor runs too, are declared in runtime/cpu/cpu_kernels.hpp.
 //
 // Ops whose result depends on global positions (Embedding with a vocab-sharded table,
 // CausalMask with sharded query/key dims, gather, one_hot, scatter_add) read `in_offsets`
@@ -45,18 +45,6 @@ struct KernelArgs {
   // Backend::device_memory(), set by the backend; null: not counted).
   MemoryMeter* scratch_meter = nullptr;
 };
-
-using CpuKernelFn = void (*)(const KernelArgs&);
-// The CPU backend's kernels, one per op kind (every kind but Input).
-const KernelTable<CpuKernelFn>& cpu_kernel_table();
-
-// Runs the kernel for args.kind. Throws RuntimeError for an unsupported dtype combination
-// or a kind with no kernel (Input has none). Supports f32 everywhere, i32 for ids/labels,
-// and bf16/f16 by computing in f32.
-void run_cpu_kernel(const KernelArgs& args);
-
-// True when the CPU backend has a kernel for `kind` (every kind but Input).
-bool has_cpu_kernel(OpKind kind);
 
 // fused_einsum's two halves, for any backend: the product (kind Einsum over the einsum's own
 // operands, into the result) and the epilogue (kind FusedElementwise over {the result, the

@@ -1,7 +1,7 @@
 // tessel/runtime/loaded_executable.hpp — compile → load → run.
 //
 //   tessel::Executable exe = tessel::compile(graph, mesh);              // pure
-//   tessel::ThreadRuntime rt(mesh.num_devices());                        // devices, threads, streams
+//   tessel::ThreadRuntime rt(mesh.num_devices());  // runtime/cpu/thread_runtime.hpp: devices, threads, streams
 //   tessel::LoadedExecutable prog = tessel::load(exe, rt);               // communicators, events: once
 //   tessel::ShardedArray w = prog.to_device("w", w_host);                 // explicit host -> devices
 //   tessel::RunResult r = prog.run({prog.to_device("x", x_host), w});     // arrays stay on the devices
@@ -44,7 +44,6 @@
 #include "tessel/runtime/sharded_array.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "tessel/runtime/runtime.hpp"
-#include "tessel/runtime/cpu/thread_runtime.hpp"
 
 namespace tessel {
 
@@ -120,10 +119,10 @@ class LoadedExecutable {
   // The lowered program the executors run (lower_program of the Executable's: Program IR
   // v2 with its memory plan; program().memory_plan().peak_bytes() per device).
   const Program& program() const;
-  // True when the program runs on each device's own thread (ThreadRuntime::inline_stream):
+  // True when the program runs on each device's own thread (DeviceThreads::inline_stream):
   // asynchronous streams, but nothing to overlap in the program (no collective, or each one
   // on the critical path), or overlappable collectives too small for overlap to pay
-  // (ThreadRuntimeOptions::inline_max_comm_bytes).
+  // (DeviceThreadsOptions::inline_max_comm_bytes).
   bool runs_inline() const;
   const Mesh& mesh() const;
   Runtime& runtime() const;

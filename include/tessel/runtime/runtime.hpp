@@ -2,12 +2,14 @@
 // this process owns, the threads/backends/streams that run them, the collective world the
 // program's communicators come from, and the host exchange behind to_host.
 //
-// Three runtimes implement it: ThreadRuntime (every device of the mesh is a thread of this
-// process), MpiRuntime (processes launched by mpirun, each owning a block of the mesh's
-// devices, which are threads of that process) and CudaRuntime (cuda.hpp: CUDA devices, one
-// process or one per GPU, collectives on the GPU). All run their local devices on the same
-// ThreadRuntime machinery (local()); they differ only in the backends, where the devices live
-// and how collectives cross devices and processes.
+// The contract names no backend. Three runtimes implement it: ThreadRuntime (runtime/cpu/:
+// every device of the mesh is a thread of this process), MpiRuntime (runtime/mpi/: processes
+// launched by mpirun, each owning a block of the mesh's devices, which are threads of that
+// process) and CudaRuntime (runtime/cuda/: CUDA devices, one process or one per GPU,
+// collectives on the GPU). All run their local devices on the same machinery, DeviceThreads
+// (device_threads.hpp, local()); they differ only in the backends, where the devices live and
+// how collectives cross devices and processes. make_runtime (runtime/make_runtime.hpp) picks
+// one from a name and the launch environment.
 //
 // Lifetimes: a program loaded on a runtime (LoadedExecutable) holds the runtime's lifetime
 // token, not the runtime. Destroying the runtime first waits for the runs and transfers in
@@ -23,13 +25,11 @@
 
 #include "tessel/core/mesh.hpp"
 #include "tessel/runtime/communicator.hpp"
+#include "tessel/runtime/device_threads.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel {
 
-class ThreadRuntime;
-class Graph;
-struct AutoShardResult;
 
 namespace detail {
 class RuntimeLifetime;
@@ -48,6 +48,10 @@ class CollectiveWorld {
   virtual bool aborted() const = 0;
   // The reason given to the first abort(); empty while not aborted.
   virtual std::string abort_reason() const = 0;
+  // How long (microseconds) a member may poll for its peers before blocking, for a program
+  // that runs inline on the device threads (DeviceThreads::inline_spin_us); a world whose
+  // members do not spin ignores it.
+  virtual void set_wait_budget_us(int /*us*/) {}
 };
 
 class Runtime {
@@ -66,7 +70,7 @@ class Runtime {
   // when the runtime cannot run it (wrong device count, world size that does not divide it).
   virtual std::vector<int64_t> devices_for(const Mesh& mesh) = 0;
   // The local devices (threads, backends, streams), indexed by local device.
-  virtual ThreadRuntime& local() = 0;
+  virtual DeviceThreads& local() = 0;
   // A collective world for `mesh` with the communicators of every group of every entry of
   // `axes` created now (collective over the processes: every process calls it in the same
   // order). timeout_s > 0: a member waiting longer for its peers fails the collective.
@@ -98,12 +102,5 @@ class Runtime {
 // the tools pass their seed through this before drawing anything. `runtime` nullptr or a
 // single process: `seed` itself. Collective over the processes.
 uint64_t agree_on_seed(Runtime* runtime, uint64_t seed);
-
-// The automatic-sharding plan every process of a job uses: rank 0's (autoshard/auto_shard.hpp).
-// Each process searches alone, and a time-limited search can end differently in each; the
-// processes of one SPMD program need the same layouts. `runtime` nullptr or a single process:
-// `mine` itself. Collective over the processes; throws Error when rank 0's plan does not fit
-// `g` (AutoShardResult::from_json).
-AutoShardResult agree_on_plan(Runtime* runtime, const AutoShardResult& mine, const Graph& g);
 
 }  // namespace tessel

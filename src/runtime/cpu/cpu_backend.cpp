@@ -10,8 +10,9 @@
 
 #include "cpu_stream.hpp"
 #include "onednn_einsum.hpp"
-#include "spin.hpp"
+#include "../spin.hpp"
 #include "tessel/runtime/backend.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/block_copy.hpp"
 #include "tessel/runtime/tensor.hpp"
 

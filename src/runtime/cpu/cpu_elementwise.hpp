@@ -15,7 +15,7 @@
 #include <Eigen/Dense>
 
 #include "tessel/ir/graph.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "onednn_einsum.hpp"
 

@@ -29,7 +29,7 @@
 #include "onednn_einsum.hpp"
 #include "tessel/ir/fused_expr.hpp"
 #include "tessel/ops/registry.hpp"
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel {

@@ -26,7 +26,7 @@
 
 #include <Eigen/Dense>
 
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel::cpu_detail {

@@ -15,7 +15,7 @@
 // Design:
 //  * No global mutable state: many device threads call these kernels concurrently (the
 //    oneDNN primitive cache is the one shared structure; it is behind a mutex).
-#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/cpu/cpu_kernels.hpp"
 
 #include "cpu_elementwise.hpp"
 #include "cpu_kernel_families.hpp"

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "spin.hpp"
+#include "../spin.hpp"
 #include "tessel/runtime/backend.hpp"
 
 namespace tessel {

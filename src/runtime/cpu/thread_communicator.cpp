@@ -47,7 +47,7 @@
 #include <vector>
 
 #include "cpu_stream.hpp"
-#include "spin.hpp"
+#include "../spin.hpp"
 #include "thread_group_state.hpp"
 #include "thread_reduce.hpp"
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "spin.hpp"
+#include "../spin.hpp"
 #include "thread_group_state.hpp"
 
 namespace tessel {

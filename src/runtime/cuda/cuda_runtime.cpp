@@ -1,4 +1,4 @@
-// CudaRuntime (cuda.hpp): a ThreadRuntime whose backends are CUDA backends, and the collective
+// CudaRuntime (cuda.hpp): DeviceThreads whose backends are CUDA backends, and the collective
 // world of a load — the virtual-device world, an NCCL world over this process's GPUs, or one
 // NCCL world over every process of a job (the unique id shared through a ProcessGroup).
 #include <fmt/format.h>
@@ -8,7 +8,7 @@
 
 #include "cuda_backend.hpp"
 #include "nccl_core.hpp"
-#include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/runtime/device_threads.hpp"
 
 namespace tessel {
 
@@ -16,7 +16,7 @@ struct CudaRuntime::Impl {
   CudaRuntimeOptions options;
   std::vector<int> gpus;  // per local device
   int rank = 0, size = 1;
-  std::unique_ptr<ThreadRuntime> threads;
+  std::unique_ptr<DeviceThreads> threads;
 
   std::vector<int64_t> positions() const {
     const int64_t k = static_cast<int64_t>(gpus.size());
@@ -117,17 +117,22 @@ CudaRuntime::CudaRuntime(int64_t num_devices, CudaRuntimeOptions options) : impl
   const std::set<int> distinct(im.gpus.begin(), im.gpus.end());
   if (!o.processes && !o.use_nccl && distinct.size() > 1) enable_peer_access(distinct);
 
-  ThreadRuntimeOptions to;
+  DeviceThreadsOptions to;
+  to.owner = "CudaRuntime";
   to.spin_us = o.spin_us;
-  to.make_backend = [this](int64_t d) {
+  to.make_backend = [this](int64_t d, int) {
     CudaBackendOptions bo = impl_->options.backend;
     bo.device = impl_->gpus[static_cast<std::size_t>(d)];
     return make_cuda_backend(bo);
   };
-  im.threads = std::make_unique<ThreadRuntime>(num_devices, std::move(to));
+  im.threads = std::make_unique<DeviceThreads>(num_devices, std::move(to));
 }
 
-CudaRuntime::~CudaRuntime() = default;
+CudaRuntime::~CudaRuntime() {
+  // Programs loaded here may outlive it: their runs in flight end first (while the device
+  // threads still run), later ones throw.
+  retire(fmt::format("CudaRuntime of {} devices", impl_ ? impl_->gpus.size() : 0));
+}
 
 const CudaRuntimeOptions& CudaRuntime::options() const { return impl_->options; }
 int64_t CudaRuntime::num_devices() const { return static_cast<int64_t>(impl_->gpus.size()); }
@@ -144,7 +149,7 @@ std::string CudaRuntime::name() const {
 }
 int CudaRuntime::process_rank() const { return impl_->rank; }
 int CudaRuntime::process_count() const { return impl_->size; }
-ThreadRuntime& CudaRuntime::local() { return *impl_->threads; }
+DeviceThreads& CudaRuntime::local() { return *impl_->threads; }
 
 std::vector<int64_t> CudaRuntime::devices_for(const Mesh& mesh) {
   const int64_t k = num_devices();

@@ -4,7 +4,7 @@
 // queries (false), which never throw.
 #include "tessel/runtime/cuda/cuda.hpp"
 
-#include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/runtime/device_threads.hpp"
 
 namespace tessel {
 
@@ -52,7 +52,7 @@ std::string CudaRuntime::name() const { no_cuda("CudaRuntime"); }
 int CudaRuntime::process_rank() const { no_cuda("CudaRuntime"); }
 int CudaRuntime::process_count() const { no_cuda("CudaRuntime"); }
 std::vector<int64_t> CudaRuntime::devices_for(const Mesh&) { no_cuda("CudaRuntime"); }
-ThreadRuntime& CudaRuntime::local() { no_cuda("CudaRuntime"); }
+DeviceThreads& CudaRuntime::local() { no_cuda("CudaRuntime"); }
 std::unique_ptr<CollectiveWorld> CudaRuntime::make_world(const Mesh&, const std::vector<std::vector<std::string>>&,
                                                          double) {
   no_cuda("CudaRuntime");

@@ -11,6 +11,7 @@
 //
 // The collectives of groups that span processes: mpi_communicator.cpp; the MPI process group
 // (bootstrap exchanges): mpi_process_group.cpp; what they share: mpi_common.hpp.
+#include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 
 #include <fmt/format.h>
@@ -252,7 +253,7 @@ std::vector<int64_t> MpiRuntime::devices_for(const Mesh& mesh) {
   return mine;
 }
 
-ThreadRuntime& MpiRuntime::local() {
+DeviceThreads& MpiRuntime::local() {
   if (!impl_->local)
     throw RuntimeError("MpiRuntime: no devices yet (load a program first: the mesh decides which devices are here)");
   return *impl_->local;

@@ -28,7 +28,7 @@ bool MpiRuntime::failed() const { no_mpi(); }
 std::string MpiRuntime::failure() const { no_mpi(); }
 void MpiRuntime::abort(const std::string&) { no_mpi(); }
 std::vector<int64_t> MpiRuntime::devices_for(const Mesh&) { no_mpi(); }
-ThreadRuntime& MpiRuntime::local() { no_mpi(); }
+DeviceThreads& MpiRuntime::local() { no_mpi(); }
 std::unique_ptr<CollectiveWorld> MpiRuntime::make_world(const Mesh&, const std::vector<std::vector<std::string>>&,
                                                         double) {
   no_mpi();

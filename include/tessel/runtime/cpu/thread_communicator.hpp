@@ -102,8 +102,9 @@ class ThreadWorld : public CollectiveWorld {
 
   // The spin budget of the communicators made from now on (microseconds, >= 0): load() gives
   // a program that runs inline on the device threads the budget of those threads alone
-  // (ThreadRuntime::inline_spin_us), where the runtime's own counts its stream workers too.
+  // (DeviceThreads::inline_spin_us), where the runtime's own counts its stream workers too.
   void set_spin_us(int spin_us);
+  void set_wait_budget_us(int us) override { set_spin_us(us); }
 
  private:
   Mesh mesh_;

@@ -108,8 +108,7 @@ std::string nccl_unique_id();
 //   tessel::CudaRuntime rt(mesh.num_devices());          // 8 virtual devices on GPU 0
 //   tessel::LoadedExecutable prog = tessel::load(exe, rt);
 //
-// It owns a ThreadRuntime whose backends are CUDA backends (ThreadRuntimeOptions::
-// make_backend): a host thread per local device walks its program; each device has its own
+// It owns DeviceThreads (device_threads.hpp) whose backends are CUDA backends: a host thread per local device walks its program; each device has its own
 // compute, communication and transfer CUDA streams. Local device i lives on GPU
 // backend.device + i % num_gpus (virtual devices when there are more devices than GPUs).
 // Collectives: the virtual-device world (make_cuda_virtual_world) or, with use_nccl (a GPU
@@ -141,7 +140,7 @@ struct CudaRuntimeOptions {
   int num_gpus = 1;
   bool use_nccl = false;  // one process: NCCL instead of the virtual-device world
   std::shared_ptr<ProcessGroup> processes;  // several processes (then always NCCL); null: one
-  int spin_us = -1;  // ThreadRuntimeOptions::spin_us of the host threads
+  int spin_us = -1;  // DeviceThreadsOptions::spin_us of the host threads
 };
 
 class CudaRuntime : public Runtime {
@@ -163,7 +162,7 @@ class CudaRuntime : public Runtime {
   int process_rank() const override;
   int process_count() const override;
   std::vector<int64_t> devices_for(const Mesh& mesh) override;
-  ThreadRuntime& local() override;
+  DeviceThreads& local() override;
   std::unique_ptr<CollectiveWorld> make_world(const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
                                               double timeout_s) override;
   std::vector<HostTensor> allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) override;

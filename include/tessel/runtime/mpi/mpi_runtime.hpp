@@ -94,7 +94,7 @@ class MpiRuntime : public Runtime {
   int process_rank() const override { return rank(); }
   int process_count() const override { return world_size(); }
   std::vector<int64_t> devices_for(const Mesh& mesh) override;
-  ThreadRuntime& local() override;
+  DeviceThreads& local() override;
   std::unique_ptr<CollectiveWorld> make_world(const Mesh& mesh, const std::vector<std::vector<std::string>>& axes,
                                               double timeout_s) override;
   std::vector<HostTensor> allgather_shards(const Mesh& mesh, std::vector<HostTensor> local) override;
@@ -106,13 +106,8 @@ class MpiRuntime : public Runtime {
   std::shared_ptr<Impl> impl_;
 };
 
-// The runtime of a CPU program as the tools choose it from the launcher's environment
-// (launch.hpp): an MpiRuntime with `options` when an MPI launcher started this process;
-// nullptr when no launcher started several processes (every device is then a thread of this
-// process). A launcher that says this is one of several processes without MPI (RANK and
-// WORLD_SIZE > 1, torchrun style) is a RuntimeError saying what to do: the CPU runtime crosses
-// processes only through MPI, and otherwise each process would silently run the whole job.
-std::unique_ptr<Runtime> cpu_runtime_from_launch(const MpiRuntimeOptions& options);
+// The tools choose between this runtime and the others with make_runtime
+// (runtime/make_runtime.hpp), from the launcher's environment.
 
 // For a program's error path under mpirun: ends every process of the job with `status`. It
 // waits `grace_s` seconds first (the failure reaches the other processes through the abort
