@@ -26,21 +26,11 @@ Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& o
   const Graph& user = fused ? *fused : graph;
   std::optional<Graph> chosen;
   if (opts.auto_shard) chosen = auto_shard(user, mesh, *opts.auto_shard).annotated(user);
-  const Graph& source = chosen ? *chosen : user;
-  PaddedGraph pg;
-  if (opts.strict_even_shardings) {
-    pg.graph = source.clone();
-    for (int v : source.inputs) pg.input_shapes.push_back(source.values[static_cast<std::size_t>(v)].shape);
-  } else {
-    pg = pad_uneven(source, mesh);
-  }
-  PropagationResult prop = propagate(pg.graph, mesh, opts.propagation);
-  Program prog = partition(pg.graph, mesh, prop, opts.partition);
-  add_program_warnings(graph, mesh, prog);
-  for (const std::string& n : pg.notes) prog.warnings.push_back("uneven sharding: " + n);
-  Executable exe(std::move(pg.graph), mesh, std::move(prop), std::move(prog));
-  exe.set_user_input_shapes(std::move(pg.input_shapes));
-  return exe;
+  CompileProgramOptions co;
+  co.propagation = opts.propagation;
+  co.partition = opts.partition;
+  co.strict_even_shardings = opts.strict_even_shardings;
+  return Executable(compile_graph(chosen ? *chosen : user, mesh, co, &graph));
 }
 
 struct Executable::RunCache {
@@ -58,15 +48,19 @@ struct Executable::RunCache {
 };
 
 Executable::Executable(Graph graph, Mesh mesh, PropagationResult prop, Program program)
-    : graph_(std::move(graph)), mesh_(std::move(mesh)), prop_(std::move(prop)),
-      program_(std::move(program)), cache_(std::make_shared<RunCache>()) {}
+    : graph_(std::move(graph)), prop_(std::move(prop)),
+      compiled_(compiled_program_of(graph_, mesh, std::move(program))), cache_(std::make_shared<RunCache>()) {}
+
+Executable::Executable(Compilation c)
+    : graph_(std::move(c.graph)), prop_(std::move(c.shardings)), compiled_(std::move(c.compiled)),
+      cache_(std::make_shared<RunCache>()) {}
 
 RunStats Executable::last_stats() const {
   std::lock_guard<std::mutex> lk(cache_->stats_mu);
   return cache_->stats;
 }
 
-MemoryPlan Executable::memory_estimate() const { return lower_program(program_).memory_plan(); }
+MemoryPlan Executable::memory_estimate() const { return lower_program(compiled_.program).memory_plan(); }
 
 LoadedExecutable& Executable::loaded_for(const RunOptions& opts) {
   RunCache& c = *cache_;
@@ -85,7 +79,7 @@ LoadedExecutable& Executable::loaded_for(const RunOptions& opts) {
     ro.stream_mode = opts.stream_mode;
     ro.kernel_threads = opts.kernel_threads;
     ro.inline_max_comm_bytes = opts.inline_max_comm_bytes;
-    c.runtime = std::make_unique<ThreadRuntime>(mesh_.num_devices(), ro);
+    c.runtime = std::make_unique<ThreadRuntime>(compiled_.mesh.num_devices(), ro);
     c.mode = opts.stream_mode;
     c.kernel_threads = opts.kernel_threads;
     c.inline_max_comm_bytes = opts.inline_max_comm_bytes;
@@ -106,30 +100,30 @@ LoadedExecutable& Executable::loaded_for(const RunOptions& opts) {
 }
 
 std::vector<HostTensor> Executable::scatter(std::size_t input, const HostTensor& global) const {
-  if (input >= program_.inputs.size())
-    throw RuntimeError(fmt::format("scatter: input #{} does not exist ({} inputs)", input, program_.inputs.size()));
-  const LocalValue& lv = program_.values[program_.inputs[input]];
-  const bool user_shape = input < user_input_shapes_.size() && global.shape() == user_input_shapes_[input];
+  if (input >= compiled_.program.inputs.size())
+    throw RuntimeError(fmt::format("scatter: input #{} does not exist ({} inputs)", input, compiled_.program.inputs.size()));
+  const LocalValue& lv = compiled_.program.values[compiled_.program.inputs[input]];
+  const bool user_shape = input < compiled_.user_input_shapes.size() && global.shape() == compiled_.user_input_shapes[input];
   if (global.dtype() != lv.dtype || (global.shape() != lv.global_shape && !user_shape))
     throw RuntimeError(fmt::format("scatter: input #{} %{} expects {} but got {}", input, lv.name,
-                                   type_str(lv.dtype, input < user_input_shapes_.size() ? user_input_shapes_[input]
+                                   type_str(lv.dtype, input < compiled_.user_input_shapes.size() ? compiled_.user_input_shapes[input]
                                                                                         : lv.global_shape),
                                    type_str(global.dtype(), global.shape())));
-  return scatter_host(mesh_, lv.sharding, lv.shape, pad_host(global, lv.global_shape));
+  return scatter_host(compiled_.mesh, lv.sharding, lv.shape, pad_host(global, lv.global_shape));
 }
 
 HostTensor Executable::gather(std::size_t output, const std::vector<HostTensor>& shards, bool check) const {
-  if (output >= program_.outputs.size())
-    throw RuntimeError(fmt::format("gather: output #{} does not exist ({} outputs)", output, program_.outputs.size()));
-  const LocalValue& lv = program_.values[program_.outputs[output]];
-  if (static_cast<int64_t>(shards.size()) != mesh_.num_devices())
-    throw RuntimeError(fmt::format("gather: {} shards for {} devices", shards.size(), mesh_.num_devices()));
-  for (int64_t d = 0; d < mesh_.num_devices(); ++d)
+  if (output >= compiled_.program.outputs.size())
+    throw RuntimeError(fmt::format("gather: output #{} does not exist ({} outputs)", output, compiled_.program.outputs.size()));
+  const LocalValue& lv = compiled_.program.values[compiled_.program.outputs[output]];
+  if (static_cast<int64_t>(shards.size()) != compiled_.mesh.num_devices())
+    throw RuntimeError(fmt::format("gather: {} shards for {} devices", shards.size(), compiled_.mesh.num_devices()));
+  for (int64_t d = 0; d < compiled_.mesh.num_devices(); ++d)
     if (shards[d].dtype() != lv.dtype || shards[d].shape() != lv.shape)
       throw RuntimeError(fmt::format("gather: output #{} %{} with sharding {} expects local shards {} "
                                      "but device {} gave {}", output, lv.name, lv.sharding.to_string(),
                                      type_str(lv.dtype, lv.shape), d, type_str(shards[d].dtype(), shards[d].shape())));
-  return gather_host(mesh_, lv.sharding, lv.dtype, lv.global_shape, shards, check, lv.name);
+  return gather_host(compiled_.mesh, lv.sharding, lv.dtype, lv.global_shape, shards, check, lv.name);
 }
 
 std::vector<HostTensor> Executable::run(const std::vector<HostTensor>& inputs, const RunOptions& opts) {
@@ -139,14 +133,14 @@ std::vector<HostTensor> Executable::run(const std::vector<HostTensor>& inputs, c
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const Value& v = graph_.values[graph_.inputs[i]];
     // The user's shape (an input padded for an uneven sharding is padded by to_device).
-    const Shape& want = i < user_input_shapes_.size() ? user_input_shapes_[i] : v.shape;
+    const Shape& want = i < compiled_.user_input_shapes.size() ? compiled_.user_input_shapes[i] : v.shape;
     if (inputs[i].dtype() != v.dtype || inputs[i].shape() != want)
       throw RuntimeError(fmt::format("run: input #{} %{} expects {} but got {}", i, v.name,
                                      type_str(v.dtype, want), type_str(inputs[i].dtype(), inputs[i].shape())));
   }
   std::vector<HostTensor> result;
   run_locked(
-      opts, inputs.size(), [&](LoadedExecutable& le, std::size_t i) { return le.to_device(i, inputs[i]); },
+      opts, [&](LoadedExecutable& le) { return le.to_device(inputs); },
       [&](LoadedExecutable& le, std::size_t o, const ShardedArray& a) {
         if (opts.poison || opts.check_replicas) result.push_back(gather(o, le.shards_to_host(a), opts.check_replicas));
         else result.push_back(le.to_host(a));
@@ -160,10 +154,10 @@ std::vector<std::vector<HostTensor>> Executable::run_sharded(const std::vector<s
     throw RuntimeError(fmt::format("run_sharded: the graph has {} inputs but {} were given",
                                    graph_.inputs.size(), shards.size()));
   for (std::size_t i = 0; i < shards.size(); ++i) {
-    const LocalValue& lv = program_.values[program_.inputs[i]];
-    if (static_cast<int64_t>(shards[i].size()) != mesh_.num_devices())
+    const LocalValue& lv = compiled_.program.values[compiled_.program.inputs[i]];
+    if (static_cast<int64_t>(shards[i].size()) != compiled_.mesh.num_devices())
       throw RuntimeError(fmt::format("run_sharded: input #{} %{} has {} shards but the mesh {} has {} devices",
-                                     i, lv.name, shards[i].size(), mesh_.to_string(), mesh_.num_devices()));
+                                     i, lv.name, shards[i].size(), compiled_.mesh.to_string(), compiled_.mesh.num_devices()));
     for (const auto& t : shards[i])
       if (t.dtype() != lv.dtype || t.shape() != lv.shape)
         throw RuntimeError(fmt::format("run_sharded: input #{} %{} with sharding {} expects local shards {} "
@@ -172,17 +166,20 @@ std::vector<std::vector<HostTensor>> Executable::run_sharded(const std::vector<s
   }
   std::vector<std::vector<HostTensor>> outs;
   run_locked(
-      opts, shards.size(), [&](LoadedExecutable& le, std::size_t i) { return le.shards_to_device(i, shards[i]); },
+      opts,
+      [&](LoadedExecutable& le) {
+        std::vector<ShardedArray> arrays;
+        for (std::size_t i = 0; i < shards.size(); ++i) arrays.push_back(le.shards_to_device(i, shards[i]));
+        return arrays;
+      },
       [&](LoadedExecutable& le, std::size_t, const ShardedArray& a) { outs.push_back(le.shards_to_host(a)); });
   return outs;
 }
 
-void Executable::run_locked(const RunOptions& opts, std::size_t num_inputs, const ToDevice& to_device,
-                            const TakeOutput& take_output) {
+void Executable::run_locked(const RunOptions& opts, const ToDevice& to_device, const TakeOutput& take_output) {
   std::lock_guard<std::mutex> lk(cache_->mu);
   LoadedExecutable& le = loaded_for(opts);
-  std::vector<ShardedArray> arrays;
-  for (std::size_t i = 0; i < num_inputs; ++i) arrays.push_back(to_device(le, i));
+  const std::vector<ShardedArray> arrays = to_device(le);
   RunResult r = le.run(arrays, opts);
   {
     std::lock_guard<std::mutex> s(cache_->stats_mu);

@@ -24,6 +24,7 @@
 #include "tessel/autoshard/auto_shard.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/core/mesh.hpp"
+#include "tessel/compiler/compiled_program.hpp"
 #include "tessel/compiler/partition.hpp"
 #include "tessel/ir/program.hpp"
 #include "tessel/compiler/propagate.hpp"
@@ -50,17 +51,23 @@ struct CompileOptions {
 class Executable {
  public:
   Executable(Graph graph, Mesh mesh, PropagationResult prop, Program program);
+  explicit Executable(Compilation c);
+
+  // The runtime-neutral artifact load() takes (compiler/compiled_program.hpp); an Executable
+  // converts to it, so load(exe, runtime) and run_on_cuda(exe, ...) take an Executable as well.
+  const CompiledProgram& compiled() const { return compiled_; }
+  operator const CompiledProgram&() const { return compiled_; }  // NOLINT: the artifact it wraps
 
   // The graph the program was partitioned from: the user's, or its padded rewrite when an
   // annotation splits a dim unevenly (uneven.hpp); inputs and outputs keep their names.
   const Graph& graph() const { return graph_; }
   // The user's shape of each input (graph().inputs order); an input whose padded shape in
   // graph() is larger is padded with zeros by run(), scatter() and to_device().
-  const std::vector<Shape>& user_input_shapes() const { return user_input_shapes_; }
-  void set_user_input_shapes(std::vector<Shape> s) { user_input_shapes_ = std::move(s); }
-  const Mesh& mesh() const { return mesh_; }
+  const std::vector<Shape>& user_input_shapes() const { return compiled_.user_input_shapes; }
+  void set_user_input_shapes(std::vector<Shape> s) { compiled_.user_input_shapes = std::move(s); }
+  const Mesh& mesh() const { return compiled_.mesh; }
   const PropagationResult& shardings() const { return prop_; }
-  const Program& program() const { return program_; }
+  const Program& program() const { return compiled_.program; }
 
   // Global tensors in (graph.inputs order), global tensors out (graph.outputs order).
   // Throws RuntimeError naming the input, its expected and given type on a mismatch, and
@@ -96,15 +103,13 @@ class Executable {
   // What run() and run_sharded() share, with the cache's lock held throughout: the loaded
   // program for opts runs on the arrays to_device(le, i) makes of inputs 0..num_inputs-1,
   // the stats are kept for last_stats(), and take_output(le, o, array) reads each output.
-  using ToDevice = std::function<ShardedArray(LoadedExecutable&, std::size_t)>;
+  // Every input's array, in graph input order.
+  using ToDevice = std::function<std::vector<ShardedArray>(LoadedExecutable&)>;
   using TakeOutput = std::function<void(LoadedExecutable&, std::size_t, const ShardedArray&)>;
-  void run_locked(const RunOptions& opts, std::size_t num_inputs, const ToDevice& to_device,
-                  const TakeOutput& take_output);
+  void run_locked(const RunOptions& opts, const ToDevice& to_device, const TakeOutput& take_output);
   Graph graph_;
-  std::vector<Shape> user_input_shapes_;
-  Mesh mesh_;
   PropagationResult prop_;
-  Program program_;
+  CompiledProgram compiled_;
   std::shared_ptr<RunCache> cache_;
 };
 

@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 
 #include "tessel/autoshard/solver.hpp"
-#include "tessel/executable.hpp"
+#include "tessel/compiler/compiled_program.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/compiler/propagate.hpp"
 #include "tessel/compiler/reshard.hpp"
@@ -658,9 +658,9 @@ AutoShardResult solve_formulated(const Graph& g, const AutoShardOptions& options
 // The peak bytes per device of the program load() runs for `annotated` (lowered, each tied
 // output written into its input counted once, as a Trainer loads it).
 int64_t program_peak(const Graph& annotated, const Mesh& mesh, const AutoShardOptions& options) {
-  const Executable exe = compile(annotated, mesh);
-  Program low = lower_program(exe.program(), false, {});
-  plan_donations(low, exe.graph(), options.tied);
+  const Compilation exe = compile_graph(annotated, mesh);
+  Program low = lower_program(exe.compiled.program, false, {});
+  plan_donations(low, exe.graph, options.tied);
   return low.memory_plan().peak_bytes();
 }
 

@@ -19,7 +19,6 @@
 #include <set>
 #include <thread>
 
-#include "tessel/executable.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/ir/program_verify.hpp"
@@ -390,24 +389,24 @@ void check_program_kernels(const Program& program, const Backend& backend, int64
   }
 }
 
-LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& options) {
+LoadedExecutable load(const CompiledProgram& exe, Runtime& rt, const LoadOptions& options) {
   auto impl = std::make_unique<LoadedExecutable::Impl>();
   impl->rt = &rt;
   const double t = options.collective_timeout_s;
   if (std::isnan(t) || t < 0)
     throw RuntimeError(fmt::format("load: collective_timeout_s must be >= 0 seconds (0 or inf: no timeout), got {}", t));
-  impl->positions = rt.devices_for(exe.mesh());  // throws on a runtime that cannot run this mesh
+  impl->positions = rt.devices_for(exe.mesh);  // throws on a runtime that cannot run this mesh
   impl->local = &rt.local();
   impl->rt_life = rt.lifetime();
   // Lowered for the local backends: no pass makes a kernel one of them lacks.
-  impl->program = lower_program(exe.program(), /*verify=*/false, lowering_for(rt, options.lowering));
+  impl->program = lower_program(exe.program, /*verify=*/false, lowering_for(rt, options.lowering));
   verify_program(impl->program);
   impl->options = options;
   const Program& p = impl->program;
   for (int64_t d = 0; d < impl->local->num_devices(); ++d) check_program_kernels(p, impl->local->backend(d), d);
-  for (int v : exe.graph().inputs) impl->input_names.push_back(exe.graph().values[v].name);
-  impl->user_input_shapes = exe.user_input_shapes();
-  for (int v : exe.graph().outputs) impl->output_names.push_back(exe.graph().values[v].name);
+  impl->input_names = exe.input_names;
+  impl->user_input_shapes = exe.user_input_shapes;
+  impl->output_names = exe.output_names;
   impl->donate.assign(p.inputs.size(), -1);
   for (const auto& [in_name, out_name] : options.donate) {
     const std::size_t i = index_of(impl->input_names, in_name, "input");
@@ -444,7 +443,7 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
   // Every process loads the same program, or none does. Only after every check of this
   // process passed: a process that fails one never comes to the exchange, and the others
   // time out naming it, instead of waiting in the communicator creation below.
-  detail::check_same_program(rt, exe.mesh(), impl->program);
+  detail::check_same_program(rt, exe.mesh, impl->program);
   impl->make_world();
   for (int64_t d = 0; d < n; ++d) {
     DeviceContext ctx;
@@ -460,8 +459,10 @@ LoadedExecutable load(const Executable& exe, Runtime& rt, const LoadOptions& opt
 
 // ---- transfers -------------------------------------------------------------------------------
 
-ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& user_global) const {
-  Impl::Call call(*impl_, "to_device");
+// Enqueues the copies of input `input` on the transfer streams; `staged` keeps the host blocks
+// alive until the caller synchronises them.
+ShardedArray LoadedExecutable::enqueue_to_device(std::size_t input, const HostTensor& user_global,
+                                                 std::deque<HostTensor>& staged) const {
   impl_->check_input(input, "to_device");
   const LocalValue& lv = impl_->in_value(input);
   const std::string& name = impl_->input_names[input];
@@ -473,7 +474,8 @@ ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& us
                                    type_str(lv.dtype, input < impl_->user_input_shapes.size()
                                                           ? impl_->user_input_shapes[input] : lv.global_shape),
                                    type_str(user_global.dtype(), user_global.shape())));
-  const HostTensor global = pad_host(user_global, lv.global_shape);
+  staged.push_back(pad_host(user_global, lv.global_shape));
+  const HostTensor& global = staged.back();
   DeviceThreads& lr = *impl_->local;
   const auto& pos = impl_->positions;
   const int64_t n = static_cast<int64_t>(pos.size());
@@ -495,9 +497,31 @@ ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& us
     be.copy_from_host(*b, src.data(), src.bytes(), lr.transfer_stream(d));
     bufs.push_back(std::move(b));
   }
-  for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
+  for (HostTensor& t : blocks) staged.push_back(std::move(t));
   return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), pos,
                       impl_->program.mesh);
+}
+
+ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& global) const {
+  Impl::Call call(*impl_, "to_device");
+  std::deque<HostTensor> staged;  // a deque: staged blocks never move while copies read them
+  ShardedArray a = enqueue_to_device(input, global, staged);
+  for (int64_t d = 0; d < impl_->local->num_devices(); ++d) impl_->local->transfer_stream(d).synchronize();
+  return a;
+}
+
+std::vector<ShardedArray> LoadedExecutable::to_device(const std::vector<HostTensor>& globals) const {
+  Impl::Call call(*impl_, "to_device");
+  if (globals.size() != impl_->input_names.size())
+    throw RuntimeError(fmt::format("to_device: the program has {} inputs but {} tensors were given",
+                                   impl_->input_names.size(), globals.size()));
+  // Every copy enqueued first, one synchronisation per device at the end: a wait per input
+  // costs a hand-off to each transfer stream's worker and back (about 10-30 us on a shared core).
+  std::deque<HostTensor> staged;  // a deque: staged blocks never move while copies read them
+  std::vector<ShardedArray> out;
+  for (std::size_t i = 0; i < globals.size(); ++i) out.push_back(enqueue_to_device(i, globals[i], staged));
+  for (int64_t d = 0; d < impl_->local->num_devices(); ++d) impl_->local->transfer_stream(d).synchronize();
+  return out;
 }
 
 ShardedArray LoadedExecutable::to_device(const std::string& input, const HostTensor& global) const {

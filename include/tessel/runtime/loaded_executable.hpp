@@ -1,6 +1,6 @@
 // tessel/runtime/loaded_executable.hpp — compile → load → run.
 //
-//   tessel::Executable exe = tessel::compile(graph, mesh);              // pure
+//   tessel::Executable exe = tessel::compile(graph, mesh);              // pure (or compile_program)
 //   tessel::ThreadRuntime rt(mesh.num_devices());  // runtime/cpu/thread_runtime.hpp: devices, threads, streams
 //   tessel::LoadedExecutable prog = tessel::load(exe, rt);               // communicators, events: once
 //   tessel::ShardedArray w = prog.to_device("w", w_host);                 // explicit host -> devices
@@ -33,12 +33,14 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tessel/compiler/compiled_program.hpp"
 #include "tessel/ir/program.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/runtime/sharded_array.hpp"
@@ -47,7 +49,6 @@
 
 namespace tessel {
 
-class Executable;
 
 struct LoadOptions {
   // A collective waiting longer than this for its peers aborts the run with an error naming
@@ -142,6 +143,9 @@ class LoadedExecutable {
   // its type), copied to every device. Returns when the copies are done.
   ShardedArray to_device(std::size_t input, const HostTensor& global) const;
   ShardedArray to_device(const std::string& input, const HostTensor& global) const;
+  // Every input at once (graph input order): the copies are enqueued together and waited for
+  // once per device, not once per input.
+  std::vector<ShardedArray> to_device(const std::vector<HostTensor>& globals) const;
   // Host -> devices from per-device shards (checked against the local type).
   ShardedArray shards_to_device(std::size_t input, const std::vector<HostTensor>& shards) const;
   // Host -> devices in parts, for inputs too large to stage on the host at once (a checkpoint
@@ -176,8 +180,9 @@ class LoadedExecutable {
   struct Impl;
 
  private:
+  ShardedArray enqueue_to_device(std::size_t input, const HostTensor& global, std::deque<HostTensor>& staged) const;
   explicit LoadedExecutable(std::unique_ptr<Impl> impl);
-  friend LoadedExecutable load(const Executable&, Runtime&, const LoadOptions&);
+  friend LoadedExecutable load(const CompiledProgram&, Runtime&, const LoadOptions&);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -194,6 +199,6 @@ void check_program_kernels(const Program& program, const Backend& backend, int64
 // Loads `exe` on `runtime` (a ThreadRuntime must have exe.mesh().num_devices() devices; an
 // MpiRuntime's world size must divide it). The runtime should outlive the loaded executable:
 // once it is destroyed, the executable only throws (see Lifetimes above).
-LoadedExecutable load(const Executable& exe, Runtime& runtime, const LoadOptions& options = {});
+LoadedExecutable load(const CompiledProgram& program, Runtime& runtime, const LoadOptions& options = {});
 
 }  // namespace tessel

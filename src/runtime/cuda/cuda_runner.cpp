@@ -3,26 +3,24 @@
 // CPU runtime (the same lowering, executors, scatter and gather), with CUDA backends.
 #include <fmt/format.h>
 
-#include "tessel/executable.hpp"
 #include "tessel/runtime/cuda/cuda.hpp"
 
 namespace tessel {
 
-std::vector<HostTensor> run_on_cuda(const Executable& exe, const std::vector<HostTensor>& inputs,
+std::vector<HostTensor> run_on_cuda(const CompiledProgram& exe, const std::vector<HostTensor>& inputs,
                                     const CudaRunOptions& options) {
   CudaRuntimeOptions ro;
   ro.backend = options.backend;
   ro.num_gpus = std::max(1, options.num_gpus);
   ro.use_nccl = options.use_nccl;
-  CudaRuntime rt(exe.mesh().num_devices(), ro);
+  CudaRuntime rt(exe.mesh.num_devices(), ro);
   LoadOptions lo = options.load;
   lo.collective_timeout_s = options.collective_timeout_s;
   LoadedExecutable prog = load(exe, rt, lo);
   if (inputs.size() != prog.input_names().size())
     throw RuntimeError(fmt::format("run_on_cuda: {} inputs given, the program takes {}", inputs.size(),
                                    prog.input_names().size()));
-  std::vector<ShardedArray> arrays;
-  for (std::size_t i = 0; i < inputs.size(); ++i) arrays.push_back(prog.to_device(i, inputs[i]));
+  const std::vector<ShardedArray> arrays = prog.to_device(inputs);
   RunOptions run;
   run.poison = options.poison;
   RunResult r = prog.run(arrays, run);

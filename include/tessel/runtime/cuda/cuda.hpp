@@ -27,7 +27,6 @@
 
 namespace tessel {
 
-class Executable;
 
 // GPUs visible to this process; 0 when there is none or no usable driver (never throws).
 int cuda_device_count();
@@ -206,7 +205,7 @@ struct CudaRunOptions {
 // outputs gathered to the host (replicas checked when asked). A convenience for tests; a
 // program run more than once should load on a CudaRuntime once. Throws RuntimeError naming
 // the device and instruction that failed.
-std::vector<HostTensor> run_on_cuda(const Executable& exe, const std::vector<HostTensor>& inputs,
+std::vector<HostTensor> run_on_cuda(const CompiledProgram& exe, const std::vector<HostTensor>& inputs,
                                     const CudaRunOptions& options = {});
 
 }  // namespace tessel
