@@ -37,7 +37,7 @@ std::unique_ptr<CollectiveWorld> make_nccl_world(const Mesh&, const std::vector<
   no_cuda("make_nccl_world");
 }
 std::string nccl_unique_id() { no_cuda("nccl_unique_id"); }
-std::vector<HostTensor> run_on_cuda(const Executable&, const std::vector<HostTensor>&, const CudaRunOptions&) {
+std::vector<HostTensor> run_on_cuda(const CompiledProgram&, const std::vector<HostTensor>&, const CudaRunOptions&) {
   no_cuda("run_on_cuda");
 }
 
