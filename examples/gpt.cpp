@@ -126,13 +126,12 @@ int run(int argc, char** argv) {
     return 0;
   }
   // CUDA: a CudaRuntime (one process, or one NCCL world over the launcher's processes). CPU
-  // under an MPI launcher: the MPI runtime. Only rank 0 prints.
+  // under an MPI launcher: the MPI runtime; otherwise every device a thread of this process
+  // (make_runtime). Only rank 0 prints.
   std::unique_ptr<tessel::Runtime> runtime = tessel::make_runtime({cuda ? "cuda" : "cpu", mesh, threads, timeout_s, gpus});
-  // One process with every device a thread of it: the Executable conveniences below.
-  if (runtime->name() == "threads") runtime.reset();
   tessel::Runtime* const rt = runtime.get();
   seed = tessel::agree_on_seed(rt, seed);  // every process draws the same inputs: rank 0's seed
-  const bool printer = !rt || rt->process_rank() == 0;
+  const bool printer = rt->process_rank() == 0;
   auto print = [&](const std::string& text) {
     if (printer) std::fputs(text.c_str(), stdout);
   };
@@ -148,7 +147,7 @@ int run(int argc, char** argv) {
                       "seed {}\n",
                       mesh.to_string(), mesh.num_devices(), c->num_devices(), c->process_count(), c->name(),
                       used.size(), tessel::cuda_device_name(used[0]), seed));
-  } else if (rt) {
+  } else if (rt->process_count() > 1) {
     print(fmt::format("mesh {} = {} CPU devices on {} MPI processes ({} per process), seed {}\n", mesh.to_string(),
                       mesh.num_devices(), rt->process_count(), mesh.num_devices() / std::max(1, rt->process_count()),
                       seed));
@@ -174,41 +173,28 @@ int run(int argc, char** argv) {
   tessel::gpt_init(m.graph, inputs);
 
   tessel::RunOptions ro;
-  ro.kernel_threads = threads;
   std::vector<tessel::HostTensor> out;
   double best = 1e300;
   int64_t peak = 0, planned = 0;  // bytes per device: measured (the largest device's), the plan's
-  if (rt) {
-    // Every process runs the same steps (SPMD); inputs are made from the same seed everywhere.
-    tessel::LoadOptions lo;
-    // A hung GPU collective fails instead of waiting forever; on MPI, 0 is the runtime's timeout.
-    lo.collective_timeout_s = cuda ? (timeout_s >= 0 ? timeout_s : 300) : 0;
-    tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
-    std::vector<tessel::ShardedArray> args;
-    for (std::size_t i = 0; i < inputs.size(); ++i) args.push_back(prog.to_device(i, inputs[i]));
-    tessel::RunResult r;
-    for (int it = 0; it < iters; ++it) {
-      ro.trace_path = it == iters - 1 && !trace.empty()
-                          ? (rt->process_count() > 1 ? fmt::format("{}.rank{}", trace, rt->process_rank()) : trace)
-                          : "";
-      auto s = std::chrono::steady_clock::now();
-      r = prog.run(args, ro);
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
-    }
-    for (std::size_t o = 0; o < r.outputs.size(); ++o) out.push_back(prog.to_host(r.outputs[o]));
-    for (int64_t b : r.stats.measured_peak_bytes) peak = std::max(peak, b);
-    planned = r.stats.planned_peak_bytes;
-    if (!printer) return 0;
-  } else {
-    for (int it = 0; it < iters; ++it) {
-      if (it == iters - 1) ro.trace_path = trace;
-      auto s = std::chrono::steady_clock::now();
-      out = exe.run(inputs, ro);
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
-    }
-    for (int64_t b : exe.last_stats().measured_peak_bytes) peak = std::max(peak, b);
-    planned = exe.last_stats().planned_peak_bytes;
+  // Every process runs the same steps (SPMD); inputs are made from the same seed everywhere.
+  tessel::LoadOptions lo;
+  // A hung GPU collective fails instead of waiting forever; on MPI, 0 is the runtime's timeout.
+  lo.collective_timeout_s = cuda ? (timeout_s >= 0 ? timeout_s : 300) : 0;
+  tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
+  const std::vector<tessel::ShardedArray> args = prog.to_device(inputs);
+  tessel::RunResult r;
+  for (int it = 0; it < iters; ++it) {
+    ro.trace_path = it == iters - 1 && !trace.empty()
+                        ? (rt->process_count() > 1 ? fmt::format("{}.rank{}", trace, rt->process_rank()) : trace)
+                        : "";
+    auto s = std::chrono::steady_clock::now();
+    r = prog.run(args, ro);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
   }
+  for (std::size_t o = 0; o < r.outputs.size(); ++o) out.push_back(prog.to_host(r.outputs[o]));
+  for (int64_t b : r.stats.measured_peak_bytes) peak = std::max(peak, b);
+  planned = r.stats.planned_peak_bytes;
+  if (!printer) return 0;
   const double loss = out[0].get(0);
   std::vector<tessel::HostTensor> ref = tessel::run_reference(m.graph, inputs, threads);
   const double ref_loss = ref[0].get(0);
@@ -217,7 +203,7 @@ int run(int argc, char** argv) {
   fmt::print("compile: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms,
              m.graph.ops.size(), exe.program().instrs.size());
   fmt::print("loss (partitioned, {} {} devices{}) = {:.7f}\n", mesh.num_devices(), cuda ? "CUDA" : "CPU",
-             rt && rt->process_count() > 1 ? fmt::format(", {} processes", rt->process_count()) : "", loss);
+             rt->process_count() > 1 ? fmt::format(", {} processes", rt->process_count()) : "", loss);
   fmt::print("loss (reference, 1 device)    = {:.7f}\n", ref_loss);
   fmt::print("relative difference = {:.3g} ({})\n", rel, rel <= 1e-5 ? "ok, <= 1e-5" : "FAILED, > 1e-5");
   fmt::print("forward: {:.2f} ms, {:.0f} tokens/s (best of {})\n", best * 1e3, tokens / best, iters);
@@ -225,7 +211,7 @@ int run(int argc, char** argv) {
              static_cast<double>(peak) / (1 << 20), planned);
   if (!trace.empty())
     fmt::print("trace written to {}{} (open in https://ui.perfetto.dev)\n", trace,
-               rt && rt->process_count() > 1 ? ".rank<N>" : "");
+               rt->process_count() > 1 ? ".rank<N>" : "");
   fmt::print("{}\n", exe.program().summary().line());
   return rel <= 1e-5 && std::isfinite(loss) ? 0 : 1;
 }
