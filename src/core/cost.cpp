@@ -13,17 +13,6 @@
 
 namespace tessel {
 
-const char* collective_name(CollectiveKind k) {
-  switch (k) {
-    case CollectiveKind::AllGather: return "all-gather";
-    case CollectiveKind::AllReduce: return "all-reduce";
-    case CollectiveKind::ReduceScatter: return "reduce-scatter";
-    case CollectiveKind::AllToAll: return "all-to-all";
-    case CollectiveKind::CollectivePermute: return "collective-permute";
-  }
-  return "?";
-}
-
 LinkSpec CostModel::link(const std::vector<std::string>& axes) const {
   if (axes.empty()) return default_link;
   LinkSpec out{0, 0};
@@ -38,20 +27,13 @@ LinkSpec CostModel::link(const std::vector<std::string>& axes) const {
   return out;
 }
 
-double CostModel::ring_factor(CollectiveKind k, int64_t n) {
-  if (n <= 1) return 0;
-  double f = static_cast<double>(n - 1) / static_cast<double>(n);
-  switch (k) {
-    case CollectiveKind::AllReduce: return 2 * f;
-    case CollectiveKind::CollectivePermute: return 1;
-    default: return f;
-  }
-}
+double CostModel::ring_factor(CollectiveKind k, int64_t n) { return collective_ring_factor(k, n); }
 
 double CostModel::collective_seconds(CollectiveKind k, const Mesh& mesh,
                                      const std::vector<std::string>& axes, int64_t bytes) const {
-  int64_t n = k == CollectiveKind::CollectivePermute ? 2 : mesh.axes_size(axes);
-  if (n <= 1 && k != CollectiveKind::CollectivePermute) return 0;
+  const bool pairs = collective_info(k).over_pairs;  // a permute moves between two devices
+  int64_t n = pairs ? 2 : mesh.axes_size(axes);
+  if (n <= 1 && !pairs) return 0;
   LinkSpec l = link(axes);
   return l.alpha_s + static_cast<double>(bytes) * ring_factor(k, n) / l.bandwidth;
 }

@@ -89,16 +89,7 @@ int64_t IndexExpr::max_value(const Mesh& mesh) const {
   return stride > 0 ? base + stride * hi : base;
 }
 
-std::string collective_start_name(CollectiveKind k) {
-  switch (k) {
-    case CollectiveKind::AllGather: return "all_gather_start";
-    case CollectiveKind::AllReduce: return "all_reduce_start";
-    case CollectiveKind::ReduceScatter: return "reduce_scatter_start";
-    case CollectiveKind::AllToAll: return "all_to_all_start";
-    case CollectiveKind::CollectivePermute: return "collective_permute_start";
-  }
-  return "?";
-}
+std::string collective_start_name(CollectiveKind k) { return std::string(collective_text(k)) + "_start"; }
 
 std::vector<int> Program::last_use() const {
   std::vector<int> last(values.size(), -1);
@@ -161,13 +152,14 @@ std::string Program::to_string(int64_t device) const {
                          join(args, ", "), in.dim, join(in.axes, ", "), type_str(o.dtype, o.shape));
     } else {
       std::string extra;
-      if (in.collective == CollectiveKind::AllGather || in.collective == CollectiveKind::ReduceScatter)
+      const CollectiveInfo& ci = collective_info(in.collective);
+      if (ci.shape == CollectiveShape::GatherDim || ci.shape == CollectiveShape::ScatterDim)
         extra = fmt::format(" dim={}", in.dim);
-      if (in.collective == CollectiveKind::AllToAll)
+      if (ci.shape == CollectiveShape::AllToAll)
         extra = fmt::format(" split_dim={} concat_dim={}", in.dim, in.dim2);
       if (in.reduce == ReduceOp::Max) extra += " op=max";
       std::string group;
-      if (in.collective == CollectiveKind::CollectivePermute) {
+      if (ci.over_pairs) {
         std::vector<std::string> ps;
         for (auto& p : in.pairs) ps.push_back(fmt::format("{}->{}", p.first, p.second));
         group = " pairs=[" + join(ps, ",") + "]";

@@ -388,15 +388,13 @@ class Parser : LineLexer {
       start = true;
       base.resize(base.size() - 6);
     }
-    std::optional<CollectiveKind> coll;
-    for (CollectiveKind k : kCollectives)
-      if (base == collective_text(k)) coll = k;
-    if (coll) {
+    if (const CollectiveInfo* coll = find_collective(base)) {
       in.kind = start ? InstrKind::CollectiveStart : InstrKind::Collective;
-      in.collective = *coll;
+      in.collective = coll->kind;
     } else if (start) {
-      fail(op.col, fmt::format("'{}' is not a collective start (all_gather_start, all_reduce_start, "
-                               "reduce_scatter_start, all_to_all_start, collective_permute_start)", op.text));
+      std::vector<std::string> starts;
+      for (const CollectiveInfo& c : kCollectiveTable) starts.push_back(collective_start_name(c.kind));
+      fail(op.col, fmt::format("'{}' is not a collective start ({})", op.text, join(starts, ", ")));
     } else if (op.text == "copy") {
       in.kind = InstrKind::Copy;
     } else if (op.text == "view") {
@@ -511,7 +509,8 @@ class Parser : LineLexer {
         }
         parse_attr(*spec, in.attrs);
       } else if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) {
-        const bool permute = in.collective == CollectiveKind::CollectivePermute;
+        const CollectiveInfo& ci = collective_info(in.collective);
+        const bool permute = ci.over_pairs;
         if (k == "axes" && !permute) {
           in.axes = parse_axes("the collective's axis group");
         } else if (k == "pairs" && permute) {
@@ -528,14 +527,13 @@ class Parser : LineLexer {
               fail(c.col, fmt::format("expected ',' or ']' in the pairs, got {}", describe(c)));
             }
           }
-        } else if (k == "dim" && (in.collective == CollectiveKind::AllGather || in.collective == CollectiveKind::ReduceScatter)) {
+        } else if (k == "dim" && (ci.shape == CollectiveShape::GatherDim || ci.shape == CollectiveShape::ScatterDim)) {
           in.dim = parse_int32("the collective's dim");
-        } else if (k == "split_dim" && in.collective == CollectiveKind::AllToAll) {
+        } else if (k == "split_dim" && ci.shape == CollectiveShape::AllToAll) {
           in.dim = parse_int32("the split dim");
-        } else if (k == "concat_dim" && in.collective == CollectiveKind::AllToAll) {
+        } else if (k == "concat_dim" && ci.shape == CollectiveShape::AllToAll) {
           in.dim2 = parse_int32("the concat dim");
-        } else if (k == "op" && (in.collective == CollectiveKind::AllReduce ||
-                                 in.collective == CollectiveKind::ReduceScatter)) {
+        } else if (k == "op" && ci.reduces) {
           Token o = next();
           if (o.kind == TK::Ident && o.text == "sum") in.reduce = ReduceOp::Sum;
           else if (o.kind == TK::Ident && o.text == "max") in.reduce = ReduceOp::Max;
@@ -619,9 +617,10 @@ class Parser : LineLexer {
       }
     }
     if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) {
-      need(in.collective == CollectiveKind::CollectivePermute ? "pairs" : "axes");
-      if (in.collective == CollectiveKind::AllGather || in.collective == CollectiveKind::ReduceScatter) need("dim");
-      if (in.collective == CollectiveKind::AllToAll) {
+      const CollectiveInfo& ci = collective_info(in.collective);
+      need(ci.over_pairs ? "pairs" : "axes");
+      if (ci.shape == CollectiveShape::GatherDim || ci.shape == CollectiveShape::ScatterDim) need("dim");
+      if (ci.shape == CollectiveShape::AllToAll) {
         need("split_dim");
         need("concat_dim");
       }

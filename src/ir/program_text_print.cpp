@@ -67,16 +67,17 @@ std::string instr_text(const Program& p, const Instr& in) {
       s += collective_text(in.collective);
       if (in.kind == InstrKind::CollectiveStart) s += "_start";
       s += call;
-      if (in.collective == CollectiveKind::CollectivePermute) {
+      const CollectiveInfo& ci = collective_info(in.collective);
+      if (ci.over_pairs) {
         std::vector<std::string> ps;
         for (const auto& pr : in.pairs) ps.push_back(fmt::format("{}->{}", pr.first, pr.second));
         s += " pairs=[" + join(ps, ", ") + "]";
       } else {
         s += " axes=" + axes_text(in.axes);
       }
-      if (in.collective == CollectiveKind::AllGather || in.collective == CollectiveKind::ReduceScatter)
+      if (ci.shape == CollectiveShape::GatherDim || ci.shape == CollectiveShape::ScatterDim)
         s += fmt::format(" dim={}", in.dim);
-      if (in.collective == CollectiveKind::AllToAll)
+      if (ci.shape == CollectiveShape::AllToAll)
         s += fmt::format(" split_dim={} concat_dim={}", in.dim, in.dim2);
       if (in.reduce == ReduceOp::Max) s += " op=max";
       s += fmt::format(" bytes={}", in.bytes);

@@ -295,7 +295,8 @@ void verify_program(const Program& p) {
           if (d < 0 || static_cast<std::size_t>(d) >= x.size())
             throw err(i, fmt::format("{} {} is outside rank {}", what, d, x.size()));
         };
-        if (in.collective == CollectiveKind::CollectivePermute) {
+        const CollectiveInfo& ci = collective_info(in.collective);
+        if (ci.over_pairs) {
           std::set<int64_t> src, dst;
           for (const auto& pr : in.pairs) {
             if (pr.first < 0 || pr.first >= p.mesh.num_devices() || pr.second < 0 || pr.second >= p.mesh.num_devices())
@@ -305,23 +306,29 @@ void verify_program(const Program& p) {
           }
         } else {
           const int64_t k = group_size(in.axes);
-          if (in.collective == CollectiveKind::AllGather) {
-            dim_ok(in.dim, "dim");
-            want[static_cast<std::size_t>(in.dim)] *= k;
-          } else if (in.collective == CollectiveKind::ReduceScatter) {
-            dim_ok(in.dim, "dim");
-            if (x[static_cast<std::size_t>(in.dim)] % k != 0)
-              throw err(i, fmt::format("dim {} of size {} does not split over {} devices", in.dim, x[static_cast<std::size_t>(in.dim)], k));
-            want[static_cast<std::size_t>(in.dim)] /= k;
-          } else if (in.collective == CollectiveKind::AllToAll) {
-            dim_ok(in.dim, "split_dim");
-            dim_ok(in.dim2, "concat_dim");
-            if (x[static_cast<std::size_t>(in.dim)] % k != 0)
-              throw err(i, fmt::format("split_dim {} of size {} does not split over {} devices", in.dim, x[static_cast<std::size_t>(in.dim)], k));
-            want[static_cast<std::size_t>(in.dim)] /= k;
-            want[static_cast<std::size_t>(in.dim2)] *= k;
+          auto split = [&](int d, const char* what) {
+            dim_ok(d, what);
+            if (x[static_cast<std::size_t>(d)] % k != 0)
+              throw err(i, fmt::format("{} {} of size {} does not split over {} devices", what, d, x[static_cast<std::size_t>(d)], k));
+            want[static_cast<std::size_t>(d)] /= k;
+          };
+          switch (ci.shape) {
+            case CollectiveShape::Same: break;
+            case CollectiveShape::GatherDim:
+              dim_ok(in.dim, "dim");
+              want[static_cast<std::size_t>(in.dim)] *= k;
+              break;
+            case CollectiveShape::ScatterDim: split(in.dim, "dim"); break;
+            case CollectiveShape::AllToAll:
+              dim_ok(in.dim, "split_dim");
+              dim_ok(in.dim2, "concat_dim");
+              split(in.dim, "split_dim");
+              want[static_cast<std::size_t>(in.dim2)] *= k;
+              break;
           }
         }
+        if (in.reduce != ReduceOp::Sum && !ci.reduces)
+          throw err(i, fmt::format("{} does not reduce: it takes no op=", ci.text));
         if (want != ov.shape)
           throw err(i, fmt::format("maps {} to {}, but {} is {}", shape_str(x), shape_str(want), vname(in.out), shape_str(ov.shape)));
         break;
@@ -332,6 +339,10 @@ void verify_program(const Program& p) {
         const Shape& x = p.values[static_cast<std::size_t>(in.in[0])].shape;
         Shape want = x;
         const int64_t k = group_size(in.axes);
+        // A relabel (no axes) of a scalar is fine; a slice needs a dim to cut.
+        if (!in.axes.empty() && x.empty())
+          throw err(i, fmt::format("slices {}, a scalar, over {{{}}}: only a value of rank >= 1 has a dim to split",
+                                   vname(in.in[0]), fmt::join(in.axes, ", ")));
         if (in.dim < 0 || static_cast<std::size_t>(in.dim) >= std::max<std::size_t>(x.size(), 1))
           throw err(i, fmt::format("dim {} is outside rank {}", in.dim, x.size()));
         if (!x.empty()) {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "tessel/core/common.hpp"
-#include "tessel/core/cost.hpp"
+#include "tessel/core/collective_kind.hpp"
 #include "tessel/core/sharding.hpp"
 
 namespace tessel {
@@ -42,23 +42,6 @@ std::string value_ref(std::string_view name);
 // A sharding as the graph text writes it: `[{data}, {?}, {model, ?}] partial{x}` (open dims
 // end in `?`); the parser (graph_text_parse.cpp) quotes it in errors, the printer writes it.
 std::string sharding_text(const Sharding& s);
-// A collective as the program text spells it (`all_gather`, ...), and every kind, in the
-// order the parser tries them.
-inline const char* collective_text(CollectiveKind k) {
-  switch (k) {
-    case CollectiveKind::AllGather: return "all_gather";
-    case CollectiveKind::AllReduce: return "all_reduce";
-    case CollectiveKind::ReduceScatter: return "reduce_scatter";
-    case CollectiveKind::AllToAll: return "all_to_all";
-    case CollectiveKind::CollectivePermute: return "collective_permute";
-  }
-  return "?";
-}
-
-constexpr CollectiveKind kCollectives[] = {CollectiveKind::AllGather, CollectiveKind::AllReduce,
-                                           CollectiveKind::ReduceScatter, CollectiveKind::AllToAll,
-                                           CollectiveKind::CollectivePermute};
-
 // Printable form of a source line for error messages: control bytes become '?', so the
 // message stays one readable line and the caret stays aligned.
 std::string echo_line(std::string_view line);

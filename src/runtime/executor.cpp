@@ -72,7 +72,7 @@ std::vector<std::vector<std::string>> communicator_axes(const Program& p) {
   std::set<std::vector<std::string>> s;
   for (const Instr& in : p.instrs) {
     if (in.kind != InstrKind::Collective && in.kind != InstrKind::CollectiveStart) continue;
-    s.insert(in.collective == CollectiveKind::CollectivePermute ? all_axes(p.mesh) : in.axes);
+    s.insert(collective_info(in.collective).over_pairs ? all_axes(p.mesh) : in.axes);
   }
   return {s.begin(), s.end()};
 }
@@ -296,7 +296,7 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
       }
       case InstrKind::Collective:
       case InstrKind::CollectiveStart: {
-        const auto axes = in.collective == CollectiveKind::CollectivePermute ? all_axes(p_.mesh) : in.axes;
+        const auto axes = collective_info(in.collective).over_pairs ? all_axes(p_.mesh) : in.axes;
         if (!ctx_.comms.count(axes))
           throw RuntimeError(fmt::format("device {}: no communicator for axis group {{{}}} (load creates one "
                                          "per group of communicator_axes(program))", pos_, join(axes, ",")));

@@ -11,15 +11,15 @@
 #include <map>
 #include <mutex>
 
-#include "collective_kind.hpp"
+#include "comm_call.hpp"
 #include "tessel/runtime/communicator.hpp"
 
 namespace tessel {
 namespace detail {
 namespace {
 
-using Kind = CollectiveKind;
-const char* kind_name(Kind k) { return collective_kind_name(k); }
+using Kind = CommCall;
+const char* kind_name(Kind k) { return comm_call_name(k); }
 
 struct Post {
   Kind kind = Kind::Barrier;

@@ -18,12 +18,11 @@
 #include <string_view>
 #include <vector>
 
+#include "tessel/core/collective_kind.hpp"
 #include "tessel/core/mesh.hpp"
 
 namespace tessel {
 
-enum class CollectiveKind { AllGather, AllReduce, ReduceScatter, AllToAll, CollectivePermute };
-const char* collective_name(CollectiveKind k);  // "all-gather", ...
 
 struct LinkSpec {
   double alpha_s = 3e-6;        // seconds per collective (latency: the time of a tiny one)

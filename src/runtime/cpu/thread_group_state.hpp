@@ -17,14 +17,14 @@
 #include <utility>
 #include <vector>
 
-#include "../collective_kind.hpp"
+#include "../comm_call.hpp"
 #include "tessel/runtime/cpu/thread_communicator.hpp"
 
 namespace tessel {
 namespace detail {
 
-using Kind = CollectiveKind;
-inline const char* kind_name(Kind k) { return collective_kind_name(k); }
+using Kind = CommCall;
+inline const char* kind_name(Kind k) { return comm_call_name(k); }
 
 // What one member publishes for one call.
 struct alignas(64) ThreadSlot {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <optional>
 
+#include "tessel/core/collective_kind.hpp"
 #include "tessel/runtime/process_group.hpp"
 
 namespace tessel::cuda {
@@ -326,22 +327,22 @@ NcclCommunicatorBase::~NcclCommunicatorBase() { detach(); }
 void NcclCommunicatorBase::detach() { w_.forget(this); }
 
 void NcclCommunicatorBase::all_gather(const void* send, void* recv, std::size_t bytes, Stream& s) {
-  call("all_gather", s, nccl_all_gather_plan(send, recv, bytes));
+  call(collective_text(CollectiveKind::AllGather), s, nccl_all_gather_plan(send, recv, bytes));
 }
 void NcclCommunicatorBase::reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
                                           Stream& s) {
-  call("reduce_scatter", s, nccl_reduce_scatter_plan(send, recv, count, t, op));
+  call(collective_text(CollectiveKind::ReduceScatter), s, nccl_reduce_scatter_plan(send, recv, count, t, op));
 }
 void NcclCommunicatorBase::all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
                                       Stream& s) {
-  call("all_reduce", s, nccl_all_reduce_plan(send, recv, count, t, op));
+  call(collective_text(CollectiveKind::AllReduce), s, nccl_all_reduce_plan(send, recv, count, t, op));
 }
 void NcclCommunicatorBase::all_to_all(const void* send, void* recv, std::size_t bytes, Stream& s) {
-  call("all_to_all", s, nccl_all_to_all_plan(send, recv, bytes, size_));
+  call(collective_text(CollectiveKind::AllToAll), s, nccl_all_to_all_plan(send, recv, bytes, size_));
 }
 void NcclCommunicatorBase::collective_permute(const void* send, int send_to, void* recv, int recv_from,
                                               std::size_t bytes, Stream& s) {
-  call("collective_permute", s, nccl_permute_plan(send, send_to, recv, recv_from, bytes));
+  call(collective_text(CollectiveKind::CollectivePermute), s, nccl_permute_plan(send, send_to, recv, recv_from, bytes));
 }
 void NcclCommunicatorBase::send(const void* buf, std::size_t bytes, int peer, Stream& s) {
   call("send", s, nccl_send_plan(buf, bytes, peer));

@@ -27,6 +27,7 @@
 
 #include "../cpu/cpu_stream.hpp"
 #include "mpi_common.hpp"
+#include "tessel/core/collective_kind.hpp"
 
 namespace tessel {
 namespace detail {
@@ -106,7 +107,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return n_; }
 
   void all_gather(const void* send, void* recv, std::size_t bytes, Stream& s) override {
-    submit(s, "all_gather", [=](Op& op) {
+    submit(s, collective_text(CollectiveKind::AllGather), [=](Op& op) {
       char* out = static_cast<char*>(recv);
       if (send != out + r_ * bytes) std::memmove(out + r_ * bytes, send, bytes);
       for (int j = 0; j < n_; ++j)
@@ -119,7 +120,7 @@ class MpiCommunicator final : public Communicator {
 
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dt, ReduceOp rop, Stream& s) override {
     const std::size_t es = dtype_size(dt), chunk = count * es;
-    submit(s, "reduce_scatter", [=](Op& op) {
+    submit(s, collective_text(CollectiveKind::ReduceScatter), [=](Op& op) {
       auto scratch = std::make_shared<std::vector<char>>(chunk * static_cast<std::size_t>(n_));
       const char* in = static_cast<const char*>(send);
       for (int j = 0; j < n_; ++j)
@@ -137,7 +138,7 @@ class MpiCommunicator final : public Communicator {
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType dt, ReduceOp rop, Stream& s) override {
     const std::size_t es = dtype_size(dt);
-    submit(s, "all_reduce", [=](Op& op) {
+    submit(s, collective_text(CollectiveKind::AllReduce), [=](Op& op) {
       auto lo = [=](int j) { return count * static_cast<std::size_t>(j) / static_cast<std::size_t>(n_); };
       const char* in = static_cast<const char*>(send);
       char* out = static_cast<char*>(recv);
@@ -166,7 +167,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void all_to_all(const void* send, void* recv, std::size_t bytes, Stream& s) override {
-    submit(s, "all_to_all", [=](Op& op) {
+    submit(s, collective_text(CollectiveKind::AllToAll), [=](Op& op) {
       const char* in = static_cast<const char*>(send);
       char* out = static_cast<char*>(recv);
       if (in == out) {  // in place: stage the blocks we send
@@ -186,7 +187,7 @@ class MpiCommunicator final : public Communicator {
 
   void collective_permute(const void* send, int send_to, void* recv, int recv_from, std::size_t bytes,
                           Stream& s) override {
-    submit(s, "collective_permute", [=](Op& op) {
+    submit(s, collective_text(CollectiveKind::CollectivePermute), [=](Op& op) {
       if (send_to == r_ && recv_from == r_) {
         if (send != recv) std::memmove(recv, send, bytes);
         return;
