@@ -124,7 +124,7 @@ void BM_CheckpointRestore(benchmark::State& state) {
     state.PauseTiming();
     cold = drop_page_cache() && cold;
     state.ResumeTiming();
-    tessel::zarr::ReadStats st;
+    tessel::ReadStats st;
     auto back = ck.read_all(1, &st);
     benchmark::DoNotOptimize(back);
     state.counters["read_amplification"] = static_cast<double>(st.bytes_read) / static_cast<double>(st.bytes_needed);
@@ -201,7 +201,7 @@ void BM_CheckpointRestoreToDevice(benchmark::State& state) {
     state.PauseTiming();
     cold = drop_page_cache() && cold;
     state.ResumeTiming();
-    tessel::zarr::ReadStats st;
+    tessel::ReadStats st;
     tessel::RestoreOptions ro;
     ro.host_budget_bytes = state.range(1) << 20;
     tessel::ShardedArray a = ck.restore_to_device(1, "w", le, "w", &st, ro);

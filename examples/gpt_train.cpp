@@ -316,7 +316,7 @@ int run(int argc, char** argv) {
                {"warmup", warmup},
                {"corpus", corpus_path},
                {"corpus_bytes", corpus.size()},
-               {"corpus_crc32c", tessel::zarr::crc32c(corpus.data(), corpus.size())}};
+               {"corpus_crc32c", tessel::crc32c(corpus.data(), corpus.size())}};
   // Checkpoints: which step to resume from (checked before anything compiles), and that this
   // run writes no step the folder already holds.
   std::optional<tessel::CheckpointDir> ckpt;
@@ -448,10 +448,7 @@ int run(int argc, char** argv) {
   if (resumed) {
     // The state as saved, read straight onto this trainer's devices (any mesh and stage: each
     // process reads only the blocks its devices hold, in this run's layout).
-    std::map<std::string, tessel::ShardedArray> state;
-    for (const auto& [name, sharding] : trainer.state_shardings())
-      state[name] = ckpt->restore_to_device(start, name, trainer.program(), name);
-    trainer.set_device_state(start, std::move(state));
+    trainer.restore_checkpoint(*ckpt, start);
     first_losses = saved.at("first_losses").get<std::vector<double>>();
     const tessel::Mesh saved_mesh = tessel::Mesh::parse(resumed->mesh);
     print(fmt::format("resumed from step {} (saved on {}, zero {})\n", start, mesh_flag(saved_mesh),
@@ -489,7 +486,7 @@ int run(int argc, char** argv) {
     meta["first_losses"] = first_losses;
     so.metadata_json = meta.dump();
     const int64_t step = trainer.steps_done();
-    const tessel::SaveStats ss = ckpt->save(step, trainer.device_state(), trainer.program(), so);
+    const tessel::SaveStats ss = trainer.save_checkpoint(*ckpt, so);
     if (!printer) return;
     if (keep > 0) ckpt->keep_last(keep);
     print(fmt::format("saved step {} to {} ({:.1f} ms{}{})\n", step, ckpt->step_path(step),

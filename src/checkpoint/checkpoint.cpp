@@ -42,7 +42,7 @@ const CheckpointArray* Manifest::find(const std::string& name) const {
   return nullptr;
 }
 
-CheckpointDir::CheckpointDir(std::string path) : path_(std::move(path)) {
+CheckpointDir::CheckpointDir(std::string path, const ArrayStore& store) : path_(std::move(path)), store_(&store) {
   std::error_code ec;
   if (fs::exists(path_, ec) && !fs::is_directory(path_, ec))
     throw Error(fmt::format("checkpoint: {} is a file, not a checkpoint folder", path_));
@@ -57,7 +57,7 @@ std::vector<int64_t> CheckpointDir::steps() const {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(path_, ec)) {
     const auto s = step_of(e.path().filename().string());
-    if (s && fs::exists(e.path() / "zarr.json")) out.push_back(*s);
+    if (s && store_->has_group(e.path().string())) out.push_back(*s);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -99,17 +99,21 @@ void CheckpointDir::keep_last(int n) {
 }
 
 Manifest CheckpointDir::manifest(int64_t step) const {
-  const std::string file = step_path(step) + "/zarr.json";
-  std::string text;
-  if (!zarr::read_file(file, text)) {
+  const std::string dir = step_path(step);
+  std::optional<std::string> attrs;
+  try {
+    attrs = store_->read_group(dir);
+  } catch (const Error& e) {
+    throw Error(fmt::format("checkpoint: step {} of {}: not a tessel manifest: {}", step, path_, e.what()));
+  }
+  if (!attrs) {
     const auto s = steps();
     throw Error(fmt::format("checkpoint {}: step {} is not committed (committed: {})", path_, step,
                             s.empty() ? std::string("none") : fmt::format("{}", fmt::join(s, ", "))));
   }
   Manifest m;
   try {
-    const json g = json::parse(text);
-    const json t = g.at("attributes").at("tessel");
+    const json t = json::parse(*attrs).at("tessel");
     m.step = t.at("step").get<int64_t>();
     m.mesh = t.at("mesh").get<std::string>();
     m.tessel_version = t.value("tessel_version", "");
@@ -124,12 +128,12 @@ Manifest CheckpointDir::manifest(int64_t step) const {
       m.arrays.push_back(std::move(ca));
     }
   } catch (const std::exception& e) {
-    throw Error(fmt::format("checkpoint: {}: not a tessel manifest: {}", file, e.what()));
+    throw Error(fmt::format("checkpoint: {} ({} group): not a tessel manifest: {}", dir, store_->format(), e.what()));
   }
   return m;
 }
 
-zarr::Array CheckpointDir::array(int64_t step, const std::string& name) const {
+std::unique_ptr<StoredArray> CheckpointDir::array(int64_t step, const std::string& name) const {
   const Manifest m = manifest(step);
   const CheckpointArray* a = m.find(name);
   if (!a) {
@@ -138,18 +142,18 @@ zarr::Array CheckpointDir::array(int64_t step, const std::string& name) const {
     throw Error(fmt::format("checkpoint {} step {}: no array '{}' (it has: {})", path_, step, name,
                             fmt::join(names, ", ")));
   }
-  return zarr::Array::open(step_path(step) + "/" + a->folder);
+  return store_->open(step_path(step) + "/" + a->folder);
 }
 
-HostTensor CheckpointDir::read(int64_t step, const std::string& name, zarr::ReadStats* stats) const {
-  return array(step, name).read_all(stats);
+HostTensor CheckpointDir::read(int64_t step, const std::string& name, ReadStats* stats) const {
+  return array(step, name)->read_all(stats);
 }
 
-std::map<std::string, HostTensor> CheckpointDir::read_all(int64_t step, zarr::ReadStats* stats) const {
+std::map<std::string, HostTensor> CheckpointDir::read_all(int64_t step, ReadStats* stats) const {
   const Manifest m = manifest(step);
   std::map<std::string, HostTensor> out;
   for (const CheckpointArray& a : m.arrays) {
-    HostTensor t = zarr::Array::open(step_path(step) + "/" + a.folder).read_all(stats);
+    HostTensor t = store_->open(step_path(step) + "/" + a.folder)->read_all(stats);
     if (t.dtype() != a.dtype || t.shape() != a.shape)
       throw Error(fmt::format("checkpoint {} step {}: array '{}' holds {}{} where the manifest says {}{}", path_, step,
                               a.name, dtype_name(t.dtype()), shape_str(t.shape()), dtype_name(a.dtype),
@@ -160,9 +164,10 @@ std::map<std::string, HostTensor> CheckpointDir::read_all(int64_t step, zarr::Re
 }
 
 ShardedArray CheckpointDir::restore_to_device(int64_t step, const std::string& name, const LoadedExecutable& program,
-                                              const std::string& input, zarr::ReadStats* stats,
+                                              const std::string& input, ReadStats* stats,
                                               const RestoreOptions& options) const {
-  const zarr::Array a = array(step, name);
+  const std::unique_ptr<StoredArray> held = array(step, name);
+  const StoredArray& a = *held;
   const std::size_t in = program.input_index(input);
   const Program& prog = program.program();
   const LocalValue& lv = prog.values.at(static_cast<std::size_t>(prog.inputs.at(in)));

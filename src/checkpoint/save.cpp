@@ -268,18 +268,18 @@ struct Item {
   ArrayLayout layout;
   Grid base;   // the devices' blocks
   Grid store;  // the zarr shards (the blocks, cut among their replicas' processes)
-  zarr::ArraySpec spec;
+  ArraySpec spec;
   std::string folder;
   const HostTensor* global = nullptr;  // the whole array on this host (save from host tensors)
   const LocalArray* local = nullptr;   // this process's blocks (save_local)
 };
 
-zarr::ArraySpec spec_of(const Item& it, const SaveOptions& options) {
-  zarr::ArraySpec spec;
+ArraySpec spec_of(const Item& it, const SaveOptions& options) {
+  ArraySpec spec;
   spec.shape = it.layout.shape;
   spec.dtype = it.layout.dtype;
   spec.shard_shape = it.store.block;
-  spec.inner_shape = zarr::choose_inner_shape(spec.shard_shape, dtype_size(spec.dtype), options.inner_chunk_bytes);
+  spec.inner_shape = choose_inner_shape(spec.shard_shape, dtype_size(spec.dtype), options.inner_chunk_bytes);
   spec.zstd = options.zstd;
   spec.zstd_level = options.zstd_level;
   spec.chunk_crc32c = options.chunk_checksums;
@@ -324,7 +324,8 @@ std::string what_failed(std::exception_ptr e) {
 // The save of one step by every process of `ex`: see the protocol in checkpoint.hpp. `items`
 // are the same arrays on every process (checked); `held[a]` the mesh positions of array a this
 // process holds (ignored for host tensors: rank 0 writes every block).
-SaveStats save_step(const std::string& path, const std::string& final_path, int64_t step, std::vector<Item>& items,
+SaveStats save_step(const ArrayStore& store, const std::string& path, const std::string& final_path, int64_t step,
+                    std::vector<Item>& items,
                     const std::vector<std::vector<int64_t>>& held, const Mesh& mesh, const Exchange& ex,
                     const SaveOptions& options, std::string local_error) {
   const std::string where = fmt::format("checkpoint {} step {}: ", path, step);
@@ -405,7 +406,7 @@ SaveStats save_step(const std::string& path, const std::string& final_path, int6
       std::error_code ec;
       if (!fs::create_directory(tmp, ec)) throw Error(fmt::format("cannot create {}: {}", tmp, ec.message()));
       cleanup.armed = true;
-      for (Item& it : items) zarr::create_array(tmp + "/" + it.folder, it.spec);
+      for (Item& it : items) store.create_array(tmp + "/" + it.folder, it.spec);
     } catch (...) {
       err = what_failed(std::current_exception());
     }
@@ -465,7 +466,7 @@ SaveStats save_step(const std::string& path, const std::string& final_path, int6
       const Job& job = jobs[static_cast<std::size_t>(j)];
       const Item& it = items[job.a];
       if (job.source->numel() > 0)
-        zarr::write_shard(tmp + "/" + it.folder, it.spec, unravel(it.store, job.b), *job.source, job.origin);
+        store.write_shard(tmp + "/" + it.folder, it.spec, unravel(it.store, job.b), *job.source, job.origin);
       written[static_cast<std::size_t>(j)] = block_bytes(it.layout, it.store, job.b);
     });
     // The folders of the shard files, up to the array's folder (made here by write_shard).
@@ -507,8 +508,7 @@ SaveStats save_step(const std::string& path, const std::string& final_path, int6
                              {"mesh", mesh.to_string()},       {"tessel_version", TESSEL_VERSION_STRING},
                              {"arrays", arrays},               {"metadata", attrs},
                              {"processes", ex.size}};
-      const json group = {{"zarr_format", 3}, {"node_type", "group"}, {"attributes", {{"tessel", manifest}}}};
-      zarr::write_file_synced(tmp + "/zarr.json", group.dump(2) + "\n");
+      store.write_group(tmp, json{{"tessel", manifest}}.dump());
       ckpt::fsync_tree(tmp);
       if (::rename(tmp.c_str(), final_path.c_str()) != 0)
         throw Error(fmt::format("cannot commit step {} (rename {} -> {}): {}", step, tmp, final_path,
@@ -590,7 +590,7 @@ void CheckpointDir::save(int64_t step, const std::map<std::string, HostTensor>& 
     items.push_back(std::move(it));
   }
   finish_items(items, mesh);
-  save_step(path_, step_path(step), step, items, std::vector<std::vector<int64_t>>(items.size()), mesh, Exchange{},
+  save_step(*store_, path_, step_path(step), step, items, std::vector<std::vector<int64_t>>(items.size()), mesh, Exchange{},
             options, "");
 }
 
@@ -627,7 +627,7 @@ SaveStats CheckpointDir::save_local(int64_t step, const std::map<std::string, Lo
     items.clear();
     held.clear();
   }
-  return save_step(path_, step_path(step), step, items, held, mesh, ex, options, err);
+  return save_step(*store_, path_, step_path(step), step, items, held, mesh, ex, options, err);
 }
 
 SaveStats CheckpointDir::save(int64_t step, const std::map<std::string, ShardedArray>& arrays,

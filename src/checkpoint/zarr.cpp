@@ -1,5 +1,5 @@
-// zarr v3 arrays: see tessel/checkpoint/zarr.hpp.
-#include "tessel/checkpoint/zarr.hpp"
+// zarr v3 arrays: see zarr.hpp.
+#include "zarr.hpp"
 
 #include <fcntl.h>
 #include <isa-l/crc.h>
@@ -22,10 +22,7 @@
 #include "box.hpp"
 #include "file_io.hpp"
 
-namespace tessel::zarr {
-
-using json = nlohmann::json;
-namespace fs = std::filesystem;
+namespace tessel {
 
 uint32_t crc32c(const void* data, std::size_t n, uint32_t crc) {
   // ISA-L's crc32_iscsi keeps the register un-inverted: the standard CRC-32C is its complement.
@@ -39,6 +36,11 @@ uint32_t crc32c(const void* data, std::size_t n, uint32_t crc) {
   }
   return ~reg;
 }
+
+namespace zarr {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -113,10 +115,11 @@ void check_spec(const std::string& dir, const ArraySpec& spec, Shape& shard, Sha
 }
 
 }  // namespace
+}  // namespace zarr
 
 Shape choose_inner_shape(const Shape& shard, std::size_t elem_bytes, int64_t target_bytes) {
   Shape c = shard;
-  auto bytes = [&] { return product(c) * static_cast<int64_t>(elem_bytes); };
+  auto bytes = [&] { return zarr::product(c) * static_cast<int64_t>(elem_bytes); };
   while (bytes() > target_bytes) {
     std::size_t best = c.size();
     for (std::size_t d = 0; d < c.size(); ++d)
@@ -129,6 +132,8 @@ Shape choose_inner_shape(const Shape& shard, std::size_t elem_bytes, int64_t tar
   }
   return c;
 }
+
+namespace zarr {
 
 void create_array(const std::string& dir, const ArraySpec& spec) {
   Shape shard, inner;
@@ -401,7 +406,6 @@ Array Array::open(const std::string& dir) {
   return a;
 }
 
-HostTensor Array::read_all(ReadStats* stats) const { return read(std::vector<int64_t>(shape_.size(), 0), shape_, stats); }
 
 int64_t Array::read_buffer_bytes() const {
   const int64_t chunk = product(inner_shape_) * static_cast<int64_t>(dtype_size(dtype_));
@@ -529,4 +533,51 @@ HostTensor Array::read(const std::vector<int64_t>& start, const Shape& shape, Re
   return out;
 }
 
-}  // namespace tessel::zarr
+
+void Store::create_array(const std::string& dir, const ArraySpec& spec) const { zarr::create_array(dir, spec); }
+
+int64_t Store::write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                           const HostTensor& source, const std::vector<int64_t>& origin) const {
+  return zarr::write_shard(dir, spec, shard_index, source, origin);
+}
+
+std::unique_ptr<StoredArray> Store::open(const std::string& dir) const {
+  return std::make_unique<Array>(Array::open(dir));
+}
+
+void Store::write_group(const std::string& dir, const std::string& attributes_json) const {
+  json attrs;
+  try {
+    attrs = json::parse(attributes_json);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("zarr group {}: attributes are not JSON: {}", dir, e.what()));
+  }
+  const json group = {{"zarr_format", 3}, {"node_type", "group"}, {"attributes", attrs}};
+  write_file_synced(dir + "/zarr.json", group.dump(2) + "\n");
+}
+
+std::optional<std::string> Store::read_group(const std::string& dir) const {
+  const std::string file = dir + "/zarr.json";
+  std::string text;
+  if (!read_file(file, text)) return std::nullopt;
+  json g;
+  try {
+    g = json::parse(text);
+  } catch (const json::exception& e) {
+    bad(file, std::string("not JSON: ") + e.what());
+  }
+  if (!g.is_object() || g.value("zarr_format", 0) != 3 || g.value("node_type", "") != "group")
+    bad(file, "not a zarr v3 group (zarr_format 3, node_type 'group')");
+  return g.value("attributes", json::object()).dump();
+}
+
+bool Store::has_group(const std::string& dir) const { return fs::exists(fs::path(dir) / "zarr.json"); }
+
+}  // namespace zarr
+
+const ArrayStore& zarr_v3_store() {
+  static const zarr::Store store;
+  return store;
+}
+
+}  // namespace tessel

@@ -218,10 +218,7 @@ class PoolRun {
       std::unique_ptr<CheckpointDir> ck;
       if (!o_.checkpoint_dir.empty()) ck = std::make_unique<CheckpointDir>(o_.checkpoint_dir + "/" + job.name);
       if (resume_step > 0) {
-        std::map<std::string, ShardedArray> st;
-        for (const auto& [name, sharding] : tr.state_shardings())
-          st[name] = ck->restore_to_device(resume_step, name, tr.program(), name);
-        tr.set_device_state(resume_step, std::move(st));
+        tr.restore_checkpoint(*ck, resume_step);
       } else {
         tr.init(initial_params(job, s.model));
       }
@@ -247,7 +244,7 @@ class PoolRun {
         if (move) {
           // Checkpoint from the devices; the next segment restores it onto its own layout.
           const int64_t at = tr.steps_done();
-          ck->save(at, tr.device_state(), tr.program(), {});
+          tr.save_checkpoint(*ck);
           std::lock_guard<std::mutex> g(mu_);
           state_[j].checkpoint_step = at;
           moved = true;

@@ -87,10 +87,7 @@ void run_segment(const std::vector<ModelJob>& jobs, ProcessGroup& pg, const Pool
     if (o.resume_step > 0) {
       if (!ck) throw PlanError(fmt::format("pool worker: job '{}' resumes at step {} without a checkpoint_dir", job.name,
                                            o.resume_step));
-      std::map<std::string, ShardedArray> st;
-      for (const auto& [name, sharding] : tr.state_shardings())
-        st[name] = ck->restore_to_device(o.resume_step, name, tr.program(), name);
-      tr.set_device_state(o.resume_step, std::move(st));
+      tr.restore_checkpoint(*ck, o.resume_step);
     } else {
       tr.init(initial_params(job, s.model));
     }
@@ -106,7 +103,7 @@ void run_segment(const std::vector<ModelJob>& jobs, ProcessGroup& pg, const Pool
       if (decision == 'M') {
         if (!ck) throw PlanError(fmt::format("pool worker: job '{}' moves without a checkpoint_dir", job.name));
         const int64_t at = tr.steps_done();
-        ck->save(at, tr.device_state(), tr.program(), {});
+        tr.save_checkpoint(*ck);
         tell(fmt::format("M {}", at));
         return;
       }

@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "write" && argc == 4) return write_checkpoint(argv[2], std::stoull(argv[3]));
     if (cmd == "read" && argc == 4) {
-      const zarr::Array a = zarr::Array::open(argv[2]);
+      const std::unique_ptr<StoredArray> held = zarr_v3_store().open(argv[2]);
+      const StoredArray& a = *held;
       write_bytes(argv[3], a.read_all());
       std::printf("%s %s\n", dtype_name(a.dtype()), shape_str(a.shape()).c_str());
       return 0;

@@ -20,7 +20,7 @@
 #include "checkpoint_util.hpp"
 #include "mlp_model.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
-#include "tessel/checkpoint/zarr.hpp"
+#include "tessel/checkpoint/array_store.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/train/trainer.hpp"
 #include "test_util.hpp"
@@ -52,9 +52,9 @@ void flip_byte(const std::string& file, int64_t at_from_end) {
 
 TEST_CASE("crc32c is the Castagnoli CRC and chains", "[checkpoint][unit]") {
   const std::string s = "123456789";
-  CHECK(zarr::crc32c(s.data(), s.size()) == 0xE3069283u);
-  CHECK(zarr::crc32c(s.data() + 4, 5, zarr::crc32c(s.data(), 4)) == 0xE3069283u);
-  CHECK(zarr::crc32c(nullptr, 0) == 0u);
+  CHECK(crc32c(s.data(), s.size()) == 0xE3069283u);
+  CHECK(crc32c(s.data() + 4, 5, crc32c(s.data(), 4)) == 0xE3069283u);
+  CHECK(crc32c(nullptr, 0) == 0u);
 }
 
 TEST_CASE("zarr arrays round-trip bit for bit whole and by region", "[checkpoint][unit]") {
@@ -66,12 +66,12 @@ TEST_CASE("zarr arrays round-trip bit for bit whole and by region", "[checkpoint
   fs::create_directories(tmp.path);
   for (int c = 0; c < cases; ++c) {
     const int rank = static_cast<int>(rng() % 4);
-    zarr::ArraySpec spec;
+    ArraySpec spec;
     for (int d = 0; d < rank; ++d) spec.shape.push_back(1 + static_cast<int64_t>(rng() % 13));
     const DType types[] = {DType::f32, DType::bf16, DType::f16, DType::i32};
     spec.dtype = types[rng() % 4];
     for (int d = 0; d < rank; ++d) spec.shard_shape.push_back(1 + static_cast<int64_t>(rng() % spec.shape[d]));
-    spec.inner_shape = zarr::choose_inner_shape(spec.shard_shape, dtype_size(spec.dtype), 1 + rng() % 64);
+    spec.inner_shape = choose_inner_shape(spec.shard_shape, dtype_size(spec.dtype), 1 + rng() % 64);
     spec.zstd = rng() % 2;
     spec.chunk_crc32c = rng() % 2;
     spec.bf16_as_uint16 = spec.dtype == DType::bf16 && rng() % 2;
@@ -79,7 +79,7 @@ TEST_CASE("zarr arrays round-trip bit for bit whole and by region", "[checkpoint
     INFO("seed " << seed << " case " << c << ": " << dtype_name(spec.dtype) << shape_str(spec.shape) << " shard "
                  << shape_str(spec.shard_shape) << " inner " << shape_str(spec.inner_shape) << " zstd " << spec.zstd
                  << " crc " << spec.chunk_crc32c << " uint16 " << spec.bf16_as_uint16);
-    zarr::create_array(dir, spec);
+    zarr_v3_store().create_array(dir, spec);
     const HostTensor value = random_tensor(spec.dtype, spec.shape, rng);
     // Every shard of the grid (rank 0: one).
     Shape grid;
@@ -106,9 +106,10 @@ TEST_CASE("zarr arrays round-trip bit for bit whole and by region", "[checkpoint
         for (int d = 0; d < rank; ++d) flat = flat * spec.shape[d] + start[d] + at[d];
         block.set(i, value.get(flat));
       }
-      zarr::write_shard(dir, spec, idx, block);
+      zarr_v3_store().write_shard(dir, spec, idx, block);
     }
-    const zarr::Array a = zarr::Array::open(dir);
+    const std::unique_ptr<StoredArray> held = zarr_v3_store().open(dir);
+    const StoredArray& a = *held;
     CHECK(a.shape() == spec.shape);
     CHECK(a.dtype() == spec.dtype);
     CHECK(same_bits(a.read_all(), value));
@@ -119,7 +120,7 @@ TEST_CASE("zarr arrays round-trip bit for bit whole and by region", "[checkpoint
       rs[d] = static_cast<int64_t>(rng() % spec.shape[d]);
       rshape[d] = 1 + static_cast<int64_t>(rng() % (spec.shape[d] - rs[d]));
     }
-    zarr::ReadStats st;
+    ReadStats st;
     const HostTensor region = a.read(rs, rshape, &st);
     for (int64_t i = 0; i < region.numel(); ++i) {
       int64_t flat = 0, r = i;
@@ -346,7 +347,7 @@ output %y
     Executable exe = compile(g, *g.mesh);
     ThreadRuntime rt(8);
     LoadedExecutable le = load(exe, rt);
-    zarr::ReadStats st;
+    ReadStats st;
     const ShardedArray w = ck.restore_to_device(7, "w", le, "w", &st);
     const ShardedArray b = ck.restore_to_device(7, "b", le, "b");
     INFO("target " << target << ": read " << st.bytes_read << " bytes for " << st.bytes_needed << " needed");
@@ -383,7 +384,7 @@ TEST_CASE("restore_to_device stays within its host budget whatever the array", "
   SaveOptions so;
   so.inner_chunk_bytes = 4096;
   ck.save(1, {{"w", w}}, Mesh::parse("data=2"), {{"w", Sharding::of({{"data"}, {}, {}})}}, so);
-  const int64_t reader = ck.array(1, "w").read_buffer_bytes();
+  const int64_t reader = ck.array(1, "w")->read_buffer_bytes();
   for (const char* target : {"[{x}, {}, {}]", "[{}, {x}, {}]", "[{}, {}, {}]"}) {
     Graph g = parse_graph(std::string(R"(
 mesh x=3
@@ -397,7 +398,7 @@ output %y
     // dim 1, and the default budget (whole blocks).
     for (int64_t budget : {reader + 3 * 600, int64_t{16384}, RestoreOptions{}.host_budget_bytes}) {
       INFO("target " << target << ", budget " << budget << " (reader " << reader << ")");
-      zarr::ReadStats st;
+      ReadStats st;
       RestoreOptions ro;
       ro.host_budget_bytes = budget;
       const ShardedArray a = ck.restore_to_device(1, "w", le, "w", &st, ro);

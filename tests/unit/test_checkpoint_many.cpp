@@ -19,7 +19,7 @@
 #include "checkpoint_util.hpp"
 #include "mlp_model.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
-#include "tessel/checkpoint/zarr.hpp"
+#include "tessel/checkpoint/array_store.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/runtime/process_group.hpp"
@@ -223,7 +223,7 @@ TEST_CASE("four processes save one step together and write each block once", "[c
   // 2), the scalar step.
   CHECK(blocks == 4 + 4 + 4 + 2 + 1);
   CHECK(fs::exists(dir.path + "/step_5/w/c/1/1"));
-  CHECK(zarr::Array::open(dir.path + "/step_5/b").chunk_shape() == Shape{12});
+  CHECK(zarr_v3_store().open(dir.path + "/step_5/b")->chunk_shape() == Shape{12});
   INFO("imbalance " << stats[0].imbalance);
   CHECK(stats[0].imbalance <= 1.5);  // five small arrays over four processes
 }
@@ -287,7 +287,7 @@ TEST_CASE("a many-process save that fails on one process fails on all and lists 
   CHECK(ck.latest() == std::nullopt);
 }
 
-TEST_CASE("a Trainer's device state saved block by block resumes on another mesh with the same losses",
+TEST_CASE("a Trainer checkpoints its device state block by block and resumes on another mesh with the same losses",
           "[checkpoint][trainer]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("checkpoint of the device state", seed, 6);
@@ -309,8 +309,12 @@ TEST_CASE("a Trainer's device state saved block by block resumes on another mesh
     for (int s = 0; s < 6; ++s) {
       want.push_back(tr.step(batches[static_cast<std::size_t>(s)]).loss);
       if (s == 2) {
-        const SaveStats st = ck.save(tr.steps_done(), tr.device_state(), tr.program());
+        SaveOptions so;
+        so.metadata_json = "{\"note\": \"after 3\"}";
+        const SaveStats st = tr.save_checkpoint(ck, so);  // as step steps_done() = 3
         CHECK(st.processes == 1);
+        CHECK(st.blocks_written > 0);
+        CHECK(ck.manifest(3).metadata_json == "{\"note\":\"after 3\"}");
         // The state gathered and the checkpoint agree bit for bit.
         const auto back = ck.read_all(3);
         for (const auto& [name, v] : tr.state().values) {
@@ -324,17 +328,28 @@ TEST_CASE("a Trainer's device state saved block by block resumes on another mesh
   TrainerOptions o1 = o;
   o1.train.zero = 1;
   Trainer tr(m.g, m.loss, m.params, Mesh::parse("data=4,model=1"), rt4, o1);
-  std::map<std::string, ShardedArray> state;
-  for (const auto& [name, sh] : tr.state_shardings()) state[name] = ck.restore_to_device(3, name, tr.program(), name);
-  tr.set_device_state(3, state);
+  ReadStats rs;
+  tr.restore_checkpoint(ck, 3, {}, &rs);
+  CHECK(rs.bytes_needed > 0);
   CHECK(tr.steps_done() == 3);
+  for (const auto& [name, v] : ck.read_all(3)) {
+    INFO(name);
+    CHECK(same_bits(tr.state().values.at(name), v));
+  }
   for (int s = 3; s < 6; ++s) {
     const double got = tr.step(batches[static_cast<std::size_t>(s)]).loss;
     INFO("seed " << seed << " step " << s + 1 << ": resumed " << got << ", uninterrupted " << want[static_cast<std::size_t>(s)]);
     CHECK(std::fabs(got - want[static_cast<std::size_t>(s)]) <= 1e-5 * std::fabs(want[static_cast<std::size_t>(s)]));
   }
-  // A state missing a value, or one laid out for another program, is refused naming it (the
-  // arrays above were donated to the steps: restored again).
+  // A step that is not committed, or that lacks a value of the state, is refused naming it, and
+  // the trainer is left as it was.
+  CHECK_THROWS_WITH(tr.restore_checkpoint(ck, 4), Catch::Contains("step 4 is not committed") && Catch::Contains("3"));
+  ck.save(9, {{"w1_0", ck.read(3, "w1_0")}}, Mesh::parse("data=1"));
+  CHECK_THROWS_WITH(tr.restore_checkpoint(ck, 9), Catch::Contains("step 9 of " + tmp.path + " has no 'adam.m.w1_0'") &&
+                                                      Catch::Contains("it holds: w1_0"));
+  CHECK(tr.steps_done() == 6);
+  // A state missing a value, or one laid out for another program, is refused naming it.
+  std::map<std::string, ShardedArray> state;
   for (const auto& [name, sh] : tr.state_shardings()) state[name] = ck.restore_to_device(3, name, tr.program(), name);
   state.erase("w1_0");
   CHECK_THROWS_WITH(tr.set_device_state(3, state), Catch::Contains("the state has no 'w1_0'"));

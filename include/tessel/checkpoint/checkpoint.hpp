@@ -1,5 +1,6 @@
 // tessel/checkpoint/checkpoint.hpp — numbered, atomically committed checkpoints of named
-// arrays in an open format (zarr v3, tessel/checkpoint/zarr.hpp), restorable onto any mesh.
+// arrays in an open format, restorable onto any mesh. The format is an ArrayStore
+// (array_store.hpp): zarr v3 by default, the layout below.
 //
 //   tessel::CheckpointDir ck("run1/ckpt");
 //   ck.save(step, trainer.state().values, mesh, shardings, {});   // step_<step>/, committed
@@ -16,9 +17,9 @@
 //
 // Commit: a step is written under DIR/.step_<N>.tmp-<pid>-<nonce>, every file and folder is
 // fsynced, and one rename makes it DIR/step_<N>; steps() lists only committed steps, so a step
-// is either all there or not listed. Restoring reads through zarr::Array: crc32c on every shard
-// index (and on every inner chunk with SaveOptions::chunk_checksums), an Error naming the array
-// and the chunk on a mismatch.
+// is either all there or not listed. Restoring reads through the store; zarr v3 checks a crc32c
+// on every shard index (and on every inner chunk with SaveOptions::chunk_checksums), an Error
+// naming the array and the chunk on a mismatch.
 //
 // Saving, three ways:
 //  - save(step, host tensors, mesh, shardings): global tensors from one process;
@@ -48,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/checkpoint/zarr.hpp"
+#include "tessel/checkpoint/array_store.hpp"
 #include "tessel/core/mesh.hpp"
 #include "tessel/core/sharding.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
@@ -140,8 +141,11 @@ class CheckpointDir {
  public:
   // The checkpoint folder `path` (created, with its parents, when missing). Throws Error when
   // it is a file or cannot be created.
-  explicit CheckpointDir(std::string path);
+  // Its arrays and step groups are written and read through `store` (the file format; zarr v3
+  // by default), which must outlive the CheckpointDir.
+  explicit CheckpointDir(std::string path, const ArrayStore& store = zarr_v3_store());
   const std::string& path() const { return path_; }
+  const ArrayStore& store() const { return *store_; }
 
   // Saves `arrays` (global tensors by name) as step `step` (>= 0) and commits it. A name not in
   // `shardings` is saved as one block (replicated). Throws Error naming the step when it is
@@ -171,9 +175,9 @@ class CheckpointDir {
   // The step's manifest. Throws Error naming the step when it is not committed.
   Manifest manifest(int64_t step) const;
   std::string step_path(int64_t step) const;
-  zarr::Array array(int64_t step, const std::string& name) const;
-  HostTensor read(int64_t step, const std::string& name, zarr::ReadStats* stats = nullptr) const;
-  std::map<std::string, HostTensor> read_all(int64_t step, zarr::ReadStats* stats = nullptr) const;
+  std::unique_ptr<StoredArray> array(int64_t step, const std::string& name) const;
+  HostTensor read(int64_t step, const std::string& name, ReadStats* stats = nullptr) const;
+  std::map<std::string, HostTensor> read_all(int64_t step, ReadStats* stats = nullptr) const;
 
   // Array `name` of `step` straight onto the devices of `program`, as its input `input` (any
   // mesh, any layout: the target is the input's sharding there): each local device's block is
@@ -181,11 +185,12 @@ class CheckpointDir {
   // within options.host_budget_bytes of host memory (stats->host_peak_bytes: what was held).
   // Throws Error naming the array when its dtype or shape differs from the input's.
   ShardedArray restore_to_device(int64_t step, const std::string& name, const LoadedExecutable& program,
-                                 const std::string& input, zarr::ReadStats* stats = nullptr,
+                                 const std::string& input, ReadStats* stats = nullptr,
                                  const RestoreOptions& options = {}) const;
 
  private:
   std::string path_;
+  const ArrayStore* store_;
 };
 
 // Saving in the background: save() returns once the arrays are handed over (the caller's

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "tessel/autoshard/auto_shard.hpp"
+#include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/core/mesh.hpp"
 #include "tessel/core/sharding.hpp"
 #include "tessel/executable.hpp"
@@ -149,6 +150,19 @@ class Trainer {
   // inputs): every value of the state, each an array of this trainer's update program with
   // its input's layout (Error naming a missing, unknown or mislaid one).
   void set_device_state(int64_t step, std::map<std::string, ShardedArray> values);
+
+  // Checkpoints (tessel/checkpoint/checkpoint.hpp), the one implementation gpt_train and the
+  // planner's pool use. save_checkpoint writes the state as it lives on the devices, block by
+  // block with no gather, as step steps_done() of `dir` (collective over the runtime's
+  // processes: each writes its devices' share, rank 0 commits) and returns what this process
+  // wrote. restore_checkpoint reads step `step` of `dir` straight onto this trainer's devices in
+  // its own layout (the step may have been saved on another mesh, ZeRO stage or layout) and sets
+  // the step counter to `step`; `stats` (optional) accumulates what was read. Throws Error naming
+  // the folder and step when it is not committed, and the state value it lacks or holds with
+  // another dtype or shape.
+  SaveStats save_checkpoint(CheckpointDir& dir, const SaveOptions& options = {});
+  void restore_checkpoint(const CheckpointDir& dir, int64_t step, const RestoreOptions& options = {},
+                          ReadStats* stats = nullptr);
 
   // One update from one batch (batch_inputs() order). Throws Error naming the input on a wrong
   // count or type, and on a non-finite step with NonFinite::Stop.

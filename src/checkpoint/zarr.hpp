@@ -1,5 +1,7 @@
-// tessel/checkpoint/zarr.hpp — zarr v3 arrays on a local file system: what a tessel checkpoint
-// is made of, readable by zarr-python and TensorStore, and able to read what they write.
+// src/checkpoint/zarr.hpp (private) — zarr v3 arrays on a local file system: the ArrayStore
+// (tessel/checkpoint/array_store.hpp) a tessel checkpoint is made of, readable by zarr-python
+// and TensorStore, and able to read what they write. Only src/checkpoint and the tests that
+// check the format itself include it; everything else goes through the ArrayStore.
 //
 // An array is a folder: zarr.json (the metadata) and one file per shard of a regular grid,
 // keyed `c/i/j` (chunk_key_encoding "default", separator "/"; a 0-d array's key is `c`). tessel
@@ -24,29 +26,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tessel/checkpoint/array_store.hpp"
 #include "tessel/core/common.hpp"
 #include "tessel/runtime/tensor.hpp"
 
 namespace tessel::zarr {
-
-struct ArraySpec {
-  Shape shape;
-  DType dtype = DType::f32;
-  Shape shard_shape;  // the chunk grid: one file per shard; empty: one shard for the whole array
-  Shape inner_shape;  // inner chunks, dividing shard_shape dim by dim; empty: one per shard
-  bool zstd = false;
-  int zstd_level = 3;
-  bool chunk_crc32c = false;   // a crc32c after each inner chunk (checked on every read)
-  bool bf16_as_uint16 = false;  // bf16 stored as uint16 with attribute tessel_dtype = bfloat16
-  std::string attributes_json = "{}";  // a JSON object: the array's user attributes
-};
-
-// Inner chunks for a shard: each dim of `shard` divided by its smallest divisors, largest dim
-// first, until a chunk holds at most target_bytes (or every dim is 1).
-Shape choose_inner_shape(const Shape& shard, std::size_t elem_bytes, int64_t target_bytes);
 
 // Creates folder `dir` (its parents must exist; it must not exist) with zarr.json. Throws Error
 // naming the folder, or the spec's field that is inconsistent.
@@ -62,36 +51,39 @@ int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::ve
 int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
                     const HostTensor& source, const std::vector<int64_t>& origin);
 
-struct ReadStats {
-  int64_t bytes_read = 0;    // file bytes read (indexes and encoded chunks)
-  int64_t bytes_needed = 0;  // bytes of the region requested
-  int64_t chunks_read = 0;
-  // restore_to_device: the most host bytes it held at once (a slab, its staging copy, the
-  // reader's buffers), the largest over its calls with these stats.
-  int64_t host_peak_bytes = 0;
+// The ArrayStore over these functions (zarr_v3_store() returns one).
+class Store final : public ArrayStore {
+ public:
+  const char* format() const override { return "zarr v3"; }
+  void create_array(const std::string& dir, const ArraySpec& spec) const override;
+  int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                      const HostTensor& source, const std::vector<int64_t>& origin) const override;
+  using ArrayStore::write_shard;
+  std::unique_ptr<StoredArray> open(const std::string& dir) const override;
+  // zarr.json with node_type "group" and the attributes.
+  void write_group(const std::string& dir, const std::string& attributes_json) const override;
+  std::optional<std::string> read_group(const std::string& dir) const override;
+  bool has_group(const std::string& dir) const override;
 };
 
-class Array {
+class Array final : public StoredArray {
  public:
   // Opens the array in `dir` (its zarr.json). Throws Error naming the file and what it does not
   // support or cannot parse.
   static Array open(const std::string& dir);
 
-  const std::string& dir() const { return dir_; }
-  const Shape& shape() const { return shape_; }
-  DType dtype() const { return dtype_; }        // the tessel dtype (bfloat16 for uint16 + tessel_dtype)
-  const Shape& chunk_shape() const { return chunk_shape_; }  // the grid's: one file per shard (or plain chunk)
-  // The unit a read decodes: the inner chunk (the chunk itself without sharding).
-  const Shape& inner_chunk_shape() const { return inner_shape_; }
-  // Host bytes a region read holds besides its result: one encoded and one decoded inner
-  // chunk (at most; a compressed chunk is smaller) and one shard index.
-  int64_t read_buffer_bytes() const;
-  const std::string& attributes_json() const { return attributes_; }
-
-  // The region [start, start + shape) (whole array: read_all). Throws Error for a region outside
-  // the array, a crc32c mismatch or a truncated file, naming the file and the inner chunk.
-  HostTensor read(const std::vector<int64_t>& start, const Shape& shape, ReadStats* stats = nullptr) const;
-  HostTensor read_all(ReadStats* stats = nullptr) const;
+  const std::string& dir() const override { return dir_; }
+  const Shape& shape() const override { return shape_; }
+  DType dtype() const override { return dtype_; }  // the tessel dtype (bfloat16 for uint16 + tessel_dtype)
+  const Shape& chunk_shape() const override { return chunk_shape_; }  // the grid's: one file per shard
+  const Shape& inner_chunk_shape() const override { return inner_shape_; }
+  // One encoded and one decoded inner chunk (at most; a compressed chunk is smaller) and one
+  // shard index.
+  int64_t read_buffer_bytes() const override;
+  const std::string& attributes_json() const override { return attributes_; }
+  // Reads only the inner chunks overlapping the region; a crc32c mismatch names the file and chunk.
+  HostTensor read(const std::vector<int64_t>& start, const Shape& shape, ReadStats* stats = nullptr) const override;
+  using StoredArray::read_all;
 
  private:
   std::string dir_;
@@ -109,9 +101,5 @@ class Array {
   double fill_ = 0;
   std::string attributes_ = "{}";
 };
-
-// CRC-32C (Castagnoli, the iSCSI polynomial): crc32c("123456789") = 0xE3069283; chainable:
-// crc32c(b, crc32c(a)) == crc32c(a followed by b). ISA-L's instruction-accelerated version.
-uint32_t crc32c(const void* data, std::size_t n, uint32_t crc = 0);
 
 }  // namespace tessel::zarr
