@@ -182,6 +182,13 @@ void append_view(std::string& key, const View& v) {
 
 bool onednn_einsum_compiled() { return true; }
 
+namespace {
+std::atomic<int64_t> g_scratch_high_water{0};
+}  // namespace
+
+int64_t onednn_scratchpad_high_water() { return g_scratch_high_water.load(); }
+void onednn_reset_scratchpad_high_water() { g_scratch_high_water.store(0); }
+
 OneDnnPrimitiveCounts onednn_primitive_counts() {
   return {g_created.load(std::memory_order_relaxed), g_created_running.load(std::memory_order_relaxed)};
 }
@@ -458,6 +465,12 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
     memory md(e.dst, eng, dst + r0 * vd.strides[rd] * int64_t(esz));
     std::vector<float, AlignedAllocator<float>> scratch((e.scratch_bytes + sizeof(float) - 1) / sizeof(float));
     const MeteredBytes counted(a.scratch_meter, scratch.size() * sizeof(float));  // the device's, while it lives
+    {
+      const auto bytes = static_cast<int64_t>(scratch.size() * sizeof(float));
+      int64_t hw = g_scratch_high_water.load();
+      while (bytes > hw && !g_scratch_high_water.compare_exchange_weak(hw, bytes)) {
+      }
+    }
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}};
     if (e.scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.scratch, eng, scratch.data()));
     for (std::size_t i = 0; i < e.binary.size(); ++i) {
@@ -507,6 +520,9 @@ bool onednn_einsum(const KernelArgs& a, const std::string& sa, const std::string
 namespace tessel {
 
 bool onednn_einsum_compiled() { return false; }
+
+int64_t onednn_scratchpad_high_water() { return 0; }
+void onednn_reset_scratchpad_high_water() {}
 
 OneDnnPrimitiveCounts onednn_primitive_counts() { return {}; }
 

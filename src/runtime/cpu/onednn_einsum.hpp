@@ -46,6 +46,11 @@ void onednn_count_creation(bool running);
 
 // True when tessel was built with oneDNN (TESSEL_WITH_ONEDNN).
 bool onednn_einsum_compiled();
+// The largest scratchpad (bytes, as allocated) a oneDNN matmul run has used since the last
+// reset; whether a primitive needs one is oneDNN's choice for the CPU at hand (tests: the
+// meter must count exactly what was handed out). 0 without oneDNN.
+int64_t onednn_scratchpad_high_water();
+void onednn_reset_scratchpad_high_water();
 
 // Runs the two-operand einsum `sa,sb->sr` of `args` (already validated: letters unique per
 // subscript, sizes consistent, every result letter in an operand) as one oneDNN matmul with
