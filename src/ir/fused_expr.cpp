@@ -15,17 +15,8 @@
 namespace tessel {
 
 bool is_fusible_elementwise(OpKind k) {
-  switch (k) {
-    case OpKind::Neg: case OpKind::Exp: case OpKind::Log: case OpKind::Tanh: case OpKind::Gelu:
-    case OpKind::Relu: case OpKind::Sqrt: case OpKind::Rsqrt: case OpKind::Sigmoid: case OpKind::Silu:
-    case OpKind::Add: case OpKind::Sub: case OpKind::Mul: case OpKind::Div: case OpKind::Max:
-    case OpKind::GeluGrad: case OpKind::Cast:
-    case OpKind::Eq: case OpKind::Ne: case OpKind::Lt: case OpKind::Le: case OpKind::Gt: case OpKind::Ge:
-    case OpKind::Where:
-      return true;
-    default:
-      return false;
-  }
+  return op_in(kUnaryOps, k) || op_in(kBinaryOps, k) || op_in(kCompareOps, k) || k == OpKind::Cast ||
+         k == OpKind::Where;
 }
 
 int FusedExpr::num_ops() const {

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "tessel/ir/fused_expr.hpp"
 #include "tessel/ops/builders.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/runtime/cpu/cpu_kernels.hpp"
@@ -33,6 +34,33 @@ TEST_CASE("registry: every kind has one complete entry", "[registry]") {
   }
   CHECK(names.size() == static_cast<std::size_t>(OpKind::kCount));
   CHECK_FALSE(op_kind_from_name("no_such_op").has_value());
+}
+
+TEST_CASE("registry: the elementwise families are one list each and every consumer takes them", "[registry]") {
+  // Each family's ops: registered with its arity, fusible, and in the CPU kernel table; no op in
+  // two families.
+  std::set<OpKind> seen;
+  auto check_family = [&](const char* family, const auto& ops, int arity) {
+    for (OpKind k : ops) {
+      INFO(family << ": " << op_name(k));
+      CHECK(seen.insert(k).second);
+      CHECK(op_def(k).min_inputs == arity);
+      CHECK(op_def(k).max_inputs == arity);
+      CHECK(op_def(k).num_results == 1);
+      CHECK(is_fusible_elementwise(k));
+      CHECK(cpu_kernel_table().has(k));
+    }
+  };
+  check_family("unary", kUnaryOps, 1);
+  check_family("binary", kBinaryOps, 2);
+  check_family("compare", kCompareOps, 2);
+  CHECK(seen.size() == 22);
+  // What fuses besides them: cast and where, nothing else.
+  for (OpKind k : all_op_kinds())
+    if (!seen.count(k)) {
+      INFO(op_name(k));
+      CHECK(is_fusible_elementwise(k) == (k == OpKind::Cast || k == OpKind::Where));
+    }
 }
 
 TEST_CASE("registry: an out-of-range kind is an error naming it", "[registry]") {

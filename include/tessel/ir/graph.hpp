@@ -14,6 +14,7 @@
 // Shape errors throw ShapeError naming the op, its operands and their shapes.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,6 +39,19 @@ enum class OpKind {
 #undef TESSEL_OP_KIND_ENUM
   kCount
 };
+
+// The elementwise families (op_list.hpp) as arrays, and membership.
+#define TESSEL_OP_KIND_ITEM(k) OpKind::k,
+inline constexpr OpKind kUnaryOps[] = {TESSEL_UNARY_OPS(TESSEL_OP_KIND_ITEM)};
+inline constexpr OpKind kBinaryOps[] = {TESSEL_BINARY_OPS(TESSEL_OP_KIND_ITEM)};
+inline constexpr OpKind kCompareOps[] = {TESSEL_COMPARE_OPS(TESSEL_OP_KIND_ITEM)};
+#undef TESSEL_OP_KIND_ITEM
+template <std::size_t N>
+constexpr bool op_in(const OpKind (&family)[N], OpKind k) {
+  for (OpKind f : family)
+    if (f == k) return true;
+  return false;
+}
 
 struct Value {
   std::string name;  // unique within the graph, printed as %name

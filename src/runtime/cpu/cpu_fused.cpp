@@ -234,62 +234,59 @@ void compare(const Elem* x, const Elem* y, Elem* o, int64_t m, F f) {
 void eval_op(const KernelArgs& a, const FusedNode& n, const std::vector<const Elem*>& x,
              const std::vector<DType>& xt, Elem* o, int64_t m) {
   const bool int_result = n.dtype == DType::i32;
+  if (op_in(kUnaryOps, n.op)) {
+    if (int_result && (n.op == OpKind::Neg || n.op == OpKind::Relu)) {
+      for (int64_t j = 0; j < m; ++j)
+        o[j].i = n.op == OpKind::Neg ? static_cast<int32_t>(0u - static_cast<uint32_t>(x[0][j].i))
+                                     : (x[0][j].i > 0 ? x[0][j].i : 0);
+      return;
+    }
+    if (int_result) fail(a, fmt::format("{} of an i32 value", op_name(n.op)));
+    unary_f32(n.op, &x[0][0].f, &o[0].f, m);
+    return;
+  }
+  if (op_in(kBinaryOps, n.op)) {
+    const bool ints = xt[0] == DType::i32 || xt[1] == DType::i32;
+    if (ints != int_result || (ints && (xt[0] != DType::i32 || xt[1] != DType::i32)))
+      fail(a, fmt::format("{}: i32 and float operands cannot be mixed", op_name(n.op)));
+    if (ints) {
+      switch (n.op) {
+        case OpKind::Add: binary_i(x[0], x[1], o, m, AddF{}); return;
+        case OpKind::Sub: binary_i(x[0], x[1], o, m, SubF{}); return;
+        case OpKind::Mul: binary_i(x[0], x[1], o, m, MulF{}); return;
+        case OpKind::Div: binary_i(x[0], x[1], o, m, DivF{}); return;
+        case OpKind::Max: binary_i(x[0], x[1], o, m, MaxF{}); return;
+        default: fail(a, "gelu_grad needs float operands");
+      }
+    }
+    switch (n.op) {
+      case OpKind::Add: binary_f(x[0], x[1], o, m, AddF{}); return;
+      case OpKind::Sub: binary_f(x[0], x[1], o, m, SubF{}); return;
+      case OpKind::Mul: binary_f(x[0], x[1], o, m, MulF{}); return;
+      case OpKind::Div: binary_f(x[0], x[1], o, m, DivF{}); return;
+      case OpKind::Max: binary_f(x[0], x[1], o, m, MaxF{}); return;
+      default: gelu_grad_f32(&x[0][0].f, &x[1][0].f, &o[0].f, m); return;
+    }
+  }
+  if (op_in(kCompareOps, n.op)) {
+    if ((xt[0] == DType::i32) != (xt[1] == DType::i32))
+      fail(a, fmt::format("{}: i32 and float operands cannot be mixed", op_name(n.op)));
+    const bool ints = xt[0] == DType::i32;
+    auto run = [&](auto f) {
+      if (ints) compare(x[0], x[1], o, m, [&](const Elem& u, const Elem& v) { return f(u.i, v.i); });
+      else compare(x[0], x[1], o, m, [&](const Elem& u, const Elem& v) { return f(u.f, v.f); });
+    };
+    switch (n.op) {
+      case OpKind::Eq: run([](auto u, auto v) { return u == v; }); break;
+      case OpKind::Ne: run([](auto u, auto v) { return u != v; }); break;
+      case OpKind::Lt: run([](auto u, auto v) { return u < v; }); break;
+      case OpKind::Le: run([](auto u, auto v) { return u <= v; }); break;
+      case OpKind::Gt: run([](auto u, auto v) { return u > v; }); break;
+      default: run([](auto u, auto v) { return u >= v; }); break;
+    }
+    return;
+  }
   switch (n.op) {
-    case OpKind::Neg: case OpKind::Relu:
-      if (int_result) {
-        for (int64_t j = 0; j < m; ++j)
-          o[j].i = n.op == OpKind::Neg ? static_cast<int32_t>(0u - static_cast<uint32_t>(x[0][j].i))
-                                       : (x[0][j].i > 0 ? x[0][j].i : 0);
-        return;
-      }
-      [[fallthrough]];
-    case OpKind::Exp: case OpKind::Log: case OpKind::Tanh: case OpKind::Gelu: case OpKind::Sqrt:
-    case OpKind::Rsqrt: case OpKind::Sigmoid: case OpKind::Silu:
-      if (int_result) fail(a, fmt::format("{} of an i32 value", op_name(n.op)));
-      unary_f32(n.op, &x[0][0].f, &o[0].f, m);
-      return;
-    case OpKind::Add: case OpKind::Sub: case OpKind::Mul: case OpKind::Div: case OpKind::Max:
-    case OpKind::GeluGrad: {
-      const bool ints = xt[0] == DType::i32 || xt[1] == DType::i32;
-      if (ints != int_result || (ints && (xt[0] != DType::i32 || xt[1] != DType::i32)))
-        fail(a, fmt::format("{}: i32 and float operands cannot be mixed", op_name(n.op)));
-      if (ints) {
-        switch (n.op) {
-          case OpKind::Add: binary_i(x[0], x[1], o, m, AddF{}); return;
-          case OpKind::Sub: binary_i(x[0], x[1], o, m, SubF{}); return;
-          case OpKind::Mul: binary_i(x[0], x[1], o, m, MulF{}); return;
-          case OpKind::Div: binary_i(x[0], x[1], o, m, DivF{}); return;
-          case OpKind::Max: binary_i(x[0], x[1], o, m, MaxF{}); return;
-          default: fail(a, "gelu_grad needs float operands");
-        }
-      }
-      switch (n.op) {
-        case OpKind::Add: binary_f(x[0], x[1], o, m, AddF{}); return;
-        case OpKind::Sub: binary_f(x[0], x[1], o, m, SubF{}); return;
-        case OpKind::Mul: binary_f(x[0], x[1], o, m, MulF{}); return;
-        case OpKind::Div: binary_f(x[0], x[1], o, m, DivF{}); return;
-        case OpKind::Max: binary_f(x[0], x[1], o, m, MaxF{}); return;
-        default: gelu_grad_f32(&x[0][0].f, &x[1][0].f, &o[0].f, m); return;
-      }
-    }
-    case OpKind::Eq: case OpKind::Ne: case OpKind::Lt: case OpKind::Le: case OpKind::Gt: case OpKind::Ge: {
-      if ((xt[0] == DType::i32) != (xt[1] == DType::i32))
-        fail(a, fmt::format("{}: i32 and float operands cannot be mixed", op_name(n.op)));
-      const bool ints = xt[0] == DType::i32;
-      auto run = [&](auto f) {
-        if (ints) compare(x[0], x[1], o, m, [&](const Elem& u, const Elem& v) { return f(u.i, v.i); });
-        else compare(x[0], x[1], o, m, [&](const Elem& u, const Elem& v) { return f(u.f, v.f); });
-      };
-      switch (n.op) {
-        case OpKind::Eq: run([](auto u, auto v) { return u == v; }); break;
-        case OpKind::Ne: run([](auto u, auto v) { return u != v; }); break;
-        case OpKind::Lt: run([](auto u, auto v) { return u < v; }); break;
-        case OpKind::Le: run([](auto u, auto v) { return u <= v; }); break;
-        case OpKind::Gt: run([](auto u, auto v) { return u > v; }); break;
-        default: run([](auto u, auto v) { return u >= v; }); break;
-      }
-      return;
-    }
     case OpKind::Where:
       if (xt[0] != DType::i32) fail(a, "where: the condition must be i32");
       for (int64_t j = 0; j < m; ++j) o[j] = x[0][j].i != 0 ? x[1][j] : x[2][j];

@@ -31,11 +31,8 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     KernelTable<CpuKernelFn> k("cpu");
     k.add(OpKind::Constant, k_constant);
     k.add(OpKind::Einsum, k_einsum);
-    for (OpKind u : {OpKind::Neg, OpKind::Exp, OpKind::Log, OpKind::Tanh, OpKind::Gelu,
-                     OpKind::Relu, OpKind::Sqrt, OpKind::Rsqrt, OpKind::Sigmoid, OpKind::Silu})
-      k.add(u, k_unary);
-    for (OpKind b : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Max, OpKind::GeluGrad})
-      k.add(b, k_binary);
+    for (OpKind u : kUnaryOps) k.add(u, k_unary);
+    for (OpKind b : kBinaryOps) k.add(b, k_binary);
     for (OpKind r : {OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMean}) k.add(r, k_reduce);
     k.add(OpKind::Reshape, k_copy);
     k.add(OpKind::ShardingConstraint, k_copy);
@@ -53,7 +50,7 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::CrossEntropyGrad, k_cross_entropy_grad);
     k.add(OpKind::CausalMask, k_causal_mask);
     k.add(OpKind::Cast, k_cast);
-    for (OpKind c : {OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt, OpKind::Ge})
+    for (OpKind c : kCompareOps)
       k.add(c, k_compare);
     k.add(OpKind::Where, k_where);
     k.add(OpKind::OneHot, k_one_hot);

@@ -19,21 +19,20 @@
 
 namespace tessel::cuda {
 
-inline constexpr std::pair<OpKind, cuda_kernels::Unary> kUnaryCodes[] = {
-    {OpKind::Neg, cuda_kernels::Unary::Neg},         {OpKind::Exp, cuda_kernels::Unary::Exp},
-    {OpKind::Log, cuda_kernels::Unary::Log},         {OpKind::Tanh, cuda_kernels::Unary::Tanh},
-    {OpKind::Gelu, cuda_kernels::Unary::Gelu},       {OpKind::Relu, cuda_kernels::Unary::Relu},
-    {OpKind::Sqrt, cuda_kernels::Unary::Sqrt},       {OpKind::Rsqrt, cuda_kernels::Unary::Rsqrt},
-    {OpKind::Sigmoid, cuda_kernels::Unary::Sigmoid}, {OpKind::Silu, cuda_kernels::Unary::Silu}};
-
+// The CUDA code of each elementwise op, generated from the families' lists (op_list.hpp): an op
+// added to a list without its code in kernels/elementwise_ops.hpp does not compile.
+#define TESSEL_CUDA_UNARY_CODE(k) {OpKind::k, cuda_kernels::Unary::k},
+#define TESSEL_CUDA_BINARY_CODE(k) {OpKind::k, cuda_kernels::Binary::k},
+inline constexpr std::pair<OpKind, cuda_kernels::Unary> kUnaryCodes[] = {TESSEL_UNARY_OPS(TESSEL_CUDA_UNARY_CODE)};
 // Comparisons last (a code >= Binary::Eq is a comparison).
 inline constexpr std::pair<OpKind, cuda_kernels::Binary> kBinaryCodes[] = {
-    {OpKind::Add, cuda_kernels::Binary::Add}, {OpKind::Sub, cuda_kernels::Binary::Sub},
-    {OpKind::Mul, cuda_kernels::Binary::Mul}, {OpKind::Div, cuda_kernels::Binary::Div},
-    {OpKind::Max, cuda_kernels::Binary::Max}, {OpKind::GeluGrad, cuda_kernels::Binary::GeluGrad},
-    {OpKind::Eq, cuda_kernels::Binary::Eq},   {OpKind::Ne, cuda_kernels::Binary::Ne},
-    {OpKind::Lt, cuda_kernels::Binary::Lt},   {OpKind::Le, cuda_kernels::Binary::Le},
-    {OpKind::Gt, cuda_kernels::Binary::Gt},   {OpKind::Ge, cuda_kernels::Binary::Ge}};
+    TESSEL_BINARY_OPS(TESSEL_CUDA_BINARY_CODE) TESSEL_COMPARE_OPS(TESSEL_CUDA_BINARY_CODE)};
+#undef TESSEL_CUDA_UNARY_CODE
+#undef TESSEL_CUDA_BINARY_CODE
+static_assert(static_cast<int>(kBinaryCodes[sizeof kBinaryCodes / sizeof kBinaryCodes[0] -
+                                            sizeof kCompareOps / sizeof kCompareOps[0]].second) ==
+                  static_cast<int>(cuda_kernels::Binary::Eq),
+              "the CUDA binary codes keep the comparisons last, from Binary::Eq on");
 
 // The device program of `e` (typed by type_fused_expr on these operands; the root has the
 // result's shape `out_shape`), its pointers unset. Throws RuntimeError saying why when a node is
