@@ -41,7 +41,8 @@ endforeach()
 file(GLOB TESSEL_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/*.cu
      ${PROJECT_SOURCE_DIR}/src/runtime/cuda/*.cpp)
 # cuda_stub.cpp stands in for the backend in a build without CUDA (CMakeLists.txt); gemm_plan.cpp
-# (the host-only einsum planner) and nccl_core.cpp (the NCCL world's host logic) are in tessel itself.
+# (the host-only einsum planner) and nccl_core.cpp (the NCCL world's host logic) are in
+# tessel::cuda_host, in every build.
 list(FILTER TESSEL_CUDA_SOURCES EXCLUDE REGEX "/(cuda_stub|gemm_plan|nccl_core)\\.cpp$")
 
 # NCCL ships with the CUDA toolkit here (nccl.h and libnccl next to cudart); elsewhere point
@@ -99,7 +100,7 @@ list(APPEND TESSEL_CUDA_SOURCES ${CMAKE_BINARY_DIR}/generated/fused_jit_headers.
 add_library(tessel_cuda ${TESSEL_CUDA_SOURCES})
 add_library(tessel::cuda ALIAS tessel_cuda)
 target_include_directories(tessel_cuda PRIVATE ${PROJECT_SOURCE_DIR}/kernels ${PROJECT_SOURCE_DIR}/src)
-target_link_libraries(tessel_cuda PUBLIC tessel PRIVATE CUDA::cudart CUDA::cublasLt CUDA::nvrtc fmt::fmt)
+target_link_libraries(tessel_cuda PUBLIC tessel_factory PRIVATE CUDA::cudart CUDA::cublasLt CUDA::nvrtc fmt::fmt)
 set_target_properties(tessel_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME cuda CUDA_RUNTIME_LIBRARY Shared)
 target_compile_options(tessel_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${TESSEL_WARNINGS}>
                        $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall --expt-relaxed-constexpr>)

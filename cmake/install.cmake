@@ -1,6 +1,6 @@
 # Install headers, the library and a package config usable by find_package(tessel).
 include(CMakePackageConfigHelpers)
-install(TARGETS tessel EXPORT tesselTargets
+install(TARGETS tessel ${TESSEL_FLOORS} EXPORT tesselTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

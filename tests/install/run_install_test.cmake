@@ -33,9 +33,12 @@ foreach(f include/tessel/ir/graph.hpp include/tessel/executable.hpp include/tess
   endif()
 endforeach()
 file(GLOB_RECURSE _cfg ${prefix}/*/tesselConfig.cmake)
-file(GLOB_RECURSE _lib ${prefix}/*/libtessel.a ${prefix}/*/libtessel.so)
-if(NOT _cfg OR NOT _lib)
-  message(FATAL_ERROR "install test: no tesselConfig.cmake or libtessel under ${prefix}")
+# One static library per floor (tessel::tessel is an interface over them): the lowest and the
+# highest must be there.
+file(GLOB_RECURSE _lib ${prefix}/*/libtessel_core.a ${prefix}/*/libtessel_core.so)
+file(GLOB_RECURSE _top ${prefix}/*/libtessel_planner.a ${prefix}/*/libtessel_planner.so)
+if(NOT _cfg OR NOT _lib OR NOT _top)
+  message(FATAL_ERROR "install test: no tesselConfig.cmake or libtessel_core / libtessel_planner under ${prefix}")
 endif()
 
 set(configure_args -S ${CONSUMER_SOURCE_DIR} -B ${consumer_build} -G ${GENERATOR}

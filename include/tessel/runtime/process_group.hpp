@@ -97,6 +97,7 @@ std::shared_ptr<ProcessGroup> file_process_group(const FileRendezvousOptions& op
 //  - RANK/WORLD_SIZE (torchrun style): a file rendezvous in $TESSEL_RENDEZVOUS_DIR (required:
 //    RuntimeError naming it when missing) with key $TESSEL_RENDEZVOUS_KEY (default "tessel") and
 //    timeout $TESSEL_RENDEZVOUS_TIMEOUT (seconds, default 300: a peer missing that long fails).
+// Defined by the runtime factory (tessel::factory: it knows every backend, MPI included).
 std::shared_ptr<ProcessGroup> process_group_from_env();
 
 }  // namespace tessel
