@@ -2,6 +2,7 @@
 include(CheckLanguage)
 option(TESSEL_BUILD_TESTS "Build the test suite" ON)
 option(TESSEL_BUILD_BENCHMARKS "Build tessel-bench (Google Benchmark)" ON)
+option(TESSEL_LINK_CHECKS "Link each floor's library whole into a program of its own (CTest 'layering: ...')" ON)
 option(TESSEL_SANITIZE_ADDRESS "Build with AddressSanitizer + UndefinedBehaviorSanitizer" OFF)
 option(TESSEL_SANITIZE_THREAD "Build with ThreadSanitizer" OFF)
 
