@@ -24,8 +24,9 @@
 #include "tessel/planner/pool_runtime.hpp"
 #include "tessel/planner/schedule.hpp"
 #include "tessel/planner/show.hpp"
-#include "tessel/runtime/cuda/cuda.hpp"
+#include "tessel/runtime/cuda/cuda.hpp"  // cuda_compiled
 #include "tessel/runtime/launch.hpp"
+#include "tessel/runtime/make_runtime.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 #include "tessel/runtime/process_group.hpp"
 
@@ -82,13 +83,12 @@ PoolRunOptions run_options(const PlanArgs& a, std::shared_ptr<tessel::ProcessGro
   o.processes = std::move(processes);
   if (a.backend == "cuda") {
     // One GPU per process (the GPU of its local rank), NCCL over each job's processes.
-    const int gpu = tessel::detect_launch().local_rank;
-    o.make_runtime = [gpu](const std::vector<int>& ranks, int tag) -> std::unique_ptr<tessel::Runtime> {
-      tessel::CudaRuntimeOptions c;
-      c.processes = tessel::mpi_process_group(ranks, tag);
-      c.num_gpus = 1;
-      c.backend.device = gpu;
-      return std::make_unique<tessel::CudaRuntime>(1, c);
+    o.make_runtime = [](const std::vector<int>& ranks, int tag) {
+      tessel::RuntimeRequest r;
+      r.backend = "cuda";
+      r.mpi_ranks = ranks;
+      r.mpi_group_tag = tag;
+      return tessel::make_runtime(r);
     };
   }
   return o;

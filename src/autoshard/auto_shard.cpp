@@ -16,6 +16,7 @@
 
 #include "tessel/autoshard/solver.hpp"
 #include "tessel/compiler/compiled_program.hpp"
+#include "tessel/compiler/factor_choice.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/compiler/propagate.hpp"
 #include "tessel/compiler/reshard.hpp"
@@ -345,11 +346,7 @@ class Formulation {
     };
     for (std::size_t i = 0; i < op.inputs.size() && i < rl.operands.size(); ++i) note(op.inputs[i], rl.operands[i]);
     for (int r = 0; r < op.num_results(); ++r) note(op.result(r), rl.result_dims(r));
-    for (std::size_t f = 0; f < rl.factors.size(); ++f) {
-      const FactorKind kind = rl.factors[f].kind;
-      splittable[f] = kind == FactorKind::Pass || kind == FactorKind::Reduction ||
-                      (kind == FactorKind::Combined && def.distribute != nullptr && op.num_results() == 1);
-    }
+    for (std::size_t f = 0; f < rl.factors.size(); ++f) splittable[f] = factor_may_split(op, rl, static_cast<int>(f));
     std::vector<Shape> in_shapes;
     std::vector<DType> in_dtypes;
     for (int v : op.inputs) {
@@ -387,8 +384,8 @@ class Formulation {
               axis_allowed(axes[a], where[static_cast<std::size_t>(f)].first, where[static_cast<std::size_t>(f)].second));
         fs[static_cast<std::size_t>(f)].push_back(axes[a]);
       }
-      for (std::size_t f = 0; f < fs.size() && ok; ++f)
-        ok = rl.factors[f].size % mesh_.axes_size(fs[f]) == 0;
+      // Every assignment the one factor policy calls computable (compiler/factor_choice.hpp).
+      ok = ok && factor_axes_valid(mesh_, op, rl, fs);
       if (ok) build(op, def, rl, fs, in_shapes, in_dtypes, res0, keep, ok);
       std::size_t a = 0;
       for (; a < axes.size(); ++a) {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "tessel/ops/registry.hpp"
+#include "tessel/compiler/factor_choice.hpp"
 #include "tessel/compiler/reshard.hpp"
 
 namespace tessel {
@@ -16,9 +17,6 @@ namespace {
 
 using Axes = std::vector<std::string>;
 
-bool is_prefix(const Axes& a, const Axes& b) {
-  return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
-}
 
 struct Partitioner {
   const Graph& g;
@@ -164,91 +162,32 @@ struct Partitioner {
     return axes;
   }
 
-  // Factor sharding for an op: per factor the mesh axes it is split over.
+  // Factor sharding for an op by the one factor policy (compiler/factor_choice.hpp): the
+  // operands' current layouts and the results' propagated ones as wishes, ranked by the
+  // priority their layouts derive from, then bytes. result_first: the results' wishes are
+  // Exact (the op computes where its results are wanted); otherwise they only fill factors the
+  // operands left free. Then made realizable.
   std::vector<Axes> choose_factors(const Op& op, const OpRule& rule, bool result_first) {
-    std::size_t nf = rule.factors.size();
-    std::vector<Axes> fs(nf);
-    // Who holds a factor's axes when two factors want one axis: the stronger source. Sources
-    // rank by the priority their layout derives from (propagation's source_priority, lower
-    // wins, whatever the sizes), then by bytes; the result's layout in result-first mode
-    // outranks every operand.
-    using Weight = std::pair<int64_t, double>;  // (-priority, bytes); larger wins
-    const Weight none{std::numeric_limits<int64_t>::min(), -1};
-    const Weight top{std::numeric_limits<int64_t>::max(), 0};
-    auto weight_of = [&](int value) {
-      return Weight{-static_cast<int64_t>(prop.source_priority[value]), bytes_of(value)};
-    };
-    std::vector<Weight> weight(nf, none);
-    // 1. Result factors from the result's propagated sharding.
-    if (result_first) {
-      for (int r = 0; r < op.num_results(); ++r) {
-        auto rproj = project_onto_factors(mesh, rule.result_dims(r), rule.factors, prop.shardings[op.result(r)]);
-        for (std::size_t f = 0; f < nf; ++f)
-          if (fs[f].empty() && !rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
-            fs[f] = rproj[f];
-            weight[f] = top;
-          }
-      }
+    std::vector<FactorWish> wishes;
+    for (int r = 0; r < op.num_results(); ++r) {
+      FactorWish w;
+      w.value = op.result(r);
+      w.priority = prop.source_priority[static_cast<std::size_t>(w.value)];
+      w.bytes = bytes_of(w.value);
+      w.reach = result_first ? FactorWish::Reach::Exact : FactorWish::Reach::FillEmpty;
+      w.axes = project_onto_factors(mesh, rule.result_dims(r), rule.factors, prop.shardings[op.result(r)]);
+      wishes.push_back(std::move(w));
     }
-    // 2. Other factors from the operands' current layouts, strongest operands first.
-    std::vector<std::size_t> order(op.inputs.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return weight_of(op.inputs[a]) > weight_of(op.inputs[b]);
-    });
-    for (std::size_t i : order) {
-      const Sharding& s = prog.values[phys[op.inputs[i]]].sharding;
-      auto proj = project_onto_factors(mesh, rule.operands[i], rule.factors, s);
-      for (std::size_t f = 0; f < nf; ++f) {
-        if (rule.factors[f].kind == FactorKind::Replicated || proj[f].empty()) continue;
-        if (weight[f] == top) continue;
-        if (fs[f].empty() || (is_prefix(fs[f], proj[f]) && proj[f].size() > fs[f].size())) {
-          fs[f] = proj[f];
-          weight[f] = std::max(weight[f], weight_of(op.inputs[i]));
-        }
-      }
+    for (std::size_t i = 0; i < op.inputs.size(); ++i) {
+      FactorWish w;
+      w.value = op.inputs[i];
+      w.priority = prop.source_priority[static_cast<std::size_t>(w.value)];
+      w.bytes = bytes_of(w.value);
+      w.axes = project_onto_factors(mesh, rule.operands[i], rule.factors, prog.values[phys[op.inputs[i]]].sharding);
+      wishes.push_back(std::move(w));
     }
-    if (!result_first) {
-      // Then the results' wishes for factors the operands left free.
-      for (int r = 0; r < op.num_results(); ++r) {
-        auto rproj = project_onto_factors(mesh, rule.result_dims(r), rule.factors, prop.shardings[op.result(r)]);
-        for (std::size_t f = 0; f < nf; ++f)
-          if (fs[f].empty() && !rproj[f].empty() && rule.factors[f].kind != FactorKind::Replicated) {
-            fs[f] = rproj[f];
-            weight[f] = Weight{std::numeric_limits<int64_t>::min(), 0};
-          }
-      }
-    }
-    // 3. An axis used by two factors goes to the factor with the stronger source.
-    std::vector<std::size_t> forder(nf);
-    for (std::size_t f = 0; f < nf; ++f) forder[f] = f;
-    std::stable_sort(forder.begin(), forder.end(), [&](std::size_t a, std::size_t b) {
-      return weight[a] > weight[b];
-    });
-    std::set<std::string> taken;
-    for (std::size_t f : forder) {
-      for (std::size_t i = 0; i < fs[f].size(); ++i)
-        if (taken.count(fs[f][i])) {
-          fs[f].resize(i);
-          break;
-        }
-      taken.insert(fs[f].begin(), fs[f].end());
-    }
-    // 4. Realizability: a minor factor of a dim cannot be split unless the major ones are
-    //    fully split.
-    for (int pass = 0; pass < 4; ++pass) {
-      auto fix = [&](const std::vector<DimFactors>& dims) {
-        for (const auto& d : dims) {
-          bool full = true;
-          for (int f : d) {
-            if (!full) fs[f].clear();
-            if (mesh.axes_size(fs[f]) != rule.factors[f].size) full = false;
-          }
-        }
-      };
-      for (const auto& o : rule.operands) fix(o);
-      for (int r = 0; r < rule.num_results(); ++r) fix(rule.result_dims(r));
-    }
+    FactorAxes fs = choose_factor_axes(rule, wishes).axes;
+    make_realizable(mesh, rule, fs);
     return fs;
   }
 
@@ -338,35 +277,6 @@ struct Partitioner {
   // Estimated communication seconds of a factor sharding: operand reshards plus the reshard of
   // each result to its propagated layout. An operand that may stay partial (kept_partials) is
   // not reduced: its sum flows into the result, which is reduced instead.
-  // Op::factor_axes fits this op on this mesh: one entry per factor, known axes each used once,
-  // every factor's size divisible by its axes', and every operand and result dim composed of
-  // exactly its factors' axes (a minor factor split only under a whole major one).
-  bool valid_strategy(const Op& op, const OpRule& rule) const {
-    const auto& fs = op.factor_axes;
-    if (fs.empty() || fs.size() != rule.factors.size()) return false;
-    std::set<std::string> used;
-    for (std::size_t f = 0; f < fs.size(); ++f) {
-      for (const std::string& a : fs[f])
-        if (!mesh.has_axis(a) || !used.insert(a).second) return false;
-      if (!fs[f].empty() && (rule.factors[f].kind == FactorKind::Replicated ||
-                             rule.factors[f].size % mesh.axes_size(fs[f]) != 0))
-        return false;
-    }
-    auto whole = [&](const std::vector<DimFactors>& dims) {
-      for (const auto& d : dims) {
-        std::size_t want = 0;
-        for (int f : d) want += fs[static_cast<std::size_t>(f)].size();
-        if (compose_dim(mesh, d, rule.factors, fs).size() != want) return false;
-      }
-      return true;
-    };
-    for (const auto& o : rule.operands)
-      if (!whole(o)) return false;
-    for (int r = 0; r < rule.num_results(); ++r)
-      if (!whole(rule.result_dims(r))) return false;
-    return true;
-  }
-
   double comm_estimate(const Op& op, const OpRule& rule, const std::vector<Axes>& fs) {
     double t = 0;
     const std::vector<bool> keep = kept_partials(op, fs);
@@ -500,7 +410,7 @@ struct Partitioner {
     // A strategy chosen by automatic sharding is taken as it is: the plan priced the op's
     // compute and collectives and every reshard around it, where the candidates below are
     // compared on this op's collectives alone.
-    if (valid_strategy(op, rule)) fs = op.factor_axes;
+    if (!op.factor_axes.empty() && factor_axes_problem(mesh, op, rule, op.factor_axes).empty()) fs = op.factor_axes;
     else {
       const OpDef& def = op_def(op.kind);
       std::vector<std::vector<Axes>> cands = {choose_factors(op, rule, true), choose_factors(op, rule, false)};
@@ -524,9 +434,13 @@ struct Partitioner {
       if (any_combined) {
         for (std::size_t c = 0, n = cands.size(); c < n; ++c) {
           std::vector<Axes> gathered = cands[c];
+          bool may_split = true;
           for (std::size_t f = 0; f < nf; ++f)
-            if (rule.factors[f].kind == FactorKind::Combined) gathered[f].clear();
-          if (!def.distribute) cands[c] = gathered;  // no distributed form: always gather
+            if (rule.factors[f].kind == FactorKind::Combined) {
+              gathered[f].clear();
+              may_split = may_split && factor_may_split(op, rule, static_cast<int>(f));
+            }
+          if (!may_split) cands[c] = gathered;  // no distributed form: always gather
           else cands.push_back(gathered);
         }
       }

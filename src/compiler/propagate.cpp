@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "tessel/compiler/factor_choice.hpp"
 #include "tessel/ops/registry.hpp"
 
 namespace tessel {
@@ -77,19 +78,6 @@ struct Propagator {
     return static_cast<double>(num_elements(g.values[v].shape)) *
            static_cast<double>(dtype_size(g.values[v].dtype));
   }
-  // Larger tensor first; ties: lower value id.
-  bool larger(int a, int b) const {
-    double ba = bytes(a), bb = bytes(b);
-    if (ba != bb) return ba > bb;
-    return a < b;
-  }
-  // Which source wins a conflict: the stronger (lower) priority its sharding derives from,
-  // whatever the sizes; among equal priorities the larger tensor (it stays put).
-  bool stronger(int a, int b) const {
-    if (res.source_priority[a] != res.source_priority[b])
-      return res.source_priority[a] < res.source_priority[b];
-    return larger(a, b);
-  }
   // "%w (from the annotation on %w, priority 0)" for decision lines.
   std::string source_text(int v, int dim) const {
     int origin = -1;
@@ -113,17 +101,6 @@ struct Propagator {
     return -1;
   }
 
-  // The dim of tensor v (one of this op's tensors) that holds factor f, -1 when none.
-  int source_dim_of(int v, int f, const std::vector<const std::vector<DimFactors>*>& tdims,
-                    const std::vector<int>& tensors) const {
-    for (std::size_t t = 0; t < tensors.size(); ++t)
-      if (tensors[t] == v) {
-        const int d = dim_of_factor(*tdims[t], f);
-        if (d >= 0) return d;
-      }
-    return -1;
-  }
-
   // One op, in round p. Returns true when a value changed.
   bool step(int op_index, int round) {
     const Op& op = g.ops[op_index];
@@ -137,71 +114,48 @@ struct Propagator {
       tdims.push_back(&rule.result_dims(r));
     }
 
-    std::size_t nf = rule.factors.size();
-    std::vector<std::vector<std::string>> chosen(nf);
-    std::vector<int> source(nf, -1), source_dim(nf, -1);
+    // Every active tensor's wish, merged by the one factor policy (factor_choice.hpp).
+    std::vector<FactorWish> wishes;
+    std::vector<std::size_t> wish_tensor;  // per wish: its index in `tensors`
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       int v = tensors[t];
       if (res.source_priority[v] > round) continue;  // not active in this round
       bool any_axis = false;
       for (const auto& d : res.shardings[v].dims) any_axis = any_axis || !d.axes.empty();
       if (!any_axis) continue;  // nothing to project
-      auto proj = project_onto_factors(mesh, *tdims[t], rule.factors, res.shardings[v]);
-      for (std::size_t f = 0; f < nf; ++f) {
-        if (rule.factors[f].kind == FactorKind::Replicated || proj[f].empty()) continue;
-        if (source[f] < 0 || is_prefix(chosen[f], proj[f])) {
-          if (source[f] >= 0 && chosen[f] == proj[f]) continue;
-          chosen[f] = proj[f];
-        } else if (is_prefix(proj[f], chosen[f])) {
-          continue;
-        } else {
-          // A conflict: name both sides, their annotations and priorities, and the reason.
-          const int u = source[f];
-          const bool wins = stronger(v, u);
-          const int w = wins ? v : u, l = wins ? u : v;
-          const auto& wa = wins ? proj[f] : chosen[f];
-          const auto& la = wins ? chosen[f] : proj[f];
-          decide(fmt::format(
-              "{} factor '{}': {{{}}} of {} wins over {{{}}} of {}: {}", g.describe_op(op_index),
-              rule.factors[f].name, fmt::join(wa, ","), source_text(w, source_dim_of(w, f, tdims, tensors)),
-              fmt::join(la, ","), source_text(l, source_dim_of(l, f, tdims, tensors)), why_won(w, l)));
-          if (!wins) continue;
-          chosen[f] = proj[f];
-        }
-        source[f] = v;
-        // the dim of v that holds factor f
-        for (std::size_t d = 0; d < tdims[t]->size(); ++d)
-          if (std::find((*tdims[t])[d].begin(), (*tdims[t])[d].end(), static_cast<int>(f)) !=
-              (*tdims[t])[d].end())
-            source_dim[f] = static_cast<int>(d);
+      FactorWish w;
+      w.value = v;
+      w.priority = res.source_priority[v];
+      w.bytes = bytes(v);
+      w.axes = project_onto_factors(mesh, *tdims[t], rule.factors, res.shardings[v]);
+      wishes.push_back(std::move(w));
+      wish_tensor.push_back(t);
+    }
+    auto dim_in = [&](int wish, int f) {
+      return wish < 0 ? -1 : dim_of_factor(*tdims[wish_tensor[static_cast<std::size_t>(wish)]], f);
+    };
+    auto on_conflict = [&](const FactorConflict& c) {
+      const int w = wishes[static_cast<std::size_t>(c.winner)].value;
+      const int l = wishes[static_cast<std::size_t>(c.loser)].value;
+      if (c.axis.empty()) {
+        const auto& f = static_cast<std::size_t>(c.factor);
+        decide(fmt::format("{} factor '{}': {{{}}} of {} wins over {{{}}} of {}: {}", g.describe_op(op_index),
+                           rule.factors[f].name, fmt::join(wishes[static_cast<std::size_t>(c.winner)].axes[f], ","),
+                           source_text(w, dim_in(c.winner, c.factor)),
+                           fmt::join(wishes[static_cast<std::size_t>(c.loser)].axes[f], ","),
+                           source_text(l, dim_in(c.loser, c.factor)), why_won(w, l)));
+        return;
       }
-    }
-    // An axis claimed by two factors goes to the one whose source tensor is larger.
-    std::vector<int> order(nf);
-    for (std::size_t f = 0; f < nf; ++f) order[f] = static_cast<int>(f);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-      if (source[a] < 0 || source[b] < 0) return source[a] >= 0 && source[b] < 0;
-      if (source[a] == source[b]) return false;
-      return stronger(source[a], source[b]);
-    });
-    std::map<std::string, int> taken;  // axis -> factor that holds it
-    for (int f : order) {
-      auto& axes = chosen[f];
-      for (std::size_t i = 0; i < axes.size(); ++i)
-        if (auto it = taken.find(axes[i]); it != taken.end()) {
-          const int h = it->second;
-          decide(fmt::format(
-              "{} factor '{}': axis '{}' goes to factor '{}' of {} over factor '{}' of {}: {}",
-              g.describe_op(op_index), rule.factors[f].name, axes[i], rule.factors[h].name,
-              source_text(source[h], source_dim_of(source[h], h, tdims, tensors)),
-              rule.factors[f].name, source_text(source[f], source_dim_of(source[f], f, tdims, tensors)),
-              source[h] == source[f] ? std::string("one tensor's dims are split in order")
-                                     : why_won(source[h], source[f])));
-          axes.resize(i);
-          break;
-        }
-      for (const auto& a : axes) taken.emplace(a, f);
-    }
+      decide(fmt::format("{} factor '{}': axis '{}' goes to factor '{}' of {} over factor '{}' of {}: {}",
+                         g.describe_op(op_index), rule.factors[static_cast<std::size_t>(c.factor)].name, c.axis,
+                         rule.factors[static_cast<std::size_t>(c.holder)].name,
+                         source_text(w, dim_in(c.winner, c.holder)),
+                         rule.factors[static_cast<std::size_t>(c.factor)].name,
+                         source_text(l, dim_in(c.loser, c.factor)),
+                         w == l ? std::string("one tensor's dims are split in order") : why_won(w, l)));
+    };
+    const FactorChoice choice = choose_factor_axes(rule, wishes, on_conflict, &op);
+    const FactorAxes& chosen = choice.axes;
     // Write back to open dims that the factor shardings extend.
     bool changed = false;
     for (std::size_t t = 0; t < tensors.size(); ++t) {
@@ -229,9 +183,10 @@ struct Propagator {
         DimProvenance pv;
         pv.op = op_index;
         pv.round = round;
-        if (contributing >= 0 && source[contributing] >= 0) {
-          pv.from_value = source[contributing];
-          int sd = source_dim[contributing];
+        if (contributing >= 0 && choice.source[static_cast<std::size_t>(contributing)] >= 0) {
+          const int sw = choice.source[static_cast<std::size_t>(contributing)];
+          pv.from_value = wishes[static_cast<std::size_t>(sw)].value;
+          int sd = dim_in(sw, contributing);
           if (sd >= 0 && sd < static_cast<int>(res.why[pv.from_value].size()))
             pv.origin = res.why[pv.from_value][sd].origin;
         }

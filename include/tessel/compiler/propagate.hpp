@@ -12,8 +12,10 @@
 //    candidates are resolved in favour of the stronger priority the candidate's layout
 //    derives from, then of the *larger* tensor (bytes; ties: lower value id), which keeps the
 //    larger tensor stationary and reshards the smaller one. An axis claimed by two factors
-//    goes to the factor whose source wins by the same order. Replicated factors get
-//    no axes. The merged factor shardings are written back to open dims when they extend
+//    goes to the factor whose wish for that axis (the tensor that added it) wins by the same
+//    order. Replicated factors get
+//    no axes. The merge is the one factor policy (compiler/factor_choice.hpp), taken
+//    strongest first, so its result does not depend on the order of the op's tensors. The merged factor shardings are written back to open dims when they extend
 //    the dim's current axes.
 //  * Forward pass over ops, then backward pass, repeated until nothing changes; every change
 //    appends at least one axis to a dim, so it terminates within (values x axes) changes.

@@ -65,13 +65,14 @@ struct PoolRunOptions {
   // `tag` is unique to the segment (for MPI_Comm_create_group). Null: an MpiRuntime over
   // `ranks` (MpiRuntimeOptions::ranks, group_tag = tag, kernel_threads). On GPUs, one GPU per
   // process with NCCL over the segment's processes (what tessel-plan --backend cuda gives; the
-  // planner library does not link the CUDA backend):
-  //   o.make_runtime = [](const std::vector<int>& ranks, int tag) -> std::unique_ptr<Runtime> {
-  //     CudaRuntimeOptions c;
-  //     c.processes = mpi_process_group(ranks, tag);  // NCCL's bootstrap, these processes only
-  //     c.num_gpus = 1;
-  //     c.backend.device = detect_launch().local_rank;  // this process's GPU on its node
-  //     return std::make_unique<CudaRuntime>(1, c);
+  // planner library does not link the CUDA backend; the runtime factory does, with one GPU per
+  // process when given the ranks, runtime/make_runtime.hpp):
+  //   o.make_runtime = [](const std::vector<int>& ranks, int tag) {
+  //     RuntimeRequest r;
+  //     r.backend = "cuda";
+  //     r.mpi_ranks = ranks;  // NCCL's bootstrap over these processes only
+  //     r.mpi_group_tag = tag;
+  //     return make_runtime(r);  // the GPU of this process's local rank
   //   };
   std::function<std::unique_ptr<Runtime>(const std::vector<int>& ranks, int tag)> make_runtime;
   // The process form: a segment whose first process has sent rank 0 nothing (no step, no end)

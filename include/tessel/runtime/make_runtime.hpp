@@ -39,8 +39,11 @@ struct RuntimeRequest {
   int max_gpus = 0;             // CUDA: make_cuda_runtime's max_gpus (0: every visible GPU)
   // MPI: the MPI_COMM_WORLD ranks of this runtime (empty: all) and the tag of concurrent
   // sub-group runtimes (MpiRuntimeOptions::ranks, group_tag).
+  // CUDA with mpi_ranks: one GPU per process, NCCL over those ranks' processes (the planner's
+  // pool): a CudaRuntime of one device on GPU `cuda_device` (-1: this process's local rank).
   std::vector<int> mpi_ranks;
   int mpi_group_tag = 0;
+  int cuda_device = -1;
 };
 
 // Every backend. Defined with the CUDA backend when it is built (link tessel::cuda, as the

@@ -4,10 +4,20 @@
 #include "tessel/runtime/make_runtime.hpp"
 
 #include "tessel/runtime/cuda/cuda.hpp"
+#include "tessel/runtime/launch.hpp"
+#include "tessel/runtime/process_group.hpp"
 
 namespace tessel {
 
 std::unique_ptr<Runtime> make_runtime(const RuntimeRequest& r) {
+  if (r.backend == "cuda" && !r.mpi_ranks.empty()) {
+    // One GPU per process, NCCL over the given ranks' processes.
+    CudaRuntimeOptions c;
+    c.processes = mpi_process_group(r.mpi_ranks, r.mpi_group_tag);
+    c.num_gpus = 1;
+    c.backend.device = r.cuda_device >= 0 ? r.cuda_device : detect_launch().local_rank;
+    return std::make_unique<CudaRuntime>(1, c);
+  }
   if (r.backend == "cuda") return make_cuda_runtime(r.mesh, {}, r.max_gpus);
   return make_cpu_runtime(r);
 }
