@@ -14,6 +14,9 @@
 // the last step), instrs (the program's instructions per device), inline (1: the program runs
 // on the device threads, LoadedExecutable::runs_inline).
 //
+// BM_TrainZero2Combine/span:<s>: BM_TrainSide's ZeRO-2 step with combine-collectives' reduce-scatter
+// span s (0: each parameter's reduce-scatter and all-gather on its own; 64: the default).
+//
 // dump_train_step (tessel-bench --dump-train-step DIR [--config 0|1]): one step of that model on
 // one device, its inputs and outputs written as .npy files by name (in.<input>, out.<output>)
 // and config.json, for gpt_jax.py train-check, which runs JAX's step on the same inputs and
@@ -74,12 +77,13 @@ struct LoadedStep {
   std::vector<int> feeds;
   std::size_t loss_out = 0;
 
-  LoadedStep(const tessel::GptConfig& c, const tessel::Mesh& mesh, int zero, const tessel::ThreadRuntimeOptions& ro)
+  LoadedStep(const tessel::GptConfig& c, const tessel::Mesh& mesh, int zero, const tessel::ThreadRuntimeOptions& ro,
+             int combine_span = tessel::ProgramPassOptions{}.combine_span_instrs)
       : cfg(c),
         m(tessel::build_gpt(c)),
         train(tessel::add_train_step(m.graph, m.loss, m.weights, mesh, options(zero))),
         rt(mesh.num_devices(), ro),
-        prog(tessel::load(tessel::compile(m.graph, mesh), rt, donating(train))),
+        prog(tessel::load(tessel::compile(m.graph, mesh), rt, donating(train, combine_span))),
         host(step_inputs(m.graph)) {
     for (std::size_t i = 0; i < host.size(); ++i) args.push_back(prog.to_device(i, host[i]));
     feeds.assign(m.graph.outputs.size(), -1);
@@ -94,9 +98,10 @@ struct LoadedStep {
     to.zero = zero;
     return to;
   }
-  static tessel::LoadOptions donating(const tessel::TrainStep& t) {
+  static tessel::LoadOptions donating(const tessel::TrainStep& t, int combine_span) {
     tessel::LoadOptions lo;
     lo.donate = t.donations();
+    lo.lowering.combine_span_instrs = combine_span;
     return lo;
   }
   tessel::RunResult step() {
@@ -159,6 +164,27 @@ BENCHMARK(BM_TrainSide)
     ->ArgNames({"config", "mesh", "attn"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// BM_TrainZero2Combine/span:<s>: the gpt example's ZeRO-2 step on data=2 (BM_TrainSide's mesh 3)
+// with combine-collectives' reduce-scatter span set to s: 0 combines only the all-reduces (each
+// parameter's gradient reduce-scattered and its update all-gathered on its own, as before the
+// pass combined them), 64 is the default. Counters: tokens/s, the planned peak, the
+// reduce-scatters and all-gathers per device, and whether the program runs inline.
+void BM_TrainZero2Combine(benchmark::State& state) {
+  tessel::ThreadRuntimeOptions ro;
+  ro.kernel_threads = 1;
+  LoadedStep s(tessel_bench::side_config(0), tessel::Mesh::parse("data=2,model=1"), 2, ro,
+               static_cast<int>(state.range(0)));
+  for (auto _ : state) s.step();
+  const tessel::CollectiveSummary c = s.prog.program().summary();
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(s.cfg.batch * s.cfg.seq),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_bytes"] = static_cast<double>(s.prog.program().memory_plan().peak_bytes());
+  state.counters["reduce_scatters"] = c.reduce_scatter;
+  state.counters["all_gathers"] = c.all_gather;
+  state.counters["inline"] = s.prog.runs_inline() ? 1 : 0;
+}
+BENCHMARK(BM_TrainZero2Combine)->Arg(0)->Arg(64)->ArgName("span")->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // `t` as a NumPy .npy file (format 1.0: magic, header length, a dict padded to 64 bytes).
 void write_npy(const std::string& path, const tessel::HostTensor& t) {

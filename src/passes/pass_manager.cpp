@@ -101,7 +101,9 @@ ProgramPassManager default_program_pipeline(const ProgramPassOptions& options) {
   // After pack (every collective then moves one contiguous buffer), before async-collectives
   // (which gives the combined collective one start/done and places its waits).
   const int64_t threshold = options.combine_threshold_bytes;
-  pm.add("combine-collectives", [threshold](Program p) { return combine_collectives_pass(std::move(p), threshold); });
+  const int span = options.combine_span_instrs;
+  pm.add("combine-collectives",
+         [threshold, span](Program p) { return combine_collectives_pass(std::move(p), threshold, span); });
   // After pack and combine-collectives (the kernels are final: combining adds concats and
   // views, which fusion leaves alone), before async-collectives (a fused kernel stands at its
   // root's place on compute; the async pass then places dones and waits for the fused

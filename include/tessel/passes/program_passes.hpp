@@ -50,6 +50,12 @@ struct ProgramPassOptions {
   // device (XLA's combine_threshold_in_bytes); a collective larger than it alone stays as it
   // is. 0 disables combining.
   int64_t combine_threshold_bytes = int64_t{32} << 20;
+  // combine-collectives: a reduce-scatter joins a group only within this many instructions of
+  // its first member, since the combined one keeps every member's operand alive until its last
+  // member (ZeRO-2/3's gradients, which per-parameter reduce-scatters free as they come); the
+  // pass narrows it further while the planned peak would grow by more than 1%. 0: only
+  // all-reduces are combined.
+  int combine_span_instrs = 64;
   // collective-matmul: mode (auto: gated by the cost model; on; off), ring direction, and the
   // cost model the gate uses.
   CollectiveMatmulOptions collective_matmul;
@@ -73,17 +79,25 @@ struct ProgramPassOptions {
 };
 
 Program pack_pass(Program p);
-// Merges independent synchronous all-reduces that agree on axis group, reduce op and dtype
-// (docs/program-ir.md, "combine-collectives"). Candidates are taken in program order; each
-// joins the open group of its kind unless it depends (transitively, also through earlier
-// merges) on a member or a member depends on it, or the group's bytes would exceed
-// `threshold_bytes`; then it opens a new group. A group of k >= 2 becomes: a flat `view` of
-// each operand, one `concat` into `%combined.in`, one all-reduce into `%combined.out`, and a
-// `view` per result (a view + `copy` for a program output) placed just before its first
-// reader. Instructions are then re-listed in their original order except that whatever reads
-// a combined result moves after the combined all-reduce. Throws Error on a program that
-// already has async collectives or waits (run it before async-collectives).
-Program combine_collectives_pass(Program p, int64_t threshold_bytes = ProgramPassOptions{}.combine_threshold_bytes);
+// Merges independent synchronous collectives of one kind that agree on axis group, reduce op
+// and dtype (docs/program-ir.md, "combine-collectives"): all-reduces; reduce-scatters and
+// all-gathers whose dim's blocks are contiguous (after pack), the all-gathers only when their
+// result is a program output (ZeRO-1/2's updated parameters; other gathers stay where they are
+// used, so their copies die soon). Candidates are taken in program order; each joins the open
+// group of its kind unless it depends (transitively, also through earlier merges) on a member
+// or a member depends on it, the group's bytes would exceed `threshold_bytes`, or (a
+// reduce-scatter) it is more than `span_instrs` instructions after the group's first member;
+// then it opens a new group. Reduce-scatters and all-gathers are combined only when the
+// program's planned peak memory grows by at most 1%; the span is narrowed 4x at a time until
+// it does (down to 1), else only the all-reduces are combined. A group of k >= 2 becomes: a `view` of each operand (flat, or
+// [n, block] / [1, block] for n ranks), one `concat` into `%combined.in`, one collective into
+// `%combined.out`, and per result a `view` (a view + `copy` for a program output; an
+// all-gather's member first copies its columns out) placed just before its first reader.
+// Instructions are then re-listed in their original order except that whatever reads a
+// combined result moves after the combined collective. Throws Error on a program that already
+// has async collectives or waits (run it before async-collectives).
+Program combine_collectives_pass(Program p, int64_t threshold_bytes = ProgramPassOptions{}.combine_threshold_bytes,
+                                 int span_instrs = ProgramPassOptions{}.combine_span_instrs);
 // Fuses maximal groups of elementwise kernels (and the scalar constants they read) whose
 // intermediate values have no reader outside the group and are not outputs into one
 // `fused_elementwise` kernel each, placed at the group's last instruction (docs/program-ir.md,
