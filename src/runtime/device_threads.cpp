@@ -139,7 +139,11 @@ DeviceThreads::DeviceThreads(int64_t num_devices, DeviceThreadsOptions options) 
         throw RuntimeError(fmt::format("{}: make_backend returned no backend for device {} of {}", who, d, num_devices));
       dev->compute = dev->backend->create_stream(fmt::format("device {} compute", d));
       dev->comm = dev->backend->create_stream(fmt::format("device {} comm", d));
-      dev->transfer = dev->backend->create_stream(fmt::format("device {} transfer", d));
+      // Device 0's host copies run on the caller, as its jobs do: to_device and to_host wait
+      // for them anyway, and a hand-off to a transfer worker and back costs two wake-ups (with an
+      // eager stream of the backend's kind; otherwise, as on GPUs, a stream of the backend).
+      dev->transfer = d == 0 && inline_streams ? settings_.make_inline_stream(d, spin_us_)
+                                               : dev->backend->create_stream(fmt::format("device {} transfer", d));
       if (inline_streams) dev->inline_compute = settings_.make_inline_stream(d, spin_us_);
       dev->job_spin = std::make_unique<detail::SpinWait>(inline_spin_us_);
       dev->completion = completion_.get();

@@ -474,8 +474,14 @@ ShardedArray LoadedExecutable::enqueue_to_device(std::size_t input, const HostTe
                                    type_str(lv.dtype, input < impl_->user_input_shapes.size()
                                                           ? impl_->user_input_shapes[input] : lv.global_shape),
                                    type_str(user_global.dtype(), user_global.shape())));
-  staged.push_back(pad_host(user_global, lv.global_shape));
-  const HostTensor& global = staged.back();
+  // Padded into a staged copy only when padding is needed: the caller's tensor outlives the
+  // copies otherwise (every caller synchronises the transfer streams before returning).
+  const HostTensor* padded = &user_global;
+  if (user_global.shape() != lv.global_shape) {
+    staged.push_back(pad_host(user_global, lv.global_shape));
+    padded = &staged.back();
+  }
+  const HostTensor& global = *padded;
   DeviceThreads& lr = *impl_->local;
   const auto& pos = impl_->positions;
   const int64_t n = static_cast<int64_t>(pos.size());

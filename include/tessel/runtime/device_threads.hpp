@@ -8,7 +8,9 @@
 // when the backend gives one (make_inline_stream), an eager stream on the device thread itself
 // for programs with nothing to overlap. Device 0 has no thread of its own: its part of each
 // job runs on the thread that called run_on_devices, which would otherwise only wait (a
-// hand-off there and back costs two wake-ups, more than a tiny step's work). Loading a program
+// hand-off there and back costs two wake-ups, more than a tiny step's work); with an inline
+// stream (CPU), device 0's transfer stream is an eager one too, so its host copies run on the
+// caller of to_device / to_host, which waits for them anyway. Loading a program
 // (load() in loaded_executable.hpp) adds what is program-specific (communicators, events,
 // labels); runs then reuse the threads and streams, so a step pays no thread or stream setup.
 //
