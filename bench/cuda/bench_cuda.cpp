@@ -18,7 +18,7 @@
 //  * BM_AllReduce / BM_AllGather /<devices>/<bytes>: the virtual-device communicator on one
 //    GPU; counter busbw as nccl-tests defines it (all-reduce 2(n-1)/n · bytes / t, all-gather
 //    (n-1)/n · n·bytes / t).
-//  * BM_Attention/forward and BM_Attention/backward: the fused attention kernels (kernels/attention.cu,
+//  * BM_Attention/forward and BM_Attention/backward: the fused attention kernels (src/runtime/cuda/kernels/attention.cu,
 //    FlashAttention-2 on mma.sync) at GPT-2 124M's shape, [8, 12, 1024, 64] bf16, causal, layout
 //    bshd, through the backend's kernel call (the backward's D_i scratch included). Counters FLOP/s
 //    and TFLOP/s, causal-counted as FlashAttention reports: 4 (forward) or 10 (backward) flops per

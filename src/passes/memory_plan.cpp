@@ -106,7 +106,7 @@ namespace {
 // the kernel reads every element of that operand before it writes the same element of the
 // result. A fused elementwise kernel does, block by block, for any operand of the result's
 // shape (cpu_fused.cpp); adamw does, element by element, for the result's own operand (the
-// parameter, m or v into their updated values: cpu_kernels_optim.cpp, kernels/elementwise.cu).
+// parameter, m or v into their updated values: cpu_kernels_optim.cpp, src/runtime/cuda/kernels/optim.cu).
 bool in_place(const Instr& in, int v, int dv, const Program& p) {
   if (in.kind != InstrKind::Kernel || p.values[static_cast<std::size_t>(dv)].shape != p.values[static_cast<std::size_t>(v)].shape)
     return false;

@@ -6,7 +6,7 @@ if(TARGET tessel_cuda)
   target_link_libraries(tessel_tests_gpu PRIVATE tessel::cuda tessel::tessel Catch2::Catch2 fmt::fmt)
   target_compile_options(tessel_tests_gpu PRIVATE ${TESSEL_TEST_WARNINGS})
   target_compile_definitions(tessel_tests_gpu PRIVATE TESSEL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
-  target_include_directories(tessel_tests_gpu PRIVATE ${PROJECT_SOURCE_DIR}/kernels ${PROJECT_SOURCE_DIR}/src/runtime/cuda)
+  target_include_directories(tessel_tests_gpu PRIVATE ${PROJECT_SOURCE_DIR}/src/runtime/cuda/kernels ${PROJECT_SOURCE_DIR}/src/runtime/cuda)
   catch_discover_tests(tessel_tests_gpu TEST_PREFIX "gpu: "
     PROPERTIES TIMEOUT 600 LABELS gpu SKIP_RETURN_CODE 77 RESOURCE_LOCK gpu)
 endif()

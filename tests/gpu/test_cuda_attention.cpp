@@ -1,4 +1,4 @@
-// GPU tests of fused attention's CUDA kernels (kernels/attention.cu; label gpu, skipped without a
+// GPU tests of fused attention's CUDA kernels (src/runtime/cuda/kernels/attention.cu; label gpu, skipped without a
 // GPU, failing with TESSEL_REQUIRE_GPU=1): the forward (out, lse) and the backward (dq, dk, dv)
 // against the CPU kernels (src/runtime/cpu/cpu_kernels_attention.cpp, the oracle) element by
 // element on the same operands:

@@ -1,4 +1,4 @@
-// Host tests of the CUDA attention kernels (kernels/attention_plan.hpp, kernels/attention_kernels.cuh)
+// Host tests of the CUDA attention kernels (src/runtime/cuda/kernels/attention_plan.hpp, src/runtime/cuda/kernels/attention_kernels.cuh)
 // without a GPU:
 //  * the geometry: the key tiles a query block visits (and the query blocks a key block visits)
 //    cover every visible (query, key) pair, the skipped tiles hold none, a tile computed without the
@@ -35,8 +35,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "../../kernels/attention_plan.hpp"
-#include "../../kernels/dtype_convert.hpp"
+#include "../../src/runtime/cuda/kernels/attention_plan.hpp"
+#include "../../src/runtime/cuda/kernels/dtype_convert.hpp"
 #include "../../src/runtime/attention_params.hpp"
 #include "kernel_check.hpp"
 #include "tessel/runtime/compare.hpp"
@@ -547,7 +547,7 @@ template <class T> inline void ta_store2(T* p, float a, float b) {
 #define TA_DEV inline
 #define TA_KERNEL(threads) inline void
 #define TA_UNROLL
-#include "../../kernels/attention_kernels.cuh"
+#include "../../src/runtime/cuda/kernels/attention_kernels.cuh"
 
 // ================================ tests =========================================================
 namespace {

@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "../../kernels/fused_eval.hpp"
+#include "../../src/runtime/cuda/kernels/fused_eval.hpp"
 #include "../../src/runtime/cuda/fused_program.hpp"
 #include "tessel/ir/fused_expr.hpp"
 #include "tessel/runtime/cpu/cpu_kernels.hpp"

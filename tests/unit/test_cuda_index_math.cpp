@@ -1,4 +1,4 @@
-// Host tests of the CUDA kernels' index math (kernels/launchers.hpp), which runs on the host
+// Host tests of the CUDA kernels' index math (src/runtime/cuda/kernels/launchers.hpp), which runs on the host
 // exactly as on the device (the same expression, __umulhi replaced by a 64-bit product):
 //  * FastDivmod: n / d and n % d for divisors 1..2^31-1 and dividends 0..2^31-1, at every
 //    power-of-two boundary, around multiples of d, and on seeded random pairs;
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "../../kernels/launchers.hpp"
+#include "../../src/runtime/cuda/kernels/launchers.hpp"
 #include "test_util.hpp"
 
 using tessel::cuda_kernels::FastDivmod;

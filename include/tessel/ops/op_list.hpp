@@ -48,7 +48,7 @@
 // The elementwise families, one list each: the kernel tables (CPU and CUDA), the fusion code
 // (fused_expr.cpp, the CPU fused kernel) and the CUDA backend's op codes are generated from
 // them; each op's math stays one function per backend (cpu_elementwise.hpp,
-// kernels/elementwise_math.cuh), whose switches warn on a missing op. Names as in
+// src/runtime/cuda/kernels/elementwise_math.cuh), whose switches warn on a missing op. Names as in
 // TESSEL_OP_KINDS. docs/adding-an-op.md.
 #define TESSEL_UNARY_OPS(X) X(Neg) X(Exp) X(Log) X(Tanh) X(Gelu) X(Relu) X(Sqrt) X(Rsqrt) X(Sigmoid) X(Silu)
 #define TESSEL_BINARY_OPS(X) X(Add) X(Sub) X(Mul) X(Div) X(Max) X(GeluGrad)

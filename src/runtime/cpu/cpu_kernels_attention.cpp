@@ -1,6 +1,6 @@
 // src/runtime/cpu/cpu_kernels_attention.cpp — the CPU kernels of fused attention (the op
 // family of src/ops/attention.cpp): FlashAttention's tiled online softmax, forward and
-// backward, with Eigen GEMMs on the tiles. The CUDA kernels (kernels/attention.cu) run the same
+// backward, with Eigen GEMMs on the tiles. The CUDA kernels (src/runtime/cuda/kernels/attention.cu) run the same
 // algorithm, so these are their oracle as well as the CPU's fast path.
 //
 // Forward, per (batch, head, block of kBq queries): the running row max m, row sum l and the

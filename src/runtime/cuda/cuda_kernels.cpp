@@ -517,7 +517,7 @@ void k_mask_padding(CudaBackend&, const KernelArgs& a, CudaStream& s) {
 
 void k_einsum(CudaBackend& be, const KernelArgs& a, CudaStream& s) { run_cuda_einsum(be, a, &s); }
 
-// Fused attention (kernels/attention.cu): the checks and strides every backend shares
+// Fused attention (src/runtime/cuda/kernels/attention.cu): the checks and strides every backend shares
 // (attention_params.hpp), then FlashAttention-2's kernels on the stream. q, k, v (out, dout, dq,
 // dk, dv) of one float dtype, lse f32 (so not through with_uniform_floats).
 void k_attention(CudaBackend&, const KernelArgs& a, CudaStream& s) {

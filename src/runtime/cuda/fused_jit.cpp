@@ -13,7 +13,7 @@
 
 namespace tessel::cuda {
 
-// The texts of kernels/elementwise_ops.hpp and kernels/elementwise_math.cuh, embedded at build
+// The texts of src/runtime/cuda/kernels/elementwise_ops.hpp and src/runtime/cuda/kernels/elementwise_math.cuh, embedded at build
 // time (cmake/cuda.cmake writes fused_jit_headers.cpp).
 extern const char* const kFusedJitOpsHeader;
 extern const char* const kFusedJitMathHeader;

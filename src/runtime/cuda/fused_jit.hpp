@@ -1,12 +1,12 @@
 // src/runtime/cuda/fused_jit.hpp — fused expressions compiled to straight-line CUDA kernels at
 // run time (NVRTC), instead of interpreted per element.
 //
-// The interpreter (kernels/fused.cu) walks the program's steps for every element: a switch per
+// The interpreter (src/runtime/cuda/kernels/fused.cu) walks the program's steps for every element: a switch per
 // step, the step values in local memory, the op's own switch inside. On an H200 that made the
 // GPT-2 forward's fused chains 5-15x slower than their memory traffic. Here each distinct
 // program (its steps, dtypes, rank and which operands are dense, not its shape) becomes one
 // generated source: the coordinates and values in registers, each step one line calling the
-// unfused op's own per-element code (kernels/elementwise_math.cuh, compiled into the source),
+// unfused op's own per-element code (src/runtime/cuda/kernels/elementwise_math.cuh, compiled into the source),
 // each float step rounded to its dtype exactly as the interpreter rounds it. So a JIT kernel
 // and the interpreter give the same bits.
 //

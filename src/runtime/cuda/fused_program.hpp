@@ -1,8 +1,8 @@
 // src/runtime/cuda/fused_program.hpp — the CUDA kernels' codes of the elementwise ops (OpKind ->
-// kernels/elementwise_ops.hpp) and a typed fused expression as the device program's steps
+// src/runtime/cuda/kernels/elementwise_ops.hpp) and a typed fused expression as the device program's steps
 // (launchers.hpp, FusedProgram). Host code with no CUDA type: the backend (cuda_kernels.cpp)
 // plans its fused kernels with it, and tests/unit/test_cuda_device_math.cpp builds the same
-// programs on the host to run the device interpreter (kernels/fused_eval.hpp) against the CPU
+// programs on the host to run the device interpreter (src/runtime/cuda/kernels/fused_eval.hpp) against the CPU
 // fused kernel.
 #pragma once
 
@@ -20,7 +20,7 @@
 namespace tessel::cuda {
 
 // The CUDA code of each elementwise op, generated from the families' lists (op_list.hpp): an op
-// added to a list without its code in kernels/elementwise_ops.hpp does not compile.
+// added to a list without its code in src/runtime/cuda/kernels/elementwise_ops.hpp does not compile.
 #define TESSEL_CUDA_UNARY_CODE(k) {OpKind::k, cuda_kernels::Unary::k},
 #define TESSEL_CUDA_BINARY_CODE(k) {OpKind::k, cuda_kernels::Binary::k},
 inline constexpr std::pair<OpKind, cuda_kernels::Unary> kUnaryCodes[] = {TESSEL_UNARY_OPS(TESSEL_CUDA_UNARY_CODE)};

@@ -48,7 +48,7 @@ struct CudaBackendOptions {
   double gemm_pad_min_flops = 1 << 27;
   // fused_elementwise / fused_softmax / fused_einsum epilogues: each distinct expression is
   // compiled once per process into a straight-line kernel (NVRTC); false, or the environment
-  // variable TESSEL_CUDA_FUSED_JIT=0, runs them on the interpreter kernel (kernels/fused.cu).
+  // variable TESSEL_CUDA_FUSED_JIT=0, runs them on the interpreter kernel (src/runtime/cuda/kernels/fused.cu).
   // Both give the same bits; on an H200 the GPT-2 124M forward took 17.3 ms with the JIT and
   // 32.4 ms without.
   bool fused_jit = true;

@@ -1,4 +1,4 @@
-// kernels/dtype_convert.hpp — the dtype conversions of the CUDA kernels on raw bits (bf16 and
+// src/runtime/cuda/kernels/dtype_convert.hpp — the dtype conversions of the CUDA kernels on raw bits (bf16 and
 // f16 as uint16_t): bf16/f16 <-> f32, i32 -> f32, rounding an f32 value to a dtype. On the device
 // each is the cuda_bf16.h / cuda_fp16.h intrinsic (cvt.rn.*); for the host compiler a bit-exact
 // round-to-nearest-even of its own, written from the IEEE definitions (not tessel's CPU

@@ -1,4 +1,4 @@
-// kernels/device_common.cuh — what every .cu file of kernels/ shares: dtype loads/stores
+// src/runtime/cuda/kernels/device_common.cuh — what every .cu file of kernels/ shares: dtype loads/stores
 // through f32, the Loop offset decomposition, launch configuration and error checks.
 #pragma once
 
@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <string>
 
 #include "elementwise_math.cuh"  // max_nan
@@ -85,6 +86,15 @@ void dispatch_elem(std::size_t elem, const char* what, F&& f) {
     default: break;
   }
   throw RuntimeError(std::string("cuda kernel ") + what + ": unsupported element size " + std::to_string(elem));
+}
+
+// A value of T from its bits (the launchers take fill values as raw bits).
+template <class T>
+inline T bits_as(uint64_t bits) {
+  T v;
+  static_assert(sizeof(T) <= sizeof(uint64_t), "element too large");
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
 }
 
 }  // namespace tessel::cuda_kernels

@@ -1,5 +1,5 @@
-// kernels/elementwise_math.cuh — the per-element math of the elementwise ops, shared by the
-// one-op kernels (elementwise.cu), the reductions (reductions.cu: max_nan) and the
+// src/runtime/cuda/kernels/elementwise_math.cuh — the per-element math of the elementwise ops, shared by the
+// one-op kernels (elementwise.cu), the reductions (reduction.cu, nn.cu: max_nan) and the
 // fused-expression interpreter (fused_eval.hpp), so a fused chain computes each node with the
 // very code of its unfused op.
 //

@@ -1,9 +1,9 @@
-// kernels/attention_kernels.cuh — the device code of fused attention (FlashAttention-2), the
-// kernels behind kernels/attention.cu's launchers. The semantics are the CPU kernels'
+// src/runtime/cuda/kernels/attention_kernels.cuh — the device code of fused attention (FlashAttention-2), the
+// kernels behind src/runtime/cuda/kernels/attention.cu's launchers. The semantics are the CPU kernels'
 // (src/runtime/cpu/cpu_kernels_attention.cpp, the oracle): out = softmax(scale q kᵀ, causal
 // mask aligned to the end) v, lse = the natural-log row log-sum-exp, f32 accumulation; the
 // backward recomputes the probabilities from q, k and lse. The geometry (tiles, causal ranges,
-// launch plans) is kernels/attention_plan.hpp.
+// launch plans) is src/runtime/cuda/kernels/attention_plan.hpp.
 //
 // Tensor-core path (bf16/f16, head_dim D = 64 or 128), on PTX mma.sync.m16n8k16 (f32
 // accumulators) with operands from shared memory through ldmatrix (.trans for the operands that

@@ -1,4 +1,4 @@
-// kernels/fused.cu — the fused-expression interpreter kernel (fused_elementwise, and the
+// src/runtime/cuda/kernels/fused.cu — the fused-expression interpreter kernel (fused_elementwise, and the
 // prologue of fused_softmax): one thread per result element walks the expression's steps
 // (launchers.hpp, FusedProgram), reading each operand once through its broadcast strides and
 // writing the result once — the memory traffic of one elementwise kernel for the whole chain.

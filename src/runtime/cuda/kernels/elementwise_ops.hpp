@@ -1,6 +1,6 @@
-// kernels/elementwise_ops.hpp — the elementwise op codes of the CUDA kernels, and TESSEL_HD, the
+// src/runtime/cuda/kernels/elementwise_ops.hpp — the elementwise op codes of the CUDA kernels, and TESSEL_HD, the
 // qualifier of the device math that the host compiles too. No include: the same text is
-// compiled by nvcc (kernels/*.cu), by the host compiler (launchers.hpp, and the host tests of
+// compiled by nvcc (src/runtime/cuda/kernels/*.cu), by the host compiler (launchers.hpp, and the host tests of
 // the device math, tests/unit/test_cuda_device_math.cpp) and, at run time, by NVRTC inside the
 // generated fused kernels (src/runtime/cuda/fused_jit.cpp).
 #pragma once

@@ -1,7 +1,7 @@
-// kernels/attention.cu — the host launchers of fused attention (launchers.hpp: attention_forward,
+// src/runtime/cuda/kernels/attention.cu — the host launchers of fused attention (launchers.hpp: attention_forward,
 // attention_backward): the launch plan (attention_plan.hpp: the tensor-core path or the generic
 // one, grid, threads, shared memory), the template dispatch over dtype, head_dim and the causal
-// mask, and the launches on the stream. The kernels are kernels/attention_kernels.cuh.
+// mask, and the launches on the stream. The kernels are src/runtime/cuda/kernels/attention_kernels.cuh.
 #include <array>
 #include <atomic>
 #include <initializer_list>

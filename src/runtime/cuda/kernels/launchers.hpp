@@ -1,4 +1,4 @@
-// kernels/launchers.hpp — the plain host launchers of tessel's CUDA kernels (kernels/*.cu).
+// src/runtime/cuda/kernels/launchers.hpp — the plain host launchers of tessel's CUDA kernels (src/runtime/cuda/kernels/*.cu).
 //
 // No CUDA type appears here: a stream is passed as an opaque StreamHandle (a cudaStream_t),
 // dtypes as tessel::DType, so the backend (src/runtime/cuda/) includes this header from plain
@@ -265,7 +265,7 @@ void causal_mask(const void* in, void* out, std::size_t elem, uint64_t neg_inf_b
 void mask_padding(const void* in, void* out, std::size_t elem, uint64_t fill_bits, int64_t P, int64_t n, int64_t S,
                   int64_t keep, StreamHandle s);
 
-// ---- fused attention (kernels/attention.cu; geometry in attention_plan.hpp) ---------------------
+// ---- fused attention (src/runtime/cuda/kernels/attention.cu; geometry in attention_plan.hpp) ---------------------
 // out = softmax(scale q kᵀ, causal mask aligned to the end) v and lse (f32 [B, H, Sq], the natural
 // log-sum-exp of the masked scaled scores), q/k/v/out read and written in place through the
 // strides of p; all of q, k, v, out of dtype t. FlashAttention-2 on tensor cores for bf16/f16 with

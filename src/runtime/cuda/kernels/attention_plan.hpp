@@ -1,5 +1,5 @@
-// kernels/attention_plan.hpp — the geometry of the CUDA attention kernels (kernels/attention.cu,
-// kernels/attention_kernels.cuh), shared by the device code, the host launchers and the host
+// src/runtime/cuda/kernels/attention_plan.hpp — the geometry of the CUDA attention kernels (src/runtime/cuda/kernels/attention.cu,
+// src/runtime/cuda/kernels/attention_kernels.cuh), shared by the device code, the host launchers and the host
 // tests (tests/unit/test_cuda_attention_plan.cpp): the problem (AttentionDims), the tile sizes
 // of both paths, which keys a block of queries sees and which query blocks see a block of keys
 // under the causal mask (so that tiles with no visible pair are never computed), which tiles
@@ -19,33 +19,18 @@
 
 #include "elementwise_ops.hpp"  // TESSEL_HD
 #include "tessel/core/common.hpp"  // DType, RuntimeError
+#include "../../attention_geometry.hpp"
 
 namespace tessel::cuda_kernels {
 
-// One attention launch: sizes, the element strides of a [batch, head, position] index of q (and
-// out, dout, dq) and of k (and v, dk, dv) — the head_dim is contiguous — the mask and the scale.
-// Causal: query i sees keys j <= i + offset (offset = Sk - Sq >= 0).
-struct AttentionDims {
-  int64_t B = 0, H = 0, Sq = 0, Sk = 0, D = 0;
-  int64_t q_sb = 0, q_sh = 0, q_ss = 0;
-  int64_t k_sb = 0, k_sh = 0, k_ss = 0;
-  float scale = 1.0f;
-  bool causal = false;
-  int64_t offset = 0;
-};
+// One attention launch: sizes, element strides, the mask and the scale (the geometry the host-side
+// checks of every backend fill, src/runtime/attention_geometry.hpp).
+using AttentionDims = ::tessel::AttentionGeometry;
 
-// The dims of a struct with the members of AttentionParams (src/runtime/attention_params.hpp,
-// the host-side checks every backend shares), which this header does not include (nvcc reads it).
+// The geometry of an AttentionParams (src/runtime/attention_params.hpp, which derives from it).
 template <class Params>
 AttentionDims attention_dims(const Params& a) {
-  AttentionDims p;
-  p.B = a.B, p.H = a.H, p.Sq = a.Sq, p.Sk = a.Sk, p.D = a.D;
-  p.q_sb = a.q_sb, p.q_sh = a.q_sh, p.q_ss = a.q_ss;
-  p.k_sb = a.k_sb, p.k_sh = a.k_sh, p.k_ss = a.k_ss;
-  p.scale = a.scale;
-  p.causal = a.causal;
-  p.offset = a.offset;
-  return p;
+  return static_cast<const AttentionDims&>(a);
 }
 
 namespace attn {

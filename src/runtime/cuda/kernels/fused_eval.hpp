@@ -1,4 +1,4 @@
-// kernels/fused_eval.hpp — the per-element evaluation of a fused expression (launchers.hpp,
+// src/runtime/cuda/kernels/fused_eval.hpp — the per-element evaluation of a fused expression (launchers.hpp,
 // FusedProgram): eval_fused(p, i) is the program's value at element i of the result, as the
 // interpreter kernels of fused.cu compute it (k_fused, k_fused_softmax_rows). TESSEL_HD: the host
 // compiler builds it too, and tests/unit/test_cuda_device_math.cpp runs it on the host against
