@@ -74,47 +74,10 @@ class Parser : LineLexer {
   bool seen_mesh_ = false, seen_output_ = false, seen_memory_ = false;
   int any_at_ = 0;
 
-  // A number in std::strtod's syntax (hex floats too), "+" allowed; `what` names it.
-  double parse_double(std::string_view what) {
-    Token t = next();
-    if (t.kind != TK::Number && t.kind != TK::Ident)
-      fail(t.col, fmt::format("expected a number ({}), got {}", what, describe(t)));
-    std::string z = t.text;
-    if (!z.empty() && z[0] == '+') z.erase(0, 1);
-    char* endp = nullptr;
-    errno = 0;
-    double v = std::strtod(z.c_str(), &endp);
-    if (z.empty() || endp != z.c_str() + z.size())
-      fail(t.col, fmt::format("expected a number ({}), got {}", what, describe(t)));
-    if (errno == ERANGE && std::abs(v) > 1.0) fail(t.col, fmt::format("number {} is out of range ({})", t.text, what));
-    return v;
-  }
-  std::vector<int64_t> parse_int_list(std::string_view what, bool dims) {
-    expect("[", fmt::format("to start the {} list", what));
-    std::vector<int64_t> out;
-    if (accept("]")) return out;
-    while (true) {
-      Token t = next();
-      int64_t v = to_int(t, what);
-      if (dims && v < 1) fail(t.col, fmt::format("expected a dimension >= 1 in {}, got {}", what, v));
-      out.push_back(v);
-      Token c = next();
-      if (is_punct(c, ",")) continue;
-      if (is_punct(c, "]")) break;
-      fail(c.col, fmt::format("expected ',' or ']' in the {} list, got {}", what, describe(c)));
-    }
-    return out;
-  }
-  DType parse_dtype(const Token& t, std::string_view context) {
-    if (t.kind == TK::Ident)
-      if (auto d = dtype_from_text(t.text)) return *d;
-    fail(t.col, fmt::format("expected a type like f32[8,128] {} (dtypes: f32, bf16, f16, i32), got {}", context,
-                            describe(t)));
-  }
   void parse_type(DType& dtype, Shape& shape, std::string_view context) {
     const Token t = next();
     dtype = parse_dtype(t, context);
-    shape = parse_int_list("shape", true);
+    shape = parse_int_list("shape", true, 1);
     try {
       (void)checked_value_bytes(shape, dtype, "a value");
     } catch (const ShapeError& e) {
@@ -554,7 +517,7 @@ class Parser : LineLexer {
         in.view_offset = to_int(n, "the view's byte offset");
         if (in.view_offset < 0) fail(n.col, "a view offset must be >= 0");
       } else if (in.kind == InstrKind::Copy && k == "block") {
-        in.block = parse_int_list("block", true);
+        in.block = parse_int_list("block", true, 1);
       } else if (in.kind == InstrKind::Copy && k == "copies") {
         expect("[", "to start the copies like [[0,0]->[0,0]]");
         if (!accept("]")) {
@@ -643,34 +606,7 @@ class Parser : LineLexer {
     push(std::move(in));
   }
 
-  void parse_attr(const AttrSpec& spec, OpAttrs& a) {
-    switch (spec.field) {
-      case AttrField::Equation:
-      case AttrField::Epilogue: {
-        Token s = next();
-        const bool eq = spec.field == AttrField::Equation;
-        if (s.kind != TK::String)
-          fail(s.col, fmt::format("expected {} string like {}, got {}", eq ? "an einsum equation" : "an epilogue expression",
-                                  eq ? "\"bsd,df->bsf\"" : "\"gelu(add($0,$1))\"", describe(s)));
-        (eq ? a.equation : a.epilogue) = s.text;
-        return;
-      }
-      case AttrField::Dims: a.dims = parse_int_list(spec.key, false); return;
-      case AttrField::Shape: a.shape = parse_int_list(spec.key, true); return;
-      case AttrField::Starts: a.starts = parse_int_list(spec.key, false); return;
-      case AttrField::Limits: a.limits = parse_int_list(spec.key, false); return;
-      case AttrField::Axis: a.axis = parse_int(spec.key); return;
-      case AttrField::Depth: a.depth = parse_int(spec.key); return;
-      case AttrField::Scalar: a.scalar = parse_double(spec.key); return;
-      case AttrField::Eps: a.eps = parse_double(spec.key); return;
-      case AttrField::Beta1: a.beta1 = parse_double(spec.key); return;
-      case AttrField::Beta2: a.beta2 = parse_double(spec.key); return;
-      case AttrField::WeightDecay: a.weight_decay = parse_double(spec.key); return;
-      case AttrField::Keepdims: a.keepdims = parse_bool(spec.key); return;
-      case AttrField::Causal: a.causal = parse_bool(spec.key); return;
-      case AttrField::DType: a.dtype = parse_dtype(next(), fmt::format("for '{}'", spec.key)); return;
-    }
-  }
+
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cmath>
 #include <charconv>
 #include <cstring>
 #include <fstream>
@@ -280,5 +281,81 @@ bool LineLexer::parse_bool(std::string_view what) {
   fail(t.col, fmt::format("expected true or false ({}), got {}", what, describe(t)));
 }
 
+double LineLexer::parse_double(std::string_view what) {
+  Token t = next();
+  if (t.kind != TK::Number && t.kind != TK::Ident)
+    fail(t.col, fmt::format("expected a number ({}), got {}", what, describe(t)));
+  std::string z = t.text;
+  if (!z.empty() && z[0] == '+') z.erase(0, 1);
+  char* endp = nullptr;
+  errno = 0;
+  double v = std::strtod(z.c_str(), &endp);
+  if (z.empty() || endp != z.c_str() + z.size())
+    fail(t.col, fmt::format("expected a number ({}), got {}", what, describe(t)));
+  // Underflow to a subnormal or zero still has a well-defined nearest double.
+  if (errno == ERANGE && std::abs(v) > 1.0) fail(t.col, fmt::format("number {} is out of range ({})", t.text, what));
+  return v;
+}
+
+std::vector<int64_t> LineLexer::parse_int_list(std::string_view what, bool dims, int64_t min_dim) {
+  expect("[", fmt::format("to start the {} list", what));
+  std::vector<int64_t> out;
+  if (accept("]")) return out;
+  int64_t product = 1;
+  while (true) {
+    Token t = next();
+    int64_t v = to_int(t, what);
+    if (dims && v < min_dim)
+      fail(t.col, min_dim == 0 ? fmt::format("expected a non-negative dimension, got {}", v)
+                               : fmt::format("expected a dimension >= {} in {}, got {}", min_dim, what, v));
+    if (dims) {
+      if (v != 0 && product > std::numeric_limits<int64_t>::max() / v)
+        fail(t.col, "shape is too large: its element count overflows int64");
+      if (v != 0) product *= v;
+    }
+    out.push_back(v);
+    Token c = next();
+    if (is_punct(c, ",")) continue;
+    if (is_punct(c, "]")) break;
+    fail(c.col, fmt::format("expected ',' or ']' in the {} list, got {}", what, describe(c)));
+  }
+  return out;
+}
+
+DType LineLexer::parse_dtype(const Token& t, std::string_view context) {
+  if (t.kind == TK::Ident)
+    if (auto d = dtype_from_text(t.text)) return *d;
+  fail(t.col, fmt::format("expected a type like f32[8,128] {} (dtypes: f32, bf16, f16, i32), got {}", context,
+                          describe(t)));
+}
+
+void LineLexer::parse_attr(const AttrSpec& spec, OpAttrs& a) {
+  switch (spec.field) {
+    case AttrField::Equation:
+    case AttrField::Epilogue: {
+      Token s = next();
+      const bool eq = spec.field == AttrField::Equation;
+      if (s.kind != TK::String)
+        fail(s.col, fmt::format("expected {} string like {}, got {}", eq ? "an einsum equation" : "an epilogue expression",
+                                eq ? "\"bsd,df->bsf\"" : "\"gelu(add($0,$1))\"", describe(s)));
+      (eq ? a.equation : a.epilogue) = s.text;
+      return;
+    }
+    case AttrField::Dims: a.dims = parse_int_list(spec.key, false); return;
+    case AttrField::Shape: a.shape = parse_int_list(spec.key, true); return;
+    case AttrField::Starts: a.starts = parse_int_list(spec.key, false); return;
+    case AttrField::Limits: a.limits = parse_int_list(spec.key, false); return;
+    case AttrField::Axis: a.axis = parse_int(spec.key); return;
+    case AttrField::Depth: a.depth = parse_int(spec.key); return;
+    case AttrField::Scalar: a.scalar = parse_double(spec.key); return;
+    case AttrField::Eps: a.eps = parse_double(spec.key); return;
+    case AttrField::Beta1: a.beta1 = parse_double(spec.key); return;
+    case AttrField::Beta2: a.beta2 = parse_double(spec.key); return;
+    case AttrField::WeightDecay: a.weight_decay = parse_double(spec.key); return;
+    case AttrField::Keepdims: a.keepdims = parse_bool(spec.key); return;
+    case AttrField::Causal: a.causal = parse_bool(spec.key); return;
+    case AttrField::DType: a.dtype = parse_dtype(next(), fmt::format("for '{}'", spec.key)); return;
+  }
+}
 }  // namespace detail
 }  // namespace tessel

@@ -22,6 +22,7 @@
 #include "tessel/core/common.hpp"
 #include "tessel/core/collective_kind.hpp"
 #include "tessel/core/sharding.hpp"
+#include "tessel/ops/registry.hpp"
 
 namespace tessel {
 namespace detail {
@@ -101,6 +102,16 @@ class LineLexer {
   int64_t parse_int(std::string_view what) { return to_int(next(), what); }
   int parse_int32(std::string_view what);
   bool parse_bool(std::string_view what);
+  // A number in std::strtod's syntax, "+" allowed; `what` names it.
+  double parse_double(std::string_view what);
+  // [1, 2, 3]; with `dims` the entries are tensor dimensions: at least min_dim, their product
+  // within int64.
+  std::vector<int64_t> parse_int_list(std::string_view what, bool dims, int64_t min_dim = 0);
+  // f32, bf16, f16 or i32; `context` follows "expected a type like f32[8,128]" in the message.
+  DType parse_dtype(const Token& t, std::string_view context);
+  // One op attribute's value, in the syntax of its field (ops/registry.hpp: attr_value_text
+  // prints it); both text forms read op attributes with it.
+  void parse_attr(const AttrSpec& spec, OpAttrs& a);
 
  private:
   int col_of(std::size_t p) const;
