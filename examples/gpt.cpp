@@ -108,9 +108,7 @@ int run(int argc, char** argv) {
     else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
   }
   tessel::Mesh mesh = tessel::Mesh::parse(mesh_spec);
-  if (!mesh.has_axis(cfg.data_axis) || !mesh.has_axis(cfg.model_axis))
-    throw tessel::Error(fmt::format("gpt: the mesh {} needs axes '{}' and '{}' (size 1 is fine)",
-                                    mesh.to_string(), cfg.data_axis, cfg.model_axis));
+  mesh = tessel::gpt_mesh(mesh, cfg);  // a missing data or model axis is implied with size 1
   cfg.annotate = layouts == "megatron";
   if (!write_graph.empty()) {
     if (layouts == "auto")

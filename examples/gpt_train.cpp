@@ -181,7 +181,7 @@ const std::vector<std::pair<const char*, const char*>> kResumeFields = {
 std::string read_corpus(const std::string& path) {
   tessel::check_not_directory(path, "gpt_train --corpus");
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw tessel::Error(fmt::format("gpt_train: cannot open the corpus '{}' (--corpus FILE)", path));
+  if (!in) throw tessel::Error(fmt::format("cannot open the corpus '{}' (--corpus FILE)", path));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -271,12 +271,10 @@ int run(int argc, char** argv) {
                                          "vocabulary needs at least 256 rows", cfg.vocab));
   const std::string corpus = read_corpus(corpus_path);
   if (static_cast<int64_t>(corpus.size()) < cfg.seq + 2)
-    throw tessel::Error(fmt::format("gpt_train: the corpus '{}' has {} bytes; --seq {} needs at least {}", corpus_path,
+    throw tessel::Error(fmt::format("the corpus '{}' has {} bytes; --seq {} needs at least {}", corpus_path,
                                     corpus.size(), cfg.seq, cfg.seq + 2));
   tessel::Mesh mesh = tessel::Mesh::parse(mesh_spec);
-  if (!mesh.has_axis(cfg.data_axis) || !mesh.has_axis(cfg.model_axis))
-    throw tessel::Error(fmt::format("gpt_train: the mesh {} needs axes '{}' and '{}' (size 1 is fine)",
-                                    mesh.to_string(), cfg.data_axis, cfg.model_axis));
+  mesh = tessel::gpt_mesh(mesh, cfg);  // a missing data or model axis is implied with size 1
 
   if (warmup > steps)
     throw tessel::UsageError(fmt::format("--warmup {}: longer than the {} steps of the run (--steps)", warmup, steps));

@@ -115,4 +115,11 @@ void gpt_init(const Graph& g, std::vector<HostTensor>& inputs) {
   }
 }
 
+Mesh gpt_mesh(const Mesh& mesh, const GptConfig& cfg) {
+  std::vector<MeshAxis> axes = mesh.axes();
+  for (const std::string& a : {cfg.data_axis, cfg.model_axis})
+    if (!mesh.has_axis(a)) axes.push_back({a, 1});
+  return axes.size() == mesh.axes().size() ? mesh : Mesh(std::move(axes));
+}
+
 }  // namespace tessel

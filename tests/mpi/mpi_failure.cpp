@@ -21,7 +21,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -32,8 +34,26 @@
 #include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
 
+namespace {
+const char* const kUsage =
+    "usage: mpirun -np N tessel-mpi-failure MODE [--timeout S]\n"
+    "  MODE: throw | kill | late | exit | badload | ok (rank 1 fails that way; ok: nobody fails)\n"
+    "  --timeout S: the collective timeout in seconds (default 10)\n";
+}  // namespace
+
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "ok";
+  // Checked before MPI starts: --help prints the usage, a mistyped mode is refused (it used to
+  // run the job as the control).
+  if (mode == "--help" || mode == "-h") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const char* const modes[] = {"throw", "kill", "late", "exit", "badload", "ok"};
+  if (std::find(std::begin(modes), std::end(modes), mode) == std::end(modes)) {
+    std::fprintf(stderr, "tessel-mpi-failure: error: unknown mode '%s'\n%s", mode.c_str(), kUsage);
+    return 2;
+  }
   double timeout = 10;
   for (int i = 2; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--timeout") timeout = std::stod(argv[i + 1]);

@@ -26,6 +26,14 @@ add_executable(tessel_mpi_failure ${CMAKE_CURRENT_LIST_DIR}/mpi_failure.cpp)
 target_link_libraries(tessel_mpi_failure PRIVATE tessel::tessel fmt::fmt)
 target_compile_options(tessel_mpi_failure PRIVATE ${TESSEL_TEST_WARNINGS})
 set_target_properties(tessel_mpi_failure PROPERTIES OUTPUT_NAME tessel-mpi-failure)
+# Issue 36 item 7: --help prints the usage without starting MPI or a job; a mistyped mode is
+# refused (status 2) instead of running the control.
+add_test(NAME "mpi: tessel-mpi-failure --help prints its usage" COMMAND tessel_mpi_failure --help)
+set_tests_properties("mpi: tessel-mpi-failure --help prints its usage" PROPERTIES
+                     PASS_REGULAR_EXPRESSION "usage: mpirun -np N tessel-mpi-failure MODE")
+add_test(NAME "mpi: tessel-mpi-failure refuses an unknown mode" COMMAND tessel_mpi_failure trhow)
+set_tests_properties("mpi: tessel-mpi-failure refuses an unknown mode" PROPERTIES
+                     PASS_REGULAR_EXPRESSION "tessel-mpi-failure: error: unknown mode 'trhow'")
 
 set(_mpi_tests "")
 foreach(np 2 4)

@@ -19,6 +19,11 @@ TEST_CASE("mesh: coordinates and positions round trip", "[mesh]") {
   REQUIRE(m.coords(5) == std::vector<int64_t>{1, 1});
   REQUIRE(Mesh::parse("{data=2, model=4}") == m);
   REQUIRE(Mesh::parse(" { data = 2 ,model=4 } ") == m);
+  // The header's documented refusals (issue 36 item 7: it once promised "data=2 model=4").
+  CHECK_THROWS_WITH(Mesh::parse("data=2 model=4"),
+                    Catch::Contains("at column 8") && Catch::Contains("separate axes with ','"));
+  CHECK_THROWS_WITH(Mesh::parse("data:2"), Catch::Contains("'=', not ':'"));
+  CHECK_THROWS_WITH(Mesh::parse("data=2,,model=4"), Catch::Contains("no empty axis"));
 }
 
 TEST_CASE("mesh: axis groups partition the devices", "[mesh]") {

@@ -31,8 +31,10 @@ class Mesh {
   // Throws MeshError for empty or duplicate names, sizes < 1 or a device list of the wrong
   // length or with repeated ids. An empty device_ids means 0..N-1.
   explicit Mesh(std::vector<MeshAxis> axes, std::vector<int> device_ids = {});
-  // Parses "data=2,model=4" (also "{data=2, model=4}" and "data=2 model=4"). Throws
-  // MeshError for an empty spec (no axis) and for "data:2" (the separator is "=").
+  // Parses "data=2,model=4" (also "{data=2, model=4}", Mesh::to_string's form, and blanks
+  // around each token). Axes are separated by exactly one ','. Throws MeshError naming the
+  // column for an empty spec (no axis), "data:2" (write '='), "data=2 model=4" (a blank where
+  // the ',' belongs) and an empty or doubled separator.
   static Mesh parse(std::string_view spec);
 
   int rank() const { return static_cast<int>(axes_.size()); }

@@ -69,4 +69,8 @@ bool parse_gpt_flag(const std::string& flag, const std::function<std::string()>&
 // `*b2`) and optimizer moments (`adam.*`) 0; integer inputs are left alone.
 void gpt_init(const Graph& g, std::vector<HostTensor>& inputs);
 
+// `mesh` with the axes the model annotates (cfg.data_axis, cfg.model_axis) that it lacks
+// added with size 1: "data=4" is data=4,model=1 for the GPT examples' --mesh.
+Mesh gpt_mesh(const Mesh& mesh, const GptConfig& cfg);
+
 }  // namespace tessel
