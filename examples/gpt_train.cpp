@@ -525,6 +525,8 @@ int run(int argc, char** argv) {
                       "{:.1f} s left\n",
                       t, steps, r.loss, ref_text, r.grad_norm, r.lr, r.seconds * 1e3, r.tokens_per_s,
                       elapsed / static_cast<double>(t - start) * (steps - t)));
+    // The loss curve so far after every step: a killed run keeps its finished steps.
+    if (printer && !out_prefix.empty()) trainer.write_history_csv(out_prefix + ".csv");
     if (ckpt && (t == steps || (save_every > 0 && t % save_every == 0))) save(batches.drawn());
   }
   if (!printer) return 0;

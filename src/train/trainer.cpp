@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 
@@ -541,13 +544,22 @@ HostTensor Trainer::param(const std::string& name) const {
 }
 
 void Trainer::write_history_csv(const std::string& path) const {
-  std::ofstream f(path);
-  if (!f) throw Error(fmt::format("Trainer::write_history_csv: cannot write '{}'", path));
-  f << "step,loss,grad_norm,lr,seconds,tokens_per_s,micro_batches,skipped\n";
-  for (const StepRecord& r : impl_->history)
-    f << fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{}\n", r.step, r.loss, r.grad_norm, r.lr, r.seconds,
-                     r.tokens_per_s, r.micro_batches, r.skipped ? 1 : 0);
-  if (!f) throw Error(fmt::format("Trainer::write_history_csv: writing '{}' failed", path));
+  // Written beside the file and renamed over it: a reader (or a run killed while writing, when
+  // this is called after every step) sees the old file or the new one, never a torn one.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!f) throw Error(fmt::format("Trainer::write_history_csv: cannot write '{}'", tmp));
+    f << "step,loss,grad_norm,lr,seconds,tokens_per_s,micro_batches,skipped\n";
+    for (const StepRecord& r : impl_->history)
+      f << fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},{}\n", r.step, r.loss, r.grad_norm, r.lr, r.seconds,
+                       r.tokens_per_s, r.micro_batches, r.skipped ? 1 : 0);
+    f.flush();
+    if (!f) throw Error(fmt::format("Trainer::write_history_csv: writing '{}' failed", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error(fmt::format("Trainer::write_history_csv: cannot rename '{}' to '{}': {}", tmp, path,
+                            std::strerror(errno)));
 }
 
 void Trainer::write_loss_svg(const std::string& path, const std::string& title) const {

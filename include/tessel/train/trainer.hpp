@@ -27,7 +27,8 @@
 // (stop, the default) or records the step as skipped and goes on (the step counter does not
 // advance).
 //
-// Every record is kept (history()); write_history_csv and write_loss_svg save them.
+// Every record is kept (history()); write_history_csv (atomically: a temporary file renamed
+// over the path, so it may be called after every step) and write_loss_svg save them.
 // Thread safety: one thread at a time (a Trainer is a loop's state). The runtime must outlive
 // the trainer. On a multi-process runtime every process makes the same calls (SPMD).
 #pragma once
