@@ -11,6 +11,8 @@
 //         badload: rank 1's load fails on its own (a donation of an output that does not
 //                exist): it never comes to the exchange, so the others time out naming it,
 //                instead of waiting for it in the communicators' creation for ever
+//         nohost: rank 1 runs but never comes to to_host (alive, stuck elsewhere): the others'
+//                to_host times out naming rank 1
 //         ok:    nobody fails (the control)
 //
 // Every rank prints one line "rank R: ok" or "rank R: error: <message>" and exits 0, or after
@@ -26,6 +28,7 @@
 #include <iterator>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -37,7 +40,7 @@
 namespace {
 const char* const kUsage =
     "usage: mpirun -np N tessel-mpi-failure MODE [--timeout S]\n"
-    "  MODE: throw | kill | late | exit | badload | ok (rank 1 fails that way; ok: nobody fails)\n"
+    "  MODE: throw | kill | late | exit | badload | nohost | ok (rank 1 fails that way; ok: nobody fails)\n"
     "  --timeout S: the collective timeout in seconds (default 10)\n";
 }  // namespace
 
@@ -49,7 +52,7 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  const char* const modes[] = {"throw", "kill", "late", "exit", "badload", "ok"};
+  const char* const modes[] = {"throw", "kill", "late", "exit", "badload", "nohost", "ok"};
   if (std::find(std::begin(modes), std::end(modes), mode) == std::end(modes)) {
     std::fprintf(stderr, "tessel-mpi-failure: error: unknown mode '%s'\n%s", mode.c_str(), kUsage);
     return 2;
@@ -88,7 +91,13 @@ int main(int argc, char** argv) {
     auto b = prog.to_device("ids", id);
     if (mode == "kill" && rank == 1) ::raise(SIGKILL);
     auto r = prog.run({a, b});
-    double v = prog.to_host(r.outputs[0]).get(0);
+    if (mode == "nohost" && rank == 1) {  // alive but elsewhere: the others' to_host waits for it
+      std::this_thread::sleep_for(std::chrono::duration<double>(2 * timeout));
+      throw std::runtime_error("skipped to_host (mode nohost)");
+    }
+    // nohost: the replicas are checked, so to_host gathers every process's shard (a replicated
+    // output is otherwise read from a local copy, with no exchange).
+    double v = prog.to_host(r.outputs[0], /*check_replicas=*/mode == "nohost").get(0);
     std::printf("rank %d: ok (loss %.3f)\n", rank, v);
     std::fflush(stdout);
     return 0;
@@ -102,6 +111,7 @@ int main(int argc, char** argv) {
     // ranks 2 and 3 were twice killed before printing while the suite ran beside another
     // build; they print within a second when the machine is idle).
     const double grace = mode == "badload" && rank == 1 ? 2 * timeout + 8 : mode == "throw" ? 15 : 8;
+    // (nohost: rank 1 reaches here after the others timed out, so they have reported.)
     tessel::abort_job_on_error(3, grace);
     ::_exit(3);
   }

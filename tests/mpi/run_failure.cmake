@@ -2,7 +2,8 @@
 # one (rank 1) reports an error naming the collective and rank 1, and that the job's exit status
 # is non-zero: a failure on one process makes the others fail, never hang (the CTest TIMEOUT
 # guards against a hang), and the launcher sees it.
-#   -DMPIEXEC=... -DNP=4 -DEXE=... -DMODE=throw|kill|late|exit|badload|ok [-DLAUNCH=keep|plain]
+#   -DMPIEXEC=... -DNP=4 -DEXE=... -DMODE=throw|kill|late|exit|badload|nohost|ok [-DLAUNCH=keep|plain]
+#   [-DTIMEOUT=S] [-DMAX_SECONDS=S]
 # LAUNCH=keep (default): Open MPI is asked to keep the other processes running when one exits
 # non-zero or dies (--mca orte_abort_on_non_zero_status 0, what docs/runtime-mpi.md
 # recommends), so every rank reports; abort_job_on_error then ends the job non-zero.
@@ -22,13 +23,23 @@ endif()
 # The timeout is how a killed rank is noticed; a throwing rank is reported at once through
 # the abort channel, so its timeout only bounds a slow, loaded machine (CI runs sanitizer
 # builds beside these tests).
-if(MODE MATCHES "^(late|exit|badload)$")
+if(TIMEOUT)
+  set(_timeout ${TIMEOUT})  # -DTIMEOUT=300: the default a user has
+elseif(MODE MATCHES "^(late|exit|badload|nohost)$")
   set(_timeout 10)  # late: rank 1 sleeps twice this long before load
 else()
   set(_timeout 30)
 endif()
+string(TIMESTAMP _t0 "%s")
 execute_process(COMMAND ${MPIEXEC} ${_flags} -np ${NP} ${EXE} ${MODE} --timeout ${_timeout}
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+string(TIMESTAMP _t1 "%s")
+math(EXPR _elapsed "${_t1} - ${_t0}")
+message("the job took ${_elapsed} s (collective timeout ${_timeout} s)")
+# -DMAX_SECONDS: the job must end (every rank having reported) within this, whatever the timeout.
+if(MAX_SECONDS AND _elapsed GREATER MAX_SECONDS)
+  message(FATAL_ERROR "the job took ${_elapsed} s, more than ${MAX_SECONDS} s, to notice rank 1's failure:\n${out}\n${err}")
+endif()
 message("${out}")
 message("mpiexec exit status: ${rc}")
 if(MODE STREQUAL "ok")
@@ -58,8 +69,14 @@ foreach(r RANGE 0 ${_last})
     # Rank 1 is stuck before load, exited, or failed in load on its own: every other rank's
     # load times out naming it (its program fingerprint never comes), or stops on the abort
     # of a rank that timed out first.
-    if(NOT out MATCHES "rank ${r}: error: load, exchanging the program fingerprints: [^\n]*allgather_host[^\n]*(timed out after [0-9.]+ s waiting for rank 1|stopped: [^\n]*waiting for rank 1)")
+    # A rank that exited is noticed at once (liveness: its process is gone), the others time out.
+    if(NOT out MATCHES "rank ${r}: error: load, exchanging the program fingerprints: [^\n]*allgather_host[^\n]*(timed out after [0-9.]+ s waiting for rank 1|stopped: [^\n]*waiting for rank 1|stopped: rank [0-9]+: the process of rank 1 \\(pid [0-9]+ on this host|the job failed earlier \\(rank [0-9]+: the process of rank 1 \\(pid [0-9]+ on this host)")
       message(FATAL_ERROR "rank ${r} did not report that load waited for rank 1:\n${out}\n${err}")
+    endif()
+  elseif(MODE STREQUAL "nohost")
+    # Rank 1 is alive but never comes to to_host: the others' gather names it.
+    if(NOT out MATCHES "rank ${r}: error: [^\n]*to_host \\(gathering every process's shards\\) (timed out after [0-9.]+ s waiting for rank 1 |stopped: [^\n]*waiting for rank 1 )")
+      message(FATAL_ERROR "rank ${r} did not report that to_host waited for rank 1:\n${out}\n${err}")
     endif()
   elseif(MODE STREQUAL "throw")
     # A rank blocked in the all-reduce names it; a rank the abort reaches before it gets
@@ -72,7 +89,8 @@ foreach(r RANGE 0 ${_last})
       message(FATAL_ERROR "rank ${r} did not report rank 1's failure in the all_reduce:\n${out}\n${err}")
     endif()
   else()
-    if(NOT out MATCHES "rank ${r}: error: [^\n]*all_reduce over \\{data\\}[^\n]*(waiting for device 1 on rank 1|stopped: rank [0-9]+: [^\n]*waiting for device 1 on rank 1)")
+    # Killed: noticed within about a second through /proc (liveness), long before the timeout.
+    if(NOT out MATCHES "rank ${r}: error: [^\n]*(all_reduce over \\{data\\}[^\n]*(waiting for device 1 on rank 1|stopped: rank [0-9]+: [^\n]*waiting for device 1 on rank 1)|stopped: rank [0-9]+: the process of rank 1 \\(pid [0-9]+ on this host[^\n]*is gone)")
       message(FATAL_ERROR "rank ${r} did not report the collective and the dead rank 1:\n${out}\n${err}")
     endif()
   endif()

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,28 @@ inline void mpi_check(int rc, const char* what, const char* file, int line) {
 
 constexpr int kAbortTag = 7;
 constexpr std::size_t kAbortMax = 8192;
+// Liveness (mpi_liveness.cpp): how often a runtime's watcher checks its peers on this host.
+constexpr double kLivenessPeriod = 0.5;
+
+struct ProcessIdentity {
+  char host[64] = {};
+  char key[256] = {};
+  long pid = 0;
+  unsigned long long start = 0;  // start time (clock ticks after boot): tells a reused PID
+  static ProcessIdentity self();
+  bool same_host(const ProcessIdentity& other) const;
+  // For a process on this host: it exited (no such process, a zombie, or its PID reused).
+  bool gone() const;
+  // Its marker file: present while the process holds a live MpiRuntime.
+  std::string marker() const;
+  // A gone process whose marker is still there died inside a runtime (not a clean end).
+  bool died_live() const;
+};
+// A runtime of this process starts (creating the marker on the first; false when the marker
+// cannot be made, so the peers cannot tell a clean end: they then do not watch this process)
+// or ends (removing the marker when the last one ends cleanly).
+bool runtime_started(const ProcessIdentity& self);
+void runtime_ended(const ProcessIdentity& self, bool clean);
 
 // An abort message to every rank but `self` on `comm` (kAbortTag); the requests are appended
 // to `sends` (`msg` must outlive them).
@@ -176,12 +199,24 @@ struct MpiRuntime::Impl {
   std::thread watcher;
   std::atomic<bool> stop{false};
 
+  // Liveness (mpi_liveness.cpp): every process's identity, by rank; which peers are watched
+  // (on this host, their marker visible) and which ones ended cleanly. Watcher only.
+  std::vector<detail::ProcessIdentity> peers;
+  std::vector<char> watched, departed;
+  bool marked = false;  // this process's marker was made (runtime_started)
+
   // First failure wins: remembers it, tells the other processes (unless it came from one),
   // and aborts every live world of this process.
   void fail(const std::string& reason, bool remote);
   void watch();
-  // Waits for reqs with the runtime's deadline; `what` names the operation.
-  void wait_host(std::vector<MPI_Request>& reqs, const std::string& what);
+  // The watcher's liveness round: a watched peer that is gone while its marker says it held a
+  // runtime fails this runtime, naming it.
+  void check_peers();
+  // Point-to-point exchange with every other process on `host`: post_recv(r, req) posts the
+  // receive from r, and `send` (send_bytes) goes to every peer with `tag`. Waits with the
+  // runtime's deadline; a timeout names the ranks whose data never came.
+  void exchange(const char* what, const std::function<void(int, MPI_Request*)>& post_recv, const void* send,
+                int send_bytes, int tag);
 };
 
 namespace detail {

@@ -72,6 +72,8 @@ void MpiRuntime::Impl::watch() {
   if (MPI_Irecv(buf.data(), static_cast<int>(buf.size()), MPI_CHAR, MPI_ANY_SOURCE, detail::kAbortTag, ctrl, &req) !=
       MPI_SUCCESS)
     return;
+  const bool liveness = !peers.empty();
+  double next_check = 0;
   while (!stop.load()) {
     int flag = 0;
     MPI_Status st;
@@ -84,6 +86,11 @@ void MpiRuntime::Impl::watch() {
           MPI_SUCCESS)
         return;
     }
+    // A dead peer on this host is noticed within about kLivenessPeriod instead of at the timeout.
+    if (liveness && !failed.load() && detail::now_s() >= next_check) {
+      next_check = detail::now_s() + detail::kLivenessPeriod;
+      check_peers();
+    }
     // 5 ms: a peer's abort reaches a waiting worker within that, with fewer wake-ups on
     // oversubscribed cores (bench/results/2026-11-27T0330-2core-cpu-pool-processes).
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -95,25 +102,48 @@ void MpiRuntime::Impl::watch() {
     MPI_Wait(&req, MPI_STATUS_IGNORE);
 }
 
-void MpiRuntime::Impl::wait_host(std::vector<MPI_Request>& reqs, const std::string& what) {
+void MpiRuntime::Impl::exchange(const char* what, const std::function<void(int, MPI_Request*)>& post_recv,
+                                const void* send, int send_bytes, int tag) {
+  std::vector<MPI_Request> reqs;
+  std::vector<int> from;  // per request: the rank it receives from, or -1 for a send
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    reqs.emplace_back();
+    from.push_back(r);
+    post_recv(r, &reqs.back());
+    reqs.emplace_back();
+    from.push_back(-1);
+    TESSEL_MPI(MPI_Isend(send, send_bytes, MPI_BYTE, r, tag, host, &reqs.back()));
+  }
   const double deadline = detail::finite_timeout(timeout) ? detail::now_s() + timeout : 0;
   while (true) {
     int flag = 0;
     TESSEL_MPI(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE));
     if (flag) return;
+    std::string reason;
     if (failed.load()) {
-      for (auto& r : reqs)
-        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
       std::lock_guard<std::mutex> lk(mu);
-      throw RuntimeError(fmt::format("rank {}: {} stopped: {}", rank, what, failure));
+      reason = fmt::format("rank {}: {} stopped: {}", rank, what, failure);
+    } else if (deadline > 0 && detail::now_s() > deadline) {
+      std::vector<std::string> missing;
+      for (std::size_t k = 0; k < reqs.size(); ++k) {
+        int done = 1;
+        if (from[k] >= 0 && reqs[k] != MPI_REQUEST_NULL) MPI_Test(&reqs[k], &done, MPI_STATUS_IGNORE);
+        if (!done) missing.push_back(std::to_string(from[k]));
+      }
+      reason = fmt::format("rank {}: {} timed out after {} s waiting for rank{} {} (did {} exit, or not call "
+                           "the same load/to_host? MpiRuntimeOptions::timeout_s / TESSEL_MPI_TIMEOUT_S set the limit)",
+                           rank, what, timeout, missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
+                           missing.size() == 1 ? "it" : "they");
+      fail(reason, false);
     }
-    if (deadline > 0 && detail::now_s() > deadline) {
-      const std::string msg = fmt::format("rank {}: {} timed out after {} s (a process did not join: is it alive?)",
-                                          rank, what, timeout);
+    if (!reason.empty()) {
       for (auto& r : reqs)
-        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-      fail(msg, false);
-      throw RuntimeError(msg);
+        if (r != MPI_REQUEST_NULL) {
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+      throw RuntimeError(reason);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
@@ -160,6 +190,29 @@ MpiRuntime::MpiRuntime(MpiRuntimeOptions options) : impl_(std::make_shared<Impl>
   TESSEL_MPI(MPI_Comm_set_errhandler(im.ctrl, MPI_ERRORS_RETURN));
   TESSEL_MPI(MPI_Comm_dup(base, &im.host));
   TESSEL_MPI(MPI_Comm_set_errhandler(im.host, MPI_ERRORS_RETURN));
+  // Liveness (mpi_liveness.cpp): who every process is, so the watcher notices a dead one.
+  bool watch = im.opts.watch_peers;
+  if (const char* e = std::getenv("TESSEL_MPI_WATCH_PEERS")) {
+    if (std::string(e) != "0" && std::string(e) != "1")
+      throw RuntimeError(fmt::format("MpiRuntime: TESSEL_MPI_WATCH_PEERS='{}' is not 0 or 1", e));
+    watch = std::string(e) == "1";
+  }
+  if (im.size > 1 && watch) {
+    detail::ProcessIdentity me = detail::ProcessIdentity::self();
+    im.marked = detail::runtime_started(me);
+    if (!im.marked) me.start = 0;  // no marker: the peers cannot tell our clean end, so they do not watch us
+    im.peers.resize(static_cast<std::size_t>(im.size));
+    TESSEL_MPI(MPI_Allgather(&me, static_cast<int>(sizeof me), MPI_BYTE, im.peers.data(), static_cast<int>(sizeof me),
+                             MPI_BYTE, im.host));
+    im.watched.assign(static_cast<std::size_t>(im.size), 0);
+    im.departed.assign(static_cast<std::size_t>(im.size), 0);
+    for (int r = 0; r < im.size; ++r) {
+      const detail::ProcessIdentity& p = im.peers[static_cast<std::size_t>(r)];
+      // Every peer made its marker before the exchange: one not visible here (another /dev/shm)
+      // cannot be told apart from a clean end, so it is not watched.
+      im.watched[static_cast<std::size_t>(r)] = r != im.rank && me.same_host(p) && p.died_live();
+    }
+  }
   Impl* raw = impl_.get();
   im.watcher = std::thread([raw] { raw->watch(); });
 }
@@ -171,6 +224,9 @@ MpiRuntime::~MpiRuntime() {
   im.local.reset();  // no job may be running
   im.stop.store(true);
   if (im.watcher.joinable()) im.watcher.join();
+  // A clean end (the marker goes with the last runtime): the peers do not take this process's
+  // exit for a death.
+  if (im.marked) detail::runtime_ended(im.peers[static_cast<std::size_t>(im.rank)], !im.failed.load());
   if (!im.failed.load()) {
     MPI_Comm_free(&im.ctrl);
     MPI_Comm_free(&im.host);
@@ -285,7 +341,7 @@ std::unique_ptr<CollectiveWorld> MpiRuntime::make_world(const Mesh& mesh,
 std::vector<std::string> MpiRuntime::allgather_host(const std::string& mine) {
   Impl& im = *impl_;
   if (im.failed.load())
-    throw RuntimeError(fmt::format("rank {}: host exchange stopped: the job failed earlier ({})", im.rank, failure()));
+    throw RuntimeError(fmt::format("rank {}: a host exchange (allgather_host) stopped before it began: the job failed earlier ({})", im.rank, failure()));
   if (im.size == 1) return {mine};
   // Point to point rather than MPI_Iallgather(v): when a process never comes (it exited before
   // load, or loads later than the deadline), the receives still open name it. The sizes
@@ -293,55 +349,10 @@ std::vector<std::string> MpiRuntime::allgather_host(const std::string& mine) {
   // deadline. Tags of their own on the host communicator (collectives there never match them).
   constexpr int kSizeTag = 7301, kDataTag = 7302;
   const std::size_t n = static_cast<std::size_t>(im.size);
-  const auto phase = [&](const char* what, auto&& post_recv, const void* send, int send_bytes, int tag) {
-    std::vector<MPI_Request> reqs;
-    std::vector<int> from;  // per request: the rank it receives from, or -1 for a send
-    for (int r = 0; r < im.size; ++r) {
-      if (r == im.rank) continue;
-      reqs.emplace_back();
-      from.push_back(r);
-      post_recv(r, &reqs.back());
-      reqs.emplace_back();
-      from.push_back(-1);
-      TESSEL_MPI(MPI_Isend(send, send_bytes, MPI_BYTE, r, tag, im.host, &reqs.back()));
-    }
-    const double deadline = detail::finite_timeout(im.timeout) ? detail::now_s() + im.timeout : 0;
-    while (true) {
-      int flag = 0;
-      TESSEL_MPI(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &flag, MPI_STATUSES_IGNORE));
-      if (flag) return;
-      std::string reason;
-      if (im.failed.load()) {
-        std::lock_guard<std::mutex> lk(im.mu);
-        reason = fmt::format("rank {}: {} stopped: {}", im.rank, what, im.failure);
-      } else if (deadline > 0 && detail::now_s() > deadline) {
-        std::vector<std::string> missing;
-        for (std::size_t k = 0; k < reqs.size(); ++k) {
-          int done = 1;
-          if (from[k] >= 0 && reqs[k] != MPI_REQUEST_NULL) MPI_Test(&reqs[k], &done, MPI_STATUS_IGNORE);
-          if (!done) missing.push_back(std::to_string(from[k]));
-        }
-        reason = fmt::format("rank {}: {} timed out after {} s waiting for rank{} {} (did {} exit, or not call "
-                             "the same load/to_host? MpiRuntimeOptions::timeout_s / TESSEL_MPI_TIMEOUT_S set the limit)",
-                             im.rank, what, im.timeout, missing.size() == 1 ? "" : "s", join(missing, ", "),
-                             missing.size() == 1 ? "it" : "they");
-        im.fail(reason, false);
-      }
-      if (!reason.empty()) {
-        for (auto& r : reqs)
-          if (r != MPI_REQUEST_NULL) {
-            MPI_Cancel(&r);
-            MPI_Request_free(&r);
-          }
-        throw RuntimeError(reason);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  };
   std::vector<unsigned long long> sizes(n, 0);
   const unsigned long long my_size = mine.size();
   sizes[static_cast<std::size_t>(im.rank)] = my_size;
-  phase("a host exchange (allgather_host: sizes)",
+  im.exchange("a host exchange (allgather_host: sizes)",
         [&](int r, MPI_Request* q) {
           TESSEL_MPI(MPI_Irecv(&sizes[static_cast<std::size_t>(r)], static_cast<int>(sizeof(unsigned long long)),
                                MPI_BYTE, r, kSizeTag, im.host, q));
@@ -358,7 +369,7 @@ std::vector<std::string> MpiRuntime::allgather_host(const std::string& mine) {
                                        im.rank, r, b));
       out[static_cast<std::size_t>(r)].assign(static_cast<std::size_t>(b), '\0');
     }
-  phase("a host exchange (allgather_host)",
+  im.exchange("a host exchange (allgather_host)",
         [&](int r, MPI_Request* q) {
           std::string& buf = out[static_cast<std::size_t>(r)];
           TESSEL_MPI(MPI_Irecv(buf.data(), detail::int_count(buf.size(), "allgather_host"), MPI_BYTE, r, kDataTag,
@@ -391,10 +402,15 @@ std::vector<HostTensor> MpiRuntime::allgather_shards(const Mesh& mesh, std::vect
     total += c;
   }
   std::vector<char> recv(total);
-  std::vector<MPI_Request> req(1);
-  TESSEL_MPI(MPI_Iallgatherv(send.data(), static_cast<int>(send.size()), MPI_BYTE, recv.data(), counts.data(),
-                             displs.data(), MPI_BYTE, im.host, &req[0]));
-  im.wait_host(req, "to_host (gathering every process's shards)");
+  // Point to point (not MPI_Iallgatherv): a timeout names the ranks whose shards never came.
+  constexpr int kShardTag = 7303;
+  std::memcpy(recv.data() + displs[static_cast<std::size_t>(im.rank)], send.data(), send.size());
+  im.exchange("to_host (gathering every process's shards)",
+              [&](int r, MPI_Request* q) {
+                TESSEL_MPI(MPI_Irecv(recv.data() + displs[static_cast<std::size_t>(r)],
+                                     counts[static_cast<std::size_t>(r)], MPI_BYTE, r, kShardTag, im.host, q));
+              },
+              send.data(), detail::int_count(send.size(), "to_host"), kShardTag);
   std::vector<HostTensor> out;
   std::vector<std::size_t> next(static_cast<std::size_t>(im.size), 0);
   for (int64_t p = 0; p < mesh.num_devices(); ++p) {

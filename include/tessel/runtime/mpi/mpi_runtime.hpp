@@ -55,6 +55,15 @@ struct MpiRuntimeOptions {
   // A collective (or host exchange) waiting longer than this for its peers fails and aborts
   // every process. < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s. 0 or infinity: no timeout.
   double timeout_s = -1;
+  // A dead process on this host is noticed without waiting for the timeout: each process's
+  // watcher checks, every half second, the peers on this host (same host name, boot id and PID
+  // namespace) through /proc: one that is gone (no such process, a zombie, or its PID reused)
+  // while it held a live MpiRuntime (its marker file in /dev/shm is still there) fails every
+  // process, naming its rank, PID and host. A process whose runtimes all ended cleanly removed
+  // its marker, so its exit is not taken for a death. Peers on other hosts are noticed by MPI's
+  // transport (a closed connection fails the calls waiting on it) or at the timeout.
+  // $TESSEL_MPI_WATCH_PEERS=0/1 overrides.
+  bool watch_peers = true;
   // Explicit mesh <-> process map: process_of_device[position] = the rank owning it (every
   // rank must own at least one device). Empty: contiguous blocks.
   std::vector<int> process_of_device;
