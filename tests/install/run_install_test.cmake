@@ -32,6 +32,13 @@ foreach(f include/tessel/ir/graph.hpp include/tessel/executable.hpp include/tess
     message(FATAL_ERROR "install test: ${prefix}/${f} was not installed")
   endif()
 endforeach()
+# Every documented tool is installed and runs from the prefix.
+foreach(t ${TOOLS})
+  if(NOT EXISTS ${prefix}/bin/${t})
+    message(FATAL_ERROR "install test: the tool ${t} was not installed into ${prefix}/bin")
+  endif()
+  step(tool-${t} ${prefix}/bin/${t} --help)
+endforeach()
 file(GLOB_RECURSE _cfg ${prefix}/*/tesselConfig.cmake)
 # One static library per floor (tessel::tessel is an interface over them): the lowest and the
 # highest must be there.
