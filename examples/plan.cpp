@@ -4,8 +4,11 @@
 //   tessel-plan --gavel ../shared/benchmarks/multijob-gavel --pool-shape 1x8 --baselines
 //   mpirun -np 8 tessel-plan JOBS.json --pool POOL.json --run    # one process per device
 //
-// Prints the plan as a table (and the baselines beside it with --baselines), writes it as a
-// Perfetto trace and an SVG Gantt chart, and with --json as {"makespan_s": ..., "jobs": [...]}.
+// Prints the plan as a table first, then which of its figures were measured, which predicted and
+// by which cost model, which given (and the baselines beside it with --baselines; every model
+// job's candidate layouts before it with --verbose), writes it as a Perfetto trace and an SVG
+// Gantt chart, and with --json as {"makespan_s": ..., "jobs": [...]}. Every job is checked
+// before any is profiled: a job that cannot be planned or run is refused at once.
 // Exit status: 0 with a plan; 1 when the jobs cannot be planned (a job no device count fits; the
 // message names it); 2 for bad arguments.
 #include <cstdio>
@@ -41,36 +44,123 @@ void write_file(const std::string& path, const std::string& text, const char* wh
   fmt::print("wrote the {} to {}\n", what, path);
 }
 
+// Where the figures of the plan come from: tessel-plan says so under the plan.
+struct Sources {
+  std::vector<std::string> measured;   // model jobs: step times timed by trial steps
+  std::vector<std::string> predicted;  // model jobs: step times priced by the cost model alone
+  std::vector<std::string> given;      // profiled jobs: the job file's step times
+  std::string cost_model;              // the model jobs' cost model, in words
+  int timed_steps = 0;                 // per trial, the median kept
+  bool gavel = false;
+};
+
+std::string quoted(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += fmt::format("{}'{}'", out.empty() ? "" : ", ", n);
+  return out;
+}
+
+// The cost model that prices the model jobs (ProfileOptions::cost and what model_job_profile.cpp
+// adds to it), in words.
+std::string cost_model_words(const ProfileOptions& po, const Pool& pool) {
+  std::string out = "the cost model with its default figures (one H100 node, docs/links.md)";
+  if (pool.intra_node_gbps > 0) out += fmt::format(", links of {:g} GB/s within a node", pool.intra_node_gbps);
+  if (pool.inter_node_gbps > 0) out += fmt::format(" and {:g} GB/s across nodes", pool.inter_node_gbps);
+  if (po.shared_cores > 0) out += fmt::format(", compute shared by this machine's {} cores", po.shared_cores);
+  return out;
+}
+
 std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& trial_seconds,
-                                  std::vector<ModelJob>& models) {
+                                  std::vector<ModelJob>& models, Sources& sources) {
   if (!a.gavel_dir.empty()) {
     GavelOptions g;
     g.gpu = a.gpu;
     g.clamp_superlinear = a.clamp_superlinear;
     g.max_jobs = a.max_jobs;
+    sources.gavel = true;
     return read_gavel_trace(a.gavel_dir + "/minimize_makespan.trace", a.gavel_dir + "/simulation_throughputs.json", g);
   }
+  // Every job is checked before any is profiled (a model job's trials take seconds): its fields
+  // (read_job_file), that --run can run it, that a device count of it fits the pool with a
+  // layout (check_model_job), then that a layout fits the memory (price_model_job, the cost
+  // model alone). Only then are the trials run.
+  std::vector<JobEntry> entries = read_job_file(a.jobs_file);
+  if (a.max_jobs > 0 && static_cast<int32_t>(entries.size()) > a.max_jobs)
+    entries.resize(static_cast<std::size_t>(a.max_jobs));
+  if (a.run) {
+    std::vector<std::string> profiled;
+    for (const JobEntry& e : entries)
+      if (!e.is_model()) profiled.push_back(e.profile.name);
+    if (!profiled.empty())
+      throw tessel::PlanError(fmt::format("{}: --run runs model jobs only; {} of the {} jobs ({}) are profiled "
+                                          "jobs, with no model to run: plan them without --run, or give them a \"gpt\"",
+                                          a.jobs_file, profiled.size(), entries.size(), quoted(profiled)));
+  }
+  ProfileOptions po;
+  po.measure = a.measure;
+  // On GPUs (--backend cuda) each device computes on its own; on CPU virtual devices the trials'
+  // threads share this machine's cores.
+  po.shared_cores = a.backend == "cuda" ? 0 : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  sources.cost_model = cost_model_words(po, pool);
+  sources.timed_steps = po.timed_steps;
+  std::vector<ModelJobReport> reports(entries.size());
+  try {
+    for (const JobEntry& e : entries)
+      if (e.is_model()) {
+        models.push_back(parse_model_job(e.model_json, a.jobs_file));
+        check_model_job(models.back(), pool);
+      }
+    for (std::size_t i = 0, m = 0; i < entries.size(); ++i)
+      if (entries[i].is_model()) price_model_job(models[m++], pool, po, reports[i]);
+  } catch (const tessel::PlanError& e) {  // name the file: the library's message names the job
+    throw tessel::PlanError(fmt::format("{}: {} (refused before any trial step)", a.jobs_file, e.what()));
+  }
+  // The trials: a model job's layouts priced for every device count, the best one or two timed on
+  // this machine's CPU devices (threads sharing its cores).
   std::vector<JobProfile> jobs;
-  for (JobEntry& e : read_job_file(a.jobs_file)) {
-    if (a.max_jobs > 0 && static_cast<int32_t>(jobs.size()) >= a.max_jobs) break;
-    if (!e.is_model()) {
-      jobs.push_back(std::move(e.profile));
+  if (a.verbose && !models.empty())
+    fmt::print("the model jobs' candidate layouts: \"predicted\" by {}{}\n", sources.cost_model,
+               po.measure ? fmt::format("; \"measured\" by trial steps on this machine's CPU virtual devices (the "
+                                        "median of {})",
+                                        po.timed_steps)
+                          : std::string());
+  for (std::size_t i = 0, m = 0; i < entries.size(); ++i) {
+    if (!entries[i].is_model()) {
+      sources.given.push_back(entries[i].profile.name);
+      jobs.push_back(std::move(entries[i].profile));
       continue;
     }
-    // A model job: its layouts priced for every device count, the best one or two timed on
-    // this machine's CPU devices (threads sharing its cores).
-    const ModelJob job = parse_model_job(e.model_json, a.jobs_file);
-    models.push_back(job);
-    ProfileOptions po;
-    po.measure = a.measure;
-    // On GPUs (--backend cuda) each device computes on its own.
-    po.shared_cores = a.backend == "cuda" ? 0 : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
-    ModelJobReport report;
-    jobs.push_back(profile_model_job(job, pool, po, &report));
-    std::fputs(report.table().c_str(), stdout);
-    trial_seconds += report.trial_seconds;
+    jobs.push_back(time_model_job(models[m++], pool, po, reports[i]));
+    (reports[i].trials > 0 ? sources.measured : sources.predicted).push_back(jobs.back().name);
+    if (a.verbose) {
+      std::fputs(reports[i].table().c_str(), stdout);
+      std::fflush(stdout);  // a progress report: the next job's trials take seconds
+    }
+    trial_seconds += reports[i].trial_seconds;
   }
   return jobs;
+}
+
+// What tessel-plan prints under the plan: which figures were measured, which are predicted and
+// by what, which were given.
+void print_sources(const Sources& src, const PlanArgs& a) {
+  if (src.gavel) {
+    fmt::print("step times: Gavel's measured {} rates ({}/simulation_throughputs.json{})\n", a.gpu, a.gavel_dir,
+               a.clamp_superlinear ? "; rates above linear scaling clamped to it" : "");
+  } else {
+    std::vector<std::string> parts;
+    if (!src.measured.empty())
+      parts.push_back(fmt::format("measured for {} (trial steps on this machine's CPU virtual devices, the median "
+                                  "of {})",
+                                  quoted(src.measured), src.timed_steps));
+    if (!src.predicted.empty())
+      parts.push_back(fmt::format("predicted for {} by {}", quoted(src.predicted), src.cost_model));
+    if (!src.given.empty()) parts.push_back(fmt::format("from the job file for {}", quoted(src.given)));
+    fmt::print("step times: {}\n", fmt::join(parts, "; "));
+  }
+  fmt::print("predicted: the starts, ends, runtimes and the makespan, as steps x step time{}\n",
+             src.measured.empty() ? ""
+                                  : fmt::format("; the layouts timed were chosen by {}", src.cost_model));
 }
 
 // --run: the plan executed on this machine's CPU devices (planner/pool_runtime.hpp), then the
@@ -214,11 +304,8 @@ int run(int argc, char** argv) {
   }
   double trial_seconds = 0;
   std::vector<ModelJob> models;
-  const std::vector<JobProfile> jobs = load_jobs(a, pool, trial_seconds, models);
-  if (a.run && models.size() != jobs.size())
-    throw tessel::PlanError(fmt::format("--run runs model jobs only; {} of the {} jobs are profiled jobs (no model "
-                                        "to run): plan them without --run",
-                                        jobs.size() - models.size(), jobs.size()));
+  Sources sources;
+  const std::vector<JobProfile> jobs = load_jobs(a, pool, trial_seconds, models, sources);
   PlanOptions o;
   o.objective = a.objective == "sum" ? Objective::sum_completion : Objective::makespan;
   o.time_limit_s = a.seconds;
@@ -229,14 +316,17 @@ int run(int argc, char** argv) {
                      : a.method == "bnb"   ? plan_branch_and_bound(jobs, pool, o)
                                            : plan(jobs, pool, o);
   validate_schedule(s, jobs, pool);
-  fmt::print("{} jobs on {} node(s) x {} devices\n", jobs.size(), pool.nodes, pool.devices_per_node);
+  fmt::print("{}{} jobs on {} node(s) x {} devices\n", a.verbose && !models.empty() ? "\n" : "", jobs.size(),
+             pool.nodes, pool.devices_per_node);
   std::fputs(schedule_table(s, jobs, pool).c_str(), stdout);
+  print_sources(sources, a);
   // The planned time: on devices that share cores, the plan priced with the sharing.
   double planned_s = s.makespan_s;
   if (pool.cores > 0) {
     planned_s = predict_shared_cores(s, jobs, pool).makespan_s;
-    fmt::print("on {} cores shared by the {} devices (the pool's \"cores\"), the plan takes {}\n", pool.cores,
-               pool.num_devices(), format_duration(planned_s));
+    fmt::print("predicted on {} cores shared by the {} devices (the pool's \"cores\": a job slows while more device "
+               "threads run than there are cores): the plan takes {}\n",
+               pool.cores, pool.num_devices(), format_duration(planned_s));
   }
   if (trial_seconds > 0)
     fmt::print("the model jobs' trial steps took {:.2f} s, {:.2f}% of the planned makespan{}\n", trial_seconds,

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../core/known_fields.hpp"
 #include "box.hpp"
 #include "file_io.hpp"
 #include "step_dir.hpp"
@@ -24,6 +25,32 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
+
+// The fields of tessel's manifest (the group attribute "tessel") and of each of its arrays: every
+// field any tessel has written. These objects are tessel's own, so a key outside them is an error
+// (a newer format, or an edit) rather than something to ignore. Only they are checked: the
+// group's other attributes, "metadata" (the caller's) and zarr's own fields may carry what other
+// tools add.
+const std::vector<std::string> kManifestKeys = {"format",         "format_version", "step",     "mesh",
+                                                "tessel_version", "arrays",         "metadata", "processes"};
+const std::vector<std::string> kManifestArrayKeys = {"name", "dtype", "shape", "sharding", "folder"};
+
+// "" when the manifest in `attrs` (the group's attributes) has only known keys; else what is
+// unknown and where.
+std::string unknown_manifest_field(const json& attrs) {
+  if (!attrs.is_object() || !attrs.contains("tessel")) return "";  // reported as "not a tessel manifest"
+  const json& t = attrs["tessel"];
+  if (std::string bad = unknown_field(t, kManifestKeys); !bad.empty()) return bad;
+  if (!t.is_object() || !t.contains("arrays") || !t["arrays"].is_array()) return "";
+  for (std::size_t i = 0; i < t["arrays"].size(); ++i) {
+    const json& a = t["arrays"][i];
+    if (std::string bad = unknown_field(a, kManifestArrayKeys); !bad.empty())
+      return fmt::format("array {}{}: {}", i + 1,
+                         a.contains("name") && a["name"].is_string() ? " '" + a["name"].get<std::string>() + "'" : "",
+                         bad);
+  }
+  return "";
+}
 
 std::optional<int64_t> step_of(const std::string& entry) {
   if (entry.rfind(ckpt::kStepPrefix, 0) != 0) return std::nullopt;
@@ -112,8 +139,18 @@ Manifest CheckpointDir::manifest(int64_t step) const {
                             s.empty() ? std::string("none") : fmt::format("{}", fmt::join(s, ", "))));
   }
   Manifest m;
+  json root;
   try {
-    const json t = json::parse(*attrs).at("tessel");
+    root = json::parse(*attrs);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("checkpoint: {} ({} group): not a tessel manifest: {}", dir, store_->format(), e.what()));
+  }
+  if (const std::string bad = unknown_manifest_field(root); !bad.empty())
+    throw Error(fmt::format("checkpoint: {}: the tessel manifest of step {}: {} (a checkpoint of a newer tessel, or "
+                            "an edited one?)",
+                            store_->group_file(dir), step, bad));
+  try {
+    const json t = root.at("tessel");
     m.step = t.at("step").get<int64_t>();
     m.mesh = t.at("mesh").get<std::string>();
     m.tessel_version = t.value("tessel_version", "");

@@ -64,6 +64,7 @@ class Store final : public ArrayStore {
   void write_group(const std::string& dir, const std::string& attributes_json) const override;
   std::optional<std::string> read_group(const std::string& dir) const override;
   bool has_group(const std::string& dir) const override;
+  std::string group_file(const std::string& dir) const override { return dir + "/zarr.json"; }
 };
 
 class Array final : public StoredArray {

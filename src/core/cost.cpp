@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "tessel/core/common.hpp"
+#include "known_fields.hpp"
 
 namespace tessel {
 
@@ -129,7 +130,8 @@ void CostModel::parse_links(std::string_view spec_in) {
         throw Error(fmt::format("link spec '{}': alpha must be >= 0 seconds", part));
       if (key == "bw") l.bandwidth = val;
       else if (key == "alpha") l.alpha_s = val;
-      else throw Error(fmt::format("link spec '{}': unknown key '{}' (bw, alpha)", part, key));
+      else
+        throw Error(fmt::format("link spec '{}': {}", part, unknown_key_message(key, {"bw", "alpha"}, "key", '\'')));
     }
     links[axis] = l;
   }

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "tessel/ops/registry.hpp"
+#include "../core/known_fields.hpp"
 #include "text_lexer.hpp"
 
 namespace tessel {
@@ -32,31 +33,10 @@ using namespace detail;
 
 // " (did you mean 'gelu'?)" for a near miss of an op name, else "".
 std::string suggest_op(std::string_view name) {
-  auto distance = [](std::string_view a, std::string_view b) {
-    std::vector<std::size_t> row(b.size() + 1);
-    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (std::size_t i = 1; i <= a.size(); ++i) {
-      std::size_t diag = row[0];
-      row[0] = i;
-      for (std::size_t j = 1; j <= b.size(); ++j) {
-        std::size_t up = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-        diag = up;
-      }
-    }
-    return row[b.size()];
-  };
   if (name.size() > 64) return "";
-  std::string best;
-  std::size_t best_d = 3;  // suggest only within 2 edits
-  for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k) {
-    const char* n = op_def(static_cast<OpKind>(k)).name;
-    std::size_t d = distance(name, n);
-    if (d < best_d) {
-      best_d = d;
-      best = n;
-    }
-  }
+  std::vector<std::string> names;
+  for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k) names.emplace_back(op_def(static_cast<OpKind>(k)).name);
+  const std::string best = closest_name(name, names);
   return best.empty() ? "" : fmt::format(" (did you mean '{}'?)", best);
 }
 

@@ -10,7 +10,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../core/known_fields.hpp"
 #include "tessel/core/common.hpp"
+#include "tessel/planner/model_job.hpp"
 
 namespace tessel::planner {
 
@@ -34,13 +36,20 @@ json parse(const std::string& text, const std::string& origin) {
   }
 }
 
+// The fields of a profiled job entry (a model job's are model_job.cpp's); jobs_to_json writes
+// only these.
+const std::vector<std::string> kProfiledJobKeys = {"name",       "steps",         "step_time_s",
+                                                   "peak_bytes", "may_span_nodes", "requested_devices"};
+const std::vector<std::string> kPoolKeys = {"nodes",           "devices_per_node", "memory_bytes", "intra_node_gbps",
+                                            "inter_node_gbps", "allow_spanning",   "cores"};
+
 // {"1": 0.9, "2": 0.5} -> {1: 0.9, 2: 0.5}, every key a positive device count and every value
-// positive and finite.
-std::map<int32_t, double> count_map(const json& j, const std::string& origin, const std::string& job, const char* field) {
+// positive and finite. `where` names the file and the job.
+std::map<int32_t, double> count_map(const json& j, const std::string& where, const char* field) {
   if (!j.is_object())
-    throw PlanError(fmt::format("{}: job '{}': \"{}\" must be an object from device count to a number, e.g. "
+    throw PlanError(fmt::format("{}: \"{}\" must be an object from device count to a number, e.g. "
                                 "{{\"1\": 0.9, \"2\": 0.5}}",
-                                origin, job, field));
+                                where, field));
   std::map<int32_t, double> out;
   for (auto it = j.begin(); it != j.end(); ++it) {
     int32_t g = 0;
@@ -51,51 +60,72 @@ std::map<int32_t, double> count_map(const json& j, const std::string& origin, co
       used = 0;
     }
     if (used != it.key().size() || g <= 0)
-      throw PlanError(fmt::format("{}: job '{}': \"{}\" has the key \"{}\", which is not a positive device count",
-                                  origin, job, field, it.key()));
+      throw PlanError(fmt::format("{}: \"{}\" has the key \"{}\", which is not a positive device count", where,
+                                  field, it.key()));
     if (!it.value().is_number() || !(it.value().get<double>() > 0) || !std::isfinite(it.value().get<double>()))
-      throw PlanError(fmt::format("{}: job '{}': \"{}\"[\"{}\"] = {} must be a positive number", origin, job, field,
-                                  it.key(), it.value().dump()));
+      throw PlanError(fmt::format("{}: \"{}\"[\"{}\"] = {} must be a positive number", where, field, it.key(),
+                                  it.value().dump()));
     out[g] = it.value().get<double>();
   }
   return out;
 }
 
+// Entry `index` of a job file. Errors name the file and the job, counted from 1: "job 3 'gpt-a'".
 JobEntry parse_entry(const json& j, std::size_t index, const std::string& origin) {
-  if (!j.is_object()) throw PlanError(fmt::format("{}: jobs[{}] is not an object", origin, index));
+  if (!j.is_object())
+    throw PlanError(fmt::format("{}: job {} is {}, not an object ({{\"name\": ..., \"steps\": ..., ...}})", origin,
+                                index + 1, j.dump()));
   JobEntry e;
   JobProfile& p = e.profile;
   if (!j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty())
-    throw PlanError(fmt::format("{}: jobs[{}] needs a \"name\" (a non-empty string)", origin, index));
+    throw PlanError(fmt::format("{}: job {} needs a \"name\" (a non-empty string)", origin, index + 1));
   p.name = j["name"].get<std::string>();
-  if (!j.contains("steps") || !j["steps"].is_number_integer() || j["steps"].get<int64_t>() <= 0)
-    throw PlanError(fmt::format("{}: job '{}' needs \"steps\", a positive integer (got {})", origin, p.name,
-                                j.contains("steps") ? j["steps"].dump() : std::string("nothing")));
-  p.steps = j["steps"].get<int64_t>();
-  if (j.contains("may_span_nodes")) p.may_span_nodes = j["may_span_nodes"].get<bool>();
-  if (j.contains("requested_devices")) p.requested_devices = j["requested_devices"].get<int32_t>();
+  const std::string where = fmt::format("{}: job {} '{}'", origin, index + 1, p.name);
   const bool model = j.contains("gpt") || j.contains("train_step");
   if (model) {
     if (j.contains("step_time_s"))
-      throw PlanError(fmt::format("{}: job '{}' has both a model (\"gpt\"/\"train_step\") and \"step_time_s\": "
-                                  "give one (a model job's step times come from its plans)",
-                                  origin, p.name));
+      throw PlanError(fmt::format("{} has both a model (\"gpt\"/\"train_step\") and \"step_time_s\": give one (a "
+                                  "model job's step times come from its plans)",
+                                  where));
+    // Every field of a model job is checked here, as the file is read, not when the job's turn to
+    // be profiled comes: tessel-plan then refuses a bad job before it spends seconds profiling
+    // the others.
+    const ModelJob m = parse_model_job(j.dump(), origin, index);
+    p.steps = m.steps;
+    p.may_span_nodes = m.may_span_nodes;
+    p.requested_devices = m.requested_devices;
     e.model_json = j.dump();
     return e;
   }
+  if (const std::string bad = unknown_field(j, kProfiledJobKeys); !bad.empty())
+    throw PlanError(fmt::format("{}: {}; a model job, one with \"gpt\", takes more (docs/planner.md)", where, bad));
+  if (!j.contains("steps") || !j["steps"].is_number_integer() || j["steps"].get<int64_t>() <= 0)
+    throw PlanError(fmt::format("{} needs \"steps\", a positive integer (got {})", where,
+                                j.contains("steps") ? j["steps"].dump() : std::string("nothing")));
+  p.steps = j["steps"].get<int64_t>();
+  if (j.contains("may_span_nodes")) {
+    if (!j["may_span_nodes"].is_boolean())
+      throw PlanError(fmt::format("{}: \"may_span_nodes\" = {} must be true or false", where,
+                                  j["may_span_nodes"].dump()));
+    p.may_span_nodes = j["may_span_nodes"].get<bool>();
+  }
+  if (j.contains("requested_devices")) {
+    if (!j["requested_devices"].is_number_integer() || j["requested_devices"].get<int64_t>() < 0 ||
+        j["requested_devices"].get<int64_t>() > (1 << 20))
+      throw PlanError(fmt::format("{}: \"requested_devices\" = {} must be an integer >= 0", where,
+                                  j["requested_devices"].dump()));
+    p.requested_devices = j["requested_devices"].get<int32_t>();
+  }
   if (!j.contains("step_time_s"))
-    throw PlanError(fmt::format("{}: job '{}' needs \"step_time_s\" (seconds per step by device count) or a model "
-                                "(\"gpt\" or \"train_step\")",
-                                origin, p.name));
-  p.step_time_s = count_map(j["step_time_s"], origin, p.name, "step_time_s");
-  if (p.step_time_s.empty())
-    throw PlanError(fmt::format("{}: job '{}': \"step_time_s\" is empty", origin, p.name));
+    throw PlanError(fmt::format("{} needs \"step_time_s\" (seconds per step by device count) or a model (\"gpt\")",
+                                where));
+  p.step_time_s = count_map(j["step_time_s"], where, "step_time_s");
+  if (p.step_time_s.empty()) throw PlanError(fmt::format("{}: \"step_time_s\" is empty", where));
   if (j.contains("peak_bytes")) {
-    p.peak_bytes = count_map(j["peak_bytes"], origin, p.name, "peak_bytes");
+    p.peak_bytes = count_map(j["peak_bytes"], where, "peak_bytes");
     for (const auto& [g, b] : p.peak_bytes)
       if (!p.step_time_s.count(g))
-        throw PlanError(fmt::format("{}: job '{}': \"peak_bytes\" has {} devices, which \"step_time_s\" lacks", origin,
-                                    p.name, g));
+        throw PlanError(fmt::format("{}: \"peak_bytes\" has {} devices, which \"step_time_s\" lacks", where, g));
   }
   return e;
 }
@@ -111,6 +141,8 @@ double JobProfile::runtime_s(int32_t g) const {
 
 std::vector<JobEntry> parse_job_file(const std::string& text, const std::string& origin) {
   const json j = parse(text, origin);
+  if (const std::string bad = unknown_field(j, {"jobs"}); !bad.empty())
+    throw PlanError(fmt::format("{}: {} at the top level (a job file is {{\"jobs\": [ ... ]}})", origin, bad));
   if (!j.is_object() || !j.contains("jobs") || !j["jobs"].is_array())
     throw PlanError(fmt::format("{}: a job file is {{\"jobs\": [ ... ]}}", origin));
   std::vector<JobEntry> out;
@@ -142,6 +174,8 @@ std::vector<JobProfile> read_jobs_json(const std::string& path) { return parse_j
 Pool parse_pool_json(const std::string& text, const std::string& origin) {
   const json j = parse(text, origin);
   if (!j.is_object()) throw PlanError(fmt::format("{}: a pool is {{\"nodes\": N, \"devices_per_node\": D, ...}}", origin));
+  if (const std::string bad = unknown_field(j, kPoolKeys, "pool field"); !bad.empty())
+    throw PlanError(fmt::format("{}: {}", origin, bad));
   Pool p;
   auto positive_int = [&](const char* key, int32_t& dst) {
     if (!j.contains(key)) throw PlanError(fmt::format("{}: the pool needs \"{}\", a positive integer", origin, key));
@@ -160,19 +194,17 @@ Pool parse_pool_json(const std::string& text, const std::string& origin) {
   nonneg("memory_bytes", p.memory_bytes);
   nonneg("intra_node_gbps", p.intra_node_gbps);
   nonneg("inter_node_gbps", p.inter_node_gbps);
-  if (j.contains("allow_spanning")) p.allow_spanning = j["allow_spanning"].get<bool>();
+  if (j.contains("allow_spanning")) {
+    if (!j["allow_spanning"].is_boolean())
+      throw PlanError(fmt::format("{}: \"allow_spanning\" = {} must be true or false", origin,
+                                  j["allow_spanning"].dump()));
+    p.allow_spanning = j["allow_spanning"].get<bool>();
+  }
   if (j.contains("cores")) {
     if (!j["cores"].is_number_integer() || j["cores"].get<int64_t>() < 0 || j["cores"].get<int64_t>() > (1 << 20))
       throw PlanError(fmt::format("{}: \"cores\" = {} must be an integer >= 0", origin, j["cores"].dump()));
     p.cores = j["cores"].get<int32_t>();
   }
-  for (auto it = j.begin(); it != j.end(); ++it)
-    if (it.key() != "nodes" && it.key() != "devices_per_node" && it.key() != "memory_bytes" &&
-        it.key() != "intra_node_gbps" && it.key() != "inter_node_gbps" && it.key() != "allow_spanning" &&
-        it.key() != "cores")
-      throw PlanError(fmt::format("{}: unknown pool field \"{}\" (known: nodes, devices_per_node, memory_bytes, "
-                                  "intra_node_gbps, inter_node_gbps, allow_spanning, cores)",
-                                  origin, it.key()));
   return p;
 }
 
@@ -199,6 +231,16 @@ std::string jobs_to_json(const std::vector<JobProfile>& jobs) {
 
 std::vector<JobProfile> read_gavel_trace(const std::string& trace_path, const std::string& throughputs_path,
                                          const GavelOptions& options) {
+  for (const std::string& path : {throughputs_path, trace_path}) {
+    std::ifstream probe(path);
+    if (!probe)
+      throw PlanError(fmt::format(
+          "cannot open Gavel's file '{}': --gavel DIR needs minimize_makespan.trace and "
+          "simulation_throughputs.json in DIR. They come from github.com/stanford-futuredata/gavel "
+          "(scheduler/traces/physical_cluster/minimize_makespan.trace and "
+          "scheduler/simulation_throughputs.json, MIT): copy both into one folder and pass it",
+          path));
+  }
   const json rates = parse(read_text(throughputs_path, "Gavel throughputs file"), throughputs_path);
   if (!rates.contains(options.gpu))
     throw PlanError(fmt::format("{}: no GPU kind '{}' (it has k80, p100, v100 and their *_unconsolidated)",

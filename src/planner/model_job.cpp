@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../core/known_fields.hpp"
 #include "tessel/core/common.hpp"
 #include "tessel/runtime/reference.hpp"
 
@@ -31,13 +33,14 @@ const GptField kGptFields[] = {
     {"heads", &GptConfig::heads, 1},   {"layers", &GptConfig::layers, 0}, {"vocab", &GptConfig::vocab, 1},
     {"ffn_mult", &GptConfig::ffn_mult, 1}};
 
-const char* const kJobKeys[] = {"name", "steps", "gpt", "device_counts", "seed", "lr", "may_span_nodes",
-                                "requested_devices"};
+const std::vector<std::string> kJobKeys = {"name", "steps", "gpt", "device_counts", "seed", "lr", "may_span_nodes",
+                                           "requested_devices"};
 
-std::string known_gpt_keys() {
-  std::string out;
-  for (const GptField& f : kGptFields) out += std::string(out.empty() ? "" : ", ") + f.key;
-  return out + ", mixed";
+std::vector<std::string> gpt_keys() {
+  std::vector<std::string> out;
+  for (const GptField& f : kGptFields) out.push_back(f.key);
+  out.push_back("mixed");
+  return out;
 }
 
 GptConfig parse_gpt(const json& j, const std::string& where) {
@@ -45,6 +48,8 @@ GptConfig parse_gpt(const json& j, const std::string& where) {
     throw PlanError(fmt::format("{}: \"gpt\" must be an object of sizes, e.g. {{\"batch\": 8, \"seq\": 64, "
                                 "\"d_model\": 128, \"heads\": 4, \"layers\": 2, \"vocab\": 512}}",
                                 where));
+  if (const std::string bad = unknown_field(j, gpt_keys(), "\"gpt\" field"); !bad.empty())
+    throw PlanError(fmt::format("{}: {}", where, bad));
   GptConfig cfg;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
@@ -54,11 +59,9 @@ GptConfig parse_gpt(const json& j, const std::string& where) {
       if (it.value().get<bool>()) cfg.compute = DType::bf16;  // bf16 activations, f32 master weights
       continue;
     }
-    const GptField* f = nullptr;
+    const GptField* f = nullptr;  // found: unknown_field above refused every other key
     for (const GptField& g : kGptFields)
       if (key == g.key) f = &g;
-    if (!f)
-      throw PlanError(fmt::format("{}: unknown \"gpt\" field \"{}\" (known: {})", where, key, known_gpt_keys()));
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < f->least || it.value().get<int64_t>() > (1 << 24))
       throw PlanError(fmt::format("{}: \"gpt\".\"{}\" = {} must be an integer >= {}", where, key, it.value().dump(),
                                   f->least));
@@ -89,9 +92,10 @@ std::vector<int32_t> parse_counts(const json& j, const std::string& where) {
 
 bool divides(int64_t n, int64_t d) { return d > 0 && n % d == 0; }
 
-}  // namespace
-
-ModelJob parse_model_job(const std::string& json_text, const std::string& origin) {
+// Errors name the job "job 'gpt-a'", or with the index of its job-file entry (from 0)
+// "job 3 'gpt-a'" (counted from 1).
+ModelJob parse_model_job_at(const std::string& json_text, const std::string& origin, std::optional<std::size_t> index) {
+  const std::string number = index ? fmt::format(" {}", *index + 1) : std::string();
   json j;
   try {
     j = json::parse(json_text);
@@ -101,19 +105,16 @@ ModelJob parse_model_job(const std::string& json_text, const std::string& origin
   if (!j.is_object()) throw PlanError(fmt::format("{}: a model job is a JSON object", origin));
   ModelJob job;
   if (!j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>().empty())
-    throw PlanError(fmt::format("{}: a model job needs a \"name\" (a non-empty string)", origin));
+    throw PlanError(fmt::format("{}: {} needs a \"name\" (a non-empty string)", origin,
+                                index ? "job" + number : std::string("a model job")));
   job.name = j["name"].get<std::string>();
-  const std::string where = fmt::format("{}: job '{}'", origin, job.name);
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "train_step")
-      throw PlanError(fmt::format("{}: \"train_step\" jobs (a training-step text file) are not supported yet: describe "
-                                  "the model with \"gpt\"",
-                                  where));
-    if (std::find(std::begin(kJobKeys), std::end(kJobKeys), it.key()) == std::end(kJobKeys))
-      throw PlanError(fmt::format("{}: unknown field \"{}\" of a model job (known: name, steps, gpt, device_counts, "
-                                  "seed, lr, may_span_nodes, requested_devices)",
-                                  where, it.key()));
-  }
+  const std::string where = fmt::format("{}: job{} '{}'", origin, number, job.name);
+  if (j.contains("train_step"))
+    throw PlanError(fmt::format("{}: \"train_step\" jobs (a training-step text file) are not supported yet: describe "
+                                "the model with \"gpt\"",
+                                where));
+  if (const std::string bad = unknown_field(j, kJobKeys); !bad.empty())
+    throw PlanError(fmt::format("{}: {}", where, bad));
   if (!j.contains("steps") || !j["steps"].is_number_integer() || j["steps"].get<int64_t>() <= 0)
     throw PlanError(fmt::format("{} needs \"steps\", a positive integer (got {})", where,
                                 j.contains("steps") ? j["steps"].dump() : std::string("nothing")));
@@ -145,6 +146,16 @@ ModelJob parse_model_job(const std::string& json_text, const std::string& origin
     job.requested_devices = j["requested_devices"].get<int32_t>();
   }
   return job;
+}
+
+}  // namespace
+
+ModelJob parse_model_job(const std::string& json_text, const std::string& origin) {
+  return parse_model_job_at(json_text, origin, std::nullopt);
+}
+
+ModelJob parse_model_job(const std::string& json_text, const std::string& origin, std::size_t index) {
+  return parse_model_job_at(json_text, origin, index);
 }
 
 std::string Layout::mesh_spec() const { return fmt::format("data={},model={}", data, model); }

@@ -205,27 +205,62 @@ std::string ModelJobReport::table() const {
   return out;
 }
 
-JobProfile profile_model_job(const ModelJob& job, const Pool& pool, const ProfileOptions& options,
-                             ModelJobReport* report) {
-  check_options(job, options);
-  ModelJobReport local;
-  ModelJobReport& r = report ? *report : local;
-  r = ModelJobReport{};
-  r.job = job.name;
-  JobProfile prof;
-  prof.name = job.name;
-  prof.steps = job.steps;
-  prof.may_span_nodes = job.may_span_nodes;
-  prof.requested_devices = job.requested_devices;
+namespace {
 
+// The PlanError of a job with no plan on any device count: why each count is out, and the least
+// peak of any layout against the memory.
+PlanError no_plan(const ModelJob& job, const Pool& pool, const std::map<int32_t, std::string>& notes,
+                  bool none_placeable, double least_peak) {
+  std::string why;
+  for (const auto& [g, note] : notes) why += fmt::format("; {} devices: {}", g, note);
+  if (none_placeable) why = "; no device count of the job is placeable in the pool" + why;
+  return PlanError(fmt::format("job '{}' has no plan on any device count{}{}", job.name, why,
+                               std::isfinite(least_peak) && pool.memory_bytes > 0
+                                   ? fmt::format(" (the least peak of any layout is {:.4g} bytes per device, the "
+                                                 "pool's memory {:.4g}: a smaller model or batch, or more devices)",
+                                                 least_peak, pool.memory_bytes)
+                                   : std::string()));
+}
+
+// The device counts of the job that are placeable in the pool and have a layout, in ascending
+// order; a note for each of the job's counts left out. Throws no_plan when none is left: what
+// is known without compiling anything.
+std::vector<int32_t> layable_counts(const ModelJob& job, const Pool& pool, const std::vector<RematPolicy>& remat,
+                                    std::map<int32_t, std::string>& notes) {
   const std::vector<int32_t> counts = candidate_counts(job, pool);
   for (int32_t g : job.device_counts)
     if (std::find(counts.begin(), counts.end(), g) == counts.end())
-      r.notes[g] = fmt::format("not placeable in the pool ({} nodes x {} devices{})", pool.nodes, pool.devices_per_node,
-                               job.may_span_nodes || pool.allow_spanning ? "; spanning takes whole nodes"
-                                                                         : "; the job may not span nodes");
-  double least_peak = std::numeric_limits<double>::infinity();
+      notes[g] = fmt::format("not placeable in the pool ({} nodes x {} devices{})", pool.nodes, pool.devices_per_node,
+                             job.may_span_nodes || pool.allow_spanning ? "; spanning takes whole nodes"
+                                                                       : "; the job may not span nodes");
+  std::vector<int32_t> out;
   for (int32_t g : counts) {
+    if (enumerate_layouts(job.gpt, g, remat).empty())
+      notes[g] = fmt::format("no layout: batch {} does not split over any data axis with heads {} and MLP width {} "
+                             "over the model axis",
+                             job.gpt.batch, job.gpt.heads, job.gpt.d_model * job.gpt.ffn_mult);
+    else
+      out.push_back(g);
+  }
+  if (out.empty()) throw no_plan(job, pool, notes, counts.empty(), std::numeric_limits<double>::infinity());
+  return out;
+}
+
+}  // namespace
+
+void check_model_job(const ModelJob& job, const Pool& pool) {
+  std::map<int32_t, std::string> notes;
+  // Whether a count has a layout depends on its meshes only, not on the remat policies tried.
+  layable_counts(job, pool, {RematPolicy::none}, notes);
+}
+
+void price_model_job(const ModelJob& job, const Pool& pool, const ProfileOptions& options, ModelJobReport& r) {
+  check_options(job, options);
+  r = ModelJobReport{};
+  r.job = job.name;
+  double least_peak = std::numeric_limits<double>::infinity();
+  bool any_fits = false;
+  for (int32_t g : layable_counts(job, pool, options.remat, r.notes)) {
     const std::size_t first = r.candidates.size();
     const auto t0 = Clock::now();
     for (const Layout& l : enumerate_layouts(job.gpt, g, options.remat)) {
@@ -242,25 +277,42 @@ JobProfile profile_model_job(const ModelJob& job, const Pool& pool, const Profil
       if (price(job, pool, options, off) > 0) r.candidates.push_back(off);
     }
     r.predict_seconds += seconds_since(t0);
-    if (r.candidates.size() == first) {
-      r.notes[g] = fmt::format("no layout: batch {} does not split over any data axis with heads {} and MLP width {} "
-                               "over the model axis",
-                               job.gpt.batch, job.gpt.heads, job.gpt.d_model * job.gpt.ffn_mult);
-      continue;
+    double least = std::numeric_limits<double>::infinity();
+    bool fits = false;
+    for (std::size_t i = first; i < r.candidates.size(); ++i) {
+      least = std::min(least, r.candidates[i].peak_bytes);
+      fits = fits || r.candidates[i].fits;
     }
+    least_peak = std::min(least_peak, least);
+    any_fits = any_fits || fits;
+    if (!fits)
+      r.notes[g] = fmt::format("no layout fits: the least peak is {:.4g} bytes per device, the pool has {:.4g}", least,
+                               pool.memory_bytes);
+  }
+  if (!any_fits) throw no_plan(job, pool, r.notes, false, least_peak);
+}
+
+JobProfile time_model_job(const ModelJob& job, const Pool& pool, const ProfileOptions& options, ModelJobReport& r) {
+  check_options(job, options);
+  JobProfile prof;
+  prof.name = job.name;
+  prof.steps = job.steps;
+  prof.may_span_nodes = job.may_span_nodes;
+  prof.requested_devices = job.requested_devices;
+  double least_peak = std::numeric_limits<double>::infinity();
+  // The candidates of a count are contiguous in the report (price_model_job's order).
+  for (std::size_t first = 0; first < r.candidates.size();) {
+    const int32_t g = r.candidates[first].layout.devices();
+    std::size_t end = first;
+    while (end < r.candidates.size() && r.candidates[end].layout.devices() == g) ++end;
     // Fitting candidates by prediction; ties (equal programs) by peak, then enumeration order.
     std::vector<std::size_t> order;
-    for (std::size_t i = first; i < r.candidates.size(); ++i) {
+    for (std::size_t i = first; i < end; ++i) {
       least_peak = std::min(least_peak, r.candidates[i].peak_bytes);
       if (r.candidates[i].fits) order.push_back(i);
     }
-    if (order.empty()) {
-      double least = std::numeric_limits<double>::infinity();
-      for (std::size_t i = first; i < r.candidates.size(); ++i) least = std::min(least, r.candidates[i].peak_bytes);
-      r.notes[g] = fmt::format("no layout fits: the least peak is {:.4g} bytes per device, the pool has {:.4g}", least,
-                               pool.memory_bytes);
-      continue;
-    }
+    first = end;
+    if (order.empty()) continue;  // price_model_job's note says why
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
       const Candidate &x = r.candidates[a], &y = r.candidates[b];
       if (x.predicted_step_s != y.predicted_step_s) return x.predicted_step_s < y.predicted_step_s;
@@ -301,18 +353,16 @@ JobProfile profile_model_job(const ModelJob& job, const Pool& pool, const Profil
     prof.peak_bytes[g] = std::max(c.peak_bytes, c.measured_peak_bytes);
     prof.plan[g] = c.layout.to_string();
   }
-  if (prof.step_time_s.empty()) {
-    std::string why;
-    for (const auto& [g, note] : r.notes) why += fmt::format("; {} devices: {}", g, note);
-    if (counts.empty()) why = "; no device count of the job is placeable in the pool" + why;
-    throw PlanError(fmt::format("job '{}' has no plan on any device count{}{}", job.name, why,
-                                std::isfinite(least_peak) && pool.memory_bytes > 0
-                                    ? fmt::format(" (the least peak of any layout is {:.4g} bytes per device, the "
-                                                  "pool's memory {:.4g}: a smaller model or batch, or more devices)",
-                                                  least_peak, pool.memory_bytes)
-                                    : std::string()));
-  }
+  if (prof.step_time_s.empty()) throw no_plan(job, pool, r.notes, false, least_peak);
   return prof;
+}
+
+JobProfile profile_model_job(const ModelJob& job, const Pool& pool, const ProfileOptions& options,
+                             ModelJobReport* report) {
+  ModelJobReport local;
+  ModelJobReport& r = report ? *report : local;
+  price_model_job(job, pool, options, r);
+  return time_model_job(job, pool, options, r);
 }
 
 }  // namespace tessel::planner

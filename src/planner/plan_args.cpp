@@ -11,8 +11,9 @@ std::string usage_plan() {
   return "usage: tessel-plan JOBS.json (--pool POOL.json | --pool-shape NxD) [options]\n"
          "       tessel-plan --gavel DIR (--pool POOL.json | --pool-shape NxD) [options]\n"
          "Plans a batch of training jobs on one pool of devices: each job's device count, devices and\n"
-         "start time, minimising the makespan (docs/planner.md). Prints the plan as a table and writes\n"
-         "it as a Perfetto trace and an SVG Gantt chart.\n"
+         "start time, minimising the makespan (docs/planner.md). Prints the plan as a table, then where\n"
+         "its figures come from (measured, predicted by the cost model, or given), and writes it as a\n"
+         "Perfetto trace and an SVG Gantt chart. Every job is checked before any is profiled.\n"
          "  JOBS.json          {\"jobs\": [...]}: profiled jobs (step_time_s per device count) or model\n"
          "                     jobs (\"gpt\": a GptConfig), planned per device count by the cost model\n"
          "  --pool POOL.json   {\"nodes\": N, \"devices_per_node\": D, \"memory_bytes\": B}\n"
@@ -35,6 +36,8 @@ std::string usage_plan() {
          "  --svg PATH         the Gantt chart (default tessel-plan.svg)\n"
          "  --no-pictures      write neither\n"
          "  --no-measure       model jobs: predicted step times only, no timed trial steps\n"
+         "  --verbose          also every model job's candidate layouts, predicted and measured, as\n"
+         "                     each job is profiled (before the plan)\n"
          "  --run              run the planned model jobs side by side on this machine's CPU devices,\n"
          "                     with progress lines, then the plan beside what ran (and its Gantt chart,\n"
          "                     the --svg path with .run.svg); under mpirun -np <the pool's devices>, one\n"
@@ -92,6 +95,7 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     else if (f == "--svg") a.svg_out = cli::next_value(i, argc, argv.data());
     else if (f == "--no-pictures") a.pictures = false;
     else if (f == "--no-measure") a.measure = false;
+    else if (f == "--verbose") a.verbose = true;
     else if (f == "--run") a.run = true;
     else if (f == "--run-baselines") a.run_baselines = true;
     else if (f == "--replan-every") a.replan_every = cli::parse_double(f, cli::next_value(i, argc, argv.data()), 0, 1e6);

@@ -2,8 +2,8 @@
 # Runs every `build/bin/tessel-plan ...` line of docs/planner.md exactly as written, from a
 # scratch copy of the repository root (so the files it writes land there): build/bin points at
 # this build's binaries and ../shared at the shared benchmarks, as on a developer's machine.
-# Checks each prints a plan (and the baselines, and the run's report, where it asks for them),
-# then the files the first one writes.
+# Checks each prints a plan first, then where its figures come from (and the baselines, and the
+# run's report, where it asks for them), then the files the first one writes.
 # With a fourth argument "mpi": the `mpirun ... build/bin/tessel-plan ...` lines instead (one
 # process per device), each of which must run the plan with one process per device.
 set -euo pipefail
@@ -26,6 +26,15 @@ for c in "${cmds[@]}"; do
   out=$(bash -c "$c" 2>&1) || { echo "$out"; echo "FAILED: $c"; exit 1; }
   echo "$out" | tail -8
   grep -q "^makespan " <<<"$out" || { echo "no makespan line"; exit 1; }
+  if [ "$form" != mpi ]; then
+    # The output starts with the plan (the candidate tables only with --verbose), and says
+    # where its figures come from.
+    head -1 <<<"$out" | grep -Eq '^[0-9]+ jobs on [0-9]+ node\(s\) x [0-9]+ devices$' ||
+      { echo "the output does not start with the plan"; exit 1; }
+    grep -q "^step times: " <<<"$out" || { echo "no step times line"; exit 1; }
+    grep -q "^predicted: " <<<"$out" || { echo "no predicted line"; exit 1; }
+    ! grep -q "candidates priced" <<<"$out" || { echo "candidate tables without --verbose"; exit 1; }
+  fi
   if [[ $c == *--baselines* ]]; then
     grep -q "each alone on all it can use" <<<"$out" || { echo "no baselines"; exit 1; }
   fi

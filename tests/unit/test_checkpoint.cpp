@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 
@@ -223,6 +224,68 @@ TEST_CASE("a corrupted checkpoint byte is an error naming the file and never loa
   // Truncated: the index cannot be where it says.
   fs::resize_file(ck.step_path(3) + "/w/c/0/0", 10);
   CHECK_THROWS_WITH(ck.read(3, "w"), Catch::Contains("w/c/0/0") && Catch::Contains("truncated"));
+}
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE(f.good());
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// `text` with its one `from` replaced by `to`.
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const std::size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(text.find(from, at + 1) == std::string::npos);
+  return text.replace(at, from.size(), to);
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  REQUIRE(f.good());
+}
+
+}  // namespace
+
+// Issue 36 item 5: tessel's manifest is its own format, so a field it does not know (a newer
+// format, an edit) is an error naming the file, the field, a close match and the known fields,
+// not something to skip. What other tools may add (the group's other attributes, zarr's own
+// fields) and the caller's metadata stay free.
+TEST_CASE("a checkpoint manifest with an unknown field is refused naming the file and the field",
+          "[checkpoint][unit]") {
+  std::mt19937_64 rng(5);
+  TempDir tmp("manifest-fields");
+  CheckpointDir ck(tmp.path);
+  const Mesh mesh = Mesh::parse("d=2");
+  const std::map<std::string, HostTensor> arrays = {{"w", random_tensor(DType::f32, {8, 4}, rng)}};
+  const std::map<std::string, Sharding> sh = {{"w", Sharding::of({{"d"}, {}})}};
+  SaveOptions o;
+  o.metadata_json = R"({"anything": {"the caller's": 1}})";
+  for (int64_t step : {1, 2, 3}) ck.save(step, arrays, mesh, sh, o);
+  const std::string group1 = ck.step_path(1) + "/zarr.json", group2 = ck.step_path(2) + "/zarr.json",
+                    group3 = ck.step_path(3) + "/zarr.json";
+  // A field of the manifest.
+  write_text(group1, replaced(read_text(group1), "\"format\": \"tessel-checkpoint\"",
+                              "\"format\": \"tessel-checkpoint\", \"procesess\": 1"));
+  CHECK_THROWS_WITH(ck.manifest(1), Catch::Contains("checkpoint: " + group1 + ": the tessel manifest of step 1: "
+                                                    "unknown field \"procesess\" (did you mean \"processes\"? known: "
+                                                    "format, format_version, step, mesh, tessel_version, arrays, "
+                                                    "metadata, processes)"));
+  CHECK_THROWS_WITH(ck.read_all(1), Catch::Contains(group1) && Catch::Contains("\"procesess\""));
+  // A field of an array's entry.
+  write_text(group2, replaced(read_text(group2), "\"folder\": ", "\"shap\": [8, 4], \"folder\": "));
+  CHECK_THROWS_WITH(ck.manifest(2), Catch::Contains(group2) && Catch::Contains("array 1 'w': unknown field \"shap\" "
+                                                                               "(did you mean \"shape\"? known: name, "
+                                                                               "dtype, shape, sharding, folder)"));
+  // What is not tessel's own manifest: another attribute of the group, zarr fields, the metadata.
+  write_text(group3, replaced(read_text(group3), "\"attributes\": {",
+                              "\"another_tool\": {\"must_understand\": false}, \"attributes\": {\"note\": \"x\", "));
+  const Manifest m = ck.manifest(3);
+  CHECK(m.metadata_json.find("the caller's") != std::string::npos);
+  CHECK(same_bits(ck.read(3, "w"), arrays.at("w")));
 }
 
 TEST_CASE("a training state saved on data=2 model=2 ZeRO-2 resumes on data=4 model=1 ZeRO-0 with the same losses",

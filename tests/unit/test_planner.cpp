@@ -324,7 +324,7 @@ TEST_CASE("planner: job and pool files and their errors", "[planner]") {
   CHECK(pool.memory_bytes == 8e10);
 
   CHECK_THROWS_WITH(parse_jobs_json(R"({"jobs": [{"name": "a", "step_time_s": {"1": 1}}]})", "f.json"),
-                    Catch::Contains("f.json") && Catch::Contains("job 'a' needs \"steps\""));
+                    Catch::Contains("f.json") && Catch::Contains("job 1 'a' needs \"steps\""));
   CHECK_THROWS_WITH(parse_jobs_json(R"({"jobs": [{"name": "a", "steps": 3, "step_time_s": {"x": 1}}]})", "f.json"),
                     Catch::Contains("the key \"x\""));
   CHECK_THROWS_WITH(parse_jobs_json(R"({"jobs": [{"name": "a", "steps": 3, "step_time_s": {"1": -2}}]})", "f.json"),
@@ -342,6 +342,65 @@ TEST_CASE("planner: job and pool files and their errors", "[planner]") {
   CHECK_THROWS_WITH(parse_pool_json(R"({"nodes": 2, "devices_per_node": 8, "gpus": 3})", "p.json"),
                     Catch::Contains("unknown pool field \"gpus\""));
   CHECK_THROWS_WITH(read_jobs_json("/nonexistent/jobs.json"), Catch::Contains("/nonexistent/jobs.json"));
+}
+
+// Issue 36 item 5: an unknown field was ignored ("devices_count" planned the job as if it were not
+// there); now it is an error naming the file, the job, the field, a close match and the known
+// fields, at every level of a job or pool file.
+TEST_CASE("planner: an unknown field of a job or pool file is an error naming it and the known fields",
+          "[planner]") {
+  const auto fails = [](auto&& parse, const std::string& text, const std::vector<std::string>& parts) {
+    INFO(text);
+    try {
+      parse(text);
+      FAIL("no error");
+    } catch (const PlanError& e) {
+      const std::string what = e.what();
+      INFO(what);
+      for (const std::string& p : parts) CHECK(what.find(p) != std::string::npos);
+    }
+  };
+  const auto jobs = [](const std::string& t) { return parse_job_file(t, "jobs.json"); };
+  const auto pool = [](const std::string& t) { return parse_pool_json(t, "pool.json"); };
+  const std::string gpt = R"("gpt": {"batch": 4, "seq": 8, "d_model": 16, "heads": 2, "layers": 1, "vocab": 32})";
+  // A profiled job: the field, its job by number and name, every known field.
+  fails(jobs, R"({"jobs": [{"name": "a", "steps": 3, "step_time_s": {"1": 1}, "devices_count": 2}]})",
+        {"jobs.json: job 1 'a': unknown field \"devices_count\"",
+         "known: name, steps, step_time_s, peak_bytes, may_span_nodes, requested_devices"});
+  // A close match is offered.
+  fails(jobs, R"({"jobs": [{"name": "a", "step": 3, "step_time_s": {"1": 1}}]})",
+        {"job 1 'a': unknown field \"step\" (did you mean \"steps\"?"});
+  // A model job, the second entry: its own fields.
+  fails(jobs,
+        R"({"jobs": [{"name": "a", "steps": 3, "step_time_s": {"1": 1}},
+                     {"name": "gpt-a", "steps": 3, )" + gpt + R"(, "devices_count": [1, 2]}]})",
+        {"jobs.json: job 2 'gpt-a': unknown field \"devices_count\" (did you mean \"device_counts\"?",
+         "known: name, steps, gpt, device_counts, seed, lr, may_span_nodes, requested_devices"});
+  // Inside "gpt".
+  fails(jobs, R"({"jobs": [{"name": "m", "steps": 3, "gpt": {"layer": 2}}]})",
+        {"job 1 'm'", "unknown \"gpt\" field \"layer\" (did you mean \"layers\"?", "known: batch, seq"});
+  // The top level.
+  fails(jobs, R"({"jobs": [{"name": "a", "steps": 3, "step_time_s": {"1": 1}}], "pool": {}})",
+        {"jobs.json: unknown field \"pool\" (known: jobs) at the top level"});
+  fails(jobs, R"({"job": []})", {"unknown field \"job\" (did you mean \"jobs\"?"});
+  // A field of the right name but the wrong type is named too (it threw nlohmann's message).
+  fails(jobs, R"({"jobs": [{"name": "a", "steps": 3, "step_time_s": {"1": 1}, "may_span_nodes": 1}]})",
+        {"job 1 'a': \"may_span_nodes\" = 1 must be true or false"});
+  // The pool file.
+  fails(pool, R"({"nodes": 1, "devices_per_nodes": 8})",
+        {"pool.json: unknown pool field \"devices_per_nodes\" (did you mean \"devices_per_node\"?",
+         "known: nodes, devices_per_node, memory_bytes, intra_node_gbps, inter_node_gbps, allow_spanning, cores"});
+  fails(pool, R"({"nodes": 1, "devices_per_node": 8, "allow_spanning": "yes"})",
+        {"pool.json: \"allow_spanning\" = \"yes\" must be true or false"});
+  // What the planner writes reads back (every field it writes is known).
+  JobProfile p;
+  p.name = "x";
+  p.steps = 2;
+  p.step_time_s = {{1, 1.0}};
+  p.peak_bytes = {{1, 5.0}};
+  p.requested_devices = 1;
+  p.may_span_nodes = true;
+  CHECK(parse_jobs_json(jobs_to_json({p}), "profiles.json")[0].may_span_nodes);
 }
 
 TEST_CASE("planner: Gavel's trace with its measured rates", "[planner]") {
@@ -415,6 +474,8 @@ TEST_CASE("planner: tessel-plan's arguments", "[planner]") {
   CHECK_THROWS_WITH(parse_plan_args({"j.json", "--pool", "p.json", "--objective", "speed"}), Catch::Contains("'speed'"));
   CHECK_THROWS_WITH(parse_plan_args({"j.json", "--pool", "p.json", "--frobnicate"}), Catch::Contains("unknown flag '--frobnicate'"));
   CHECK(parse_plan_args({"--help"}).help);
+  CHECK_FALSE(a.verbose);
+  CHECK(parse_plan_args({"j.json", "--pool-shape", "1x8", "--verbose"}).verbose);
 }
 
 TEST_CASE("planner: a plan priced on devices that share cores", "[planner]") {

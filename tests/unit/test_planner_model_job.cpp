@@ -133,6 +133,56 @@ TEST_CASE("model job: errors name the file and the job and the field", "[planner
   fails(with(R"("may_span_nodes": 1)"), {"job 'j'", "\"may_span_nodes\""});
 }
 
+// Issue 36 item 5: tessel-plan refuses a job it cannot run before it times any. check_model_job
+// knows it without compiling; price_model_job with the cost model alone; time_model_job then
+// runs the trials, and the two halves are profile_model_job.
+TEST_CASE("model job: a job that cannot be placed or laid out is refused before any pricing", "[planner]") {
+  check_model_job(tiny_job(), pool_of(4));  // fine
+  const auto refused = [](const std::string& text, const Pool& pool, const std::vector<std::string>& parts) {
+    INFO(text);
+    try {
+      check_model_job(parse_model_job(text, "jobs.json"), pool);
+      FAIL("no error");
+    } catch (const PlanError& e) {
+      const std::string what = e.what();
+      INFO(what);
+      for (const std::string& p : parts) CHECK(what.find(p) != std::string::npos);
+    }
+  };
+  refused(R"({"name": "wide", "steps": 5, "device_counts": [16], "gpt": {"batch": 4, "heads": 2, "d_model": 16}})",
+          pool_of(8),
+          {"job 'wide' has no plan on any device count", "no device count of the job is placeable in the pool",
+           "16 devices: not placeable in the pool (1 nodes x 8 devices; the job may not span nodes)"});
+  // Batch 3 and 3 heads split over neither data=2 nor model=2.
+  refused(R"({"name": "odd", "steps": 5, "device_counts": [2], "gpt": {"batch": 3, "heads": 3, "d_model": 12}})",
+          pool_of(8), {"job 'odd' has no plan on any device count", "2 devices: no layout: batch 3"});
+  // The same error from profile_model_job (nothing compiled there either).
+  CHECK_THROWS_WITH(profile_model_job(parse_model_job(R"({"name": "wide", "steps": 5, "device_counts": [16],
+                                                          "gpt": {"batch": 4, "heads": 2, "d_model": 16}})",
+                                                      "jobs.json"),
+                                      pool_of(8), predict_only()),
+                    Catch::Contains("16 devices: not placeable"));
+  // Priced, then timed: the profile of profile_model_job.
+  const ModelJob j = tiny_job();
+  ModelJobReport whole, halves;
+  const JobProfile p = profile_model_job(j, pool_of(4), predict_only(), &whole);
+  price_model_job(j, pool_of(4), predict_only(), halves);
+  CHECK(halves.candidates.size() == whole.candidates.size());
+  for (const Candidate& c : halves.candidates) CHECK_FALSE(c.chosen);
+  const JobProfile q = time_model_job(j, pool_of(4), predict_only(), halves);
+  CHECK(q.step_time_s == p.step_time_s);
+  CHECK(q.plan == p.plan);
+  CHECK(halves.notes == whole.notes);
+  // No layout fits the memory: price_model_job refuses it, before any trial would run.
+  ProfileOptions timed = predict_only();
+  timed.measure = true;
+  ModelJobReport r;
+  CHECK_THROWS_WITH(price_model_job(j, pool_of(4, 1000), timed, r),
+                    Catch::Contains("job 'tiny' has no plan on any device count") &&
+                        Catch::Contains("no layout fits") && Catch::Contains("the least peak"));
+  CHECK(r.trials == 0);
+}
+
 TEST_CASE("model job: a layout's text reads back", "[planner]") {
   Layout l;
   l.data = 2;

@@ -94,6 +94,8 @@ class ArrayStore {
   virtual std::optional<std::string> read_group(const std::string& dir) const = 0;
   // Whether `dir` holds a group (without reading it).
   virtual bool has_group(const std::string& dir) const = 0;
+  // The file that holds the group metadata of `dir`, for messages (zarr v3: `dir`/zarr.json).
+  virtual std::string group_file(const std::string& dir) const { return dir; }
 };
 
 // zarr v3 on a local file system (src/checkpoint/zarr.cpp). Stateless: one shared instance.

@@ -60,8 +60,11 @@ struct JobEntry {
   bool is_model() const { return !model_json.empty(); }
 };
 
-// Reads a job file / pool file (formats above). Errors (PlanError) name the file, the job and
-// the field. read_jobs_json and parse_jobs_json accept profiled jobs only.
+// Reads a job file / pool file (formats above). Errors (PlanError) name the file, the job (by
+// its place in the file and its name: "job 3 'gpt-a'") and the field; a field not in the format
+// is one, at every level, naming the known fields and a close match. Every field of a model
+// entry is checked here too (parse_model_job), so a bad job is refused before any is profiled.
+// read_jobs_json and parse_jobs_json accept profiled jobs only.
 std::vector<JobEntry> read_job_file(const std::string& path);
 std::vector<JobEntry> parse_job_file(const std::string& text, const std::string& origin);
 std::vector<JobProfile> read_jobs_json(const std::string& path);

@@ -66,8 +66,12 @@ struct ModelJob {
 };
 
 // One job-file entry (JobEntry::model_json, or any JSON object of the form above). Throws
-// PlanError naming `origin`, the job and the field on a missing or bad field or an unknown key.
+// PlanError naming `origin`, the job and the field on a missing or bad field or an unknown key
+// (the unknown key with the known ones and a close match: "devices_count" -> "device_counts").
 ModelJob parse_model_job(const std::string& json_text, const std::string& origin);
+// The same for entry `index` (from 0) of a job file: errors name the job "job 3 'gpt-a'"
+// (counted from 1). read_job_file checks every model entry so.
+ModelJob parse_model_job(const std::string& json_text, const std::string& origin, std::size_t index);
 
 // A layout of the training step: mesh data x model, ZeRO stage, rematerialisation, offload.
 // Text form (JobProfile::plan): "data=2,model=2 zero=1 remat=none", " offload" appended when on.
@@ -140,9 +144,24 @@ struct ProfileOptions {
 
 // The profile of `job` on `pool` (steps 1-3 above): name, steps, step_time_s, peak_bytes and
 // plan per usable device count. Fills `report` when given. Throws PlanError naming the job when
-// no count has a fitting candidate, or on bad options.
+// no count has a fitting candidate, or on bad options. It is price_model_job then
+// time_model_job.
 JobProfile profile_model_job(const ModelJob& job, const Pool& pool, const ProfileOptions& options = {},
                              ModelJobReport* report = nullptr);
+
+// The halves of profile_model_job, so that a batch can be refused before any trial (tessel-plan
+// prices every job, then times them: a trial takes a second or more, the pricing a fraction):
+//  - check_model_job: what needs no compiling. Throws profile_model_job's PlanError when no
+//    device count of the job is placeable in the pool (too wide for a node, and it may not span
+//    nodes) or has a layout (the batch, heads and MLP width split over no mesh of that count).
+//  - price_model_job: steps 1 and 2 for every count, into `report` (candidates, notes,
+//    predict_seconds). Throws the same PlanError when no count has a fitting candidate.
+//  - time_model_job: step 3 on that report (trials when options.measure), the choice, the
+//    profile. Throws it when every trial of every count measured a peak above the memory.
+void check_model_job(const ModelJob& job, const Pool& pool);
+void price_model_job(const ModelJob& job, const Pool& pool, const ProfileOptions& options, ModelJobReport& report);
+JobProfile time_model_job(const ModelJob& job, const Pool& pool, const ProfileOptions& options,
+                          ModelJobReport& report);
 
 // The device counts profile_model_job tries: job.device_counts, or the default, limited to the
 // pool (a count above devices_per_node only when the job or pool allows spanning).

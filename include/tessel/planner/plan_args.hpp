@@ -30,6 +30,7 @@ struct PlanArgs {
   std::string svg_out = "tessel-plan.svg";           // --svg PATH
   bool pictures = true;            // --no-pictures: neither trace nor SVG
   bool measure = true;             // --no-measure: model jobs by prediction only (no trial steps)
+  bool verbose = false;            // --verbose: every model job's candidates, predicted and measured
   bool run = false;                // --run: run the planned model jobs on this machine's CPU devices
   bool run_baselines = false;      // --run-baselines: with --run, run the three baselines too
   double replan_every = 0;         // --replan-every S: with --run, re-plan the rest every S seconds

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Issue 36 item 5, run as a user types the commands: an unknown field of a job, pool or link
+# figures file, or of a checkpoint's manifest, is an error naming the file, the object, the field,
+# a close match and the known fields; `tessel-plan --run` refuses a job it cannot run before it profiles any; tessel-plan's
+# output starts with the plan, says which figures were measured and which predicted (by which
+# cost model), and shows the candidate tables only with --verbose.
+#   input_refusals.sh BIN_DIR SOURCE_DIR WORK CASE
+# CASE: jobs-field | pool-field | links-key | run-refuses-first | plan-output | checkpoint-field |
+#       gavel-missing
+set -uo pipefail
+bin=$1 src=$2 work=$3 case=$4
+rm -rf "$work"
+mkdir -p "$work"
+cd "$work" || exit 1
+
+fail() { echo "FAILED: $*"; exit 1; }
+# run NAME COMMAND...: runs it, keeping stdout+stderr in $out and the status in $rc.
+run() {
+  echo "\$ ${*}"
+  out=$("$@" 2>&1)
+  rc=$?
+  echo "$out" | head -40
+  echo "(exit status $rc)"
+}
+expect_rc() { [ "$rc" -eq "$1" ] || fail "exit status $rc, expected $1"; }
+expect() { grep -qF -- "$1" <<<"$out" || fail "the output lacks: $1"; }
+expect_not() { ! grep -qF -- "$1" <<<"$out" || fail "the output has: $1"; }
+
+tiny='"gpt": {"batch": 4, "seq": 16, "d_model": 32, "heads": 2, "layers": 1, "vocab": 64}'
+
+case $case in
+jobs-field)
+  # A profiled job's misspelt field was ignored: the job was planned as if it were not there.
+  printf '%s\n' '{"jobs": [{"name": "a", "steps": 100, "step_time_s": {"1": 0.9, "2": 0.5}, "devices_count": 2}]}' \
+    > jobs.json
+  run "$bin/tessel-plan" jobs.json --pool-shape 1x2 --no-pictures
+  expect_rc 1
+  expect "jobs.json: job 1 'a': unknown field \"devices_count\""
+  expect "known: name, steps, step_time_s, peak_bytes, may_span_nodes, requested_devices"
+  expect_not "makespan"
+  # A model job's: the close match is offered.
+  printf '%s\n' "{\"jobs\": [{\"name\": \"p\", \"steps\": 10, \"step_time_s\": {\"1\": 1}},
+    {\"name\": \"gpt-a\", \"steps\": 50, $tiny, \"devices_count\": [1, 2]}]}" > model_jobs.json
+  run "$bin/tessel-plan" model_jobs.json --pool-shape 1x2 --no-pictures
+  expect_rc 1
+  expect "model_jobs.json: job 2 'gpt-a': unknown field \"devices_count\" (did you mean \"device_counts\"?"
+  expect "known: name, steps, gpt, device_counts, seed, lr, may_span_nodes, requested_devices"
+  # Inside "gpt", and at the top level.
+  printf '%s\n' '{"jobs": [{"name": "m", "steps": 5, "gpt": {"layer": 2}}]}' > gpt_field.json
+  run "$bin/tessel-plan" gpt_field.json --pool-shape 1x2 --no-pictures
+  expect_rc 1
+  expect "gpt_field.json: job 1 'm': unknown \"gpt\" field \"layer\" (did you mean \"layers\"?"
+  printf '%s\n' '{"jobs": [{"name": "a", "steps": 1, "step_time_s": {"1": 1}}], "pool": {"nodes": 1}}' > top.json
+  run "$bin/tessel-plan" top.json --pool-shape 1x2 --no-pictures
+  expect_rc 1
+  expect "top.json: unknown field \"pool\" (known: jobs) at the top level"
+  ;;
+pool-field)
+  printf '%s\n' '{"jobs": [{"name": "a", "steps": 100, "step_time_s": {"1": 0.9}}]}' > jobs.json
+  printf '%s\n' '{"nodes": 1, "devices_per_nodes": 8, "memory_bytes": 2e9}' > pool.json
+  run "$bin/tessel-plan" jobs.json --pool pool.json --no-pictures
+  expect_rc 1
+  expect "pool.json: unknown pool field \"devices_per_nodes\" (did you mean \"devices_per_node\"?"
+  expect "known: nodes, devices_per_node, memory_bytes, intra_node_gbps, inter_node_gbps, allow_spanning, cores"
+  ;;
+links-key)
+  # The link figures file of the cost model (docs/links.md): a misspelt key names the file.
+  printf '%s\n' '# measured' 'model=bww:50e9,alpha:5e-6' > links.txt
+  run "$bin/tessel-explain" "$src/tests/golden/megatron_mlp.tsl" --mesh data=2,model=2 --links @links.txt
+  expect_rc 2
+  expect "--links @links.txt: link spec 'model=bww:50e9,alpha:5e-6': unknown key 'bww' (did you mean 'bw'? known: bw, alpha)"
+  ;;
+run-refuses-first)
+  # One job that cannot run after a good one: refused before the good one is profiled (its trial
+  # steps would take seconds); --verbose would print the good job's candidates once profiled.
+  good="{\"name\": \"good\", \"steps\": 20, $tiny, \"device_counts\": [1, 2]}"
+  printf '%s\n' "{\"jobs\": [$good, {\"name\": \"too-wide\", \"steps\": 20, $tiny, \"device_counts\": [16]}]}" \
+    > wide.json
+  for v in "" --verbose; do
+    run "$bin/tessel-plan" wide.json --pool "$src/examples/planner/cpu_pool.json" --run --no-pictures $v
+    expect_rc 1
+    expect "wide.json: job 'too-wide' has no plan on any device count; no device count of the job is placeable in the pool"
+    expect "16 devices: not placeable in the pool (1 nodes x 8 devices; the job may not span nodes)"
+    expect_not "candidates priced"
+    expect_not "running the plan"
+  done
+  # --run runs model jobs only: a profiled job among them is refused before any is profiled.
+  printf '%s\n' "{\"jobs\": [$good, {\"name\": \"given\", \"steps\": 5, \"step_time_s\": {\"1\": 1}}]}" > mixed.json
+  run "$bin/tessel-plan" mixed.json --pool "$src/examples/planner/cpu_pool.json" --run --no-pictures --verbose
+  expect_rc 1
+  expect "mixed.json: --run runs model jobs only; 1 of the 2 jobs ('given') are profiled jobs"
+  expect_not "candidates priced"
+  # A job no layout of which fits the memory: refused after pricing, before any trial.
+  big="{\"name\": \"big\", \"steps\": 20, \"gpt\": {\"batch\": 8, \"seq\": 64, \"d_model\": 256, \"heads\": 4,
+        \"layers\": 2, \"vocab\": 512}, \"device_counts\": [1]}"
+  printf '%s\n' "{\"jobs\": [$good, $big]}" > big.json
+  printf '%s\n' '{"nodes": 1, "devices_per_node": 2, "memory_bytes": 4e6}' > small_pool.json
+  run "$bin/tessel-plan" big.json --pool small_pool.json --run --no-pictures --verbose
+  expect_rc 1
+  expect "big.json: job 'big' has no plan on any device count; 1 devices: no layout fits"
+  expect "(refused before any trial step)"
+  expect_not "candidates priced"
+  ;;
+plan-output)
+  printf '%s\n' "{\"jobs\": [{\"name\": \"tiny\", \"steps\": 50, $tiny, \"device_counts\": [1, 2]},
+    {\"name\": \"given\", \"steps\": 100, \"step_time_s\": {\"1\": 0.9, \"2\": 0.5}}]}" > jobs.json
+  run "$bin/tessel-plan" jobs.json --pool-shape 1x2 --no-pictures
+  expect_rc 0
+  [ "$(sed -n 1p <<<"$out")" = "2 jobs on 1 node(s) x 2 devices" ] || fail "the first line is not the plan's"
+  sed -n 2p <<<"$out" | grep -Eq '^job +devices +ids +start +end +runtime +step$' || fail "no plan table on line 2"
+  expect "step times: measured for 'tiny' (trial steps on this machine's CPU virtual devices, the median of 3); from the job file for 'given'"
+  expect "predicted: the starts, ends, runtimes and the makespan, as steps x step time; the layouts timed were chosen by the cost model with its default figures (one H100 node, docs/links.md)"
+  expect_not "candidates priced"
+  # --verbose: each model job's candidates, predicted and measured, as it is profiled.
+  run "$bin/tessel-plan" jobs.json --pool-shape 1x2 --no-pictures --verbose
+  expect_rc 0
+  expect "the model jobs' candidate layouts: \"predicted\" by the cost model with its default figures"
+  expect "job 'tiny': 12 candidates priced in"
+  grep -Eq '^devices +layout +predicted .* measured$' <<<"$out" || fail "no candidate table"
+  expect "2 jobs on 1 node(s) x 2 devices"
+  # --no-measure: the step times are the cost model's.
+  run "$bin/tessel-plan" jobs.json --pool-shape 1x2 --no-pictures --no-measure
+  expect_rc 0
+  [ "$(sed -n 1p <<<"$out")" = "2 jobs on 1 node(s) x 2 devices" ] || fail "the first line is not the plan's"
+  expect "step times: predicted for 'tiny' by the cost model with its default figures (one H100 node, docs/links.md)"
+  ;;
+checkpoint-field)
+  # A checkpoint whose tessel manifest has a field tessel does not know (a newer format, an edit):
+  # resuming from it is refused naming the file and the field.
+  run "$bin/gpt_train" --steps 2 --save-dir ck --out "" --no-reference
+  expect_rc 0
+  [ -f ck/step_2/zarr.json ] || fail "gpt_train saved no step 2"
+  sed -i 's/"format": "tessel-checkpoint"/"format": "tessel-checkpoint", "procesess": 1/' ck/step_2/zarr.json
+  grep -q '"procesess"' ck/step_2/zarr.json || fail "the manifest was not edited"
+  run "$bin/gpt_train" --steps 3 --save-dir ck --resume --out "" --no-reference
+  [ "$rc" -ne 0 ] || fail "resumed from a manifest with an unknown field"
+  expect "ck/step_2/zarr.json: the tessel manifest of step 2: unknown field \"procesess\" (did you mean \"processes\"? known: format, format_version, step, mesh, tessel_version, arrays, metadata, processes)"
+  ;;
+gavel-missing)
+  # Issue 36 item 7: a --gavel folder without Gavel's files said only "cannot open": now it says
+  # which files are needed and where they come from.
+  mkdir -p empty
+  run "$bin/tessel-plan" --gavel empty --pool-shape 1x8 --no-pictures
+  expect_rc 1
+  expect "cannot open Gavel's file 'empty/simulation_throughputs.json'"
+  expect "github.com/stanford-futuredata/gavel (scheduler/traces/physical_cluster/minimize_makespan.trace and scheduler/simulation_throughputs.json"
+  ;;
+*)
+  fail "unknown case '$case'"
+  ;;
+esac
+echo "ok: $case"
