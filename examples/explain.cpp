@@ -171,6 +171,7 @@ int run(int argc, char** argv) {
   tessel::Graph user = g.clone();
   tessel::PaddedGraph padded = tessel::pad_uneven(g, mesh);
   const std::vector<tessel::Shape> user_shapes = padded.input_shapes;
+  const std::vector<tessel::Shape> user_output_shapes = padded.output_shapes;
   const std::vector<std::string> padding_notes = padded.notes;
   if (padded.padded) g = std::move(padded.graph);
   tessel::PropagationResult prop = tessel::propagate(g, mesh);
@@ -253,7 +254,7 @@ int run(int argc, char** argv) {
   tessel::cli::require_one_process("tessel-explain --run");
   if (!seed_given) seed = static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
   tessel::Executable exe(g.clone(), mesh, prop, prog);
-  exe.set_user_input_shapes(user_shapes);
+  exe.set_user_shapes(user_shapes, user_output_shapes);
   std::vector<tessel::HostTensor> inputs = tessel::random_inputs(user, seed);
   tessel::make_train_inputs_valid(user, inputs);  // a training step's state: v >= 0, a small lr
   // Loaded with the lowering options of this command (--collective-matmul, --ring).

@@ -5,7 +5,7 @@
 //   build/bin/gpt [--mesh data=2,model=4] [--batch 8] [--seq 64] [--d-model 128] [--heads 4]
 //                 [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]
 //                 [--trace FILE] [--print-program] [--backend cpu|cuda] [--gpus N]
-//                 [--layouts megatron|batch|auto] [--write-graph FILE]
+//                 [--layouts megatron|batch|auto] [--write-graph FILE] [--all-warnings]
 //
 // Prints the loss, the loss of the same inputs on one device and their relative
 // difference, tokens/s, peak bytes per device, and the collectives summary line of
@@ -37,6 +37,7 @@
 #include <random>
 #include <string>
 
+#include "tessel/compiler/checks.hpp"
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ir/graph_text.hpp"
@@ -66,12 +67,13 @@ const char* kUsage =
     "usage: gpt [--mesh data=2,model=4] [--batch 8] [--seq 64] [--d-model 128] [--heads 4]\n"
     "           [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]\n"
     "           [--trace FILE] [--print-program] [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
-    "           [--layouts megatron|batch|auto] [--write-graph FILE]\n"
+    "           [--layouts megatron|batch|auto] [--write-graph FILE] [--all-warnings]\n"
     "A GPT-2-style decoder on N virtual CPU (or CUDA) devices, checked against one device.\n"
     "--layouts: megatron (default: the Megatron annotations), batch (only the batch on data, the\n"
     "rest propagated), auto (only the batch on data, the rest chosen by automatic sharding).\n"
     "--write-graph FILE: write the graph (mesh and layouts) in the text form and exit, e.g. for\n"
     "tessel-explain FILE --auto.\n"
+    "--all-warnings: print each compiler warning (default: a kind with more than 2 becomes one line).\n"
     "Under mpirun every process owns a block of the devices; --timeout S: a collective waiting longer\n"
     "than S seconds for another process (a dead or stuck rank) fails the whole job, naming the rank\n"
     "(default: $TESSEL_MPI_TIMEOUT_S, else 300 s; 0: no limit).\n";
@@ -81,7 +83,7 @@ int run(int argc, char** argv) {
   std::string mesh_spec = "data=2,model=4", trace, layouts = "megatron", write_graph;
   int iters = 3, threads = 1, gpus = 0;
   double timeout_s = -1;  // < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s
-  bool print_program = false, cuda = false;
+  bool print_program = false, cuda = false, all_warnings = false;
   uint64_t seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -97,6 +99,7 @@ int run(int argc, char** argv) {
     else if (a == "--threads") threads = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
     else if (a == "--trace") trace = next();
     else if (a == "--print-program") print_program = true;
+    else if (a == "--all-warnings") all_warnings = true;
     else if (a == "--backend") cuda = tessel::cli::parse_backend_is_cuda(a, next());
     else if (a == "--timeout") timeout_s = tessel::cli::parse_double(a, next(), 0, 1e9);
     else if (a == "--gpus") gpus = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 1024));
@@ -165,7 +168,10 @@ int run(int argc, char** argv) {
   double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (print_program) print(exe.program().to_string(0));
   // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
-  for (const std::string& w : exe.program().warnings) print("warning: " + w + "\n");
+  for (const std::string& w : all_warnings ? exe.program().warnings
+                                           : tessel::summarize_warnings(exe.program().warnings, 2,
+                                                                        "--all-warnings lists each"))
+    print("warning: " + w + "\n");
 
   std::vector<tessel::HostTensor> inputs = tessel::random_inputs(m.graph, seed);
   tessel::gpt_init(m.graph, inputs);

@@ -14,7 +14,7 @@
 //                       [--tolerance 1e-4] [--no-reference] [--mixed] [--remat none|einsums|all]
 //                       [--offload] [--out PREFIX] [--check-finite] [--backend cpu|cuda] [--gpus N]
 //                       [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]]
-//                       [--auto] [--memory-budget BYTES] [--links SPEC|@FILE]
+//                       [--resume-or-start] [--auto] [--memory-budget BYTES] [--links SPEC|@FILE]
 //
 // Prints a progress line per step (step/total, loss, the one-device loss and their relative
 // difference, gradient norm, learning rate, tokens/s, time left); then peak bytes per device
@@ -37,8 +37,12 @@
 // Trainer's step counter; --keep N keeps the last N steps. The metadata holds the model, data
 // and schedule settings, the seed and the data position. --resume continues from the latest
 // committed step (--resume STEP: from that one) on any mesh and ZeRO stage, up to --steps (the
-// total): batch k is a pure function of (seed, k) (BatchStream), so the resumed run trains on
-// the batches of the uninterrupted run, and the learning rate continues at the Trainer's t.
+// total), with the model, data and schedule settings of the checkpoint (a flag given for one
+// must agree with it; one error lists every difference): batch k is a pure function of
+// (seed, k) (BatchStream), so the resumed run trains on the batches of the uninterrupted run,
+// and the learning rate continues at the Trainer's t. --resume on a folder with no committed
+// step is an error; --resume-or-start resumes when there is a step, else starts from step 1
+// (for a job that is restarted by its scheduler with the same command).
 // Saving and resuming go straight between the devices and the files: under mpirun each process
 // writes and reads only blocks its devices hold.
 //
@@ -59,17 +63,20 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/compiler/checks.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/cli.hpp"
@@ -92,8 +99,8 @@ const char* kUsage =
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
     "                 [--mixed] [--remat none|einsums|all] [--offload] [--out PREFIX] [--check-finite]\n"
     "                 [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
-    "                 [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]]\n"
-    "                 [--auto] [--memory-budget BYTES] [--links SPEC|@FILE]\n"
+    "                 [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]] [--resume-or-start]\n"
+    "                 [--auto] [--memory-budget BYTES] [--links SPEC|@FILE] [--all-warnings]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --warmup N: the learning rate rises linearly\n"
     "over N steps, then falls along a cosine to 0 at --steps (default: constant). --accumulate K:\n"
@@ -111,14 +118,16 @@ const char* kUsage =
     "Checkpoints: --save-dir DIR saves the training state (parameters, AdamW moments, step, seed and\n"
     "data position) as DIR/step_<t> after every --save-every N-th step and after the last one;\n"
     "--keep N keeps only the last N saved steps. --resume continues from the latest committed step\n"
-    "in --save-dir (none: starts from scratch), --resume STEP from that step, on any --mesh and\n"
+    "in --save-dir (an error when there is none), --resume STEP from that step, on any --mesh and\n"
     "--zero, up to --steps (the total, counted from step 1): the same batches and learning rates as\n"
-    "an uninterrupted run. The model, batch, corpus, seed, --lr, --warmup and --mixed must be the\n"
-    "saved run's (an error names the one that differs; the seed is taken from the checkpoint).\n"
+    "an uninterrupted run. The model, batch, corpus, seed, --lr, --warmup and --mixed are taken from\n"
+    "the checkpoint (a flag given for one must agree: one error lists every difference).\n"
+    "--resume-or-start: --resume when --save-dir holds a committed step, else a fresh start.\n"
     "--auto: automatic sharding chooses every layout of the step but the batch's (on data), within\n"
     "--memory-budget BYTES per device when given, pricing collectives with --links (docs/links.md;\n"
     "default: the cost model's figures; --links measured: this machine's measured links, compute\n"
-    "and memory rates, for CPU devices). Not with --zero.\n";
+    "and memory rates, for CPU devices). Not with --zero.\n"
+    "--all-warnings: print each compiler warning (default: a kind with more than 2 becomes one line).\n";
 
 using json = nlohmann::json;
 
@@ -178,6 +187,33 @@ const std::vector<std::pair<const char*, const char*>> kResumeFields = {
     {"seq", "--seq"},         {"batch", "--batch"},   {"mixed", "--mixed"},  {"lr", "--lr"},
     {"warmup", "--warmup"},   {"corpus_bytes", "--corpus"}, {"corpus_crc32c", "--corpus"}};
 
+// The flags a resumed run takes from the checkpoint when they are not given: sets the field's
+// value in this run's settings (the flags' parsing is not repeated: the values were checked
+// when the checkpoint's run parsed them).
+struct ResumableSettings {
+  tessel::GptConfig& cfg;
+  double& lr;
+  int& warmup;
+  std::string& corpus_path;
+  double& tolerance;
+  bool tolerance_given;
+  void take(const std::string& field, const json& v) {
+    if (field == "d_model") cfg.d_model = v.get<int64_t>();
+    else if (field == "layers") cfg.layers = v.get<int64_t>();
+    else if (field == "heads") cfg.heads = v.get<int64_t>();
+    else if (field == "vocab") cfg.vocab = v.get<int64_t>();
+    else if (field == "seq") cfg.seq = v.get<int64_t>();
+    else if (field == "batch") cfg.batch = v.get<int64_t>();
+    else if (field == "lr") lr = v.get<double>();
+    else if (field == "warmup") warmup = v.get<int>();
+    else if (field == "corpus") corpus_path = v.get<std::string>();
+    else if (field == "mixed" && v.get<bool>()) {
+      cfg.compute = tessel::DType::bf16;
+      if (!tolerance_given) tolerance = 5e-3;
+    }
+  }
+};
+
 std::string read_corpus(const std::string& path) {
   tessel::check_not_directory(path, "gpt_train --corpus");
   std::ifstream in(path, std::ios::binary);
@@ -199,7 +235,7 @@ int run(int argc, char** argv) {
   std::string mesh_spec = "data=2,model=2", corpus_path = std::string(TESSEL_SOURCE_DIR) + "/data/corpus.txt";
   int steps = 20, threads = 1, gpus = 0, warmup = 0, accumulate = 1;
   std::string out_prefix = "gpt_train";
-  bool check_finite = false;
+  bool check_finite = false, all_warnings = false;
   double timeout_s = -1;  // < 0: $TESSEL_MPI_TIMEOUT_S, else 300 s
   bool cuda = false;
   double lr = 1.5e-3, tolerance = 1e-4;
@@ -208,8 +244,9 @@ int run(int argc, char** argv) {
   bool seed_given = false;
   std::string save_dir;
   int save_every = 0, keep = 0;  // 0: save after the last step only; keep every step
-  bool resume = false;
+  bool resume = false, resume_or_start = false;
   int64_t resume_at = -1;  // --resume STEP; -1: the latest committed step
+  std::set<std::string> given;  // the flags on the command line
   bool auto_layouts = false, zero_given = false;
   int64_t memory_budget = 0;
   std::string links;
@@ -220,6 +257,7 @@ int run(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
+    given.insert(a);
     if (a == "--mesh") mesh_spec = next();
     else if (a == "--zero") {
       to.zero = static_cast<int>(tessel::cli::parse_i64(a, next(), 0, 3));
@@ -234,6 +272,7 @@ int run(int argc, char** argv) {
     else if (a == "--accumulate") accumulate = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
     else if (a == "--out") out_prefix = next();
     else if (a == "--check-finite") check_finite = true;
+    else if (a == "--all-warnings") all_warnings = true;
     else if (tessel::parse_gpt_flag(a, next, cfg)) continue;
     else if (a == "--seed") {
       seed = tessel::cli::parse_u64(a, next());
@@ -248,6 +287,7 @@ int run(int argc, char** argv) {
           std::all_of(argv[i + 1], argv[i + 1] + std::strlen(argv[i + 1]), [](char c) { return c >= '0' && c <= '9'; }))
         resume_at = tessel::cli::parse_i64(a, next(), 0, INT64_MAX);
     }
+    else if (a == "--resume-or-start") resume = resume_or_start = true;
     else if (a == "--threads") threads = static_cast<int>(tessel::cli::parse_i64(a, next(), 1, 1024));
     else if (a == "--corpus") corpus_path = next();
     else if (a == "--tolerance") {
@@ -265,6 +305,67 @@ int run(int argc, char** argv) {
       if (!tolerance_given) tolerance = 5e-3;
     }
     else throw tessel::UsageError(fmt::format("unknown option '{}'", a));
+  }
+  // Checkpoints: which step to resume from (checked before anything compiles); its settings
+  // fill in the model, data and schedule flags not given (checked against the given ones below).
+  std::optional<tessel::CheckpointDir> ckpt;
+  std::optional<tessel::Manifest> resumed;
+  json saved;  // the resumed step's metadata
+  int64_t start = 0;  // steps done before this run
+  std::string resume_note;
+  std::vector<int64_t> committed;
+  const char* resume_flag = resume_or_start ? "--resume-or-start" : "--resume";
+  if (!save_dir.empty()) {
+    std::error_code ec;
+    if (resume && !resume_or_start && !std::filesystem::exists(save_dir, ec))
+      throw tessel::Error(fmt::format("--resume: the folder {} does not exist, so there is no step to resume from "
+                                      "(check --save-dir; --resume-or-start starts from step 1 when there is none)",
+                                      save_dir));
+    ckpt.emplace(save_dir);
+    committed = ckpt->steps();
+    if (resume && resume_at >= 0) {
+      if (std::find(committed.begin(), committed.end(), resume_at) == committed.end())
+        throw tessel::Error(fmt::format("--resume {}: step {} is not committed in {} (committed steps: {})", resume_at,
+                                        resume_at, save_dir, join_steps(committed)));
+      resumed = ckpt->manifest(resume_at);
+    } else if (resume && !committed.empty()) {
+      resumed = ckpt->manifest(committed.back());
+    } else if (resume_or_start) {
+      resume_note = fmt::format("no committed step in {}: starting from scratch\n", save_dir);
+    } else if (resume) {
+      throw tessel::Error(fmt::format("--resume: {} holds no committed step to resume from (check --save-dir; "
+                                      "--resume-or-start starts from step 1 when there is none)", save_dir));
+    } else if (!committed.empty()) {
+      throw tessel::Error(fmt::format("--save-dir {} already holds committed steps ({}): add --resume to continue from "
+                                      "the latest, or give another folder",
+                                      save_dir, join_steps(committed)));
+    }
+    if (resumed) {
+      start = resumed->step;
+      try {
+        saved = json::parse(resumed->metadata_json);
+      } catch (const json::exception& e) {
+        throw tessel::Error(fmt::format("{}: the metadata of step {} in {} is not JSON: {}", resume_flag, start, save_dir,
+                                        e.what()));
+      }
+      bool ours = saved.is_object() && saved.value("tool", std::string()) == "gpt_train" &&
+                  saved.contains("data_position") && saved.contains("seed") && saved.contains("first_losses");
+      for (const auto& [field, flag] : kResumeFields) ours = ours && saved.contains(field);
+      if (!ours)
+        throw tessel::Error(fmt::format("{}: step {} in {} was not saved by gpt_train (its metadata lacks gpt_train's "
+                                        "settings)", resume_flag, start, save_dir));
+      // The settings whose flags were not given are the checkpoint's.
+      ResumableSettings take{cfg, lr, warmup, corpus_path, tolerance, tolerance_given};
+      try {
+        for (const auto& [field, flag] : kResumeFields)
+          if (!given.count(flag) && std::string(field) != "corpus_bytes" && std::string(field) != "corpus_crc32c")
+            take.take(field, saved.at(field));
+        if (!given.count("--corpus") && saved.contains("corpus")) take.take("corpus", saved.at("corpus"));
+      } catch (const json::exception& e) {
+        throw tessel::Error(fmt::format("{}: the gpt_train settings of step {} in {} are malformed: {}", resume_flag,
+                                        start, save_dir, e.what()));
+      }
+    }
   }
   if (cfg.vocab < 256)
     throw tessel::UsageError(fmt::format("--vocab {}: the corpus is read as bytes (token ids 0..255), so the "
@@ -315,62 +416,32 @@ int run(int argc, char** argv) {
                {"corpus", corpus_path},
                {"corpus_bytes", corpus.size()},
                {"corpus_crc32c", tessel::crc32c(corpus.data(), corpus.size())}};
-  // Checkpoints: which step to resume from (checked before anything compiles), and that this
-  // run writes no step the folder already holds.
-  std::optional<tessel::CheckpointDir> ckpt;
-  std::optional<tessel::Manifest> resumed;
-  json saved;  // the resumed step's metadata
-  int64_t start = 0;  // steps done before this run
-  std::string resume_note;
-  if (!save_dir.empty()) {
-    ckpt.emplace(save_dir);
-    const std::vector<int64_t> committed = ckpt->steps();
-    if (resume && resume_at >= 0) {
-      if (std::find(committed.begin(), committed.end(), resume_at) == committed.end())
-        throw tessel::Error(fmt::format("--resume {}: step {} is not committed in {} (committed steps: {})", resume_at,
-                                        resume_at, save_dir, join_steps(committed)));
-      resumed = ckpt->manifest(resume_at);
-    } else if (resume && !committed.empty()) {
-      resumed = ckpt->manifest(committed.back());
-    } else if (resume) {
-      resume_note = fmt::format("no committed step in {}: starting from scratch\n", save_dir);
-    } else if (!committed.empty()) {
-      throw tessel::Error(fmt::format("--save-dir {} already holds committed steps ({}): add --resume to continue from "
-                                      "the latest, or give another folder",
-                                      save_dir, join_steps(committed)));
+  if (resumed) {
+    // Every flag given for a setting of the checkpoint must agree with it: one error lists them all.
+    std::vector<std::string> differ;
+    for (const auto& [field, flag] : kResumeFields) {
+      const json& was = saved.at(field);
+      if (was != meta.at(field))
+        differ.push_back(fmt::format("{} = {} ({} gives {})", field, was.dump(), flag, meta.at(field).dump()));
     }
-    if (resumed) {
-      start = resumed->step;
-      try {
-        saved = json::parse(resumed->metadata_json);
-      } catch (const json::exception& e) {
-        throw tessel::Error(fmt::format("--resume: the metadata of step {} in {} is not JSON: {}", start, save_dir, e.what()));
-      }
-      if (!saved.is_object() || saved.value("tool", std::string()) != "gpt_train" || !saved.contains("data_position") ||
-          !saved.contains("seed") || !saved.contains("first_losses"))
-        throw tessel::Error(fmt::format("--resume: step {} in {} was not saved by gpt_train (its metadata has no "
-                                        "gpt_train settings)", start, save_dir));
-      for (const auto& [field, flag] : kResumeFields) {
-        const json was = saved.contains(field) ? saved.at(field) : json();
-        if (was != meta.at(field))
-          throw tessel::Error(fmt::format(
-              "--resume: step {} in {} was saved with {} = {}, this run has {} = {} ({}): resume with the saved "
-              "run's model, data and schedule settings (the mesh, --zero and the other layout flags may change)",
-              start, save_dir, field, was.dump(), field, meta.at(field).dump(), flag));
-      }
-      const uint64_t saved_seed = saved.at("seed").get<uint64_t>();
-      if (seed_given && seed != saved_seed)
-        throw tessel::Error(fmt::format("--resume: step {} in {} was saved with seed = {}, this run has seed = {} "
-                                        "(--seed): the data stream is the seed's; leave --seed out or give the saved one",
-                                        start, save_dir, saved_seed, seed));
-      seed = saved_seed;
-    }
+    const uint64_t saved_seed = saved.at("seed").get<uint64_t>();
+    if (seed_given && seed != saved_seed)
+      differ.push_back(fmt::format("seed = {} (--seed gives {})", saved_seed, seed));
+    if (!differ.empty())
+      throw tessel::Error(fmt::format(
+          "{}: step {} in {} was saved with other settings than this run's flags: {}. Leave these flags out (a "
+          "resumed run takes the model, data, seed and schedule from the checkpoint) or give the saved values; the "
+          "mesh, --zero and the other layout flags may change",
+          resume_flag, start, save_dir, fmt::join(differ, "; ")));
+    seed = saved_seed;
+  }
+  if (ckpt) {
     // The steps this run saves: every save_every-th after `start`, and the last.
     for (int64_t c : committed)
       if (c > start && c <= steps && (c == steps || (save_every > 0 && c % save_every == 0)))
         throw tessel::Error(fmt::format("{}: this run would save step {}, which {} already holds (committed steps: {}); "
                                         "resume from the latest step or remove the later ones",
-                                        resume_at >= 0 ? fmt::format("--resume {}", resume_at) : std::string("--resume"),
+                                        resume_at >= 0 ? fmt::format("--resume {}", resume_at) : std::string(resume_flag),
                                         c, save_dir, join_steps(committed)));
   }
   cfg.batch /= accumulate;  // the model sees one micro-batch
@@ -436,7 +507,10 @@ int run(int argc, char** argv) {
                                                       ar->program_peak_bytes, memory_budget)
                                         : fmt::format("peak about {} bytes per device", ar->peak_bytes)));
   // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
-  for (const std::string& w : exe.program().warnings) print("warning: " + w + "\n");
+  for (const std::string& w : all_warnings ? exe.program().warnings
+                                           : tessel::summarize_warnings(exe.program().warnings, 2,
+                                                                        "--all-warnings lists each"))
+    print("warning: " + w + "\n");
   print(fmt::format("compile + load: {:.1f} ms ({} ops -> {} instructions per device)\n", compile_ms,
                     exe.graph().ops.size(), trainer.program().program().instrs.size()));
 

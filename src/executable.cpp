@@ -123,7 +123,8 @@ HostTensor Executable::gather(std::size_t output, const std::vector<HostTensor>&
       throw RuntimeError(fmt::format("gather: output #{} %{} with sharding {} expects local shards {} "
                                      "but device {} gave {}", output, lv.name, lv.sharding.to_string(),
                                      type_str(lv.dtype, lv.shape), d, type_str(shards[d].dtype(), shards[d].shape())));
-  return gather_host(compiled_.mesh, lv.sharding, lv.dtype, lv.global_shape, shards, check, lv.name);
+  HostTensor global = gather_host(compiled_.mesh, lv.sharding, lv.dtype, lv.global_shape, shards, check, lv.name);
+  return output < compiled_.user_output_shapes.size() ? trim_host(global, compiled_.user_output_shapes[output]) : global;
 }
 
 std::vector<HostTensor> Executable::run(const std::vector<HostTensor>& inputs, const RunOptions& opts) {

@@ -64,7 +64,15 @@ class Executable {
   // The user's shape of each input (graph().inputs order); an input whose padded shape in
   // graph() is larger is padded with zeros by run(), scatter() and to_device().
   const std::vector<Shape>& user_input_shapes() const { return compiled_.user_input_shapes; }
-  void set_user_input_shapes(std::vector<Shape> s) { compiled_.user_input_shapes = std::move(s); }
+  // For an Executable made from a padded graph by hand (tessel-explain): the user's shapes of
+  // its inputs and outputs (PaddedGraph::input_shapes, output_shapes).
+  void set_user_shapes(std::vector<Shape> inputs, std::vector<Shape> outputs) {
+    compiled_.user_input_shapes = std::move(inputs);
+    compiled_.user_output_shapes = std::move(outputs);
+  }
+  // The user's shape of each output (graph().outputs order): an output padded in graph() stays
+  // padded on the devices; run(), gather() and to_host() return it in this shape.
+  const std::vector<Shape>& user_output_shapes() const { return compiled_.user_output_shapes; }
   const Mesh& mesh() const { return compiled_.mesh; }
   const PropagationResult& shardings() const { return prop_; }
   const Program& program() const { return compiled_.program; }
@@ -78,7 +86,7 @@ class Executable {
                                                    const RunOptions& opts = {});
   // The shard of every device for graph input `input`.
   std::vector<HostTensor> scatter(std::size_t input, const HostTensor& global) const;
-  // The global tensor of graph output `output` from every device's shard.
+  // The global tensor of graph output `output` (in its user's shape) from every device's shard.
   HostTensor gather(std::size_t output, const std::vector<HostTensor>& shards,
                     bool check_replicas = false) const;
 

@@ -635,10 +635,7 @@ SaveStats CheckpointDir::save(int64_t step, const std::map<std::string, ShardedA
   std::map<std::string, LocalArray> local;
   for (const auto& [name, arr] : arrays) {
     LocalArray la;
-    Shape shape = arr.shape();
-    const auto& names = program.input_names();
-    const auto in = std::find(names.begin(), names.end(), name);
-    if (in != names.end()) shape = program.input_shape(static_cast<std::size_t>(in - names.begin()));
+    const Shape& shape = arr.user_shape();  // an uneven layout's padding is not saved
     la.layout = {arr.dtype(), shape, arr.sharding()};
     la.devices = arr.devices();
     const ShardedArray* a = &arr;
@@ -735,10 +732,7 @@ void AsyncCheckpointer::save(int64_t step, const std::map<std::string, ShardedAr
   auto local = std::make_shared<std::map<std::string, LocalArray>>();
   int64_t bytes = 0;
   for (const auto& [name, arr] : arrays) {
-    Shape shape = arr.shape();
-    const auto& names = program.input_names();
-    const auto in = std::find(names.begin(), names.end(), name);
-    if (in != names.end()) shape = program.input_shape(static_cast<std::size_t>(in - names.begin()));
+    const Shape& shape = arr.user_shape();  // an uneven layout's padding is not saved
     auto blocks = std::make_shared<std::vector<HostTensor>>();
     auto of_device = std::make_shared<std::vector<std::size_t>>();
     std::map<std::vector<int64_t>, std::size_t> seen;

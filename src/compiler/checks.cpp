@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "tessel/core/common.hpp"
@@ -93,6 +94,74 @@ void add_program_warnings(const Graph& graph, const Mesh& mesh, Program& program
   for (std::string& w : program_warnings(graph, mesh, program))
     if (std::find(program.warnings.begin(), program.warnings.end(), w) == program.warnings.end())
       program.warnings.push_back(std::move(w));
+}
+
+namespace {
+
+// "%NAME <kind> (N bytes per device) ...": the value's name, the kind and the bytes (-1: none).
+struct ValueWarning {
+  std::string name, kind;
+  int64_t bytes = -1;
+};
+
+bool parse_value_warning(const std::string& w, ValueWarning& out) {
+  if (w.size() < 2 || w[0] != '%') return false;
+  const std::size_t sp = w.find(' ');
+  if (sp == std::string::npos) return false;
+  const std::size_t paren = w.find(" (", sp);
+  if (paren == std::string::npos) return false;
+  out.name = w.substr(0, sp);
+  out.kind = w.substr(sp + 1, paren - sp - 1);
+  out.bytes = -1;
+  const std::size_t num = paren + 2, end = w.find(" bytes per device)", num);
+  if (end != std::string::npos && end > num &&
+      std::all_of(w.begin() + static_cast<std::ptrdiff_t>(num), w.begin() + static_cast<std::ptrdiff_t>(end),
+                  [](char c) { return c >= '0' && c <= '9'; }))
+    out.bytes = std::stoll(w.substr(num, end - num));
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> summarize_warnings(const std::vector<std::string>& warnings, int keep_per_kind,
+                                            const std::string& more_hint) {
+  std::map<std::string, std::vector<ValueWarning>> by_kind;
+  for (const std::string& w : warnings) {
+    ValueWarning v;
+    if (parse_value_warning(w, v)) by_kind[v.kind].push_back(v);
+  }
+  std::vector<std::string> out;
+  std::set<std::string> seen, kinds_done;
+  for (const std::string& w : warnings) {
+    ValueWarning v;
+    if (!parse_value_warning(w, v) || static_cast<int>(by_kind[v.kind].size()) <= keep_per_kind) {
+      if (seen.insert(w).second) out.push_back(w);
+      continue;
+    }
+    if (!kinds_done.insert(v.kind).second) continue;
+    std::vector<ValueWarning> group = by_kind[v.kind];
+    std::set<std::string> names;
+    int64_t total = 0;
+    bool all_bytes = true;
+    for (const ValueWarning& g : group) {
+      names.insert(g.name);
+      if (g.bytes < 0) all_bytes = false;
+      else total += g.bytes;
+    }
+    std::stable_sort(group.begin(), group.end(),
+                     [](const ValueWarning& a, const ValueWarning& b) { return a.bytes > b.bytes; });
+    std::vector<std::string> largest;
+    for (const ValueWarning& g : group) {
+      if (std::find(largest.begin(), largest.end(), g.name) == largest.end()) largest.push_back(g.name);
+      if (largest.size() == 3) break;
+    }
+    std::string line = fmt::format("{} warnings that a value {} ({} values", group.size(), v.kind, names.size());
+    if (all_bytes) line += fmt::format(", {} bytes per device in all", total);
+    line += fmt::format("; the largest: {})", join(largest, ", "));
+    if (!more_hint.empty()) line += "; " + more_hint;
+    out.push_back(line);
+  }
+  return out;
 }
 
 }  // namespace tessel

@@ -226,7 +226,7 @@ struct Padder {
 
   // An op with several results: either every padded dim is carried through (the masked
   // operands are enough), or it runs on real extents and its padded results are padded back.
-  void rewrite_results(const Op& op, const std::set<int>& is_output) {
+  void rewrite_results(const Op& op) {
     const OpRule rule = op_rule(g, op);
     std::vector<Tensor> ins;
     for (int v : op.inputs) ins.push_back(map[static_cast<std::size_t>(v)]);
@@ -243,7 +243,7 @@ struct Padder {
       Tensor t = rs[static_cast<std::size_t>(r)];
       const bool padded_v = padded_shape(v) != val.shape;
       if (!carry && padded_v) t = pad(own(t), v);
-      map[static_cast<std::size_t>(v)] = name_as(t, padded_v && is_output.count(v) ? val.name + ".padded" : val.name);
+      map[static_cast<std::size_t>(v)] = name_as(t, val.name);
     }
   }
 
@@ -251,7 +251,6 @@ struct Padder {
     Graph& pg = out.graph;
     pg.mesh = g.mesh;
     map.assign(g.values.size(), Tensor{});
-    std::set<int> is_output(g.outputs.begin(), g.outputs.end());
     // The ops written for an op are in its region (Op::region): the partitioner re-gathers by it.
     pg.regions = g.regions;
     std::size_t stamped = 0;
@@ -263,14 +262,12 @@ struct Padder {
       stamp();
       region = op.region;
       if (op.num_results() > 1) {
-        rewrite_results(op, is_output);
+        rewrite_results(op);
         continue;
       }
       const Value& ov = g.values[static_cast<std::size_t>(op.output)];
       const bool out_padded = padded_shape(op.output) != ov.shape;
-      // A padded output is computed under a ".padded" name; the slice back to its real
-      // shape takes the user's name.
-      const std::string name = out_padded && is_output.count(op.output) ? ov.name + ".padded" : ov.name;
+      const std::string& name = ov.name;
       if (op.kind == OpKind::Input) {
         claim(name);
         map[op.output] = pg.add_input(name, ov.dtype, padded_shape(op.output));
@@ -327,14 +324,11 @@ struct Padder {
       pg.annotate(map[v], ann.sharding, ann.priority);
       if (ann.gather_expected) pg.expect_gathers(map[v]);
     }
+    // Outputs stay padded (a padded output keeps its layout, so it can be donated back to the
+    // padded input it updates); the runtime trims them to the user's shape on the way to the host.
     for (int v : g.outputs) {
-      Tensor t = map[v];
-      if (t.shape() != g.values[static_cast<std::size_t>(v)].shape) {
-        t = unpad(t, v);
-        const std::string& want = g.values[static_cast<std::size_t>(v)].name;
-        t = name_as(t, want);
-      }
-      pg.mark_output(t);
+      pg.mark_output(map[v]);
+      out.output_shapes.push_back(g.values[static_cast<std::size_t>(v)].shape);
     }
     stamp();
   }
@@ -349,6 +343,7 @@ PaddedGraph pad_uneven(const Graph& g, const Mesh& mesh) {
     PaddedGraph same;
     same.graph = g.clone();
     for (int v : g.inputs) same.input_shapes.push_back(g.values[static_cast<std::size_t>(v)].shape);
+    for (int v : g.outputs) same.output_shapes.push_back(g.values[static_cast<std::size_t>(v)].shape);
     return same;
   }
   p.rewrite();

@@ -206,7 +206,15 @@ struct LoadedExecutable::Impl {
   std::vector<int64_t> positions;
   Program program;
   std::vector<std::string> input_names, output_names;
-  std::vector<Shape> user_input_shapes;  // the user's (unpadded) input shapes (uneven.hpp)
+  std::vector<Shape> user_input_shapes;   // the user's (unpadded) input shapes (uneven.hpp)
+  std::vector<Shape> user_output_shapes;  // the user's (unpadded) output shapes
+  // The user's shape of input / output i (the program's global shape when not padded).
+  const Shape& user_in_shape(std::size_t i) const {
+    return i < user_input_shapes.size() ? user_input_shapes[i] : in_value(i).global_shape;
+  }
+  const Shape& user_out_shape(std::size_t o) const {
+    return o < user_output_shapes.size() ? user_output_shapes[o] : out_value(o).global_shape;
+  }
   LoadOptions options;
   std::vector<int> donate;  // per input: output index or -1
   std::vector<std::vector<std::string>> axes;
@@ -406,6 +414,7 @@ LoadedExecutable load(const CompiledProgram& exe, Runtime& rt, const LoadOptions
   for (int64_t d = 0; d < impl->local->num_devices(); ++d) check_program_kernels(p, impl->local->backend(d), d);
   impl->input_names = exe.input_names;
   impl->user_input_shapes = exe.user_input_shapes;
+  impl->user_output_shapes = exe.user_output_shapes;
   impl->output_names = exe.output_names;
   impl->donate.assign(p.inputs.size(), -1);
   for (const auto& [in_name, out_name] : options.donate) {
@@ -504,8 +513,9 @@ ShardedArray LoadedExecutable::enqueue_to_device(std::size_t input, const HostTe
     bufs.push_back(std::move(b));
   }
   for (HostTensor& t : blocks) staged.push_back(std::move(t));
-  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), pos,
-                      impl_->program.mesh);
+  ShardedArray a(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), pos, impl_->program.mesh);
+  a.set_user_shape(impl_->user_in_shape(input));
+  return a;
 }
 
 ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& global) const {
@@ -536,8 +546,14 @@ ShardedArray LoadedExecutable::to_device(const std::string& input, const HostTen
 
 Shape LoadedExecutable::input_shape(std::size_t input) const {
   impl_->check_input(input, "input_shape");
-  if (input < impl_->user_input_shapes.size()) return impl_->user_input_shapes[input];
-  return impl_->in_value(input).global_shape;
+  return impl_->user_in_shape(input);
+}
+
+Shape LoadedExecutable::output_shape(std::size_t output) const {
+  if (output >= impl_->output_names.size())
+    throw RuntimeError(fmt::format("output_shape: output #{} does not exist (the program has {} outputs)", output,
+                                   impl_->output_names.size()));
+  return impl_->user_out_shape(output);
 }
 
 ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::vector<HostTensor>& shards) const {
@@ -564,8 +580,10 @@ ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::ve
     bufs.push_back(std::move(b));
   }
   for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
-  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), impl_->positions,
-                      impl_->program.mesh);
+  ShardedArray a(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), impl_->positions,
+                 impl_->program.mesh);
+  a.set_user_shape(impl_->user_in_shape(input));
+  return a;
 }
 
 ShardedArray LoadedExecutable::allocate_input_array(std::size_t input) const {
@@ -578,8 +596,10 @@ ShardedArray LoadedExecutable::allocate_input_array(std::size_t input) const {
   std::vector<std::shared_ptr<Buffer>> bufs;
   for (std::size_t d = 0; d < impl_->positions.size(); ++d)
     bufs.push_back(allocate_input(lr.backend(static_cast<int64_t>(d)), bytes, name, lv, impl_->positions[d]));
-  return ShardedArray(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), impl_->positions,
-                      impl_->program.mesh);
+  ShardedArray a(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), impl_->positions,
+                 impl_->program.mesh);
+  a.set_user_shape(impl_->user_in_shape(input));
+  return a;
 }
 
 void LoadedExecutable::write_to_shards(const ShardedArray& a, const std::vector<std::size_t>& locals,
@@ -665,10 +685,11 @@ HostTensor LoadedExecutable::to_host(const ShardedArray& a, bool check_replicas)
     DeviceThreads& lr = *impl_->local;
     lr.backend(0).copy_to_host(t.data(), *held.local(0), t.bytes(), lr.transfer_stream(0));
     lr.transfer_stream(0).synchronize();
-    return t;
+    return trim_host(t, a.user_shape());
   }
   auto shards = shards_to_host(a);
-  return gather_host(mesh(), a.sharding(), a.dtype(), a.shape(), shards, check_replicas, a.name());
+  return trim_host(gather_host(mesh(), a.sharding(), a.dtype(), a.shape(), shards, check_replicas, a.name()),
+                   a.user_shape());
 }
 
 // ---- run --------------------------------------------------------------------------------------
@@ -860,6 +881,7 @@ RunResult LoadedExecutable::run(const std::vector<ShardedArray>& inputs_in, cons
     for (int64_t d = 0; d < n; ++d) bufs.push_back(std::move(results[d].outputs[o]));
     r.outputs.emplace_back(im.output_names[o], lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs),
                            im.positions, p.mesh);
+    r.outputs.back().set_user_shape(im.user_out_shape(o));
   }
   return r;
 }

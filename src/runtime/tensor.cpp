@@ -170,4 +170,16 @@ HostTensor pad_host(const HostTensor& t, const Shape& shape) {
   return out;
 }
 
+HostTensor trim_host(const HostTensor& t, const Shape& shape) {
+  if (t.shape() == shape) return t;
+  bool inside = t.shape().size() == shape.size();
+  for (std::size_t d = 0; inside && d < shape.size(); ++d) inside = shape[d] >= 0 && shape[d] <= t.shape()[d];
+  if (!inside) throw RuntimeError("trim_host: cannot trim " + type_str(t.dtype(), t.shape()) + " to " + shape_str(shape));
+  HostTensor out(t.dtype(), shape);
+  if (out.numel() > 0)
+    copy_block(t.data(), t.shape(), std::vector<int64_t>(shape.size(), 0), out.data(), shape,
+               std::vector<int64_t>(shape.size(), 0), shape, dtype_size(t.dtype()));
+  return out;
+}
+
 }  // namespace tessel

@@ -225,7 +225,7 @@ TEST_CASE("gpt_train: a resumed warmup and cosine schedule continues at the save
   // Another --warmup is another schedule: an error naming it.
   const Run c = gpt_train(f, {"--layers", "1", "--warmup", "2", "--save-dir", "w3", "--resume", "3", "--steps", "8"});
   CHECK(c.r.status == 1);
-  CHECK_THAT(c.r.out, Catch::Contains("was saved with warmup = 4, this run has warmup = 2 (--warmup)"));
+  CHECK_THAT(c.r.out, Catch::Contains("was saved with other settings than this run's flags: warmup = 4 (--warmup gives 2)"));
 }
 
 TEST_CASE("gpt_train: --keep keeps the last saved steps and --resume STEP resumes from one of them",
@@ -264,8 +264,21 @@ TEST_CASE("gpt_train: --keep keeps the last saved steps and --resume STEP resume
 TEST_CASE("gpt_train: checkpoint flags that cannot work are errors naming what is wrong",
           "[integration][gpt_train][checkpoint]") {
   Folder f("errors");
-  // An empty (or new) folder: --resume starts from scratch and says so.
-  const Run r = gpt_train(f, {"--seed", "5", "--layers", "1", "--save-dir", "e", "--resume", "--steps", "2"});
+  // A folder that does not exist, or holds no step: --resume is an error (a mistyped folder
+  // must not silently start a new run), and creates nothing.
+  const Run missing = gpt_train(f, {"--seed", "5", "--layers", "1", "--save-dir", "e", "--resume", "--steps", "2"});
+  INFO(missing.r.out);
+  CHECK(missing.r.status == 1);
+  CHECK_THAT(missing.r.out, Catch::Contains("--resume: the folder e does not exist, so there is no step to resume from"));
+  CHECK_FALSE(fs::exists(f.path + "/e"));
+  fs::create_directories(f.path + "/e");
+  const Run empty = gpt_train(f, {"--seed", "5", "--layers", "1", "--save-dir", "e", "--resume", "--steps", "2"});
+  INFO(empty.r.out);
+  CHECK(empty.r.status == 1);
+  CHECK_THAT(empty.r.out, Catch::Contains("--resume: e holds no committed step to resume from"));
+  fs::remove_all(f.path + "/e");
+  // --resume-or-start on a new folder starts from scratch and says so.
+  const Run r = gpt_train(f, {"--seed", "5", "--layers", "1", "--save-dir", "e", "--resume-or-start", "--steps", "2"});
   INFO(r.r.out);
   REQUIRE(r.r.status == 0);
   CHECK_THAT(r.r.out, Catch::Contains("\nno committed step in e: starting from scratch\n"));
@@ -286,15 +299,18 @@ TEST_CASE("gpt_train: checkpoint flags that cannot work are errors naming what i
       // A fresh run into a folder that holds steps.
       {{"--layers", "1", "--save-dir", "e", "--steps", "3"}, 1,
        "--save-dir e already holds committed steps (2): add --resume"},
-      // Another model, batch, seed or precision: the differing field and its flag are named.
+      // Another model, batch, seed or precision given: the differing field and its flag are named.
       {{"--layers", "2", "--save-dir", "e", "--resume", "--steps", "3"}, 1,
-       "step 2 in e was saved with layers = 1, this run has layers = 2 (--layers)"},
+       "--resume: step 2 in e was saved with other settings than this run's flags: layers = 1 (--layers gives 2)"},
       {{"--layers", "1", "--batch", "4", "--save-dir", "e", "--resume", "--steps", "3"}, 1,
-       "was saved with batch = 8, this run has batch = 4 (--batch)"},
+       "flags: batch = 8 (--batch gives 4)"},
       {{"--layers", "1", "--seed", "6", "--save-dir", "e", "--resume", "--steps", "3"}, 1,
-       "was saved with seed = 5, this run has seed = 6 (--seed)"},
-      {{"--layers", "1", "--mixed", "--save-dir", "e", "--resume", "--steps", "3"}, 1,
-       "was saved with mixed = false, this run has mixed = true (--mixed)"},
+       "flags: seed = 5 (--seed gives 6)"},
+      {{"--mixed", "--save-dir", "e", "--resume", "--steps", "3"}, 1, "flags: mixed = false (--mixed gives true)"},
+      // Every difference in one error.
+      {{"--layers", "3", "--heads", "2", "--lr", "0.01", "--save-dir", "e", "--resume-or-start", "--steps", "3"}, 1,
+       "--resume-or-start: step 2 in e was saved with other settings than this run's flags: layers = 1 (--layers gives "
+       "3); heads = 4 (--heads gives 2); lr = 0.0015 (--lr gives 0.01)."},
   };
   for (const Case& c : cases) {
     const Run e = gpt_train(f, c.args);
@@ -303,6 +319,14 @@ TEST_CASE("gpt_train: checkpoint flags that cannot work are errors naming what i
     CHECK_THAT(e.r.out, Catch::Contains(c.says));
   }
   CHECK(committed(f, "e") == std::vector<int64_t>{2});  // the failed runs wrote nothing
+  // Issue 36 item 6: without the model flags, --resume takes them from the checkpoint (the
+  // folder was saved with --layers 1 and seed 5; the defaults are 2 layers and a random seed).
+  const Run taken = gpt_train(f, {"--save-dir", "e", "--resume", "--steps", "3"});
+  INFO(taken.r.out);
+  CHECK(taken.r.status == 0);
+  CHECK_THAT(taken.r.out, Catch::Contains("\nresumed from step 2 (saved on data=2,model=2, zero 0)\n"));
+  CHECK_THAT(taken.r.out, Catch::Contains(" layers=1 "));
+  CHECK(committed(f, "e") == std::vector<int64_t>{2, 3});
   // --help lists the flags.
   const Run h = gpt_train(f, {"--help"});
   CHECK(h.r.status == 0);

@@ -4,6 +4,7 @@
 #include "tessel/ops/builders.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/ops/registry.hpp"
+#include "tessel/compiler/checks.hpp"
 #include "tessel/compiler/partition.hpp"
 #include "tessel/compiler/propagate.hpp"
 #include "tessel/compiler/uneven.hpp"
@@ -223,4 +224,23 @@ TEST_CASE("partition: a gathered copy is reused within its region and gathered a
     for (Op& op : none.ops) op.region = -1;
     CHECK(gathers(none, {}) == std::vector<std::string>{"none", "none"});
   }
+}
+
+TEST_CASE("partition: summarize_warnings folds a kind of per-value warning into one line", "[partition]") {
+  const std::vector<std::string> w = {
+      "mesh axis 'model' (size 2) is not used: every device of it repeats the work",
+      "%a is all-gathered over {data} (100 bytes per device) for operand 0 of op #1 einsum: [{data}] -> [{}]",
+      "%b is all-gathered over {data} (300 bytes per device) for operand 0 of op #2 einsum: [{data}] -> [{}]",
+      "%a is all-gathered over {data} (100 bytes per device) for operand 1 of op #3 einsum: [{data}] -> [{}]",
+      "%c is all-gathered over {model} (50 bytes per device) for operand 0 of op #4 einsum: [{model}] -> [{}]",
+      "mesh axis 'model' (size 2) is not used: every device of it repeats the work"};
+  const std::vector<std::string> s = tessel::summarize_warnings(w, 2, "--all-warnings lists each");
+  REQUIRE(s.size() == 3);
+  CHECK(s[0] == w[0]);
+  CHECK(s[1] == "3 warnings that a value is all-gathered over {data} (2 values, 500 bytes per device in all; "
+                "the largest: %b, %a); --all-warnings lists each");
+  CHECK(s[2] == w[4]);  // a kind with no more than 2 members is kept as it is
+  // With a higher limit nothing is folded (the repeated warning is printed once).
+  const std::vector<std::string> all = tessel::summarize_warnings(w, 3);
+  CHECK(all.size() == 5);
 }

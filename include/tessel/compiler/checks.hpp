@@ -38,4 +38,12 @@ std::vector<std::string> program_warnings(const Graph& graph, const Mesh& mesh, 
 // Appends program_warnings() to program.warnings (skipping any already there).
 void add_program_warnings(const Graph& graph, const Mesh& mesh, Program& program);
 
+// The warnings for a terminal: warnings about one value each ("%NAME <kind> (...)...", as the
+// partitioner's "is all-gathered over {data}") are grouped by kind; a kind with more than
+// `keep_per_kind` members becomes one line counting them, their bytes per device when given,
+// and the largest few by name, ending with `more_hint` (e.g. "--all-warnings lists each").
+// Other warnings pass through unchanged, in order, each once.
+std::vector<std::string> summarize_warnings(const std::vector<std::string>& warnings, int keep_per_kind = 2,
+                                            const std::string& more_hint = "");
+
 }  // namespace tessel

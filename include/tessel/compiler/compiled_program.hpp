@@ -31,6 +31,10 @@ struct CompiledProgram {
   // The user's shape of each input (before padding for an uneven layout; load's to_device
   // pads an input given in this shape with zeros). Empty: the program's shapes.
   std::vector<Shape> user_input_shapes;
+  // The user's shape of each output: an output of an uneven layout stays padded on the devices
+  // (its arrays carry this as ShardedArray::user_shape; to_host trims to it). Empty: the
+  // program's shapes.
+  std::vector<Shape> user_output_shapes;
 };
 
 struct CompileProgramOptions {
@@ -58,6 +62,7 @@ CompiledProgram compile_program(const Graph& graph, const Mesh& mesh, const Comp
 
 // The artifact of a graph already partitioned (names from the graph, no padding).
 CompiledProgram compiled_program_of(const Graph& graph, const Mesh& mesh, Program program,
-                                    std::vector<Shape> user_input_shapes = {});
+                                    std::vector<Shape> user_input_shapes = {},
+                                    std::vector<Shape> user_output_shapes = {});
 
 }  // namespace tessel

@@ -11,7 +11,9 @@
 //    decomposed into masked sums;
 //  * an op that cannot see padding (a reshape, concat or slice across a padded dim) gets the
 //    real extent sliced out first, and its result is padded again where needed;
-//  * outputs are sliced back to their real shapes (their layouts then come from the slice).
+//  * outputs stay padded, in the layout they were computed in (so an updated parameter can be
+//    donated back to its padded input); PaddedGraph::output_shapes holds their real shapes,
+//    and the runtime trims them on the way to the host (to_host, Executable::run).
 // A graph with no uneven annotation is returned unchanged. With `strict`, an uneven
 // annotation is today's clear divisibility error instead.
 #pragma once
@@ -27,6 +29,7 @@ struct PaddedGraph {
   Graph graph;                       // the graph to propagate and partition
   bool padded = false;               // false: `graph` is a clone of the input
   std::vector<Shape> input_shapes;   // the user's (unpadded) shape of each input
+  std::vector<Shape> output_shapes;  // the user's (unpadded) shape of each output
   std::vector<std::string> notes;    // one line per padded class, e.g. for tessel-explain
 };
 

@@ -135,6 +135,9 @@ class LoadedExecutable {
   // The user's global shape of input `input` (before any padding for an uneven layout, which
   // the arrays on the devices carry: ShardedArray::shape()).
   Shape input_shape(std::size_t input) const;
+  // The same for output `output`: an output of an uneven layout stays padded on the devices
+  // (so it can be donated back to a padded input); to_host trims it to this shape.
+  Shape output_shape(std::size_t output) const;
   // Throws RuntimeError naming the unknown name and the known ones.
   std::size_t input_index(const std::string& name) const;
   std::size_t output_index(const std::string& name) const;
@@ -157,7 +160,9 @@ class LoadedExecutable {
   ShardedArray allocate_input_array(std::size_t input) const;
   void write_to_shards(const ShardedArray& array, const std::vector<std::size_t>& locals,
                        const std::vector<int64_t>& start, const HostTensor& box) const;
-  // Devices -> host: the global tensor (check_replicas as in RunOptions), or every shard.
+  // Devices -> host: the global tensor in the user's shape (ShardedArray::user_shape: an uneven
+  // layout's padding cut off; check_replicas as in RunOptions), or every shard as the devices
+  // hold it (padding included).
   HostTensor to_host(const ShardedArray& array, bool check_replicas = false) const;
   std::vector<HostTensor> shards_to_host(const ShardedArray& array) const;
   // The shard of one local device (array.devices()[local]) on the host, as the device holds it

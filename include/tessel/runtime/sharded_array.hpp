@@ -52,7 +52,12 @@ class ShardedArray {
 
   const std::string& name() const { return name_; }  // the program value it was made for
   DType dtype() const { return dtype_; }
-  const Shape& shape() const { return shape_; }  // global
+  const Shape& shape() const { return shape_; }  // global (padded, for an uneven layout)
+  // The user's shape: the global shape less an uneven layout's padding (compiler/uneven.hpp),
+  // what to_host returns and a checkpoint saves; equal to shape() when nothing is padded.
+  const Shape& user_shape() const { return user_shape_.empty() ? shape_ : user_shape_; }
+  // Internal (transfers and runs): records the user's shape of a padded array (a copy's own).
+  void set_user_shape(Shape s) { user_shape_ = std::move(s); }
   const Sharding& sharding() const { return sharding_; }
   const Shape& local_shape() const { return local_shape_; }
   // Empty (default-constructed) arrays have no storage; donated ones are deleted.
@@ -112,6 +117,7 @@ class ShardedArray {
   std::string name_;
   DType dtype_ = DType::f32;
   Shape shape_;
+  Shape user_shape_;  // empty: shape_
   Sharding sharding_;
   Shape local_shape_;
   std::vector<int64_t> devices_;

@@ -65,6 +65,9 @@ class HostTensor {
 // `t` padded with zeros at the end of each dim up to `shape` (every dim >= t's; same rank).
 // Returns t itself when the shapes are equal. Throws RuntimeError otherwise.
 HostTensor pad_host(const HostTensor& t, const Shape& shape);
+// The leading `shape` block of `t` (every dim <= t's; same rank): an uneven layout's padding cut
+// off. Returns t itself when the shapes are equal. Throws RuntimeError otherwise.
+HostTensor trim_host(const HostTensor& t, const Shape& shape);
 
 // bf16 / f16 <-> f32 conversions (round to nearest even).
 float bf16_to_f32(uint16_t v);
