@@ -109,6 +109,4 @@ if(TESSEL_WITH_NCCL)
   target_link_libraries(tessel_cuda PRIVATE ${TESSEL_NCCL_LIBRARY})
   target_compile_definitions(tessel_cuda PRIVATE TESSEL_HAVE_NCCL=1)
 endif()
-install(TARGETS tessel_cuda EXPORT tesselTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# Installed by cmake/install.cmake, after its check that everything an install needs is built.

@@ -39,6 +39,11 @@ install(CODE "
                         \"--target tessel_installable, then cmake --install again\")
   endif()")
 install(TARGETS ${TESSEL_INSTALLED_TOOLS} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET tessel_cuda)
+  install(TARGETS tessel_cuda EXPORT tesselTargets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 install(TARGETS tessel ${TESSEL_FLOORS} EXPORT tesselTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -18,8 +18,11 @@ echo "== cmake --install build before the rest is built: refused with the comman
 if cmake --install build --prefix "$work/early" > "$work/early.txt" 2>&1; then
   cat "$work/early.txt"; echo "FAIL: cmake --install after the demo alone succeeded"; exit 1
 fi
-grep -q "tessel: not built yet: .*scripts/install PREFIX" "$work/early.txt" ||
+# (CMake wraps the message over lines: read it as one.)
+tr -s ' \n' ' ' < "$work/early.txt" | grep -q "tessel: not built yet: .*scripts/install PREFIX" ||
   { cat "$work/early.txt"; echo "FAIL: the install error does not name what is missing and scripts/install"; exit 1; }
+! grep -q "Installing:" "$work/early.txt" ||
+  { cat "$work/early.txt"; echo "FAIL: the refused install installed files before it stopped"; exit 1; }
 echo "== ./scripts/install $work/prefix"
 ./scripts/install "$work/prefix" > "$work/install.txt" 2>&1 || { cat "$work/install.txt"; echo "FAIL: scripts/install"; exit 1; }
 tail -1 "$work/install.txt"
