@@ -252,10 +252,12 @@ void BM_AutoShardMeasured(benchmark::State& state) {
   tessel::Trainer hand(hand_model.graph, hand_model.loss, hand_model.weights, mesh, rt);
   tessel::TrainerOptions ao;
   ao.auto_shard = tessel::AutoShardOptions{};
-  // The plan is made for the machine it runs on: links, compute and memory rates measured here
-  // (the default figures are an H100's, whose ratios of compute to collectives differ).
-  ao.auto_shard->cost = tessel::measured_cost_model(rt, mesh);
+  // The plan is made for the machine it runs on: the Trainer's default (cost_figures Backend)
+  // takes this machine's links, compute and memory rates, measured once and cached
+  // (runtime/backend_cost.hpp; the default figures are an H100's, whose ratios differ).
   tessel::Trainer autos(auto_model.graph, auto_model.loss, auto_model.weights, mesh, rt, ao);
+  std::printf("BM_AutoShardMeasured: auto priced with %s\nBM_AutoShardMeasured: auto strategy: %s\n",
+              autos.auto_shard_result()->cost_source.c_str(), autos.strategy_in_words().c_str());
   const auto w = initial_weights(hand_model, seed);
   hand.init(w);
   autos.init(w);
@@ -299,7 +301,7 @@ void BM_AutoShardMeasured(benchmark::State& state) {
   state.counters["auto_over_hand"] = a / h;
   state.counters["loss_rel_diff"] = worst;
   // Both plans priced with the measured figures the auto plan was made with.
-  const tessel::CostModel& here = ao.auto_shard->cost;
+  const tessel::CostModel& here = autos.auto_shard_result()->cost;
   state.counters["hand_predicted_s"] = predicted_all_by(hand.executable(), here);
   state.counters["auto_predicted_s"] = predicted_all_by(autos.executable(), here);
   state.counters["measured_gflops"] = here.flops_per_s * 1e-9;

@@ -35,6 +35,7 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -92,6 +93,44 @@ void show_value(const tessel::Graph& g, const tessel::Mesh& mesh, const tessel::
   }
 }
 
+// The "why" lines of --auto: one per rejected alternative, except that alternatives of the same
+// op kind, layouts and costs whose value names differ only in their numbers (a repeated layer:
+// %grad.l0_w1, %grad.l1_w1, ...) share one line naming them all.
+std::vector<std::string> why_lines(const tessel::Graph& g, const std::vector<tessel::RejectedAlternative>& alts) {
+  auto masked = [](const std::string& name) {
+    std::string m;
+    for (char c : name)
+      if (!(c >= '0' && c <= '9')) m += c;
+      else if (m.empty() || m.back() != '#') m += '#';
+    return m;
+  };
+  std::vector<std::string> keys, out;
+  std::vector<std::vector<std::string>> names;
+  std::vector<std::string> tails;
+  for (const tessel::RejectedAlternative& a : alts) {
+    const tessel::Op& op = g.ops[static_cast<std::size_t>(a.op)];
+    const std::string name = g.values[static_cast<std::size_t>(op.output)].name;
+    const std::string tail = fmt::format("{}: {} costs {:.6g} s; best other {} would cost {:.6g} s", tessel::op_name(op.kind),
+                                         a.chosen.to_string(), a.chosen_s, a.alternative.to_string(), a.alternative_s);
+    const std::string key = masked(name) + "|" + tail;
+    const auto it = std::find(keys.begin(), keys.end(), key);
+    if (it != keys.end()) {
+      names[static_cast<std::size_t>(it - keys.begin())].push_back(name);
+      continue;
+    }
+    keys.push_back(key);
+    names.push_back({name});
+    tails.push_back(tail);
+  }
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    std::vector<std::string> pct;
+    for (const std::string& n : names[k]) pct.push_back("%" + n);
+    out.push_back(pct.size() == 1 ? fmt::format("{} = {}", pct[0], tails[k])
+                                  : fmt::format("{} ({} ops alike) = each {}", fmt::join(pct, ", "), pct.size(), tails[k]));
+  }
+  return out;
+}
+
 int run(int argc, char** argv) {
   // Argument parsing lives in the library (tessel/cli.hpp) so it is tested and fuzzed.
   const tessel::cli::ExplainOptions opt =
@@ -140,6 +179,8 @@ int run(int argc, char** argv) {
     std::fputs(tessel::print_graph(g).c_str(), stdout);
     return 0;
   }
+  std::optional<tessel::AutoShardResult> auto_result;  // --auto: the plan, for its predictions below
+  int64_t auto_ops = 0;
   if (opt.auto_shard) {
     // Automatic sharding: the layouts of every value the file does not annotate are chosen,
     // printed as annotations, and the rest of this tool explains the program they give.
@@ -158,12 +199,15 @@ int run(int argc, char** argv) {
     fmt::print("== chosen layouts (paste as annotations)\n");
     std::fputs(r.layouts_text(g).c_str(), stdout);
     fmt::print("== why: the costliest ops and the best layout not taken (the rest of the plan as chosen)\n");
-    for (const tessel::RejectedAlternative& a : r.alternatives) {
-      const tessel::Op& op = g.ops[static_cast<std::size_t>(a.op)];
-      fmt::print("%{} = {}: {} costs {:.6g} s; best other {} would cost {:.6g} s\n",
-                 g.values[static_cast<std::size_t>(op.output)].name, tessel::op_name(op.kind), a.chosen.to_string(),
-                 a.chosen_s, a.alternative.to_string(), a.alternative_s);
-    }
+    for (const std::string& line : why_lines(g, r.alternatives)) fmt::print("{}\n", line);
+    if (!r.fits)
+      throw tessel::Error(fmt::format("--memory-budget {}: no plan found within it on mesh {}: the least found needs {} "
+                                      "bytes per device (its program's peak); give a larger budget or more devices, "
+                                      "or recompute activations",
+                                      opt.memory_budget, mesh.to_string(),
+                                      r.program_peak_bytes > 0 ? r.program_peak_bytes : r.peak_bytes));
+    auto_result = r;
+    auto_ops = static_cast<int64_t>(g.ops.size());
     g = r.annotated(g);
   }
   // An uneven split is padded (uneven.hpp): the rest of the pipeline sees the padded graph;
@@ -237,6 +281,37 @@ int run(int argc, char** argv) {
   fmt::print("peak_bytes_per_device={} (arena {}, inputs {}, outputs {})\n", mem.peak_bytes(), mem.arena_bytes,
              mem.input_bytes, mem.output_bytes);
   fmt::print("{}\n", s.line());
+  if (auto_result) {
+    // The solver's prediction and the program's, side by side, and why they differ.
+    const tessel::Program low = tessel::lower_program(prog, false, lowering);
+    const tessel::AutoShardResult& r = *auto_result;
+    const double dispatch = r.dispatch_s;
+    int64_t kernels = 0, collectives = 0, unlowered = 0;
+    for (const tessel::Instr& in : low.instrs) {
+      kernels += in.kind == tessel::InstrKind::Kernel;
+      collectives += in.kind == tessel::InstrKind::Collective || in.kind == tessel::InstrKind::CollectiveStart;
+    }
+    for (const tessel::Instr& in : prog.instrs) unlowered += in.kind == tessel::InstrKind::Collective;
+    const double pc = low.compute_seconds(popts.cost), pm = low.comm_seconds(popts.cost);
+    fmt::print("== auto-sharding: the solver's prediction against the program's (per device)\n");
+    fmt::print("compute: solver {:.6g} s = {:.6g} s roofline of the graph's {} ops, before fusion, + {:.6g} s dispatch "
+               "({:.3g} us per op computed); program {:.6g} s = roofline of its {} kernels after fusion, no dispatch\n",
+               r.compute_s, std::max(0.0, r.compute_s - dispatch), auto_ops, dispatch,
+               popts.cost.dispatch_seconds() * 1e6, pc, kernels);
+    fmt::print("communication: solver {:.6g} s (each reduction of an op priced alone, a weight gradient's with a "
+               "share of one latency); program {:.6g} s ({} collectives after lowering, {} before: reshards "
+               "placed, reductions combined)\n",
+               r.comm_s, pm, collectives, unlowered);
+    fmt::print("peak: solver {} bytes (each value live from its op to its last use, in graph order, before fusion); "
+               "program {} bytes (the memory plan: arena {} + inputs {} + outputs {}{})\n",
+               r.peak_bytes, mem.peak_bytes(), mem.arena_bytes, mem.input_bytes, mem.output_bytes,
+               mem.output_bytes > 0 ? ", each output apart from any input it updates: this tool declares no donation, "
+                                      "a Trainer does"
+                                    : "");
+    const double solver = r.compute_s + r.comm_s, program = pc + pm + dispatch;
+    fmt::print("total: solver {:.6g} s; program {:.6g} s with the same dispatch added ({:+.0f}%)\n", solver, program,
+               solver > 0 ? 100.0 * (program - solver) / solver : 0.0);
+  }
   if (!do_run) return 0;
 
   // ---- --run: partitioned run vs. the unpartitioned reference ----

@@ -38,6 +38,7 @@
 #include <string>
 
 #include "tessel/compiler/checks.hpp"
+#include "tessel/runtime/backend_cost.hpp"
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ir/graph_text.hpp"
@@ -159,9 +160,15 @@ int run(int argc, char** argv) {
   std::optional<tessel::Graph> auto_graph;  // --layouts auto: m.graph with the chosen layouts
   if (layouts == "auto") {
     // Under mpirun every process adopts rank 0's plan.
-    const tessel::AutoShardResult r = tessel::agree_on_plan(rt, tessel::auto_shard(m.graph, mesh, {}), m.graph);
-    print(fmt::format("auto_shard: {} ({:.2f} s): predicted {:.4g} ms compute + {:.4g} ms collectives per device\n",
-                      r.solver, r.formulate_s + r.solve_s, r.compute_s * 1e3, r.comm_s * 1e3));
+    // Priced with the figures of the machine it runs on (measured once per machine for CPU
+    // devices, then read from the cache; the GPU's for CUDA).
+    tessel::AutoShardOptions ao;
+    const tessel::BackendCost bc = tessel::backend_cost_model(*rt, mesh);
+    ao.cost = bc.cost;
+    const tessel::AutoShardResult r = tessel::agree_on_plan(rt, tessel::auto_shard(m.graph, mesh, ao), m.graph);
+    print(fmt::format("auto_shard: {} ({:.2f} s): predicted {:.4g} ms compute + {:.4g} ms collectives per device, "
+                      "priced with {}\n",
+                      r.solver, r.formulate_s + r.solve_s, r.compute_s * 1e3, r.comm_s * 1e3, bc.source));
     auto_graph.emplace(r.annotated(m.graph));
   }
   tessel::Executable exe = tessel::compile(auto_graph ? *auto_graph : m.graph, mesh);

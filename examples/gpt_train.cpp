@@ -25,11 +25,14 @@
 // --auto: the layouts are chosen by automatic sharding (autoshard/auto_shard.hpp,
 // TrainerOptions::auto_shard) instead of the Megatron annotations: only the batch is placed on
 // `data`, every other layout of the step (weights, activations, gradients, moments) is chosen
-// by the cost model, within --memory-budget BYTES per device when given; --links gives the
-// cost model the link figures (docs/links.md; e.g. the file tessel-bench --calibrate-links
-// writes), and `--links measured` this machine's whole cost model (measured_cost_model: links,
-// compute and memory rates of CPU devices). --zero does not apply: auto_shard picks ZeRO-like
-// layouts itself.
+// by the cost model, within --memory-budget BYTES per device when given. The cost model is the
+// backend's (runtime/backend_cost.hpp: this machine's measured figures for CPU devices, cached;
+// the GPU's for CUDA); --links gives link figures instead (docs/links.md; e.g. the file
+// tessel-bench --calibrate-links writes), `--links measured` measures now without the cache, and
+// `--links default` plans with the cost model's H100 figures. It prints the chosen strategy in
+// words, its predicted step time against the hand layouts' at the same figures, and how to see
+// every layout (--write-graph FILE). --zero does not apply: auto_shard picks ZeRO-like layouts
+// itself.
 //
 // Checkpoints (tessel/checkpoint/checkpoint.hpp): with --save-dir DIR the training state (the
 // parameters and AdamW moments, each with its layout on this mesh: Trainer::state_shardings)
@@ -77,6 +80,9 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/compiler/checks.hpp"
+#include "tessel/ir/graph_text.hpp"
+#include "tessel/passes/program_passes.hpp"
+#include "tessel/train/train_step.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/cli.hpp"
@@ -100,7 +106,7 @@ const char* kUsage =
     "                 [--mixed] [--remat none|einsums|all] [--offload] [--out PREFIX] [--check-finite]\n"
     "                 [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
     "                 [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]] [--resume-or-start]\n"
-    "                 [--auto] [--memory-budget BYTES] [--links SPEC|@FILE] [--all-warnings]\n"
+    "                 [--auto] [--memory-budget BYTES] [--links SPEC|@FILE] [--write-graph FILE] [--all-warnings]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --warmup N: the learning rate rises linearly\n"
     "over N steps, then falls along a cosine to 0 at --steps (default: constant). --accumulate K:\n"
@@ -124,9 +130,14 @@ const char* kUsage =
     "the checkpoint (a flag given for one must agree: one error lists every difference).\n"
     "--resume-or-start: --resume when --save-dir holds a committed step, else a fresh start.\n"
     "--auto: automatic sharding chooses every layout of the step but the batch's (on data), within\n"
-    "--memory-budget BYTES per device when given, pricing collectives with --links (docs/links.md;\n"
-    "default: the cost model's figures; --links measured: this machine's measured links, compute\n"
-    "and memory rates, for CPU devices). Not with --zero.\n"
+    "--memory-budget BYTES per device when given, priced with the figures of the machine it runs on\n"
+    "(CPU devices: this machine's links, compute and memory rates, measured once and cached in\n"
+    "$TESSEL_CACHE_DIR or ~/.cache/tessel; CUDA: the GPU's). --links SPEC|@FILE: these link figures\n"
+    "instead (docs/links.md); --links measured: measured now, not cached; --links default: the cost\n"
+    "model's own (H100) figures. It prints the strategy in words and its predicted step time against\n"
+    "the hand layouts'. Not with --zero.\n"
+    "--write-graph FILE: write the training step's graph with its layouts (text form, for\n"
+    "tessel-explain FILE) and exit.\n"
     "--all-warnings: print each compiler warning (default: a kind with more than 2 becomes one line).\n";
 
 using json = nlohmann::json;
@@ -223,6 +234,18 @@ std::string read_corpus(const std::string& path) {
   return ss.str();
 }
 
+// The compiler's prediction of a step (tessel-explain's compute_s + comm_s): the program load()
+// runs, lowered as it lowers it, its kernels' roofline time and its collectives at `cost`.
+struct StepPrediction {
+  double compute_s = 0, comm_s = 0;
+  double total() const { return compute_s + comm_s; }
+};
+StepPrediction predict_step(const tessel::Executable& exe, const tessel::CostModel& cost,
+                            const tessel::ProgramPassOptions& lowering) {
+  const tessel::Program low = tessel::lower_program(exe.program(), false, lowering);
+  return {low.compute_seconds(cost), low.comm_seconds(cost)};
+}
+
 int run(int argc, char** argv) {
   tessel::GptConfig cfg;
   cfg.batch = 8;
@@ -249,7 +272,7 @@ int run(int argc, char** argv) {
   std::set<std::string> given;  // the flags on the command line
   bool auto_layouts = false, zero_given = false;
   int64_t memory_budget = 0;
-  std::string links;
+  std::string links, write_graph;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return tessel::cli::next_value(i, argc, argv); };
@@ -273,6 +296,7 @@ int run(int argc, char** argv) {
     else if (a == "--out") out_prefix = next();
     else if (a == "--check-finite") check_finite = true;
     else if (a == "--all-warnings") all_warnings = true;
+    else if (a == "--write-graph") write_graph = next();
     else if (tessel::parse_gpt_flag(a, next, cfg)) continue;
     else if (a == "--seed") {
       seed = tessel::cli::parse_u64(a, next());
@@ -477,8 +501,12 @@ int run(int argc, char** argv) {
   if (auto_layouts) {
     tessel::AutoShardOptions ao;
     ao.memory_budget_bytes = memory_budget;
-    if (links == "measured")  // this machine's figures: links, compute and memory (calibrate.hpp)
+    // No --links: the Trainer plans with the backend's figures (this machine's, measured once
+    // and cached, for CPU devices; the GPU's for CUDA: runtime/backend_cost.hpp).
+    if (links == "measured")  // measured now, not from the cache (calibrate.hpp)
       ao.cost = tessel::measured_cost_model(*rt, mesh);
+    else if (links == "default")  // the cost model's own (H100) figures, as they are
+      ao.cost_figures = tessel::AutoShardOptions::CostFigures::Given;
     else if (!links.empty())
       ao.cost.parse_links(links[0] == '@' ? tessel::read_links_file(links.substr(1)) : links);
     o.auto_shard = ao;
@@ -506,6 +534,39 @@ int run(int argc, char** argv) {
                       memory_budget > 0 ? fmt::format("program peak {} bytes per device (within the budget of {})",
                                                       ar->program_peak_bytes, memory_budget)
                                         : fmt::format("peak about {} bytes per device", ar->peak_bytes)));
+  if (const tessel::AutoShardResult* ar = trainer.auto_shard_result()) {
+    // What was chosen, in words; what it is predicted to cost against the hand layouts (the
+    // Megatron annotations, --zero 0) at the same figures; and where to see every layout.
+    print(fmt::format("auto_shard: strategy: {}\n", trainer.strategy_in_words()));
+    print(fmt::format("auto_shard: priced with {}\n", ar->cost_source.empty() ? "the figures given" : ar->cost_source));
+    const tessel::CostModel& cost = ar->cost;
+    tessel::GptConfig hand_cfg = cfg;
+    hand_cfg.annotate = true;
+    tessel::GptGraph hand = tessel::build_gpt(hand_cfg);
+    tessel::TrainOptions hand_to = to;
+    hand_to.zero = 0;
+    hand_to.checkpoints = hand.checkpoints;
+    tessel::add_train_step(hand.graph, hand.loss, hand.weights, mesh, hand_to);
+    const tessel::Executable hand_exe = tessel::compile(hand.graph, mesh);
+    const StepPrediction pa = predict_step(exe, cost, o.load.lowering), ph = predict_step(hand_exe, cost, o.load.lowering);
+    print(fmt::format("auto_shard: predicted per step at those figures: {:.3f} ms (compute {:.3f} + collectives {:.3f}); "
+                      "the hand layouts (Megatron, --zero 0): {:.3f} ms (compute {:.3f} + collectives {:.3f}); auto / "
+                      "hand {:.2f}\n",
+                      pa.total() * 1e3, pa.compute_s * 1e3, pa.comm_s * 1e3, ph.total() * 1e3, ph.compute_s * 1e3,
+                      ph.comm_s * 1e3, pa.total() / ph.total()));
+    print("auto_shard: every layout: add --write-graph FILE (the step's graph with its layouts, for tessel-explain "
+          "FILE)\n");
+  }
+  if (!write_graph.empty()) {
+    tessel::Graph step_graph = exe.graph().clone();
+    step_graph.mesh = mesh;  // so tessel-explain FILE needs no --mesh
+    std::ofstream f(write_graph);
+    f << tessel::print_graph(step_graph);
+    if (!f.flush()) throw tessel::Error(fmt::format("cannot write the graph to '{}' (--write-graph)", write_graph));
+    print(fmt::format("wrote the training step's graph ({} values, {} ops, its layouts, mesh {}) to {}\n",
+                      exe.graph().values.size(), exe.graph().ops.size(), mesh.to_string(), write_graph));
+    return 0;
+  }
   // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
   for (const std::string& w : all_warnings ? exe.program().warnings
                                            : tessel::summarize_warnings(exe.program().warnings, 2,

@@ -42,6 +42,7 @@ struct Strategy {
   std::vector<Sharding> operands; // what the op needs of each operand (ops only)
   std::vector<std::vector<std::string>> factors;  // per factor of the op's rule: its axes
   double compute_s = 0, comm_s = 0;
+  double dispatch_s = 0;  // of compute_s: the op's dispatch
   int64_t usage = 0;
 };
 
@@ -67,6 +68,7 @@ class Formulation {
   Formulation(const Graph& g, const Mesh& mesh, const AutoShardOptions& o) : g_(g), mesh_(mesh), o_(o), sets_(g) {}
 
   AutoShardProblem run(std::vector<std::vector<Strategy>>& strategies) {
+    find_tails();
     connect_dims();
     resolve_restrictions();
     AutoShardProblem out;
@@ -224,6 +226,44 @@ class Formulation {
   std::unordered_map<std::string, double> reshard_cache_;
   std::map<std::string, std::set<int>> allowed_;  // axis -> dim components it may split
   std::vector<std::optional<OpRule>> rules_;
+
+  // Tail values: no einsum or attention (forward or backward) is reachable from them, as a
+  // training step's weight gradients, which feed only the optimizer's elementwise update and
+  // norm. The lowering combines their reductions (combine-collectives: the all-reduces and
+  // reduce-scatters of independent values into one per axis group), so each pays a share of
+  // one collective's latency rather than a whole one: priced here as alpha / n_tail_, n_tail_
+  // the tail results of einsums (the weight gradients).
+  std::vector<bool> tail_;
+  int64_t n_tail_ = 1;
+
+  void find_tails() {
+    std::vector<bool> reaches_heavy(g_.values.size(), false);
+    for (std::size_t k = g_.ops.size(); k-- > 0;) {
+      const Op& op = g_.ops[k];
+      bool down = op.kind == OpKind::Einsum || op.kind == OpKind::FusedEinsum || op.kind == OpKind::Attention ||
+                  op.kind == OpKind::AttentionGrad;
+      for (int r = 0; r < op.num_results() && !down; ++r) down = reaches_heavy[static_cast<std::size_t>(op.result(r))];
+      for (int v : op.inputs)
+        if (down) reaches_heavy[static_cast<std::size_t>(v)] = true;
+    }
+    tail_.assign(g_.values.size(), false);
+    int64_t n = 0;
+    for (const Op& op : g_.ops)
+      for (int r = 0; r < op.num_results(); ++r) {
+        const auto v = static_cast<std::size_t>(op.result(r));
+        tail_[v] = !reaches_heavy[v];
+        if (tail_[v] && (op.kind == OpKind::Einsum || op.kind == OpKind::FusedEinsum)) ++n;
+      }
+    n_tail_ = std::max<int64_t>(1, n);
+  }
+
+  // A reduction of value `v` over `axes` moving `bytes`: a tail value's shares a latency.
+  double reduction_seconds(CollectiveKind k, int v, const std::vector<std::string>& axes, int64_t bytes) const {
+    const double full = o_.cost.collective_seconds(k, mesh_, axes, bytes);
+    if (!o_.combined_tail_reductions || !tail_[static_cast<std::size_t>(v)] || n_tail_ <= 1) return full;
+    const double alpha = o_.cost.link(axes).alpha_s;
+    return std::max(0.0, full - alpha * (1.0 - 1.0 / static_cast<double>(n_tail_)));
+  }
 
   const OpRule& rule(int k) {
     if (rules_.empty()) rules_.resize(g_.ops.size());
@@ -461,7 +501,8 @@ class Formulation {
     const Shape local_out = results[0].local_shape(mesh_, res0.shape);
     const double flops = def.flops ? def.flops(op.attrs, local_in, local_out) : 0;
     const double bytes = op_bytes(op.kind, op.attrs, local_in, in_dtypes, local_out, res0.dtype);
-    st.compute_s = o_.cost.op_seconds(flops, bytes) + o_.cost.dispatch_seconds();
+    st.dispatch_s = o_.cost.dispatch_seconds();
+    st.compute_s = o_.cost.op_seconds(flops, bytes) + st.dispatch_s;
     // A combined factor split: the op's distributed form all-reduces per-row statistics.
     for (std::size_t f = 0; f < fs.size(); ++f)
       if (!fs[f].empty() && rl.factors[f].kind == FactorKind::Combined) {
@@ -475,7 +516,7 @@ class Formulation {
       const int64_t b = local_bytes(mesh_, rv.shape, rv.dtype, results[static_cast<std::size_t>(r)]);
       st.usage += b;
       if (!partials[static_cast<std::size_t>(r)].empty())
-        st.comm_s += o_.cost.collective_seconds(CollectiveKind::AllReduce, mesh_, partials[static_cast<std::size_t>(r)], b);
+        st.comm_s += reduction_seconds(CollectiveKind::AllReduce, op.result(r), partials[static_cast<std::size_t>(r)], b);
     }
     st.out = results[0];
     st.extra.assign(results.begin() + 1, results.end());
@@ -495,9 +536,10 @@ class Formulation {
         const int64_t full = local_bytes(mesh_, res0.shape, res0.dtype, results[0]);
         std::vector<std::string> rest = p0;
         rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(pa));
-        v.comm_s = st.comm_s - o_.cost.collective_seconds(CollectiveKind::AllReduce, mesh_, p0, full) +
-                   o_.cost.collective_seconds(CollectiveKind::ReduceScatter, mesh_, {p0[pa]}, full) +
-                   (rest.empty() ? 0 : o_.cost.collective_seconds(CollectiveKind::AllReduce, mesh_, rest, full));
+        const int v0 = op.result(0);
+        v.comm_s = st.comm_s - reduction_seconds(CollectiveKind::AllReduce, v0, p0, full) +
+                   reduction_seconds(CollectiveKind::ReduceScatter, v0, {p0[pa]}, full) +
+                   (rest.empty() ? 0 : reduction_seconds(CollectiveKind::AllReduce, v0, rest, full));
         v.usage = st.usage - full + local_bytes(mesh_, res0.shape, res0.dtype, scattered);
         keep(v);
       }
@@ -577,6 +619,7 @@ AutoShardResult solve_formulated(const Graph& g, const AutoShardOptions& options
   for (std::size_t n = 0; n < ap.problem.nodes.size(); ++n) {
     const Strategy& s = strategies[n][static_cast<std::size_t>(sr.plan[n])];
     res.compute_s += s.compute_s;
+    res.dispatch_s += s.dispatch_s;
     res.comm_s += s.comm_s;
     const int op = ap.node_op[n];
     if (op < 0) {
@@ -739,6 +782,7 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
   AutoShardResult res = solve_formulated(g, options, ap, strategies, classes);
   res.formulate_s = std::chrono::duration<double>(t1 - t0).count();
   if (options.memory_budget_bytes > 0) fit_budget(g, mesh, options, ap, strategies, classes, res);
+  res.cost = options.cost;
   return res;
 }
 

@@ -46,6 +46,7 @@ std::string AutoShardResult::to_json() const {
   j["tied_layouts"] = tied;
   j["alternatives"] = alts;
   j["compute_s"] = compute_s;
+  j["dispatch_s"] = dispatch_s;
   j["comm_s"] = comm_s;
   j["peak_bytes"] = peak_bytes;
   j["program_peak_bytes"] = program_peak_bytes;
@@ -108,6 +109,7 @@ AutoShardResult AutoShardResult::from_json(const std::string& text, const Graph&
       r.alternatives.push_back(std::move(ra));
     }
     r.compute_s = j.at("compute_s").get<double>();
+    r.dispatch_s = j.at("dispatch_s").get<double>();
     r.comm_s = j.at("comm_s").get<double>();
     r.peak_bytes = j.at("peak_bytes").get<int64_t>();
     r.program_peak_bytes = j.at("program_peak_bytes").get<int64_t>();

@@ -85,6 +85,15 @@ void check_not_directory(const std::string& path, const std::string& what) {
     throw Error(fmt::format("{}: '{}' is a directory; give the path of a file", what, path));
 }
 
+uint64_t fnv1a_64(std::string_view text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
 std::string join(const std::vector<std::string>& items, std::string_view sep) {
   std::string out;
   for (std::size_t i = 0; i < items.size(); ++i) {

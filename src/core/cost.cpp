@@ -153,6 +153,14 @@ std::string read_links_file(const std::string& path) {
   return text;
 }
 
+bool operator==(const LinkSpec& a, const LinkSpec& b) { return a.alpha_s == b.alpha_s && a.bandwidth == b.bandwidth; }
+
+bool operator==(const CostModel& a, const CostModel& b) {
+  return a.flops_per_s == b.flops_per_s && a.memory_bandwidth == b.memory_bandwidth &&
+         a.default_link == b.default_link && a.links == b.links && a.dispatch_s == b.dispatch_s &&
+         a.compute_sharing == b.compute_sharing;
+}
+
 std::string format_links(const std::map<std::string, LinkSpec>& links) {
   std::string out;
   for (const auto& kv : links)

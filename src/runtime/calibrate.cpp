@@ -96,7 +96,12 @@ LinkCalibration calibrate_links(Runtime& rt, const Mesh& mesh, const Calibration
       std::vector<std::vector<double>> t(nlocal, std::vector<double>(static_cast<std::size_t>(o.iterations)));
       const auto errors = lr.run_on_devices([&](int64_t d) {
         const auto i = static_cast<std::size_t>(d);
-        Stream& s = lr.comm_stream(d);
+        // As a step runs it: a program with at most inline_max_comm_bytes of collectives runs
+        // them on the device thread itself (no hand-off to a stream worker), a larger one on
+        // the communication stream.
+        const bool inline_run = lr.settings().stream_mode == StreamMode::Async &&
+                                static_cast<int64_t>(bytes) <= lr.settings().inline_max_comm_bytes;
+        Stream& s = inline_run ? lr.inline_stream(d) : lr.comm_stream(d);
         for (int k = 0; k < o.warmup; ++k) {
           comms[i]->all_reduce(send[i]->data(), recv[i]->data(), count, DType::f32, ReduceOp::Sum, s);
           s.synchronize();

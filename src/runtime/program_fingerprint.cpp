@@ -17,16 +17,6 @@
 namespace tessel::detail {
 namespace {
 
-// FNV-1a, 64 bits: a checksum of the program text (not a defence against an adversary).
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 std::vector<std::string> lines(const std::string& s) {
   std::vector<std::string> out;
   std::istringstream in(s);
@@ -47,7 +37,7 @@ std::string program_fingerprint(const Mesh& mesh, const Program& lowered) {
   for (int v : lowered.inputs) f += value_line("input", v);
   for (int v : lowered.outputs) f += value_line("output", v);
   const std::string text = print_program(lowered);
-  f += fmt::format("program {} instructions, text hash {:016x}\n", lowered.instrs.size(), fnv1a(text));
+  f += fmt::format("program {} instructions, text hash {:016x}\n", lowered.instrs.size(), fnv1a_64(text));
   return f;
 }
 

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "tessel/ops/builders.hpp"
+#include "tessel/runtime/backend_cost.hpp"
 #include "tessel/runtime/reference.hpp"
 
 namespace tessel {
@@ -84,6 +85,7 @@ struct Trainer::Impl {
   bool initialised = false;
   std::vector<StepRecord> history;
   std::optional<AutoShardResult> auto_result;  // TrainerOptions::auto_shard's plan of the update
+  std::string cost_source;                     // which figures auto_shard plans with, in words
 
   // A copy of the model with only the loss as output, and handles of the loss and parameters.
   Graph copy(Tensor& loss, std::vector<Tensor>& ps) const {
@@ -129,6 +131,8 @@ struct Trainer::Impl {
     ao.tied.insert(ao.tied.end(), donations.begin(), donations.end());
     // Under a multi-process runtime all adopt rank 0's plan.
     AutoShardResult r = agree_on_plan(rt, auto_shard(g, mesh, ao), g);
+    r.cost_source = cost_source;
+    r.cost = ao.cost;
     Graph chosen = r.annotated(g);
     // Every gather of the program is the plan's own, priced by it (FSDP-like parameters,
     // updates computed sharded and gathered into the parameter's layout, the batch gathered
@@ -262,6 +266,17 @@ Trainer::Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& par
     if (std::find(im.param_ids.begin(), im.param_ids.end(), in) == im.param_ids.end())
       im.batch.push_back(model.values[static_cast<std::size_t>(in)].name);
   im.o.lr.at(1);  // a bad schedule fails here
+  if (im.o.auto_shard) {  // the figures of the machine the step runs on, unless given
+    AutoShardOptions& ao = *im.o.auto_shard;
+    if (ao.cost_figures == AutoShardOptions::CostFigures::Backend && ao.cost == CostModel{}) {
+      BackendCost bc = backend_cost_model(runtime, mesh);
+      ao.cost = bc.cost;
+      im.cost_source = std::move(bc.source);
+    } else {
+      im.cost_source = ao.cost == CostModel{} ? "the cost model's default figures (an H100's), as given"
+                                               : "the figures given in AutoShardOptions::cost";
+    }
+  }
   im.update = im.build_update(false);
 }
 
@@ -389,6 +404,87 @@ std::map<std::string, Sharding> Trainer::state_shardings() const {
       out[name] = up.values[static_cast<std::size_t>(up.inputs[in])].sharding;
     }
   return out;
+}
+
+namespace {
+
+// "{data, model}" for the axes a layout splits over (any dim), "" when it splits over none.
+std::string split_axes(const Sharding& s) {
+  std::vector<std::string> axes;
+  for (const DimSharding& d : s.dims)
+    for (const std::string& a : d.axes)
+      if (std::find(axes.begin(), axes.end(), a) == axes.end()) axes.push_back(a);
+  return axes.empty() ? "" : "{" + join(axes, ", ") + "}";
+}
+
+// "96% split over {model}, 4% whole": the shares of the bytes by the axes they are split over.
+std::string shares(const std::vector<std::pair<int64_t, std::string>>& bytes_and_axes) {
+  std::map<std::string, int64_t> by;
+  int64_t total = 0;
+  for (const auto& [b, axes] : bytes_and_axes) {
+    by[axes] += b;
+    total += b;
+  }
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& [axes, b] : by) order.emplace_back(b, axes);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> parts;
+  for (const auto& [b, axes] : order) {
+    const double pct = total > 0 ? 100.0 * static_cast<double>(b) / static_cast<double>(total) : 0;
+    const std::string what = axes.empty() ? "whole" : "split over " + axes;
+    parts.push_back(order.size() == 1 ? "all " + what
+                    : pct < 0.5       ? "<1% " + what
+                                      : fmt::format("{:.0f}% {}", pct, what));
+  }
+  return join(parts, ", ");
+}
+
+}  // namespace
+
+std::string Trainer::strategy_in_words() const {
+  const Impl& im = *impl_;
+  const Program& up = im.update->exe.program();
+  auto layout_of = [&](const std::string& name) {
+    return up.values[static_cast<std::size_t>(up.inputs[im.update->le.input_index(name)])].sharding;
+  };
+  std::vector<std::string> batch_axes;
+  for (const std::string& b : im.batch) {
+    const Sharding s = layout_of(b);
+    const std::string a = s.rank() > 0 ? split_axes(Sharding({s.dims[0]})) : "";
+    if (std::find(batch_axes.begin(), batch_axes.end(), a) == batch_axes.end()) batch_axes.push_back(a);
+  }
+  std::vector<std::pair<int64_t, std::string>> weights, moments;
+  bool moments_as_weights = true, all_whole = true;
+  for (std::size_t i = 0; i < im.params.size(); ++i) {
+    const Value& v = im.model.values[static_cast<std::size_t>(im.param_ids[i])];
+    const int64_t bytes = num_bytes(v.shape, v.dtype);
+    const Sharding w = layout_of(im.params[i]);
+    weights.emplace_back(bytes, split_axes(w));
+    all_whole = all_whole && split_axes(w).empty();
+    for (const std::string& m : {"adam.m." + im.params[i], "adam.v." + im.params[i]}) {
+      const Sharding ms = layout_of(m);
+      moments.emplace_back(bytes, split_axes(ms));
+      moments_as_weights = moments_as_weights && ms.same_layout(w);
+      all_whole = all_whole && split_axes(ms).empty();
+    }
+  }
+  // The activations: every value the step computes (not its inputs), by its global bytes.
+  std::vector<bool> is_input(up.values.size(), false);
+  for (int in : up.inputs) is_input[static_cast<std::size_t>(in)] = true;
+  std::vector<std::pair<int64_t, std::string>> acts;
+  bool acts_whole = true;
+  for (std::size_t v = 0; v < up.values.size(); ++v) {
+    const LocalValue& lv = up.values[v];
+    if (is_input[v] || lv.global_shape.empty()) continue;
+    acts.emplace_back(num_bytes(lv.global_shape, lv.dtype), split_axes(lv.sharding));
+    acts_whole = acts_whole && acts.back().second.empty();
+  }
+  if (acts_whole && all_whole)
+    return "every device repeats the whole step (its activations, weights and AdamW moments whole)";
+  std::vector<std::string> b;
+  for (const std::string& a : batch_axes) b.push_back(a.empty() ? "whole" : "over " + a);
+  return fmt::format("the batch comes in {}; activations: {} (of their bytes); weights: {}; AdamW moments: {}",
+                     join(b, " / "), shares(acts), shares(weights), moments_as_weights ? "as their weights" : shares(moments));
 }
 
 StepRecord Trainer::step(const std::vector<HostTensor>& batch) {

@@ -6,7 +6,7 @@
 # cost model), and shows the candidate tables only with --verbose.
 #   input_refusals.sh BIN_DIR SOURCE_DIR WORK CASE
 # CASE: jobs-field | pool-field | links-key | run-refuses-first | plan-output | checkpoint-field |
-#       gavel-missing
+#       gavel-missing | explain-auto
 set -uo pipefail
 bin=$1 src=$2 work=$3 case=$4
 rm -rf "$work"
@@ -144,6 +144,25 @@ gavel-missing)
   expect_rc 1
   expect "cannot open Gavel's file 'empty/simulation_throughputs.json'"
   expect "github.com/stanford-futuredata/gavel (scheduler/traces/physical_cluster/minimize_makespan.trace and scheduler/simulation_throughputs.json"
+  ;;
+explain-auto)
+  # Issue 36 item 2: tessel-explain --auto groups a repeated layer's "why" lines, puts the
+  # solver's prediction beside the program's with the reasons they differ, and exits non-zero
+  # when no plan fits the memory budget (it printed "ABOVE" and exited 0).
+  run "$bin/gpt" --layouts batch --layers 4 --write-graph g4.txt
+  expect_rc 0
+  run "$bin/tessel-explain" g4.txt --auto
+  expect_rc 0
+  expect "(4 ops alike) = each einsum"
+  expect "== auto-sharding: the solver's prediction against the program's (per device)"
+  expect "compute: solver "
+  expect "roofline of its "
+  expect "communication: solver "
+  expect "peak: solver "
+  expect "total: solver "
+  run "$bin/tessel-explain" g4.txt --auto --memory-budget 1000
+  expect_rc 1
+  expect "--memory-budget 1000: no plan found within it on mesh {data=2, model=4}: the least found needs"
   ;;
 *)
   fail "unknown case '$case'"

@@ -4,11 +4,19 @@
 // of a shared machine are whatever they are; only their form is checked.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tessel/core/cost.hpp"
+#include "tessel/runtime/backend_cost.hpp"
 #include "tessel/runtime/calibrate.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 
@@ -118,4 +126,79 @@ TEST_CASE("calibrate_compute and measured_cost_model: this host's figures in the
   CHECK(cm.compute_sharing == Approx(compute_sharing(4, static_cast<int64_t>(std::thread::hardware_concurrency()))));
   o.iterations = 0;
   CHECK_THROWS_WITH(calibrate_compute(o), Catch::Contains("iterations"));
+}
+
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = (std::filesystem::temp_directory_path() / ("tessel-test-" + name + "-" +
+                                                                    std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("backend_cost_model: CPU devices are measured once and then read from the cache", "[calibrate][runtime]") {
+  const Mesh mesh = Mesh::parse("data=2,model=2");
+  ThreadRuntime rt(mesh.num_devices());
+  BackendCostOptions o;
+  o.cache_dir = fresh_dir("cost-cache");
+  o.calibration.large_bytes = 256u << 10;
+  o.calibration.iterations = 3;
+  o.calibration.warmup = 1;
+  const BackendCost first = backend_cost_model(rt, mesh, o);
+  CHECK(first.measured_now);
+  REQUIRE(!first.cache_file.empty());
+  CHECK(std::filesystem::exists(first.cache_file));
+  CHECK(first.cache_file.find("cost-threads-data=2,model=2-") != std::string::npos);
+  CHECK_THAT(first.source, Catch::Contains("this machine's measured figures") && Catch::Contains("saved in"));
+  CHECK(first.cost != CostModel{});
+  CHECK(first.cost.links.size() == 2);
+  const BackendCost second = backend_cost_model(rt, mesh, o);
+  CHECK(!second.measured_now);
+  CHECK_THAT(second.source, Catch::Contains("read from " + first.cache_file));
+  CHECK(second.cost == first.cost);  // the plan's figures do not move between runs
+  // Another mesh is another key.
+  const Mesh other = Mesh::parse("data=4");
+  CHECK(backend_cost_model(rt, other, o).measured_now);
+  // A damaged file is measured again and replaced.
+  { std::ofstream(first.cache_file) << "# tessel cost model v1\nflops_per_s=banana\n"; }
+  const BackendCost third = backend_cost_model(rt, mesh, o);
+  CHECK(third.measured_now);
+  CHECK_THAT(third.source, Catch::Contains("was unreadable") && Catch::Contains("banana"));
+  CHECK(!backend_cost_model(rt, mesh, o).measured_now);
+  // Without the cache nothing is read or written.
+  BackendCostOptions none = o;
+  none.use_cache = false;
+  const BackendCost uncached = backend_cost_model(rt, mesh, none);
+  CHECK(uncached.measured_now);
+  CHECK(uncached.cache_file.empty());
+  CHECK_THAT(uncached.source, Catch::Contains("not cached"));
+  // An unwritable directory: the figures are still used, and the source says why they were not saved.
+  BackendCostOptions bad = o;
+  bad.cache_dir = "/proc/tessel-cannot-write-here";
+  const BackendCost unsaved = backend_cost_model(rt, mesh, bad);
+  CHECK(unsaved.cost.links.size() == 2);
+  CHECK_THAT(unsaved.source, Catch::Contains("not cached: cannot write"));
+  std::filesystem::remove_all(o.cache_dir);
+}
+
+TEST_CASE("backend_cost_model: the cache directory follows TESSEL_CACHE_DIR then XDG_CACHE_HOME then HOME", "[calibrate]") {
+  const char* keep[] = {"TESSEL_CACHE_DIR", "XDG_CACHE_HOME", "HOME"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* k : keep) saved.push_back(std::getenv(k) ? std::optional<std::string>(std::getenv(k)) : std::nullopt);
+  ::setenv("TESSEL_CACHE_DIR", "/a", 1);
+  ::setenv("XDG_CACHE_HOME", "/b", 1);
+  ::setenv("HOME", "/c", 1);
+  CHECK(default_cost_cache_dir() == "/a");
+  ::unsetenv("TESSEL_CACHE_DIR");
+  CHECK(default_cost_cache_dir() == "/b/tessel");
+  ::unsetenv("XDG_CACHE_HOME");
+  CHECK(default_cost_cache_dir() == "/c/.cache/tessel");
+  ::unsetenv("HOME");
+  CHECK(default_cost_cache_dir().empty());
+  for (std::size_t i = 0; i < 3; ++i)
+    if (saved[i]) ::setenv(keep[i], saved[i]->c_str(), 1);
+  CHECK_THAT(machine_description(), Catch::Contains("hardware threads, host "));
 }

@@ -181,6 +181,13 @@ TEST_CASE("trainer: auto_shard chooses the step's layouts and its steps equal on
   const AutoShardResult* r = many.auto_shard_result();
   REQUIRE(r != nullptr);
   CHECK(one.auto_shard_result() == nullptr);
+  // Planned with this machine's figures (CPU devices: measured, or read from the cache), not
+  // the cost model's H100 defaults.
+  CHECK_THAT(r->cost_source, Catch::Contains("this machine's measured figures"));
+  CHECK(r->cost != CostModel{});
+  CHECK(r->cost.links.count("data") == 1);
+  CHECK_THAT(many.strategy_in_words(), Catch::Contains("the batch comes in over {data}") &&
+                                           Catch::Contains("weights: ") && Catch::Contains("AdamW moments: "));
   CHECK(r->fits);
   CHECK(r->peak_bytes <= 20000);
   // Every parameter and its update share a layout (they are donated), the batch stays on data.
@@ -407,4 +414,23 @@ TEST_CASE("trainer: errors name the parameter or the batch", "[train][trainer]")
   Tensor l = input(other, "l", DType::f32, {});
   CHECK_THROWS_WITH(Trainer(m.g, l, m.params, Mesh::parse("data=2,model=2"), rt),
                     Catch::Contains("the loss must be a value of the model graph"));
+}
+
+TEST_CASE("trainer: auto_shard keeps the figures it is given", "[train][trainer]") {
+  Mlp m = build_mlp(8);
+  TrainerOptions o;
+  o.auto_shard = AutoShardOptions{};
+  o.auto_shard->cost_figures = AutoShardOptions::CostFigures::Given;  // the H100 defaults, on purpose
+  ThreadRuntime rt(4);
+  const Mesh mesh = Mesh::parse("data=2,model=2");
+  Trainer given(m.g, m.loss, m.params, mesh, rt, o);
+  CHECK(given.auto_shard_result()->cost == CostModel{});
+  CHECK_THAT(given.auto_shard_result()->cost_source, Catch::Contains("default figures (an H100's), as given"));
+  // Figures set by hand are kept even under Backend (the default).
+  TrainerOptions set;
+  set.auto_shard = AutoShardOptions{};
+  set.auto_shard->cost.parse_links("data=bw:1e9,alpha:1e-5");
+  Trainer mine(m.g, m.loss, m.params, mesh, rt, set);
+  CHECK(mine.auto_shard_result()->cost.links.at("data").bandwidth == 1e9);
+  CHECK_THAT(mine.auto_shard_result()->cost_source, Catch::Contains("given in AutoShardOptions::cost"));
 }

@@ -57,6 +57,14 @@ struct AutoShardOptions {
   // With a budget the plan depends only on the graph, the options and this count (solver.hpp).
   int64_t max_iterations = -1;
   CostModel cost;  // compute and link figures (docs/links.md)
+  // Where a caller that holds the runtime (the Trainer, gpt --layouts auto) takes `cost` from.
+  // Backend: while `cost` holds the defaults (CostModel{}, an H100's figures), the figures of
+  // the backend the program runs on (runtime/backend_cost.hpp: this machine's, measured and
+  // cached, for CPU devices; the GPU's for CUDA); figures you set are kept. Given: `cost` as
+  // it is, also when it holds the defaults (e.g. to plan for an H100 while running on CPU
+  // threads). auto_shard() itself has no runtime: it always plans with `cost`.
+  enum class CostFigures { Backend, Given };
+  CostFigures cost_figures = CostFigures::Backend;
   // Axes that may only split the dims connected to the listed ones ("tokens:0": dim 0 of input
   // %tokens): e.g. {"data": {"tokens:0", "labels:0"}} keeps `data` on the batch. Dims are
   // connected through the ops' factors (an einsum letter, an elementwise dim).
@@ -66,6 +74,11 @@ struct AutoShardOptions {
   // output's reshard to the input's layout is part of the cost, and the annotated graph gives
   // the output the input's layout (so a Trainer can donate one to the other).
   std::vector<std::pair<std::string, std::string>> tied;
+  // Tail values (no einsum or attention downstream: a training step's weight gradients) have
+  // their reductions combined by the lowering (combine-collectives), so each is priced with a
+  // share of one collective's latency (alpha / the count of such einsum results) instead of a
+  // whole one. false: every reduction pays its own, as in the program before lowering.
+  bool combined_tail_reductions = true;
 };
 
 // For `tessel-explain --auto`: the best strategy the solver did not take for an op, everything
@@ -79,7 +92,8 @@ struct RejectedAlternative {
 struct AutoShardResult {
   std::vector<Sharding> shardings;  // per value of the graph
   std::vector<bool> from_user;      // per value: the user's annotation, kept
-  double compute_s = 0;             // predicted: the ops' local roofline time
+  double compute_s = 0;             // predicted: the ops' local roofline time, with their dispatch
+  double dispatch_s = 0;            // of compute_s: CostModel::dispatch_seconds per op priced
   double comm_s = 0;                // predicted: the collectives (reshards, reductions)
   int64_t peak_bytes = 0;           // predicted per device (live values' local bytes)
   // With a memory budget: the peak of the program that runs (compiled, lowered, each tied
@@ -96,6 +110,10 @@ struct AutoShardResult {
   // Per op of the graph, its chosen strategy: per factor of its rule, the mesh axes it is split
   // over (empty for inputs). annotated() sets Op::factor_axes from it.
   std::vector<std::vector<std::vector<std::string>>> op_factors;
+  // Which figures priced the plan, in words ("this machine's measured figures (...)"): set by
+  // the caller that chose them (the Trainer); "" from auto_shard() itself. Not in to_json.
+  std::string cost_source;
+  CostModel cost;  // the figures that priced the plan (AutoShardOptions::cost as used); not in to_json
 
   // The graph with every value the user did not annotate annotated with its chosen layout and
   // every op given its chosen strategy (Op::factor_axes);

@@ -91,5 +91,7 @@ void check_not_directory(const std::string& path, const std::string& what);
 
 // Joins items with a separator using operator<< style to_string conversions.
 std::string join(const std::vector<std::string>& items, std::string_view sep);
+// FNV-1a, 64 bits: a checksum or a cache key of a text (not a defence against an adversary).
+uint64_t fnv1a_64(std::string_view text);
 
 }  // namespace tessel

@@ -65,6 +65,11 @@ struct CostModel {
   void parse_links(std::string_view spec);
 };
 
+// Every figure equal (the links compared axis by axis).
+bool operator==(const LinkSpec& a, const LinkSpec& b);
+bool operator==(const CostModel& a, const CostModel& b);
+inline bool operator!=(const CostModel& a, const CostModel& b) { return !(a == b); }
+
 // CostModel::compute_sharing for `devices` device threads on `cores` hardware threads: 1 when
 // every device has a core of its own, else devices / cores. cores <= 0 (unknown, as
 // std::thread::hardware_concurrency() may say) counts as one core per device. Throws Error

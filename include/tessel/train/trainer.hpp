@@ -144,6 +144,13 @@ class Trainer {
   // sharding in the loaded update program (the parameter's annotation, or the ZeRO stage's
   // layout of it and of its moments). What CheckpointDir::save records as the saving layout.
   std::map<std::string, Sharding> state_shardings() const;
+  // The update's layouts in words, for a tool's output: how the batch comes in, which share of
+  // the bytes of the activations (every value the step computes), of the weights and of the
+  // AdamW moments is split over which axes and which is whole, e.g. "the batch comes in over
+  // {data}; activations: 95% split over {data, model}, 5% whole (of their bytes); weights: all
+  // whole; AdamW moments: as their weights", or "every device repeats the whole step (...)"
+  // when nothing is split.
+  std::string strategy_in_words() const;
   // The state as it lives on the devices (by state name, arrays of program()'s update step):
   // what CheckpointDir::save(step, arrays, program) writes block by block, with no gather.
   const std::map<std::string, ShardedArray>& device_state() const;
