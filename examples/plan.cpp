@@ -92,9 +92,11 @@ std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& t
     for (const JobEntry& e : entries)
       if (!e.is_model()) profiled.push_back(e.profile.name);
     if (!profiled.empty())
-      throw tessel::PlanError(fmt::format("{}: --run runs model jobs only; {} of the {} jobs ({}) are profiled "
-                                          "jobs, with no model to run: plan them without --run, or give them a \"gpt\"",
-                                          a.jobs_file, profiled.size(), entries.size(), quoted(profiled)));
+      throw tessel::PlanError(fmt::format("{}: --run runs model jobs only; {} of the {} jobs ({}) {} profiled "
+                                          "job{}, with no model to run: plan {} without --run, or give {} a \"gpt\"",
+                                          a.jobs_file, profiled.size(), entries.size(), quoted(profiled),
+                                          profiled.size() == 1 ? "is a" : "are", profiled.size() == 1 ? "" : "s",
+                                          profiled.size() == 1 ? "it" : "them", profiled.size() == 1 ? "it" : "them"));
   }
   ProfileOptions po;
   po.measure = a.measure;

@@ -88,7 +88,7 @@ run-refuses-first)
   printf '%s\n' "{\"jobs\": [$good, {\"name\": \"given\", \"steps\": 5, \"step_time_s\": {\"1\": 1}}]}" > mixed.json
   run "$bin/tessel-plan" mixed.json --pool "$src/examples/planner/cpu_pool.json" --run --no-pictures --verbose
   expect_rc 1
-  expect "mixed.json: --run runs model jobs only; 1 of the 2 jobs ('given') are profiled jobs"
+  expect "mixed.json: --run runs model jobs only; 1 of the 2 jobs ('given') is a profiled job, with no model to run: plan it without --run"
   expect_not "candidates priced"
   # A job no layout of which fits the memory: refused after pricing, before any trial.
   big="{\"name\": \"big\", \"steps\": 20, \"gpt\": {\"batch\": 8, \"seq\": 64, \"d_model\": 256, \"heads\": 4,
@@ -162,7 +162,7 @@ explain-auto)
   expect "total: solver "
   run "$bin/tessel-explain" g4.txt --auto --memory-budget 1000
   expect_rc 1
-  expect "--memory-budget 1000: no plan found within it on mesh {data=2, model=4}: the least found needs"
+  expect "--memory-budget 1000: no plan within the memory budget of 1000 bytes per device on mesh {data=2, model=4}: the least found needs"
   ;;
 *)
   fail "unknown case '$case'"
