@@ -200,12 +200,7 @@ int run(int argc, char** argv) {
     std::fputs(r.layouts_text(g).c_str(), stdout);
     fmt::print("== why: the costliest ops and the best layout not taken (the rest of the plan as chosen)\n");
     for (const std::string& line : why_lines(g, r.alternatives)) fmt::print("{}\n", line);
-    if (!r.fits)
-      throw tessel::Error(fmt::format("--memory-budget {}: no plan found within it on mesh {}: the least found needs {} "
-                                      "bytes per device (its program's peak); give a larger budget or more devices, "
-                                      "or recompute activations",
-                                      opt.memory_budget, mesh.to_string(),
-                                      r.program_peak_bytes > 0 ? r.program_peak_bytes : r.peak_bytes));
+    tessel::check_fits(r, ao, mesh, fmt::format("--memory-budget {}", opt.memory_budget));  // after the plan is shown
     auto_result = r;
     auto_ops = static_cast<int64_t>(g.ops.size());
     g = r.annotated(g);

@@ -25,7 +25,11 @@ Executable compile(const Graph& graph, const Mesh& mesh, const CompileOptions& o
   }
   const Graph& user = fused ? *fused : graph;
   std::optional<Graph> chosen;
-  if (opts.auto_shard) chosen = auto_shard(user, mesh, *opts.auto_shard).annotated(user);
+  if (opts.auto_shard) {
+    const AutoShardResult r = auto_shard(user, mesh, *opts.auto_shard);
+    check_fits(r, *opts.auto_shard, mesh, "compile (CompileOptions::auto_shard)");  // never dropped silently
+    chosen = r.annotated(user);
+  }
   CompileProgramOptions co;
   co.propagation = opts.propagation;
   co.partition = opts.partition;

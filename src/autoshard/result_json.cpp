@@ -126,6 +126,16 @@ AutoShardResult AutoShardResult::from_json(const std::string& text, const Graph&
   return r;
 }
 
+void check_fits(const AutoShardResult& r, const AutoShardOptions& o, const Mesh& mesh, const std::string& who) {
+  if (r.fits || o.memory_budget_bytes <= 0) return;
+  const int64_t least = r.program_peak_bytes > 0 ? r.program_peak_bytes : r.peak_bytes;
+  throw Error(fmt::format("{}: no plan within the memory budget of {} bytes per device on mesh {}: the least found "
+                          "needs {} bytes per device ({}); give a larger budget, more devices, or recompute "
+                          "activations (remat)",
+                          who, o.memory_budget_bytes, mesh.to_string(), least,
+                          r.program_peak_bytes > 0 ? "its program's peak" : "the solver's estimate"));
+}
+
 AutoShardResult agree_on_plan(Runtime* runtime, const AutoShardResult& mine, const Graph& g) {
   if (!runtime || runtime->process_count() <= 1) return mine;
   return AutoShardResult::from_json(runtime->allgather_host(mine.to_json()).at(0), g);

@@ -20,14 +20,29 @@
 
 namespace tessel {
 
+namespace {
+
+// A rate of inf turned every parameter non-finite in one step while its loss and norm looked
+// fine (issue 37 D4); NaN or a negative rate is as wrong.
+void check_rate(const char* who, const char* what, double v) {
+  if (!std::isfinite(v) || v < 0)
+    throw Error(fmt::format("{}: the learning rate{}{} is {}: it must be a finite number >= 0 (e.g. 3e-4)", who,
+                            *what ? " " : "", what, v));
+}
+
+}  // namespace
+
 LrSchedule LrSchedule::constant(double lr) {
+  check_rate("LrSchedule::constant", "", lr);
   LrSchedule s;
   s.peak = lr;
   return s;
 }
 
 LrSchedule LrSchedule::warmup_cosine(double peak, int64_t warmup_steps, int64_t total_steps, double final_lr) {
-  if (!(peak >= 0) || !(final_lr >= 0) || warmup_steps < 0 || total_steps < warmup_steps)
+  check_rate("LrSchedule::warmup_cosine", "peak", peak);
+  check_rate("LrSchedule::warmup_cosine", "final_lr", final_lr);
+  if (warmup_steps < 0 || total_steps < warmup_steps)
     throw Error(fmt::format("LrSchedule::warmup_cosine: needs peak >= 0, final_lr >= 0 and 0 <= warmup_steps <= "
                             "total_steps (got peak={} warmup_steps={} total_steps={} final_lr={})",
                             peak, warmup_steps, total_steps, final_lr));
@@ -42,7 +57,9 @@ LrSchedule LrSchedule::warmup_cosine(double peak, int64_t warmup_steps, int64_t 
 
 double LrSchedule::at(int64_t t) const {
   if (t < 1) throw Error(fmt::format("LrSchedule::at: step {} (steps count from 1)", t));
+  check_rate("LrSchedule", "peak", peak);  // the fields are public: checked where they are used
   if (kind == Kind::Constant) return peak;
+  check_rate("LrSchedule", "final_lr", final_lr);
   if (t <= warmup_steps) return peak * static_cast<double>(t) / static_cast<double>(warmup_steps);
   if (t >= total_steps) return final_lr;
   const double progress = static_cast<double>(t - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
@@ -131,6 +148,7 @@ struct Trainer::Impl {
     ao.tied.insert(ao.tied.end(), donations.begin(), donations.end());
     // Under a multi-process runtime all adopt rank 0's plan.
     AutoShardResult r = agree_on_plan(rt, auto_shard(g, mesh, ao), g);
+    check_fits(r, ao, mesh, "Trainer (TrainerOptions::auto_shard)");  // a budget is never dropped
     r.cost_source = cost_source;
     r.cost = ao.cost;
     Graph chosen = r.annotated(g);

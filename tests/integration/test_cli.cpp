@@ -679,7 +679,7 @@ TEST_CASE("cli: --auto prints the chosen layouts and why and the program runs eq
   Result tight = explain({golden("transformer_block_2d.tsl"), "--auto", "--memory-budget", "1000"});
   CHECK(tight.status == 1);
   CHECK_THAT(tight.out, Catch::Contains("(ABOVE the budget of 1000 bytes)") &&
-                            Catch::Contains("--memory-budget 1000: no plan found within it on mesh"));
+                            Catch::Contains("--memory-budget 1000: no plan within the memory budget of 1000 bytes per device on mesh"));
   check_clean_failure(explain({golden("transformer_block_2d.tsl"), "--memory-budget", "1000"}), "budget without --auto");
   CHECK_THAT(explain({golden("transformer_block_2d.tsl"), "--auto-seconds", "1"}).out,
              Catch::Contains("--auto-seconds needs --auto"));

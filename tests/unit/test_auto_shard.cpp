@@ -154,6 +154,15 @@ output %y
   AutoShardOptions impossible = free;
   impossible.memory_budget_bytes = 64;
   CHECK_FALSE(auto_shard(g, mesh, impossible).fits);
+  // compile() with that budget refuses the plan instead of returning one above it (issue 37
+  // D5: the budget was dropped silently); check_fits says who, the budget, the mesh and the least.
+  CompileOptions co;
+  co.auto_shard = impossible;
+  CHECK_THROWS_WITH(compile(g, mesh, co),
+                    Catch::Contains("compile (CompileOptions::auto_shard): no plan within the memory budget of 64 bytes "
+                                    "per device on mesh {data=4}: the least found needs"));
+  co.auto_shard = tight;
+  CHECK_NOTHROW(compile(g, mesh, co));
 }
 
 TEST_CASE("auto_shard keeps an axis on the dims axis_only_on allows", "[autoshard][unit]") {

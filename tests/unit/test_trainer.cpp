@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <unistd.h>
 
 #include <cstdio>
@@ -433,4 +434,40 @@ TEST_CASE("trainer: auto_shard keeps the figures it is given", "[train][trainer]
   Trainer mine(m.g, m.loss, m.params, mesh, rt, set);
   CHECK(mine.auto_shard_result()->cost.links.at("data").bandwidth == 1e9);
   CHECK_THAT(mine.auto_shard_result()->cost_source, Catch::Contains("given in AutoShardOptions::cost"));
+}
+
+TEST_CASE("trainer: a learning rate that is not a finite number >= 0 is refused before any step", "[train][trainer]") {
+  // Issue 37 D4: lr = inf turned every parameter non-finite in step 1 while the loss looked fine.
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (double bad : {inf, -inf, nan, -1e-3}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(LrSchedule::constant(bad), Catch::Contains("LrSchedule::constant: the learning rate is") &&
+                                                     Catch::Contains("it must be a finite number >= 0"));
+    CHECK_THROWS_WITH(LrSchedule::warmup_cosine(bad, 1, 10), Catch::Contains("the learning rate peak is"));
+    CHECK_THROWS_WITH(LrSchedule::warmup_cosine(1e-3, 1, 10, bad), Catch::Contains("the learning rate final_lr is"));
+    // Set by hand: the Trainer refuses it when made, and set_schedule too.
+    Mlp m = build_mlp(8);
+    TrainerOptions o;
+    o.lr.peak = bad;
+    ThreadRuntime rt(1);
+    CHECK_THROWS_WITH(Trainer(m.g, m.loss, m.params, Mesh::parse("data=1,model=1"), rt, o),
+                      Catch::Contains("the learning rate peak is"));
+    Trainer ok(m.g, m.loss, m.params, Mesh::parse("data=1,model=1"), rt, TrainerOptions{});
+    LrSchedule s = LrSchedule::constant(1e-3);
+    s.peak = bad;
+    CHECK_THROWS_WITH(ok.set_schedule(s), Catch::Contains("finite number >= 0"));
+    CHECK(ok.schedule().peak == 1e-3);
+  }
+}
+
+TEST_CASE("trainer: an auto_shard memory budget no plan meets is refused", "[train][trainer]") {
+  // Issue 37 D5: the Trainer went on with a plan above the budget.
+  Mlp m = build_mlp(8);
+  TrainerOptions o;
+  o.auto_shard = AutoShardOptions{};
+  o.auto_shard->memory_budget_bytes = 100;
+  ThreadRuntime rt(4);
+  CHECK_THROWS_WITH(Trainer(m.g, m.loss, m.params, Mesh::parse("data=2,model=2"), rt, o),
+                    Catch::Contains("Trainer (TrainerOptions::auto_shard): no plan within the memory budget of 100 "
+                                    "bytes per device on mesh {data=2, model=2}: the least found needs"));
 }

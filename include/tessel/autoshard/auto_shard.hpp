@@ -143,7 +143,17 @@ struct AutoShardProblem {
 AutoShardProblem formulate_auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options);
 
 // Throws Error naming the option (an unknown axis or input, a bad dim) or the graph's problem.
+// A memory budget no plan meets is not an error here (the result says so: fits == false, and
+// tessel-explain prints that plan); the callers that would run the plan refuse it with
+// check_fits.
 AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options = {});
+
+// Throws Error when `result` does not fit `options.memory_budget_bytes`: "`who`: no plan within
+// the memory budget of B bytes per device on mesh M: the least found needs P bytes per device
+// (...); give a larger budget, more devices, or recompute activations". compile() with
+// CompileOptions::auto_shard and the Trainer call it, so a budget is never dropped silently.
+void check_fits(const AutoShardResult& result, const AutoShardOptions& options, const Mesh& mesh,
+                const std::string& who);
 
 // The automatic-sharding plan every process of a job uses: rank 0's (this header).
 // Each process searches alone, and a time-limited search can end differently in each; the

@@ -62,9 +62,11 @@ struct LrSchedule {
   int64_t total_steps = 0;    // cosine from peak (t = warmup_steps) to final_lr (t = total_steps)
   double final_lr = 0;        // and final_lr after total_steps
 
+  // Both throw Error naming the rate when it is not a finite number >= 0 (inf, NaN, negative).
   static LrSchedule constant(double lr);
   static LrSchedule warmup_cosine(double peak, int64_t warmup_steps, int64_t total_steps, double final_lr = 0);
-  // Throws Error for t < 1.
+  // Throws Error for t < 1, or a peak or final_lr (set by hand) that is not a finite number >= 0;
+  // the Trainer calls it when it is made and on set_schedule, so a bad rate fails before a step.
   double at(int64_t t) const;
   // "constant 0.003", "warmup 100 + cosine to 2000 (peak 0.003, final 0)".
   std::string to_string() const;
