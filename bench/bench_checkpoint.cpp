@@ -74,15 +74,18 @@ const tessel::Mesh& mesh() {
   return m;
 }
 
+// Arg 0: MiB of state; arg 1: chunk checksums (1, the default) or not (0): the cost of integrity.
 void BM_CheckpointSave(benchmark::State& state) {
   const int64_t mib = state.range(0);
   const auto s = state_of(mib);
   const auto sh = shardings_of(s);
   const std::string dir = bench_dir("save");
   tessel::CheckpointDir ck(dir);
+  tessel::SaveOptions o;
+  o.chunk_checksums = state.range(1) != 0;
   int64_t step = 0;
   for (auto _ : state) {
-    ck.save(++step, s, mesh(), sh);
+    ck.save(++step, s, mesh(), sh, o);
     state.PauseTiming();
     ck.keep_last(1);
     state.ResumeTiming();
@@ -90,7 +93,7 @@ void BM_CheckpointSave(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * mib * (1 << 20));
   fs::remove_all(dir);
 }
-BENCHMARK(BM_CheckpointSave)->Arg(1024)->Arg(8192)->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CheckpointSave)->ArgsProduct({{1024, 8192}, {1, 0}})->Iterations(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_DdFsync(benchmark::State& state) {
   const int64_t mib = state.range(0);

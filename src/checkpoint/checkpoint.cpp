@@ -179,7 +179,35 @@ std::unique_ptr<StoredArray> CheckpointDir::array(int64_t step, const std::strin
     throw Error(fmt::format("checkpoint {} step {}: no array '{}' (it has: {})", path_, step, name,
                             fmt::join(names, ", ")));
   }
-  return store_->open(step_path(step) + "/" + a->folder);
+  return open_checked(step, *a);
+}
+
+std::unique_ptr<StoredArray> CheckpointDir::open_checked(int64_t step, const CheckpointArray& a) const {
+  const std::string folder = step_path(step) + "/" + a.folder;
+  std::unique_ptr<StoredArray> arr = store_->open(folder);
+  // Every shard was written (a missing one is lost data, not zeros), the folder holds the array
+  // the manifest names there, of its dtype and shape (issue 37 D1, D6).
+  arr->require_every_chunk();
+  std::string held;
+  try {
+    const json attrs = json::parse(arr->attributes_json());
+    if (attrs.is_object() && attrs.contains("tessel_name") && attrs["tessel_name"].is_string())
+      held = attrs["tessel_name"].get<std::string>();
+  } catch (const json::exception&) {
+  }
+  if (held.empty())
+    throw Error(fmt::format("checkpoint {} step {}: {}: the array's metadata has no tessel_name, so it cannot be "
+                            "told to hold '{}'; it was not written by tessel's save (restore from another step)",
+                            path_, step, store_->group_file(folder), a.name));
+  if (held != a.name)
+    throw Error(fmt::format("checkpoint {} step {}: folder {} holds array '{}' where the manifest puts '{}' (the "
+                            "folders were swapped or copied from elsewhere); restore from another step",
+                            path_, step, folder, held, a.name));
+  if (arr->dtype() != a.dtype || arr->shape() != a.shape)
+    throw Error(fmt::format("checkpoint {} step {}: array '{}' holds {}{} where the manifest says {}{}", path_, step,
+                            a.name, dtype_name(arr->dtype()), shape_str(arr->shape()), dtype_name(a.dtype),
+                            shape_str(a.shape)));
+  return arr;
 }
 
 HostTensor CheckpointDir::read(int64_t step, const std::string& name, ReadStats* stats) const {
@@ -190,12 +218,7 @@ std::map<std::string, HostTensor> CheckpointDir::read_all(int64_t step, ReadStat
   const Manifest m = manifest(step);
   std::map<std::string, HostTensor> out;
   for (const CheckpointArray& a : m.arrays) {
-    HostTensor t = store_->open(step_path(step) + "/" + a.folder)->read_all(stats);
-    if (t.dtype() != a.dtype || t.shape() != a.shape)
-      throw Error(fmt::format("checkpoint {} step {}: array '{}' holds {}{} where the manifest says {}{}", path_, step,
-                              a.name, dtype_name(t.dtype()), shape_str(t.shape()), dtype_name(a.dtype),
-                              shape_str(a.shape)));
-    out.emplace(a.name, std::move(t));
+    out.emplace(a.name, open_checked(step, a)->read_all(stats));
   }
   return out;
 }

@@ -337,10 +337,23 @@ SaveStats save_step(const ArrayStore& store, const std::string& path, const std:
   std::string tmp;
   if (r == 0 && local_error.empty()) {
     std::error_code ec;
-    if (step < 0) local_error = fmt::format("step {} is negative", step);
-    else if (fs::exists(final_path, ec))
-      local_error = fmt::format("step {} is already committed ({}); remove it or save another step", step, final_path);
     std::mt19937_64 rng(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    if (step < 0) local_error = fmt::format("step {} is negative", step);
+    else if (fs::exists(final_path, ec)) {
+      if (store.has_group(final_path))
+        local_error = fmt::format("step {} is already committed ({}); remove it or save another step", step, final_path);
+      else {
+        // A step folder without its group metadata was never committed (no save makes one:
+        // a partial copy, or a hand edit). It is not listed, so it must not block this save
+        // (issue 37 D7); it is moved aside, hidden, rather than deleted: it may hold data.
+        const std::string aside =
+            fmt::format("{}/.{}{}.uncommitted-{}-{:x}", path, ckpt::kStepPrefix, step, ::getpid(), rng());
+        if (::rename(final_path.c_str(), aside.c_str()) != 0)
+          local_error = fmt::format("{} is in the way of step {}: it is not a committed step (no {}), and it cannot be "
+                                    "moved aside to {}: {}; remove it",
+                                    final_path, step, store.group_file(final_path), aside, std::strerror(errno));
+      }
+    }
     tmp = fmt::format("{}/.{}{}.tmp-{}-{:x}", path, ckpt::kStepPrefix, step, ::getpid(), rng());
   }
   const std::vector<json> hello =

@@ -449,7 +449,12 @@ HostTensor Array::read(const std::vector<int64_t>& start, const Shape& shape, Re
     const std::string key = chunk_key(cell, key_encoding_, separator_);
     const std::string path = dir_ + "/" + key;
     ReadFile f;
-    if (!f.open(path)) continue;  // a missing shard or chunk: the fill value
+    if (!f.open(path)) {
+      if (every_chunk_)  // a tessel checkpoint writes every shard: this one was lost
+        bad(path, "missing: its writer stores every shard of this array, so the data there was lost (the file was "
+                  "deleted, or the step was copied without it); restore from another step");
+      continue;  // a missing shard or chunk: the fill value
+    }
     const int64_t fsize = f.size();
     // (offset, nbytes) of each inner chunk of this cell.
     std::vector<std::pair<uint64_t, uint64_t>> where(static_cast<std::size_t>(ninner));
@@ -492,7 +497,12 @@ HostTensor Array::read(const std::vector<int64_t>& start, const Shape& shape, Re
       }
       if (!overlap) continue;
       const auto [off, n] = where[static_cast<std::size_t>(k)];
-      if (off == kEmpty && n == kEmpty) continue;  // not stored: the fill value
+      if (off == kEmpty && n == kEmpty) {
+        if (every_chunk_)
+          bad(fmt::format("{} inner chunk {}", path, shape_str(ki)),
+              "marked not stored, but its writer stores every chunk inside the array: the shard's index was altered");
+        continue;  // not stored: the fill value
+      }
       const std::string chunk_name = fmt::format("{} inner chunk {}", path, shape_str(ki));
       if (static_cast<int64_t>(off) < data_lo || n > static_cast<uint64_t>(data_hi) ||
           static_cast<int64_t>(off) > data_hi - static_cast<int64_t>(n))

@@ -85,8 +85,10 @@ class Array final : public StoredArray {
   // Reads only the inner chunks overlapping the region; a crc32c mismatch names the file and chunk.
   HostTensor read(const std::vector<int64_t>& start, const Shape& shape, ReadStats* stats = nullptr) const override;
   using StoredArray::read_all;
+  void require_every_chunk() override { every_chunk_ = true; }
 
  private:
+  bool every_chunk_ = false;  // require_every_chunk: a missing shard or chunk is an error
   std::string dir_;
   Shape shape_;
   DType dtype_ = DType::f32;

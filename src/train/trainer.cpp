@@ -4,6 +4,7 @@
 #include "tessel/train/trainer.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -660,7 +661,9 @@ HostTensor Trainer::param(const std::string& name) const {
 void Trainer::write_history_csv(const std::string& path) const {
   // Written beside the file and renamed over it: a reader (or a run killed while writing, when
   // this is called after every step) sees the old file or the new one, never a torn one.
-  const std::string tmp = path + ".tmp";
+  // A temporary of this process's own: two runs writing into one folder (ctest -j, a sweep) must
+  // not rename each other's half-written files.
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   {
     std::ofstream f(tmp);
     if (!f) throw Error(fmt::format("Trainer::write_history_csv: cannot write '{}'", tmp));

@@ -334,3 +334,18 @@ TEST_CASE("an auto_shard plan survives JSON and a plan for another graph is refu
   text.replace(open + 1, close - open - 1, "[{data}]");
   CHECK_THROWS_WITH(AutoShardResult::from_json(text, m.graph), Catch::Contains("has rank 1"));
 }
+
+TEST_CASE("auto_shard refuses an annotation that splits a dim unevenly", "[autoshard][unit]") {
+  // Issue 37 D10: batch 8 over 3 devices was priced as unreachable, the plan printed "1e+06 s"
+  // and left every other value replicated.
+  Graph g = parse_graph(R"(
+%x = input f32[8,64] sharding=[{data}, {}]
+%w = input f32[64,32]
+%y = einsum(%x, %w) eq="bd,df->bf"
+output %y
+)", "uneven.tsl");
+  CHECK_THROWS_WITH(auto_shard(g, Mesh::parse("data=3"), {}),
+                    Catch::Contains("the annotation of %x ([{data}, {}]) splits dim 0 (8) over {data} (3 devices) "
+                                    "unevenly"));
+  CHECK_NOTHROW(auto_shard(g, Mesh::parse("data=4"), {}));
+}

@@ -209,9 +209,14 @@ TEST_CASE("a corrupted checkpoint byte is an error naming the file and never loa
   const std::map<std::string, Sharding> sh = {{"w", Sharding::of({{"d"}, {}})}};
   SaveOptions o;
   o.inner_chunk_bytes = 256;
+  o.chunk_checksums = false;
   ck.save(1, arrays, mesh, sh, o);
   o.chunk_checksums = true;
   ck.save(2, arrays, mesh, sh, o);
+  // The default options check every chunk (issue 37 D2: a flipped data bit restored silently).
+  ck.save(4, arrays, mesh, sh);
+  flip_byte(ck.step_path(4) + "/w/c/0/0", 4 * 16 + 4 + 300);
+  CHECK_THROWS_WITH(ck.read(4, "w"), Catch::Contains("w/c/0/0 inner chunk") && Catch::Contains("crc32c"));
   o.chunk_checksums = false;
   o.zstd = true;
   ck.save(3, arrays, mesh, sh, o);
@@ -224,6 +229,58 @@ TEST_CASE("a corrupted checkpoint byte is an error naming the file and never loa
   // Truncated: the index cannot be where it says.
   fs::resize_file(ck.step_path(3) + "/w/c/0/0", 10);
   CHECK_THROWS_WITH(ck.read(3, "w"), Catch::Contains("w/c/0/0") && Catch::Contains("truncated"));
+}
+
+// Issue 37 D1, D6, D7: a missing shard was read back as zeros, a folder holding another array
+// restored under the manifest's name, and a step folder that was never committed blocked the
+// save of its step as "already committed".
+TEST_CASE("a checkpoint restore refuses a missing shard and a swapped array folder", "[checkpoint][unit]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("checkpoint missing shard", seed, 1);
+  std::mt19937_64 rng(seed);
+  TempDir tmp("missing");
+  CheckpointDir ck(tmp.path);
+  const Mesh mesh = Mesh::parse("d=2");
+  const std::map<std::string, HostTensor> arrays = {{"a", random_tensor(DType::f32, {64, 8}, rng)},
+                                                    {"b", random_tensor(DType::f32, {64, 8}, rng)}};
+  const std::map<std::string, Sharding> sh = {{"a", Sharding::of({{"d"}, {}})}, {"b", Sharding::of({{"d"}, {}})}};
+  for (int step : {1, 2, 3}) ck.save(step, arrays, mesh, sh);
+  // A shard deleted: reading the array (whole or the lost region) names the file; the other
+  // region still reads.
+  fs::remove(ck.step_path(1) + "/a/c/1/0");
+  CHECK_THROWS_WITH(ck.read(1, "a"), Catch::Contains("a/c/1/0") && Catch::Contains("missing"));
+  CHECK_THROWS_WITH(ck.read_all(1), Catch::Contains("a/c/1/0") && Catch::Contains("missing"));
+  CHECK_THROWS_WITH(ck.array(1, "a")->read({32, 0}, {32, 8}), Catch::Contains("missing"));
+  CHECK(same_bits(ck.array(1, "a")->read({0, 0}, {32, 8}), ck.array(2, "a")->read({0, 0}, {32, 8})));
+  // The folders of a and b swapped: the metadata's tessel_name gives it away.
+  fs::rename(ck.step_path(2) + "/a", ck.step_path(2) + "/x");
+  fs::rename(ck.step_path(2) + "/b", ck.step_path(2) + "/a");
+  fs::rename(ck.step_path(2) + "/x", ck.step_path(2) + "/b");
+  CHECK_THROWS_WITH(ck.read(2, "a"), Catch::Contains("holds array 'b' where the manifest puts 'a'"));
+  CHECK_THROWS_WITH(ck.read_all(2), Catch::Contains("swapped"));
+  // Step 3 is intact.
+  const auto back = ck.read_all(3);
+  CHECK(same_bits(back.at("a"), arrays.at("a")));
+  CHECK(same_bits(back.at("b"), arrays.at("b")));
+}
+
+TEST_CASE("a step folder that was never committed does not block the save of its step", "[checkpoint][unit]") {
+  std::mt19937_64 rng(7);
+  TempDir tmp("uncommitted");
+  CheckpointDir ck(tmp.path);
+  const Mesh mesh = Mesh::parse("d=2");
+  const std::map<std::string, HostTensor> arrays = {{"a", random_tensor(DType::f32, {8, 4}, rng)}};
+  fs::create_directories(ck.step_path(5) + "/a");  // a partial copy: no group metadata
+  CHECK(ck.steps().empty());
+  ck.save(5, arrays, mesh, {});
+  CHECK(ck.steps() == std::vector<int64_t>{5});
+  CHECK(same_bits(ck.read(5, "a"), arrays.at("a")));
+  // The old folder was moved aside (hidden), not deleted; a committed step still refuses.
+  int aside = 0;
+  for (const auto& e : fs::directory_iterator(tmp.path))
+    aside += e.path().filename().string().rfind(".step_5.uncommitted-", 0) == 0;
+  CHECK(aside == 1);
+  CHECK_THROWS_WITH(ck.save(5, arrays, mesh, {}), Catch::Contains("step 5 is already committed"));
 }
 
 namespace {

@@ -64,6 +64,9 @@ class StoredArray {
   // chunks that overlap the region.
   virtual HostTensor read(const std::vector<int64_t>& start, const Shape& shape, ReadStats* stats = nullptr) const = 0;
   HostTensor read_all(ReadStats* stats = nullptr) const { return read(std::vector<int64_t>(shape().size(), 0), shape(), stats); }
+  // From now on a shard or chunk that is not stored is an error naming its file, not the fill
+  // value: an array whose writer stores every one (a tessel checkpoint's) lost it.
+  virtual void require_every_chunk() = 0;
 };
 
 class ArrayStore {

@@ -62,7 +62,10 @@ struct SaveOptions {
   int64_t inner_chunk_bytes = int64_t{1} << 20;  // inner chunks of at most this many bytes
   bool zstd = false;                             // compress inner chunks
   int zstd_level = 3;
-  bool chunk_checksums = false;  // a crc32c on every inner chunk (the shard index always has one)
+  // A crc32c on every inner chunk (the shard index always has one), checked on every read: a
+  // flipped bit or a zeroed block is an error naming the chunk, never restored. On by default
+  // (issue 37 D2; its cost: docs/checkpoints.md); off only for a reader that cannot check it.
+  bool chunk_checksums = true;
   bool bf16_as_uint16 = false;   // bf16 stored as uint16 (+ attribute) for readers without bfloat16
   std::string metadata_json = "{}";  // a JSON object kept in the manifest (e.g. the data position)
 };
@@ -175,6 +178,10 @@ class CheckpointDir {
   // The step's manifest. Throws Error naming the step when it is not committed.
   Manifest manifest(int64_t step) const;
   std::string step_path(int64_t step) const;
+  // The array `name` of the step, opened for reading. Throws Error naming the file and what is
+  // wrong when the folder holds another array (its metadata's tessel_name), another dtype or
+  // shape; its reads throw for a missing shard (tessel writes every one: a missing shard is
+  // lost data, never read as zeros), a truncated file or a checksum mismatch.
   std::unique_ptr<StoredArray> array(int64_t step, const std::string& name) const;
   HostTensor read(int64_t step, const std::string& name, ReadStats* stats = nullptr) const;
   std::map<std::string, HostTensor> read_all(int64_t step, ReadStats* stats = nullptr) const;
@@ -189,6 +196,7 @@ class CheckpointDir {
                                  const RestoreOptions& options = {}) const;
 
  private:
+  std::unique_ptr<StoredArray> open_checked(int64_t step, const CheckpointArray& a) const;
   std::string path_;
   const ArrayStore* store_;
 };
