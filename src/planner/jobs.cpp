@@ -191,6 +191,12 @@ Pool parse_pool_json(const std::string& text, const std::string& origin) {
   };
   positive_int("nodes", p.nodes);
   positive_int("devices_per_node", p.devices_per_node);
+  // The devices are counted (and placed) in 32 bits: a pool past 2^20 devices overflowed into
+  // "internal: no makespan bound found" (issue 37 D11).
+  if (static_cast<int64_t>(p.nodes) * p.devices_per_node > kMaxPoolDevices)
+    throw PlanError(fmt::format("{}: {} nodes of {} devices is {} devices; a pool has at most {}", origin, p.nodes,
+                                p.devices_per_node, static_cast<int64_t>(p.nodes) * p.devices_per_node,
+                                kMaxPoolDevices));
   nonneg("memory_bytes", p.memory_bytes);
   nonneg("intra_node_gbps", p.intra_node_gbps);
   nonneg("inter_node_gbps", p.inter_node_gbps);

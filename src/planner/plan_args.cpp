@@ -1,5 +1,6 @@
 // tessel-plan's command line (tessel/planner/plan_args.hpp).
 #include "tessel/planner/plan_args.hpp"
+#include "tessel/planner/jobs.hpp"
 
 #include <fmt/format.h>
 
@@ -73,6 +74,9 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
         throw UsageError(fmt::format("--pool-shape: '{}' is not NxD (expected e.g. --pool-shape 2x8)", v));
       a.pool_nodes = static_cast<int32_t>(cli::parse_i64("--pool-shape", v.substr(0, x), 1, 1 << 16));
       a.pool_devices_per_node = static_cast<int32_t>(cli::parse_i64("--pool-shape", v.substr(x + 1), 1, 1 << 16));
+      if (static_cast<int64_t>(a.pool_nodes) * a.pool_devices_per_node > kMaxPoolDevices)
+        throw UsageError(fmt::format("--pool-shape {}: {} devices; a pool has at most {}", v,
+                                     static_cast<int64_t>(a.pool_nodes) * a.pool_devices_per_node, kMaxPoolDevices));
     } else if (f == "--gavel") a.gavel_dir = cli::next_value(i, argc, argv.data());
     else if (f == "--gpu") a.gpu = cli::next_value(i, argc, argv.data());
     else if (f == "--no-clamp") a.clamp_superlinear = false;

@@ -6,7 +6,7 @@
 # cost model), and shows the candidate tables only with --verbose.
 #   input_refusals.sh BIN_DIR SOURCE_DIR WORK CASE
 # CASE: jobs-field | pool-field | links-key | run-refuses-first | plan-output | checkpoint-field |
-#       gavel-missing | explain-auto
+#       gavel-missing | explain-auto | pool-too-big | time-limits
 set -uo pipefail
 bin=$1 src=$2 work=$3 case=$4
 rm -rf "$work"
@@ -163,6 +163,53 @@ explain-auto)
   run "$bin/tessel-explain" g4.txt --auto --memory-budget 1000
   expect_rc 1
   expect "--memory-budget 1000: no plan within the memory budget of 1000 bytes per device on mesh {data=2, model=4}: the least found needs"
+  ;;
+pool-too-big)
+  # Issue 37 D11: 2^20 nodes of 4096 devices overflowed the 32-bit device count into
+  # "internal: no makespan bound found".
+  printf '%s\n' '{"jobs": [{"name": "a", "steps": 100, "step_time_s": {"1": 0.9, "2": 0.5}}]}' > jobs.json
+  printf '%s\n' '{"nodes": 1048576, "devices_per_node": 4096}' > big.json
+  run "$bin/tessel-plan" jobs.json --pool big.json --no-pictures
+  expect_rc 1
+  expect "big.json: 1048576 nodes of 4096 devices is 4294967296 devices; a pool has at most 1048576"
+  expect_not "internal"
+  run "$bin/tessel-plan" jobs.json --pool-shape 65536x64 --no-pictures
+  [ "$rc" -ne 0 ] || fail "a pool of 4194304 devices was accepted"
+  expect "--pool-shape 65536x64: 4194304 devices; a pool has at most 1048576"
+  ;;
+time-limits)
+  # Issue 37 D3, D8: tessel-plan answers within 1.5x its --seconds plus 1 s. The exact method
+  # built its program for 200 jobs for over 120 s before CBC's clock started; the default method
+  # spent seconds on the lower bound of 10,000 jobs before it first read the clock.
+  gen() {  # gen N FILE: N profiled jobs with runtimes on 1, 2 and 4 devices, seeded
+    python3 - "$1" "$2" <<'PY'
+import json, random, sys
+n, path = int(sys.argv[1]), sys.argv[2]
+r = random.Random(n)
+jobs = [{"name": f"j{i}", "steps": r.randint(100, 1000),
+         "step_time_s": {"1": round(r.uniform(0.5, 2), 3), "2": round(r.uniform(0.3, 1.2), 3),
+                         "4": round(r.uniform(0.2, 0.8), 3)}} for i in range(n)]
+json.dump({"jobs": jobs}, open(path, "w"))
+PY
+  }
+  within() {  # within LIMIT COMMAND...: runs it, and fails when it takes over 1.5 LIMIT + 1 s
+    local limit=$1; shift
+    local t0 t1
+    t0=$(date +%s%N)
+    run "$@"
+    t1=$(date +%s%N)
+    local ms=$(( (t1 - t0) / 1000000 ))
+    echo "(took $ms ms; the limit is $limit s, the bound $(( limit * 1500 + 1000 )) ms)"
+    expect_rc 0
+    [ "$ms" -le $(( limit * 1500 + 1000 )) ] || fail "took $ms ms with --seconds $limit"
+  }
+  gen 200 j200.json
+  gen 20000 j20k.json
+  within 3 "$bin/tessel-plan" j200.json --pool-shape 2x8 --method exact --seconds 3 --no-pictures
+  expect "exact (CBC)"
+  within 3 "$bin/tessel-plan" j20k.json --pool-shape 2x8 --seconds 3 --no-pictures
+  within 3 "$bin/tessel-plan" j20k.json --pool-shape 2x8 --method exact --seconds 3 --no-pictures
+  expect "was not built within the time limit of 3 s; the fast method's plan"
   ;;
 *)
   fail "unknown case '$case'"

@@ -24,6 +24,9 @@
 
 namespace tessel::planner {
 
+// The most devices a pool may have (nodes x devices_per_node): device counts are 32-bit.
+inline constexpr int64_t kMaxPoolDevices = int64_t{1} << 20;
+
 struct Pool {
   int32_t nodes = 1;
   int32_t devices_per_node = 8;
@@ -34,7 +37,7 @@ struct Pool {
   // A pool of CPU virtual devices sharing this many cores (0: every device computes on its
   // own, as GPUs do). predict_shared_cores prices a plan with it.
   int32_t cores = 0;
-  int32_t num_devices() const { return nodes * devices_per_node; }
+  int32_t num_devices() const { return nodes * devices_per_node; }  // <= kMaxPoolDevices (checked on read)
   // Global device id of device d of node n (node-major).
   int32_t device_id(int32_t node, int32_t d) const { return node * devices_per_node + d; }
 };
