@@ -2,6 +2,10 @@
 #include "tessel/checkpoint/checkpoint.hpp"
 
 #include <signal.h>
+#include <mutex>
+#include <map>
+#include <sys/file.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,6 +102,7 @@ std::optional<int64_t> CheckpointDir::latest() const {
 
 void CheckpointDir::keep_last(int n) {
   if (n < 1) throw Error(fmt::format("checkpoint {}: keep_last({}): keep at least one step", path_, n));
+  if (!writer_lock_) writer_lock_ = ckpt::writer_lock(path_);
   const auto s = steps();
   std::mt19937_64 rng(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
   for (std::size_t i = 0; i + static_cast<std::size_t>(n) < s.size(); ++i) {
@@ -112,9 +117,52 @@ void CheckpointDir::keep_last(int n) {
     fs::remove_all(doomed, ec);
     if (ec) throw Error(fmt::format("checkpoint: cannot remove {}: {}", doomed, ec.message()));
   }
+  ckpt::remove_dead_temporaries(path_);
+}
+
+namespace {
+
+struct WriterLock {
+  int fd = -1;
+  ~WriterLock() {
+    if (fd >= 0) ::close(fd);  // releases the flock
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<void> ckpt::writer_lock(const std::string& dir) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<WriterLock>> held;  // by canonical folder
+  std::error_code ec;
+  const std::string key = fs::weakly_canonical(dir, ec).string();
+  std::lock_guard<std::mutex> lk(mu);
+  if (auto it = held.find(key); it != held.end())
+    if (std::shared_ptr<WriterLock> live = it->second.lock()) return live;
+  const std::string file = dir + "/.tessel-writer.lock";
+  auto lock = std::make_shared<WriterLock>();
+  lock->fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock->fd < 0) throw Error(fmt::format("checkpoint {}: cannot open its writer lock {}: {}", dir, file, std::strerror(errno)));
+  if (::flock(lock->fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {};
+    const ssize_t n = ::pread(lock->fd, buf, sizeof buf - 1, 0);
+    const std::string pid = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("?");
+    throw Error(fmt::format("checkpoint {}: another process (pid {} on this host) is writing to this folder (it holds "
+                            "{}): one writer per checkpoint folder, or their keep_last would delete each other's "
+                            "steps; give this run its own folder, or wait for that one to end",
+                            dir, pid, file));
+  }
+  const std::string me = std::to_string(::getpid());
+  if (::ftruncate(lock->fd, 0) != 0 || ::pwrite(lock->fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()))
+    throw Error(fmt::format("checkpoint {}: cannot write its writer lock {}: {}", dir, file, std::strerror(errno)));
+  held[key] = lock;
+  return lock;
+}
+
+void ckpt::remove_dead_temporaries(const std::string& dir) {
   // What writers and deleters that are gone left (".step_N.tmp-<pid>-<nonce>", ".step_N.del-...").
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(path_, ec)) {
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string f = e.path().filename().string();
     if (f.rfind(std::string(".") + ckpt::kStepPrefix, 0) != 0) continue;
     std::size_t at = f.find(".tmp-");

@@ -336,6 +336,7 @@ SaveStats save_step(const ArrayStore& store, const std::string& path, const std:
     fp.push_back({it.name, dtype_name(it.layout.dtype), it.layout.shape, it.layout.sharding.to_string()});
   std::string tmp;
   if (r == 0 && local_error.empty()) {
+    ckpt::remove_dead_temporaries(path);  // killed saves' leftovers, with or without keep_last
     std::error_code ec;
     std::mt19937_64 rng(static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
     if (step < 0) local_error = fmt::format("step {} is negative", step);
@@ -603,6 +604,7 @@ void CheckpointDir::save(int64_t step, const std::map<std::string, HostTensor>& 
     items.push_back(std::move(it));
   }
   finish_items(items, mesh);
+  if (!writer_lock_) writer_lock_ = ckpt::writer_lock(path_);  // one process: it commits
   save_step(*store_, path_, step_path(step), step, items, std::vector<std::vector<int64_t>>(items.size()), mesh, Exchange{},
             options, "");
 }
@@ -639,6 +641,15 @@ SaveStats CheckpointDir::save_local(int64_t step, const std::map<std::string, Lo
     if (err.empty()) err = e.what();
     items.clear();
     held.clear();
+  }
+  // The committing process holds the folder's writer lock; a refusal goes through the
+  // exchange like any other error, so every process fails.
+  if (ex.rank == 0 && err.empty() && !writer_lock_) {
+    try {
+      writer_lock_ = ckpt::writer_lock(path_);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
   }
   return save_step(*store_, path_, step_path(step), step, items, held, mesh, ex, options, err);
 }

@@ -3,6 +3,7 @@
 // (zarr shards) of an array's saving layout.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "tessel/core/common.hpp"
@@ -16,6 +17,18 @@ inline constexpr const char* kStepPrefix = "step_";  // DIR/step_<N>; temporarie
 // An array name as a folder name: [A-Za-z0-9._-] kept, every other byte %XX; a leading '.'
 // (hidden, or "." / "..") and "__" (reserved by zarr) escaped too.
 std::string folder_of(const std::string& name);
+
+// The writer lock of checkpoint folder `dir`: an exclusive flock on dir/.tessel-writer.lock,
+// held while the returned token lives (tokens for one folder in one process are shared, so
+// several CheckpointDir objects of a process agree). Throws Error naming the other process's
+// pid when another process holds it. flock is per host: writers on two hosts sharing a file
+// system are not told apart.
+std::shared_ptr<void> writer_lock(const std::string& dir);
+
+// Removes the temporaries (".step_N.tmp-<pid>-...", ".step_N.del-<pid>-...") in `dir` whose
+// process no longer runs on this host: what killed saves and deletions left. keep_last and
+// every save (its committing process) call it, so they do not pile up without --keep.
+void remove_dead_temporaries(const std::string& dir);
 
 // fsync of every folder under `root` (deepest first) and of root itself: the new entries are
 // durable.

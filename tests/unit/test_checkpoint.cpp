@@ -7,6 +7,9 @@
 // and restored on data=4,model=1 at ZeRO-0 continues with the uninterrupted run's losses.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <unistd.h>
 
 #include <cmath>
@@ -281,6 +284,73 @@ TEST_CASE("a step folder that was never committed does not block the save of its
     aside += e.path().filename().string().rfind(".step_5.uncommitted-", 0) == 0;
   CHECK(aside == 1);
   CHECK_THROWS_WITH(ck.save(5, arrays, mesh, {}), Catch::Contains("step 5 is already committed"));
+}
+
+TEST_CASE("a save removes what killed saves left behind, without keep_last", "[checkpoint][unit]") {
+  // Issue 37: hidden .step_*.tmp-* folders of killed saves piled up for ever without --keep.
+  std::mt19937_64 rng(3);
+  TempDir tmp("leftovers");
+  CheckpointDir ck(tmp.path);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  REQUIRE(dead > 0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string gone = tmp.path + "/.step_3.tmp-" + std::to_string(dead) + "-abc";
+  const std::string alive = tmp.path + "/.step_4.tmp-" + std::to_string(::getpid()) + "-def";
+  fs::create_directories(gone + "/w/c");
+  fs::create_directories(alive);
+  ck.save(1, {{"w", random_tensor(DType::f32, {4, 4}, rng)}}, Mesh::parse("d=1"), {});
+  CHECK_FALSE(fs::exists(gone));
+  CHECK(fs::exists(alive));  // its writer (this process) still runs
+}
+
+TEST_CASE("a second process writing to a checkpoint folder is refused while the first writes", "[checkpoint][unit]") {
+  // Issue 37 D9: two processes saving into one folder deleted each other's steps.
+  std::mt19937_64 rng(4);
+  TempDir tmp("two-writers");
+  const std::map<std::string, HostTensor> arrays = {{"w", random_tensor(DType::f32, {4, 4}, rng)}};
+  int ready[2], done[2];
+  REQUIRE(::pipe(ready) == 0);
+  REQUIRE(::pipe(done) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // the first writer: saves, says so, and holds the folder until told to end
+    ::close(ready[0]);
+    ::close(done[1]);
+    int rc = 0;
+    try {
+      CheckpointDir ck(tmp.path);
+      ck.save(1, arrays, Mesh::parse("d=1"), {});
+      char c = 1;
+      if (::write(ready[1], &c, 1) != 1) rc = 2;
+      if (::read(done[0], &c, 1) < 0) rc = 3;  // returns 0 when the parent closes its end
+    } catch (...) {
+      rc = 1;
+    }
+    ::_exit(rc);
+  }
+  ::close(ready[1]);
+  ::close(done[0]);
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  {
+    CheckpointDir second(tmp.path);
+    CHECK_THROWS_WITH(second.save(2, arrays, Mesh::parse("d=1"), {}),
+                      Catch::Contains("another process (pid " + std::to_string(child) + " on this host) is writing to "
+                                                                                        "this folder"));
+    CHECK_THROWS_WITH(second.keep_last(1), Catch::Contains("one writer per checkpoint folder"));
+    CHECK(second.steps() == std::vector<int64_t>{1});  // reading is not writing
+  }
+  ::close(done[1]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  // The first writer ended: the folder is free.
+  CheckpointDir again(tmp.path);
+  again.save(2, arrays, Mesh::parse("d=1"), {});
+  again.keep_last(1);
+  CHECK(again.steps() == std::vector<int64_t>{2});
 }
 
 namespace {

@@ -199,6 +199,11 @@ class CheckpointDir {
   std::unique_ptr<StoredArray> open_checked(int64_t step, const CheckpointArray& a) const;
   std::string path_;
   const ArrayStore* store_;
+  // The folder's writer lock (DIR/.tessel-writer.lock, an flock), taken by the first save or
+  // keep_last of this object (and its copies) in the committing process and held until the last
+  // of them is destroyed: a second process writing to the folder is refused, naming the
+  // holder's pid, where two writers' keep_last deleted each other's steps (issue 37 D9).
+  std::shared_ptr<void> writer_lock_;
 };
 
 // Saving in the background: save() returns once the arrays are handed over (the caller's
