@@ -27,7 +27,7 @@ Model build_model(const Problem& problem) {
     for (std::size_t i = 0; i < sa; ++i)
       for (std::size_t j = 0; j < sb; ++j) {
         const int64_t c = flip ? e.cost[j * sa + i] : e.cost[i * sb + j];
-        dst[i * sb + j] = add_saturating(dst[i * sb + j], c);
+        dst[i * sb + j] = add_cost(dst[i * sb + j], c, m.clamped);
       }
   }
   for (const Node& node : problem.nodes)
@@ -123,6 +123,7 @@ Coarse build_coarse(const Problem& problem, const Model& model) {
     }
   }
   Coarse c;
+  c.clamped = model.clamped;
   c.group_of.assign(n, -1);
   std::vector<std::vector<int32_t>> children(n);
   std::vector<int32_t> position(n, 0);  // index of a node among its group's members
@@ -156,7 +157,7 @@ Coarse build_coarse(const Problem& problem, const Model& model) {
         as[i] = std::max(t, 0);
       }
       int64_t cost = dead ? kInfiniteCost : 0;
-      for (std::size_t i = 0; i < k; ++i) cost = add_saturating(cost, problem.nodes[g.members[i]].cost[as[i]]);
+      for (std::size_t i = 0; i < k; ++i) cost = add_cost(cost, problem.nodes[g.members[i]].cost[as[i]], c.clamped);
       g.cost[s] = cost;
     }
     c.groups.push_back(std::move(g));
@@ -174,7 +175,7 @@ Coarse build_coarse(const Problem& problem, const Model& model) {
     if (ga == gb) {  // inside a group: a cost of the group's strategy
       Group& g = c.groups[ga];
       for (int32_t s = 0; s < g.num_strategies; ++s)
-        g.cost[s] = add_saturating(g.cost[s], pair_entry(problem, p, strategy_of(p.a, s), strategy_of(p.b, s)));
+        g.cost[s] = add_cost(g.cost[s], pair_entry(problem, p, strategy_of(p.a, s), strategy_of(p.b, s)), c.clamped);
       continue;
     }
     const int32_t sa = c.groups[ga].num_strategies, sb = c.groups[gb].num_strategies;
@@ -182,8 +183,10 @@ Coarse build_coarse(const Problem& problem, const Model& model) {
       const bool a_fixed = sa == 1;
       Group& g = c.groups[a_fixed ? gb : ga];
       for (int32_t s = 0; s < g.num_strategies; ++s)
-        g.cost[s] = add_saturating(g.cost[s], a_fixed ? pair_entry(problem, p, strategy_of(p.a, 0), strategy_of(p.b, s))
-                                                      : pair_entry(problem, p, strategy_of(p.a, s), strategy_of(p.b, 0)));
+        g.cost[s] = add_cost(g.cost[s],
+                             a_fixed ? pair_entry(problem, p, strategy_of(p.a, 0), strategy_of(p.b, s))
+                                     : pair_entry(problem, p, strategy_of(p.a, s), strategy_of(p.b, 0)),
+                             c.clamped);
       continue;
     }
     const bool flip = ga > gb;
@@ -201,7 +204,7 @@ Coarse build_coarse(const Problem& problem, const Model& model) {
       for (int32_t j = 0; j < shi; ++j) {
         const int32_t s_a = flip ? j : i, s_b = flip ? i : j;  // group strategies of ga, gb
         int64_t& dst = q.cost[static_cast<std::size_t>(i) * shi + j];
-        dst = add_saturating(dst, pair_entry(problem, p, strategy_of(p.a, s_a), strategy_of(p.b, s_b)));
+        dst = add_cost(dst, pair_entry(problem, p, strategy_of(p.a, s_a), strategy_of(p.b, s_b)), c.clamped);
       }
   }
   // A group of one strategy now has nothing left to choose; groups of one strategy on both

@@ -12,7 +12,7 @@
 
 namespace tessel::autoshard::detail {
 
-// All edges joining nodes a and b, summed (saturating at kInfiniteCost); cost is
+// All edges joining nodes a and b, summed (add_cost); cost is
 // [S(a), S(b)] row-major, with a < b.
 struct PairEdge {
   int32_t a = 0;
@@ -31,6 +31,7 @@ struct Model {
   std::vector<int64_t> boundaries;         // sorted distinct interval boundaries
   int32_t num_segments = 0;                // [boundaries[k], boundaries[k+1]) for k < num_segments
   std::vector<int32_t> seg_lo, seg_hi;     // node i is live on segments [seg_lo[i], seg_hi[i])
+  bool clamped = false;                    // some merged edge's finite sum was clamped (add_cost)
 };
 
 Model build_model(const Problem& problem);
@@ -39,11 +40,18 @@ Model build_model(const Problem& problem);
 // step at once, so it fits the limit exactly when some plan does.
 Plan least_memory_plan(const Problem& problem);
 
-// a + b, saturating at kInfiniteCost (sums of "infinite" entries stay infinite).
-inline int64_t add_saturating(int64_t a, int64_t b) {
+// a + b: kInfiniteCost when either is "infinite"; a sum of finite costs stays finite, clamped
+// at kInfiniteCost - 1 (setting `clamped`: the sum is then not exact, and a solver that proves
+// optimality over such costs must not say so). Summing finite costs into "infinite" forbade
+// finite strategies and called a worse plan optimal (issue 37 D12).
+inline int64_t add_cost(int64_t a, int64_t b, bool& clamped) {
   if (a >= kInfiniteCost || b >= kInfiniteCost) return kInfiniteCost;
   const __int128 s = static_cast<__int128>(a) + b;
-  return s >= kInfiniteCost ? kInfiniteCost : static_cast<int64_t>(s);
+  if (s >= kInfiniteCost) {
+    clamped = true;
+    return kInfiniteCost - 1;
+  }
+  return static_cast<int64_t>(s);
 }
 
 }  // namespace tessel::autoshard::detail
@@ -62,7 +70,7 @@ struct Group {
   std::vector<int32_t> members;  // original nodes; members[0] is the root
   int32_t num_strategies = 0;    // the root's
   std::vector<int32_t> assign;   // [num_strategies][members]: each member's strategy
-  std::vector<int64_t> cost;     // [num_strategies], saturating at kInfiniteCost
+  std::vector<int64_t> cost;     // [num_strategies], summed with add_cost
 };
 
 struct Coarse {
@@ -70,6 +78,7 @@ struct Coarse {
   std::vector<int32_t> group_of;           // per original node
   std::vector<PairEdge> pairs;             // between groups (a < b), [S(a), S(b)]
   std::vector<std::vector<Neighbor>> adj;  // per group
+  bool clamped = false;                    // some cost here is a clamped finite sum (add_cost)
 };
 
 Coarse build_coarse(const Problem& problem, const Model& model);

@@ -243,7 +243,9 @@ SolveResult solve_exact(const Problem& problem, const SolveOptions& options) {
     }
     result.evaluation = evaluate(problem, result.plan);
     have_plan = result.evaluation.feasible();
-    result.status = proven_optimal ? SolveStatus::optimal : SolveStatus::feasible;
+    // Over clamped sums (add_cost) the program's objective is not the problem's: CBC's proof
+    // does not carry over.
+    result.status = proven_optimal && !coarse.clamped ? SolveStatus::optimal : SolveStatus::feasible;
   }
   if (!have_plan) {
     result.plan = detail::least_memory_plan(problem);

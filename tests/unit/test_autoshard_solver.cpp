@@ -284,3 +284,32 @@ TEST_CASE("autoshard: the Lagrangian phase returns plans that fit at the cost it
   // at least half is the bound, 4 standard deviations below the mean.
   CHECK(found * 2 >= feasible);
 }
+
+TEST_CASE("autoshard: finite costs that sum past the infinite sentinel stay finite and are never called optimal",
+          "[autoshard]") {
+  // Issue 37 D12: nodes merged into a group (b follows a) summed their finite costs to 1.2e18
+  // and 1.4e18, read as "infinite": every plan looked failed, and a worse answer was "optimal".
+  Problem p;
+  for (int i = 0; i < 2; ++i) {
+    Node n;
+    n.live = {0, 1};
+    n.cost = {600'000'000'000'000'000, 700'000'000'000'000'000};
+    n.usage = {1, 1};
+    p.nodes.push_back(n);
+  }
+  Edge e;
+  e.a = 0;
+  e.b = 1;
+  e.cost = {0, kInfiniteCost, kInfiniteCost, 0};  // b's strategy is a's
+  p.edges.push_back(e);
+  SolveOptions o;
+  o.time_limit_s = 2;
+  for (const SolveResult& r : {solve(p, o), solve_exact(p, o)}) {
+    INFO(r.method);
+    CHECK(r.evaluation.feasible());
+    CHECK_FALSE(r.evaluation.uses_infinite);
+    CHECK(r.status != SolveStatus::optimal);  // the merged costs were clamped: no proof
+    CHECK(r.status != SolveStatus::infeasible);
+    CHECK(r.evaluation.cost >= static_cast<TotalCost>(1'200'000'000'000'000'000));
+  }
+}
