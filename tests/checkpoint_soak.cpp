@@ -1,15 +1,27 @@
 // The process that scripts/soak --checkpoint kills with SIGKILL at random moments, and the
-// check that follows each kill:
-//   tessel_checkpoint_soak save DIR SEED     saves steps latest+1, latest+2, ... forever (each
-//                                            step's arrays a pure function of SEED and the
-//                                            step; options vary by step), keeping the last 3
+// checks that follow each kill:
+//   tessel_checkpoint_soak save DIR SEED [async]   saves steps latest+1, latest+2, ... forever
+//                                            (each step's arrays a pure function of SEED and the
+//                                            step; options vary by step, with the default chunk
+//                                            checksums), keeping the last 3; `async`: through an
+//                                            AsyncCheckpointer, the next step staged while the
+//                                            last one is written
 //   tessel_checkpoint_soak verify DIR SEED   every committed step must read back exactly what
 //                                            its save wrote; prints the steps and temporaries
+//   tessel_checkpoint_soak corrupt DIR SEED  damages one committed step at random (a flipped
+//                                            byte, a zeroed 4 KiB block, a truncated or deleted
+//                                            shard, two array folders swapped) and prints which
+//   tessel_checkpoint_soak verify DIR SEED refuse=N   as verify, but step N must be refused
+//                                            (an Error naming what is wrong), never returned
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
+#include <fstream>
+#include <vector>
 #include <string>
 
 #include "tessel/checkpoint/checkpoint.hpp"
@@ -35,38 +47,115 @@ const std::map<std::string, Sharding> kShardings = {{"w", Sharding::of({{"data"}
                                                     {"adam.m.w", Sharding::of({{"data"}, {"model"}})},
                                                     {"emb", Sharding::of({{"model"}, {}})}};
 
+std::string fmt_at(const char* what, int64_t at, const std::string& file) {
+  return std::string(what) + " " + std::to_string(at) + " of " + file;
+}
+
 }  // namespace
 
+// Damages one committed step of `ck` at random; returns the step and prints what was done.
+int64_t corrupt(CheckpointDir& ck, uint64_t seed) {
+  namespace fs = std::filesystem;
+  const std::vector<int64_t> steps = ck.steps();
+  if (steps.empty()) return -1;
+  std::mt19937_64 rng(seed);
+  const int64_t step = steps[rng() % steps.size()];
+  std::vector<std::string> shards;
+  for (const auto& e : fs::recursive_directory_iterator(ck.step_path(step)))
+    if (e.is_regular_file() && e.path().filename() != "zarr.json") shards.push_back(e.path().string());
+  std::sort(shards.begin(), shards.end());
+  if (shards.empty()) return -1;
+  const std::string f = shards[rng() % shards.size()];
+  const int64_t size = static_cast<int64_t>(fs::file_size(f));
+  const int kind = static_cast<int>(rng() % 5);
+  std::string what;
+  if (kind == 0 || kind == 1) {  // a flipped byte, or a zeroed block of up to 4 KiB
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    const int64_t at = static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, size)));
+    const int64_t n = kind == 0 ? 1 : std::min<int64_t>(4096, size - at);
+    std::vector<char> buf(static_cast<std::size_t>(n));
+    io.seekg(at);
+    io.read(buf.data(), n);
+    bool changed = false;
+    for (char& c : buf) {
+      const char was = c;
+      c = kind == 0 ? static_cast<char>(c ^ (1 << (rng() % 8))) : 0;
+      changed = changed || c != was;
+    }
+    if (!changed) buf[0] = static_cast<char>(buf[0] ^ 1);  // zeros over zeros: damage it anyway
+    io.seekp(at);
+    io.write(buf.data(), n);
+    what = kind == 0 ? fmt_at("flipped a bit of byte", at, f) : fmt_at("zeroed 4 KiB from byte", at, f);
+  } else if (kind == 2) {
+    fs::resize_file(f, static_cast<uintmax_t>(size / 2));
+    what = "truncated " + f + " to half";
+  } else if (kind == 3) {
+    fs::remove(f);
+    what = "deleted " + f;
+  } else {  // two array folders of the step swapped
+    const Manifest m = ck.manifest(step);
+    const std::string a = ck.step_path(step) + "/" + m.arrays[0].folder, b = ck.step_path(step) + "/" + m.arrays[1].folder;
+    fs::rename(a, a + ".swap");
+    fs::rename(b, a);
+    fs::rename(a + ".swap", b);
+    what = "swapped the folders " + a + " and " + b;
+  }
+  std::printf("corrupted step %lld: %s\n", static_cast<long long>(step), what.c_str());
+  return step;
+}
+
 int main(int argc, char** argv) {
-  if (argc != 4 || (std::string(argv[1]) != "save" && std::string(argv[1]) != "verify")) {
-    std::fprintf(stderr, "usage: tessel_checkpoint_soak save|verify DIR SEED\n");
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const bool ok_args = (mode == "save" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "async"))) ||
+                       (mode == "verify" && (argc == 4 || (argc == 5 && std::string(argv[4]).rfind("refuse=", 0) == 0))) ||
+                       (mode == "corrupt" && argc == 4);
+  if (!ok_args) {
+    std::fprintf(stderr, "usage: tessel_checkpoint_soak save DIR SEED [async] | verify DIR SEED [refuse=STEP] | "
+                         "corrupt DIR SEED\n");
     return 2;
   }
-  const std::string mode = argv[1], dir = argv[2];
+  const std::string dir = argv[2];
   const uint64_t seed = std::stoull(argv[3]);
   try {
     CheckpointDir ck(dir);
     if (mode == "save") {
       const Mesh mesh = Mesh::parse("data=2,model=2");
+      const bool async = argc == 5;
+      std::optional<AsyncCheckpointer> ac;
+      if (async) ac.emplace(ck);
       for (int64_t step = ck.latest().value_or(0) + 1;; ++step) {
-        SaveOptions o;
+        SaveOptions o;  // the default chunk checksums: every damage is detectable
         o.inner_chunk_bytes = 16 << 10;
         o.zstd = step % 2 == 0;
-        o.chunk_checksums = step % 3 == 0;
-        ck.save(step, arrays_of(seed, step), mesh, kShardings, o);
+        if (async) {
+          ac->save(step, arrays_of(seed, step), mesh, kShardings, o);  // returns once handed over
+        } else {
+          ck.save(step, arrays_of(seed, step), mesh, kShardings, o);
+        }
         ck.keep_last(3);
         std::printf("saved %lld\n", static_cast<long long>(step));
         std::fflush(stdout);
       }
     }
+    if (mode == "corrupt") return corrupt(ck, seed) < 0 ? 1 : 0;
+    const int64_t refuse = argc == 5 ? std::stoll(std::string(argv[4]).substr(7)) : -1;
     int64_t temporaries = 0;
     for (const auto& e : std::filesystem::directory_iterator(dir))
       temporaries += e.path().filename().string().find(".tmp-") != std::string::npos ||
                      e.path().filename().string().find(".del-") != std::string::npos;
     const std::vector<int64_t> steps = ck.steps();
+    bool refused = false;
     for (int64_t step : steps) {
       const auto want = arrays_of(seed, step);
-      const auto got = ck.read_all(step);
+      std::map<std::string, HostTensor> got;
+      try {
+        got = ck.read_all(step);
+      } catch (const Error& e) {
+        if (step != refuse) throw;
+        std::printf("refused step %lld: %s\n", static_cast<long long>(step), e.what());
+        refused = true;
+        continue;
+      }
       if (got.size() != want.size()) {
         std::fprintf(stderr, "step %lld: %zu arrays, saved %zu\n", static_cast<long long>(step), got.size(), want.size());
         return 1;
@@ -80,7 +169,12 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::printf("verified %zu committed step(s)%s%s; %lld hidden folder%s of killed saves and deletions\n", steps.size(),
+    if (refuse >= 0 && !refused) {
+      std::fprintf(stderr, "step %lld was damaged but read back without an error\n", static_cast<long long>(refuse));
+      return 1;
+    }
+    std::printf("verified %zu committed step(s)%s%s; %lld hidden folder%s of killed saves and deletions\n",
+                steps.size() - (refused ? 1 : 0),
                 steps.empty() ? "" : ", latest ", steps.empty() ? "" : std::to_string(steps.back()).c_str(),
                 static_cast<long long>(temporaries), temporaries == 1 ? "" : "s");
     return 0;

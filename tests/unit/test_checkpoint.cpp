@@ -286,7 +286,7 @@ TEST_CASE("a step folder that was never committed does not block the save of its
   CHECK_THROWS_WITH(ck.save(5, arrays, mesh, {}), Catch::Contains("step 5 is already committed"));
 }
 
-TEST_CASE("a save removes what killed saves left behind, without keep_last", "[checkpoint][unit]") {
+TEST_CASE("a save removes what killed saves left behind even without keep_last", "[checkpoint][unit]") {
   // Issue 37: hidden .step_*.tmp-* folders of killed saves piled up for ever without --keep.
   std::mt19937_64 rng(3);
   TempDir tmp("leftovers");
