@@ -17,6 +17,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -57,6 +59,29 @@ bool proc_stat(long pid, char& state, unsigned long long& start) {
 std::mutex marker_mu;
 int live_runtimes = 0;
 
+// Markers of processes that are gone, older than a minute: a failed runtime leaves its marker
+// (its peers must see that it died inside a runtime), and when every process of a job failed no
+// peer is left to remove them. The minute leaves the peers of a death that just happened the
+// time to notice it (they check every half second).
+void remove_stale_markers() {
+  const std::string dir = "/dev/shm", prefix = "tessel-mpi-live-";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    long pid = 0;
+    unsigned long long start = 0;
+    if (std::sscanf(name.c_str() + prefix.size(), "%ld-%llu", &pid, &start) != 2) continue;
+    char state = 0;
+    unsigned long long now_start = 0;
+    const bool alive = proc_stat(pid, state, now_start) && now_start == start && state != 'Z' && state != 'X';
+    if (alive) continue;
+    struct stat st;
+    if (::stat(e.path().c_str(), &st) != 0 || std::time(nullptr) - st.st_mtime < 60) continue;
+    std::filesystem::remove(e.path(), ec);
+  }
+}
+
 }  // namespace
 
 ProcessIdentity ProcessIdentity::self() {
@@ -96,6 +121,7 @@ bool ProcessIdentity::died_live() const {
 bool runtime_started(const ProcessIdentity& self) {
   std::lock_guard<std::mutex> lk(marker_mu);
   if (live_runtimes++ > 0) return true;
+  remove_stale_markers();
   std::FILE* f = std::fopen(self.marker().c_str(), "w");
   if (!f) return false;
   std::fclose(f);
