@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -92,8 +93,13 @@ ProcessIdentity ProcessIdentity::self() {
   const ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
   if (n > 0) ns[n] = '\0';
   const std::string key = fmt::format("{}|{}|{}", host, read_line("/proc/sys/kernel/random/boot_id"), ns);
-  std::snprintf(id.host, sizeof id.host, "%s", host);
-  std::snprintf(id.key, sizeof id.key, "%s", key.c_str());
+  // Truncating copies (a host name may be longer than the field; the key names it whole).
+  const size_t hn = std::min(std::strlen(host), sizeof id.host - 1);
+  std::memcpy(id.host, host, hn);
+  id.host[hn] = '\0';
+  const size_t kn = std::min(key.size(), sizeof id.key - 1);
+  std::memcpy(id.key, key.data(), kn);
+  id.key[kn] = '\0';
   id.pid = static_cast<long>(getpid());
   char state = 0;
   if (!proc_stat(id.pid, state, id.start)) id.start = 0;
