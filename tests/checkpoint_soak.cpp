@@ -1,11 +1,17 @@
 // The process that scripts/soak --checkpoint kills with SIGKILL at random moments, and the
 // checks that follow each kill:
-//   tessel_checkpoint_soak save DIR SEED [async]   saves steps latest+1, latest+2, ... forever
+//   tessel_checkpoint_soak save DIR SEED [async] [devices]
+//                                            saves steps latest+1, latest+2, ... forever
 //                                            (each step's arrays a pure function of SEED and the
 //                                            step; options vary by step, with the default chunk
 //                                            checksums), keeping the last 3; `async`: through an
 //                                            AsyncCheckpointer, the next step staged while the
-//                                            last one is written
+//                                            last one is written; `devices`: the arrays are put
+//                                            on the devices of a loaded program (the Trainer's
+//                                            path) and saved from there. Under mpirun (required
+//                                            there: `devices`) every process saves its own
+//                                            devices' blocks, collectively; an async save's
+//                                            workers meet in a process group of their own.
 //   tessel_checkpoint_soak verify DIR SEED   every committed step must read back exactly what
 //                                            its save wrote; prints the steps and temporaries
 //   tessel_checkpoint_soak corrupt DIR SEED  damages one committed step at random (a flipped
@@ -25,6 +31,12 @@
 #include <string>
 
 #include "tessel/checkpoint/checkpoint.hpp"
+#include "tessel/executable.hpp"
+#include "tessel/ops/builders.hpp"
+#include "tessel/runtime/launch.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/make_runtime.hpp"
+#include "tessel/runtime/process_group.hpp"
 
 using namespace tessel;
 
@@ -46,6 +58,40 @@ std::map<std::string, HostTensor> arrays_of(uint64_t seed, int64_t step) {
 const std::map<std::string, Sharding> kShardings = {{"w", Sharding::of({{"data"}, {"model"}})},
                                                     {"adam.m.w", Sharding::of({{"data"}, {"model"}})},
                                                     {"emb", Sharding::of({{"model"}, {}})}};
+
+// Saves from the devices of a loaded program (every input one of the arrays, in its layout),
+// on this process's runtime: threads alone, an MpiRuntime under mpirun.
+[[noreturn]] void save_from_devices(CheckpointDir& ck, uint64_t seed, bool async) {
+  const Mesh mesh = Mesh::parse("data=2,model=2");
+  Graph g;
+  for (const auto& [name, t] : arrays_of(seed, 0)) {
+    Tensor in = input(g, name, t.dtype(), t.shape());
+    const auto s = kShardings.find(name);
+    if (s != kShardings.end()) g.annotate(in, s->second);
+    if (name == "w") g.mark_output(neg(in));
+  }
+  g.mesh = mesh;
+  const Executable exe = compile(g, mesh);
+  const auto rt = make_cpu_runtime(RuntimeRequest("cpu", mesh));
+  const LoadedExecutable prog = load(exe, *rt);
+  std::shared_ptr<ProcessGroup> group;  // the async workers' own group (several processes only)
+  if (launched_by_mpi() && detect_launch().world_size > 1) group = mpi_process_group();
+  const bool commits = !launched_by_mpi() || detect_launch().rank == 0;
+  std::optional<AsyncCheckpointer> ac;
+  if (async) ac.emplace(ck);
+  for (int64_t step = ck.latest().value_or(0) + 1;; ++step) {
+    std::map<std::string, ShardedArray> arrays;
+    for (const auto& [name, t] : arrays_of(seed, step)) arrays.emplace(name, prog.to_device(name, t));
+    SaveOptions o;
+    o.inner_chunk_bytes = 16 << 10;
+    o.zstd = step % 2 == 0;
+    if (async) ac->save(step, arrays, prog, o, group);
+    else ck.save(step, arrays, prog, o);
+    if (commits) ck.keep_last(3);  // the committing process (rank 0) holds the writer lock
+    std::printf("saved %lld\n", static_cast<long long>(step));
+    std::fflush(stdout);
+  }
+}
 
 std::string fmt_at(const char* what, int64_t at, const std::string& file) {
   return std::string(what) + " " + std::to_string(at) + " of " + file;
@@ -106,11 +152,18 @@ int64_t corrupt(CheckpointDir& ck, uint64_t seed) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  const bool ok_args = (mode == "save" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "async"))) ||
+  bool async = false, devices = false, ok_flags = true;
+  for (int i = 4; mode == "save" && i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "async" && !async) async = true;
+    else if (f == "devices" && !devices) devices = true;
+    else ok_flags = false;
+  }
+  const bool ok_args = (mode == "save" && argc >= 4 && argc <= 6 && ok_flags) ||
                        (mode == "verify" && (argc == 4 || (argc == 5 && std::string(argv[4]).rfind("refuse=", 0) == 0))) ||
                        (mode == "corrupt" && argc == 4);
   if (!ok_args) {
-    std::fprintf(stderr, "usage: tessel_checkpoint_soak save DIR SEED [async] | verify DIR SEED [refuse=STEP] | "
+    std::fprintf(stderr, "usage: tessel_checkpoint_soak save DIR SEED [async] [devices] | verify DIR SEED [refuse=STEP] | "
                          "corrupt DIR SEED\n");
     return 2;
   }
@@ -118,9 +171,13 @@ int main(int argc, char** argv) {
   const uint64_t seed = std::stoull(argv[3]);
   try {
     CheckpointDir ck(dir);
+    if (mode == "save" && (devices || launched_by_mpi())) {
+      if (!devices) throw Error("tessel_checkpoint_soak save: under mpirun every process saves its devices' blocks: "
+                                "add `devices`");
+      save_from_devices(ck, seed, async);
+    }
     if (mode == "save") {
       const Mesh mesh = Mesh::parse("data=2,model=2");
-      const bool async = argc == 5;
       std::optional<AsyncCheckpointer> ac;
       if (async) ac.emplace(ck);
       for (int64_t step = ck.latest().value_or(0) + 1;; ++step) {

@@ -177,24 +177,34 @@ class Formulation {
   }
 
   // The edge matrix from layouts `from` to `to` of one value: the reshard of each distinct pair
-  // once (strategies share layouts), row-major picoseconds.
+  // once (strategies share layouts), row-major picoseconds. Layouts and value types are
+  // interned to integers, so a pair seen before (a repeated layer's) costs one hash lookup
+  // rather than building and hashing its text (which was most of the formulation's time).
   std::vector<int64_t> cost_matrix(const Value& val, const std::vector<const Sharding*>& from,
                                    const std::vector<const Sharding*>& to) {
-    auto distinct = [](const std::vector<const Sharding*>& ls, std::vector<const Sharding*>& uniq) {
-      std::unordered_map<std::string, int> id;
+    auto distinct = [&](const std::vector<const Sharding*>& ls, std::vector<const Sharding*>& uniq,
+                        std::vector<int>& ids) {
+      std::unordered_map<int, int> id;  // interned layout -> index in uniq
       std::vector<int> of(ls.size());
       for (std::size_t i = 0; i < ls.size(); ++i) {
-        auto [it, fresh] = id.emplace(ls[i]->to_string(), static_cast<int>(uniq.size()));
-        if (fresh) uniq.push_back(ls[i]);
+        const int lid = intern(layout_ids_, ls[i]->to_string());
+        auto [it, fresh] = id.emplace(lid, static_cast<int>(uniq.size()));
+        if (fresh) {
+          uniq.push_back(ls[i]);
+          ids.push_back(lid);
+        }
         of[i] = it->second;
       }
       return of;
     };
     std::vector<const Sharding*> uf, ut;
-    const std::vector<int> fi = distinct(from, uf), ti = distinct(to, ut);
+    std::vector<int> fids, tids;
+    const std::vector<int> fi = distinct(from, uf, fids), ti = distinct(to, ut, tids);
+    const int type_id = intern(type_ids_, shape_str(val.shape) + dtype_name(val.dtype));
     std::vector<int64_t> m(uf.size() * ut.size());
     for (std::size_t a = 0; a < uf.size(); ++a)
-      for (std::size_t b = 0; b < ut.size(); ++b) m[a * ut.size() + b] = picoseconds(reshard_s(val.shape, val.dtype, *uf[a], *ut[b]));
+      for (std::size_t b = 0; b < ut.size(); ++b)
+        m[a * ut.size() + b] = picoseconds(reshard_s(type_id, fids[a], tids[b], val.shape, val.dtype, *uf[a], *ut[b]));
     std::vector<int64_t> cost(from.size() * to.size());
     for (std::size_t a = 0; a < from.size(); ++a)
       for (std::size_t b = 0; b < to.size(); ++b)
@@ -202,9 +212,20 @@ class Formulation {
     return cost;
   }
 
-  double reshard_s(const Shape& shape, DType dt, const Sharding& from, const Sharding& to) {
-    if (from.same_layout(to)) return 0;
-    std::string key = shape_str(shape) + dtype_name(dt) + from.to_string() + ">" + to.to_string();
+  static int intern(std::unordered_map<std::string, int>& ids, std::string key) {
+    const int id = ids.emplace(std::move(key), static_cast<int>(ids.size())).first->second;
+    if (id >= (1 << 21))
+      throw Error("auto_shard: more than 2^21 distinct layouts or value types in one formulation (internal limit)");
+    return id;
+  }
+
+  // The reshard of a value of type `type_id` from layout `from_id` to `to_id` (interned ids of
+  // the shape and dtype, and of the layouts' text), planned once per distinct triple.
+  double reshard_s(int type_id, int from_id, int to_id, const Shape& shape, DType dt, const Sharding& from,
+                   const Sharding& to) {
+    if (from_id == to_id || from.same_layout(to)) return 0;
+    const uint64_t key = (static_cast<uint64_t>(type_id) << 42) ^ (static_cast<uint64_t>(from_id) << 21) ^
+                         static_cast<uint64_t>(to_id);
     auto it = reshard_cache_.find(key);
     if (it != reshard_cache_.end()) return it->second;
     double s = 0;
@@ -213,7 +234,7 @@ class Formulation {
     } catch (const Error&) {
       s = 1e6;  // not reachable: an "infinite" cost (a million seconds)
     }
-    reshard_cache_.emplace(std::move(key), s);
+    reshard_cache_.emplace(key, s);
     return s;
   }
 
@@ -223,7 +244,10 @@ class Formulation {
   const AutoShardOptions& o_;
   DimClasses sets_;  // dims joined by the ops' factors (axis_only_on)
   std::vector<int> node_of_value_, result_of_value_;
-  std::unordered_map<std::string, double> reshard_cache_;
+  // Interned layouts and value types (cost_matrix), and the reshard of each (type, from, to):
+  // ids below 2^21 each, so the three fit one 64-bit key (checked where they are made).
+  std::unordered_map<std::string, int> layout_ids_, type_ids_;
+  std::unordered_map<uint64_t, double> reshard_cache_;
   std::map<std::string, std::set<int>> allowed_;  // axis -> dim components it may split
   std::vector<std::optional<OpRule>> rules_;
 
@@ -556,16 +580,31 @@ AutoShardProblem formulate_auto_shard(const Graph& g, const Mesh& mesh, const Au
 
 namespace {
 
+// The solver's share of AutoShardOptions::time_limit_s. Set (> 0), the limit is the whole call's:
+// each solve gets 90% of what the formulation and the solves before it left (what follows a
+// solve, building the result and compiling for a budget, takes the rest), and at least 5% of
+// the limit (a plan needs a search, however short), so an answer may come late only by the
+// formulation's overrun. Not set: the automatic solver limit, 0.5 s or 0.15 ms per node.
+struct SolveLimit {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start;
+  double limit_s = 0;
+  double automatic_s = 0.5;
+  bool timed() const { return limit_s > 0; }
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
+  double left() const { return limit_s - elapsed(); }
+  double next_solve() const { return timed() ? std::max(0.05 * limit_s, 0.9 * left()) : automatic_s; }
+};
+
 // Solves a formulated problem (at its usage limit as set) and builds the result from the plan:
 // the search over every node and, where nodes repeat, the one over their classes, the better
 // kept.
+// `limit_s`: the solver's wall clock (SolveLimit).
 AutoShardResult solve_formulated(const Graph& g, const AutoShardOptions& options, const AutoShardProblem& ap,
                                  const std::vector<std::vector<Strategy>>& strategies,
-                                 const autoshard::RepeatClasses& classes) {
+                                 const autoshard::RepeatClasses& classes, double limit_s) {
   autoshard::SolveOptions so;
-  so.time_limit_s = options.time_limit_s > 0
-                        ? options.time_limit_s
-                        : std::max(0.5, 1.5e-4 * static_cast<double>(ap.problem.nodes.size()));
+  so.time_limit_s = limit_s;
   so.seed = options.seed;
   so.max_iterations = options.max_iterations;
   // CBC checks its time limit only between the steps of its search: beyond a few ten thousand
@@ -708,28 +747,49 @@ int64_t program_peak(const Graph& annotated, const Mesh& mesh, const AutoShardOp
 // order, before fusion and scheduling) is an estimate; the lowered program's memory plan is
 // what runs. So the plan is checked there, and while the two disagree about the budget the
 // solver's limit is rescaled by this plan's ratio of estimate to program and the problem
-// solved again (at most three more times). Kept: the cheapest plan whose program fits, else
+// solved again (at most three more times; with a time limit, only while a solve and a check
+// of its program still fit in what is left). Kept: the cheapest plan whose program fits, else
 // the one of least program memory.
 void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& options, AutoShardProblem& ap,
                 const std::vector<std::vector<Strategy>>& strategies, const autoshard::RepeatClasses& classes,
-                AutoShardResult& res) {
+                const SolveLimit& clock, AutoShardResult& res) {
   const int64_t budget = options.memory_budget_bytes;
   auto cost = [](const AutoShardResult& r) { return r.compute_s + r.comm_s; };
   std::optional<AutoShardResult> best, least;
   AutoShardResult cur = res;
   double solve_s = 0;
   int solves = 1;
+  bool out_of_time = false;
+  // A check compiles and lowers the whole program: on large graphs it takes far longer than
+  // the formulation (the 96-layer GPT-3 step on 64 devices, 2-core Xeon: 14.8 s against 1.2 s).
+  // With a time limit a check is made only when it fits in what is left: predicted from the
+  // formulation's time before the first, from the last one's after.
+  constexpr double kCheckOverFormulation = 15;
+  double check_s = kCheckOverFormulation * res.formulate_s;
+  auto check_fits_in_time = [&] { return !clock.timed() || clock.left() >= check_s; };
+  if (!check_fits_in_time()) {
+    res.solver += fmt::format(
+        "; the program's peak was not checked against the budget (a check would take about {:.1f} s, beyond the "
+        "{} s time limit): `fits` is the solver's estimate, and compile() checks the program it builds",
+        check_s, clock.limit_s);
+    return;
+  }
   while (true) {
     solve_s += cur.solve_s;
+    double check_start = clock.elapsed();
     cur.program_peak_bytes = program_peak(cur.annotated(g), mesh, options);
+    check_s = clock.elapsed() - check_start;
     // The solver's memory leaves out the copies an op's operands are resharded into while it
     // runs, so the plan's own strategies can need more than the partitioner's choice of each
     // op's factors for the same layouts (the gpt_train model's least plan: 1.65 against 1.45
-    // MB). Over the budget, the plan without its strategies is tried too and kept if smaller.
-    if (cur.program_peak_bytes > budget) {
+    // MB). Over the budget, the plan without its strategies is tried too and kept if smaller
+    // (with a time limit, when that check fits in what is left).
+    if (cur.program_peak_bytes > budget && check_fits_in_time()) {
       AutoShardResult own = cur;
       for (auto& f : own.op_factors) f.clear();
+      check_start = clock.elapsed();
       own.program_peak_bytes = program_peak(own.annotated(g), mesh, options);
+      check_s = std::max(check_s, clock.elapsed() - check_start);
       if (own.program_peak_bytes < cur.program_peak_bytes) cur = std::move(own);
     }
     const bool fits = cur.program_peak_bytes <= budget;
@@ -738,12 +798,18 @@ void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& option
     // Done when the estimate and the program agree about the budget (both over it: even the
     // least memory the solver found does not fit the program), or after four solves.
     if (fits == cur.fits || solves == 4) break;
+    // Another solve and its check must fit in what is left of the limit (the check as long as
+    // the last one took), else the best plan so far is the answer.
+    if (clock.timed() && clock.left() < 0.05 * clock.limit_s + check_s) {
+      out_of_time = true;
+      break;
+    }
     const double ratio =
         static_cast<double>(cur.peak_bytes) / static_cast<double>(std::max<int64_t>(1, cur.program_peak_bytes));
     const int64_t next = static_cast<int64_t>(static_cast<double>(budget) * ratio);
     if (next == *ap.problem.usage_limit || next <= 0) break;
     ap.problem.usage_limit = next;
-    cur = solve_formulated(g, options, ap, strategies, classes);
+    cur = solve_formulated(g, options, ap, strategies, classes, clock.next_solve());
     ++solves;
   }
   ap.problem.usage_limit = budget;
@@ -752,6 +818,9 @@ void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& option
   out.solve_s = solve_s;
   out.fits = best.has_value();
   if (solves > 1) out.solver += fmt::format("; {} solves to fit the budget in the lowered program", solves);
+  if (out_of_time)
+    out.solver += fmt::format("; stopped fitting the budget at the {} s time limit after {} solve{}", clock.limit_s,
+                              solves, solves == 1 ? "" : "s");
   res = std::move(out);
 }
 
@@ -776,7 +845,10 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
                                 n, val.shape[d]));
     }
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  SolveLimit clock;
+  clock.start = SolveLimit::Clock::now();
+  clock.limit_s = options.time_limit_s;
+  const auto t0 = clock.start;
   std::vector<std::vector<Strategy>> strategies;
   Formulation f(g, mesh, options);
   AutoShardProblem ap = f.run(strategies);
@@ -796,10 +868,17 @@ AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOpti
     colors[n] = h;
   }
   const autoshard::RepeatClasses classes = autoshard::repeat_classes(ap.problem, std::move(colors), 4);
-  AutoShardResult res = solve_formulated(g, options, ap, strategies, classes);
+  clock.automatic_s = std::max(0.5, 1.5e-4 * static_cast<double>(ap.problem.nodes.size()));
+  AutoShardResult res = solve_formulated(g, options, ap, strategies, classes, clock.next_solve());
   res.formulate_s = std::chrono::duration<double>(t1 - t0).count();
-  if (options.memory_budget_bytes > 0) fit_budget(g, mesh, options, ap, strategies, classes, res);
+  if (options.memory_budget_bytes > 0) fit_budget(g, mesh, options, ap, strategies, classes, clock, res);
   res.cost = options.cost;
+  // Over the limit only when the formulation (which a plan cannot do without) took most of it:
+  // said, never silent.
+  if (clock.timed() && clock.elapsed() > 1.5 * clock.limit_s + 1)
+    res.solver += fmt::format("; answered in {:.2f} s, over the {} s time limit (the formulation took {:.2f} s, "
+                              "the solves {:.2f} s; give a longer limit)",
+                              clock.elapsed(), clock.limit_s, res.formulate_s, res.solve_s);
   return res;
 }
 
