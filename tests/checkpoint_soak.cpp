@@ -16,7 +16,9 @@
 //                                            its save wrote; prints the steps and temporaries
 //   tessel_checkpoint_soak corrupt DIR SEED  damages one committed step at random (a flipped
 //                                            byte, a zeroed 4 KiB block, a truncated or deleted
-//                                            shard, two array folders swapped) and prints which
+//                                            shard, a shard replaced by another step's or
+//                                            position's, two array folders swapped) and prints
+//                                            which
 //   tessel_checkpoint_soak verify DIR SEED refuse=N   as verify, but step N must be refused
 //                                            (an Error naming what is wrong), never returned
 #include <algorithm>
@@ -113,7 +115,7 @@ int64_t corrupt(CheckpointDir& ck, uint64_t seed) {
   if (shards.empty()) return -1;
   const std::string f = shards[rng() % shards.size()];
   const int64_t size = static_cast<int64_t>(fs::file_size(f));
-  const int kind = static_cast<int>(rng() % 5);
+  const int kind = static_cast<int>(rng() % 6);
   std::string what;
   if (kind == 0 || kind == 1) {  // a flipped byte, or a zeroed block of up to 4 KiB
     std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
@@ -138,6 +140,23 @@ int64_t corrupt(CheckpointDir& ck, uint64_t seed) {
   } else if (kind == 3) {
     fs::remove(f);
     what = "deleted " + f;
+  } else if (kind == 5) {  // the shard replaced by a file of its size: its own in another step, or another of the step
+    const std::string rel = fs::relative(f, ck.step_path(step)).string();
+    std::vector<std::string> others;
+    for (int64_t s2 : steps)
+      if (s2 != step && fs::exists(ck.step_path(s2) + "/" + rel)) others.push_back(ck.step_path(s2) + "/" + rel);
+    for (const std::string& g : shards)
+      if (g != f && fs::path(g).parent_path().parent_path() == fs::path(f).parent_path().parent_path() &&
+          fs::file_size(g) == static_cast<uintmax_t>(size))
+        others.push_back(g);
+    if (others.empty()) {  // nothing alike to copy: delete it instead
+      fs::remove(f);
+      what = "deleted " + f;
+    } else {
+      const std::string from = others[rng() % others.size()];
+      fs::copy_file(from, f, fs::copy_options::overwrite_existing);
+      what = "replaced " + f + " by a copy of " + from;
+    }
   } else {  // two array folders of the step swapped
     const Manifest m = ck.manifest(step);
     const std::string a = ck.step_path(step) + "/" + m.arrays[0].folder, b = ck.step_path(step) + "/" + m.arrays[1].folder;

@@ -37,7 +37,7 @@ namespace {
 // tools add.
 const std::vector<std::string> kManifestKeys = {"format",         "format_version", "step",     "mesh",
                                                 "tessel_version", "arrays",         "metadata", "processes"};
-const std::vector<std::string> kManifestArrayKeys = {"name", "dtype", "shape", "sharding", "folder"};
+const std::vector<std::string> kManifestArrayKeys = {"name", "dtype", "shape", "sharding", "folder", "shard_digests"};
 
 // "" when the manifest in `attrs` (the group's attributes) has only known keys; else what is
 // unknown and where.
@@ -210,6 +210,15 @@ Manifest CheckpointDir::manifest(int64_t step) const {
       ca.shape = a.at("shape").get<Shape>();
       ca.sharding = Sharding::parse(a.at("sharding").get<std::string>());
       ca.folder = a.at("folder").get<std::string>();
+      if (a.contains("shard_digests"))
+        for (const auto& [key, d] : a.at("shard_digests").items()) {
+          const std::string hex = d.get<std::string>();
+          std::size_t used = 0;
+          const unsigned long v = hex.size() == 8 ? std::stoul(hex, &used, 16) : 0;
+          if (hex.size() != 8 || used != 8)
+            throw Error(fmt::format("array '{}': shard digest '{}' of {} is not 8 hex digits", ca.name, hex, key));
+          ca.shard_digests[key] = static_cast<uint32_t>(v);
+        }
       m.arrays.push_back(std::move(ca));
     }
   } catch (const std::exception& e) {
@@ -233,9 +242,11 @@ std::unique_ptr<StoredArray> CheckpointDir::array(int64_t step, const std::strin
 std::unique_ptr<StoredArray> CheckpointDir::open_checked(int64_t step, const CheckpointArray& a) const {
   const std::string folder = step_path(step) + "/" + a.folder;
   std::unique_ptr<StoredArray> arr = store_->open(folder);
-  // Every shard was written (a missing one is lost data, not zeros), the folder holds the array
-  // the manifest names there, of its dtype and shape (issue 37 D1, D6).
+  // Every shard was written (a missing one is lost data, not zeros), each one the manifest's (its
+  // digest: not copied from another step or position), the folder holds the array the manifest
+  // names there, of its dtype and shape (issue 37 D1, D6).
   arr->require_every_chunk();
+  if (!a.shard_digests.empty()) arr->expect_shard_digests(a.shard_digests);
   std::string held;
   try {
     const json attrs = json::parse(arr->attributes_json());

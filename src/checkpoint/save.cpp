@@ -431,6 +431,7 @@ SaveStats save_step(const ArrayStore& store, const std::string& path, const std:
   SaveStats stats;
   stats.processes = ex.size;
   stats.imbalance = plan.imbalance();
+  json digests = json::object();  // this process's shards: array -> key -> digest (hex)
   try {
     struct Job {
       std::size_t a;
@@ -476,13 +477,19 @@ SaveStats save_step(const ArrayStore& store, const std::string& path, const std:
     // Files first (their own threads: the copies into inner chunks of one overlap the writes
     // of another), then the folders holding them, so this process's part is durable.
     std::vector<int64_t> written(jobs.size(), 0);
+    std::vector<ShardWritten> shards(jobs.size());
     parallel_for(static_cast<int64_t>(jobs.size()), [&](int64_t j) {
       const Job& job = jobs[static_cast<std::size_t>(j)];
       const Item& it = items[job.a];
       if (job.source->numel() > 0)
-        store.write_shard(tmp + "/" + it.folder, it.spec, unravel(it.store, job.b), *job.source, job.origin);
+        shards[static_cast<std::size_t>(j)] =
+            store.write_shard(tmp + "/" + it.folder, it.spec, unravel(it.store, job.b), *job.source, job.origin);
       written[static_cast<std::size_t>(j)] = block_bytes(it.layout, it.store, job.b);
     });
+    // Each shard's digest, by array and key, for the manifest (rank 0 gathers every process's).
+    for (std::size_t j = 0; j < jobs.size(); ++j)
+      if (shards[j].digest)
+        digests[items[jobs[j].a].name][shards[j].key] = fmt::format("{:08x}", *shards[j].digest);
     // The folders of the shard files, up to the array's folder (made here by write_shard).
     std::set<std::string> dirs;
     for (const Job& job : jobs) {
@@ -505,19 +512,27 @@ SaveStats save_step(const ArrayStore& store, const std::string& path, const std:
   } catch (...) {
     err = what_failed(std::current_exception());
   }
-  raise_failures(ex.all({{"err", err}}), where);
+  const std::vector<json> wrote = ex.all({{"err", err}, {"digests", digests}});
+  raise_failures(wrote, where);
 
   // 4. Rank 0 writes the manifest, makes everything durable and commits with one rename.
   if (r == 0) {
     try {
       json attrs = json::parse(options.metadata_json);
+      json all_digests = json::object();  // array -> shard key -> digest, from every process
+      for (const json& w : wrote)
+        for (const auto& [name, by_key] : w.at("digests").items())
+          for (const auto& [key, d] : by_key.items()) all_digests[name][key] = d;
       json arrays = json::array();
-      for (const Item& it : items)
-        arrays.push_back({{"name", it.name},
-                          {"dtype", dtype_name(it.layout.dtype)},
-                          {"shape", it.layout.shape},
-                          {"sharding", it.layout.sharding.to_string()},
-                          {"folder", it.folder}});
+      for (const Item& it : items) {
+        json a = {{"name", it.name},
+                  {"dtype", dtype_name(it.layout.dtype)},
+                  {"shape", it.layout.shape},
+                  {"sharding", it.layout.sharding.to_string()},
+                  {"folder", it.folder}};
+        if (all_digests.contains(it.name)) a["shard_digests"] = all_digests[it.name];
+        arrays.push_back(std::move(a));
+      }
       const json manifest = {{"format", "tessel-checkpoint"}, {"format_version", 1}, {"step", step},
                              {"mesh", mesh.to_string()},       {"tessel_version", TESSEL_VERSION_STRING},
                              {"arrays", arrays},               {"metadata", attrs},

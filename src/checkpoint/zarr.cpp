@@ -173,13 +173,13 @@ void create_array(const std::string& dir, const ArraySpec& spec) {
   write_file_synced(dir + "/zarr.json", meta.dump(2) + "\n");
 }
 
-int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
-                    const HostTensor& block) {
+ShardWritten write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                         const HostTensor& block) {
   return write_shard(dir, spec, shard_index, block, std::vector<int64_t>(block.shape().size(), 0));
 }
 
-int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
-                    const HostTensor& source, const std::vector<int64_t>& origin) {
+ShardWritten write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                         const HostTensor& source, const std::vector<int64_t>& origin) {
   Shape shard, inner;
   check_spec(dir, spec, shard, inner);
   const std::size_t r = spec.shape.size();
@@ -203,10 +203,12 @@ int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::ve
   Shape grid(r);
   for (std::size_t d = 0; d < r; ++d) grid[d] = shard[d] / inner[d];
   const int64_t nchunks = product(grid);
-  const std::string path = dir + "/" + chunk_key(shard_index, "default", '/');
+  const std::string key = chunk_key(shard_index, "default", '/');
+  const std::string path = dir + "/" + key;
   fs::create_directories(fs::path(path).parent_path());
   SyncedFile out(path);
   std::string index;
+  std::string crcs;  // the stored chunks' crc32c values, in index order: the shard's digest
   uint64_t offset = 0;
   std::vector<char> chunk(static_cast<std::size_t>(product(inner)) * elem);
   std::vector<char> packed;
@@ -259,6 +261,7 @@ int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::ve
           std::string c4;
           put_u32(c4, crc);
           out.write(c4.data(), c4.size());
+          crcs += c4;
           stored += 4;
         }
         put_u64(index, offset);
@@ -285,6 +288,7 @@ int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::ve
       std::string crc;
       put_u32(crc, crc32c(bytes, n));
       out.write(crc.data(), crc.size());
+      crcs += crc;
       stored += 4;
     }
     put_u64(index, offset);
@@ -294,7 +298,11 @@ int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::ve
   put_u32(index, crc32c(index.data(), index.size()));
   out.write(index.data(), index.size());
   out.commit();
-  return static_cast<int64_t>(offset + index.size());
+  ShardWritten w;
+  w.bytes = static_cast<int64_t>(offset + index.size());
+  w.key = key;
+  if (spec.chunk_crc32c) w.digest = crc32c(crcs.data(), crcs.size());
+  return w;
 }
 
 // ---- reading ------------------------------------------------------------------------------------
@@ -480,6 +488,13 @@ HostTensor Array::read(const std::vector<int64_t>& start, const Shape& shape, Re
     } else {
       where[0] = {0, static_cast<uint64_t>(fsize)};
     }
+    // The shard's digest (expect_shard_digests): every stored chunk's crc32c, from the chunks
+    // read below and, for the others, their last 4 bytes.
+    const bool digest = !digests_.empty();
+    const bool outer_crc = !chunk_codecs_.empty() && chunk_codecs_.back() == "crc32c";
+    if (digest && !outer_crc)
+      bad(path, "the step's manifest records shard digests, but this array's chunks have no crc32c to check them by");
+    std::vector<int64_t> crc_of(digest ? static_cast<std::size_t>(ninner) : 0, -1);
     for (int64_t k = 0; k < ninner; ++k) {
       const std::vector<int64_t> ki = unravel(k, inner_grid);
       // The inner chunk's global origin and its overlap with the region.
@@ -514,6 +529,7 @@ HostTensor Array::read(const std::vector<int64_t>& start, const Shape& shape, Re
         stats->bytes_read += static_cast<int64_t>(n);
         ++stats->chunks_read;
       }
+      if (digest && n >= 4) crc_of[static_cast<std::size_t>(k)] = get_u32(reinterpret_cast<const unsigned char*>(raw.data()) + n - 4);
       std::size_t len = raw.size();
       const char* bytes = raw.data();
       for (auto it = chunk_codecs_.rbegin(); it != chunk_codecs_.rend(); ++it) {
@@ -539,14 +555,46 @@ HostTensor Array::read(const std::vector<int64_t>& start, const Shape& shape, Re
         bad(chunk_name, fmt::format("{} bytes where the chunk has {}: corrupted or another layout", len, chunk_bytes));
       copy_box(bytes, inner_shape_, src_at, static_cast<char*>(out.data()), shape, dst_at, box, elem);
     }
+    if (digest) check_digest(path, key, f, where, data_lo, data_hi, crc_of, stats);
   }
   return out;
+}
+
+void Array::check_digest(const std::string& path, const std::string& key, const ReadFile& f,
+                         const std::vector<std::pair<uint64_t, uint64_t>>& where, int64_t data_lo, int64_t data_hi,
+                         std::vector<int64_t>& crc_of, ReadStats* stats) const {
+  const auto want = digests_.find(key);
+  if (want == digests_.end())
+    bad(path, "the step's manifest records no digest for this shard: it was not written by this step's save "
+              "(copied in from elsewhere?); restore from another step");
+  std::string crcs;
+  for (std::size_t k = 0; k < where.size(); ++k) {
+    const auto [off, n] = where[k];
+    if (off == kEmpty && n == kEmpty) continue;
+    if (crc_of[k] < 0) {
+      if (n < 4 || static_cast<int64_t>(off) < data_lo || n > static_cast<uint64_t>(data_hi) ||
+          static_cast<int64_t>(off) > data_hi - static_cast<int64_t>(n))
+        bad(path, fmt::format("inner chunk {}: its index entry (offset {}, {} bytes) points outside the file's data "
+                              "[{}, {})", k, off, n, data_lo, data_hi));
+      unsigned char c4[4];
+      f.read_at(static_cast<int64_t>(off + n - 4), c4, 4, path);
+      if (stats) stats->bytes_read += 4;
+      crc_of[k] = get_u32(c4);
+    }
+    put_u32(crcs, static_cast<uint32_t>(crc_of[k]));
+  }
+  const uint32_t got = crc32c(crcs.data(), crcs.size());
+  if (got != want->second)
+    bad(path, fmt::format("its chunks digest to {:08x}, the step's manifest records {:08x} for this shard: the file "
+                          "holds another shard's data (copied from another step or position); restore from another "
+                          "step",
+                          got, want->second));
 }
 
 
 void Store::create_array(const std::string& dir, const ArraySpec& spec) const { zarr::create_array(dir, spec); }
 
-int64_t Store::write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+ShardWritten Store::write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
                            const HostTensor& source, const std::vector<int64_t>& origin) const {
   return zarr::write_shard(dir, spec, shard_index, source, origin);
 }

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,27 +38,30 @@
 
 namespace tessel::zarr {
 
+class ReadFile;  // file_io.hpp
+
 // Creates folder `dir` (its parents must exist; it must not exist) with zarr.json. Throws Error
 // naming the folder, or the spec's field that is inconsistent.
 void create_array(const std::string& dir, const ArraySpec& spec);
 
 // Writes the shard at grid position `shard_index` from `block`: the shard's region of the
 // array, clipped to the array's bounds (block.shape() == that clipped shape, block.dtype() ==
-// spec.dtype). Returns the bytes written. The file is written and fsynced; the caller commits.
-int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
-                    const HostTensor& block);
+// spec.dtype). Returns its bytes, key and digest (ShardWritten). The file is written and
+// fsynced; the caller commits.
+ShardWritten write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                         const HostTensor& block);
 // The same, the block read in place from `source` at `origin` (e.g. the whole array): no copy
 // of the block is made.
-int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
-                    const HostTensor& source, const std::vector<int64_t>& origin);
+ShardWritten write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                         const HostTensor& source, const std::vector<int64_t>& origin);
 
 // The ArrayStore over these functions (zarr_v3_store() returns one).
 class Store final : public ArrayStore {
  public:
   const char* format() const override { return "zarr v3"; }
   void create_array(const std::string& dir, const ArraySpec& spec) const override;
-  int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
-                      const HostTensor& source, const std::vector<int64_t>& origin) const override;
+  ShardWritten write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                           const HostTensor& source, const std::vector<int64_t>& origin) const override;
   using ArrayStore::write_shard;
   std::unique_ptr<StoredArray> open(const std::string& dir) const override;
   // zarr.json with node_type "group" and the attributes.
@@ -86,9 +90,17 @@ class Array final : public StoredArray {
   HostTensor read(const std::vector<int64_t>& start, const Shape& shape, ReadStats* stats = nullptr) const override;
   using StoredArray::read_all;
   void require_every_chunk() override { every_chunk_ = true; }
+  void expect_shard_digests(std::map<std::string, uint32_t> by_key) override { digests_ = std::move(by_key); }
 
  private:
+  // The shard in `path` (chunk key `key`, open as `f`; its chunks' (offset, bytes) in `where`,
+  // crc_of: the crc32c of those already read, -1 for the others, read here) digests to what
+  // expect_shard_digests recorded for `key`; else an Error naming the file.
+  void check_digest(const std::string& path, const std::string& key, const ReadFile& f,
+                    const std::vector<std::pair<uint64_t, uint64_t>>& where, int64_t data_lo, int64_t data_hi,
+                    std::vector<int64_t>& crc_of, ReadStats* stats) const;
   bool every_chunk_ = false;  // require_every_chunk: a missing shard or chunk is an error
+  std::map<std::string, uint32_t> digests_;  // expect_shard_digests: by the shard's chunk key
   std::string dir_;
   Shape shape_;
   DType dtype_ = DType::f32;

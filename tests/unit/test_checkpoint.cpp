@@ -267,6 +267,48 @@ TEST_CASE("a checkpoint restore refuses a missing shard and a swapped array fold
   CHECK(same_bits(back.at("b"), arrays.at("b")));
 }
 
+TEST_CASE("a checkpoint restore refuses a shard copied from another step or position", "[checkpoint][unit]") {
+  // Issue 37 D6: such a shard passes every chunk checksum; the digests in the step's manifest
+  // (each shard's chunk checksums, digested) tell it apart.
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("checkpoint shard digests", seed, 1);
+  std::mt19937_64 rng(seed);
+  TempDir tmp("digests");
+  CheckpointDir ck(tmp.path);
+  const Mesh mesh = Mesh::parse("d=2");
+  const std::map<std::string, Sharding> sh = {{"a", Sharding::of({{"d"}, {}})}, {"b", Sharding::of({{"d"}, {}})}};
+  SaveOptions o;
+  o.inner_chunk_bytes = 256;  // four inner chunks per shard: a read of one touches part of a shard
+  std::map<int, std::map<std::string, HostTensor>> saved;
+  for (int step : {1, 2, 3}) {
+    saved[step] = {{"a", random_tensor(DType::f32, {64, 8}, rng)}, {"b", random_tensor(DType::f32, {64, 8}, rng)}};
+    ck.save(step, saved[step], mesh, sh, o);
+  }
+  CHECK(ck.manifest(1).find("a")->shard_digests.size() == 2);
+  // Step 2's first shard of a replaced by step 1's: refused whole, and by a region read that
+  // touches only one of its inner chunks; the other shard still reads.
+  fs::copy_file(ck.step_path(1) + "/a/c/0/0", ck.step_path(2) + "/a/c/0/0", fs::copy_options::overwrite_existing);
+  CHECK_THROWS_WITH(ck.read(2, "a"), Catch::Contains("a/c/0/0") && Catch::Contains("another shard's data"));
+  CHECK_THROWS_WITH(ck.array(2, "a")->read({0, 0}, {2, 8}), Catch::Contains("another shard's data"));
+  const HostTensor lower = ck.array(2, "a")->read({32, 0}, {32, 8});
+  CHECK(std::memcmp(lower.data(), static_cast<const float*>(saved[2].at("a").data()) + 32 * 8, lower.bytes()) == 0);
+  // The two shards of b in step 1 swapped: each in the other's place, both refused.
+  const std::string b0 = ck.step_path(1) + "/b/c/0/0", b1 = ck.step_path(1) + "/b/c/1/0";
+  fs::rename(b0, b0 + ".x");
+  fs::rename(b1, b0);
+  fs::rename(b0 + ".x", b1);
+  CHECK_THROWS_WITH(ck.read(1, "b"), Catch::Contains("another shard's data"));
+  // Step 3 untouched reads back bit for bit; so does a step saved without chunk checksums (and
+  // so without digests, as checkpoints written before them).
+  const auto back = ck.read_all(3);
+  CHECK(same_bits(back.at("a"), saved[3].at("a")));
+  CHECK(same_bits(back.at("b"), saved[3].at("b")));
+  o.chunk_checksums = false;
+  ck.save(4, saved[3], mesh, sh, o);
+  CHECK(ck.manifest(4).find("a")->shard_digests.empty());
+  CHECK(same_bits(ck.read(4, "b"), saved[3].at("b")));
+}
+
 TEST_CASE("a step folder that was never committed does not block the save of its step", "[checkpoint][unit]") {
   std::mt19937_64 rng(7);
   TempDir tmp("uncommitted");
@@ -406,7 +448,7 @@ TEST_CASE("a checkpoint manifest with an unknown field is refused naming the fil
   write_text(group2, replaced(read_text(group2), "\"folder\": ", "\"shap\": [8, 4], \"folder\": "));
   CHECK_THROWS_WITH(ck.manifest(2), Catch::Contains(group2) && Catch::Contains("array 1 'w': unknown field \"shap\" "
                                                                                "(did you mean \"shape\"? known: name, "
-                                                                               "dtype, shape, sharding, folder)"));
+                                                                               "dtype, shape, sharding, folder, shard_digests)"));
   // What is not tessel's own manifest: another attribute of the group, zarr fields, the metadata.
   write_text(group3, replaced(read_text(group3), "\"attributes\": {",
                               "\"another_tool\": {\"must_understand\": false}, \"attributes\": {\"note\": \"x\", "));

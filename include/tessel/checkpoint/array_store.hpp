@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,15 @@ struct ReadStats {
   int64_t host_peak_bytes = 0;
 };
 
+// A shard as written. Its digest tells it from another shard file with valid checksums (one
+// copied from another step, or from another position of the same array): the crc32c of its
+// stored chunks' crc32c values in index order, which a reader recomputes from the file.
+struct ShardWritten {
+  int64_t bytes = 0;               // the file's
+  std::string key;                 // the shard's chunk key inside the array's folder
+  std::optional<uint32_t> digest;  // with chunk checksums (ArraySpec::chunk_crc32c)
+};
+
 // An array opened for reading.
 class StoredArray {
  public:
@@ -67,6 +77,11 @@ class StoredArray {
   // From now on a shard or chunk that is not stored is an error naming its file, not the fill
   // value: an array whose writer stores every one (a tessel checkpoint's) lost it.
   virtual void require_every_chunk() = 0;
+  // From now on every shard a read touches must digest (ShardWritten::digest) to `by_key`'s
+  // value for its key, else an Error naming the file: the writer recorded them (a step's
+  // manifest). Empty: no check. Each shard touched is checked whole (its chunks outside the
+  // region: their checksums only, 4 bytes each).
+  virtual void expect_shard_digests(std::map<std::string, uint32_t> by_key) = 0;
 };
 
 class ArrayStore {
@@ -79,12 +94,13 @@ class ArrayStore {
   virtual void create_array(const std::string& dir, const ArraySpec& spec) const = 0;
   // Writes the shard at grid position `shard_index`, its region of the array (clipped to the
   // array's bounds) read in place from `source` at `origin` (no copy of the block is made).
-  // Returns the bytes written. The file is written and fsynced; the caller commits.
-  virtual int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
-                              const HostTensor& source, const std::vector<int64_t>& origin) const = 0;
+  // Returns its bytes, key and digest. The file is written and fsynced; the caller commits.
+  virtual ShardWritten write_shard(const std::string& dir, const ArraySpec& spec,
+                                   const std::vector<int64_t>& shard_index, const HostTensor& source,
+                                   const std::vector<int64_t>& origin) const = 0;
   // The same from `block`, exactly the shard's clipped region.
-  int64_t write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
-                      const HostTensor& block) const {
+  ShardWritten write_shard(const std::string& dir, const ArraySpec& spec, const std::vector<int64_t>& shard_index,
+                           const HostTensor& block) const {
     return write_shard(dir, spec, shard_index, block, std::vector<int64_t>(block.shape().size(), 0));
   }
   // Opens the array in `dir`. Throws Error naming the file and what it cannot read.

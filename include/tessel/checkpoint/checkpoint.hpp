@@ -85,6 +85,9 @@ struct CheckpointArray {
   Shape shape;
   Sharding sharding;  // the saving layout
   std::string folder; // its zarr array, relative to the step's folder
+  // Each shard's digest (ShardWritten::digest) by its key, as saved with chunk checksums (empty
+  // without them, and in checkpoints written before digests were kept): a read checks them.
+  std::map<std::string, uint32_t> shard_digests;
 };
 
 struct Manifest {
