@@ -4,7 +4,7 @@ include(CMakePackageConfigHelpers)
 # --calibrate-links writes a cost model's link figures); the GPU and MPI benchmark binaries are
 # run from the build tree by scripts/bench-gpu and scripts/bench-mpi and are not installed.
 set(TESSEL_INSTALLED_TOOLS)
-foreach(t tessel_example_gpt tessel_example_gpt_train tessel_example_mlp tessel_example_train_mlp
+foreach(t tessel_example_gpt tessel_example_gpt_train tessel_example_gpt_generate tessel_example_mlp tessel_example_train_mlp
           tessel_example_explain tessel_example_plan tessel_example_iopddl tessel_bench)
   if(TARGET ${t})
     list(APPEND TESSEL_INSTALLED_TOOLS ${t})

@@ -46,6 +46,9 @@
 // models — models built on the API
 #include "tessel/models/gpt.hpp"
 
+// infer — generation with a KV cache: prefill and decode programs
+#include "tessel/infer/generate.hpp"
+
 // runtime — the runtime contract: compile -> load -> run, arrays, transfers, launch
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/block_copy.hpp"

@@ -1,0 +1,114 @@
+// tessel/infer/generate.hpp — generation from a GPT (models/gpt.hpp) with a KV cache: a
+// prefill program (a batch of prompts -> the next token's logits and the filled cache) and a
+// decode program (one token per sequence -> logits, the cache updated at each sequence's
+// position), each compiled for the same mesh, the cache a device-resident sharded array
+// donated to every decode step.
+//
+//   tessel::GptConfig cfg;                      // the trained model's sizes (gpt_train's flags)
+//   cfg.batch = 4;                              // the cache's sequences (slots)
+//   auto rt = tessel::make_runtime({"cpu", mesh});
+//   tessel::GptGenerator gen(cfg, mesh, *rt, weights, /*prompt_len=*/16);
+//   tessel::GenerateOptions o;
+//   o.max_new = 32;                             // o.sampling: greedy unless a temperature is set
+//   std::vector<std::vector<int32_t>> out = gen.generate({{1, 2, 3}, {7, 8}}, o);
+//
+// The cache holds cfg.batch sequences of cfg.seq positions (the model's context: its position
+// table wpe has cfg.seq rows); a prompt may have 1 to prompt_len tokens, and generation stops
+// at cfg.seq positions. Positions beyond a sequence's length are masked out of its attention.
+// The weights are the graph inputs of build_gpt by name (wte, wpe, l0_wq, ...: what gpt_train
+// saves), laid out as build_gpt annotates them when cfg.annotate (Megatron over
+// cfg.model_axis, the sequences over cfg.data_axis, the cache over both: sequences x heads).
+//
+// Sampling runs on the host from the last logits: greedy (temperature 0), or softmax(logits /
+// temperature) restricted to the top_k most likely tokens (0: all) and to the smallest set
+// whose probability reaches top_p (1: all), drawn with a generator seeded by (seed, sequence
+// index, position), so a seed gives the same tokens whatever the mesh or batch.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessel/core/mesh.hpp"
+#include "tessel/ir/graph.hpp"
+#include "tessel/models/gpt.hpp"
+#include "tessel/runtime/runtime.hpp"
+#include "tessel/runtime/tensor.hpp"
+
+namespace tessel {
+
+class LoadedExecutable;  // runtime/loaded_executable.hpp
+
+// The two programs of generation, as graphs. B = cfg.batch sequences, T = cfg.seq positions,
+// H heads of K = d_model / heads, V = cfg.vocab, P = prompt_len.
+struct GptInferGraphs {
+  // Inputs: the weights; "tokens" i32 [B, P] (each prompt from position 0, padded after its
+  // end with any valid token); "last" i32 [B] (each prompt's last position, its length - 1).
+  // Outputs: "logits" [B, V] at each prompt's last position, then per layer l the caches
+  // "l<l>_k_cache", "l<l>_v_cache" [B, T, H, K] (positions < P written; what lies at or beyond a
+  // prompt's length is masked by the decode steps and overwritten as they go).
+  Graph prefill;
+  // Inputs: the weights; "token" i32 [B] (each sequence's newest token); "pos" i32 [B] (its
+  // position, < T); "positions" i32 [T] (0, 1, ..., T-1); the caches. Outputs: "logits" [B, V]
+  // for the next position, then the caches with each sequence's position written, named
+  // "<cache>.next" and donated to the cache inputs (`donations`).
+  Graph decode;
+  std::vector<std::string> weights;  // the weight inputs, in graph order (the same in both graphs)
+  std::vector<std::string> caches;   // l0_k_cache, l0_v_cache, l1_k_cache, ...
+  std::vector<std::pair<std::string, std::string>> donations;  // decode: (cache input, its .next output)
+};
+
+// Throws ShapeError when the sizes are inconsistent (as build_gpt), or prompt_len is not in
+// [1, cfg.seq].
+GptInferGraphs build_gpt_infer(const GptConfig& cfg, int64_t prompt_len);
+
+struct SamplingOptions {
+  double temperature = 0;  // 0: greedy (the most likely token, the lowest id on a tie)
+  int64_t top_k = 0;       // > 0: only the k most likely tokens
+  double top_p = 1;        // in (0, 1]: only the smallest most-likely set reaching this probability
+  uint64_t seed = 0;
+};
+
+struct GenerateOptions {
+  int64_t max_new = 16;  // tokens generated per sequence (>= 1); fewer when prompt and generated
+                         // tokens fill the model's cfg.seq positions
+  int32_t eos = -1;      // a sequence ends after generating this token (-1: none)
+  SamplingOptions sampling;
+};
+
+class GptGenerator {
+ public:
+  // Compiles and loads both programs on `runtime` (its devices are the mesh's) and puts the
+  // weights on the devices. Throws Error naming a weight that is missing from `weights` or has
+  // another dtype or shape than the model's.
+  GptGenerator(GptConfig cfg, const Mesh& mesh, Runtime& runtime, const std::map<std::string, HostTensor>& weights,
+               int64_t prompt_len);
+  ~GptGenerator();
+  GptGenerator(const GptGenerator&) = delete;
+  GptGenerator& operator=(const GptGenerator&) = delete;
+
+  // Generates for up to cfg.batch prompts (each 1..prompt_len tokens in [0, vocab)); returns
+  // each prompt's generated tokens. Throws Error naming the prompt and what is wrong with it.
+  std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                             const GenerateOptions& options);
+  // The logits [B, V] every step of the last generate() sampled from, in order (the prefill's
+  // first): what the tests compare against a full forward.
+  const std::vector<HostTensor>& step_logits() const { return logits_; }
+  const GptInferGraphs& graphs() const { return graphs_; }
+
+ private:
+  struct Programs;
+  GptConfig cfg_;
+  GptInferGraphs graphs_;
+  std::unique_ptr<Programs> p_;
+  std::vector<HostTensor> logits_;
+};
+
+// The token sampled from one row of logits (`logits` of `n` floats) by `o`, for sequence
+// `sequence` at position `position` (the seeding described above).
+int32_t sample_token(const float* logits, int64_t n, const SamplingOptions& o, int64_t sequence, int64_t position);
+
+}  // namespace tessel

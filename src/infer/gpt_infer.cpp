@@ -1,0 +1,181 @@
+// The prefill and decode graphs of a GPT with a KV cache (infer/generate.hpp). The layers are
+// build_gpt's (models/gpt.cpp), the same weights by name; only the attention differs: prefill
+// attends causally within the prompt and returns its keys and values, padded to the cache's
+// capacity; decode writes one position per sequence into the cache (where(position == pos))
+// and attends to the positions up to it.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "tessel/infer/generate.hpp"
+#include "tessel/ops/builders.hpp"
+
+namespace tessel {
+
+namespace {
+
+struct Layer {
+  Tensor ln1g, ln1b, wq, wk, wv, wo, ln2g, ln2b, w1, b1, w2, b2;
+};
+
+// The weight inputs of build_gpt, in its order, with its annotations; returned in the compute
+// dtype (cast where it differs from the stored one).
+struct Weights {
+  Tensor wte, wpe, lnfg, lnfb;
+  std::vector<Layer> layers;
+};
+
+Weights add_weights(Graph& g, const GptConfig& c, std::vector<std::string>* names) {
+  const int64_t S = c.seq, D = c.d_model, H = c.heads, K = D / H, V = c.vocab, F = c.ffn_mult * D;
+  const std::string& mp = c.model_axis;
+  auto weight = [&](std::string name, Shape shape, std::vector<std::vector<std::string>> layout) {
+    if (names) names->push_back(name);
+    Tensor t = input(g, std::move(name), c.dtype, std::move(shape));
+    if (c.annotate) g.annotate(t, Sharding::of(layout));
+    return c.compute == c.dtype ? t : cast(t, c.compute);
+  };
+  Weights w;
+  w.wte = weight("wte", {V, D}, {{}, {}});
+  w.wpe = weight("wpe", {S, D}, {{}, {}});
+  for (int64_t l = 0; l < c.layers; ++l) {
+    auto nm = [&](const char* s) { return fmt::format("l{}_{}", l, s); };
+    Layer L;
+    L.ln1g = weight(nm("ln1_g"), {D}, {{}});
+    L.ln1b = weight(nm("ln1_b"), {D}, {{}});
+    L.wq = weight(nm("wq"), {D, H, K}, {{}, {mp}, {}});
+    L.wk = weight(nm("wk"), {D, H, K}, {{}, {mp}, {}});
+    L.wv = weight(nm("wv"), {D, H, K}, {{}, {mp}, {}});
+    L.wo = weight(nm("wo"), {H, K, D}, {{mp}, {}, {}});
+    L.ln2g = weight(nm("ln2_g"), {D}, {{}});
+    L.ln2b = weight(nm("ln2_b"), {D}, {{}});
+    L.w1 = weight(nm("w1"), {D, F}, {{}, {mp}});
+    L.b1 = weight(nm("b1"), {F}, {{mp}});
+    L.w2 = weight(nm("w2"), {F, D}, {{mp}, {}});
+    L.b2 = weight(nm("b2"), {D}, {{}});
+    w.layers.push_back(L);
+  }
+  w.lnfg = weight("lnf_g", {D}, {{}});
+  w.lnfb = weight("lnf_b", {D}, {{}});
+  return w;
+}
+
+// The MLP half of a layer, on x of any leading dims ("...d": `eq_in` names them).
+Tensor mlp(const Layer& L, Tensor x, const std::string& lead) {
+  Tensor h2 = layer_norm(x, L.ln2g, L.ln2b);
+  Tensor u = gelu(add(einsum(lead + "d,df->" + lead + "f", h2, L.w1), L.b1));
+  return add(x, add(einsum(lead + "f,fd->" + lead + "d", u, L.w2), L.b2));
+}
+
+}  // namespace
+
+GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len) {
+  if (c.d_model % c.heads != 0)
+    throw ShapeError(fmt::format("gpt_infer: d_model {} is not divisible by heads {}", c.d_model, c.heads));
+  if (c.batch < 1 || c.seq < 1 || c.layers < 0 || c.vocab < 1)
+    throw ShapeError("gpt_infer: batch, seq and vocab must be >= 1, layers >= 0");
+  if (c.compute == DType::i32 || c.dtype == DType::i32)
+    throw ShapeError("gpt_infer: the weights and activations must be float (f32, bf16 or f16)");
+  if (prompt_len < 1 || prompt_len > c.seq)
+    throw ShapeError(fmt::format("gpt_infer: prompt length {} is outside [1, {}] (the model's positions)", prompt_len,
+                                 c.seq));
+  const int64_t B = c.batch, T = c.seq, P = prompt_len, D = c.d_model, H = c.heads, K = D / H;
+  const std::string& dp = c.data_axis;
+  const std::string& mp = c.model_axis;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(K));
+  const Sharding cache_layout = Sharding::of({{dp}, {}, {mp}, {}});
+  GptInferGraphs out;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    out.caches.push_back(fmt::format("l{}_k_cache", l));
+    out.caches.push_back(fmt::format("l{}_v_cache", l));
+  }
+
+  {  // prefill
+    Graph& g = out.prefill;
+    const Weights w = add_weights(g, c, &out.weights);
+    Tensor tokens = input(g, "tokens", DType::i32, {B, P});
+    Tensor last = input(g, "last", DType::i32, {B});
+    if (c.annotate) {
+      g.annotate(tokens, Sharding::of({{dp}, {}}));
+      g.annotate(last, Sharding::of({{dp}}));
+    }
+    Tensor x = add(embedding(w.wte, tokens), slice(w.wpe, {0, 0}, {P, D}));
+    std::vector<Tensor> caches;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const Layer& L = w.layers[static_cast<std::size_t>(l)];
+      Tensor h = layer_norm(x, L.ln1g, L.ln1b);
+      Tensor q = einsum("bsd,dhk->bshk", h, L.wq);
+      Tensor k = einsum("bsd,dhk->bshk", h, L.wk);
+      Tensor v = einsum("bsd,dhk->bshk", h, L.wv);
+      Tensor o = c.fused_attention
+                     ? attention(q, k, v, /*causal=*/true, scale, "bshd").out
+                     : einsum("bhqs,bshk->bqhk", softmax(causal_mask(mul(einsum("bqhk,bshk->bhqs", q, k), scale)), -1), v);
+      x = add(x, einsum("bqhk,hkd->bqd", o, L.wo));
+      x = mlp(L, x, "bs");
+      for (Tensor kv : {k, v}) {
+        Tensor full = P == T ? kv : concat({kv, constant(g, 0, c.compute, {B, T - P, H, K})}, 1);
+        if (c.annotate) full = shard(full, cache_layout);
+        caches.push_back(full.named(out.caches[caches.size()]));
+      }
+    }
+    Tensor xf = layer_norm(x, w.lnfg, w.lnfb);
+    // Each prompt's last position, picked before the vocabulary projection.
+    Tensor at = one_hot(last, P, c.compute);
+    Tensor xl = einsum("bs,bsd->bd", at, xf);
+    g.mark_output(einsum("bd,vd->bv", xl, w.wte).named("logits"));
+    for (const Tensor& t : caches) g.mark_output(t);
+  }
+
+  {  // decode
+    Graph& g = out.decode;
+    const Weights w = add_weights(g, c, nullptr);
+    Tensor token = input(g, "token", DType::i32, {B});
+    Tensor pos = input(g, "pos", DType::i32, {B});
+    Tensor positions = input(g, "positions", DType::i32, {T});
+    std::vector<Tensor> cache_in;
+    for (const std::string& n : out.caches) {
+      Tensor t = input(g, n, c.compute, {B, T, H, K});
+      if (c.annotate) g.annotate(t, cache_layout);
+      cache_in.push_back(t);
+    }
+    if (c.annotate) {
+      g.annotate(token, Sharding::of({{dp}}));
+      g.annotate(pos, Sharding::of({{dp}}));
+    }
+    Tensor x = add(embedding(w.wte, token), gather(w.wpe, pos, 0));  // [B, D]
+    // [B, T]: the position each sequence writes (== pos), and those it attends to (<= pos).
+    Tensor row = reshape(positions, {1, T}), col = reshape(pos, {B, 1});
+    Tensor here = reshape(eq(row, col), {B, T, 1, 1});
+    Tensor seen = reshape(le(row, col), {B, 1, T});
+    Tensor masked = constant(g, -std::numeric_limits<double>::infinity(), c.compute);
+    std::vector<Tensor> cache_out;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const Layer& L = w.layers[static_cast<std::size_t>(l)];
+      Tensor h = layer_norm(x, L.ln1g, L.ln1b);
+      Tensor q = einsum("bd,dhk->bhk", h, L.wq);
+      Tensor k = reshape(einsum("bd,dhk->bhk", h, L.wk), {B, 1, H, K});
+      Tensor v = reshape(einsum("bd,dhk->bhk", h, L.wv), {B, 1, H, K});
+      Tensor kc = where(here, k, cache_in[static_cast<std::size_t>(2 * l)]);
+      Tensor vc = where(here, v, cache_in[static_cast<std::size_t>(2 * l + 1)]);
+      if (c.annotate) {
+        kc = shard(kc, cache_layout);
+        vc = shard(vc, cache_layout);
+      }
+      Tensor s = where(seen, mul(einsum("bhk,bthk->bht", q, kc), scale), masked);
+      Tensor o = einsum("bht,bthk->bhk", softmax(s, -1), vc);
+      x = add(x, einsum("bhk,hkd->bd", o, L.wo));
+      x = mlp(L, x, "b");
+      cache_out.push_back(kc.named(out.caches[static_cast<std::size_t>(2 * l)] + ".next"));
+      cache_out.push_back(vc.named(out.caches[static_cast<std::size_t>(2 * l + 1)] + ".next"));
+    }
+    Tensor xf = layer_norm(x, w.lnfg, w.lnfb);
+    g.mark_output(einsum("bd,vd->bv", xf, w.wte).named("logits"));
+    for (std::size_t i = 0; i < cache_out.size(); ++i) {
+      g.mark_output(cache_out[i]);
+      out.donations.emplace_back(out.caches[i], out.caches[i] + ".next");
+    }
+  }
+  return out;
+}
+
+}  // namespace tessel

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs the commands of docs/inference.md ("Run it": the indented `build/bin/...` and `mpirun ...`
+# lines) exactly as written, in order, from a scratch folder where build/bin points at this
+# build's binaries. Each gpt_generate must print one `text: ` line per --prompt, each starting
+# with its prompt; the greedy "The " line must be the same on every mesh and process count.
+set -euo pipefail
+bin_dir=$1 src=$2 work=$3
+rm -rf "$work"
+mkdir -p "$work/build"
+ln -s "$bin_dir" "$work/build/bin"
+cd "$work"
+mapfile -t cmds < <(sed -n '/^## Run it/,/^## /p' "$src/docs/inference.md" | grep -E '^    (build/bin/|mpirun )' | sed 's/^    //')
+[ ${#cmds[@]} -ge 4 ] || { echo "found ${#cmds[@]} commands in docs/inference.md, expected 4"; exit 1; }
+first=""
+for c in "${cmds[@]}"; do
+  echo "\$ $c"
+  out=$(bash -c "$c" 2>&1) || { echo "$out"; echo "FAILED: $c"; exit 1; }
+  [[ $c == *gpt_generate* ]] || continue
+  echo "$out"
+  texts=$(grep -c '^text: ' <<<"$out" || true)
+  prompts=$(grep -o -- '--prompt' <<<"$c" | wc -l)
+  [ "$texts" = "$prompts" ] || { echo "FAILED: $texts text lines for $prompts prompts"; exit 1; }
+  line=$(grep '^text: The ' <<<"$out") || { echo "FAILED: no line starts with the prompt 'The '"; exit 1; }
+  [ ${#line} -gt 12 ] || { echo "FAILED: nothing generated after 'The '"; exit 1; }
+  # The same greedy bytes everywhere (the shorter of two runs is a prefix of the longer).
+  if [ -z "$first" ]; then first=$line
+  else
+    short=$line long=$first
+    [ ${#first} -lt ${#line} ] && short=$first long=$line
+    [[ $long == "$short"* ]] || { echo "FAILED: '$line' differs from the first run's '$first'"; exit 1; }
+  fi
+  grep -q "A cat" <<<"$c" && { grep -q '^text: A cat' <<<"$out" || { echo "FAILED: no 'A cat' line"; exit 1; }; }
+done
+echo "all ${#cmds[@]} commands of docs/inference.md ran as written"

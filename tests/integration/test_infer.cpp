@@ -1,0 +1,171 @@
+// Generation with a KV cache (tessel/infer/generate.hpp): every step's logits (the prefill's
+// and each decode step's) equal a full forward of the same tokens on one device (the
+// reference executor, no cache); greedy and seeded sampled tokens are the same on one device,
+// data=2,model=2 and model=4; bad prompts and weights are errors naming them.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "../unit/test_util.hpp"
+#include "tessel/infer/generate.hpp"
+#include "tessel/models/gpt.hpp"
+#include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/runtime/reference.hpp"
+
+using namespace tessel;
+
+namespace {
+
+GptConfig small_model() {
+  GptConfig c;
+  c.batch = 4;  // the cache's sequences
+  c.seq = 16;   // positions
+  c.d_model = 32;
+  c.heads = 4;
+  c.layers = 2;
+  c.vocab = 64;
+  return c;
+}
+
+// The model's weights, drawn U(-1, 1) (larger than GPT-2's initialisation, so the logits of
+// different tokens are far apart and greedy choices are not near-ties).
+std::map<std::string, HostTensor> random_weights(const GptConfig& cfg, uint64_t seed) {
+  GptConfig one = cfg;
+  one.batch = 1;
+  const GptGraph m = build_gpt(one);
+  const std::vector<HostTensor> in = random_inputs(m.graph, seed);
+  std::map<std::string, HostTensor> w;
+  for (const Tensor& t : m.weights) {
+    const std::size_t i = static_cast<std::size_t>(
+        std::find(m.graph.inputs.begin(), m.graph.inputs.end(), t.id) - m.graph.inputs.begin());
+    w.emplace(t.name(), in[i]);
+  }
+  return w;
+}
+
+// The logits [S, V] of one sequence `tokens` (padded to the model's positions) by a full
+// forward on one device, no cache.
+HostTensor full_forward_logits(const GptConfig& cfg, const std::map<std::string, HostTensor>& w,
+                               const std::vector<int32_t>& tokens) {
+  GptConfig one = cfg;
+  one.batch = 1;
+  one.annotate = false;
+  GptGraph m = build_gpt(one);
+  m.graph.mark_output(m.graph.tensor(m.graph.find("logits")));
+  std::vector<HostTensor> in;
+  for (int v : m.graph.inputs) {
+    const Value& val = m.graph.values[static_cast<std::size_t>(v)];
+    if (val.name == "tokens" || val.name == "labels") {
+      HostTensor t(DType::i32, val.shape);
+      for (int64_t i = 0; i < t.numel(); ++i)
+        t.set(i, val.name == "tokens" && i < static_cast<int64_t>(tokens.size()) ? tokens[static_cast<std::size_t>(i)] : 0);
+      in.push_back(t);
+    } else {
+      in.push_back(w.at(val.name));
+    }
+  }
+  return run_reference(m.graph, in).back();
+}
+
+HostTensor row(const HostTensor& t, int64_t r, int64_t n) {
+  HostTensor out(t.dtype(), {n});
+  for (int64_t i = 0; i < n; ++i) out.set(i, t.get(r * n + i));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gpt generation: each step's logits equal a full forward and the tokens agree on every mesh",
+          "[infer][integration]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("gpt generation against a full forward", seed, 3);
+  const GptConfig cfg = small_model();
+  const auto w = random_weights(cfg, seed);
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {3, 5, 1, 6}) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(cfg.vocab)));
+    prompts.push_back(p);
+  }
+  GenerateOptions greedy;
+  greedy.max_new = 6;
+  GenerateOptions sampled = greedy;
+  sampled.sampling.temperature = 0.8;
+  sampled.sampling.top_k = 20;
+  sampled.sampling.top_p = 0.9;
+  sampled.sampling.seed = seed;
+  std::vector<std::vector<int32_t>> greedy_first, sampled_first;
+  for (const char* mesh_text : {"data=1,model=1", "data=2,model=2", "model=4"}) {
+    INFO("mesh " << mesh_text);
+    const Mesh mesh = gpt_mesh(Mesh::parse(mesh_text), cfg);
+    ThreadRuntime rt(mesh.num_devices());
+    GptGenerator gen(cfg, mesh, rt, w, /*prompt_len=*/6);
+    const auto out = gen.generate(prompts, greedy);
+    REQUIRE(out.size() == prompts.size());
+    // Every step's logits against the full forward of the prompt and the tokens so far.
+    const auto& steps = gen.step_logits();
+    REQUIRE(steps.size() == static_cast<std::size_t>(greedy.max_new));
+    for (std::size_t b = 0; b < prompts.size(); ++b) {
+      REQUIRE(out[b].size() == static_cast<std::size_t>(greedy.max_new));
+      std::vector<int32_t> seq = prompts[b];
+      seq.insert(seq.end(), out[b].begin(), out[b].end());
+      const HostTensor full = full_forward_logits(cfg, w, seq);
+      for (std::size_t s = 0; s < steps.size(); ++s) {
+        const int64_t at = static_cast<int64_t>(prompts[b].size() + s) - 1;  // the position the step predicts from
+        const CompareResult c = compare(row(steps[s], static_cast<int64_t>(b), cfg.vocab), row(full, at, cfg.vocab));
+        INFO("sequence " << b << " step " << s << ": " << c.to_string());
+        CHECK(c.max_rel_err <= 1e-5);
+      }
+    }
+    if (greedy_first.empty()) greedy_first = out;
+    CHECK(out == greedy_first);
+    const auto s = gen.generate(prompts, sampled);
+    if (sampled_first.empty()) sampled_first = s;
+    CHECK(s == sampled_first);
+    CHECK(s != out);  // the sampler is not greedy at temperature 0.8 (six tokens of four sequences)
+  }
+}
+
+TEST_CASE("gpt generation stops at the end token and at the model's last position", "[infer][integration]") {
+  const GptConfig cfg = small_model();
+  const auto w = random_weights(cfg, 7);
+  const Mesh mesh = gpt_mesh(Mesh::parse("data=2"), cfg);
+  ThreadRuntime rt(mesh.num_devices());
+  GptGenerator gen(cfg, mesh, rt, w, cfg.seq);
+  GenerateOptions o;
+  o.max_new = 100;
+  // A prompt of 14 tokens leaves positions 14 and 15: the token after position 15 is the last.
+  const std::vector<int32_t> p(14, 3);
+  const auto out = gen.generate({p}, o);
+  CHECK(out[0].size() == 2);
+  // With the first token generated as the end token, generation stops after it.
+  o.eos = out[0][0];
+  CHECK(gen.generate({p}, o)[0].size() == 1);
+}
+
+TEST_CASE("gpt generation refuses bad prompts and options and weights naming them", "[infer][integration]") {
+  const GptConfig cfg = small_model();
+  auto w = random_weights(cfg, 3);
+  const Mesh mesh = gpt_mesh(Mesh::parse("data=1"), cfg);
+  ThreadRuntime rt(mesh.num_devices());
+  GptGenerator gen(cfg, mesh, rt, w, 4);
+  GenerateOptions o;
+  CHECK_THROWS_WITH(gen.generate({{1, 2, 3, 4, 5}}, o), Catch::Contains("prompt 0 has 5 tokens") && Catch::Contains("1 to 4"));
+  CHECK_THROWS_WITH(gen.generate({{1, 64}}, o), Catch::Contains("prompt 0 token 1 is 64, outside the vocabulary [0, 64)"));
+  CHECK_THROWS_WITH(gen.generate({{1}, {1}, {1}, {1}, {1}}, o), Catch::Contains("5 prompts for a cache of 4 sequences"));
+  CHECK_THROWS_WITH(gen.generate({{}}, o), Catch::Contains("prompt 0 has 0 tokens"));
+  o.max_new = 0;
+  CHECK_THROWS_WITH(gen.generate({{1}}, o), Catch::Contains("max_new is 0"));
+  o.max_new = 2;
+  o.sampling.top_p = 0;
+  CHECK_THROWS_WITH(gen.generate({{1}}, o), Catch::Contains("top_p 0"));
+  CHECK_THROWS_WITH(GptGenerator(cfg, mesh, rt, w, 17), Catch::Contains("prompt length 17 is outside [1, 16]"));
+  w.erase("l1_wo");
+  CHECK_THROWS_WITH(GptGenerator(cfg, mesh, rt, w, 4), Catch::Contains("no weight 'l1_wo'"));
+  w = random_weights(cfg, 3);
+  w["wte"] = HostTensor(DType::f32, {65, 32});
+  CHECK_THROWS_WITH(GptGenerator(cfg, mesh, rt, w, 4),
+                    Catch::Contains("weight 'wte' is f32[65,32]") && Catch::Contains("needs f32[64,32]"));
+}
