@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -87,6 +88,9 @@ int run(int argc, char** argv) {
   if (dir.empty()) throw tessel::UsageError("--load DIR is required (a folder gpt_train --save-dir wrote)");
   if (prompt_texts.empty()) throw tessel::UsageError("give at least one --prompt TEXT");
 
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw tessel::Error(fmt::format("--load {}: no such folder (a folder gpt_train --save-dir wrote)", dir));
   tessel::CheckpointDir ck(dir);
   const std::vector<int64_t> steps = ck.steps();
   if (steps.empty())

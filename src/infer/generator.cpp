@@ -38,7 +38,7 @@ Sharding input_layout(const Executable& exe, const std::string& name) {
       const Program& p = exe.program();
       return p.values[static_cast<std::size_t>(p.inputs[i])].sharding;
     }
-  throw Error(fmt::format("gpt_generate: the decode program has no input '{}'", name));
+  throw Error(fmt::format("GptGenerator: the decode program has no input '{}'", name));
 }
 
 HostTensor i32_tensor(Shape shape, const std::vector<int32_t>& values) {
@@ -59,11 +59,11 @@ GptGenerator::GptGenerator(GptConfig cfg, const Mesh& mesh, Runtime& runtime,
     const Value& v = graphs_.prefill.values[static_cast<std::size_t>(graphs_.prefill.find(n))];
     auto it = weights.find(n);
     if (it == weights.end())
-      throw Error(fmt::format("gpt_generate: no weight '{}' given (a GPT of d_model {}, {} heads, {} layers, vocab "
+      throw Error(fmt::format("GptGenerator: no weight '{}' given (a GPT of d_model {}, {} heads, {} layers, vocab "
                               "{}, {} positions needs {} weights: wte, wpe, l0_wq, ...)",
                               n, cfg_.d_model, cfg_.heads, cfg_.layers, cfg_.vocab, cfg_.seq, graphs_.weights.size()));
     if (it->second.dtype() != v.dtype || it->second.shape() != v.shape)
-      throw Error(fmt::format("gpt_generate: weight '{}' is {}{}, the model (d_model {}, {} heads, {} layers, vocab "
+      throw Error(fmt::format("GptGenerator: weight '{}' is {}{}, the model (d_model {}, {} heads, {} layers, vocab "
                               "{}, {} positions) needs {}{}",
                               n, dtype_name(it->second.dtype()), shape_str(it->second.shape()), cfg_.d_model,
                               cfg_.heads, cfg_.layers, cfg_.vocab, cfg_.seq, dtype_name(v.dtype), shape_str(v.shape)));
@@ -90,23 +90,23 @@ std::vector<std::vector<int32_t>> GptGenerator::generate(const std::vector<std::
   const int64_t B = cfg_.batch, T = cfg_.seq, V = cfg_.vocab;
   const int64_t P = graphs_.prefill.values[static_cast<std::size_t>(graphs_.prefill.find("tokens"))].shape[1];
   if (prompts.empty() || static_cast<int64_t>(prompts.size()) > B)
-    throw Error(fmt::format("gpt_generate: {} prompts for a cache of {} sequences (give 1 to {})", prompts.size(), B,
+    throw Error(fmt::format("GptGenerator: {} prompts for a cache of {} sequences (give 1 to {})", prompts.size(), B,
                             B));
-  if (o.max_new < 1) throw Error(fmt::format("gpt_generate: max_new is {}; give at least 1", o.max_new));
+  if (o.max_new < 1) throw Error(fmt::format("GptGenerator: max_new is {}; give at least 1", o.max_new));
   if (!(o.sampling.temperature >= 0) || !std::isfinite(o.sampling.temperature) || o.sampling.top_k < 0 ||
       !(o.sampling.top_p > 0 && o.sampling.top_p <= 1))
-    throw Error(fmt::format("gpt_generate: sampling temperature {} (finite, >= 0), top_k {} (>= 0), top_p {} (in (0, "
+    throw Error(fmt::format("GptGenerator: sampling temperature {} (finite, >= 0), top_k {} (>= 0), top_p {} (in (0, "
                             "1]) out of range",
                             o.sampling.temperature, o.sampling.top_k, o.sampling.top_p));
   std::vector<int32_t> tokens(static_cast<std::size_t>(B * P), 0), last(static_cast<std::size_t>(B), 0);
   for (std::size_t b = 0; b < prompts.size(); ++b) {
     const auto& p = prompts[b];
     if (p.empty() || static_cast<int64_t>(p.size()) > P)
-      throw Error(fmt::format("gpt_generate: prompt {} has {} tokens; the prefill takes 1 to {} (its prompt length)", b,
+      throw Error(fmt::format("GptGenerator: prompt {} has {} tokens; the prefill takes 1 to {} (its prompt length)", b,
                               p.size(), P));
     for (std::size_t i = 0; i < p.size(); ++i) {
       if (p[i] < 0 || p[i] >= V)
-        throw Error(fmt::format("gpt_generate: prompt {} token {} is {}, outside the vocabulary [0, {})", b, i, p[i], V));
+        throw Error(fmt::format("GptGenerator: prompt {} token {} is {}, outside the vocabulary [0, {})", b, i, p[i], V));
       tokens[b * static_cast<std::size_t>(P) + i] = p[i];
     }
     last[b] = static_cast<int32_t>(p.size()) - 1;

@@ -6,7 +6,7 @@
 # cost model), and shows the candidate tables only with --verbose.
 #   input_refusals.sh BIN_DIR SOURCE_DIR WORK CASE
 # CASE: jobs-field | pool-field | links-key | run-refuses-first | plan-output | checkpoint-field |
-#       gavel-missing | explain-auto | pool-too-big | time-limits
+#       gavel-missing | explain-auto | pool-too-big | time-limits | generate-input
 set -uo pipefail
 bin=$1 src=$2 work=$3 case=$4
 rm -rf "$work"
@@ -210,6 +210,47 @@ PY
   within 3 "$bin/tessel-plan" j20k.json --pool-shape 2x8 --seconds 3 --no-pictures
   within 3 "$bin/tessel-plan" j20k.json --pool-shape 2x8 --method exact --seconds 3 --no-pictures
   expect "was not built within the time limit of 3 s; the fast method's plan"
+  ;;
+generate-input)
+  # Issue 38 item 6: gpt_generate's bad inputs are errors naming what is wrong (a tiny model:
+  # 16 positions, so a prompt has at most 15 bytes).
+  run "$bin/gpt_train" --steps 2 --seq 16 --save-dir ck
+  expect_rc 0
+  run "$bin/gpt_generate" --load ck --prompt "0123456789abcdef"
+  expect_rc 1
+  expect 'has 16 bytes; the model has 16 positions, so a prompt may have at most 15'
+  run "$bin/gpt_generate" --load ck --prompt "The " --max-new 0
+  expect_rc 2
+  expect "--max-new"
+  run "$bin/gpt_generate" --load ck --prompt "a" --prompt "b" --batch 1
+  expect_rc 2
+  expect "2 prompts for --batch 1: give --batch 2 or more"
+  run "$bin/gpt_generate" --load ck --prompt "a" --step 7
+  expect_rc 1
+  expect "step 7"
+  run "$bin/gpt_generate" --load nowhere --prompt "a"
+  expect_rc 1
+  expect "--load nowhere: no such folder"
+  [ ! -e nowhere ] || fail "gpt_generate made the folder it was asked to read"
+  mkdir empty
+  run "$bin/gpt_generate" --load empty --prompt "a"
+  expect_rc 1
+  expect "empty: no committed step (train with: gpt_train --save-dir empty)"
+  run "$bin/gpt_generate" --prompt "a"
+  expect_rc 2
+  expect "--load DIR is required"
+  # A checkpoint of another model: a weight's shape is not the one its metadata describes.
+  mkdir -p other
+  run "$bin/gpt_train" --steps 1 --seq 16 --d-model 32 --save-dir other
+  expect_rc 0
+  sed -i 's/"d_model": *32/"d_model": 64/' other/step_1/zarr.json
+  run "$bin/gpt_generate" --load other --prompt "a"
+  expect_rc 1
+  expect "needs f32["
+  # More prompts than one batch would hold are fine when --batch leaves room (they wait for no one).
+  run "$bin/gpt_generate" --load ck --prompt "a" --prompt "b" --prompt "c" --max-new 3
+  expect_rc 0
+  [ "$(grep -c '^text: ' <<<"$out")" = 3 ] || fail "three prompts, not three text lines"
   ;;
 *)
   fail "unknown case '$case'"
