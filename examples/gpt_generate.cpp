@@ -36,7 +36,8 @@ namespace {
 const char* kUsage =
     "usage: gpt_generate --load DIR [--step T] --prompt TEXT [--prompt TEXT ...] [--max-new N]\n"
     "                    [--temperature X] [--top-k K] [--top-p P] [--seed S] [--mesh data=1,model=2]\n"
-    "                    [--batch B] [--backend cpu|cuda]\n"
+    "                    [--batch B] [--layout 1d|2d|gathered] [--prefill-layout L] [--decode-layout L]\n"
+    "                    [--backend cpu|cuda]\n"
     "Generates bytes after each prompt from a gpt_train checkpoint (DIR, as --save-dir wrote it;\n"
     "--step T, default the latest), with a KV cache: one prefill, then one decode step per token.\n"
     "--max-new N: bytes per prompt (default 32; fewer where prompt and bytes fill the model's\n"
@@ -44,7 +45,10 @@ const char* kUsage =
     "restricted to the --top-k K most likely bytes (0: all) and the smallest set reaching --top-p P\n"
     "(default 1: all), seeded by --seed S (default 0). --mesh: the devices (data shards the\n"
     "sequences, model the heads; default data=1,model=1). --batch B: the cache's sequences\n"
-    "(default: the number of prompts). Prints `text: ` and each prompt with its bytes, one line each.\n";
+    "(default: the number of prompts). --layout: both phases' layouts (docs/inference.md): 1d\n"
+    "(weights split over model; the default), 2d (weights also split over data on d_model) or\n"
+    "gathered (weights stored as 2d, gathered over data for use); --prefill-layout and\n"
+    "--decode-layout set one phase. Prints `text: ` and each prompt with its bytes, one line each.\n";
 
 std::string printable(const std::vector<int32_t>& bytes) {
   std::string s;
@@ -63,6 +67,14 @@ int run(int argc, char** argv) {
   tessel::GenerateOptions o;
   o.max_new = 32;
   int64_t batch = 0;
+  tessel::InferLayouts layouts;
+  auto layout_of = [](const std::string& flag, const std::string& text) {
+    try {
+      return tessel::parse_infer_layout(text);
+    } catch (const tessel::Error& e) {
+      throw tessel::UsageError(fmt::format("{}: {}", flag, e.what()));
+    }
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -83,6 +95,9 @@ int run(int argc, char** argv) {
     else if (a == "--mesh") mesh_spec = next();
     else if (a == "--batch") batch = tessel::cli::parse_i64(a, next(), 1, 1 << 20);
     else if (a == "--backend") backend = next();
+    else if (a == "--layout") layouts.prefill = layouts.decode = layout_of(a, next());
+    else if (a == "--prefill-layout") layouts.prefill = layout_of(a, next());
+    else if (a == "--decode-layout") layouts.decode = layout_of(a, next());
     else throw tessel::UsageError(fmt::format("unknown argument '{}'", a));
   }
   if (dir.empty()) throw tessel::UsageError("--load DIR is required (a folder gpt_train --save-dir wrote)");
@@ -143,11 +158,11 @@ int run(int argc, char** argv) {
     throw tessel::UsageError(fmt::format("{} prompts for --batch {}: give --batch {} or more", prompts.size(),
                                          cfg.batch, prompts.size()));
   const tessel::Mesh mesh = tessel::gpt_mesh(tessel::Mesh::parse(mesh_spec), cfg);
-  const tessel::GptInferGraphs shapes = tessel::build_gpt_infer(cfg, longest);
+  const tessel::GptInferGraphs shapes = tessel::build_gpt_infer(cfg, longest, layouts);
   std::map<std::string, tessel::HostTensor> weights;
   for (const std::string& n : shapes.weights) weights.emplace(n, ck.read(t, n));
   auto rt = tessel::make_runtime(tessel::RuntimeRequest(backend, mesh));
-  tessel::GptGenerator gen(cfg, mesh, *rt, weights, longest);
+  tessel::GptGenerator gen(cfg, mesh, *rt, weights, longest, layouts);
   const auto out = gen.generate(prompts, o);
   if (tessel::detect_launch().rank == 0)
     for (std::size_t b = 0; b < prompts.size(); ++b) {

@@ -50,8 +50,8 @@ HostTensor i32_tensor(Shape shape, const std::vector<int32_t>& values) {
 }  // namespace
 
 GptGenerator::GptGenerator(GptConfig cfg, const Mesh& mesh, Runtime& runtime,
-                           const std::map<std::string, HostTensor>& weights, int64_t prompt_len)
-    : cfg_(std::move(cfg)), graphs_(build_gpt_infer(cfg_, prompt_len)) {
+                           const std::map<std::string, HostTensor>& weights, int64_t prompt_len, InferLayouts layouts)
+    : cfg_(std::move(cfg)), graphs_(build_gpt_infer(cfg_, prompt_len, layouts)) {
   graphs_.prefill.mesh = mesh;
   graphs_.decode.mesh = mesh;
   // Every weight present, of the model's type, before anything is compiled.

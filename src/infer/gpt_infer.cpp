@@ -26,13 +26,23 @@ struct Weights {
   std::vector<Layer> layers;
 };
 
-Weights add_weights(Graph& g, const GptConfig& c, std::vector<std::string>* names) {
+// `layout` below is the OneD (Megatron) layout of a weight; `dmodel` the dim holding d_model
+// (-1: none), which TwoD and Gathered split over the data axis too.
+Weights add_weights(Graph& g, const GptConfig& c, InferLayout how, std::vector<std::string>* names) {
   const int64_t S = c.seq, D = c.d_model, H = c.heads, K = D / H, V = c.vocab, F = c.ffn_mult * D;
   const std::string& mp = c.model_axis;
-  auto weight = [&](std::string name, Shape shape, std::vector<std::vector<std::string>> layout) {
+  auto weight = [&](std::string name, Shape shape, std::vector<std::vector<std::string>> layout, int dmodel = -1) {
     if (names) names->push_back(name);
     Tensor t = input(g, std::move(name), c.dtype, std::move(shape));
-    if (c.annotate) g.annotate(t, Sharding::of(layout));
+    if (c.annotate) {
+      std::vector<std::vector<std::string>> stored = layout;
+      if (how != InferLayout::OneD && dmodel >= 0) stored[static_cast<std::size_t>(dmodel)].push_back(c.data_axis);
+      g.annotate(t, Sharding::of(stored));
+      if (how == InferLayout::Gathered && stored != layout) {  // gathered over data for use
+        g.expect_gathers(t);
+        t = shard(t, Sharding::of(layout));
+      }
+    }
     return c.compute == c.dtype ? t : cast(t, c.compute);
   };
   Weights w;
@@ -43,15 +53,15 @@ Weights add_weights(Graph& g, const GptConfig& c, std::vector<std::string>* name
     Layer L;
     L.ln1g = weight(nm("ln1_g"), {D}, {{}});
     L.ln1b = weight(nm("ln1_b"), {D}, {{}});
-    L.wq = weight(nm("wq"), {D, H, K}, {{}, {mp}, {}});
-    L.wk = weight(nm("wk"), {D, H, K}, {{}, {mp}, {}});
-    L.wv = weight(nm("wv"), {D, H, K}, {{}, {mp}, {}});
-    L.wo = weight(nm("wo"), {H, K, D}, {{mp}, {}, {}});
+    L.wq = weight(nm("wq"), {D, H, K}, {{}, {mp}, {}}, 0);
+    L.wk = weight(nm("wk"), {D, H, K}, {{}, {mp}, {}}, 0);
+    L.wv = weight(nm("wv"), {D, H, K}, {{}, {mp}, {}}, 0);
+    L.wo = weight(nm("wo"), {H, K, D}, {{mp}, {}, {}}, 2);
     L.ln2g = weight(nm("ln2_g"), {D}, {{}});
     L.ln2b = weight(nm("ln2_b"), {D}, {{}});
-    L.w1 = weight(nm("w1"), {D, F}, {{}, {mp}});
+    L.w1 = weight(nm("w1"), {D, F}, {{}, {mp}}, 0);
     L.b1 = weight(nm("b1"), {F}, {{mp}});
-    L.w2 = weight(nm("w2"), {F, D}, {{mp}, {}});
+    L.w2 = weight(nm("w2"), {F, D}, {{mp}, {}}, 1);
     L.b2 = weight(nm("b2"), {D}, {{}});
     w.layers.push_back(L);
   }
@@ -69,7 +79,22 @@ Tensor mlp(const Layer& L, Tensor x, const std::string& lead) {
 
 }  // namespace
 
-GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len) {
+const char* infer_layout_name(InferLayout l) {
+  switch (l) {
+    case InferLayout::OneD: return "1d";
+    case InferLayout::TwoD: return "2d";
+    case InferLayout::Gathered: return "gathered";
+  }
+  return "?";
+}
+
+InferLayout parse_infer_layout(const std::string& text) {
+  for (InferLayout l : {InferLayout::OneD, InferLayout::TwoD, InferLayout::Gathered})
+    if (text == infer_layout_name(l)) return l;
+  throw Error(fmt::format("unknown inference layout '{}' (1d, 2d or gathered)", text));
+}
+
+GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayouts layouts) {
   if (c.d_model % c.heads != 0)
     throw ShapeError(fmt::format("gpt_infer: d_model {} is not divisible by heads {}", c.d_model, c.heads));
   if (c.batch < 1 || c.seq < 1 || c.layers < 0 || c.vocab < 1)
@@ -83,7 +108,9 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len) {
   const std::string& dp = c.data_axis;
   const std::string& mp = c.model_axis;
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
-  const Sharding cache_layout = Sharding::of({{dp}, {}, {mp}, {}});
+  // The sequences over data, but under TwoD (every device holds every sequence).
+  auto seq_axes = [&](InferLayout l) { return l == InferLayout::TwoD ? std::vector<std::string>{} : std::vector<std::string>{dp}; };
+  auto cache_layout_of = [&](InferLayout l) { return Sharding::of({seq_axes(l), {}, {mp}, {}}); };
   GptInferGraphs out;
   for (int64_t l = 0; l < c.layers; ++l) {
     out.caches.push_back(fmt::format("l{}_k_cache", l));
@@ -92,12 +119,14 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len) {
 
   {  // prefill
     Graph& g = out.prefill;
-    const Weights w = add_weights(g, c, &out.weights);
+    const InferLayout how = layouts.prefill;
+    const Sharding cache_layout = cache_layout_of(how);
+    const Weights w = add_weights(g, c, how, &out.weights);
     Tensor tokens = input(g, "tokens", DType::i32, {B, P});
     Tensor last = input(g, "last", DType::i32, {B});
     if (c.annotate) {
-      g.annotate(tokens, Sharding::of({{dp}, {}}));
-      g.annotate(last, Sharding::of({{dp}}));
+      g.annotate(tokens, Sharding::of({seq_axes(how), {}}));
+      g.annotate(last, Sharding::of({seq_axes(how)}));
     }
     Tensor x = add(embedding(w.wte, tokens), slice(w.wpe, {0, 0}, {P, D}));
     std::vector<Tensor> caches;
@@ -128,7 +157,9 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len) {
 
   {  // decode
     Graph& g = out.decode;
-    const Weights w = add_weights(g, c, nullptr);
+    const InferLayout how = layouts.decode;
+    const Sharding cache_layout = cache_layout_of(how);
+    const Weights w = add_weights(g, c, how, nullptr);
     Tensor token = input(g, "token", DType::i32, {B});
     Tensor pos = input(g, "pos", DType::i32, {B});
     Tensor positions = input(g, "positions", DType::i32, {T});
@@ -139,8 +170,8 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len) {
       cache_in.push_back(t);
     }
     if (c.annotate) {
-      g.annotate(token, Sharding::of({{dp}}));
-      g.annotate(pos, Sharding::of({{dp}}));
+      g.annotate(token, Sharding::of({seq_axes(how)}));
+      g.annotate(pos, Sharding::of({seq_axes(how)}));
     }
     Tensor x = add(embedding(w.wte, token), gather(w.wpe, pos, 0));  // [B, D]
     // [B, T]: the position each sequence writes (== pos), and those it attends to (<= pos).

@@ -42,6 +42,28 @@ namespace tessel {
 
 class LoadedExecutable;  // runtime/loaded_executable.hpp
 
+// How a phase's program lays the model out on the mesh (Pope et al. 2022, "Efficiently Scaling
+// Transformer Inference"), over cfg.data_axis (dp) and cfg.model_axis (mp); each with
+// cfg.annotate (else propagation alone decides):
+//  - OneD, 1D weight-stationary: the weights split over mp on the heads and the MLP's hidden
+//    dim (Megatron, build_gpt's layouts), the sequences over dp; activations whole on mp and
+//    all-reduced after the attention and MLP output projections.
+//  - TwoD, 2D weight-stationary: the weights also split over dp on d_model (a weight matrix's
+//    two dims over the two axes), every device holding all sequences: activations are reduced
+//    and gathered over dp around each projection, no weight ever moves.
+//  - Gathered, weight-gathered: the weights stored as TwoD's, all-gathered over dp before use
+//    (as ZeRO-3 gathers parameters) and used as OneD's, the sequences over dp: for large
+//    batches (a prefill), where moving the weights is cheaper than moving the activations.
+// The cache is [{dp}, {}, {mp}, {}] (sequences x heads), and [{}, {}, {mp}, {}] under TwoD.
+enum class InferLayout { OneD, TwoD, Gathered };
+const char* infer_layout_name(InferLayout l);  // "1d", "2d", "gathered"
+// Parses "1d", "2d", "gathered"; Error naming the text and the choices otherwise.
+InferLayout parse_infer_layout(const std::string& text);
+struct InferLayouts {
+  InferLayout prefill = InferLayout::OneD;
+  InferLayout decode = InferLayout::OneD;
+};
+
 // The two programs of generation, as graphs. B = cfg.batch sequences, T = cfg.seq positions,
 // H heads of K = d_model / heads, V = cfg.vocab, P = prompt_len.
 struct GptInferGraphs {
@@ -63,7 +85,7 @@ struct GptInferGraphs {
 
 // Throws ShapeError when the sizes are inconsistent (as build_gpt), or prompt_len is not in
 // [1, cfg.seq].
-GptInferGraphs build_gpt_infer(const GptConfig& cfg, int64_t prompt_len);
+GptInferGraphs build_gpt_infer(const GptConfig& cfg, int64_t prompt_len, InferLayouts layouts = {});
 
 struct SamplingOptions {
   double temperature = 0;  // 0: greedy (the most likely token, the lowest id on a tie)
@@ -84,8 +106,10 @@ class GptGenerator {
   // Compiles and loads both programs on `runtime` (its devices are the mesh's) and puts the
   // weights on the devices. Throws Error naming a weight that is missing from `weights` or has
   // another dtype or shape than the model's.
+  // The cache moves from the prefill's layout to the decode's on the devices when they are the
+  // same, else through the host.
   GptGenerator(GptConfig cfg, const Mesh& mesh, Runtime& runtime, const std::map<std::string, HostTensor>& weights,
-               int64_t prompt_len);
+               int64_t prompt_len, InferLayouts layouts = {});
   ~GptGenerator();
   GptGenerator(const GptGenerator&) = delete;
   GptGenerator& operator=(const GptGenerator&) = delete;
