@@ -761,7 +761,7 @@ void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& option
   int solves = 1;
   bool out_of_time = false;
   // A check compiles and lowers the whole program: on large graphs it takes far longer than
-  // the formulation (the 96-layer GPT-3 step on 64 devices, 2-core Xeon: 14.8 s against 1.2 s).
+  // the formulation (the 96-layer GPT-3 step on 64 devices on a 2-core Xeon: about 12x, once).
   // With a time limit a check is made only when it fits in what is left: predicted from the
   // formulation's time before the first, from the last one's after.
   constexpr double kCheckOverFormulation = 15;
