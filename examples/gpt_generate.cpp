@@ -27,6 +27,7 @@
 #include "tessel/cli.hpp"
 #include "tessel/infer/generate.hpp"
 #include "tessel/models/gpt.hpp"
+#include "tessel/runtime/backend_cost.hpp"
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/make_runtime.hpp"
 #include "tessel/runtime/mpi/mpi_runtime.hpp"
@@ -36,7 +37,7 @@ namespace {
 const char* kUsage =
     "usage: gpt_generate --load DIR [--step T] --prompt TEXT [--prompt TEXT ...] [--max-new N]\n"
     "                    [--temperature X] [--top-k K] [--top-p P] [--seed S] [--mesh data=1,model=2]\n"
-    "                    [--batch B] [--layout 1d|2d|gathered] [--prefill-layout L] [--decode-layout L]\n"
+    "                    [--batch B] [--layout 1d|2d|gathered|auto] [--prefill-layout L] [--decode-layout L]\n"
     "                    [--backend cpu|cuda]\n"
     "Generates bytes after each prompt from a gpt_train checkpoint (DIR, as --save-dir wrote it;\n"
     "--step T, default the latest), with a KV cache: one prefill, then one decode step per token.\n"
@@ -47,7 +48,8 @@ const char* kUsage =
     "sequences, model the heads; default data=1,model=1). --batch B: the cache's sequences\n"
     "(default: the number of prompts). --layout: both phases' layouts (docs/inference.md): 1d\n"
     "(weights split over model; the default), 2d (weights also split over data on d_model) or\n"
-    "gathered (weights stored as 2d, gathered over data for use); --prefill-layout and\n"
+    "gathered (weights stored as 2d, gathered over data for use), or auto (each phase's cheapest\n"
+    "by this machine's cost figures, printed on a `layouts: ` line); --prefill-layout and\n"
     "--decode-layout set one phase. Prints `text: ` and each prompt with its bytes, one line each.\n";
 
 std::string printable(const std::vector<int32_t>& bytes) {
@@ -68,11 +70,12 @@ int run(int argc, char** argv) {
   o.max_new = 32;
   int64_t batch = 0;
   tessel::InferLayouts layouts;
+  bool auto_prefill = false, auto_decode = false;  // --layout auto: chosen by the cost model
   auto layout_of = [](const std::string& flag, const std::string& text) {
     try {
       return tessel::parse_infer_layout(text);
     } catch (const tessel::Error& e) {
-      throw tessel::UsageError(fmt::format("{}: {}", flag, e.what()));
+      throw tessel::UsageError(fmt::format("{}: {} (or auto)", flag, e.what()));
     }
   };
   for (int i = 1; i < argc; ++i) {
@@ -95,9 +98,19 @@ int run(int argc, char** argv) {
     else if (a == "--mesh") mesh_spec = next();
     else if (a == "--batch") batch = tessel::cli::parse_i64(a, next(), 1, 1 << 20);
     else if (a == "--backend") backend = next();
-    else if (a == "--layout") layouts.prefill = layouts.decode = layout_of(a, next());
-    else if (a == "--prefill-layout") layouts.prefill = layout_of(a, next());
-    else if (a == "--decode-layout") layouts.decode = layout_of(a, next());
+    else if (a == "--layout" || a == "--prefill-layout" || a == "--decode-layout") {
+      const std::string v = next();
+      const bool is_auto = v == "auto";
+      const tessel::InferLayout l = is_auto ? tessel::InferLayout::OneD : layout_of(a, v);
+      if (a != "--decode-layout") {
+        layouts.prefill = l;
+        auto_prefill = is_auto;
+      }
+      if (a != "--prefill-layout") {
+        layouts.decode = l;
+        auto_decode = is_auto;
+      }
+    }
     else throw tessel::UsageError(fmt::format("unknown argument '{}'", a));
   }
   if (dir.empty()) throw tessel::UsageError("--load DIR is required (a folder gpt_train --save-dir wrote)");
@@ -162,6 +175,15 @@ int run(int argc, char** argv) {
   std::map<std::string, tessel::HostTensor> weights;
   for (const std::string& n : shapes.weights) weights.emplace(n, ck.read(t, n));
   auto rt = tessel::make_runtime(tessel::RuntimeRequest(backend, mesh));
+  if (auto_prefill || auto_decode) {
+    const tessel::BackendCost bc = tessel::backend_cost_model(*rt, mesh);
+    const tessel::InferLayoutChoice c = tessel::choose_infer_layouts(cfg, mesh, longest, bc.cost);
+    if (auto_prefill) layouts.prefill = c.layouts.prefill;
+    if (auto_decode) layouts.decode = c.layouts.decode;
+    if (tessel::detect_launch().rank == 0)
+      std::printf("layouts: prefill %s, decode %s (predicted with %s: %s)\n", tessel::infer_layout_name(layouts.prefill),
+                  tessel::infer_layout_name(layouts.decode), bc.source.c_str(), c.why.c_str());
+  }
   tessel::GptGenerator gen(cfg, mesh, *rt, weights, longest, layouts);
   const auto out = gen.generate(prompts, o);
   if (tessel::detect_launch().rank == 0)

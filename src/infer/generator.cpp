@@ -165,6 +165,28 @@ std::vector<std::vector<int32_t>> GptGenerator::generate(const std::vector<std::
   return out;
 }
 
+InferLayoutChoice choose_infer_layouts(const GptConfig& cfg, const Mesh& mesh, int64_t prompt_len,
+                                       const CostModel& cost) {
+  const InferLayout all[] = {InferLayout::OneD, InferLayout::TwoD, InferLayout::Gathered};
+  InferLayoutChoice c;
+  for (int phase = 0; phase < 2; ++phase) {
+    int best = 0;
+    std::string line = phase == 0 ? "prefill:" : "decode:";
+    for (int l = 0; l < 3; ++l) {
+      GptInferGraphs g = build_gpt_infer(cfg, prompt_len, {all[l], all[l]});
+      Graph& graph = phase == 0 ? g.prefill : g.decode;
+      graph.mesh = mesh;
+      const Executable exe = compile(graph, mesh);
+      c.predicted_s[phase][l] = exe.program().compute_seconds(cost) + exe.program().comm_seconds(cost);
+      if (c.predicted_s[phase][l] < c.predicted_s[phase][best]) best = l;
+      line += fmt::format("{} {} {:.3g} us", l == 0 ? "" : ",", infer_layout_name(all[l]), c.predicted_s[phase][l] * 1e6);
+    }
+    (phase == 0 ? c.layouts.prefill : c.layouts.decode) = all[best];
+    c.why += fmt::format("{}{} -> {}", phase == 0 ? "" : "; ", line, infer_layout_name(all[best]));
+  }
+  return c;
+}
+
 int32_t sample_token(const float* logits, int64_t n, const SamplingOptions& o, int64_t sequence, int64_t position) {
   if (o.temperature == 0) {
     int64_t best = 0;

@@ -38,9 +38,9 @@ Weights add_weights(Graph& g, const GptConfig& c, InferLayout how, std::vector<s
       std::vector<std::vector<std::string>> stored = layout;
       if (how != InferLayout::OneD && dmodel >= 0) stored[static_cast<std::size_t>(dmodel)].push_back(c.data_axis);
       g.annotate(t, Sharding::of(stored));
-      if (how == InferLayout::Gathered && stored != layout) {  // gathered over data for use
+      if (how == InferLayout::Gathered) {  // gathered whole for use: the sequences are split instead
         g.expect_gathers(t);
-        t = shard(t, Sharding::of(layout));
+        t = shard(t, Sharding::of(std::vector<std::vector<std::string>>(stored.size())));
       }
     }
     return c.compute == c.dtype ? t : cast(t, c.compute);
@@ -108,9 +108,16 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
   const std::string& dp = c.data_axis;
   const std::string& mp = c.model_axis;
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
-  // The sequences over data, but under TwoD (every device holds every sequence).
-  auto seq_axes = [&](InferLayout l) { return l == InferLayout::TwoD ? std::vector<std::string>{} : std::vector<std::string>{dp}; };
-  auto cache_layout_of = [&](InferLayout l) { return Sharding::of({seq_axes(l), {}, {mp}, {}}); };
+  // The sequences: over data (OneD), over every device (Gathered), whole (TwoD); the cache's
+  // heads over model but under Gathered (each device holds its sequences' every head).
+  auto seq_axes = [&](InferLayout l) {
+    if (l == InferLayout::TwoD) return std::vector<std::string>{};
+    if (l == InferLayout::Gathered) return std::vector<std::string>{dp, mp};
+    return std::vector<std::string>{dp};
+  };
+  auto cache_layout_of = [&](InferLayout l) {
+    return Sharding::of({seq_axes(l), {}, l == InferLayout::Gathered ? std::vector<std::string>{} : std::vector<std::string>{mp}, {}});
+  };
   GptInferGraphs out;
   for (int64_t l = 0; l < c.layers; ++l) {
     out.caches.push_back(fmt::format("l{}_k_cache", l));

@@ -10,7 +10,7 @@ mkdir -p "$work/build"
 ln -s "$bin_dir" "$work/build/bin"
 cd "$work"
 mapfile -t cmds < <(sed -n '/^## Run it/,/^## /p' "$src/docs/inference.md" | grep -E '^    (build/bin/|mpirun )' | sed 's/^    //')
-[ ${#cmds[@]} -ge 5 ] || { echo "found ${#cmds[@]} commands in docs/inference.md, expected 5"; exit 1; }
+[ ${#cmds[@]} -ge 6 ] || { echo "found ${#cmds[@]} commands in docs/inference.md, expected 6"; exit 1; }
 first=""
 for c in "${cmds[@]}"; do
   echo "\$ $c"

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessel/core/cost.hpp"
 #include "tessel/core/mesh.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/models/gpt.hpp"
@@ -51,10 +52,12 @@ class LoadedExecutable;  // runtime/loaded_executable.hpp
 //  - TwoD, 2D weight-stationary: the weights also split over dp on d_model (a weight matrix's
 //    two dims over the two axes), every device holding all sequences: activations are reduced
 //    and gathered over dp around each projection, no weight ever moves.
-//  - Gathered, weight-gathered: the weights stored as TwoD's, all-gathered over dp before use
-//    (as ZeRO-3 gathers parameters) and used as OneD's, the sequences over dp: for large
-//    batches (a prefill), where moving the weights is cheaper than moving the activations.
-// The cache is [{dp}, {}, {mp}, {}] (sequences x heads), and [{}, {}, {mp}, {}] under TwoD.
+//  - Gathered, weight-gathered: the weights stored as TwoD's and all-gathered whole before use
+//    (as ZeRO-3 gathers parameters), the sequences over every device (dp and mp): no
+//    activation moves. For large batches (a prefill), where moving the weights costs less than
+//    moving the activations.
+// The cache is [{dp}, {}, {mp}, {}] (sequences x heads), [{}, {}, {mp}, {}] under TwoD and
+// [{dp, mp}, {}, {}, {}] under Gathered.
 enum class InferLayout { OneD, TwoD, Gathered };
 const char* infer_layout_name(InferLayout l);  // "1d", "2d", "gathered"
 // Parses "1d", "2d", "gathered"; Error naming the text and the choices otherwise.
@@ -63,6 +66,20 @@ struct InferLayouts {
   InferLayout prefill = InferLayout::OneD;
   InferLayout decode = InferLayout::OneD;
 };
+
+// The cheapest layout of each phase for `mesh` by `cost`: each phase's program compiled in
+// each layout and priced (the cost model's compute plus the collectives, per device), the
+// least kept. `why` says each phase's predictions and choice, e.g. "prefill: 1d 41.2 us, 2d
+// 63.0 us, gathered 58.1 us -> 1d; decode: ...". `gpt_generate --layout auto` plans with this
+// machine's figures (runtime/backend_cost.hpp).
+struct InferLayoutChoice {
+  InferLayouts layouts;
+  std::string why;
+  // Per phase (prefill, decode), per layout (InferLayout order): the predicted seconds.
+  double predicted_s[2][3] = {};
+};
+InferLayoutChoice choose_infer_layouts(const GptConfig& cfg, const Mesh& mesh, int64_t prompt_len,
+                                       const CostModel& cost);
 
 // The two programs of generation, as graphs. B = cfg.batch sequences, T = cfg.seq positions,
 // H heads of K = d_model / heads, V = cfg.vocab, P = prompt_len.
