@@ -5,6 +5,8 @@
 // weight-stationary, weight-gathered); bad prompts and weights are errors naming them.
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+
 #include <random>
 
 #include "../unit/test_util.hpp"
@@ -252,4 +254,48 @@ TEST_CASE("the automatic layout choice is each phase's cheapest by the cost mode
   INFO(ch.why);
   CHECK(ch.layouts.prefill == InferLayout::Gathered);
   CHECK(ch.layouts.decode != InferLayout::Gathered);
+}
+
+TEST_CASE("1D weight-stationary moves the paper's 2 B L E per block on 16 and 64 devices", "[infer][integration]") {
+  // Pope et al. 2022 (section 3.2.1): 1D weight-stationary moves 2·B·L·E elements per chip per
+  // feed-forward block whatever the chip count; tessel's 1D (Megatron) does it as one
+  // all-reduce of the block's output [B, L, E] over model, after the attention block and after
+  // the MLP. Compiled only: one layer, the heads and the hidden dim over model=16 and model=64.
+  // Each all-reduce's buffer is B·L·E elements, and a ring moves 2(n-1)/n of it per device:
+  // 2·B·L·E·(n-1)/n, the closed form's 2·B·L·E as n grows.
+  GptConfig c;
+  c.batch = 8;
+  c.seq = 32;
+  c.d_model = 1024;
+  c.heads = 64;
+  c.layers = 1;
+  c.vocab = 128;
+  const int64_t P = 16, E = c.d_model, B = c.batch;
+  for (int64_t n : {16, 64}) {
+    const Mesh mesh = gpt_mesh(Mesh::parse(fmt::format("model={}", n)), c);
+    GptInferGraphs g = build_gpt_infer(c, P);
+    for (Graph* gr : {&g.prefill, &g.decode}) {
+      const bool decode = gr == &g.decode;
+      const int64_t L = decode ? 1 : P;  // tokens per sequence in this phase
+      INFO("model=" << n << (decode ? " decode" : " prefill"));
+      gr->mesh = mesh;
+      const Program& p = compile(*gr, mesh).program();
+      int64_t reduces = 0, other = 0;
+      double moved = 0;  // bytes per device over the ring
+      for (const Instr& in : p.instrs) {
+        if (in.kind != InstrKind::Collective && in.kind != InstrKind::CollectiveStart) continue;
+        if (in.collective != CollectiveKind::AllReduce) {
+          ++other;
+          continue;
+        }
+        ++reduces;
+        CHECK(in.bytes == B * L * E * 4);  // the block's output, f32
+        moved += CostModel::ring_factor(CollectiveKind::AllReduce, n) * static_cast<double>(in.bytes);
+      }
+      CHECK(other == 0);
+      CHECK(reduces == 2 * c.layers);
+      const double closed_form = 2.0 * static_cast<double>(B * L * E) * static_cast<double>(n - 1) / static_cast<double>(n);
+      CHECK(moved == Approx(2 * c.layers * closed_form * 4).epsilon(1e-12));  // two blocks a layer, f32
+    }
+  }
 }
