@@ -279,7 +279,8 @@ TEST_CASE("1D weight-stationary moves the paper's 2 B L E per block on 16 and 64
       const int64_t L = decode ? 1 : P;  // tokens per sequence in this phase
       INFO("model=" << n << (decode ? " decode" : " prefill"));
       gr->mesh = mesh;
-      const Program& p = compile(*gr, mesh).program();
+      const Executable exe = compile(*gr, mesh);
+      const Program& p = exe.program();
       int64_t reduces = 0, other = 0;
       double moved = 0;  // bytes per device over the ring
       for (const Instr& in : p.instrs) {
@@ -296,6 +297,50 @@ TEST_CASE("1D weight-stationary moves the paper's 2 B L E per block on 16 and 64
       CHECK(reduces == 2 * c.layers);
       const double closed_form = 2.0 * static_cast<double>(B * L * E) * static_cast<double>(n - 1) / static_cast<double>(n);
       CHECK(moved == Approx(2 * c.layers * closed_form * 4).epsilon(1e-12));  // two blocks a layer, f32
+    }
+  }
+}
+
+TEST_CASE("weight-gathered moves each layer's weights once and no activation on 16 and 64 devices",
+          "[infer][integration]") {
+  // The fully gathered form (Pope et al.'s XYZ-weight-gathered): every weight gathered whole
+  // before use, the sequences over all n devices, no activation collective. The weights are
+  // stored split over data (on d_model) and model (on heads or the hidden dim) and gathered
+  // one axis after the other; a ring all-gather moves (k-1)/k of its output per device, so
+  // the two together move (n-1)/n of each weight matrix: per layer 12·E²·(n-1)/n elements
+  // (wq, wk, wv, wo: E² each; w1, w2: 4·E² each), plus the MLP bias b1 [F], stored over model
+  // only, (m-1)/m of F. Compiled only, one layer, on data=4,model=4 and data=8,model=8.
+  GptConfig c;
+  c.batch = 64;
+  c.seq = 32;
+  c.d_model = 512;
+  c.heads = 64;
+  c.layers = 1;
+  c.vocab = 128;
+  const int64_t P = 16, E = c.d_model, F = c.ffn_mult * c.d_model;
+  for (int64_t k : {4, 8}) {
+    const int64_t n = k * k;
+    const Mesh mesh = Mesh::parse(fmt::format("data={},model={}", k, k));
+    GptInferGraphs g = build_gpt_infer(c, P, {InferLayout::Gathered, InferLayout::Gathered});
+    for (Graph* gr : {&g.prefill, &g.decode}) {
+      INFO(mesh.to_string() << (gr == &g.decode ? " decode" : " prefill"));
+      gr->mesh = mesh;
+      const Executable exe = compile(*gr, mesh);
+      const Program& p = exe.program();
+      int64_t other = 0;
+      double moved = 0;
+      for (const Instr& in : p.instrs) {
+        if (in.kind != InstrKind::Collective && in.kind != InstrKind::CollectiveStart) continue;
+        if (in.collective != CollectiveKind::AllGather) {
+          ++other;
+          continue;
+        }
+        moved += CostModel::ring_factor(CollectiveKind::AllGather, mesh.axes_size(in.axes)) * static_cast<double>(in.bytes);
+      }
+      CHECK(other == 0);
+      const double closed_form = 12.0 * static_cast<double>(E * E) * static_cast<double>(n - 1) / static_cast<double>(n) +
+                                 static_cast<double>(F) * static_cast<double>(k - 1) / static_cast<double>(k);
+      CHECK(moved == Approx(closed_form * 4 * static_cast<double>(c.layers)).epsilon(1e-12));
     }
   }
 }
