@@ -1,5 +1,5 @@
 // GptGenerator (infer/generate.hpp): the prefill and decode programs loaded once, the weights
-// put on the devices once per program, the cache passed from prefill to the decode steps and
+// put on the devices once (once per phase when the phases lay them out differently), the cache passed from prefill to the decode steps and
 // donated to each; sampling on the host.
 #include <fmt/format.h>
 
@@ -73,9 +73,10 @@ GptGenerator::GptGenerator(GptConfig cfg, const Mesh& mesh, Runtime& runtime,
   LoadedExecutable pl = load(pe, runtime);
   LoadedExecutable dl = load(de, runtime, decode_load_options(graphs_));
   p_ = std::make_unique<Programs>(Programs{std::move(pe), std::move(de), std::move(pl), std::move(dl), {}, {}, {}, {}});
+  // Each weight on the devices once when both phases lay it out alike (twice otherwise).
   for (const std::string& n : graphs_.weights) {
-    p_->prefill_weights.emplace(n, p_->prefill.to_device(n, weights.at(n)));
-    p_->decode_weights.emplace(n, p_->decode.to_device(n, weights.at(n)));
+    const ShardedArray& a = p_->prefill_weights.emplace(n, p_->prefill.to_device(n, weights.at(n))).first->second;
+    p_->decode_weights.emplace(n, a.sharding() == input_layout(p_->decode_exe, n) ? a : p_->decode.to_device(n, weights.at(n)));
   }
   std::vector<int32_t> pos(static_cast<std::size_t>(cfg_.seq));
   std::iota(pos.begin(), pos.end(), 0);

@@ -26,47 +26,35 @@ struct Weights {
   std::vector<Layer> layers;
 };
 
-// `layout` below is the OneD (Megatron) layout of a weight; `dmodel` the dim holding d_model
-// (-1: none), which TwoD and Gathered split over the data axis too.
+// The weight inputs of gpt_weight_specs (models/gpt.hpp: build_gpt's names, order and
+// Megatron layouts), laid out as `how` stores them; returned in the compute dtype (cast where
+// it differs from the stored one).
 Weights add_weights(Graph& g, const GptConfig& c, InferLayout how, std::vector<std::string>* names) {
-  const int64_t S = c.seq, D = c.d_model, H = c.heads, K = D / H, V = c.vocab, F = c.ffn_mult * D;
-  const std::string& mp = c.model_axis;
-  auto weight = [&](std::string name, Shape shape, std::vector<std::vector<std::string>> layout, int dmodel = -1) {
-    if (names) names->push_back(name);
-    Tensor t = input(g, std::move(name), c.dtype, std::move(shape));
+  std::vector<Tensor> t;
+  for (const GptWeightSpec& w : gpt_weight_specs(c)) {
+    if (names) names->push_back(w.name);
+    Tensor in = input(g, w.name, c.dtype, w.shape);
     if (c.annotate) {
-      std::vector<std::vector<std::string>> stored = layout;
-      if (how != InferLayout::OneD && dmodel >= 0) stored[static_cast<std::size_t>(dmodel)].push_back(c.data_axis);
-      g.annotate(t, Sharding::of(stored));
+      std::vector<std::vector<std::string>> stored = w.layout;
+      if (how != InferLayout::OneD && w.d_model_dim >= 0)
+        stored[static_cast<std::size_t>(w.d_model_dim)].push_back(c.data_axis);
+      g.annotate(in, Sharding::of(stored));
       if (how == InferLayout::Gathered) {  // gathered whole for use: the sequences are split instead
-        g.expect_gathers(t);
-        t = shard(t, Sharding::of(std::vector<std::vector<std::string>>(stored.size())));
+        g.expect_gathers(in);
+        in = shard(in, Sharding::of(std::vector<std::vector<std::string>>(stored.size())));
       }
     }
-    return c.compute == c.dtype ? t : cast(t, c.compute);
-  };
-  Weights w;
-  w.wte = weight("wte", {V, D}, {{}, {}});
-  w.wpe = weight("wpe", {S, D}, {{}, {}});
-  for (int64_t l = 0; l < c.layers; ++l) {
-    auto nm = [&](const char* s) { return fmt::format("l{}_{}", l, s); };
-    Layer L;
-    L.ln1g = weight(nm("ln1_g"), {D}, {{}});
-    L.ln1b = weight(nm("ln1_b"), {D}, {{}});
-    L.wq = weight(nm("wq"), {D, H, K}, {{}, {mp}, {}}, 0);
-    L.wk = weight(nm("wk"), {D, H, K}, {{}, {mp}, {}}, 0);
-    L.wv = weight(nm("wv"), {D, H, K}, {{}, {mp}, {}}, 0);
-    L.wo = weight(nm("wo"), {H, K, D}, {{mp}, {}, {}}, 2);
-    L.ln2g = weight(nm("ln2_g"), {D}, {{}});
-    L.ln2b = weight(nm("ln2_b"), {D}, {{}});
-    L.w1 = weight(nm("w1"), {D, F}, {{}, {mp}}, 0);
-    L.b1 = weight(nm("b1"), {F}, {{mp}});
-    L.w2 = weight(nm("w2"), {F, D}, {{mp}, {}}, 1);
-    L.b2 = weight(nm("b2"), {D}, {{}});
-    w.layers.push_back(L);
+    t.push_back(c.compute == c.dtype ? in : cast(in, c.compute));
   }
-  w.lnfg = weight("lnf_g", {D}, {{}});
-  w.lnfb = weight("lnf_b", {D}, {{}});
+  Weights w;
+  w.wte = t[0];
+  w.wpe = t[1];
+  std::size_t i = 2;
+  for (int64_t l = 0; l < c.layers; ++l, i += kGptWeightsPerLayer)
+    w.layers.push_back(Layer{t[i], t[i + 1], t[i + 2], t[i + 3], t[i + 4], t[i + 5], t[i + 6], t[i + 7], t[i + 8],
+                             t[i + 9], t[i + 10], t[i + 11]});
+  w.lnfg = t[i];
+  w.lnfb = t[i + 1];
   return w;
 }
 

@@ -11,6 +11,31 @@
 
 namespace tessel {
 
+std::vector<GptWeightSpec> gpt_weight_specs(const GptConfig& c) {
+  const int64_t S = c.seq, D = c.d_model, H = c.heads, K = D / std::max<int64_t>(1, c.heads), V = c.vocab;
+  const int64_t F = c.ffn_mult * D;
+  const std::string& mp = c.model_axis;
+  std::vector<GptWeightSpec> w = {{"wte", {V, D}, {{}, {}}, -1}, {"wpe", {S, D}, {{}, {}}, -1}};
+  for (int64_t l = 0; l < c.layers; ++l) {
+    auto nm = [&](const char* s) { return fmt::format("l{}_{}", l, s); };
+    w.push_back({nm("ln1_g"), {D}, {{}}, -1});
+    w.push_back({nm("ln1_b"), {D}, {{}}, -1});
+    w.push_back({nm("wq"), {D, H, K}, {{}, {mp}, {}}, 0});
+    w.push_back({nm("wk"), {D, H, K}, {{}, {mp}, {}}, 0});
+    w.push_back({nm("wv"), {D, H, K}, {{}, {mp}, {}}, 0});
+    w.push_back({nm("wo"), {H, K, D}, {{mp}, {}, {}}, 2});
+    w.push_back({nm("ln2_g"), {D}, {{}}, -1});
+    w.push_back({nm("ln2_b"), {D}, {{}}, -1});
+    w.push_back({nm("w1"), {D, F}, {{}, {mp}}, 0});
+    w.push_back({nm("b1"), {F}, {{mp}}, -1});
+    w.push_back({nm("w2"), {F, D}, {{mp}, {}}, 1});
+    w.push_back({nm("b2"), {D}, {{}}, -1});
+  }
+  w.push_back({"lnf_g", {D}, {{}}, -1});
+  w.push_back({"lnf_b", {D}, {{}}, -1});
+  return w;
+}
+
 GptGraph build_gpt(const GptConfig& c) {
   if (c.d_model % c.heads != 0)
     throw ShapeError(fmt::format("gpt: d_model {} is not divisible by heads {}", c.d_model, c.heads));
@@ -18,15 +43,18 @@ GptGraph build_gpt(const GptConfig& c) {
     throw ShapeError("gpt: batch, seq and vocab must be >= 1, layers >= 0");
   GptGraph m;
   Graph& g = m.graph;
-  const int64_t B = c.batch, S = c.seq, D = c.d_model, H = c.heads, K = D / H, V = c.vocab;
-  const int64_t F = c.ffn_mult * D;
+  const int64_t B = c.batch, S = c.seq, K = c.d_model / c.heads;
   const std::string& dp = c.data_axis;
-  const std::string& mp = c.model_axis;
-  auto weight = [&](std::string name, Shape shape, std::vector<std::vector<std::string>> layout) {
-    Tensor t = input(g, std::move(name), c.dtype, shape);
-    if (c.annotate) g.annotate(t, Sharding::of(layout));
+  const std::vector<GptWeightSpec> specs = gpt_weight_specs(c);
+  std::size_t next_spec = 0;
+  // The next weight of gpt_weight_specs (named there: `name` only checks the order).
+  auto weight = [&](const std::string& name) {
+    const GptWeightSpec& w = specs.at(next_spec++);
+    if (w.name != name) throw Error(fmt::format("gpt: internal: weight '{}' where gpt_weight_specs has '{}'", name, w.name));
+    Tensor t = input(g, w.name, c.dtype, w.shape);
+    if (c.annotate) g.annotate(t, Sharding::of(w.layout));
     m.weights.push_back(t);
-    m.params += num_elements(shape);
+    m.params += num_elements(w.shape);
     return c.compute == c.dtype ? t : cast(t, c.compute);
   };
   if (c.compute == DType::i32 || c.dtype == DType::i32)
@@ -37,25 +65,25 @@ GptGraph build_gpt(const GptConfig& c) {
     g.annotate(m.tokens, Sharding::of({{dp}, {}}));
     g.annotate(m.labels, Sharding::of({{dp}, {}}));
   }
-  Tensor wte = weight("wte", {V, D}, {{}, {}});
-  Tensor wpe = weight("wpe", {S, D}, {{}, {}});
+  Tensor wte = weight("wte");
+  Tensor wpe = weight("wpe");
   Tensor x = add(embedding(wte, m.tokens), wpe).named("x0");
   m.checkpoints.push_back(x);
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
   for (int64_t l = 0; l < c.layers; ++l) {
     auto nm = [&](const char* s) { return fmt::format("l{}_{}", l, s); };
-    Tensor ln1g = weight(nm("ln1_g"), {D}, {{}});
-    Tensor ln1b = weight(nm("ln1_b"), {D}, {{}});
-    Tensor wq = weight(nm("wq"), {D, H, K}, {{}, {mp}, {}});
-    Tensor wk = weight(nm("wk"), {D, H, K}, {{}, {mp}, {}});
-    Tensor wv = weight(nm("wv"), {D, H, K}, {{}, {mp}, {}});
-    Tensor wo = weight(nm("wo"), {H, K, D}, {{mp}, {}, {}});
-    Tensor ln2g = weight(nm("ln2_g"), {D}, {{}});
-    Tensor ln2b = weight(nm("ln2_b"), {D}, {{}});
-    Tensor w1 = weight(nm("w1"), {D, F}, {{}, {mp}});
-    Tensor b1 = weight(nm("b1"), {F}, {{mp}});
-    Tensor w2 = weight(nm("w2"), {F, D}, {{mp}, {}});
-    Tensor b2 = weight(nm("b2"), {D}, {{}});
+    Tensor ln1g = weight(nm("ln1_g"));
+    Tensor ln1b = weight(nm("ln1_b"));
+    Tensor wq = weight(nm("wq"));
+    Tensor wk = weight(nm("wk"));
+    Tensor wv = weight(nm("wv"));
+    Tensor wo = weight(nm("wo"));
+    Tensor ln2g = weight(nm("ln2_g"));
+    Tensor ln2b = weight(nm("ln2_b"));
+    Tensor w1 = weight(nm("w1"));
+    Tensor b1 = weight(nm("b1"));
+    Tensor w2 = weight(nm("w2"));
+    Tensor b2 = weight(nm("b2"));
 
     Tensor h = layer_norm(x, ln1g, ln1b).named(nm("h"));
     Tensor q = einsum("bsd,dhk->bshk", h, wq).named(nm("q"));
@@ -77,8 +105,8 @@ GptGraph build_gpt(const GptConfig& c) {
     x = add(x, d).named(nm("x_out"));
     m.checkpoints.push_back(x);
   }
-  Tensor lnfg = weight("lnf_g", {D}, {{}});
-  Tensor lnfb = weight("lnf_b", {D}, {{}});
+  Tensor lnfg = weight("lnf_g");
+  Tensor lnfb = weight("lnf_b");
   Tensor xf = layer_norm(x, lnfg, lnfb).named("xf");
   Tensor logits = einsum("bsd,vd->bsv", xf, wte).named("logits");
   Tensor per_token = cross_entropy(logits, m.labels).named("token_loss");  // f32 whatever the logits

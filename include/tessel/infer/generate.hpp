@@ -121,7 +121,8 @@ struct GenerateOptions {
 class GptGenerator {
  public:
   // Compiles and loads both programs on `runtime` (its devices are the mesh's) and puts the
-  // weights on the devices. Throws Error naming a weight that is missing from `weights` or has
+  // weights on the devices (one copy when both phases lay a weight out alike, else one per
+  // phase). Throws Error naming a weight that is missing from `weights` or has
   // another dtype or shape than the model's.
   // The cache moves from the prefill's layout to the decode's on the devices when they are the
   // same, else through the host.

@@ -59,6 +59,22 @@ struct GptGraph {
 // Throws ShapeError when the config is inconsistent (d_model not divisible by heads, ...).
 GptGraph build_gpt(const GptConfig& cfg);
 
+// One weight input of the GPT: its name, shape, Megatron layout (cfg.model_axis on the heads
+// and the MLP's hidden dim; every other dim whole) and, for a projection matrix (wq, wk, wv,
+// wo, w1, w2), the dim holding d_model, which a layout that also splits d_model splits (e.g.
+// infer/generate.hpp's 2D); -1 for the embedding tables, gains and biases.
+struct GptWeightSpec {
+  std::string name;
+  Shape shape;
+  std::vector<std::vector<std::string>> layout;
+  int d_model_dim = -1;
+};
+// Every weight of cfg in build_gpt's input order: wte, wpe, then per layer l its twelve
+// (l<l>_ln1_g, _ln1_b, _wq, _wk, _wv, _wo, _ln2_g, _ln2_b, _w1, _b1, _w2, _b2), then lnf_g, lnf_b.
+// The one list of the model's weights: build_gpt and the inference graphs both take theirs here.
+std::vector<GptWeightSpec> gpt_weight_specs(const GptConfig& cfg);
+inline constexpr int kGptWeightsPerLayer = 12;
+
 // The examples' size flags: --batch, --seq, --d-model, --heads, --layers, --vocab. When `flag`
 // is one of them, reads its value with `value()` (a positive integer; layers may be 0) into
 // cfg and returns true. Throws UsageError naming the flag on a bad number.
