@@ -180,8 +180,11 @@ TEST_CASE("trainer: auto_shard chooses the step's layouts and its steps equal on
   o.lr = LrSchedule::constant(0.02);
   TrainerOptions ao = o;
   ao.auto_shard = AutoShardOptions{};
-  // A budget below the replicated step's: parameters, moments and updates must be split.
-  ao.auto_shard->memory_budget_bytes = 20000;
+  // A budget well below the replicated step's (about 41 KB a device): parameters, moments and
+  // updates must be split. Not at the edge of the least the solver can reach (about 20 KB):
+  // which of the plans of least memory it finds there depends on this machine's measured
+  // figures (a budget of 20,000 bytes failed on one machine's, the least found 20,376).
+  ao.auto_shard->memory_budget_bytes = 24000;
   ThreadRuntime rt4(4), rt1(1);
   const Mesh mesh = Mesh::parse("data=2,model=2");
   Trainer many(m.g, m.loss, m.params, mesh, rt4, ao);
@@ -197,7 +200,7 @@ TEST_CASE("trainer: auto_shard chooses the step's layouts and its steps equal on
   CHECK_THAT(many.strategy_in_words(), Catch::Contains("the batch comes in over {data}") &&
                                            Catch::Contains("weights: ") && Catch::Contains("AdamW moments: "));
   CHECK(r->fits);
-  CHECK(r->peak_bytes <= 20000);
+  CHECK(r->peak_bytes <= 24000);
   // Every parameter and its update share a layout (they are donated), the batch stays on data.
   bool some_split = false;
   for (const auto& [name, sh] : many.state_shardings()) some_split = some_split || !sh.is_replicated();
