@@ -1,6 +1,6 @@
-// GptGenerator (infer/generate.hpp): the prefill and decode programs loaded once, the weights
-// put on the devices once (once per phase when the phases lay them out differently), the cache passed from prefill to the decode steps and
-// donated to each; sampling on the host.
+// GptGenerator (infer/generate.hpp): a batch of prompts through the engine's prefill, then
+// decode steps until every sequence is done, the cache kept on the devices and donated to each
+// step (engine.hpp); sampling on the host. And the layout choice by the cost model.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -8,121 +8,41 @@
 #include <numeric>
 #include <random>
 
+#include "engine.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/infer/generate.hpp"
-#include "tessel/runtime/loaded_executable.hpp"
 
 namespace tessel {
 
-struct GptGenerator::Programs {
-  Executable prefill_exe, decode_exe;
-  LoadedExecutable prefill, decode;
-  std::map<std::string, ShardedArray> prefill_weights, decode_weights;
-  ShardedArray positions;
-  // Per cache: the decode input's layout (a prefill output in another one goes through the host).
-  std::map<std::string, Sharding> cache_layout;
-};
-
-namespace {
-
-LoadOptions decode_load_options(const GptInferGraphs& g) {
-  LoadOptions o;
-  o.donate = g.donations;
-  return o;
-}
-
-Sharding input_layout(const Executable& exe, const std::string& name) {
-  const Graph& g = exe.graph();
-  for (std::size_t i = 0; i < g.inputs.size(); ++i)
-    if (g.values[static_cast<std::size_t>(g.inputs[i])].name == name) {
-      const Program& p = exe.program();
-      return p.values[static_cast<std::size_t>(p.inputs[i])].sharding;
-    }
-  throw Error(fmt::format("GptGenerator: the decode program has no input '{}'", name));
-}
-
-HostTensor i32_tensor(Shape shape, const std::vector<int32_t>& values) {
-  HostTensor t(DType::i32, std::move(shape));
-  for (std::size_t i = 0; i < values.size(); ++i) t.set(static_cast<int64_t>(i), values[i]);
-  return t;
-}
-
-}  // namespace
-
 GptGenerator::GptGenerator(GptConfig cfg, const Mesh& mesh, Runtime& runtime,
                            const std::map<std::string, HostTensor>& weights, int64_t prompt_len, InferLayouts layouts)
-    : cfg_(std::move(cfg)), graphs_(build_gpt_infer(cfg_, prompt_len, layouts)) {
-  graphs_.prefill.mesh = mesh;
-  graphs_.decode.mesh = mesh;
-  // Every weight present, of the model's type, before anything is compiled.
-  for (const std::string& n : graphs_.weights) {
-    const Value& v = graphs_.prefill.values[static_cast<std::size_t>(graphs_.prefill.find(n))];
-    auto it = weights.find(n);
-    if (it == weights.end())
-      throw Error(fmt::format("GptGenerator: no weight '{}' given (a GPT of d_model {}, {} heads, {} layers, vocab "
-                              "{}, {} positions needs {} weights: wte, wpe, l0_wq, ...)",
-                              n, cfg_.d_model, cfg_.heads, cfg_.layers, cfg_.vocab, cfg_.seq, graphs_.weights.size()));
-    if (it->second.dtype() != v.dtype || it->second.shape() != v.shape)
-      throw Error(fmt::format("GptGenerator: weight '{}' is {}{}, the model (d_model {}, {} heads, {} layers, vocab "
-                              "{}, {} positions) needs {}{}",
-                              n, dtype_name(it->second.dtype()), shape_str(it->second.shape()), cfg_.d_model,
-                              cfg_.heads, cfg_.layers, cfg_.vocab, cfg_.seq, dtype_name(v.dtype), shape_str(v.shape)));
-  }
-  Executable pe = compile(graphs_.prefill, mesh);
-  Executable de = compile(graphs_.decode, mesh);
-  LoadedExecutable pl = load(pe, runtime);
-  LoadedExecutable dl = load(de, runtime, decode_load_options(graphs_));
-  p_ = std::make_unique<Programs>(Programs{std::move(pe), std::move(de), std::move(pl), std::move(dl), {}, {}, {}, {}});
-  // Each weight on the devices once when both phases lay it out alike (twice otherwise).
-  for (const std::string& n : graphs_.weights) {
-    const ShardedArray& a = p_->prefill_weights.emplace(n, p_->prefill.to_device(n, weights.at(n))).first->second;
-    p_->decode_weights.emplace(n, a.sharding() == input_layout(p_->decode_exe, n) ? a : p_->decode.to_device(n, weights.at(n)));
-  }
-  std::vector<int32_t> pos(static_cast<std::size_t>(cfg_.seq));
-  std::iota(pos.begin(), pos.end(), 0);
-  p_->positions = p_->decode.to_device("positions", i32_tensor({cfg_.seq}, pos));
-  for (const std::string& c : graphs_.caches) p_->cache_layout.emplace(c, input_layout(p_->decode_exe, c));
-}
+    : cfg_(std::move(cfg)),
+      engine_(std::make_unique<detail::InferEngine>(cfg_, mesh, runtime, weights, prompt_len, layouts, 0,
+                                                    "GptGenerator")) {}
 
 GptGenerator::~GptGenerator() = default;
+
+const GptInferGraphs& GptGenerator::graphs() const { return engine_->graphs(); }
 
 std::vector<std::vector<int32_t>> GptGenerator::generate(const std::vector<std::vector<int32_t>>& prompts,
                                                          const GenerateOptions& o) {
   const int64_t B = cfg_.batch, T = cfg_.seq, V = cfg_.vocab;
-  const int64_t P = graphs_.prefill.values[static_cast<std::size_t>(graphs_.prefill.find("tokens"))].shape[1];
+  const int64_t P = engine_->prompt_len();
   if (prompts.empty() || static_cast<int64_t>(prompts.size()) > B)
     throw Error(fmt::format("GptGenerator: {} prompts for a cache of {} sequences (give 1 to {})", prompts.size(), B,
                             B));
   if (o.max_new < 1) throw Error(fmt::format("GptGenerator: max_new is {}; give at least 1", o.max_new));
-  if (!(o.sampling.temperature >= 0) || !std::isfinite(o.sampling.temperature) || o.sampling.top_k < 0 ||
-      !(o.sampling.top_p > 0 && o.sampling.top_p <= 1))
-    throw Error(fmt::format("GptGenerator: sampling temperature {} (finite, >= 0), top_k {} (>= 0), top_p {} (in (0, "
-                            "1]) out of range",
-                            o.sampling.temperature, o.sampling.top_k, o.sampling.top_p));
+  detail::check_sampling("GptGenerator", "", o.sampling);
   std::vector<int32_t> tokens(static_cast<std::size_t>(B * P), 0), last(static_cast<std::size_t>(B), 0);
   for (std::size_t b = 0; b < prompts.size(); ++b) {
     const auto& p = prompts[b];
-    if (p.empty() || static_cast<int64_t>(p.size()) > P)
-      throw Error(fmt::format("GptGenerator: prompt {} has {} tokens; the prefill takes 1 to {} (its prompt length)", b,
-                              p.size(), P));
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      if (p[i] < 0 || p[i] >= V)
-        throw Error(fmt::format("GptGenerator: prompt {} token {} is {}, outside the vocabulary [0, {})", b, i, p[i], V));
-      tokens[b * static_cast<std::size_t>(P) + i] = p[i];
-    }
+    engine_->check_prompt(b, p);
+    for (std::size_t i = 0; i < p.size(); ++i) tokens[b * static_cast<std::size_t>(P) + i] = p[i];
     last[b] = static_cast<int32_t>(p.size()) - 1;
   }
   logits_.clear();
-  std::map<std::string, ShardedArray> in = p_->prefill_weights;
-  in.emplace("tokens", p_->prefill.to_device("tokens", i32_tensor({B, P}, tokens)));
-  in.emplace("last", p_->prefill.to_device("last", i32_tensor({B}, last)));
-  RunResult r = p_->prefill.run_named(in);
-  HostTensor logits = p_->prefill.to_host(p_->prefill.output(r, "logits"));
-  std::map<std::string, ShardedArray> cache;
-  for (const std::string& c : graphs_.caches) {
-    const ShardedArray& a = p_->prefill.output(r, c);
-    cache.emplace(c, a.sharding() == p_->cache_layout.at(c) ? a : p_->decode.to_device(c, p_->prefill.to_host(a)));
-  }
+  detail::InferEngine::Caches cache;
+  HostTensor logits = engine_->prefill(tokens, last, cache);
 
   const std::size_t n = prompts.size();
   std::vector<std::vector<int32_t>> out(n);
@@ -150,14 +70,7 @@ std::vector<std::vector<int32_t>> GptGenerator::generate(const std::vector<std::
       // A finished sequence rewrites its last position with its last token (its output unused).
       pos[b] = static_cast<int32_t>(std::min(next_pos[b], T - 1));
     }
-    std::map<std::string, ShardedArray> din = p_->decode_weights;
-    din.emplace("token", p_->decode.to_device("token", i32_tensor({B}, tok)));
-    din.emplace("pos", p_->decode.to_device("pos", i32_tensor({B}, pos)));
-    din.emplace("positions", p_->positions);
-    for (auto& [name, a] : cache) din.emplace(name, a);
-    RunResult dr = p_->decode.run_named(din);
-    for (auto& [name, a] : cache) a = p_->decode.output(dr, name + ".next");
-    logits = p_->decode.to_host(p_->decode.output(dr, "logits"));
+    logits = engine_->decode(tok, pos, cache);
     logits_.push_back(logits);
     for (std::size_t b = 0; b < n; ++b)
       if (!done[b]) ++next_pos[b];

@@ -36,7 +36,9 @@ Weights add_weights(Graph& g, const GptConfig& c, InferLayout how, std::vector<s
     Tensor in = input(g, w.name, c.dtype, w.shape);
     if (c.annotate) {
       std::vector<std::vector<std::string>> stored = w.layout;
-      if (how != InferLayout::OneD && w.d_model_dim >= 0)
+      // d_model split over dp: 2D splits every weight holding it; weight-gathered (which
+      // gathers them whole for use) only the matrices, the vectors being small.
+      if (w.d_model_dim >= 0 && (how == InferLayout::TwoD || (how == InferLayout::Gathered && w.shape.size() > 1)))
         stored[static_cast<std::size_t>(w.d_model_dim)].push_back(c.data_axis);
       g.annotate(in, Sharding::of(stored));
       if (how == InferLayout::Gathered) {  // gathered whole for use: the sequences are split instead
@@ -58,10 +60,32 @@ Weights add_weights(Graph& g, const GptConfig& c, InferLayout how, std::vector<s
   return w;
 }
 
-// The MLP half of a layer, on x of any leading dims ("...d": `eq_in` names them).
-Tensor mlp(const Layer& L, Tensor x, const std::string& lead) {
-  Tensor h2 = layer_norm(x, L.ln2g, L.ln2b);
+// `t` with its leading dims whole and its last dim over `last` (when `on`: else `t`).
+Tensor last_dim_over(Tensor t, const std::vector<std::string>& last, bool on) {
+  if (!on) return t;
+  std::vector<std::vector<std::string>> dims(t.shape().size());
+  dims.back() = last;
+  return shard(t, Sharding::of(dims));
+}
+
+// `t` with dim `heads` over mp and every other dim whole, summed (when `on`: else `t`). Under
+// 2D the projections' partial sums over dp are all-reduced here, on the queries, keys and
+// values (B·L·E/mp elements each), not later on the attention scores (B·L·H·T/mp).
+Tensor heads_over(Tensor t, std::size_t heads, const std::string& mp, bool on) {
+  if (!on) return t;
+  std::vector<std::vector<std::string>> dims(t.shape().size());
+  dims[heads] = {mp};
+  return shard(t, Sharding::of(dims));
+}
+
+// The MLP half of a layer, on x of any leading dims (`lead` names them). With `two_d` (2D
+// weight-stationary, Pope et al. 3.2.2) the hidden activation is pinned over (mp, dp): the
+// first projection's partial sums over dp are reduce-scattered onto it and all-gathered over
+// dp for the second, whose partial sums over mp are reduce-scattered onto the residual.
+Tensor mlp(const Layer& L, Tensor x, const std::string& lead, bool two_d, const std::string& dp, const std::string& mp) {
+  Tensor h2 = last_dim_over(layer_norm(last_dim_over(x, {dp}, two_d), L.ln2g, L.ln2b), {dp}, two_d);  // normalised over dp
   Tensor u = gelu(add(einsum(lead + "d,df->" + lead + "f", h2, L.w1), L.b1));
+  u = last_dim_over(u, {mp, dp}, two_d);
   return add(x, add(einsum(lead + "f,fd->" + lead + "d", u, L.w2), L.b2));
 }
 
@@ -82,7 +106,7 @@ InferLayout parse_infer_layout(const std::string& text) {
   throw Error(fmt::format("unknown inference layout '{}' (1d, 2d or gathered)", text));
 }
 
-GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayouts layouts) {
+GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayouts layouts, int64_t admit_batch) {
   if (c.d_model % c.heads != 0)
     throw ShapeError(fmt::format("gpt_infer: d_model {} is not divisible by heads {}", c.d_model, c.heads));
   if (c.batch < 1 || c.seq < 1 || c.layers < 0 || c.vocab < 1)
@@ -92,6 +116,9 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
   if (prompt_len < 1 || prompt_len > c.seq)
     throw ShapeError(fmt::format("gpt_infer: prompt length {} is outside [1, {}] (the model's positions)", prompt_len,
                                  c.seq));
+  if (admit_batch < 0 || admit_batch > c.batch)
+    throw ShapeError(fmt::format("gpt_infer: admit batch {} is outside [0, {}] (the cache's sequences)", admit_batch,
+                                 c.batch));
   const int64_t B = c.batch, T = c.seq, P = prompt_len, D = c.d_model, H = c.heads, K = D / H;
   const std::string& dp = c.data_axis;
   const std::string& mp = c.model_axis;
@@ -106,48 +133,85 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
   auto cache_layout_of = [&](InferLayout l) {
     return Sharding::of({seq_axes(l), {}, l == InferLayout::Gathered ? std::vector<std::string>{} : std::vector<std::string>{mp}, {}});
   };
+  // 2D weight-stationary: the residual stream over (dp, mp) on d_model between the blocks.
+  auto two_d = [&](InferLayout l) { return c.annotate && l == InferLayout::TwoD; };
   GptInferGraphs out;
   for (int64_t l = 0; l < c.layers; ++l) {
     out.caches.push_back(fmt::format("l{}_k_cache", l));
     out.caches.push_back(fmt::format("l{}_v_cache", l));
   }
 
-  {  // prefill
-    Graph& g = out.prefill;
-    const InferLayout how = layouts.prefill;
-    const Sharding cache_layout = cache_layout_of(how);
-    const Weights w = add_weights(g, c, how, &out.weights);
-    Tensor tokens = input(g, "tokens", DType::i32, {B, P});
-    Tensor last = input(g, "last", DType::i32, {B});
+  // The prompt's forward on `how`'s layout: Bp prompts of P tokens -> the logits [Bp, V] at
+  // each prompt's last position and, per layer, its keys and values [Bp, P, H, K].
+  auto prefill_body = [&](Graph& g, const Weights& w, InferLayout how, int64_t Bp, std::vector<Tensor>& kv) {
+    Tensor tokens = input(g, "tokens", DType::i32, {Bp, P});
+    Tensor last = input(g, "last", DType::i32, {Bp});
     if (c.annotate) {
       g.annotate(tokens, Sharding::of({seq_axes(how), {}}));
       g.annotate(last, Sharding::of({seq_axes(how)}));
     }
     Tensor x = add(embedding(w.wte, tokens), slice(w.wpe, {0, 0}, {P, D}));
-    std::vector<Tensor> caches;
     for (int64_t l = 0; l < c.layers; ++l) {
       const Layer& L = w.layers[static_cast<std::size_t>(l)];
-      Tensor h = layer_norm(x, L.ln1g, L.ln1b);
-      Tensor q = einsum("bsd,dhk->bshk", h, L.wq);
-      Tensor k = einsum("bsd,dhk->bshk", h, L.wk);
-      Tensor v = einsum("bsd,dhk->bshk", h, L.wv);
+      Tensor h = last_dim_over(layer_norm(last_dim_over(x, {dp}, two_d(how)), L.ln1g, L.ln1b), {dp}, two_d(how));
+      Tensor q = heads_over(einsum("bsd,dhk->bshk", h, L.wq), 2, mp, two_d(how));
+      Tensor k = heads_over(einsum("bsd,dhk->bshk", h, L.wk), 2, mp, two_d(how));
+      Tensor v = heads_over(einsum("bsd,dhk->bshk", h, L.wv), 2, mp, two_d(how));
       Tensor o = c.fused_attention
                      ? attention(q, k, v, /*causal=*/true, scale, "bshd").out
                      : einsum("bhqs,bshk->bqhk", softmax(causal_mask(mul(einsum("bqhk,bshk->bhqs", q, k), scale)), -1), v);
-      x = add(x, einsum("bqhk,hkd->bqd", o, L.wo));
-      x = mlp(L, x, "bs");
-      for (Tensor kv : {k, v}) {
-        Tensor full = P == T ? kv : concat({kv, constant(g, 0, c.compute, {B, T - P, H, K})}, 1);
-        if (c.annotate) full = shard(full, cache_layout);
-        caches.push_back(full.named(out.caches[caches.size()]));
-      }
+      x = last_dim_over(add(x, einsum("bqhk,hkd->bqd", o, L.wo)), {dp, mp}, two_d(how));
+      x = last_dim_over(mlp(L, x, "bs", two_d(how), dp, mp), {dp, mp}, two_d(how));
+      kv.push_back(k);
+      kv.push_back(v);
     }
     Tensor xf = layer_norm(x, w.lnfg, w.lnfb);
     // Each prompt's last position, picked before the vocabulary projection.
     Tensor at = one_hot(last, P, c.compute);
     Tensor xl = einsum("bs,bsd->bd", at, xf);
-    g.mark_output(einsum("bd,vd->bv", xl, w.wte).named("logits"));
-    for (const Tensor& t : caches) g.mark_output(t);
+    return einsum("bd,vd->bv", xl, w.wte).named("logits");
+  };
+  // [Bp, P, H, K] -> [Bp, T, H, K], zeros after the prompt's positions.
+  auto pad_to_capacity = [&](Graph& g, Tensor kv, int64_t Bp) {
+    return P == T ? kv : concat({kv, constant(g, 0, c.compute, {Bp, T - P, H, K})}, 1);
+  };
+
+  {  // prefill
+    Graph& g = out.prefill;
+    const InferLayout how = layouts.prefill;
+    const Sharding cache_layout = cache_layout_of(how);
+    const Weights w = add_weights(g, c, how, &out.weights);
+    std::vector<Tensor> kv;
+    g.mark_output(prefill_body(g, w, how, B, kv));
+    for (std::size_t i = 0; i < kv.size(); ++i) {
+      Tensor full = pad_to_capacity(g, kv[i], B);
+      if (c.annotate) full = shard(full, cache_layout);
+      g.mark_output(full.named(out.caches[i]));
+    }
+  }
+
+  if (admit_batch > 0) {  // admit: the prefill of admit_batch prompts written into their cache slots
+    Graph& g = out.admit;
+    const InferLayout how = layouts.prefill;
+    const Sharding cache_layout = cache_layout_of(layouts.decode);
+    const Weights w = add_weights(g, c, how, nullptr);
+    std::vector<Tensor> kv;
+    const Tensor logits = prefill_body(g, w, how, admit_batch, kv);
+    Tensor slots = input(g, "slots", DType::i32, {admit_batch});
+    // sel[j, b] = 1 where prompt j goes to slot b (a slot outside [0, B): nowhere); exact: each
+    // slot receives at most one prompt's values, times 1, plus zeros.
+    Tensor sel = one_hot(slots, B, c.compute);
+    Tensor hit = gt(reshape(einsum("jb,j->b", sel, constant(g, 1, c.compute, {admit_batch})), {B, 1, 1, 1}),
+                    constant(g, 0, c.compute));
+    g.mark_output(logits);
+    for (std::size_t i = 0; i < kv.size(); ++i) {
+      Tensor cache = input(g, out.caches[i], c.compute, {B, T, H, K});
+      if (c.annotate) g.annotate(cache, cache_layout);
+      Tensor placed = einsum("jb,jthk->bthk", sel, pad_to_capacity(g, kv[i], admit_batch));
+      Tensor next = where(hit, placed, cache);
+      if (c.annotate) next = shard(next, cache_layout);
+      g.mark_output(next.named(out.caches[i] + ".next"));
+    }
   }
 
   {  // decode
@@ -177,10 +241,10 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     std::vector<Tensor> cache_out;
     for (int64_t l = 0; l < c.layers; ++l) {
       const Layer& L = w.layers[static_cast<std::size_t>(l)];
-      Tensor h = layer_norm(x, L.ln1g, L.ln1b);
-      Tensor q = einsum("bd,dhk->bhk", h, L.wq);
-      Tensor k = reshape(einsum("bd,dhk->bhk", h, L.wk), {B, 1, H, K});
-      Tensor v = reshape(einsum("bd,dhk->bhk", h, L.wv), {B, 1, H, K});
+      Tensor h = last_dim_over(layer_norm(last_dim_over(x, {dp}, two_d(how)), L.ln1g, L.ln1b), {dp}, two_d(how));
+      Tensor q = heads_over(einsum("bd,dhk->bhk", h, L.wq), 1, mp, two_d(how));
+      Tensor k = reshape(heads_over(einsum("bd,dhk->bhk", h, L.wk), 1, mp, two_d(how)), {B, 1, H, K});
+      Tensor v = reshape(heads_over(einsum("bd,dhk->bhk", h, L.wv), 1, mp, two_d(how)), {B, 1, H, K});
       Tensor kc = where(here, k, cache_in[static_cast<std::size_t>(2 * l)]);
       Tensor vc = where(here, v, cache_in[static_cast<std::size_t>(2 * l + 1)]);
       if (c.annotate) {
@@ -189,8 +253,8 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
       }
       Tensor s = where(seen, mul(einsum("bhk,bthk->bht", q, kc), scale), masked);
       Tensor o = einsum("bht,bthk->bhk", softmax(s, -1), vc);
-      x = add(x, einsum("bhk,hkd->bd", o, L.wo));
-      x = mlp(L, x, "b");
+      x = last_dim_over(add(x, einsum("bhk,hkd->bd", o, L.wo)), {dp, mp}, two_d(how));
+      x = last_dim_over(mlp(L, x, "b", two_d(how), dp, mp), {dp, mp}, two_d(how));
       cache_out.push_back(kc.named(out.caches[static_cast<std::size_t>(2 * l)] + ".next"));
       cache_out.push_back(vc.named(out.caches[static_cast<std::size_t>(2 * l + 1)] + ".next"));
     }

@@ -18,21 +18,21 @@ std::vector<GptWeightSpec> gpt_weight_specs(const GptConfig& c) {
   std::vector<GptWeightSpec> w = {{"wte", {V, D}, {{}, {}}, -1}, {"wpe", {S, D}, {{}, {}}, -1}};
   for (int64_t l = 0; l < c.layers; ++l) {
     auto nm = [&](const char* s) { return fmt::format("l{}_{}", l, s); };
-    w.push_back({nm("ln1_g"), {D}, {{}}, -1});
-    w.push_back({nm("ln1_b"), {D}, {{}}, -1});
+    w.push_back({nm("ln1_g"), {D}, {{}}, 0});
+    w.push_back({nm("ln1_b"), {D}, {{}}, 0});
     w.push_back({nm("wq"), {D, H, K}, {{}, {mp}, {}}, 0});
     w.push_back({nm("wk"), {D, H, K}, {{}, {mp}, {}}, 0});
     w.push_back({nm("wv"), {D, H, K}, {{}, {mp}, {}}, 0});
     w.push_back({nm("wo"), {H, K, D}, {{mp}, {}, {}}, 2});
-    w.push_back({nm("ln2_g"), {D}, {{}}, -1});
-    w.push_back({nm("ln2_b"), {D}, {{}}, -1});
+    w.push_back({nm("ln2_g"), {D}, {{}}, 0});
+    w.push_back({nm("ln2_b"), {D}, {{}}, 0});
     w.push_back({nm("w1"), {D, F}, {{}, {mp}}, 0});
     w.push_back({nm("b1"), {F}, {{mp}}, -1});
     w.push_back({nm("w2"), {F, D}, {{mp}, {}}, 1});
-    w.push_back({nm("b2"), {D}, {{}}, -1});
+    w.push_back({nm("b2"), {D}, {{}}, 0});
   }
-  w.push_back({"lnf_g", {D}, {{}}, -1});
-  w.push_back({"lnf_b", {D}, {{}}, -1});
+  w.push_back({"lnf_g", {D}, {{}}, 0});
+  w.push_back({"lnf_b", {D}, {{}}, 0});
   return w;
 }
 

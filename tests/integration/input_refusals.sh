@@ -251,6 +251,31 @@ generate-input)
   run "$bin/gpt_generate" --load ck --prompt "a" --prompt "b" --prompt "c" --max-new 3
   expect_rc 0
   [ "$(grep -c '^text: ' <<<"$out")" = 3 ] || fail "three prompts, not three text lines"
+  # --serve: a trace's bad field and prompt are named; more requests than slots wait.
+  printf '%s\n' '{"requests": [{"prompt": "a", "max_new": 2}, {"prompt": "b", "max_nwe": 2}]}' > misspelt.json
+  run "$bin/gpt_generate" --load ck --serve misspelt.json
+  expect_rc 1
+  expect "misspelt.json: request 1 has an unknown field 'max_nwe' (known: arrival_s, prompt, tokens, max_new"
+  printf '%s\n' '{"requests": [{"prompt": "0123456789abcdef"}]}' > long.json
+  run "$bin/gpt_generate" --load ck --serve long.json
+  expect_rc 1
+  expect "long.json: request 0's prompt has 16 bytes; the model has 16 positions"
+  run "$bin/gpt_generate" --load ck --serve long.json --prompt "a"
+  expect_rc 2
+  expect "give --prompt or --serve, not both"
+  run "$bin/gpt_generate" --load ck --prompt "a" --static
+  expect_rc 2
+  expect "--static, --print-text and --admit-batch go with --serve TRACE.json"
+  printf '%s\n' '{"requests": [{"prompt": "a", "max_new": 3}, {"prompt": "bc", "max_new": 1},
+    {"prompt": "d", "max_new": 2}, {"tokens": [65, 66], "max_new": 4}, {"prompt": "e", "max_new": 2}]}' > five.json
+  run "$bin/gpt_generate" --load ck --serve five.json --batch 2 --admit-batch 3
+  expect_rc 2
+  expect "--admit-batch 3 is more than the 2 slots (--batch)"
+  run "$bin/gpt_generate" --load ck --serve five.json --batch 2 --print-text
+  expect_rc 0
+  expect "continuous batching: 5 requests, 12 tokens in"
+  [ "$(grep -c '^text: ' <<<"$out")" = 5 ] || fail "five requests, not five text lines"
+  expect "text: AB"
   ;;
 *)
   fail "unknown case '$case'"

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "../unit/test_util.hpp"
+#include "infer_test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/infer/generate.hpp"
 #include "tessel/models/gpt.hpp"
@@ -18,67 +19,7 @@
 #include "tessel/runtime/reference.hpp"
 
 using namespace tessel;
-
-namespace {
-
-GptConfig small_model() {
-  GptConfig c;
-  c.batch = 4;  // the cache's sequences
-  c.seq = 16;   // positions
-  c.d_model = 32;
-  c.heads = 4;
-  c.layers = 2;
-  c.vocab = 64;
-  return c;
-}
-
-// The model's weights, drawn U(-1, 1) (larger than GPT-2's initialisation, so the logits of
-// different tokens are far apart and greedy choices are not near-ties).
-std::map<std::string, HostTensor> random_weights(const GptConfig& cfg, uint64_t seed) {
-  GptConfig one = cfg;
-  one.batch = 1;
-  const GptGraph m = build_gpt(one);
-  const std::vector<HostTensor> in = random_inputs(m.graph, seed);
-  std::map<std::string, HostTensor> w;
-  for (const Tensor& t : m.weights) {
-    const std::size_t i = static_cast<std::size_t>(
-        std::find(m.graph.inputs.begin(), m.graph.inputs.end(), t.id) - m.graph.inputs.begin());
-    w.emplace(t.name(), in[i]);
-  }
-  return w;
-}
-
-// The logits [S, V] of one sequence `tokens` (padded to the model's positions) by a full
-// forward on one device, no cache.
-HostTensor full_forward_logits(const GptConfig& cfg, const std::map<std::string, HostTensor>& w,
-                               const std::vector<int32_t>& tokens) {
-  GptConfig one = cfg;
-  one.batch = 1;
-  one.annotate = false;
-  GptGraph m = build_gpt(one);
-  m.graph.mark_output(m.graph.tensor(m.graph.find("logits")));
-  std::vector<HostTensor> in;
-  for (int v : m.graph.inputs) {
-    const Value& val = m.graph.values[static_cast<std::size_t>(v)];
-    if (val.name == "tokens" || val.name == "labels") {
-      HostTensor t(DType::i32, val.shape);
-      for (int64_t i = 0; i < t.numel(); ++i)
-        t.set(i, val.name == "tokens" && i < static_cast<int64_t>(tokens.size()) ? tokens[static_cast<std::size_t>(i)] : 0);
-      in.push_back(t);
-    } else {
-      in.push_back(w.at(val.name));
-    }
-  }
-  return run_reference(m.graph, in).back();
-}
-
-HostTensor row(const HostTensor& t, int64_t r, int64_t n) {
-  HostTensor out(t.dtype(), {n});
-  for (int64_t i = 0; i < n; ++i) out.set(i, t.get(r * n + i));
-  return out;
-}
-
-}  // namespace
+using namespace infer_test;
 
 TEST_CASE("gpt generation: each step's logits equal a full forward and the tokens agree on every mesh and layout",
           "[infer][integration]") {
@@ -341,6 +282,75 @@ TEST_CASE("weight-gathered moves each layer's weights once and no activation on 
       const double closed_form = 12.0 * static_cast<double>(E * E) * static_cast<double>(n - 1) / static_cast<double>(n) +
                                  static_cast<double>(F) * static_cast<double>(k - 1) / static_cast<double>(k);
       CHECK(moved == Approx(closed_form * 4 * static_cast<double>(c.layers)).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("2D weight-stationary moves its exact ring form per layer (about 8 B L E / sqrt n) on 16 and 64 devices",
+          "[infer][integration]") {
+  // Pope et al. 2022 (3.2.2): 2D weight-stationary splits each weight matrix's d_model dim over
+  // X (data) and its heads or hidden dim over Y (model); the residual stream lives split over
+  // both, [B, L, E/(XY)]. Per layer, on n = XY devices, tessel's program moves (ring, per
+  // device, elements):
+  //   around each of the two blocks, an all-gather over Y of the block's input onto E/X and a
+  //   reduce-scatter over Y of its output back onto E/(XY): 4 · B·L·E/X · (Y-1)/Y;
+  //   the attention's queries, keys and values summed over X: 3 all-reduces of
+  //   B·L·E/Y: 6 · B·L·E/Y · (X-1)/X;
+  //   the MLP's hidden activation reduce-scattered over X after the first projection and
+  //   all-gathered over X before the second: 2 · B·L·F/Y · (X-1)/X;
+  //   the two layer norms' per-row sums (mean, then variance) over X: 4 all-reduces of B·L:
+  //   8 · B·L · (X-1)/X.
+  // The MLP's share, 2·B·L·E/X·(Y-1)/Y + 2·B·L·F/Y·(X-1)/X, is the paper's feed-forward form:
+  // with F = 4E and X = sqrt(n)/2 it tends to 8·B·L·E/sqrt(n). One layer's collectives are the
+  // difference between the programs of two layers and of one (compiled only).
+  GptConfig c;
+  c.batch = 8;
+  c.seq = 32;
+  c.d_model = 1024;
+  c.heads = 64;
+  c.vocab = 128;
+  const int64_t P = 16, E = c.d_model, F = c.ffn_mult * c.d_model, B = c.batch;
+  auto ring_elements = [](const Program& p, const Mesh& mesh, bool* weights_moved) {
+    double moved = 0;
+    for (const Instr& in : p.instrs) {
+      if (in.kind != InstrKind::Collective && in.kind != InstrKind::CollectiveStart) continue;
+      moved += CostModel::ring_factor(in.collective, mesh.axes_size(in.axes)) * static_cast<double>(in.bytes) / 4;
+      for (int v : in.in)
+        if (p.values[static_cast<std::size_t>(v)].name.find("_w") != std::string::npos) *weights_moved = true;
+    }
+    return moved;
+  };
+  for (auto [X, Y] : {std::pair<int64_t, int64_t>{2, 8}, {4, 16}}) {
+    const int64_t n = X * Y;
+    const Mesh mesh = Mesh::parse(fmt::format("data={},model={}", X, Y));
+    for (bool decode : {false, true}) {
+      const int64_t L = decode ? 1 : P;
+      INFO(mesh.to_string() << (decode ? " decode" : " prefill"));
+      double per_program[2];
+      bool weights_moved = false;
+      for (int64_t layers : {1, 2}) {
+        c.layers = layers;
+        GptInferGraphs g = build_gpt_infer(c, P, {InferLayout::TwoD, InferLayout::TwoD});
+        Graph& gr = decode ? g.decode : g.prefill;
+        gr.mesh = mesh;
+        const Executable exe = compile(gr, mesh);
+        per_program[layers - 1] = ring_elements(exe.program(), mesh, &weights_moved);
+      }
+      CHECK_FALSE(weights_moved);
+      const double x = static_cast<double>(X), y = static_cast<double>(Y), bl = static_cast<double>(B * L);
+      const double mlp = 2 * bl * E / x * (y - 1) / y + 2 * bl * F / y * (x - 1) / x;
+      const double exact = 4 * bl * E / x * (y - 1) / y + 6 * bl * E / y * (x - 1) / x +
+                           2 * bl * F / y * (x - 1) / x + 8 * bl * (x - 1) / x;
+      const double layer = per_program[1] - per_program[0];
+      CHECK(layer == Approx(exact).epsilon(1e-12));
+      // The feed-forward share against the paper's 8·B·L·E/sqrt(n) (the ring's (k-1)/k factors
+      // keep it below; at n = 64, within 25%).
+      const double paper = 8 * bl * E / std::sqrt(static_cast<double>(n));
+      CHECK(mlp < paper);
+      if (n == 64) CHECK(mlp > 0.75 * paper);
+      WARN(mesh.to_string() << (decode ? " decode" : " prefill") << ": one layer moves " << layer
+                            << " elements per device (exact form " << exact << "); its MLP " << mlp
+                            << ", the paper's 8 B L E / sqrt(n) " << paper);
     }
   }
 }

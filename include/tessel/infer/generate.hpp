@@ -41,7 +41,9 @@
 
 namespace tessel {
 
-class LoadedExecutable;  // runtime/loaded_executable.hpp
+namespace detail {
+class InferEngine;  // src/infer/engine.hpp: the loaded programs GptGenerator and GptServer share
+}
 
 // How a phase's program lays the model out on the mesh (Pope et al. 2022, "Efficiently Scaling
 // Transformer Inference"), over cfg.data_axis (dp) and cfg.model_axis (mp); each with
@@ -50,8 +52,10 @@ class LoadedExecutable;  // runtime/loaded_executable.hpp
 //    dim (Megatron, build_gpt's layouts), the sequences over dp; activations whole on mp and
 //    all-reduced after the attention and MLP output projections.
 //  - TwoD, 2D weight-stationary: the weights also split over dp on d_model (a weight matrix's
-//    two dims over the two axes), every device holding all sequences: activations are reduced
-//    and gathered over dp around each projection, no weight ever moves.
+//    two dims over the two axes), every device holding all sequences, the residual stream
+//    split over (dp, mp) on d_model: each block all-gathers its input over mp, reduce-scatters
+//    its output over mp, and the MLP's hidden activation is reduce-scattered and all-gathered
+//    over dp (Pope et al. 3.2.2; docs/inference.md gives the exact bytes). No weight moves.
 //  - Gathered, weight-gathered: the weights stored as TwoD's and all-gathered whole before use
 //    (as ZeRO-3 gathers parameters), the sequences over every device (dp and mp): no
 //    activation moves. For large batches (a prefill), where moving the weights costs less than
@@ -95,14 +99,22 @@ struct GptInferGraphs {
   // for the next position, then the caches with each sequence's position written, named
   // "<cache>.next" and donated to the cache inputs (`donations`).
   Graph decode;
-  std::vector<std::string> weights;  // the weight inputs, in graph order (the same in both graphs)
+  // Built when admit_batch > 0 (GptServer): the prefill of admit_batch prompts (laid out as
+  // the prefill) written into their slots of the decode's cache. Inputs: the weights, "tokens"
+  // i32 [A, P] and "last" i32 [A] as the prefill's, "slots" i32 [A] (each prompt's cache slot;
+  // one outside [0, B): the row is not written), the caches in the decode's layout. Outputs:
+  // "logits" [A, V], then the caches with each admitted slot's every position replaced (the
+  // prompt's keys and values, zeros after them), named "<cache>.next" (`donations` again).
+  Graph admit;
+  std::vector<std::string> weights;  // the weight inputs, in graph order (the same in every graph)
   std::vector<std::string> caches;   // l0_k_cache, l0_v_cache, l1_k_cache, ...
   std::vector<std::pair<std::string, std::string>> donations;  // decode: (cache input, its .next output)
 };
 
-// Throws ShapeError when the sizes are inconsistent (as build_gpt), or prompt_len is not in
-// [1, cfg.seq].
-GptInferGraphs build_gpt_infer(const GptConfig& cfg, int64_t prompt_len, InferLayouts layouts = {});
+// Throws ShapeError when the sizes are inconsistent (as build_gpt), prompt_len is not in
+// [1, cfg.seq] or admit_batch not in [0, cfg.batch].
+GptInferGraphs build_gpt_infer(const GptConfig& cfg, int64_t prompt_len, InferLayouts layouts = {},
+                               int64_t admit_batch = 0);
 
 struct SamplingOptions {
   double temperature = 0;  // 0: greedy (the most likely token, the lowest id on a tie)
@@ -139,13 +151,11 @@ class GptGenerator {
   // The logits [B, V] every step of the last generate() sampled from, in order (the prefill's
   // first): what the tests compare against a full forward.
   const std::vector<HostTensor>& step_logits() const { return logits_; }
-  const GptInferGraphs& graphs() const { return graphs_; }
+  const GptInferGraphs& graphs() const;
 
  private:
-  struct Programs;
   GptConfig cfg_;
-  GptInferGraphs graphs_;
-  std::unique_ptr<Programs> p_;
+  std::unique_ptr<detail::InferEngine> engine_;
   std::vector<HostTensor> logits_;
 };
 

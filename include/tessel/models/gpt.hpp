@@ -60,9 +60,10 @@ struct GptGraph {
 GptGraph build_gpt(const GptConfig& cfg);
 
 // One weight input of the GPT: its name, shape, Megatron layout (cfg.model_axis on the heads
-// and the MLP's hidden dim; every other dim whole) and, for a projection matrix (wq, wk, wv,
-// wo, w1, w2), the dim holding d_model, which a layout that also splits d_model splits (e.g.
-// infer/generate.hpp's 2D); -1 for the embedding tables, gains and biases.
+// and the MLP's hidden dim; every other dim whole) and the dim holding d_model, which a
+// layout that also splits d_model splits (infer/generate.hpp's 2D): for a projection matrix
+// (wq, wk, wv, wo, w1, w2) and a d_model vector (the layer norms' gains and shifts, b2); -1
+// for the embedding tables and b1.
 struct GptWeightSpec {
   std::string name;
   Shape shape;

@@ -1,0 +1,169 @@
+// InferEngine (engine.hpp): the generation programs loaded once, the weights on the devices
+// once per distinct layout, the cache kept on the devices between runs (donated to each).
+#include "engine.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <numeric>
+#include <optional>
+
+#include "tessel/executable.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+
+namespace tessel::detail {
+
+struct InferEngine::Programs {
+  Executable prefill_exe, decode_exe;
+  LoadedExecutable prefill, decode;
+  std::optional<Executable> admit_exe;
+  std::optional<LoadedExecutable> admit;
+  std::map<std::string, ShardedArray> prefill_weights, decode_weights, admit_weights;
+  ShardedArray positions;
+  // Per cache: the decode input's layout (a prefill output in another one goes through the host).
+  std::map<std::string, Sharding> cache_layout;
+};
+
+namespace {
+
+Sharding input_layout(const Executable& exe, const std::string& name, const char* who) {
+  const Graph& g = exe.graph();
+  for (std::size_t i = 0; i < g.inputs.size(); ++i)
+    if (g.values[static_cast<std::size_t>(g.inputs[i])].name == name) {
+      const Program& p = exe.program();
+      return p.values[static_cast<std::size_t>(p.inputs[i])].sharding;
+    }
+  throw Error(fmt::format("{}: a generation program has no input '{}'", who, name));
+}
+
+HostTensor i32_tensor(Shape shape, const std::vector<int32_t>& values) {
+  HostTensor t(DType::i32, std::move(shape));
+  for (std::size_t i = 0; i < values.size(); ++i) t.set(static_cast<int64_t>(i), values[i]);
+  return t;
+}
+
+}  // namespace
+
+void check_sampling(const char* who, const std::string& what, const SamplingOptions& s) {
+  if (!(s.temperature >= 0) || !std::isfinite(s.temperature) || s.top_k < 0 || !(s.top_p > 0 && s.top_p <= 1))
+    throw Error(fmt::format("{}: {}sampling temperature {} (finite, >= 0), top_k {} (>= 0), top_p {} (in (0, 1]) out of "
+                            "range",
+                            who, what.empty() ? "" : what + ": ", s.temperature, s.top_k, s.top_p));
+}
+
+InferEngine::InferEngine(const GptConfig& cfg, const Mesh& mesh, Runtime& runtime,
+                         const std::map<std::string, HostTensor>& weights, int64_t prompt_len, InferLayouts layouts,
+                         int64_t admit_batch, const char* who)
+    : cfg_(cfg),
+      graphs_(build_gpt_infer(cfg_, prompt_len, layouts, admit_batch)),
+      prompt_len_(prompt_len),
+      admit_batch_(admit_batch),
+      who_(who) {
+  graphs_.prefill.mesh = mesh;
+  graphs_.decode.mesh = mesh;
+  graphs_.admit.mesh = mesh;
+  // Every weight present, of the model's type, before anything is compiled.
+  for (const std::string& n : graphs_.weights) {
+    const Value& v = graphs_.prefill.values[static_cast<std::size_t>(graphs_.prefill.find(n))];
+    auto it = weights.find(n);
+    if (it == weights.end())
+      throw Error(fmt::format("{}: no weight '{}' given (a GPT of d_model {}, {} heads, {} layers, vocab "
+                              "{}, {} positions needs {} weights: wte, wpe, l0_wq, ...)",
+                              who_, n, cfg_.d_model, cfg_.heads, cfg_.layers, cfg_.vocab, cfg_.seq,
+                              graphs_.weights.size()));
+    if (it->second.dtype() != v.dtype || it->second.shape() != v.shape)
+      throw Error(fmt::format("{}: weight '{}' is {}{}, the model (d_model {}, {} heads, {} layers, vocab "
+                              "{}, {} positions) needs {}{}",
+                              who_, n, dtype_name(it->second.dtype()), shape_str(it->second.shape()), cfg_.d_model,
+                              cfg_.heads, cfg_.layers, cfg_.vocab, cfg_.seq, dtype_name(v.dtype), shape_str(v.shape)));
+  }
+  LoadOptions donate;
+  donate.donate = graphs_.donations;
+  Executable pe = compile(graphs_.prefill, mesh);
+  Executable de = compile(graphs_.decode, mesh);
+  LoadedExecutable pl = load(pe, runtime);
+  LoadedExecutable dl = load(de, runtime, donate);
+  p_ = std::make_unique<Programs>(
+      Programs{std::move(pe), std::move(de), std::move(pl), std::move(dl), std::nullopt, std::nullopt, {}, {}, {}, {}, {}});
+  if (admit_batch > 0) {
+    p_->admit_exe.emplace(compile(graphs_.admit, mesh));
+    p_->admit.emplace(load(*p_->admit_exe, runtime, donate));
+  }
+  // Each weight on the devices once per distinct layout among the programs.
+  for (const std::string& n : graphs_.weights) {
+    const ShardedArray& a = p_->prefill_weights.emplace(n, p_->prefill.to_device(n, weights.at(n))).first->second;
+    p_->decode_weights.emplace(
+        n, a.sharding() == input_layout(p_->decode_exe, n, who_) ? a : p_->decode.to_device(n, weights.at(n)));
+    if (admit_batch > 0)
+      p_->admit_weights.emplace(
+          n, a.sharding() == input_layout(*p_->admit_exe, n, who_) ? a : p_->admit->to_device(n, weights.at(n)));
+  }
+  std::vector<int32_t> pos(static_cast<std::size_t>(cfg_.seq));
+  std::iota(pos.begin(), pos.end(), 0);
+  p_->positions = p_->decode.to_device("positions", i32_tensor({cfg_.seq}, pos));
+  for (const std::string& c : graphs_.caches) p_->cache_layout.emplace(c, input_layout(p_->decode_exe, c, who_));
+}
+
+InferEngine::~InferEngine() = default;
+
+void InferEngine::check_prompt(std::size_t index, const std::vector<int32_t>& p) const {
+  if (p.empty() || static_cast<int64_t>(p.size()) > prompt_len_)
+    throw Error(fmt::format("{}: prompt {} has {} tokens; the prefill takes 1 to {} (its prompt length)", who_, index,
+                            p.size(), prompt_len_));
+  for (std::size_t i = 0; i < p.size(); ++i)
+    if (p[i] < 0 || p[i] >= cfg_.vocab)
+      throw Error(fmt::format("{}: prompt {} token {} is {}, outside the vocabulary [0, {})", who_, index, i, p[i],
+                              cfg_.vocab));
+}
+
+HostTensor InferEngine::prefill(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last, Caches& caches) {
+  const int64_t B = cfg_.batch, P = prompt_len_;
+  std::map<std::string, ShardedArray> in = p_->prefill_weights;
+  in.emplace("tokens", p_->prefill.to_device("tokens", i32_tensor({B, P}, tokens)));
+  in.emplace("last", p_->prefill.to_device("last", i32_tensor({B}, last)));
+  RunResult r = p_->prefill.run_named(in);
+  HostTensor logits = p_->prefill.to_host(p_->prefill.output(r, "logits"));
+  caches.clear();
+  for (const std::string& c : graphs_.caches) {
+    const ShardedArray& a = p_->prefill.output(r, c);
+    caches.emplace(c, a.sharding() == p_->cache_layout.at(c) ? a : p_->decode.to_device(c, p_->prefill.to_host(a)));
+  }
+  return logits;
+}
+
+HostTensor InferEngine::decode(const std::vector<int32_t>& token, const std::vector<int32_t>& pos, Caches& caches) {
+  const int64_t B = cfg_.batch;
+  std::map<std::string, ShardedArray> in = p_->decode_weights;
+  in.emplace("token", p_->decode.to_device("token", i32_tensor({B}, token)));
+  in.emplace("pos", p_->decode.to_device("pos", i32_tensor({B}, pos)));
+  in.emplace("positions", p_->positions);
+  for (auto& [name, a] : caches) in.emplace(name, a);
+  RunResult r = p_->decode.run_named(in);
+  for (auto& [name, a] : caches) a = p_->decode.output(r, name + ".next");
+  return p_->decode.to_host(p_->decode.output(r, "logits"));
+}
+
+HostTensor InferEngine::admit(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last,
+                              const std::vector<int32_t>& slots, Caches& caches) {
+  if (admit_batch_ < 1) throw Error(fmt::format("{}: built without an admit program (admit batch 0)", who_));
+  const int64_t A = admit_batch_, P = prompt_len_;
+  std::map<std::string, ShardedArray> in = p_->admit_weights;
+  LoadedExecutable& admit = *p_->admit;
+  in.emplace("tokens", admit.to_device("tokens", i32_tensor({A, P}, tokens)));
+  in.emplace("last", admit.to_device("last", i32_tensor({A}, last)));
+  in.emplace("slots", admit.to_device("slots", i32_tensor({A}, slots)));
+  for (auto& [name, a] : caches) in.emplace(name, a);
+  RunResult r = admit.run_named(in);
+  for (auto& [name, a] : caches) a = admit.output(r, name + ".next");
+  return admit.to_host(admit.output(r, "logits"));
+}
+
+InferEngine::Caches InferEngine::empty_caches() const {
+  const int64_t H = cfg_.heads, K = cfg_.d_model / cfg_.heads;
+  Caches out;
+  const HostTensor zero(cfg_.compute, {cfg_.batch, cfg_.seq, H, K});
+  for (const std::string& c : graphs_.caches) out.emplace(c, p_->decode.to_device(c, zero));
+  return out;
+}
+
+}  // namespace tessel::detail
