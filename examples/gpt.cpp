@@ -66,7 +66,7 @@ tessel::GptGraph build_batch_annotated(const tessel::GptConfig& cfg, const tesse
 
 const char* kUsage =
     "usage: gpt [--mesh data=2,model=4] [--batch 8] [--seq 64] [--d-model 128] [--heads 4]\n"
-    "           [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]\n"
+    "           [--kv-heads H] [--layers 2] [--vocab 512] [--iters 3] [--seed N] [--threads T]\n"
     "           [--trace FILE] [--print-program] [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
     "           [--layouts megatron|batch|auto] [--write-graph FILE] [--all-warnings]\n"
     "A GPT-2-style decoder on N virtual CPU (or CUDA) devices, checked against one device.\n"

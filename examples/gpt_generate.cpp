@@ -169,6 +169,7 @@ int run(int argc, char** argv) {
   try {
     cfg.d_model = meta.at("d_model").get<int64_t>();
     cfg.heads = meta.at("heads").get<int64_t>();
+    cfg.kv_heads = meta.value("kv_heads", cfg.heads);  // saved before --kv-heads existed: multi-head
     cfg.layers = meta.at("layers").get<int64_t>();
     cfg.vocab = meta.at("vocab").get<int64_t>();
     cfg.seq = meta.at("seq").get<int64_t>();

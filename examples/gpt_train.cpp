@@ -101,7 +101,8 @@ namespace {
 
 const char* kUsage =
     "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 1.5e-3] [--warmup N]\n"
-    "                 [--accumulate K] [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--layers 2]\n"
+    "                 [--accumulate K] [--batch 8] [--seq 32] [--d-model 64] [--heads 4] [--kv-heads H]\n"
+    "                 [--layers 2]\n"
     "                 [--seed N] [--threads T] [--corpus FILE] [--tolerance 1e-4] [--no-reference]\n"
     "                 [--mixed] [--remat none|einsums|all] [--offload] [--out PREFIX] [--check-finite]\n"
     "                 [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
@@ -111,6 +112,8 @@ const char* kUsage =
     "checked against the same step on one device. --warmup N: the learning rate rises linearly\n"
     "over N steps, then falls along a cosine to 0 at --steps (default: constant). --accumulate K:\n"
     "each step's batch is K micro-batches of batch/K rows, their gradients summed on the devices.\n"
+    "--kv-heads H: key/value heads, a divisor of --heads (1: multi-query; default: --heads, multi-head);\n"
+    "below --heads the key/value projections are replicated over model (grouped-query attention).\n"
     "--out PREFIX: the loss curve goes to PREFIX.csv (after every step) and PREFIX.svg (default\n"
     "gpt_train; '' for none). --check-finite: every instruction's results are checked for NaN and infinity, and\n"
     "the first one found is named (slow; RunOptions::check_finite). --mixed: bf16 activations with f32 master\n"
@@ -194,7 +197,7 @@ std::string join_steps(const std::vector<int64_t>& steps) {
 // the model, the data (batch, corpus, seed) and the schedule. The layout (--mesh, --zero,
 // --remat, --offload, --accumulate, --backend, --threads) may change.
 const std::vector<std::pair<const char*, const char*>> kResumeFields = {
-    {"d_model", "--d-model"}, {"layers", "--layers"}, {"heads", "--heads"},  {"vocab", "--vocab"},
+    {"d_model", "--d-model"}, {"layers", "--layers"}, {"heads", "--heads"},  {"kv_heads", "--kv-heads"}, {"vocab", "--vocab"},
     {"seq", "--seq"},         {"batch", "--batch"},   {"mixed", "--mixed"},  {"lr", "--lr"},
     {"warmup", "--warmup"},   {"corpus_bytes", "--corpus"}, {"corpus_crc32c", "--corpus"}};
 
@@ -212,6 +215,7 @@ struct ResumableSettings {
     if (field == "d_model") cfg.d_model = v.get<int64_t>();
     else if (field == "layers") cfg.layers = v.get<int64_t>();
     else if (field == "heads") cfg.heads = v.get<int64_t>();
+    else if (field == "kv_heads") cfg.kv_heads = v.get<int64_t>();
     else if (field == "vocab") cfg.vocab = v.get<int64_t>();
     else if (field == "seq") cfg.seq = v.get<int64_t>();
     else if (field == "batch") cfg.batch = v.get<int64_t>();
@@ -372,6 +376,8 @@ int run(int argc, char** argv) {
         throw tessel::Error(fmt::format("{}: the metadata of step {} in {} is not JSON: {}", resume_flag, start, save_dir,
                                         e.what()));
       }
+      // Saved before --kv-heads existed: multi-head attention (as many key/value heads as heads).
+      if (saved.is_object() && !saved.contains("kv_heads") && saved.contains("heads")) saved["kv_heads"] = saved["heads"];
       bool ours = saved.is_object() && saved.value("tool", std::string()) == "gpt_train" &&
                   saved.contains("data_position") && saved.contains("seed") && saved.contains("first_losses");
       for (const auto& [field, flag] : kResumeFields) ours = ours && saved.contains(field);
@@ -428,6 +434,7 @@ int run(int argc, char** argv) {
                {"d_model", cfg.d_model},
                {"layers", cfg.layers},
                {"heads", cfg.heads},
+               {"kv_heads", tessel::gpt_kv_heads(cfg)},
                {"vocab", cfg.vocab},
                {"seq", cfg.seq},
                {"batch", batch_rows},

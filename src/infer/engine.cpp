@@ -159,7 +159,7 @@ HostTensor InferEngine::admit(const std::vector<int32_t>& tokens, const std::vec
 }
 
 InferEngine::Caches InferEngine::empty_caches() const {
-  const int64_t H = cfg_.heads, K = cfg_.d_model / cfg_.heads;
+  const int64_t H = gpt_kv_heads(cfg_), K = cfg_.d_model / cfg_.heads;
   Caches out;
   const HostTensor zero(cfg_.compute, {cfg_.batch, cfg_.seq, H, K});
   for (const std::string& c : graphs_.caches) out.emplace(c, p_->decode.to_device(c, zero));

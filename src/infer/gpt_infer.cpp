@@ -5,6 +5,7 @@
 // and attends to the positions up to it.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -119,7 +120,13 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
   if (admit_batch < 0 || admit_batch > c.batch)
     throw ShapeError(fmt::format("gpt_infer: admit batch {} is outside [0, {}] (the cache's sequences)", admit_batch,
                                  c.batch));
+  check_gpt_kv_heads(c, "gpt_infer");
   const int64_t B = c.batch, T = c.seq, P = prompt_len, D = c.d_model, H = c.heads, K = D / H;
+  // 2D weight-stationary: the residual stream over (dp, mp) on d_model between the blocks.
+  auto two_d = [&](InferLayout l) { return c.annotate && l == InferLayout::TwoD; };
+  // Key/value heads: H (multi-head), else grouped- or multi-query, G query heads per group.
+  const int64_t Hkv = gpt_kv_heads(c), G = H / Hkv;
+  const bool grouped = Hkv != H;
   const std::string& dp = c.data_axis;
   const std::string& mp = c.model_axis;
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
@@ -130,11 +137,26 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     if (l == InferLayout::Gathered) return std::vector<std::string>{dp, mp};
     return std::vector<std::string>{dp};
   };
-  auto cache_layout_of = [&](InferLayout l) {
-    return Sharding::of({seq_axes(l), {}, l == InferLayout::Gathered ? std::vector<std::string>{} : std::vector<std::string>{mp}, {}});
+  // The cache [B, T, Hkv, K]: its sequences as the phase's, its heads over mp (multi-head);
+  // with grouped- or multi-query attention (too few heads to split) its sequences also over mp
+  // (Pope et al. 3.3: the queries come to the cache by an all-to-all over mp, and the context
+  // goes back by another).
+  auto cache_batch_axes = [&](InferLayout l) {
+    std::vector<std::string> a = seq_axes(l);
+    if (grouped && std::find(a.begin(), a.end(), mp) == a.end()) a.push_back(mp);
+    return a;
   };
-  // 2D weight-stationary: the residual stream over (dp, mp) on d_model between the blocks.
-  auto two_d = [&](InferLayout l) { return c.annotate && l == InferLayout::TwoD; };
+  auto cache_layout_of = [&](InferLayout l) {
+    const bool heads_split = !grouped && l != InferLayout::Gathered;
+    return Sharding::of({cache_batch_axes(l), {}, heads_split ? std::vector<std::string>{mp} : std::vector<std::string>{}, {}});
+  };
+  // A key or value projection [.., Hkv, K] summed over dp (2D): its heads over mp as the
+  // queries' when multi-head, else whole.
+  auto kv_over = [&](Tensor t, std::size_t heads, InferLayout how) {
+    if (!grouped) return heads_over(t, heads, mp, two_d(how));
+    if (!two_d(how)) return t;
+    return shard(t, Sharding::of(std::vector<std::vector<std::string>>(t.shape().size())));
+  };
   GptInferGraphs out;
   for (int64_t l = 0; l < c.layers; ++l) {
     out.caches.push_back(fmt::format("l{}_k_cache", l));
@@ -142,7 +164,7 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
   }
 
   // The prompt's forward on `how`'s layout: Bp prompts of P tokens -> the logits [Bp, V] at
-  // each prompt's last position and, per layer, its keys and values [Bp, P, H, K].
+  // each prompt's last position and, per layer, its keys and values [Bp, P, Hkv, K].
   auto prefill_body = [&](Graph& g, const Weights& w, InferLayout how, int64_t Bp, std::vector<Tensor>& kv) {
     Tensor tokens = input(g, "tokens", DType::i32, {Bp, P});
     Tensor last = input(g, "last", DType::i32, {Bp});
@@ -155,9 +177,10 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
       const Layer& L = w.layers[static_cast<std::size_t>(l)];
       Tensor h = last_dim_over(layer_norm(last_dim_over(x, {dp}, two_d(how)), L.ln1g, L.ln1b), {dp}, two_d(how));
       Tensor q = heads_over(einsum("bsd,dhk->bshk", h, L.wq), 2, mp, two_d(how));
-      Tensor k = heads_over(einsum("bsd,dhk->bshk", h, L.wk), 2, mp, two_d(how));
-      Tensor v = heads_over(einsum("bsd,dhk->bshk", h, L.wv), 2, mp, two_d(how));
-      Tensor o = c.fused_attention
+      Tensor k = kv_over(einsum("bsd,dhk->bshk", h, L.wk), 2, how);
+      Tensor v = kv_over(einsum("bsd,dhk->bshk", h, L.wv), 2, how);
+      Tensor o = grouped ? grouped_attention(q, k, v, Hkv, scale)
+                 : c.fused_attention
                      ? attention(q, k, v, /*causal=*/true, scale, "bshd").out
                      : einsum("bhqs,bshk->bqhk", softmax(causal_mask(mul(einsum("bqhk,bshk->bhqs", q, k), scale)), -1), v);
       x = last_dim_over(add(x, einsum("bqhk,hkd->bqd", o, L.wo)), {dp, mp}, two_d(how));
@@ -171,9 +194,9 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     Tensor xl = einsum("bs,bsd->bd", at, xf);
     return einsum("bd,vd->bv", xl, w.wte).named("logits");
   };
-  // [Bp, P, H, K] -> [Bp, T, H, K], zeros after the prompt's positions.
+  // [Bp, P, Hkv, K] -> [Bp, T, Hkv, K], zeros after the prompt's positions.
   auto pad_to_capacity = [&](Graph& g, Tensor kv, int64_t Bp) {
-    return P == T ? kv : concat({kv, constant(g, 0, c.compute, {Bp, T - P, H, K})}, 1);
+    return P == T ? kv : concat({kv, constant(g, 0, c.compute, {Bp, T - P, Hkv, K})}, 1);
   };
 
   {  // prefill
@@ -205,7 +228,7 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
                     constant(g, 0, c.compute));
     g.mark_output(logits);
     for (std::size_t i = 0; i < kv.size(); ++i) {
-      Tensor cache = input(g, out.caches[i], c.compute, {B, T, H, K});
+      Tensor cache = input(g, out.caches[i], c.compute, {B, T, Hkv, K});
       if (c.annotate) g.annotate(cache, cache_layout);
       Tensor placed = einsum("jb,jthk->bthk", sel, pad_to_capacity(g, kv[i], admit_batch));
       Tensor next = where(hit, placed, cache);
@@ -224,7 +247,7 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     Tensor positions = input(g, "positions", DType::i32, {T});
     std::vector<Tensor> cache_in;
     for (const std::string& n : out.caches) {
-      Tensor t = input(g, n, c.compute, {B, T, H, K});
+      Tensor t = input(g, n, c.compute, {B, T, Hkv, K});
       if (c.annotate) g.annotate(t, cache_layout);
       cache_in.push_back(t);
     }
@@ -237,22 +260,34 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     Tensor row = reshape(positions, {1, T}), col = reshape(pos, {B, 1});
     Tensor here = reshape(eq(row, col), {B, T, 1, 1});
     Tensor seen = reshape(le(row, col), {B, 1, T});
+    Tensor seen_grouped = reshape(le(row, col), {B, 1, 1, T});
     Tensor masked = constant(g, -std::numeric_limits<double>::infinity(), c.compute);
     std::vector<Tensor> cache_out;
     for (int64_t l = 0; l < c.layers; ++l) {
       const Layer& L = w.layers[static_cast<std::size_t>(l)];
       Tensor h = last_dim_over(layer_norm(last_dim_over(x, {dp}, two_d(how)), L.ln1g, L.ln1b), {dp}, two_d(how));
       Tensor q = heads_over(einsum("bd,dhk->bhk", h, L.wq), 1, mp, two_d(how));
-      Tensor k = reshape(heads_over(einsum("bd,dhk->bhk", h, L.wk), 1, mp, two_d(how)), {B, 1, H, K});
-      Tensor v = reshape(heads_over(einsum("bd,dhk->bhk", h, L.wv), 1, mp, two_d(how)), {B, 1, H, K});
+      Tensor k = reshape(kv_over(einsum("bd,dhk->bhk", h, L.wk), 1, how), {B, 1, Hkv, K});
+      Tensor v = reshape(kv_over(einsum("bd,dhk->bhk", h, L.wv), 1, how), {B, 1, Hkv, K});
       Tensor kc = where(here, k, cache_in[static_cast<std::size_t>(2 * l)]);
       Tensor vc = where(here, v, cache_in[static_cast<std::size_t>(2 * l + 1)]);
       if (c.annotate) {
         kc = shard(kc, cache_layout);
         vc = shard(vc, cache_layout);
       }
-      Tensor s = where(seen, mul(einsum("bhk,bthk->bht", q, kc), scale), masked);
-      Tensor o = einsum("bht,bthk->bhk", softmax(s, -1), vc);
+      Tensor o;
+      if (grouped) {
+        // The queries to the cache's layout (sequences over mp too: an all-to-all), the
+        // attention there, the context back to the heads over mp (another).
+        Tensor q4 = reshape(q, {B, Hkv, G, K});
+        if (c.annotate) q4 = shard(q4, Sharding::of({cache_batch_axes(how), {}, {}, {}}));
+        Tensor sg = where(seen_grouped, mul(einsum("bgjk,btgk->bgjt", q4, kc), scale), masked);
+        o = reshape(einsum("bgjt,btgk->bgjk", softmax(sg, -1), vc), {B, H, K});
+        if (c.annotate) o = shard(o, Sharding::of({seq_axes(how), how == InferLayout::Gathered ? std::vector<std::string>{} : std::vector<std::string>{mp}, {}}));
+      } else {
+        Tensor s = where(seen, mul(einsum("bhk,bthk->bht", q, kc), scale), masked);
+        o = einsum("bht,bthk->bhk", softmax(s, -1), vc);
+      }
       x = last_dim_over(add(x, einsum("bhk,hkd->bd", o, L.wo)), {dp, mp}, two_d(how));
       x = last_dim_over(mlp(L, x, "b", two_d(how), dp, mp), {dp, mp}, two_d(how));
       cache_out.push_back(kc.named(out.caches[static_cast<std::size_t>(2 * l)] + ".next"));

@@ -13,16 +13,21 @@ namespace tessel {
 
 std::vector<GptWeightSpec> gpt_weight_specs(const GptConfig& c) {
   const int64_t S = c.seq, D = c.d_model, H = c.heads, K = D / std::max<int64_t>(1, c.heads), V = c.vocab;
-  const int64_t F = c.ffn_mult * D;
   const std::string& mp = c.model_axis;
+  const int64_t Hkv = gpt_kv_heads(c);
+  // Key/value projections: heads over model as the queries', or, with fewer key/value heads
+  // (grouped- or multi-query), replicated.
+  const std::vector<std::vector<std::string>> kv_layout =
+      Hkv == H ? std::vector<std::vector<std::string>>{{}, {mp}, {}} : std::vector<std::vector<std::string>>{{}, {}, {}};
+  const int64_t F = c.ffn_mult * D;
   std::vector<GptWeightSpec> w = {{"wte", {V, D}, {{}, {}}, -1}, {"wpe", {S, D}, {{}, {}}, -1}};
   for (int64_t l = 0; l < c.layers; ++l) {
     auto nm = [&](const char* s) { return fmt::format("l{}_{}", l, s); };
     w.push_back({nm("ln1_g"), {D}, {{}}, 0});
     w.push_back({nm("ln1_b"), {D}, {{}}, 0});
     w.push_back({nm("wq"), {D, H, K}, {{}, {mp}, {}}, 0});
-    w.push_back({nm("wk"), {D, H, K}, {{}, {mp}, {}}, 0});
-    w.push_back({nm("wv"), {D, H, K}, {{}, {mp}, {}}, 0});
+    w.push_back({nm("wk"), {D, Hkv, K}, kv_layout, 0});
+    w.push_back({nm("wv"), {D, Hkv, K}, kv_layout, 0});
     w.push_back({nm("wo"), {H, K, D}, {{mp}, {}, {}}, 2});
     w.push_back({nm("ln2_g"), {D}, {{}}, 0});
     w.push_back({nm("ln2_b"), {D}, {{}}, 0});
@@ -36,9 +41,29 @@ std::vector<GptWeightSpec> gpt_weight_specs(const GptConfig& c) {
   return w;
 }
 
+void check_gpt_kv_heads(const GptConfig& c, const char* who) {
+  if (c.kv_heads < 0 || c.kv_heads > c.heads || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
+    throw ShapeError(fmt::format("{}: kv_heads {} must divide heads {} (1: multi-query; heads or 0: multi-head)", who,
+                                 c.kv_heads, c.heads));
+}
+
+Tensor grouped_attention(Tensor q, Tensor k, Tensor v, int64_t kv_heads, double scale) {
+  const Shape& qs = q.shape();  // [b, q, H, K]
+  if (qs.size() != 4 || kv_heads < 1 || qs[2] % kv_heads != 0)
+    throw ShapeError(fmt::format("grouped_attention: queries {} with {} key/value heads (4 dims [b, s, heads, dim], "
+                                 "heads a multiple of kv_heads)",
+                                 shape_str(qs), kv_heads));
+  const int64_t G = qs[2] / kv_heads;
+  Tensor q5 = reshape(q, {qs[0], qs[1], kv_heads, G, qs[3]});
+  Tensor s = mul(einsum("bqgjk,bsgk->bgjqs", q5, k), scale);
+  Tensor p = softmax(causal_mask(s), -1);
+  return reshape(einsum("bgjqs,bsgk->bqgjk", p, v), qs);
+}
+
 GptGraph build_gpt(const GptConfig& c) {
   if (c.d_model % c.heads != 0)
     throw ShapeError(fmt::format("gpt: d_model {} is not divisible by heads {}", c.d_model, c.heads));
+  check_gpt_kv_heads(c, "gpt");
   if (c.batch < 1 || c.seq < 1 || c.layers < 0 || c.vocab < 1)
     throw ShapeError("gpt: batch, seq and vocab must be >= 1, layers >= 0");
   GptGraph m;
@@ -90,7 +115,9 @@ GptGraph build_gpt(const GptConfig& c) {
     Tensor k = einsum("bsd,dhk->bshk", h, wk).named(nm("k"));
     Tensor v = einsum("bsd,dhk->bshk", h, wv).named(nm("v"));
     Tensor o;
-    if (c.fused_attention) {
+    if (gpt_kv_heads(c) != c.heads) {
+      o = grouped_attention(q, k, v, gpt_kv_heads(c), scale).named(nm("ctx"));
+    } else if (c.fused_attention) {
       o = attention(q, k, v, /*causal=*/true, scale, "bshd").out.named(nm("ctx"));
     } else {
       Tensor s = mul(einsum("bqhk,bshk->bhqs", q, k), scale).named(nm("scores"));
@@ -122,6 +149,7 @@ bool parse_gpt_flag(const std::string& flag, const std::function<std::string()>&
   else if (flag == "--seq") cfg.seq = size(1);
   else if (flag == "--d-model") cfg.d_model = size(1);
   else if (flag == "--heads") cfg.heads = size(1);
+  else if (flag == "--kv-heads") cfg.kv_heads = size(1);
   else if (flag == "--layers") cfg.layers = size(0);
   else if (flag == "--vocab") cfg.vocab = size(1);
   else return false;

@@ -13,6 +13,7 @@
 #include "infer_test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/infer/generate.hpp"
+#include "tessel/infer/server.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
@@ -77,6 +78,106 @@ TEST_CASE("gpt generation: each step's logits equal a full forward and the token
     if (sampled_first.empty()) sampled_first = s;
     CHECK(s == sampled_first);
     CHECK(s != out);  // the sampler is not greedy at temperature 0.8 (six tokens of four sequences)
+  }
+}
+
+TEST_CASE("grouped- and multi-query generation: each step's logits equal a full forward on every mesh and layout",
+          "[infer][integration]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("grouped-query generation against a full forward", seed, 3);
+  for (int64_t kv : {1, 2}) {
+    GptConfig cfg = small_model();
+    cfg.kv_heads = kv;  // 4 query heads: multi-query (1) and grouped-query (2 groups of 2)
+    const auto w = random_weights(cfg, seed + static_cast<uint64_t>(kv));
+    CHECK(w.at("l0_wk").shape() == Shape{32, kv, 8});
+    std::mt19937_64 rng(seed);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int len : {4, 2, 6, 1}) {
+      std::vector<int32_t> p;
+      for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(cfg.vocab)));
+      prompts.push_back(p);
+    }
+    GenerateOptions o;
+    o.max_new = 5;
+    const InferLayout one = InferLayout::OneD, two = InferLayout::TwoD, gathered = InferLayout::Gathered;
+    std::vector<std::vector<int32_t>> first;
+    for (const auto& [mesh_text, layouts] : std::vector<std::pair<const char*, InferLayouts>>{
+             {"data=1,model=1", {one, one}}, {"data=2,model=2", {one, one}}, {"model=4", {one, one}},
+             {"data=2,model=2", {two, two}}, {"data=2,model=2", {gathered, one}}, {"model=2", {one, two}}}) {
+      INFO("kv_heads " << kv << ", mesh " << mesh_text << ", prefill " << infer_layout_name(layouts.prefill)
+                       << ", decode " << infer_layout_name(layouts.decode));
+      const Mesh mesh = gpt_mesh(Mesh::parse(mesh_text), cfg);
+      ThreadRuntime rt(mesh.num_devices());
+      GptGenerator gen(cfg, mesh, rt, w, 6, layouts);
+      const auto out = gen.generate(prompts, o);
+      const auto& steps = gen.step_logits();
+      for (std::size_t b = 0; b < prompts.size(); ++b) {
+        std::vector<int32_t> seq = prompts[b];
+        seq.insert(seq.end(), out[b].begin(), out[b].end());
+        const HostTensor full = full_forward_logits(cfg, w, seq);
+        for (std::size_t st = 0; st < steps.size(); ++st) {
+          const int64_t at = static_cast<int64_t>(prompts[b].size() + st) - 1;
+          const CompareResult c = compare(row(steps[st], static_cast<int64_t>(b), cfg.vocab), row(full, at, cfg.vocab));
+          INFO("sequence " << b << " step " << st << ": " << c.to_string());
+          CHECK(c.max_rel_err <= 1e-5);
+        }
+      }
+      if (first.empty()) first = out;
+      CHECK(out == first);
+    }
+    // Continuous batching over the same cache layout: the same tokens.
+    const Mesh mesh = gpt_mesh(Mesh::parse("data=2,model=2"), cfg);
+    ThreadRuntime rt(mesh.num_devices());
+    GptServer server(cfg, mesh, rt, w, 6);
+    for (const auto& p : prompts) server.submit({p, o.max_new, -1, {}});
+    std::vector<std::vector<int32_t>> served(prompts.size());
+    for (ServeResult& r : server.drain()) served[static_cast<std::size_t>(r.id)] = r.tokens;
+    CHECK(served == first);
+  }
+}
+
+TEST_CASE("multi-query decode keeps the cache over the sequences and moves the queries and context by all-to-all",
+          "[infer][integration]") {
+  // Pope et al. 3.3: with one key/value head the cache cannot split over heads; it is split
+  // over the sequences on every device (data and model), and each decode layer moves the
+  // queries there by an all-to-all over model and the context back by another, each of a
+  // device's B·E/(dp·mp) elements, (mp-1)/mp of them leaving it; the cache never moves.
+  GptConfig c;
+  c.batch = 64;
+  c.seq = 128;
+  c.d_model = 1024;
+  c.heads = 16;
+  c.kv_heads = 1;
+  c.layers = 1;
+  c.vocab = 128;
+  const int64_t E = c.d_model, B = c.batch;
+  for (auto [dp, mp] : {std::pair<int64_t, int64_t>{2, 8}, {4, 16}}) {
+    const Mesh mesh = Mesh::parse(fmt::format("data={},model={}", dp, mp));
+    INFO(mesh.to_string());
+    GptInferGraphs g = build_gpt_infer(c, 16);
+    g.decode.mesh = mesh;
+    const Executable exe = compile(g.decode, mesh);
+    const Program& p = exe.program();
+    // The cache inputs: split over the sequences on both axes, heads whole.
+    for (const std::string& n : g.caches) {
+      const Graph& gr = exe.graph();
+      for (std::size_t i = 0; i < gr.inputs.size(); ++i)
+        if (gr.values[static_cast<std::size_t>(gr.inputs[i])].name == n)
+          CHECK(p.values[static_cast<std::size_t>(p.inputs[i])].sharding.to_string() == "[{data, model}, {}, {}, {}]");
+    }
+    int64_t all_to_all = 0;
+    for (const Instr& in : p.instrs) {
+      if (in.kind != InstrKind::Collective && in.kind != InstrKind::CollectiveStart) continue;
+      if (in.collective != CollectiveKind::AllToAll) continue;
+      ++all_to_all;
+      CHECK(in.axes == std::vector<std::string>{"model"});
+      CHECK(in.bytes == B * E / (dp * mp) * 4);  // a device's queries (or context), f32
+    }
+    CHECK(all_to_all == 2 * c.layers);
+    // Nothing of the cache's size moves: every collective's buffer is at most a device's
+    // activations [B/dp, E] (the MLP's all-reduces), far below a cache block [B, T, 1, K].
+    for (const Instr& in : p.instrs)
+      if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) CHECK(in.bytes <= B / dp * E * 4);
   }
 }
 

@@ -1,7 +1,8 @@
 // tessel/models/gpt.hpp — a GPT-2-style decoder as a tessel graph, with the Megatron
 // data × model layout given only by annotations on inputs and weights:
 //   tokens/labels [B, S]         {data}, {}
-//   wq/wk/wv [D, H, Dh]          heads over model (column split)
+//   wq/wk/wv [D, H, Dh]          heads over model (column split); with fewer key/value heads
+//                                (GptConfig::kv_heads) wk/wv [D, Hkv, Dh], replicated
 //   wo [H, Dh, D]                heads over model (row split: the output is a partial sum)
 //   w1 [D, F], b1 [F]            F over model;  w2 [F, D] F over model (row split)
 //   wte [V, D], wpe [S, D], layer-norm parameters: replicated
@@ -27,6 +28,11 @@ struct GptConfig {
   int64_t seq = 64;
   int64_t d_model = 128;
   int64_t heads = 4;
+  // Key/value heads: 0 (the default) or heads: multi-head attention; 1: multi-query; else
+  // grouped-query (a divisor of heads: each key/value head serves heads / kv_heads query
+  // heads). Below heads, wk and wv are [D, kv_heads, Dh], replicated over model (they are
+  // small), and the attention is written as einsums over the groups (not the fused op).
+  int64_t kv_heads = 0;
   int64_t layers = 2;
   int64_t vocab = 512;
   int64_t ffn_mult = 4;
@@ -44,6 +50,15 @@ struct GptConfig {
   std::string data_axis = "data";
   std::string model_axis = "model";
 };
+
+// Throws ShapeError naming `who` unless cfg.kv_heads is 0 or a divisor of cfg.heads.
+void check_gpt_kv_heads(const GptConfig& cfg, const char* who);
+// Causal attention of queries q [b, s, H, K] over keys and values k, v [b, s, kv_heads, K],
+// each key/value head serving H / kv_heads consecutive query heads: [b, s, H, K]. Einsums over
+// the groups (softmax(causal_mask(q·kᵀ · scale)) · v), no fused op.
+Tensor grouped_attention(Tensor q, Tensor k, Tensor v, int64_t kv_heads, double scale);
+// cfg.kv_heads, or cfg.heads when 0.
+inline int64_t gpt_kv_heads(const GptConfig& cfg) { return cfg.kv_heads > 0 ? cfg.kv_heads : cfg.heads; }
 
 struct GptGraph {
   Graph graph;
@@ -76,7 +91,7 @@ struct GptWeightSpec {
 std::vector<GptWeightSpec> gpt_weight_specs(const GptConfig& cfg);
 inline constexpr int kGptWeightsPerLayer = 12;
 
-// The examples' size flags: --batch, --seq, --d-model, --heads, --layers, --vocab. When `flag`
+// The examples' size flags: --batch, --seq, --d-model, --heads, --kv-heads, --layers, --vocab. When `flag`
 // is one of them, reads its value with `value()` (a positive integer; layers may be 0) into
 // cfg and returns true. Throws UsageError naming the flag on a bad number.
 bool parse_gpt_flag(const std::string& flag, const std::function<std::string()>& value, GptConfig& cfg);
