@@ -1,11 +1,13 @@
-"""The JAX side of bench/jax/run_side_by_side.sh and run_train_side_by_side.sh: the same GPT
-forward as tessel's src/models/gpt.cpp, its training step (train_step.hpp), and the dispatch
+"""The JAX side of bench/jax/run_side_by_side.sh, run_train_side_by_side.sh and
+run_decode_side_by_side.sh: the same GPT forward as tessel's src/models/gpt.cpp, its training
+step (train_step.hpp), a decode step with a KV cache (infer/generate.hpp), and the dispatch
 cost of a tiny jitted function, timed on CPU.
 
   gpt_jax.py gpt --config example|gpt2 --mesh 1|data2|model2 [--min-time 2] [--repeats 3]
   gpt_jax.py train --config example|gpt2 --mesh 1|data2|model2|data2-zero2 [--min-time 2] [--repeats 3]
   gpt_jax.py train-check DIR     # the step on tessel's inputs (tessel-bench --dump-train-step DIR)
   gpt_jax.py overhead --devices N [--min-time 1] [--repeats 3]
+  gpt_jax.py decode --config example|gpt2 --batch B [--min-time 2] [--repeats 3]   # a KV-cache decode step
 
 Prints one JSON object per line: {"bench": ..., "median_s": ..., "tokens_per_s": ...}.
 The device count and XLA's threading come from XLA_FLAGS, set by the caller before Python
@@ -299,6 +301,57 @@ def train_check(args):
         raise SystemExit("train-check: JAX and tessel disagree")
 
 
+def decode_step(p, caches, token, pos):
+    """One decode step with a KV cache (tessel's build_gpt_infer decode program): each sequence's
+    newest token at its position -> the next token's logits; each layer's cache [B, T, H, K] gets
+    the sequence's key and value at `pos` (a scatter), the attention masks positions after it."""
+    B = token.shape[0]
+    T = p["wpe"].shape[0]
+    x = p["wte"][token] + p["wpe"][pos]
+    rows = jnp.arange(B)
+    seen = jnp.arange(T)[None, :] <= pos[:, None]  # [B, T]
+    new = []
+    for l, (kc, vc) in zip(p["layers"], caches):
+        K = l["wq"].shape[2]
+        h = layer_norm(x, l["ln1_g"], l["ln1_b"])
+        q = jnp.einsum("bd,dhk->bhk", h, l["wq"])
+        kc = kc.at[rows, pos].set(jnp.einsum("bd,dhk->bhk", h, l["wk"]))
+        vc = vc.at[rows, pos].set(jnp.einsum("bd,dhk->bhk", h, l["wv"]))
+        s = jnp.einsum("bhk,bthk->bht", q, kc) * (1.0 / math.sqrt(K))
+        s = jnp.where(seen[:, None, :], s, -jnp.inf)
+        o = jnp.einsum("bht,bthk->bhk", jax.nn.softmax(s, axis=-1), vc)
+        x = x + jnp.einsum("bhk,hkd->bd", o, l["wo"])
+        h2 = layer_norm(x, l["ln2_g"], l["ln2_b"])
+        u = gelu(jnp.einsum("bd,df->bf", h2, l["w1"]) + l["b1"])
+        x = x + jnp.einsum("bf,fd->bd", u, l["w2"]) + l["b2"]
+        new.append((kc, vc))
+    xf = layer_norm(x, p["lnf_g"], p["lnf_b"])
+    return jnp.einsum("bd,vd->bv", xf, p["wte"]), new
+
+
+def bench_decode(args):
+    """Decode steps at batch B on one device: the cache donated and fed back, each step's tokens
+    and positions from the host and its logits waited for (as tessel's BM_DecodeSide)."""
+    cfg = CONFIGS[args.config]
+    B, T, D, H = args.batch, cfg["seq"], cfg["d_model"], cfg["heads"]
+    p = jax.device_put(init_params(cfg, jax.random.PRNGKey(1234)))
+    caches = [(jnp.zeros((B, T, H, D // H), jnp.float32), jnp.zeros((B, T, H, D // H), jnp.float32))
+              for _ in range(cfg["layers"])]
+    f = jax.jit(decode_step, donate_argnums=(1,))
+    rng = np.random.default_rng(1234)
+    token = rng.integers(0, cfg["vocab"], size=(B,), dtype=np.int32)
+    pos = np.full((B,), T // 2, dtype=np.int32)  # tessel attends over all T positions, masked
+    state = {"c": caches}
+
+    def step():
+        logits, state["c"] = f(p, state["c"], token, pos)
+        jax.block_until_ready(logits)
+
+    med, samples, cpu = time_call(step, args.min_time, args.repeats)
+    print(json.dumps({"bench": f"jax_decode/{args.config}/batch:{B}", "median_s": med, "samples_s": samples,
+                      "proc_cpu_s": cpu, "tokens_per_s": B / med, "jax": jax.__version__, "devices": 1}), flush=True)
+
+
 def bench_overhead(args):
     """tessel's BM_RunOverhead program: x f32[8*N, 16] sharded over data, relu, sum."""
     n = args.devices
@@ -329,12 +382,18 @@ def main():
     t.add_argument("--repeats", type=int, default=3)
     c = sub.add_parser("train-check")
     c.add_argument("dir")
+    d = sub.add_parser("decode")
+    d.add_argument("--config", choices=sorted(CONFIGS), required=True)
+    d.add_argument("--batch", type=int, required=True)
+    d.add_argument("--min-time", type=float, default=2.0)
+    d.add_argument("--repeats", type=int, default=3)
     o = sub.add_parser("overhead")
     o.add_argument("--devices", type=int, required=True)
     o.add_argument("--min-time", type=float, default=1.0)
     o.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    {"gpt": bench_gpt, "train": bench_train, "train-check": train_check, "overhead": bench_overhead}[args.cmd](args)
+    {"gpt": bench_gpt, "train": bench_train, "train-check": train_check, "overhead": bench_overhead,
+     "decode": bench_decode}[args.cmd](args)
 
 
 if __name__ == "__main__":
