@@ -1,7 +1,7 @@
 // The prefill and decode graphs of a GPT with a KV cache (infer/generate.hpp). The layers are
 // build_gpt's (models/gpt.cpp), the same weights by name; only the attention differs: prefill
 // attends causally within the prompt and returns its keys and values, padded to the cache's
-// capacity; decode writes one position per sequence into the cache (where(position == pos))
+// capacity; decode writes one position per sequence into the cache (write_at(cache, pos, k))
 // and attends to the positions up to it.
 #include <fmt/format.h>
 
@@ -258,7 +258,6 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     Tensor x = add(embedding(w.wte, token), gather(w.wpe, pos, 0));  // [B, D]
     // [B, T]: the position each sequence writes (== pos), and those it attends to (<= pos).
     Tensor row = reshape(positions, {1, T}), col = reshape(pos, {B, 1});
-    Tensor here = reshape(eq(row, col), {B, T, 1, 1});
     Tensor seen = reshape(le(row, col), {B, 1, T});
     Tensor seen_grouped = reshape(le(row, col), {B, 1, 1, T});
     Tensor masked = constant(g, -std::numeric_limits<double>::infinity(), c.compute);
@@ -267,10 +266,12 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
       const Layer& L = w.layers[static_cast<std::size_t>(l)];
       Tensor h = last_dim_over(layer_norm(last_dim_over(x, {dp}, two_d(how)), L.ln1g, L.ln1b), {dp}, two_d(how));
       Tensor q = heads_over(einsum("bd,dhk->bhk", h, L.wq), 1, mp, two_d(how));
-      Tensor k = reshape(kv_over(einsum("bd,dhk->bhk", h, L.wk), 1, how), {B, 1, Hkv, K});
-      Tensor v = reshape(kv_over(einsum("bd,dhk->bhk", h, L.wv), 1, how), {B, 1, Hkv, K});
-      Tensor kc = where(here, k, cache_in[static_cast<std::size_t>(2 * l)]);
-      Tensor vc = where(here, v, cache_in[static_cast<std::size_t>(2 * l + 1)]);
+      Tensor k = kv_over(einsum("bd,dhk->bhk", h, L.wk), 1, how);  // [B, Hkv, K]
+      Tensor v = kv_over(einsum("bd,dhk->bhk", h, L.wv), 1, how);
+      // Each sequence's key and value written at its position (the cache is donated: only
+      // those rows are stored).
+      Tensor kc = write_at(cache_in[static_cast<std::size_t>(2 * l)], pos, k, 1);
+      Tensor vc = write_at(cache_in[static_cast<std::size_t>(2 * l + 1)], pos, v, 1);
       if (c.annotate) {
         kc = shard(kc, cache_layout);
         vc = shard(vc, cache_layout);

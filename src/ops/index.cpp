@@ -6,6 +6,7 @@
 //   scatter_add with its index dims sharded: each device scatters its updates, the result is
 //   a partial sum (the data-parallel gradient reduction); with the `depth` dim sharded, each
 //   device keeps the rows of its block.
+// write_at writes one position per leading index along an axis that stays whole.
 // Index semantics: one_hot gives an all-zero row for an id outside [0, depth) (as JAX);
 // gather and scatter_add report such an id as an error.
 #include "tessel/ops/builders.hpp"
@@ -164,10 +165,74 @@ Tensor sample_mask(Graph& g, SampleGen& r) {
   return mask_padding(r.input(g, s), axis, valid, r.coin() ? 0.0 : -1e30);
 }
 
+// ---- write_at ----
+void normalize_write(OpAttrs& a, const Ins& in) {
+  a.axis = normalize_axis(a.axis, in.empty() ? 0 : in[0]->shape.size(), "write_at");
+}
+void infer_write(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
+  const Shape& d = in[0]->shape;
+  if (a.axis < 0 || a.axis >= static_cast<int64_t>(d.size()))
+    shape_fail("write_at", in, fmt::format("axis {} is out of range for rank {}", a.axis, d.size()));
+  if (in[1]->dtype != DType::i32) shape_fail("write_at", in, "indices must be i32");
+  const Shape ix(d.begin(), d.begin() + a.axis);
+  Shape v = ix;
+  v.insert(v.end(), d.begin() + a.axis + 1, d.end());
+  if (in[1]->shape != ix)
+    shape_fail("write_at", in, fmt::format("indices must have dst's dims before axis {}: {}", a.axis, shape_str(ix)));
+  if (in[2]->shape != v)
+    shape_fail("write_at", in, fmt::format("values must have dst's dims without axis {}: {}", a.axis, shape_str(v)));
+  if (in[2]->dtype != in[0]->dtype) shape_fail("write_at", in, "values must have dst's dtype");
+  out = d;
+  dt = in[0]->dtype;
+}
+// Factors: dst's dims; the written one may not be split (an index names a global position).
+OpRule rule_write(const OpAttrs& a, const Shapes&, const Shape& out) {
+  OpRule r = identity_rule(out, 0);
+  r.factors[static_cast<std::size_t>(a.axis)].kind = FactorKind::Replicated;
+  std::vector<DimFactors> ddims, idims, vdims;
+  for (std::size_t d = 0; d < out.size(); ++d) {
+    ddims.push_back({static_cast<int>(d)});
+    if (static_cast<int64_t>(d) < a.axis) idims.push_back({static_cast<int>(d)});
+    if (static_cast<int64_t>(d) != a.axis) vdims.push_back({static_cast<int>(d)});
+  }
+  r.operands.push_back(std::move(ddims));
+  r.operands.push_back(std::move(idims));
+  r.operands.push_back(std::move(vdims));
+  return r;
+}
+double flops_write(const OpAttrs&, const Shapes& in, const Shape&) { return elems(in[2]); }
+int64_t bound_write(const OpAttrs& a, const Shapes& in, int operand) {
+  return operand == 1 ? in[0].at(static_cast<std::size_t>(a.axis)) : 0;
+}
+Tensor sample_write(Graph& g, SampleGen& r) {
+  Shape pre = r.shape(1 + static_cast<int>(r.below(2)));
+  Shape post = r.shape(static_cast<int>(r.below(2)));
+  Shape d = pre;
+  d.push_back(r.dim());
+  d.insert(d.end(), post.begin(), post.end());
+  Shape v = pre;
+  v.insert(v.end(), post.begin(), post.end());
+  return write_at(r.input(g, d), r.input(g, pre, DType::i32), r.input(g, v), static_cast<int64_t>(pre.size()));
+}
+
 }  // namespace
 
 namespace {
 using Grads = std::vector<Tensor>;
+// The written rows came from values: dst's gradient is zero there, values' is those rows.
+Grads vjp_write(const VjpArgs& a) {
+  const int64_t axis = a.op.attrs.axis;
+  const Shape& d = a.inputs[0].shape();
+  int64_t P = 1, Q = 1;
+  for (int64_t i = 0; i < axis; ++i) P *= d[static_cast<std::size_t>(i)];
+  for (std::size_t i = static_cast<std::size_t>(axis) + 1; i < d.size(); ++i) Q *= d[i];
+  const int64_t n = d[static_cast<std::size_t>(axis)];
+  Graph& g = *a.grad_output.graph();
+  Tensor zeros = constant(g, 0, a.grad_output.dtype(), a.inputs[2].shape());
+  Tensor hot = reshape(one_hot(a.inputs[1], n, a.grad_output.dtype()), {P, n});
+  Tensor rows = einsum("pn,pnq->pq", hot, reshape(a.grad_output, {P, n, Q}));
+  return {write_at(a.grad_output, a.inputs[1], zeros, axis), Tensor{}, reshape(rows, a.inputs[2].shape())};
+}
 // The masked positions were set to a constant: their gradient is zero.
 Grads vjp_mask(const VjpArgs& a) {
   return {mask_padding(a.grad_output, a.op.attrs.axis, a.op.attrs.depth, 0.0)};
@@ -204,6 +269,13 @@ void register_index_ops(std::vector<OpDef>& t) {
   ga.vjp = vjp_gather;
   put(t, std::move(ga));
 
+  OpDef wa = entry(OpKind::WriteAt, "write_at", 3, 3, infer_write, rule_write, flops_write, sample_write);
+  wa.attrs = {{"axis", AttrField::Axis}};
+  wa.normalize = normalize_write;
+  wa.index_bound = bound_write;
+  wa.vjp = vjp_write;
+  put(t, std::move(wa));
+
   OpDef sa = entry(OpKind::ScatterAdd, "scatter_add", 2, 2, infer_scatter, rule_scatter,
                    flops_scatter, sample_scatter);
   sa.attrs = {{"depth", AttrField::Depth}, {"axis", AttrField::Axis}};
@@ -234,6 +306,11 @@ Tensor mask_padding(Tensor x, int64_t axis, int64_t valid, double value) {
   a.depth = valid;
   a.scalar = value;
   return build(OpKind::MaskPadding, {x}, std::move(a));
+}
+Tensor write_at(Tensor dst, Tensor indices, Tensor values, int64_t axis) {
+  OpAttrs a;
+  a.axis = axis;
+  return build(OpKind::WriteAt, {dst, indices, values}, std::move(a));
 }
 Tensor scatter_add(Tensor updates, Tensor indices, int64_t depth, int64_t axis) {
   OpAttrs a;

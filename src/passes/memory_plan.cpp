@@ -106,11 +106,15 @@ namespace {
 // the kernel reads every element of that operand before it writes the same element of the
 // result. A fused elementwise kernel does, block by block, for any operand of the result's
 // shape (cpu_fused.cpp); adamw does, element by element, for the result's own operand (the
-// parameter, m or v into their updated values: cpu_kernels_optim.cpp, src/runtime/cuda/kernels/optim.cu).
+// parameter, m or v into their updated values: cpu_kernels_optim.cpp, src/runtime/cuda/kernels/optim.cu);
+// write_at over its dst.
 bool in_place(const Instr& in, int v, int dv, const Program& p) {
   if (in.kind != InstrKind::Kernel || p.values[static_cast<std::size_t>(dv)].shape != p.values[static_cast<std::size_t>(v)].shape)
     return false;
   if (in.op == OpKind::FusedElementwise) return std::find(in.in.begin(), in.in.end(), dv) != in.in.end();
+  // write_at (cpu_kernels_index.cpp, src/runtime/cuda/kernels/index.cu) over its dst: then it
+  // copies nothing and writes only the indexed rows, reading the indices and values alone.
+  if (in.op == OpKind::WriteAt) return !in.in.empty() && in.in[0] == dv;
   if (in.op == OpKind::AdamW) {  // results (p, m, v) from operands (p, g, m, v, ...)
     const std::vector<int> defs = in.defs();
     const std::size_t operand_of[3] = {0, 2, 3};

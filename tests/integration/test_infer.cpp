@@ -17,6 +17,7 @@
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/reference.hpp"
 
 using namespace tessel;
@@ -178,6 +179,29 @@ TEST_CASE("multi-query decode keeps the cache over the sequences and moves the q
     // activations [B/dp, E] (the MLP's all-reduces), far below a cache block [B, T, 1, K].
     for (const Instr& in : p.instrs)
       if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveStart) CHECK(in.bytes <= B / dp * E * 4);
+  }
+}
+
+TEST_CASE("the decode program writes each layer's cache in place: one position per sequence, no second cache",
+          "[infer][integration]") {
+  // write_at over the donated cache: the memory plan places every cache output in its donated
+  // input (donated_bytes = the caches' bytes), and the arena holds no cache-sized buffer.
+  GptConfig cfg = small_model();
+  cfg.seq = 64;
+  for (const char* m : {"data=1,model=1", "data=2,model=2"}) {
+    INFO(m);
+    const Mesh mesh = gpt_mesh(Mesh::parse(m), cfg);
+    GptInferGraphs g = build_gpt_infer(cfg, 4);
+    g.decode.mesh = mesh;
+    const Executable exe = compile(g.decode, mesh);
+    ThreadRuntime rt(mesh.num_devices());
+    LoadOptions lo;
+    lo.donate = g.donations;
+    const LoadedExecutable prog = load(exe, rt, lo);
+    const MemoryPlan& plan = prog.program().memory;
+    const int64_t cache_bytes = cfg.batch * cfg.seq * cfg.d_model * 4 / mesh.num_devices();  // per device
+    CHECK(plan.donated_bytes == static_cast<int64_t>(g.caches.size()) * cache_bytes);
+    CHECK(plan.arena_bytes < cache_bytes);
   }
 }
 

@@ -268,3 +268,23 @@ TEST_CASE("ops: concat of huge extents is refused before the sum overflows", "[o
                                      "value may hold (2^50 bytes = 1 PiB)") != std::string::npos);
   }
 }
+
+TEST_CASE("ops: write_at writes one row per leading index and refuses an index outside", "[ops][kernels]") {
+  Graph g;
+  Tensor dst = input(g, "dst", DType::f32, {2, 3, 2});  // [sequences, positions, features]
+  Tensor pos = input(g, "pos", DType::i32, {2});
+  Tensor val = input(g, "val", DType::f32, {2, 2});
+  Tensor out = write_at(dst, pos, val, 1);
+  CHECK(out.shape() == Shape{2, 3, 2});
+  const HostTensor d = tensor_of(DType::f32, {2, 3, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  const HostTensor v = tensor_of(DType::f32, {2, 2}, {-1, -2, -3, -4});
+  check_values(run1(g, out, {d, tensor_of(DType::i32, {2}, {2, 0}), v}), {0, 1, 2, 3, -1, -2, -3, -4, 8, 9, 10, 11});
+  CHECK_THROWS_WITH(run_reference(g, {d, tensor_of(DType::i32, {2}, {1, 3}), v}),
+                    Catch::Contains("index 3 at position 1 is outside [0, 3)"));
+  Graph bad;
+  Tensor bd = input(bad, "dst", DType::f32, {2, 3, 2});
+  CHECK_THROWS_WITH(write_at(bd, input(bad, "p", DType::i32, {3}), input(bad, "v", DType::f32, {2, 2}), 1),
+                    Catch::Contains("indices must have dst's dims before axis 1: [2]"));
+  CHECK_THROWS_WITH(write_at(bd, input(bad, "q", DType::i32, {2}), input(bad, "w", DType::f32, {2, 3}), 1),
+                    Catch::Contains("values must have dst's dims without axis 1: [2,2]"));
+}

@@ -163,6 +163,9 @@ mesh data=2, model=4
 %oh = one_hot(%ids) depth=100 dtype=bf16
 %ga = gather(%table, %ids) axis=0
 %sa = scatter_add(%emb, %ids) depth=100 axis=0
+%pos = input i32[8]
+%wrow = input f32[8,32]
+%wa = write_at(%emb, %pos, %wrow) axis=1
 %mp = mask_padding(%h) axis=2 depth=60 value=-inf
 %dx, %dgamma, %dbeta = layer_norm_grad(%sm, %gamma, %h) eps=1e-05 sharding=([{data}, {?}, {}], _, [{}]) priority=(0, 0, 1)
 %lr = constant f32[] value=0.001
@@ -193,7 +196,7 @@ TEST_CASE("text: every op kind parses and round-trips", "[text]") {
 
   REQUIRE(g.mesh.has_value());
   CHECK(*g.mesh == Mesh({{"data", 2}, {"model", 4}}));
-  CHECK(g.inputs.size() == 8);
+  CHECK(g.inputs.size() == 10);
   CHECK(g.outputs == std::vector<int>{g.find("ce"), g.find("cm"), g.find("g2")});
 
   const Op& sm = g.ops[g.values[g.find("sm")].producer];

@@ -140,6 +140,13 @@ Tensor gather(Tensor table, Tensor indices, int64_t axis = 0);
 // indices' dims), to which every updates[..., j, ...] is added at row indices[j]. The
 // gradient of embedding(table, ids) is scatter_add(grad, ids, rows, 0).
 Tensor scatter_add(Tensor updates, Tensor indices, int64_t depth, int64_t axis = 0);
+// dst with one position along `axis` written per leading index: out = dst, then
+// out[i..., indices[i...], j...] = values[i..., j...], where indices has dst's dims before
+// `axis` and values dst's dims without `axis`. A KV cache's update at each sequence's
+// position (infer/generate.hpp's decode). `axis` may not be split over devices; an index
+// outside [0, dst.shape[axis]) is an error when the program runs. When dst's buffer is
+// donated to the result, only the written rows are stored.
+Tensor write_at(Tensor dst, Tensor indices, Tensor values, int64_t axis = 1);
 // x with every position whose index along `axis` is >= `valid` set to `value`: how padded
 // (uneven) shardings keep padding out of reductions (uneven.hpp). Reads global positions.
 Tensor mask_padding(Tensor x, int64_t axis, int64_t valid, double value);

@@ -104,6 +104,33 @@ void k_gather(const KernelArgs& a) {
     }
 }
 
+// dst copied to out unless the two are one buffer (dst donated to the result), then each
+// leading index's row written at its position along the axis (whole on every device, so the
+// index is local too).
+void k_write_at(const KernelArgs& a) {
+  check_arity(a, 3, 3);
+  const Shape& d = a.in_shapes[0];
+  if (a.in_dtypes[1] != DType::i32) fail(a, "indices must be i32");
+  if (a.in_dtypes[0] != a.out_dtype || a.in_dtypes[2] != a.out_dtype) fail(a, "dst, values and the result must share a dtype");
+  if (a.out_shape != d) fail(a, "the result shape must be dst's " + shape_str(d));
+  const std::size_t ax = static_cast<std::size_t>(normalize_dim(a, attrs_of(a).axis, d.size(), "axis"));
+  int64_t P = 1, S = 1;
+  for (std::size_t i = 0; i < ax; ++i) P *= d[i];
+  for (std::size_t i = ax + 1; i < d.size(); ++i) S *= d[i];
+  const int64_t n = d[ax];
+  if (num_elements(a.in_shapes[1]) != P || num_elements(a.in_shapes[2]) != P * S)
+    fail(a, "indices and values must have dst's dims before and without the axis");
+  const int32_t* idx = static_cast<const int32_t*>(a.in[1]);
+  for (int64_t p = 0; p < P; ++p)
+    if (idx[p] < 0 || idx[p] >= n) index_fail(a, idx[p], p, n);
+  const std::size_t es = dtype_size(a.out_dtype);
+  const std::size_t row = static_cast<std::size_t>(S) * es;
+  char* out = static_cast<char*>(a.out);
+  if (a.out != a.in[0]) std::memcpy(out, a.in[0], static_cast<std::size_t>(P * n) * row);
+  const char* v = static_cast<const char*>(a.in[2]);
+  for (int64_t p = 0; p < P; ++p) std::memcpy(out + (p * n + idx[p]) * static_cast<int64_t>(row), v + p * static_cast<int64_t>(row), row);
+}
+
 void k_scatter_add(const KernelArgs& a) {
   check_arity(a, 2, 2);
   const OpAttrs& at = attrs_of(a);

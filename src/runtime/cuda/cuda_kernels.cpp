@@ -485,6 +485,27 @@ void k_scatter_add(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
                   off, at.depth, s.device_error(), seq, scratch.get(), s.handle());
 }
 
+// dst copied into the result unless dst was donated to it (one buffer), then the rows written.
+void k_write_at(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  check_arity(a, 3, 3);
+  const Shape& d = a.in_shapes[0];
+  if (a.in_dtypes[1] != DType::i32) fail(a, "indices must be i32");
+  if (a.in_dtypes[0] != a.out_dtype || a.in_dtypes[2] != a.out_dtype) fail(a, "dst, values and the result must share a dtype");
+  if (a.out_shape != d) fail(a, "the result shape must be dst's " + shape_str(d));
+  const std::size_t ax = static_cast<std::size_t>(normalize_dim(a, attrs_of(a).axis, d.size(), "axis"));
+  int64_t P = 1, S = 1;
+  for (std::size_t i = 0; i < ax; ++i) P *= d[i];
+  for (std::size_t i = ax + 1; i < d.size(); ++i) S *= d[i];
+  if (num_elements(a.in_shapes[1]) != P || num_elements(a.in_shapes[2]) != P * S)
+    fail(a, "indices and values must have dst's dims before and without the axis");
+  if (a.out != a.in[0])
+    TESSEL_CUDA_CHECK(cudaMemcpyAsync(a.out, a.in[0], static_cast<std::size_t>(num_elements(d)) * dtype_size(a.out_dtype),
+                                      cudaMemcpyDeviceToDevice, s.handle()));
+  const unsigned seq = s.next_checked_launch(describe(a));
+  ck::write_at(a.in[2], dtype_size(a.out_dtype), static_cast<const int32_t*>(a.in[1]), a.out, P, d[ax], S,
+               s.device_error(), seq, s.handle());
+}
+
 void k_mask_padding(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   check_arity(a, 1, 1);
   check_same_dtype(a);
@@ -678,6 +699,7 @@ const KernelTable<CudaKernelFn>& cuda_kernel_table() {
     k.add(OpKind::OneHot, k_one_hot);
     k.add(OpKind::Gather, k_gather);
     k.add(OpKind::ScatterAdd, k_scatter_add);
+    k.add(OpKind::WriteAt, k_write_at);
     k.add(OpKind::MaskPadding, k_mask_padding);
     k.add(OpKind::FusedElementwise, k_fused_elementwise);
     k.add(OpKind::FusedSoftmax, k_fused_softmax);

@@ -49,6 +49,20 @@ __global__ void k_gather(const T* table, const int32_t* idx, T* out, int64_t P, 
   }
 }
 
+template <class T>
+__global__ void k_write_at(const T* values, const int32_t* idx, T* out, int64_t P, int64_t n, int64_t S,
+                           DeviceError* err, unsigned seq) {
+  TESSEL_GRID_STRIDE(e, P * S) {
+    const int64_t p = e / S, k = e % S;
+    const int32_t id = idx[p];
+    if (id < 0 || id >= n) {
+      if (k == 0) report(err, seq, kErrGatherIndex, id, p, n);
+      continue;
+    }
+    out[(p * n + id) * S + k] = values[e];
+  }
+}
+
 // scatter_add: each index's row (id - off when in [0, n), else n: sorted last and summed by
 // no one) as the key of a stable radix sort whose values are the index positions j.
 __global__ void k_scatter_keys(const int32_t* idx, int32_t* keys, int32_t* vals, int64_t J, int64_t n, int64_t off,
@@ -155,6 +169,18 @@ void gather(const void* table, std::size_t elem, const int32_t* idx, void* out, 
                                                                   static_cast<T*>(out), P, J, n, S, off, N, err, seq);
   });
   TESSEL_CUDA_LAUNCH_CHECK("gather");
+}
+
+void write_at(const void* values, std::size_t elem, const int32_t* idx, void* out, int64_t P, int64_t n, int64_t S,
+              DeviceError* err, unsigned seq, StreamHandle s) {
+  const int64_t total = P * S;
+  if (total <= 0) return;
+  dispatch_elem(elem, "write_at", [&](auto tag) {
+    using T = decltype(tag);
+    k_write_at<T><<<grid_for(total), kThreads, 0, as_stream(s)>>>(static_cast<const T*>(values), idx,
+                                                                    static_cast<T*>(out), P, n, S, err, seq);
+  });
+  TESSEL_CUDA_LAUNCH_CHECK("write_at");
 }
 
 namespace {
