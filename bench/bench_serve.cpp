@@ -70,7 +70,7 @@ void BM_Serve(benchmark::State& state) {
   std::unique_ptr<tessel::GptGenerator> gen;
   if (continuous) {
     tessel::ServerOptions so;
-    so.admit_batch = std::max<int64_t>(1, slots / 4);
+    so.admit_batch = 1;  // the default: one prompt per admit, written in place
     server = std::make_unique<tessel::GptServer>(cfg, mesh, rt, w, prompt_len, so);
   } else {
     gen = std::make_unique<tessel::GptGenerator>(cfg, mesh, rt, w, prompt_len);

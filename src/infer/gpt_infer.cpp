@@ -221,17 +221,19 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     std::vector<Tensor> kv;
     const Tensor logits = prefill_body(g, w, how, admit_batch, kv);
     Tensor slots = input(g, "slots", DType::i32, {admit_batch});
-    // sel[j, b] = 1 where prompt j goes to slot b (a slot outside [0, B): nowhere); exact: each
-    // slot receives at most one prompt's values, times 1, plus zeros.
-    Tensor sel = one_hot(slots, B, c.compute);
-    Tensor hit = gt(reshape(einsum("jb,j->b", sel, constant(g, 1, c.compute, {admit_batch})), {B, 1, 1, 1}),
-                    constant(g, 0, c.compute));
     g.mark_output(logits);
     for (std::size_t i = 0; i < kv.size(); ++i) {
       Tensor cache = input(g, out.caches[i], c.compute, {B, T, Hkv, K});
       if (c.annotate) g.annotate(cache, cache_layout);
-      Tensor placed = einsum("jb,jthk->bthk", sel, pad_to_capacity(g, kv[i], admit_batch));
-      Tensor next = where(hit, placed, cache);
+      // Each prompt's keys or values (padded to the capacity) written whole into its slot:
+      // write_at along the slots with a scalar index, in place in the donated cache for the
+      // first prompt (the device holding the slot writes it).
+      Tensor full = pad_to_capacity(g, kv[i], admit_batch);
+      Tensor next = cache;
+      for (int64_t j = 0; j < admit_batch; ++j) {
+        Tensor row = reshape(slice(full, {j, 0, 0, 0}, {j + 1, T, Hkv, K}), {T, Hkv, K});
+        next = write_at(next, reshape(slice(slots, {j}, {j + 1}), {}), row, 0);
+      }
       if (c.annotate) next = shard(next, cache_layout);
       g.mark_output(next.named(out.caches[i] + ".next"));
     }

@@ -123,11 +123,14 @@ std::vector<ServeResult> GptServer::step() {
     const double t = clock_s();
     std::vector<int32_t> tokens(static_cast<std::size_t>(A * P), 0), last(static_cast<std::size_t>(A), 0),
         slot_of(static_cast<std::size_t>(A), -1);
-    for (std::size_t j = 0; j < batch.size(); ++j) {
-      const std::vector<int32_t>& p = batch[j].request.prompt;
+    // Rows past the admitted prompts repeat the last one, prompt and slot: the same values
+    // written to the same slot again.
+    for (std::size_t j = 0; j < static_cast<std::size_t>(A); ++j) {
+      const std::size_t from = std::min(j, batch.size() - 1);
+      const std::vector<int32_t>& p = batch[from].request.prompt;
       std::copy(p.begin(), p.end(), tokens.begin() + static_cast<std::ptrdiff_t>(j * static_cast<std::size_t>(P)));
       last[j] = static_cast<int32_t>(p.size()) - 1;
-      slot_of[j] = static_cast<int32_t>(free[j]);
+      slot_of[j] = static_cast<int32_t>(free[from]);
     }
     const HostTensor logits = engine_->admit(tokens, last, slot_of, cache_);
     ++stats_.admit_runs;

@@ -6,7 +6,8 @@
 //   scatter_add with its index dims sharded: each device scatters its updates, the result is
 //   a partial sum (the data-parallel gradient reduction); with the `depth` dim sharded, each
 //   device keeps the rows of its block.
-// write_at writes one position per leading index along an axis that stays whole.
+// write_at writes one position per leading index along an axis, split or not (a device
+// writes the positions of its block).
 // Index semantics: one_hot gives an all-zero row for an id outside [0, depth) (as JAX);
 // gather and scatter_add report such an id as an error.
 #include "tessel/ops/builders.hpp"
@@ -185,10 +186,10 @@ void infer_write(const OpAttrs& a, const Ins& in, Shape& out, DType& dt) {
   out = d;
   dt = in[0]->dtype;
 }
-// Factors: dst's dims; the written one may not be split (an index names a global position).
+// Factors: dst's dims. The written one may be split too: an index is a global position, and
+// each device writes the rows that fall in its block.
 OpRule rule_write(const OpAttrs& a, const Shapes&, const Shape& out) {
   OpRule r = identity_rule(out, 0);
-  r.factors[static_cast<std::size_t>(a.axis)].kind = FactorKind::Replicated;
   std::vector<DimFactors> ddims, idims, vdims;
   for (std::size_t d = 0; d < out.size(); ++d) {
     ddims.push_back({static_cast<int>(d)});
@@ -272,6 +273,7 @@ void register_index_ops(std::vector<OpDef>& t) {
   OpDef wa = entry(OpKind::WriteAt, "write_at", 3, 3, infer_write, rule_write, flops_write, sample_write);
   wa.attrs = {{"axis", AttrField::Axis}};
   wa.normalize = normalize_write;
+  wa.needs_offsets = true;
   wa.index_bound = bound_write;
   wa.vjp = vjp_write;
   put(t, std::move(wa));

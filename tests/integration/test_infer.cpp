@@ -182,7 +182,7 @@ TEST_CASE("multi-query decode keeps the cache over the sequences and moves the q
   }
 }
 
-TEST_CASE("the decode program writes each layer's cache in place: one position per sequence, no second cache",
+TEST_CASE("the decode program writes each layer's cache in place: one position per sequence and no second cache",
           "[infer][integration]") {
   // write_at over the donated cache: the memory plan places every cache output in its donated
   // input (donated_bytes = the caches' bytes), and the arena holds no cache-sized buffer.

@@ -288,3 +288,20 @@ TEST_CASE("ops: write_at writes one row per leading index and refuses an index o
   CHECK_THROWS_WITH(write_at(bd, input(bad, "q", DType::i32, {2}), input(bad, "w", DType::f32, {2, 3}), 1),
                     Catch::Contains("values must have dst's dims without axis 1: [2,2]"));
 }
+
+TEST_CASE("ops: write_at along a split axis writes the row in the block that holds it", "[ops][kernels]") {
+  // A whole slot of a cache [slots, positions] split over data: axis 0, a scalar index.
+  Graph g;
+  Tensor dst = input(g, "dst", DType::f32, {4, 3});
+  Tensor slot = input(g, "slot", DType::i32, {});
+  Tensor row = input(g, "row", DType::f32, {3});
+  g.annotate(dst, Sharding::of({{"data"}, {}}));
+  Tensor out = write_at(dst, slot, row, 0);
+  g.mark_output(out);
+  const std::vector<HostTensor> in = {tensor_of(DType::f32, {4, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}),
+                                      tensor_of(DType::i32, {}, {2}), tensor_of(DType::f32, {3}, {-1, -2, -3})};
+  Executable exe = compile(g, Mesh::parse("data=2"));
+  CHECK(exe.program().values[static_cast<std::size_t>(exe.program().inputs[0])].sharding.to_string() == "[{data}, {}]");
+  check_values(exe.run(in).at(0), {0, 1, 2, 3, 4, 5, -1, -2, -3, 9, 10, 11});
+  check_values(run_reference(g, in).at(0), {0, 1, 2, 3, 4, 5, -1, -2, -3, 9, 10, 11});
+}

@@ -101,8 +101,9 @@ struct GptInferGraphs {
   Graph decode;
   // Built when admit_batch > 0 (GptServer): the prefill of admit_batch prompts (laid out as
   // the prefill) written into their slots of the decode's cache. Inputs: the weights, "tokens"
-  // i32 [A, P] and "last" i32 [A] as the prefill's, "slots" i32 [A] (each prompt's cache slot;
-  // one outside [0, B): the row is not written), the caches in the decode's layout. Outputs:
+  // i32 [A, P] and "last" i32 [A] as the prefill's, "slots" i32 [A] (each prompt's cache slot,
+  // in [0, B); a row not needed repeats a used one, prompt and slot: it writes the same
+  // values), the caches in the decode's layout. Outputs:
   // "logits" [A, V], then the caches with each admitted slot's every position replaced (the
   // prompt's keys and values, zeros after them), named "<cache>.next" (`donations` again).
   Graph admit;

@@ -143,7 +143,8 @@ Tensor scatter_add(Tensor updates, Tensor indices, int64_t depth, int64_t axis =
 // dst with one position along `axis` written per leading index: out = dst, then
 // out[i..., indices[i...], j...] = values[i..., j...], where indices has dst's dims before
 // `axis` and values dst's dims without `axis`. A KV cache's update at each sequence's
-// position (infer/generate.hpp's decode). `axis` may not be split over devices; an index
+// position (infer/generate.hpp's decode), or with axis 0 (no leading dims, a scalar index) a
+// whole slot. `axis` may be split over devices (each writes the rows of its block); an index
 // outside [0, dst.shape[axis]) is an error when the program runs. When dst's buffer is
 // donated to the result, only the written rows are stored.
 Tensor write_at(Tensor dst, Tensor indices, Tensor values, int64_t axis = 1);

@@ -105,8 +105,8 @@ void k_gather(const KernelArgs& a) {
 }
 
 // dst copied to out unless the two are one buffer (dst donated to the result), then each
-// leading index's row written at its position along the axis (whole on every device, so the
-// index is local too).
+// leading index's row written at its position along the axis when that position is in this
+// block of it (indices are global positions).
 void k_write_at(const KernelArgs& a) {
   check_arity(a, 3, 3);
   const Shape& d = a.in_shapes[0];
@@ -120,15 +120,22 @@ void k_write_at(const KernelArgs& a) {
   const int64_t n = d[ax];
   if (num_elements(a.in_shapes[1]) != P || num_elements(a.in_shapes[2]) != P * S)
     fail(a, "indices and values must have dst's dims before and without the axis");
+  const int64_t off = out_offset_at(a, ax);
+  const int64_t N = !a.in_global_shapes.empty() && a.in_global_shapes[0].size() == d.size() ? a.in_global_shapes[0][ax]
+                    : off == 0                                                               ? n
+                                                     : std::numeric_limits<int64_t>::max();
   const int32_t* idx = static_cast<const int32_t*>(a.in[1]);
   for (int64_t p = 0; p < P; ++p)
-    if (idx[p] < 0 || idx[p] >= n) index_fail(a, idx[p], p, n);
+    if (idx[p] < 0 || idx[p] >= N) index_fail(a, idx[p], p, N);
   const std::size_t es = dtype_size(a.out_dtype);
   const std::size_t row = static_cast<std::size_t>(S) * es;
   char* out = static_cast<char*>(a.out);
   if (a.out != a.in[0]) std::memcpy(out, a.in[0], static_cast<std::size_t>(P * n) * row);
   const char* v = static_cast<const char*>(a.in[2]);
-  for (int64_t p = 0; p < P; ++p) std::memcpy(out + (p * n + idx[p]) * static_cast<int64_t>(row), v + p * static_cast<int64_t>(row), row);
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t r = int64_t(idx[p]) - off;  // another block's position: not ours to write
+    if (r >= 0 && r < n) std::memcpy(out + (p * n + r) * static_cast<int64_t>(row), v + p * static_cast<int64_t>(row), row);
+  }
 }
 
 void k_scatter_add(const KernelArgs& a) {

@@ -501,8 +501,12 @@ void k_write_at(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   if (a.out != a.in[0])
     TESSEL_CUDA_CHECK(cudaMemcpyAsync(a.out, a.in[0], static_cast<std::size_t>(num_elements(d)) * dtype_size(a.out_dtype),
                                       cudaMemcpyDeviceToDevice, s.handle()));
+  const int64_t off = in_offset(a, 0, ax, d.size());
+  const int64_t N = !a.in_global_shapes.empty() && a.in_global_shapes[0].size() == d.size() ? a.in_global_shapes[0][ax]
+                    : off == 0                                                               ? d[ax]
+                                                     : std::numeric_limits<int64_t>::max();
   const unsigned seq = s.next_checked_launch(describe(a));
-  ck::write_at(a.in[2], dtype_size(a.out_dtype), static_cast<const int32_t*>(a.in[1]), a.out, P, d[ax], S,
+  ck::write_at(a.in[2], dtype_size(a.out_dtype), static_cast<const int32_t*>(a.in[1]), a.out, P, d[ax], S, off, N,
                s.device_error(), seq, s.handle());
 }
 

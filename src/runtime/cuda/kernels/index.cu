@@ -51,15 +51,16 @@ __global__ void k_gather(const T* table, const int32_t* idx, T* out, int64_t P, 
 
 template <class T>
 __global__ void k_write_at(const T* values, const int32_t* idx, T* out, int64_t P, int64_t n, int64_t S,
-                           DeviceError* err, unsigned seq) {
+                           int64_t off, int64_t N, DeviceError* err, unsigned seq) {
   TESSEL_GRID_STRIDE(e, P * S) {
     const int64_t p = e / S, k = e % S;
     const int32_t id = idx[p];
-    if (id < 0 || id >= n) {
-      if (k == 0) report(err, seq, kErrGatherIndex, id, p, n);
+    if (id < 0 || id >= N) {
+      if (k == 0) report(err, seq, kErrGatherIndex, id, p, N);
       continue;
     }
-    out[(p * n + id) * S + k] = values[e];
+    const int64_t r = int64_t(id) - off;  // another block's position: not ours to write
+    if (r >= 0 && r < n) out[(p * n + r) * S + k] = values[e];
   }
 }
 
@@ -172,13 +173,13 @@ void gather(const void* table, std::size_t elem, const int32_t* idx, void* out, 
 }
 
 void write_at(const void* values, std::size_t elem, const int32_t* idx, void* out, int64_t P, int64_t n, int64_t S,
-              DeviceError* err, unsigned seq, StreamHandle s) {
+              int64_t off, int64_t N, DeviceError* err, unsigned seq, StreamHandle s) {
   const int64_t total = P * S;
   if (total <= 0) return;
   dispatch_elem(elem, "write_at", [&](auto tag) {
     using T = decltype(tag);
     k_write_at<T><<<grid_for(total), kThreads, 0, as_stream(s)>>>(static_cast<const T*>(values), idx,
-                                                                    static_cast<T*>(out), P, n, S, err, seq);
+                                                                    static_cast<T*>(out), P, n, S, off, N, err, seq);
   });
   TESSEL_CUDA_LAUNCH_CHECK("write_at");
 }

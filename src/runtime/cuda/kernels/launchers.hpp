@@ -255,10 +255,11 @@ void gather(const void* table, std::size_t elem, const int32_t* idx, void* out, 
 std::size_t scatter_add_scratch_bytes(int64_t J, int64_t n);
 void scatter_add(const void* updates, const int32_t* idx, void* out, DType t, int64_t P, int64_t J, int64_t n,
                  int64_t S, int64_t off, int64_t depth, DeviceError* err, unsigned seq, void* scratch, StreamHandle s);
-// write_at: out [P, n, S] (already dst's values) gets values [P, S] row p at idx[p] in [0, n);
-// an index outside is reported and writes nothing.
+// write_at: out [P, n, S] (already dst's values; rows [off, off+n) of N) gets values [P, S]
+// row p at idx[p] - off when that is in [0, n); an index outside [0, N) is reported and
+// writes nothing.
 void write_at(const void* values, std::size_t elem, const int32_t* idx, void* out, int64_t P, int64_t n, int64_t S,
-              DeviceError* err, unsigned seq, StreamHandle s);
+              int64_t off, int64_t N, DeviceError* err, unsigned seq, StreamHandle s);
 // ids [n] -> out [n, C] with one_bits at column ids - coff.
 void one_hot(const int32_t* ids, void* out, std::size_t elem, uint64_t one_bits, int64_t n, int64_t C, int64_t coff,
              StreamHandle s);
