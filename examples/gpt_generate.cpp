@@ -22,6 +22,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "tessel/cli.hpp"
 #include "tessel/infer/generate.hpp"
 #include "tessel/infer/server.hpp"
+#include "tessel/ir/graph_text.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/runtime/backend_cost.hpp"
 #include "tessel/runtime/launch.hpp"
@@ -47,6 +49,7 @@ const char* kUsage =
     "                    [--backend cpu|cuda]\n"
     "       gpt_generate --load DIR --serve TRACE.json [--batch SLOTS] [--admit-batch A] [--static]\n"
     "                    [--print-text] [--mesh ...] [--layout ...] [--backend cpu|cuda]\n"
+    "       gpt_generate --load DIR --prompt TEXT ... --write-graphs PREFIX\n"
     "Generates bytes after each prompt from a gpt_train checkpoint (DIR, as --save-dir wrote it;\n"
     "--step T, default the latest), with a KV cache: one prefill, then one decode step per token.\n"
     "--max-new N: bytes per prompt (default 32; fewer where prompt and bytes fill the model's\n"
@@ -66,7 +69,10 @@ const char* kUsage =
     "done. Prints a `continuous batching: ` line: tokens/s, latency and first-token percentiles.\n"
     "--static: also serves the trace as static batches of SLOTS (each waits for its longest) and\n"
     "prints its line and the ratio (each mode serves the trace once untimed first, to warm up).\n"
-    "--print-text: each request's `text: ` line, in trace order.\n";
+    "--print-text: each request's `text: ` line, in trace order.\n"
+    "--write-graphs PREFIX: write the prefill and decode graphs with their layouts (after --layout,\n"
+    "auto included) to PREFIX.prefill.tsl and PREFIX.decode.tsl, for `tessel-explain FILE --why`,\n"
+    "and stop.\n";
 
 std::string printable(const std::vector<int32_t>& bytes) {
   std::string s;
@@ -90,6 +96,7 @@ int run(int argc, char** argv) {
   std::string serve_path;  // --serve TRACE.json
   int64_t admit_batch = 1;
   bool also_static = false, print_text = false;
+  std::string write_graphs;  // --write-graphs PREFIX
   auto layout_of = [](const std::string& flag, const std::string& text) {
     try {
       return tessel::parse_infer_layout(text);
@@ -121,6 +128,7 @@ int run(int argc, char** argv) {
     else if (a == "--admit-batch") admit_batch = tessel::cli::parse_i64(a, next(), 1, 1 << 20);
     else if (a == "--static") also_static = true;
     else if (a == "--print-text") print_text = true;
+    else if (a == "--write-graphs") write_graphs = next();
     else if (a == "--layout" || a == "--prefill-layout" || a == "--decode-layout") {
       const std::string v = next();
       const bool is_auto = v == "auto";
@@ -228,6 +236,22 @@ int run(int argc, char** argv) {
                   tessel::infer_layout_name(layouts.decode), bc.source.c_str(), c.why.c_str());
   }
   const bool rank0 = tessel::detect_launch().rank == 0;
+  if (!write_graphs.empty()) {
+    tessel::GptInferGraphs gs = tessel::build_gpt_infer(cfg, longest, layouts);
+    for (auto [phase, graph] : {std::pair<const char*, tessel::Graph*>{"prefill", &gs.prefill}, {"decode", &gs.decode}}) {
+      graph->mesh = mesh;  // so tessel-explain FILE needs no --mesh
+      const std::string path = fmt::format("{}.{}.tsl", write_graphs, phase);
+      if (rank0) {
+        std::ofstream f(path);
+        f << tessel::print_graph(*graph);
+        if (!f.flush()) throw tessel::Error(fmt::format("cannot write the {} graph to '{}' (--write-graphs)", phase, path));
+        std::printf("wrote the %s graph (%s layout, %zu ops, mesh %s) to %s\n", phase,
+                    tessel::infer_layout_name(phase[0] == 'p' ? layouts.prefill : layouts.decode), graph->ops.size(),
+                    mesh.to_string().c_str(), path.c_str());
+      }
+    }
+    return 0;
+  }
   if (!trace.empty()) {
     tessel::ServerOptions so;
     so.layouts = layouts;

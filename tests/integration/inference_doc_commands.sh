@@ -13,7 +13,7 @@ ln -s "$bin_dir" "$work/build/bin"
 ln -s "$src/examples" "$work/examples"
 cd "$work"
 mapfile -t cmds < <(sed -n '/^## Run it/,/^## /p' "$src/docs/inference.md" | grep -E '^    (build/bin/|mpirun )' | sed 's/^    //')
-[ ${#cmds[@]} -ge 8 ] || { echo "found ${#cmds[@]} commands in docs/inference.md, expected 8"; exit 1; }
+[ ${#cmds[@]} -ge 10 ] || { echo "found ${#cmds[@]} commands in docs/inference.md, expected 10"; exit 1; }
 first=""
 for c in "${cmds[@]}"; do
   if [[ $c == mpirun* && -n ${TESSEL_DOC_SKIP_MPIRUN:-} ]]; then
@@ -22,8 +22,17 @@ for c in "${cmds[@]}"; do
   fi
   echo "\$ $c"
   out=$(bash -c "$c" 2>&1) || { echo "$out"; echo "FAILED: $c"; exit 1; }
+  if [[ $c == *tessel-explain* ]]; then
+    echo "$out" | tail -3
+    grep -q '^collectives: ' <<<"$out" || { echo "FAILED: tessel-explain printed no collectives line"; exit 1; }
+    continue
+  fi
   [[ $c == *gpt_generate* ]] || continue
   echo "$out"
+  if [[ $c == *--write-graphs* ]]; then
+    [ "$(grep -c '^wrote the \(prefill\|decode\) graph' <<<"$out")" = 2 ] || { echo "FAILED: not two graphs written"; exit 1; }
+    continue
+  fi
   if [[ $c == *--serve* ]]; then
     trace=$(grep -o -- '--serve [^ ]*' <<<"$c" | cut -d' ' -f2)
     n=$(grep -c '"prompt"' "$src/$trace")
