@@ -46,8 +46,12 @@
 // models — models built on the API
 #include "tessel/models/gpt.hpp"
 
-// infer — generation with a KV cache: prefill and decode programs
+// infer — generation with a KV cache: prefill and decode programs, continuous batching
 #include "tessel/infer/generate.hpp"
+#include "tessel/infer/server.hpp"
+
+// pipeline — pipeline schedules (GPipe, 1F1B, interleaved) as objects
+#include "tessel/pipeline/schedule.hpp"
 
 // runtime — the runtime contract: compile -> load -> run, arrays, transfers, launch
 #include "tessel/runtime/backend.hpp"
