@@ -48,7 +48,7 @@ void check_gpt_kv_heads(const GptConfig& c, const char* who) {
 }
 
 Tensor grouped_attention(Tensor q, Tensor k, Tensor v, int64_t kv_heads, double scale) {
-  const Shape& qs = q.shape();  // [b, q, H, K]
+  const Shape qs = q.shape();  // [b, q, H, K] (a copy: adding ops may move the graph's values)
   if (qs.size() != 4 || kv_heads < 1 || qs[2] % kv_heads != 0)
     throw ShapeError(fmt::format("grouped_attention: queries {} with {} key/value heads (4 dims [b, s, heads, dim], "
                                  "heads a multiple of kv_heads)",

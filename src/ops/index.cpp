@@ -223,16 +223,17 @@ using Grads = std::vector<Tensor>;
 // The written rows came from values: dst's gradient is zero there, values' is those rows.
 Grads vjp_write(const VjpArgs& a) {
   const int64_t axis = a.op.attrs.axis;
-  const Shape& d = a.inputs[0].shape();
+  const Shape d = a.inputs[0].shape();  // copies: adding ops may move the graph's values
+  const Shape vs = a.inputs[2].shape();
   int64_t P = 1, Q = 1;
   for (int64_t i = 0; i < axis; ++i) P *= d[static_cast<std::size_t>(i)];
   for (std::size_t i = static_cast<std::size_t>(axis) + 1; i < d.size(); ++i) Q *= d[i];
   const int64_t n = d[static_cast<std::size_t>(axis)];
   Graph& g = *a.grad_output.graph();
-  Tensor zeros = constant(g, 0, a.grad_output.dtype(), a.inputs[2].shape());
+  Tensor zeros = constant(g, 0, a.grad_output.dtype(), vs);
   Tensor hot = reshape(one_hot(a.inputs[1], n, a.grad_output.dtype()), {P, n});
   Tensor rows = einsum("pn,pnq->pq", hot, reshape(a.grad_output, {P, n, Q}));
-  return {write_at(a.grad_output, a.inputs[1], zeros, axis), Tensor{}, reshape(rows, a.inputs[2].shape())};
+  return {write_at(a.grad_output, a.inputs[1], zeros, axis), Tensor{}, reshape(rows, vs)};
 }
 // The masked positions were set to a constant: their gradient is zero.
 Grads vjp_mask(const VjpArgs& a) {
