@@ -20,6 +20,7 @@ struct InferEngine::Programs {
   std::optional<LoadedExecutable> admit;
   std::map<std::string, ShardedArray> prefill_weights, decode_weights, admit_weights;
   ShardedArray positions;
+  ShardedArray vocab_prefill, vocab_decode, vocab_admit;  // 0..V-1 as f32, each program's
   // Per cache: the decode input's layout (a prefill output in another one goes through the host).
   std::map<std::string, Sharding> cache_layout;
 };
@@ -84,7 +85,7 @@ InferEngine::InferEngine(const GptConfig& cfg, const Mesh& mesh, Runtime& runtim
   LoadedExecutable pl = load(pe, runtime);
   LoadedExecutable dl = load(de, runtime, donate);
   p_ = std::make_unique<Programs>(
-      Programs{std::move(pe), std::move(de), std::move(pl), std::move(dl), std::nullopt, std::nullopt, {}, {}, {}, {}, {}});
+      Programs{std::move(pe), std::move(de), std::move(pl), std::move(dl), std::nullopt, std::nullopt, {}, {}, {}, {}, {}, {}, {}, {}});
   if (admit_batch > 0) {
     p_->admit_exe.emplace(compile(graphs_.admit, mesh));
     p_->admit.emplace(load(*p_->admit_exe, runtime, donate));
@@ -101,6 +102,11 @@ InferEngine::InferEngine(const GptConfig& cfg, const Mesh& mesh, Runtime& runtim
   std::vector<int32_t> pos(static_cast<std::size_t>(cfg_.seq));
   std::iota(pos.begin(), pos.end(), 0);
   p_->positions = p_->decode.to_device("positions", i32_tensor({cfg_.seq}, pos));
+  HostTensor ids(DType::f32, {cfg_.vocab});
+  for (int64_t v = 0; v < cfg_.vocab; ++v) ids.set(v, static_cast<double>(v));
+  p_->vocab_prefill = p_->prefill.to_device("vocab_ids", ids);
+  p_->vocab_decode = p_->decode.to_device("vocab_ids", ids);
+  if (admit_batch > 0) p_->vocab_admit = p_->admit->to_device("vocab_ids", ids);
   for (const std::string& c : graphs_.caches) p_->cache_layout.emplace(c, input_layout(p_->decode_exe, c, who_));
 }
 
@@ -116,35 +122,58 @@ void InferEngine::check_prompt(std::size_t index, const std::vector<int32_t>& p)
                               cfg_.vocab));
 }
 
-HostTensor InferEngine::prefill(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last, Caches& caches) {
+namespace {
+
+// The greedy tokens (and, when asked, the logits) of a run, checked: a row whose logits have no
+// maximum (NaN) gives an id outside the vocabulary.
+InferEngine::Step fetch(LoadedExecutable& prog, const RunResult& r, bool logits, int64_t vocab, const char* who) {
+  InferEngine::Step out;
+  const HostTensor t = prog.to_host(prog.output(r, "next_token"));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int64_t id = static_cast<int64_t>(t.get(i));
+    if (id < 0 || id >= vocab)
+      throw Error(fmt::format("{}: sequence {} has no most likely token (its logits are not finite numbers)", who, i));
+    out.greedy.push_back(static_cast<int32_t>(id));
+  }
+  if (logits) out.logits = prog.to_host(prog.output(r, "logits"));
+  return out;
+}
+
+}  // namespace
+
+InferEngine::Step InferEngine::prefill(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last,
+                                       Caches& caches, bool logits) {
   const int64_t B = cfg_.batch, P = prompt_len_;
   std::map<std::string, ShardedArray> in = p_->prefill_weights;
   in.emplace("tokens", p_->prefill.to_device("tokens", i32_tensor({B, P}, tokens)));
   in.emplace("last", p_->prefill.to_device("last", i32_tensor({B}, last)));
+  in.emplace("vocab_ids", p_->vocab_prefill);
   RunResult r = p_->prefill.run_named(in);
-  HostTensor logits = p_->prefill.to_host(p_->prefill.output(r, "logits"));
+  Step out = fetch(p_->prefill, r, logits, cfg_.vocab, who_);
   caches.clear();
   for (const std::string& c : graphs_.caches) {
     const ShardedArray& a = p_->prefill.output(r, c);
     caches.emplace(c, a.sharding() == p_->cache_layout.at(c) ? a : p_->decode.to_device(c, p_->prefill.to_host(a)));
   }
-  return logits;
+  return out;
 }
 
-HostTensor InferEngine::decode(const std::vector<int32_t>& token, const std::vector<int32_t>& pos, Caches& caches) {
+InferEngine::Step InferEngine::decode(const std::vector<int32_t>& token, const std::vector<int32_t>& pos,
+                                      Caches& caches, bool logits) {
   const int64_t B = cfg_.batch;
   std::map<std::string, ShardedArray> in = p_->decode_weights;
   in.emplace("token", p_->decode.to_device("token", i32_tensor({B}, token)));
   in.emplace("pos", p_->decode.to_device("pos", i32_tensor({B}, pos)));
   in.emplace("positions", p_->positions);
+  in.emplace("vocab_ids", p_->vocab_decode);
   for (auto& [name, a] : caches) in.emplace(name, a);
   RunResult r = p_->decode.run_named(in);
   for (auto& [name, a] : caches) a = p_->decode.output(r, name + ".next");
-  return p_->decode.to_host(p_->decode.output(r, "logits"));
+  return fetch(p_->decode, r, logits, cfg_.vocab, who_);
 }
 
-HostTensor InferEngine::admit(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last,
-                              const std::vector<int32_t>& slots, Caches& caches) {
+InferEngine::Step InferEngine::admit(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last,
+                                     const std::vector<int32_t>& slots, Caches& caches, bool logits) {
   if (admit_batch_ < 1) throw Error(fmt::format("{}: built without an admit program (admit batch 0)", who_));
   const int64_t A = admit_batch_, P = prompt_len_;
   std::map<std::string, ShardedArray> in = p_->admit_weights;
@@ -152,10 +181,11 @@ HostTensor InferEngine::admit(const std::vector<int32_t>& tokens, const std::vec
   in.emplace("tokens", admit.to_device("tokens", i32_tensor({A, P}, tokens)));
   in.emplace("last", admit.to_device("last", i32_tensor({A}, last)));
   in.emplace("slots", admit.to_device("slots", i32_tensor({A}, slots)));
+  in.emplace("vocab_ids", p_->vocab_admit);
   for (auto& [name, a] : caches) in.emplace(name, a);
   RunResult r = admit.run_named(in);
   for (auto& [name, a] : caches) a = admit.output(r, name + ".next");
-  return admit.to_host(admit.output(r, "logits"));
+  return fetch(admit, r, logits, cfg_.vocab, who_);
 }
 
 InferEngine::Caches InferEngine::empty_caches() const {

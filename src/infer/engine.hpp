@@ -22,6 +22,12 @@ void check_sampling(const char* who, const std::string& what, const SamplingOpti
 class InferEngine {
  public:
   using Caches = std::map<std::string, ShardedArray>;
+  // A run's result on the host: each row's greedy token (chosen on the devices), and the
+  // logits [rows, V] when asked for (else empty: only the tokens come back).
+  struct Step {
+    std::vector<int32_t> greedy;
+    HostTensor logits;
+  };
   // `who` names the caller in errors ("GptGenerator", "GptServer"). Throws Error naming a
   // weight missing from `weights` or of another dtype or shape than the model's.
   InferEngine(const GptConfig& cfg, const Mesh& mesh, Runtime& runtime, const std::map<std::string, HostTensor>& weights,
@@ -38,15 +44,15 @@ class InferEngine {
   // prompt length, a token outside the vocabulary.
   void check_prompt(std::size_t index, const std::vector<int32_t>& prompt) const;
 
-  // The prefill of B prompts (`tokens` B x P row-major, `last` B): the logits [B, V]; `caches`
-  // becomes the filled caches in the decode's layout.
-  HostTensor prefill(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last, Caches& caches);
-  // One decode step (`token`, `pos` B each): the logits [B, V]; `caches` donated and replaced.
-  HostTensor decode(const std::vector<int32_t>& token, const std::vector<int32_t>& pos, Caches& caches);
-  // The admit program (`tokens` A x P, `last` and `slots` A): the logits [A, V]; the slots of
-  // `caches` rewritten (donated and replaced).
-  HostTensor admit(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last,
-                   const std::vector<int32_t>& slots, Caches& caches);
+  // The prefill of B prompts (`tokens` B x P row-major, `last` B); `caches` becomes the filled
+  // caches in the decode's layout. `logits`: bring the logits to the host too.
+  Step prefill(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last, Caches& caches, bool logits);
+  // One decode step (`token`, `pos` B each); `caches` donated and replaced.
+  Step decode(const std::vector<int32_t>& token, const std::vector<int32_t>& pos, Caches& caches, bool logits);
+  // The admit program (`tokens` A x P, `last` and `slots` A); the slots of `caches` rewritten
+  // (donated and replaced).
+  Step admit(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last, const std::vector<int32_t>& slots,
+             Caches& caches, bool logits);
   // Zero caches in the decode's layout (a server's empty slots).
   Caches empty_caches() const;
 

@@ -41,28 +41,35 @@ std::vector<std::vector<int32_t>> GptGenerator::generate(const std::vector<std::
     last[b] = static_cast<int32_t>(p.size()) - 1;
   }
   logits_.clear();
+  // Greedy without keep_logits: the tokens are chosen on the devices and only they come back.
+  const bool greedy = o.sampling.temperature == 0;
+  const bool want_logits = o.keep_logits || !greedy;
   detail::InferEngine::Caches cache;
-  HostTensor logits = engine_->prefill(tokens, last, cache);
+  detail::InferEngine::Step step = engine_->prefill(tokens, last, cache, want_logits);
 
   const std::size_t n = prompts.size();
   std::vector<std::vector<int32_t>> out(n);
   std::vector<int64_t> next_pos(n);  // the position of each sequence's newest token
   std::vector<bool> done(n, false);
   for (std::size_t b = 0; b < n; ++b) next_pos[b] = static_cast<int64_t>(prompts[b].size());
-  auto sample_all = [&](const HostTensor& lg) {
+  auto sample_all = [&](const detail::InferEngine::Step& st) {
     std::vector<float> row(static_cast<std::size_t>(V));
     for (std::size_t b = 0; b < n; ++b) {
       if (done[b]) continue;
-      for (int64_t v = 0; v < V; ++v) row[static_cast<std::size_t>(v)] = static_cast<float>(lg.get(static_cast<int64_t>(b) * V + v));
-      const int32_t t = sample_token(row.data(), V, o.sampling, static_cast<int64_t>(b), next_pos[b]);
+      int32_t t = st.greedy[b];
+      if (!greedy) {
+        for (int64_t v = 0; v < V; ++v)
+          row[static_cast<std::size_t>(v)] = static_cast<float>(st.logits.get(static_cast<int64_t>(b) * V + v));
+        t = sample_token(row.data(), V, o.sampling, static_cast<int64_t>(b), next_pos[b]);
+      }
       out[b].push_back(t);
       // Done: enough tokens, the end token, or the sequence (prompt and generated) fills the
       // model's positions (the token just sampled sits at next_pos[b]).
       if (static_cast<int64_t>(out[b].size()) >= o.max_new || t == o.eos || next_pos[b] + 1 >= T) done[b] = true;
     }
   };
-  logits_.push_back(logits);
-  sample_all(logits);
+  if (o.keep_logits) logits_.push_back(step.logits);
+  sample_all(step);
   while (std::find(done.begin(), done.end(), false) != done.end()) {
     std::vector<int32_t> tok(static_cast<std::size_t>(B), 0), pos(static_cast<std::size_t>(B), 0);
     for (std::size_t b = 0; b < n; ++b) {
@@ -70,11 +77,11 @@ std::vector<std::vector<int32_t>> GptGenerator::generate(const std::vector<std::
       // A finished sequence rewrites its last position with its last token (its output unused).
       pos[b] = static_cast<int32_t>(std::min(next_pos[b], T - 1));
     }
-    logits = engine_->decode(tok, pos, cache);
-    logits_.push_back(logits);
+    step = engine_->decode(tok, pos, cache, want_logits);
+    if (o.keep_logits) logits_.push_back(step.logits);
     for (std::size_t b = 0; b < n; ++b)
       if (!done[b]) ++next_pos[b];
-    sample_all(logits);
+    sample_all(step);
   }
   return out;
 }

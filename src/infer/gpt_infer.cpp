@@ -79,6 +79,17 @@ Tensor heads_over(Tensor t, std::size_t heads, const std::string& mp, bool on) {
   return shard(t, Sharding::of(dims));
 }
 
+// Greedy selection on the devices: each row's most likely token, the lowest id on a tie (as
+// sample_token at temperature 0), from logits [B, V] and the ids 0..V-1 as f32 [V] (exact below
+// 2^24): the row's max, the ids where it is reached (V elsewhere), their least. i32 [B]; a row
+// with no maximum (NaN) gives V.
+Tensor greedy_tokens(Graph& g, Tensor logits, Tensor vocab_ids) {
+  const int64_t V = logits.shape()[1];
+  Tensor hit = eq(logits, reduce_max(logits, {1}, true));
+  Tensor cand = where(hit, reshape(vocab_ids, {1, V}), constant(g, static_cast<double>(V), DType::f32));
+  return cast(neg(reduce_max(neg(cand), {1})), DType::i32).named("next_token");
+}
+
 // The MLP half of a layer, on x of any leading dims (`lead` names them). With `two_d` (2D
 // weight-stationary, Pope et al. 3.2.2) the hidden activation is pinned over (mp, dp): the
 // first projection's partial sums over dp are reduce-scattered onto it and all-gathered over
@@ -205,7 +216,10 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     const Sharding cache_layout = cache_layout_of(how);
     const Weights w = add_weights(g, c, how, &out.weights);
     std::vector<Tensor> kv;
-    g.mark_output(prefill_body(g, w, how, B, kv));
+    Tensor vocab_ids = input(g, "vocab_ids", DType::f32, {c.vocab});
+    const Tensor logits = prefill_body(g, w, how, B, kv);
+    g.mark_output(logits);
+    g.mark_output(greedy_tokens(g, logits, vocab_ids));
     for (std::size_t i = 0; i < kv.size(); ++i) {
       Tensor full = pad_to_capacity(g, kv[i], B);
       if (c.annotate) full = shard(full, cache_layout);
@@ -221,7 +235,9 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     std::vector<Tensor> kv;
     const Tensor logits = prefill_body(g, w, how, admit_batch, kv);
     Tensor slots = input(g, "slots", DType::i32, {admit_batch});
+    Tensor vocab_ids = input(g, "vocab_ids", DType::f32, {c.vocab});
     g.mark_output(logits);
+    g.mark_output(greedy_tokens(g, logits, vocab_ids));
     for (std::size_t i = 0; i < kv.size(); ++i) {
       Tensor cache = input(g, out.caches[i], c.compute, {B, T, Hkv, K});
       if (c.annotate) g.annotate(cache, cache_layout);
@@ -297,7 +313,10 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
       cache_out.push_back(vc.named(out.caches[static_cast<std::size_t>(2 * l + 1)] + ".next"));
     }
     Tensor xf = layer_norm(x, w.lnfg, w.lnfb);
-    g.mark_output(einsum("bd,vd->bv", xf, w.wte).named("logits"));
+    Tensor vocab_ids = input(g, "vocab_ids", DType::f32, {c.vocab});
+    const Tensor logits = einsum("bd,vd->bv", xf, w.wte).named("logits");
+    g.mark_output(logits);
+    g.mark_output(greedy_tokens(g, logits, vocab_ids));
     for (std::size_t i = 0; i < cache_out.size(); ++i) {
       g.mark_output(cache_out[i]);
       out.donations.emplace_back(out.caches[i], out.caches[i] + ".next");

@@ -70,10 +70,11 @@ int64_t GptServer::submit(ServeRequest r) {
   return id;
 }
 
-bool GptServer::take(std::size_t slot, const float* row, const char** why) {
+bool GptServer::take(std::size_t slot, int32_t greedy, const float* row, const char** why) {
   Active& a = *slots_[slot];
   const int64_t V = cfg_.vocab;
-  const int32_t t = sample_token(row, V, a.request.sampling, a.id, a.next_pos);
+  // Greedy: the devices' choice; else drawn from the row (fetched whenever a running request samples).
+  const int32_t t = a.request.sampling.temperature == 0 ? greedy : sample_token(row, V, a.request.sampling, a.id, a.next_pos);
   a.result.tokens.push_back(t);
   if (options_.keep_logits) {
     HostTensor r(DType::f32, {V});
@@ -103,10 +104,12 @@ std::vector<ServeResult> GptServer::step() {
   std::vector<ServeResult> done;
   const int64_t V = cfg_.vocab, P = engine_->prompt_len(), A = options_.admit_batch;
   std::vector<float> row(static_cast<std::size_t>(V));
-  auto row_of = [&](const HostTensor& lg, int64_t r) {
+  auto row_of = [&](const HostTensor& lg, int64_t r) -> const float* {
+    if (lg.bytes() == 0) return nullptr;  // not fetched: every request of the run is greedy
     for (int64_t v = 0; v < V; ++v) row[static_cast<std::size_t>(v)] = static_cast<float>(lg.get(r * V + v));
     return row.data();
   };
+  auto samples = [](const ServeRequest& r) { return r.sampling.temperature != 0; };
   // Admit into every free slot, admit_batch prompts per run.
   for (;;) {
     std::vector<std::size_t> free;
@@ -132,7 +135,9 @@ std::vector<ServeResult> GptServer::step() {
       last[j] = static_cast<int32_t>(p.size()) - 1;
       slot_of[j] = static_cast<int32_t>(free[from]);
     }
-    const HostTensor logits = engine_->admit(tokens, last, slot_of, cache_);
+    bool want = options_.keep_logits;
+    for (const Waiting& w : batch) want = want || samples(w.request);
+    const detail::InferEngine::Step st = engine_->admit(tokens, last, slot_of, cache_, want);
     ++stats_.admit_runs;
     for (std::size_t j = 0; j < batch.size(); ++j) {
       const std::size_t s = free[j];
@@ -145,7 +150,7 @@ std::vector<ServeResult> GptServer::step() {
       a->request = std::move(batch[j].request);
       slots_[s] = std::move(a);
       const char* why = nullptr;
-      const bool end = take(s, row_of(logits, static_cast<int64_t>(j)), &why);
+      const bool end = take(s, st.greedy[j], row_of(st.logits, static_cast<int64_t>(j)), &why);
       slots_[s]->result.first_token_s = now();
       if (end) finish(s, why, done);
     }
@@ -162,14 +167,16 @@ std::vector<ServeResult> GptServer::step() {
         tok[s] = slots_[s]->result.tokens.back();
         pos[s] = static_cast<int32_t>(slots_[s]->next_pos);
       }
-    const HostTensor logits = engine_->decode(tok, pos, cache_);
+    bool want = options_.keep_logits;
+    for (const auto& a : slots_) want = want || (a && samples(a->request));
+    const detail::InferEngine::Step st = engine_->decode(tok, pos, cache_, want);
     ++stats_.decode_steps;
     for (std::size_t s = 0; s < B; ++s) {
       if (!slots_[s]) continue;
       ++stats_.busy_slot_steps;
       ++slots_[s]->next_pos;
       const char* why = nullptr;
-      if (take(s, row_of(logits, static_cast<int64_t>(s)), &why)) finish(s, why, done);
+      if (take(s, st.greedy[s], row_of(st.logits, static_cast<int64_t>(s)), &why)) finish(s, why, done);
     }
     stats_.decode_s += clock_s() - t;
   }

@@ -38,6 +38,7 @@ TEST_CASE("gpt generation: each step's logits equal a full forward and the token
   }
   GenerateOptions greedy;
   greedy.max_new = 6;
+  greedy.keep_logits = true;
   GenerateOptions sampled = greedy;
   sampled.sampling.temperature = 0.8;
   sampled.sampling.top_k = 20;
@@ -75,6 +76,19 @@ TEST_CASE("gpt generation: each step's logits equal a full forward and the token
     }
     if (greedy_first.empty()) greedy_first = out;
     CHECK(out == greedy_first);
+    // Greedy without keep_logits: the tokens chosen on the devices, no logits brought back.
+    GenerateOptions lean = greedy;
+    lean.keep_logits = false;
+    CHECK(gen.generate(prompts, lean) == out);
+    CHECK(gen.step_logits().empty());
+    // And they are the host's greedy choice from each kept row (the lowest id on a tie).
+    for (std::size_t b = 0; b < prompts.size(); ++b)
+      for (std::size_t s = 0; s < steps.size(); ++s) {
+        std::vector<float> r(static_cast<std::size_t>(cfg.vocab));
+        for (int64_t v = 0; v < cfg.vocab; ++v)
+          r[static_cast<std::size_t>(v)] = static_cast<float>(steps[s].get(static_cast<int64_t>(b) * cfg.vocab + v));
+        CHECK(sample_token(r.data(), cfg.vocab, SamplingOptions{}, static_cast<int64_t>(b), 0) == out[b][s]);
+      }
     const auto s = gen.generate(prompts, sampled);
     if (sampled_first.empty()) sampled_first = s;
     CHECK(s == sampled_first);
@@ -100,6 +114,7 @@ TEST_CASE("grouped- and multi-query generation: each step's logits equal a full 
     }
     GenerateOptions o;
     o.max_new = 5;
+    o.keep_logits = true;
     const InferLayout one = InferLayout::OneD, two = InferLayout::TwoD, gathered = InferLayout::Gathered;
     std::vector<std::vector<int32_t>> first;
     for (const auto& [mesh_text, layouts] : std::vector<std::pair<const char*, InferLayouts>>{

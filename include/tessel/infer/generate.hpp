@@ -19,7 +19,9 @@
 // saves), laid out as build_gpt annotates them when cfg.annotate (Megatron over
 // cfg.model_axis, the sequences over cfg.data_axis, the cache over both: sequences x heads).
 //
-// Sampling runs on the host from the last logits: greedy (temperature 0), or softmax(logits /
+// Greedy selection (temperature 0) runs on the devices: each program also returns
+// "next_token", each row's most likely token (the lowest id on a tie), so only the tokens come
+// to the host. Sampling at a temperature runs on the host from the logits: softmax(logits /
 // temperature) restricted to the top_k most likely tokens (0: all) and to the smallest set
 // whose probability reaches top_p (1: all), drawn with a generator seeded by (seed, sequence
 // index, position), so a seed gives the same tokens whatever the mesh or batch.
@@ -85,8 +87,10 @@ struct InferLayoutChoice {
 InferLayoutChoice choose_infer_layouts(const GptConfig& cfg, const Mesh& mesh, int64_t prompt_len,
                                        const CostModel& cost);
 
-// The two programs of generation, as graphs. B = cfg.batch sequences, T = cfg.seq positions,
-// H heads of K = d_model / heads, V = cfg.vocab, P = prompt_len.
+// The programs of generation, as graphs. B = cfg.batch sequences, T = cfg.seq positions,
+// H key/value heads (gpt_kv_heads) of K = d_model / heads, V = cfg.vocab, P = prompt_len.
+// Every program also takes "vocab_ids" f32 [V] (0, 1, ..., V-1) and returns, after "logits",
+// "next_token" i32 [rows]: each row's greedy token, chosen on the devices.
 struct GptInferGraphs {
   // Inputs: the weights; "tokens" i32 [B, P] (each prompt from position 0, padded after its
   // end with any valid token); "last" i32 [B] (each prompt's last position, its length - 1).
@@ -129,6 +133,10 @@ struct GenerateOptions {
                          // tokens fill the model's cfg.seq positions
   int32_t eos = -1;      // a sequence ends after generating this token (-1: none)
   SamplingOptions sampling;
+  // Bring every step's logits to the host and keep them (step_logits()). Without it, greedy
+  // generation (temperature 0) chooses each token on the devices and brings back only the
+  // tokens; sampling at a temperature brings the logits to the host either way.
+  bool keep_logits = false;
 };
 
 class GptGenerator {
@@ -149,8 +157,9 @@ class GptGenerator {
   // each prompt's generated tokens. Throws Error naming the prompt and what is wrong with it.
   std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& prompts,
                                              const GenerateOptions& options);
-  // The logits [B, V] every step of the last generate() sampled from, in order (the prefill's
-  // first): what the tests compare against a full forward.
+  // With GenerateOptions::keep_logits, the logits [B, V] every step of the last generate()
+  // sampled from, in order (the prefill's first): what the tests compare against a full
+  // forward. Empty otherwise.
   const std::vector<HostTensor>& step_logits() const { return logits_; }
   const GptInferGraphs& graphs() const;
 

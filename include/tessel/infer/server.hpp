@@ -96,8 +96,10 @@ class GptServer {
  private:
   struct Active;
   void finish(std::size_t slot, const char* why, std::vector<ServeResult>& out);
-  // Samples slot's next token from `row`; true when the request is done (sets `why`).
-  bool take(std::size_t slot, const float* row, const char** why);
+  // Takes slot's next token: `greedy` (the devices' choice) for a greedy request, else drawn
+  // from `row` (the logits, fetched when any request of the run samples); true when the
+  // request is done (sets `why`).
+  bool take(std::size_t slot, int32_t greedy, const float* row, const char** why);
 
   GptConfig cfg_;
   ServerOptions options_;
