@@ -54,9 +54,12 @@ struct Sources {
   bool gavel = false;
 };
 
+// The names, quoted; beyond 8, the first 8 and how many more (a 20,000-job file's line stays short).
 std::string quoted(const std::vector<std::string>& names) {
+  constexpr std::size_t kShown = 8;
   std::string out;
-  for (const std::string& n : names) out += fmt::format("{}'{}'", out.empty() ? "" : ", ", n);
+  for (std::size_t i = 0; i < names.size() && i < kShown; ++i) out += fmt::format("{}'{}'", i == 0 ? "" : ", ", names[i]);
+  if (names.size() > kShown) out += fmt::format(" and {} more", names.size() - kShown);
   return out;
 }
 
