@@ -8,18 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "kernel_fail.hpp"
 #include "tessel/ops/registry.hpp"
 
 namespace tessel {
 namespace {
 
-[[noreturn]] void fail(const KernelArgs& a, const char* backend, const std::string& why) {
-  std::vector<std::string> ins;
-  for (std::size_t i = 0; i < a.in_shapes.size(); ++i)
-    ins.push_back(i < a.in_dtypes.size() ? type_str(a.in_dtypes[i], a.in_shapes[i]) : shape_str(a.in_shapes[i]));
-  throw RuntimeError(fmt::format("{} kernel {}({}) -> {}: {}", backend, op_name(a.kind), fmt::join(ins, ", "),
-                                 type_str(a.out_dtype, a.out_shape), why));
-}
+[[noreturn]] void fail(const KernelArgs& a, const char* backend, const std::string& why) { kernel_fail(a, backend, why); }
 
 }  // namespace
 

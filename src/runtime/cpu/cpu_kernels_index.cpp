@@ -13,6 +13,7 @@
 #include "tessel/runtime/tensor.hpp"
 
 #include "cpu_kernel_families.hpp"
+#include "../write_at_params.hpp"
 #include "cpu_kernel_util.hpp"
 
 namespace tessel::cpu_detail {
@@ -108,33 +109,17 @@ void k_gather(const KernelArgs& a) {
 // leading index's row written at its position along the axis when that position is in this
 // block of it (indices are global positions).
 void k_write_at(const KernelArgs& a) {
-  check_arity(a, 3, 3);
-  const Shape& d = a.in_shapes[0];
-  if (a.in_dtypes[1] != DType::i32) fail(a, "indices must be i32");
-  if (a.in_dtypes[0] != a.out_dtype || a.in_dtypes[2] != a.out_dtype) fail(a, "dst, values and the result must share a dtype");
-  if (a.out_shape != d) fail(a, "the result shape must be dst's " + shape_str(d));
-  const std::size_t ax = static_cast<std::size_t>(normalize_dim(a, attrs_of(a).axis, d.size(), "axis"));
-  int64_t P = 1, S = 1;
-  for (std::size_t i = 0; i < ax; ++i) P *= d[i];
-  for (std::size_t i = ax + 1; i < d.size(); ++i) S *= d[i];
-  const int64_t n = d[ax];
-  if (num_elements(a.in_shapes[1]) != P || num_elements(a.in_shapes[2]) != P * S)
-    fail(a, "indices and values must have dst's dims before and without the axis");
-  const int64_t off = out_offset_at(a, ax);
-  const int64_t N = !a.in_global_shapes.empty() && a.in_global_shapes[0].size() == d.size() ? a.in_global_shapes[0][ax]
-                    : off == 0                                                               ? n
-                                                     : std::numeric_limits<int64_t>::max();
+  const WriteAtParams w = write_at_params(a, "cpu");
   const int32_t* idx = static_cast<const int32_t*>(a.in[1]);
-  for (int64_t p = 0; p < P; ++p)
-    if (idx[p] < 0 || idx[p] >= N) index_fail(a, idx[p], p, N);
-  const std::size_t es = dtype_size(a.out_dtype);
-  const std::size_t row = static_cast<std::size_t>(S) * es;
+  for (int64_t p = 0; p < w.P; ++p)
+    if (idx[p] < 0 || idx[p] >= w.N) index_fail(a, idx[p], p, w.N);
+  const int64_t row = w.S * static_cast<int64_t>(w.elem);
   char* out = static_cast<char*>(a.out);
-  if (a.out != a.in[0]) std::memcpy(out, a.in[0], static_cast<std::size_t>(P * n) * row);
+  if (a.out != a.in[0]) std::memcpy(out, a.in[0], static_cast<std::size_t>(w.P * w.n * row));
   const char* v = static_cast<const char*>(a.in[2]);
-  for (int64_t p = 0; p < P; ++p) {
-    const int64_t r = int64_t(idx[p]) - off;  // another block's position: not ours to write
-    if (r >= 0 && r < n) std::memcpy(out + (p * n + r) * static_cast<int64_t>(row), v + p * static_cast<int64_t>(row), row);
+  for (int64_t p = 0; p < w.P; ++p) {
+    const int64_t r = int64_t(idx[p]) - w.off;  // another block's position: not ours to write
+    if (r >= 0 && r < w.n) std::memcpy(out + (p * w.n + r) * row, v + p * row, static_cast<std::size_t>(row));
   }
 }
 

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "../attention_params.hpp"
+#include "../write_at_params.hpp"
 #include "cuda_backend.hpp"
 #include "cuda_loop.hpp"
 #include "fused_jit.hpp"
@@ -487,26 +488,12 @@ void k_scatter_add(CudaBackend& be, const KernelArgs& a, CudaStream& s) {
 
 // dst copied into the result unless dst was donated to it (one buffer), then the rows written.
 void k_write_at(CudaBackend&, const KernelArgs& a, CudaStream& s) {
-  check_arity(a, 3, 3);
-  const Shape& d = a.in_shapes[0];
-  if (a.in_dtypes[1] != DType::i32) fail(a, "indices must be i32");
-  if (a.in_dtypes[0] != a.out_dtype || a.in_dtypes[2] != a.out_dtype) fail(a, "dst, values and the result must share a dtype");
-  if (a.out_shape != d) fail(a, "the result shape must be dst's " + shape_str(d));
-  const std::size_t ax = static_cast<std::size_t>(normalize_dim(a, attrs_of(a).axis, d.size(), "axis"));
-  int64_t P = 1, S = 1;
-  for (std::size_t i = 0; i < ax; ++i) P *= d[i];
-  for (std::size_t i = ax + 1; i < d.size(); ++i) S *= d[i];
-  if (num_elements(a.in_shapes[1]) != P || num_elements(a.in_shapes[2]) != P * S)
-    fail(a, "indices and values must have dst's dims before and without the axis");
+  const WriteAtParams w = write_at_params(a, "cuda");
   if (a.out != a.in[0])
-    TESSEL_CUDA_CHECK(cudaMemcpyAsync(a.out, a.in[0], static_cast<std::size_t>(num_elements(d)) * dtype_size(a.out_dtype),
+    TESSEL_CUDA_CHECK(cudaMemcpyAsync(a.out, a.in[0], static_cast<std::size_t>(w.P * w.n * w.S) * w.elem,
                                       cudaMemcpyDeviceToDevice, s.handle()));
-  const int64_t off = in_offset(a, 0, ax, d.size());
-  const int64_t N = !a.in_global_shapes.empty() && a.in_global_shapes[0].size() == d.size() ? a.in_global_shapes[0][ax]
-                    : off == 0                                                               ? d[ax]
-                                                     : std::numeric_limits<int64_t>::max();
   const unsigned seq = s.next_checked_launch(describe(a));
-  ck::write_at(a.in[2], dtype_size(a.out_dtype), static_cast<const int32_t*>(a.in[1]), a.out, P, d[ax], S, off, N,
+  ck::write_at(a.in[2], w.elem, static_cast<const int32_t*>(a.in[1]), a.out, w.P, w.n, w.S, w.off, w.N,
                s.device_error(), seq, s.handle());
 }
 
