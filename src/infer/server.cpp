@@ -262,11 +262,7 @@ std::vector<TraceRequest> read_serve_trace(const std::string& path) {
       throw Error(fmt::format("serve trace {}: request {} has both 'prompt' and 'tokens' (give one)", path, i));
     if (t.request.prompt.empty())
       throw Error(fmt::format("serve trace {}: request {} has no prompt (give \"prompt\": text or \"tokens\": ids)", path, i));
-    try {
-      detail::check_sampling("serve trace", fmt::format("{} request {}", path, i), t.request.sampling);
-    } catch (const Error& e) {
-      throw Error(e.what());
-    }
+    detail::check_sampling("serve trace", fmt::format("{} request {}", path, i), t.request.sampling);
     out.push_back(std::move(t));
     ++i;
   }
@@ -336,7 +332,6 @@ TraceReport serve_trace(GptServer& server, const std::vector<TraceRequest>& trac
   const double t0 = clock_s();
   const double server_t0 = server.now();  // the server's clock at the trace's start
   std::size_t next = 0, finished = 0;
-  std::vector<int64_t> id_of(trace.size(), -1);
   std::map<int64_t, std::size_t> index_of;  // server id -> trace index
   while (finished < trace.size()) {
     const double now = agreed_now(agree, t0);
