@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -20,7 +22,6 @@ struct InferEngine::Programs {
   std::optional<LoadedExecutable> admit;
   std::map<std::string, ShardedArray> prefill_weights, decode_weights, admit_weights;
   ShardedArray positions;
-  ShardedArray vocab_prefill, vocab_decode, vocab_admit;  // 0..V-1 as f32, each program's
   // Per cache: the decode input's layout (a prefill output in another one goes through the host).
   std::map<std::string, Sharding> cache_layout;
 };
@@ -85,7 +86,7 @@ InferEngine::InferEngine(const GptConfig& cfg, const Mesh& mesh, Runtime& runtim
   LoadedExecutable pl = load(pe, runtime);
   LoadedExecutable dl = load(de, runtime, donate);
   p_ = std::make_unique<Programs>(
-      Programs{std::move(pe), std::move(de), std::move(pl), std::move(dl), std::nullopt, std::nullopt, {}, {}, {}, {}, {}, {}, {}, {}});
+      Programs{std::move(pe), std::move(de), std::move(pl), std::move(dl), std::nullopt, std::nullopt, {}, {}, {}, {}, {}});
   if (admit_batch > 0) {
     p_->admit_exe.emplace(compile(graphs_.admit, mesh));
     p_->admit.emplace(load(*p_->admit_exe, runtime, donate));
@@ -102,11 +103,6 @@ InferEngine::InferEngine(const GptConfig& cfg, const Mesh& mesh, Runtime& runtim
   std::vector<int32_t> pos(static_cast<std::size_t>(cfg_.seq));
   std::iota(pos.begin(), pos.end(), 0);
   p_->positions = p_->decode.to_device("positions", i32_tensor({cfg_.seq}, pos));
-  HostTensor ids(DType::f32, {cfg_.vocab});
-  for (int64_t v = 0; v < cfg_.vocab; ++v) ids.set(v, static_cast<double>(v));
-  p_->vocab_prefill = p_->prefill.to_device("vocab_ids", ids);
-  p_->vocab_decode = p_->decode.to_device("vocab_ids", ids);
-  if (admit_batch > 0) p_->vocab_admit = p_->admit->to_device("vocab_ids", ids);
   for (const std::string& c : graphs_.caches) p_->cache_layout.emplace(c, input_layout(p_->decode_exe, c, who_));
 }
 
@@ -122,18 +118,39 @@ void InferEngine::check_prompt(std::size_t index, const std::vector<int32_t>& p)
                               cfg_.vocab));
 }
 
+void Draws::set(std::size_t row, const SamplingOptions& s, int64_t sequence, int64_t position) {
+  keys.at(row) = sample_key(s.seed, sequence, position);
+  temperature.at(row) = static_cast<float>(s.temperature);
+  top_k.at(row) = static_cast<int32_t>(std::min<int64_t>(s.top_k, std::numeric_limits<int32_t>::max()));
+  top_p.at(row) = static_cast<float>(s.top_p);
+}
+
 namespace {
 
-// The greedy tokens (and, when asked, the logits) of a run, checked: a row whose logits have no
-// maximum (NaN) gives an id outside the vocabulary.
+// The draw inputs of a run, on the devices as `prog` lays them out.
+void put_draws(LoadedExecutable& prog, const Draws& d, std::map<std::string, ShardedArray>& in) {
+  const int64_t R = static_cast<int64_t>(d.keys.size());
+  HostTensor temperature(DType::f32, {R}), top_p(DType::f32, {R});
+  for (int64_t i = 0; i < R; ++i) {
+    temperature.set(i, d.temperature[static_cast<std::size_t>(i)]);
+    top_p.set(i, d.top_p[static_cast<std::size_t>(i)]);
+  }
+  in.emplace("sample_keys", prog.to_device("sample_keys", i32_tensor({R}, d.keys)));
+  in.emplace("temperature", prog.to_device("temperature", temperature));
+  in.emplace("top_k", prog.to_device("top_k", i32_tensor({R}, d.top_k)));
+  in.emplace("top_p", prog.to_device("top_p", top_p));
+}
+
+// The tokens (and, when asked, the logits) of a run, checked: a row without a finite logit
+// gives an id outside the vocabulary.
 InferEngine::Step fetch(LoadedExecutable& prog, const RunResult& r, bool logits, int64_t vocab, const char* who) {
   InferEngine::Step out;
   const HostTensor t = prog.to_host(prog.output(r, "next_token"));
   for (int64_t i = 0; i < t.numel(); ++i) {
     const int64_t id = static_cast<int64_t>(t.get(i));
     if (id < 0 || id >= vocab)
-      throw Error(fmt::format("{}: sequence {} has no most likely token (its logits are not finite numbers)", who, i));
-    out.greedy.push_back(static_cast<int32_t>(id));
+      throw Error(fmt::format("{}: sequence {} has no token to draw (none of its logits is a finite number)", who, i));
+    out.tokens.push_back(static_cast<int32_t>(id));
   }
   if (logits) out.logits = prog.to_host(prog.output(r, "logits"));
   return out;
@@ -142,12 +159,12 @@ InferEngine::Step fetch(LoadedExecutable& prog, const RunResult& r, bool logits,
 }  // namespace
 
 InferEngine::Step InferEngine::prefill(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last,
-                                       Caches& caches, bool logits) {
+                                       const Draws& draws, Caches& caches, bool logits) {
   const int64_t B = cfg_.batch, P = prompt_len_;
   std::map<std::string, ShardedArray> in = p_->prefill_weights;
   in.emplace("tokens", p_->prefill.to_device("tokens", i32_tensor({B, P}, tokens)));
   in.emplace("last", p_->prefill.to_device("last", i32_tensor({B}, last)));
-  in.emplace("vocab_ids", p_->vocab_prefill);
+  put_draws(p_->prefill, draws, in);
   RunResult r = p_->prefill.run_named(in);
   Step out = fetch(p_->prefill, r, logits, cfg_.vocab, who_);
   caches.clear();
@@ -159,13 +176,13 @@ InferEngine::Step InferEngine::prefill(const std::vector<int32_t>& tokens, const
 }
 
 InferEngine::Step InferEngine::decode(const std::vector<int32_t>& token, const std::vector<int32_t>& pos,
-                                      Caches& caches, bool logits) {
+                                      const Draws& draws, Caches& caches, bool logits) {
   const int64_t B = cfg_.batch;
   std::map<std::string, ShardedArray> in = p_->decode_weights;
   in.emplace("token", p_->decode.to_device("token", i32_tensor({B}, token)));
   in.emplace("pos", p_->decode.to_device("pos", i32_tensor({B}, pos)));
   in.emplace("positions", p_->positions);
-  in.emplace("vocab_ids", p_->vocab_decode);
+  put_draws(p_->decode, draws, in);
   for (auto& [name, a] : caches) in.emplace(name, a);
   RunResult r = p_->decode.run_named(in);
   for (auto& [name, a] : caches) a = p_->decode.output(r, name + ".next");
@@ -173,7 +190,8 @@ InferEngine::Step InferEngine::decode(const std::vector<int32_t>& token, const s
 }
 
 InferEngine::Step InferEngine::admit(const std::vector<int32_t>& tokens, const std::vector<int32_t>& last,
-                                     const std::vector<int32_t>& slots, Caches& caches, bool logits) {
+                                     const std::vector<int32_t>& slots, const Draws& draws, Caches& caches,
+                                     bool logits) {
   if (admit_batch_ < 1) throw Error(fmt::format("{}: built without an admit program (admit batch 0)", who_));
   const int64_t A = admit_batch_, P = prompt_len_;
   std::map<std::string, ShardedArray> in = p_->admit_weights;
@@ -181,7 +199,7 @@ InferEngine::Step InferEngine::admit(const std::vector<int32_t>& tokens, const s
   in.emplace("tokens", admit.to_device("tokens", i32_tensor({A, P}, tokens)));
   in.emplace("last", admit.to_device("last", i32_tensor({A}, last)));
   in.emplace("slots", admit.to_device("slots", i32_tensor({A}, slots)));
-  in.emplace("vocab_ids", p_->vocab_admit);
+  put_draws(admit, draws, in);
   for (auto& [name, a] : caches) in.emplace(name, a);
   RunResult r = admit.run_named(in);
   for (auto& [name, a] : caches) a = admit.output(r, name + ".next");

@@ -1,14 +1,15 @@
 // GptGenerator (infer/generate.hpp): a batch of prompts through the engine's prefill, then
 // decode steps until every sequence is done, the cache kept on the devices and donated to each
-// step (engine.hpp); sampling on the host. And the layout choice by the cost model.
+// step (engine.hpp), the tokens drawn on the devices. And the layout choice by the cost model.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <random>
+#include <limits>
 
 #include "engine.hpp"
+#include "../runtime/sample_tokens_params.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/infer/generate.hpp"
 
@@ -41,47 +42,39 @@ std::vector<std::vector<int32_t>> GptGenerator::generate(const std::vector<std::
     last[b] = static_cast<int32_t>(p.size()) - 1;
   }
   logits_.clear();
-  // Greedy without keep_logits: the tokens are chosen on the devices and only they come back.
-  const bool greedy = o.sampling.temperature == 0;
-  const bool want_logits = o.keep_logits || !greedy;
-  detail::InferEngine::Caches cache;
-  detail::InferEngine::Step step = engine_->prefill(tokens, last, cache, want_logits);
-
+  // The tokens are drawn on the devices and only they come back (and the logits with keep_logits).
   const std::size_t n = prompts.size();
   std::vector<std::vector<int32_t>> out(n);
-  std::vector<int64_t> next_pos(n);  // the position of each sequence's newest token
+  std::vector<int64_t> next_pos(n);  // the position of the token drawn next, per sequence
   std::vector<bool> done(n, false);
   for (std::size_t b = 0; b < n; ++b) next_pos[b] = static_cast<int64_t>(prompts[b].size());
-  auto sample_all = [&](const detail::InferEngine::Step& st) {
-    std::vector<float> row(static_cast<std::size_t>(V));
+  auto draws = [&]() {
+    detail::Draws d(static_cast<std::size_t>(B));
+    for (std::size_t b = 0; b < n; ++b) d.set(b, o.sampling, static_cast<int64_t>(b), next_pos[b]);
+    return d;
+  };
+  auto take_all = [&](const detail::InferEngine::Step& st) {
+    if (o.keep_logits) logits_.push_back(st.logits);
     for (std::size_t b = 0; b < n; ++b) {
       if (done[b]) continue;
-      int32_t t = st.greedy[b];
-      if (!greedy) {
-        for (int64_t v = 0; v < V; ++v)
-          row[static_cast<std::size_t>(v)] = static_cast<float>(st.logits.get(static_cast<int64_t>(b) * V + v));
-        t = sample_token(row.data(), V, o.sampling, static_cast<int64_t>(b), next_pos[b]);
-      }
+      const int32_t t = st.tokens[b];
       out[b].push_back(t);
       // Done: enough tokens, the end token, or the sequence (prompt and generated) fills the
-      // model's positions (the token just sampled sits at next_pos[b]).
+      // model's positions (the token just drawn sits at next_pos[b]).
       if (static_cast<int64_t>(out[b].size()) >= o.max_new || t == o.eos || next_pos[b] + 1 >= T) done[b] = true;
     }
   };
-  if (o.keep_logits) logits_.push_back(step.logits);
-  sample_all(step);
+  detail::InferEngine::Caches cache;
+  take_all(engine_->prefill(tokens, last, draws(), cache, o.keep_logits));
   while (std::find(done.begin(), done.end(), false) != done.end()) {
     std::vector<int32_t> tok(static_cast<std::size_t>(B), 0), pos(static_cast<std::size_t>(B), 0);
     for (std::size_t b = 0; b < n; ++b) {
       tok[b] = out[b].back();
       // A finished sequence rewrites its last position with its last token (its output unused).
       pos[b] = static_cast<int32_t>(std::min(next_pos[b], T - 1));
-    }
-    step = engine_->decode(tok, pos, cache, want_logits);
-    if (o.keep_logits) logits_.push_back(step.logits);
-    for (std::size_t b = 0; b < n; ++b)
       if (!done[b]) ++next_pos[b];
-    sample_all(step);
+    }
+    take_all(engine_->decode(tok, pos, draws(), cache, o.keep_logits));
   }
   return out;
 }
@@ -108,40 +101,57 @@ InferLayoutChoice choose_infer_layouts(const GptConfig& cfg, const Mesh& mesh, i
   return c;
 }
 
+int32_t sample_key(uint64_t seed, int64_t sequence, int64_t position) {
+  const uint64_t h = sample_mix64(sample_mix64(seed ^ sample_mix64(static_cast<uint64_t>(sequence))) +
+                                  static_cast<uint64_t>(position));
+  return static_cast<int32_t>(static_cast<uint32_t>(h >> 32));
+}
+
+// The host's reference of sample_tokens' rule (docs/ir.md), by sorting the row once: its
+// kernels find the same cuts by selection (CPU) or bisection (CUDA).
 int32_t sample_token(const float* logits, int64_t n, const SamplingOptions& o, int64_t sequence, int64_t position) {
-  if (o.temperature == 0) {
-    int64_t best = 0;
-    for (int64_t v = 1; v < n; ++v)
-      if (logits[v] > logits[best]) best = v;
-    return static_cast<int32_t>(best);
-  }
-  // Candidates, most likely first (ties: the lower id), cut to top_k and to the top_p mass.
-  std::vector<int64_t> ids(static_cast<std::size_t>(n));
-  std::iota(ids.begin(), ids.end(), 0);
+  std::vector<int64_t> ids;  // the finite logits' ids, most likely first (ties: the lower id)
+  for (int64_t v = 0; v < n; ++v)
+    if (std::isfinite(logits[v])) ids.push_back(v);
+  if (ids.empty()) return static_cast<int32_t>(n);
   std::stable_sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+  if (!(o.temperature > 0)) return static_cast<int32_t>(ids[0]);
+  const float temperature = static_cast<float>(o.temperature), top_p = static_cast<float>(o.top_p);
+  // top_k: the ids at or above the k-th largest logit (ties kept).
   std::size_t keep = ids.size();
-  if (o.top_k > 0) keep = std::min<std::size_t>(keep, static_cast<std::size_t>(o.top_k));
-  std::vector<double> p(keep);
-  const double top = static_cast<double>(logits[ids[0]]) / o.temperature;
-  double sum = 0;
-  for (std::size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(static_cast<double>(logits[ids[i]]) / o.temperature - top);
-  if (o.top_p < 1) {
+  const int64_t k = std::min<int64_t>(o.top_k, std::numeric_limits<int32_t>::max());
+  if (k > 0 && static_cast<std::size_t>(k) < keep)
+    while (keep > static_cast<std::size_t>(k) && logits[ids[keep - 1]] < logits[ids[static_cast<std::size_t>(k) - 1]])
+      --keep;
+  std::vector<double> w(static_cast<std::size_t>(n), 0.0);
+  const double top = logits[ids[0]];
+  double Z = 0;
+  for (std::size_t i = 0; i < keep; ++i)
+    Z += w[static_cast<std::size_t>(ids[i])] = std::exp((static_cast<double>(logits[ids[i]]) - top) / temperature);
+  // top_p: the fewest leading groups of equal logits whose mass reaches top_p of the kept.
+  if (top_p < 1) {
     double mass = 0;
     std::size_t cut = 0;
-    while (cut < keep && mass < o.top_p * sum) mass += p[cut++];
-    keep = std::max<std::size_t>(1, cut);
-    p.resize(keep);
+    while (cut < keep) {
+      const float group = logits[ids[cut]];
+      while (cut < keep && logits[ids[cut]] == group) mass += w[static_cast<std::size_t>(ids[cut++])];
+      if (top_p <= 0 || mass >= static_cast<double>(top_p) * Z) break;
+    }
+    for (std::size_t i = cut; i < keep; ++i) w[static_cast<std::size_t>(ids[i])] = 0;
   }
-  std::seed_seq seq{static_cast<uint32_t>(o.seed), static_cast<uint32_t>(o.seed >> 32), static_cast<uint32_t>(sequence),
-                    static_cast<uint32_t>(position)};
-  std::mt19937_64 rng(seq);
-  const double total = std::accumulate(p.begin(), p.end(), 0.0);
-  double u = std::uniform_real_distribution<double>(0, total)(rng);
-  for (std::size_t i = 0; i < keep; ++i) {
-    if (u < p[i]) return static_cast<int32_t>(ids[i]);
-    u -= p[i];
+  // The draw: in id order, the first whose running mass passes u of the kept mass.
+  double kept = 0;
+  for (double x : w) kept += x;
+  const double target = sample_uniform(sample_key(o.seed, sequence, position)) * kept;
+  double run = 0;
+  int64_t last = -1;
+  for (int64_t v = 0; v < n; ++v) {
+    if (w[static_cast<std::size_t>(v)] <= 0) continue;
+    last = v;
+    run += w[static_cast<std::size_t>(v)];
+    if (run > target) return static_cast<int32_t>(v);
   }
-  return static_cast<int32_t>(ids[keep - 1]);
+  return static_cast<int32_t>(last);
 }
 
 }  // namespace tessel

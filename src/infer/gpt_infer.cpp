@@ -79,15 +79,16 @@ Tensor heads_over(Tensor t, std::size_t heads, const std::string& mp, bool on) {
   return shard(t, Sharding::of(dims));
 }
 
-// Greedy selection on the devices: each row's most likely token, the lowest id on a tie (as
-// sample_token at temperature 0), from logits [B, V] and the ids 0..V-1 as f32 [V] (exact below
-// 2^24): the row's max, the ids where it is reached (V elsewhere), their least. i32 [B]; a row
-// with no maximum (NaN) gives V.
-Tensor greedy_tokens(Graph& g, Tensor logits, Tensor vocab_ids) {
-  const int64_t V = logits.shape()[1];
-  Tensor hit = eq(logits, reduce_max(logits, {1}, true));
-  Tensor cand = where(hit, reshape(vocab_ids, {1, V}), constant(g, static_cast<double>(V), DType::f32));
-  return cast(neg(reduce_max(neg(cand), {1})), DType::i32).named("next_token");
+// Each row's next token chosen on the devices (sample_tokens): the rows' draw inputs
+// "sample_keys" i32, "temperature" f32, "top_k" i32, "top_p" f32, each [rows]; temperature 0
+// gives the greedy token. i32 [rows] "next_token"; a row without a finite logit gives V.
+Tensor next_tokens(Graph& g, Tensor logits) {
+  const int64_t R = logits.shape()[0];
+  Tensor keys = input(g, "sample_keys", DType::i32, {R});
+  Tensor temperature = input(g, "temperature", DType::f32, {R});
+  Tensor top_k = input(g, "top_k", DType::i32, {R});
+  Tensor top_p = input(g, "top_p", DType::f32, {R});
+  return sample_tokens(logits, keys, temperature, top_k, top_p).named("next_token");
 }
 
 // The MLP half of a layer, on x of any leading dims (`lead` names them). With `two_d` (2D
@@ -216,10 +217,9 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     const Sharding cache_layout = cache_layout_of(how);
     const Weights w = add_weights(g, c, how, &out.weights);
     std::vector<Tensor> kv;
-    Tensor vocab_ids = input(g, "vocab_ids", DType::f32, {c.vocab});
     const Tensor logits = prefill_body(g, w, how, B, kv);
     g.mark_output(logits);
-    g.mark_output(greedy_tokens(g, logits, vocab_ids));
+    g.mark_output(next_tokens(g, logits));
     for (std::size_t i = 0; i < kv.size(); ++i) {
       Tensor full = pad_to_capacity(g, kv[i], B);
       if (c.annotate) full = shard(full, cache_layout);
@@ -235,9 +235,8 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
     std::vector<Tensor> kv;
     const Tensor logits = prefill_body(g, w, how, admit_batch, kv);
     Tensor slots = input(g, "slots", DType::i32, {admit_batch});
-    Tensor vocab_ids = input(g, "vocab_ids", DType::f32, {c.vocab});
     g.mark_output(logits);
-    g.mark_output(greedy_tokens(g, logits, vocab_ids));
+    g.mark_output(next_tokens(g, logits));
     for (std::size_t i = 0; i < kv.size(); ++i) {
       Tensor cache = input(g, out.caches[i], c.compute, {B, T, Hkv, K});
       if (c.annotate) g.annotate(cache, cache_layout);
@@ -313,10 +312,9 @@ GptInferGraphs build_gpt_infer(const GptConfig& c, int64_t prompt_len, InferLayo
       cache_out.push_back(vc.named(out.caches[static_cast<std::size_t>(2 * l + 1)] + ".next"));
     }
     Tensor xf = layer_norm(x, w.lnfg, w.lnfb);
-    Tensor vocab_ids = input(g, "vocab_ids", DType::f32, {c.vocab});
     const Tensor logits = einsum("bd,vd->bv", xf, w.wte).named("logits");
     g.mark_output(logits);
-    g.mark_output(greedy_tokens(g, logits, vocab_ids));
+    g.mark_output(next_tokens(g, logits));
     for (std::size_t i = 0; i < cache_out.size(); ++i) {
       g.mark_output(cache_out[i]);
       out.donations.emplace_back(out.caches[i], out.caches[i] + ".next");

@@ -70,15 +70,13 @@ int64_t GptServer::submit(ServeRequest r) {
   return id;
 }
 
-bool GptServer::take(std::size_t slot, int32_t greedy, const float* row, const char** why) {
+bool GptServer::take(std::size_t slot, int32_t t, const HostTensor& logits, int64_t row, const char** why) {
   Active& a = *slots_[slot];
   const int64_t V = cfg_.vocab;
-  // Greedy: the devices' choice; else drawn from the row (fetched whenever a running request samples).
-  const int32_t t = a.request.sampling.temperature == 0 ? greedy : sample_token(row, V, a.request.sampling, a.id, a.next_pos);
   a.result.tokens.push_back(t);
   if (options_.keep_logits) {
     HostTensor r(DType::f32, {V});
-    for (int64_t v = 0; v < V; ++v) r.set(v, static_cast<double>(row[v]));
+    for (int64_t v = 0; v < V; ++v) r.set(v, logits.get(row * V + v));
     a.result.logits.push_back(std::move(r));
   }
   ++stats_.tokens;
@@ -102,14 +100,7 @@ void GptServer::finish(std::size_t slot, const char* why, std::vector<ServeResul
 
 std::vector<ServeResult> GptServer::step() {
   std::vector<ServeResult> done;
-  const int64_t V = cfg_.vocab, P = engine_->prompt_len(), A = options_.admit_batch;
-  std::vector<float> row(static_cast<std::size_t>(V));
-  auto row_of = [&](const HostTensor& lg, int64_t r) -> const float* {
-    if (lg.bytes() == 0) return nullptr;  // not fetched: every request of the run is greedy
-    for (int64_t v = 0; v < V; ++v) row[static_cast<std::size_t>(v)] = static_cast<float>(lg.get(r * V + v));
-    return row.data();
-  };
-  auto samples = [](const ServeRequest& r) { return r.sampling.temperature != 0; };
+  const int64_t P = engine_->prompt_len(), A = options_.admit_batch;
   // Admit into every free slot, admit_batch prompts per run.
   for (;;) {
     std::vector<std::size_t> free;
@@ -126,6 +117,7 @@ std::vector<ServeResult> GptServer::step() {
     const double t = clock_s();
     std::vector<int32_t> tokens(static_cast<std::size_t>(A * P), 0), last(static_cast<std::size_t>(A), 0),
         slot_of(static_cast<std::size_t>(A), -1);
+    detail::Draws draws(static_cast<std::size_t>(A));
     // Rows past the admitted prompts repeat the last one, prompt and slot: the same values
     // written to the same slot again.
     for (std::size_t j = 0; j < static_cast<std::size_t>(A); ++j) {
@@ -134,10 +126,9 @@ std::vector<ServeResult> GptServer::step() {
       std::copy(p.begin(), p.end(), tokens.begin() + static_cast<std::ptrdiff_t>(j * static_cast<std::size_t>(P)));
       last[j] = static_cast<int32_t>(p.size()) - 1;
       slot_of[j] = static_cast<int32_t>(free[from]);
+      draws.set(j, batch[from].request.sampling, batch[from].id, static_cast<int64_t>(p.size()));
     }
-    bool want = options_.keep_logits;
-    for (const Waiting& w : batch) want = want || samples(w.request);
-    const detail::InferEngine::Step st = engine_->admit(tokens, last, slot_of, cache_, want);
+    const detail::InferEngine::Step st = engine_->admit(tokens, last, slot_of, draws, cache_, options_.keep_logits);
     ++stats_.admit_runs;
     for (std::size_t j = 0; j < batch.size(); ++j) {
       const std::size_t s = free[j];
@@ -150,7 +141,7 @@ std::vector<ServeResult> GptServer::step() {
       a->request = std::move(batch[j].request);
       slots_[s] = std::move(a);
       const char* why = nullptr;
-      const bool end = take(s, st.greedy[j], row_of(st.logits, static_cast<int64_t>(j)), &why);
+      const bool end = take(s, st.tokens[j], st.logits, static_cast<int64_t>(j), &why);
       slots_[s]->result.first_token_s = now();
       if (end) finish(s, why, done);
     }
@@ -162,21 +153,22 @@ std::vector<ServeResult> GptServer::step() {
     const double t = clock_s();
     const std::size_t B = slots_.size();
     std::vector<int32_t> tok(B, 0), pos(B, 0);
+    detail::Draws draws(B);
     for (std::size_t s = 0; s < B; ++s)
       if (slots_[s]) {
-        tok[s] = slots_[s]->result.tokens.back();
-        pos[s] = static_cast<int32_t>(slots_[s]->next_pos);
+        const Active& a = *slots_[s];
+        tok[s] = a.result.tokens.back();
+        pos[s] = static_cast<int32_t>(a.next_pos);
+        draws.set(s, a.request.sampling, a.id, a.next_pos + 1);  // the drawn token's position
       }
-    bool want = options_.keep_logits;
-    for (const auto& a : slots_) want = want || (a && samples(a->request));
-    const detail::InferEngine::Step st = engine_->decode(tok, pos, cache_, want);
+    const detail::InferEngine::Step st = engine_->decode(tok, pos, draws, cache_, options_.keep_logits);
     ++stats_.decode_steps;
     for (std::size_t s = 0; s < B; ++s) {
       if (!slots_[s]) continue;
       ++stats_.busy_slot_steps;
       ++slots_[s]->next_pos;
       const char* why = nullptr;
-      if (take(s, st.greedy[s], row_of(st.logits, static_cast<int64_t>(s)), &why)) finish(s, why, done);
+      if (take(s, st.tokens[s], st.logits, static_cast<int64_t>(s), &why)) finish(s, why, done);
     }
     stats_.decode_s += clock_s() - t;
   }

@@ -8,6 +8,7 @@
 //   device keeps the rows of its block.
 // write_at writes one position per leading index along an axis, split or not (a device
 // writes the positions of its block).
+// sample_tokens draws one token per row of logits (its vocabulary dim whole on each device).
 // Index semantics: one_hot gives an all-zero row for an id outside [0, depth) (as JAX);
 // gather and scatter_add report such an id as an error.
 #include "tessel/ops/builders.hpp"
@@ -216,6 +217,44 @@ Tensor sample_write(Graph& g, SampleGen& r) {
   return write_at(r.input(g, d), r.input(g, pre, DType::i32), r.input(g, v), static_cast<int64_t>(pre.size()));
 }
 
+// ---- sample_tokens ----
+void infer_sample(const OpAttrs&, const Ins& in, Shape& out, DType& dt) {
+  const Shape& l = in[0]->shape;
+  if (l.empty()) shape_fail("sample_tokens", in, "logits must have a vocabulary dim [..., V]");
+  if (!is_float(in[0]->dtype)) shape_fail("sample_tokens", in, "logits must be a float dtype");
+  const Shape rows(l.begin(), l.end() - 1);
+  const char* names[] = {"", "keys", "temperature", "top_k", "top_p"};
+  const DType want[] = {DType::f32, DType::i32, DType::f32, DType::i32, DType::f32};
+  for (std::size_t i = 1; i < 5; ++i) {
+    if (in[i]->shape != rows)
+      shape_fail("sample_tokens", in,
+                 fmt::format("{} must have the logits' dims without the last: {}", names[i], shape_str(rows)));
+    if (in[i]->dtype != want[i])
+      shape_fail("sample_tokens", in, fmt::format("{} must be {}", names[i], dtype_name(want[i])));
+  }
+  out = rows;
+  dt = DType::i32;
+}
+// Factors: the rows (shared by every operand and the result), then the vocabulary, which
+// each device needs whole (a row's cut and draw read all of it).
+OpRule rule_sample(const OpAttrs&, const Shapes& in, const Shape& out) {
+  OpRule r = identity_rule(out, 4);
+  r.factors.push_back({"vocab", in[0].back(), FactorKind::Replicated});
+  std::vector<DimFactors> l = r.result;
+  l.push_back({static_cast<int>(out.size())});
+  r.operands.insert(r.operands.begin(), std::move(l));
+  return r;
+}
+// A few passes over the logits: the max, the cuts, the exponentials, the draw.
+double flops_sample(const OpAttrs&, const Shapes& in, const Shape&) { return 8 * elems(in[0]); }
+Tensor sample_sample(Graph& g, SampleGen& r) {
+  Shape rows = r.shape(1 + static_cast<int>(r.below(2)));
+  Shape l = rows;
+  l.push_back(r.dim());
+  return sample_tokens(r.input(g, l), r.input(g, rows, DType::i32), r.input(g, rows), r.input(g, rows, DType::i32),
+                       r.input(g, rows));
+}
+
 }  // namespace
 
 namespace {
@@ -279,6 +318,8 @@ void register_index_ops(std::vector<OpDef>& t) {
   wa.vjp = vjp_write;
   put(t, std::move(wa));
 
+  put(t, entry(OpKind::SampleTokens, "sample_tokens", 5, 5, infer_sample, rule_sample, flops_sample, sample_sample));
+
   OpDef sa = entry(OpKind::ScatterAdd, "scatter_add", 2, 2, infer_scatter, rule_scatter,
                    flops_scatter, sample_scatter);
   sa.attrs = {{"depth", AttrField::Depth}, {"axis", AttrField::Axis}};
@@ -314,6 +355,9 @@ Tensor write_at(Tensor dst, Tensor indices, Tensor values, int64_t axis) {
   OpAttrs a;
   a.axis = axis;
   return build(OpKind::WriteAt, {dst, indices, values}, std::move(a));
+}
+Tensor sample_tokens(Tensor logits, Tensor keys, Tensor temperature, Tensor top_k, Tensor top_p) {
+  return build(OpKind::SampleTokens, {logits, keys, temperature, top_k, top_p}, OpAttrs{});
 }
 Tensor scatter_add(Tensor updates, Tensor indices, int64_t depth, int64_t axis) {
   OpAttrs a;

@@ -92,6 +92,17 @@ TEST_CASE("gpt generation: each step's logits equal a full forward and the token
     const auto s = gen.generate(prompts, sampled);
     if (sampled_first.empty()) sampled_first = s;
     CHECK(s == sampled_first);
+    // Each drawn on the devices is the host reference's draw from the step's kept row.
+    const auto& sampled_steps = gen.step_logits();
+    for (std::size_t b = 0; b < prompts.size(); ++b)
+      for (std::size_t i = 0; i < s[b].size(); ++i) {
+        std::vector<float> r(static_cast<std::size_t>(cfg.vocab));
+        for (int64_t v = 0; v < cfg.vocab; ++v)
+          r[static_cast<std::size_t>(v)] =
+              static_cast<float>(sampled_steps.at(i).get(static_cast<int64_t>(b) * cfg.vocab + v));
+        const int64_t at = static_cast<int64_t>(prompts[b].size() + i);  // the drawn token's position
+        CHECK(sample_token(r.data(), cfg.vocab, sampled.sampling, static_cast<int64_t>(b), at) == s[b][i]);
+      }
     // The sampler is not greedy: at temperature 8 over all 64 tokens (at 0.8 with top-k 20 and
     // top-p 0.9 the drawn tokens can all be the greedy ones: seed 1796312963487288152).
     GenerateOptions hot = sampled;

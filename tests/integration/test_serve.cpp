@@ -176,6 +176,28 @@ TEST_CASE("continuous batching: a request's tokens do not depend on the others a
   REQUIRE(solo.size() == 1);
   CHECK(solo[0].tokens == together.at(6).tokens);
   CHECK(solo[0].tokens.size() == 8);
+  // Each token drawn on the devices is the host reference's draw from its kept logits row (the
+  // request's seed, its id, the token's position).
+  ServerOptions keep;
+  keep.keep_logits = true;
+  GptServer kept(cfg, mesh, rt, w, 6, keep);
+  for (const ServeRequest& r : reqs) kept.submit(r);
+  int64_t checked = 0;
+  for (const ServeResult& r : kept.drain()) {
+    const ServeRequest& q = reqs.at(static_cast<std::size_t>(r.id));
+    CHECK(r.tokens == together.at(r.id).tokens);
+    REQUIRE(r.logits.size() == r.tokens.size());
+    for (std::size_t i = 0; i < r.tokens.size(); ++i) {
+      std::vector<float> row(static_cast<std::size_t>(cfg.vocab));
+      for (int64_t v = 0; v < cfg.vocab; ++v) row[static_cast<std::size_t>(v)] = static_cast<float>(r.logits[i].get(v));
+      const int64_t at = static_cast<int64_t>(q.prompt.size() + i);
+      CHECK(sample_token(row.data(), cfg.vocab, q.sampling, r.id, at) == r.tokens[i]);
+      ++checked;
+    }
+  }
+  int64_t drawn = 0;
+  for (const auto& [id, r] : together) drawn += static_cast<int64_t>(r.tokens.size());
+  CHECK(checked == drawn);
 }
 
 TEST_CASE("continuous batching stops a request at its end token or at max_new 1 on admission or at the last position",

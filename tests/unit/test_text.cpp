@@ -166,6 +166,8 @@ mesh data=2, model=4
 %pos = input i32[8]
 %wrow = input f32[8,32]
 %wa = write_at(%emb, %pos, %wrow) axis=1
+%temp = input f32[8,16]
+%tok = sample_tokens(%logits, %ids, %temp, %lbl, %temp)
 %mp = mask_padding(%h) axis=2 depth=60 value=-inf
 %dx, %dgamma, %dbeta = layer_norm_grad(%sm, %gamma, %h) eps=1e-05 sharding=([{data}, {?}, {}], _, [{}]) priority=(0, 0, 1)
 %lr = constant f32[] value=0.001
@@ -196,7 +198,7 @@ TEST_CASE("text: every op kind parses and round-trips", "[text]") {
 
   REQUIRE(g.mesh.has_value());
   CHECK(*g.mesh == Mesh({{"data", 2}, {"model", 4}}));
-  CHECK(g.inputs.size() == 10);
+  CHECK(g.inputs.size() == 11);
   CHECK(g.outputs == std::vector<int>{g.find("ce"), g.find("cm"), g.find("g2")});
 
   const Op& sm = g.ops[g.values[g.find("sm")].producer];

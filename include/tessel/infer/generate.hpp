@@ -19,12 +19,13 @@
 // saves), laid out as build_gpt annotates them when cfg.annotate (Megatron over
 // cfg.model_axis, the sequences over cfg.data_axis, the cache over both: sequences x heads).
 //
-// Greedy selection (temperature 0) runs on the devices: each program also returns
-// "next_token", each row's most likely token (the lowest id on a tie), so only the tokens come
-// to the host. Sampling at a temperature runs on the host from the logits: softmax(logits /
-// temperature) restricted to the top_k most likely tokens (0: all) and to the smallest set
-// whose probability reaches top_p (1: all), drawn with a generator seeded by (seed, sequence
-// index, position), so a seed gives the same tokens whatever the mesh or batch.
+// Each sequence's next token is chosen on the devices (the sample_tokens op, docs/ir.md): each
+// program returns "next_token", so only the tokens come to the host. Temperature 0 is greedy
+// (the most likely token, the lowest id on a tie); else softmax(logits / temperature)
+// restricted to the tokens at or above the top_k-th largest logit (0: all) and to the most
+// likely ones whose probability reaches top_p (1: all), drawn with the uniform number of the key
+// sample_key(seed, sequence index, position), so a seed gives the same tokens whatever the mesh
+// or batch (on one backend: the CUDA kernel sums in another order than the CPU's).
 #pragma once
 
 #include <cstdint>
@@ -89,8 +90,9 @@ InferLayoutChoice choose_infer_layouts(const GptConfig& cfg, const Mesh& mesh, i
 
 // The programs of generation, as graphs. B = cfg.batch sequences, T = cfg.seq positions,
 // H key/value heads (gpt_kv_heads) of K = d_model / heads, V = cfg.vocab, P = prompt_len.
-// Every program also takes "vocab_ids" f32 [V] (0, 1, ..., V-1) and returns, after "logits",
-// "next_token" i32 [rows]: each row's greedy token, chosen on the devices.
+// Every program also takes each row's draw, "sample_keys" i32, "temperature" f32, "top_k" i32
+// and "top_p" f32 [rows], and returns, after "logits", "next_token" i32 [rows]: each row's
+// token chosen on the devices (sample_tokens).
 struct GptInferGraphs {
   // Inputs: the weights; "tokens" i32 [B, P] (each prompt from position 0, padded after its
   // end with any valid token); "last" i32 [B] (each prompt's last position, its length - 1).
@@ -133,9 +135,8 @@ struct GenerateOptions {
                          // tokens fill the model's cfg.seq positions
   int32_t eos = -1;      // a sequence ends after generating this token (-1: none)
   SamplingOptions sampling;
-  // Bring every step's logits to the host and keep them (step_logits()). Without it, greedy
-  // generation (temperature 0) chooses each token on the devices and brings back only the
-  // tokens; sampling at a temperature brings the logits to the host either way.
+  // Bring every step's logits to the host and keep them (step_logits()). Without it only the
+  // tokens (drawn on the devices) come back.
   bool keep_logits = false;
 };
 
@@ -169,8 +170,14 @@ class GptGenerator {
   std::vector<HostTensor> logits_;
 };
 
-// The token sampled from one row of logits (`logits` of `n` floats) by `o`, for sequence
-// `sequence` at position `position` (the seeding described above).
+// The key a sequence draws its token at `position` with (the "sample_keys" inputs): a mix of
+// the three numbers.
+int32_t sample_key(uint64_t seed, int64_t sequence, int64_t position);
+
+// The host's reference of the devices' draw: the token sample_tokens gives one row of logits
+// (`logits` of `n` floats) by `o`, for sequence `sequence` at position `position` (its key
+// sample_key(o.seed, sequence, position)); n when no logit is finite. Tests compare the
+// devices' tokens against it.
 int32_t sample_token(const float* logits, int64_t n, const SamplingOptions& o, int64_t sequence, int64_t position);
 
 }  // namespace tessel

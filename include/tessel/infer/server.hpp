@@ -59,7 +59,7 @@ struct ServerStats {
   int64_t submitted = 0, finished = 0, tokens = 0;
   int64_t admit_runs = 0, decode_steps = 0;
   int64_t busy_slot_steps = 0;  // the running requests summed over the decode steps
-  double admit_s = 0, decode_s = 0;  // wall seconds in the admit and decode runs (host sampling included)
+  double admit_s = 0, decode_s = 0;  // wall seconds in the admit and decode runs (the draws included)
 };
 
 class GptServer {
@@ -96,10 +96,9 @@ class GptServer {
  private:
   struct Active;
   void finish(std::size_t slot, const char* why, std::vector<ServeResult>& out);
-  // Takes slot's next token: `greedy` (the devices' choice) for a greedy request, else drawn
-  // from `row` (the logits, fetched when any request of the run samples); true when the
-  // request is done (sets `why`).
-  bool take(std::size_t slot, int32_t greedy, const float* row, const char** why);
+  // Takes slot's next token `t` (drawn on the devices; `logits` row `row` kept with
+  // keep_logits); true when the request is done (sets `why`).
+  bool take(std::size_t slot, int32_t t, const HostTensor& logits, int64_t row, const char** why);
 
   GptConfig cfg_;
   ServerOptions options_;

@@ -147,6 +147,14 @@ Tensor scatter_add(Tensor updates, Tensor indices, int64_t depth, int64_t axis =
 // whole slot. `axis` may be split over devices (each writes the rows of its block); an index
 // outside [0, dst.shape[axis]) is an error when the program runs. When dst's buffer is
 // donated to the result, only the written rows are stored.
+// One token per row of logits [..., V] (float), drawn on the devices: each row's
+// keys (i32), temperature (f32), top_k (i32) and top_p (f32) are [...] (the logits' dims
+// without the last). Temperature <= 0: the most likely token (the lowest id on a tie); else
+// softmax(logits / temperature) cut to the tokens at or above the top_k-th largest logit (0:
+// all) and then to the most likely ones whose probability reaches top_p (>= 1: all), drawn by
+// the row's key. i32 [...]; a row without a finite logit gives V. docs/ir.md gives the exact
+// rule; the vocabulary dim is never split (the partitioner gathers it).
+Tensor sample_tokens(Tensor logits, Tensor keys, Tensor temperature, Tensor top_k, Tensor top_p);
 Tensor write_at(Tensor dst, Tensor indices, Tensor values, int64_t axis = 1);
 // x with every position whose index along `axis` is >= `valid` set to `value`: how padded
 // (uneven) shardings keep padding out of reductions (uneven.hpp). Reads global positions.

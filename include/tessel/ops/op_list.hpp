@@ -35,6 +35,7 @@
   X(ScatterAdd)         /* (updates, indices i32) summed into attrs.depth rows at axis   */   \
   X(MaskPadding)        /* x with positions >= attrs.depth along attrs.axis := scalar     */   \
   X(WriteAt)            /* (dst, indices i32, values): dst with one row per index written */   \
+  X(SampleTokens)       /* (logits, keys, temperature, top_k, top_p) -> i32 token per row */   \
   X(LayerNormGrad)      /* (x, gamma, dy) -> (dx, dgamma, dbeta): layer_norm's backward  */   \
   X(AdamW)              /* (p, g, m, v, lr, bc1, bc2, gscale) -> (p', m', v'): fused step */   \
   X(GeluGrad)           /* (x, g) -> g * gelu'(x): gelu's backward, fused; broadcasting  */   \

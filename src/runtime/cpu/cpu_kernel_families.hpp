@@ -61,6 +61,7 @@ void k_one_hot(const KernelArgs& a);
 void k_gather(const KernelArgs& a);
 void k_scatter_add(const KernelArgs& a);
 void k_write_at(const KernelArgs& a);
+void k_sample_tokens(const KernelArgs& a);
 void k_mask_padding(const KernelArgs& a);
 
 }  // namespace tessel::cpu_detail

@@ -57,6 +57,7 @@ const KernelTable<CpuKernelFn>& cpu_kernel_table() {
     k.add(OpKind::Gather, k_gather);
     k.add(OpKind::ScatterAdd, k_scatter_add);
     k.add(OpKind::WriteAt, k_write_at);
+    k.add(OpKind::SampleTokens, k_sample_tokens);
     k.add(OpKind::MaskPadding, k_mask_padding);
     k.add(OpKind::FusedElementwise, fused_elementwise_kernel);
     k.add(OpKind::FusedSoftmax, fused_softmax_kernel);

@@ -1,8 +1,9 @@
 // src/runtime/cpu/cpu_kernels_index.cpp — the CPU kernels of the index ops: one_hot, gather,
-// scatter_add and mask_padding. Indices and extents are global: a block of a sharded dim
+// scatter_add, mask_padding, write_at and sample_tokens. Indices and extents are global: a block of a sharded dim
 // handles the positions that fall in it (zeros, or nothing, for the others); gather and
 // scatter_add reject an index outside the dim, never clamp it.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "tessel/runtime/tensor.hpp"
 
 #include "cpu_kernel_families.hpp"
+#include "../sample_tokens_params.hpp"
 #include "../write_at_params.hpp"
 #include "cpu_kernel_util.hpp"
 
@@ -121,6 +123,95 @@ void k_write_at(const KernelArgs& a) {
     const int64_t r = int64_t(idx[p]) - w.off;  // another block's position: not ours to write
     if (r >= 0 && r < w.n) std::memcpy(out + (p * w.n + r) * row, v + p * row, static_cast<std::size_t>(row));
   }
+}
+
+// ---- sample_tokens ---------------------------------------------------------------------------
+
+namespace {
+
+// One row's token (docs/ir.md, sample_tokens): `buf` and `q` are scratch of V elements.
+int32_t sample_row(const float* l, int64_t V, int32_t key, float temperature, int32_t top_k, float top_p,
+                   std::vector<float>& buf, std::vector<double>& q) {
+  float lmax = -std::numeric_limits<float>::infinity();
+  int64_t finite = 0;
+  for (int64_t v = 0; v < V; ++v)
+    if (std::isfinite(l[v])) {
+      ++finite;
+      lmax = std::max(lmax, l[v]);
+    }
+  if (finite == 0) return static_cast<int32_t>(V);
+  if (!(temperature > 0)) {  // greedy: the first maximum
+    for (int64_t v = 0; v < V; ++v)
+      if (l[v] == lmax) return static_cast<int32_t>(v);
+  }
+  // The top_k cut: at or above the k-th largest finite logit.
+  float cut = -std::numeric_limits<float>::max();
+  if (top_k > 0 && top_k < finite) {
+    buf.clear();
+    for (int64_t v = 0; v < V; ++v)
+      if (std::isfinite(l[v])) buf.push_back(l[v]);
+    std::nth_element(buf.begin(), buf.begin() + (top_k - 1), buf.end(), std::greater<float>());
+    cut = buf[static_cast<std::size_t>(top_k - 1)];
+  }
+  const double T = temperature, top = lmax;
+  double Z = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    const bool in = std::isfinite(l[v]) && l[v] >= cut;
+    Z += q[static_cast<std::size_t>(v)] = in ? std::exp((static_cast<double>(l[v]) - top) / T) : 0.0;
+  }
+  // The top_p cut: the largest logit whose tokens at or above it hold top_p of the mass.
+  if (top_p <= 0) {
+    cut = lmax;
+  } else if (top_p < 1) {
+    std::vector<int64_t> order;
+    for (int64_t v = 0; v < V; ++v)
+      if (std::isfinite(l[v]) && l[v] >= cut) order.push_back(v);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return l[a] > l[b]; });
+    double mass = 0;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      mass += q[static_cast<std::size_t>(order[i])];
+      const bool group_ends = i + 1 == order.size() || l[order[i + 1]] != l[order[i]];
+      if (group_ends && mass >= static_cast<double>(top_p) * Z) {
+        cut = l[order[i]];
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (int64_t v = 0; v < V; ++v)
+    if (l[v] < cut) q[static_cast<std::size_t>(v)] = 0;
+    else kept += q[static_cast<std::size_t>(v)];
+  // The draw: the first id whose running mass (in id order) passes u of the kept mass.
+  const double target = sample_uniform(key) * kept;
+  double run = 0;
+  int64_t last = -1;
+  for (int64_t v = 0; v < V; ++v) {
+    if (q[static_cast<std::size_t>(v)] <= 0) continue;
+    last = v;
+    run += q[static_cast<std::size_t>(v)];
+    if (run > target) return static_cast<int32_t>(v);
+  }
+  return static_cast<int32_t>(last);  // rounding left the target at the end: the last kept token
+}
+
+}  // namespace
+
+// Each row on its own (rows in parallel): a row's token depends on that row alone, so not on
+// how the rows are split among devices.
+void k_sample_tokens(const KernelArgs& a) {
+  const SampleTokensParams p = sample_tokens_params(a, "cpu");
+  FVec lbuf;
+  const float* l = in_f32(a, 0, lbuf);
+  const int32_t* key = static_cast<const int32_t*>(a.in[1]);
+  const float* temp = static_cast<const float*>(a.in[2]);
+  const int32_t* k = static_cast<const int32_t*>(a.in[3]);
+  const float* top_p = static_cast<const float*>(a.in[4]);
+  int32_t* out = static_cast<int32_t*>(a.out);
+  parallel_units(p.rows, a.num_threads, [&](int64_t r) {
+    std::vector<float> buf;
+    std::vector<double> q(static_cast<std::size_t>(p.V));
+    out[r] = sample_row(l + r * p.V, p.V, key[r], temp[r], k[r], top_p[r], buf, q);
+  });
 }
 
 void k_scatter_add(const KernelArgs& a) {

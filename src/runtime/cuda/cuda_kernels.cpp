@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "../attention_params.hpp"
+#include "../sample_tokens_params.hpp"
 #include "../write_at_params.hpp"
 #include "cuda_backend.hpp"
 #include "cuda_loop.hpp"
@@ -497,6 +498,13 @@ void k_write_at(CudaBackend&, const KernelArgs& a, CudaStream& s) {
                s.device_error(), seq, s.handle());
 }
 
+void k_sample_tokens(CudaBackend&, const KernelArgs& a, CudaStream& s) {
+  const SampleTokensParams p = sample_tokens_params(a, "cuda");
+  ck::sample_tokens(a.in[0], a.in_dtypes[0], static_cast<const int32_t*>(a.in[1]), static_cast<const float*>(a.in[2]),
+                    static_cast<const int32_t*>(a.in[3]), static_cast<const float*>(a.in[4]),
+                    static_cast<int32_t*>(a.out), p.rows, p.V, s.handle());
+}
+
 void k_mask_padding(CudaBackend&, const KernelArgs& a, CudaStream& s) {
   check_arity(a, 1, 1);
   check_same_dtype(a);
@@ -691,6 +699,7 @@ const KernelTable<CudaKernelFn>& cuda_kernel_table() {
     k.add(OpKind::Gather, k_gather);
     k.add(OpKind::ScatterAdd, k_scatter_add);
     k.add(OpKind::WriteAt, k_write_at);
+    k.add(OpKind::SampleTokens, k_sample_tokens);
     k.add(OpKind::MaskPadding, k_mask_padding);
     k.add(OpKind::FusedElementwise, k_fused_elementwise);
     k.add(OpKind::FusedSoftmax, k_fused_softmax);

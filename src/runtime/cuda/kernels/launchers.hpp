@@ -260,6 +260,10 @@ void scatter_add(const void* updates, const int32_t* idx, void* out, DType t, in
 // writes nothing.
 void write_at(const void* values, std::size_t elem, const int32_t* idx, void* out, int64_t P, int64_t n, int64_t S,
               int64_t off, int64_t N, DeviceError* err, unsigned seq, StreamHandle s);
+// sample_tokens: logits [rows, V] of dtype t -> out [rows] i32, one block per row (sample.cu;
+// the rule is docs/ir.md's).
+void sample_tokens(const void* logits, DType t, const int32_t* keys, const float* temperature, const int32_t* top_k,
+                   const float* top_p, int32_t* out, int64_t rows, int64_t V, StreamHandle s);
 // ids [n] -> out [n, C] with one_bits at column ids - coff.
 void one_hot(const int32_t* ids, void* out, std::size_t elem, uint64_t one_bits, int64_t n, int64_t C, int64_t coff,
              StreamHandle s);
