@@ -1,0 +1,86 @@
+// tessel/pipeline/runner.hpp — pipeline-parallel training (issue 39 items 1–3): the stages of
+// split_stages (stages.hpp), each compiled for its own sub-mesh and loaded on its own runtime,
+// run at once by a schedule (schedule.hpp) over M micro-batches, then one AdamW step.
+//
+//   GptConfig c = cfg;  c.batch = cfg.batch / M;           // one micro-batch's rows
+//   GptGraph m = build_gpt(c);
+//   auto stages = split_stages(m.graph, m.loss, m.weights, {m.checkpoints[2]});
+//   ThreadRuntime r0(4), r1(4);                            // pipe=2 of data=2,model=2
+//   PipelineOptions o;  o.schedule = ScheduleKind::OneFOneB;  o.micro = M;
+//   PipelineTrainer t(std::move(stages), stage_mesh, {&r0, &r1}, init, o);
+//   PipelineStepReport r = t.step(micro_batches, /*lr=*/1e-3, /*t=*/1);
+//
+// Each stage runs on a host thread of its own, the ops of the schedule in order: a forward
+// takes the previous stage's sent values (through the host, put on this stage's devices in
+// its program's layouts: so two stages may lay a value out differently) and keeps its inputs
+// until its backward, which recomputes the forward and adds this micro-batch's gradients into
+// the stage's accumulators (donated buffers) and sends the gradients of its inputs back.
+// The step is then the single-program step's (train_step.hpp, ZeRO 0): the mean gradient over
+// the micro-batches, one global norm over every stage (each stage's sum of squares, summed),
+// clipping, AdamW with decay on parameters of rank >= 2. A parameter used by several stages (a
+// tied embedding) is updated once with the sum of their gradients. With v chunks per stage the
+// stages are P·v virtual stages, chunk c of stage s being virtual stage c·P + s.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/core/mesh.hpp"
+#include "tessel/pipeline/schedule.hpp"
+#include "tessel/pipeline/stages.hpp"
+#include "tessel/runtime/runtime.hpp"
+#include "tessel/runtime/tensor.hpp"
+#include "tessel/train/train_step.hpp"
+
+namespace tessel {
+
+struct PipelineOptions {
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  int64_t micro = 4;   // micro-batches per step
+  int64_t chunks = 1;  // model chunks per stage (Interleaved)
+  AdamWConfig adamw;
+};
+
+struct PipelineStepReport {
+  double loss = 0;       // the mean of the micro-batches' losses (the batch's mean loss)
+  double grad_norm = 0;  // the global norm of the mean gradient, before clipping
+  double span_s = 0;     // wall seconds from the first op of the schedule to the last
+  std::vector<double> busy_s;           // per stage: seconds in its ops (programs and transfers)
+  double bubble = 0;                    // 1 - sum(busy_s) / (stages · span_s)
+  std::vector<int64_t> peak_in_flight;  // per stage: most micro-batch chunks forwarded, not yet backwarded
+  double update_s = 0;                  // wall seconds of the update after the schedule
+};
+
+class PipelineTrainer {
+ public:
+  // `stages`: P·chunks virtual stages (split_stages). `stage_mesh`: the mesh of every stage (the
+  // pipeline mesh without its pipe axis). `runtimes`: one per stage (P), each of
+  // stage_mesh.num_devices() devices. `params`: every stage parameter's initial value by name.
+  // Compiles and loads every program. Throws Error naming what does not fit: a stage count that
+  // is not runtimes.size() · chunks, a missing runtime, a missing or mistyped parameter,
+  // a schedule that cannot be built (micro-batches not a multiple of P for Interleaved).
+  PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& stage_mesh, std::vector<Runtime*> runtimes,
+                  const std::map<std::string, HostTensor>& params, PipelineOptions options);
+  ~PipelineTrainer();
+  PipelineTrainer(const PipelineTrainer&) = delete;
+  PipelineTrainer& operator=(const PipelineTrainer&) = delete;
+
+  // One step: `micro_batches[m]` holds micro-batch m's data inputs by name (every stage's
+  // `data`: tokens, labels). `lr` the learning rate, `t` the step from 1 (the bias corrections).
+  // Throws Error naming a missing data input or a wrong count of micro-batches; an error in a
+  // stage's run stops every stage and is rethrown naming the stage and op.
+  PipelineStepReport step(const std::vector<std::map<std::string, HostTensor>>& micro_batches, double lr, int64_t t);
+
+  // The parameters now, by name (each once).
+  std::map<std::string, HostTensor> params() const;
+  const Schedule& schedule() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+}  // namespace tessel

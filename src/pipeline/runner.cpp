@@ -1,0 +1,392 @@
+// PipelineTrainer (pipeline/runner.hpp): the virtual stages' programs loaded on their stage's
+// runtime, one host thread per stage running its schedule, mailboxes between the threads, then
+// the update (norm, clipping, AdamW) per virtual stage.
+#include "tessel/pipeline/runner.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "tessel/executable.hpp"
+#include "tessel/ops/builders.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+
+namespace tessel {
+
+namespace {
+
+using Arrays = std::map<std::string, ShardedArray>;
+using Hosts = std::map<std::string, HostTensor>;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Values passed between the stage threads: (0 forward / 1 backward, receiving virtual stage,
+// micro-batch) -> the values by name. A failure anywhere wakes every waiter.
+class Mailbox {
+ public:
+  void put(int kind, int64_t vs, int64_t m, Hosts values) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      box_[{kind, vs, m}] = std::move(values);
+    }
+    cv_.notify_all();
+  }
+  Hosts take(int kind, int64_t vs, int64_t m) {
+    std::unique_lock<std::mutex> l(mu_);
+    const auto key = std::make_tuple(kind, vs, m);
+    cv_.wait(l, [&] { return failed_ || box_.count(key); });
+    if (failed_) throw Error("pipeline: stopped: another stage failed");
+    Hosts v = std::move(box_.at(key));
+    box_.erase(key);
+    return v;
+  }
+  void fail() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      failed_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::tuple<int, int64_t, int64_t>, Hosts> box_;
+  bool failed_ = false;
+};
+
+struct StageProgram {
+  Executable exe;
+  LoadedExecutable loaded;
+};
+
+StageProgram load_program(const Graph& g, const Mesh& mesh, Runtime& rt, const LoadOptions& lo = {}) {
+  Executable exe = compile(g, mesh);
+  LoadedExecutable l = load(exe, rt, lo);
+  return StageProgram{std::move(exe), std::move(l)};
+}
+
+}  // namespace
+
+struct PipelineTrainer::Impl {
+  std::vector<PipelineStage> stages;
+  Mesh mesh;
+  std::vector<Runtime*> runtimes;
+  PipelineOptions o;
+  Schedule schedule;
+  int64_t P = 1, V = 1;  // stages, virtual stages
+  std::vector<std::optional<StageProgram>> fwd, bwd, sumsq, update;
+  std::vector<std::vector<std::string>> owned;  // per virtual stage: the parameters it updates
+  Hosts params;                                 // the master values, by name
+  std::vector<Arrays> state_of;                 // per virtual stage: its adam.m/v arrays (the update's layout)
+};
+
+PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& stage_mesh,
+                                 std::vector<Runtime*> runtimes, const std::map<std::string, HostTensor>& params,
+                                 PipelineOptions options)
+    : p_(std::make_unique<Impl>()) {
+  Impl& I = *p_;
+  I.stages = std::move(stages);
+  I.mesh = stage_mesh;
+  I.runtimes = std::move(runtimes);
+  I.o = options;
+  I.P = static_cast<int64_t>(I.runtimes.size());
+  I.V = static_cast<int64_t>(I.stages.size());
+  if (I.P < 1 || I.o.chunks < 1 || I.V != I.P * I.o.chunks)
+    throw Error(fmt::format("PipelineTrainer: {} virtual stages for {} runtimes of {} chunks each (give stages x "
+                            "chunks of them)",
+                            I.V, I.P, I.o.chunks));
+  for (int64_t s = 0; s < I.P; ++s)
+    if (!I.runtimes[static_cast<std::size_t>(s)]) throw Error(fmt::format("PipelineTrainer: stage {}'s runtime is null", s));
+  I.schedule = make_schedule(I.o.schedule, I.P, I.o.micro, I.o.chunks);
+  const AdamWConfig& a = I.o.adamw;
+
+  // Every parameter given, of the graphs' type; each updated by the first virtual stage using it.
+  std::set<std::string> seen;
+  I.owned.resize(static_cast<std::size_t>(I.V));
+  for (int64_t vs = 0; vs < I.V; ++vs) {
+    const PipelineStage& st = I.stages[static_cast<std::size_t>(vs)];
+    for (const std::string& n : st.params) {
+      const Value& v = st.forward.values[static_cast<std::size_t>(st.forward.find(n))];
+      auto it = params.find(n);
+      if (it == params.end()) throw Error(fmt::format("PipelineTrainer: no value given for parameter '{}'", n));
+      if (it->second.dtype() != v.dtype || it->second.shape() != v.shape)
+        throw Error(fmt::format("PipelineTrainer: parameter '{}' is {}; stage {} uses it as {}", n,
+                                type_str(it->second.dtype(), it->second.shape()), vs, type_str(v.dtype, v.shape)));
+      I.params[n] = it->second;
+      if (seen.insert(n).second) I.owned[static_cast<std::size_t>(vs)].push_back(n);
+    }
+  }
+
+  I.fwd.resize(static_cast<std::size_t>(I.V));
+  I.bwd.resize(static_cast<std::size_t>(I.V));
+  I.sumsq.resize(static_cast<std::size_t>(I.V));
+  I.update.resize(static_cast<std::size_t>(I.V));
+  I.state_of.resize(static_cast<std::size_t>(I.V));
+  for (int64_t vs = 0; vs < I.V; ++vs) {
+    PipelineStage& st = I.stages[static_cast<std::size_t>(vs)];
+    Runtime& rt = *I.runtimes[static_cast<std::size_t>(vs % I.P)];
+    st.forward.mesh = stage_mesh;
+    st.backward.mesh = stage_mesh;
+    I.fwd[static_cast<std::size_t>(vs)].emplace(load_program(st.forward, stage_mesh, rt));
+    LoadOptions donate;
+    for (const std::string& n : st.params) donate.donate.emplace_back("grad.acc." + n, "next.grad.acc." + n);
+    I.bwd[static_cast<std::size_t>(vs)].emplace(load_program(st.backward, stage_mesh, rt, donate));
+
+    // The sum of squares of the stage's mean gradients (its share of the global norm), and the
+    // update of the parameters it owns: AdamW on grad.acc scaled by gscale (1/M times the
+    // clipping factor), as add_train_step.
+    const std::vector<std::string>& own = I.owned[static_cast<std::size_t>(vs)];
+    if (own.empty()) continue;
+    Graph sq, up;
+    Tensor total;
+    Tensor lr = input(up, "adam.lr", DType::f32, {});
+    Tensor bc1 = input(up, "adam.bc1", DType::f32, {});
+    Tensor bc2 = input(up, "adam.bc2", DType::f32, {});
+    Tensor gscale = input(up, "gscale", DType::f32, {});
+    Tensor mean = input(sq, "mean", DType::f32, {});
+    LoadOptions upd;
+    std::vector<Tensor> outs;
+    for (const std::string& n : own) {
+      const Value& v = st.forward.values[static_cast<std::size_t>(st.forward.find(n))];
+      auto ann = st.forward.annotations.find(st.forward.find(n));
+      Tensor acc = input(sq, "grad.acc." + n, DType::f32, v.shape);
+      Tensor gm = mul(acc, mean);
+      std::vector<int64_t> all;
+      for (std::size_t d = 0; d < v.shape.size(); ++d) all.push_back(static_cast<int64_t>(d));
+      Tensor part = all.empty() ? mul(gm, gm) : reduce_sum(mul(gm, gm), all);
+      total = total.anchor ? add(total, part) : part;
+      Tensor p = input(up, n, v.dtype, v.shape);
+      Tensor g = input(up, "grad.acc." + n, DType::f32, v.shape);
+      Tensor m = input(up, "adam.m." + n, DType::f32, v.shape);
+      Tensor vv = input(up, "adam.v." + n, DType::f32, v.shape);
+      if (ann != st.forward.annotations.end())
+        for (Tensor t : {acc, p, g, m, vv}) t.graph()->annotate(t, ann->second.sharding);
+      AdamWResults r = adamw(p, g, m, vv, lr, bc1, bc2, gscale, a.beta1, a.beta2, a.eps,
+                             v.shape.size() >= 2 ? a.weight_decay : 0.0);
+      outs.push_back(r.param.named("next." + n));
+      outs.push_back(r.m.named("next.adam.m." + n));
+      outs.push_back(r.v.named("next.adam.v." + n));
+      upd.donate.emplace_back("adam.m." + n, "next.adam.m." + n);
+      upd.donate.emplace_back("adam.v." + n, "next.adam.v." + n);
+    }
+    sq.mark_output(total.named("sumsq"));
+    for (const Tensor& t : outs) up.mark_output(t);
+    sq.mesh = stage_mesh;
+    up.mesh = stage_mesh;
+    I.sumsq[static_cast<std::size_t>(vs)].emplace(load_program(sq, stage_mesh, rt));
+    I.update[static_cast<std::size_t>(vs)].emplace(load_program(up, stage_mesh, rt, upd));
+    LoadedExecutable& u = I.update[static_cast<std::size_t>(vs)]->loaded;
+    for (const std::string& n : own) {
+      const HostTensor zero(DType::f32, I.params.at(n).shape());
+      I.state_of[static_cast<std::size_t>(vs)].emplace("adam.m." + n, u.to_device("adam.m." + n, zero));
+      I.state_of[static_cast<std::size_t>(vs)].emplace("adam.v." + n, u.to_device("adam.v." + n, zero));
+    }
+  }
+}
+
+PipelineTrainer::~PipelineTrainer() = default;
+
+const Schedule& PipelineTrainer::schedule() const { return p_->schedule; }
+
+std::map<std::string, HostTensor> PipelineTrainer::params() const { return p_->params; }
+
+PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string, HostTensor>>& micro_batches,
+                                         double lr, int64_t t) {
+  Impl& I = *p_;
+  const int64_t M = I.o.micro;
+  if (static_cast<int64_t>(micro_batches.size()) != M)
+    throw Error(fmt::format("PipelineTrainer::step: {} micro-batches given; the schedule runs {}", micro_batches.size(),
+                            M));
+  if (t < 1) throw Error(fmt::format("PipelineTrainer::step: step {} (steps count from 1)", t));
+  for (int64_t vs = 0; vs < I.V; ++vs)
+    for (const std::string& n : I.stages[static_cast<std::size_t>(vs)].data)
+      for (int64_t m = 0; m < M; ++m)
+        if (!micro_batches[static_cast<std::size_t>(m)].count(n))
+          throw Error(fmt::format("PipelineTrainer::step: micro-batch {} has no '{}' (stage {} reads it)", m, n, vs));
+
+  // Per virtual stage: the parameters on its forward's and backward's devices, zero accumulators.
+  std::vector<Arrays> fparams(static_cast<std::size_t>(I.V)), bparams(static_cast<std::size_t>(I.V)),
+      acc(static_cast<std::size_t>(I.V));
+  for (int64_t vs = 0; vs < I.V; ++vs) {
+    const auto u = static_cast<std::size_t>(vs);
+    for (const std::string& n : I.stages[u].params) {
+      fparams[u].emplace(n, I.fwd[u]->loaded.to_device(n, I.params.at(n)));
+      bparams[u].emplace(n, I.bwd[u]->loaded.to_device(n, I.params.at(n)));
+      acc[u].emplace("grad.acc." + n,
+                     I.bwd[u]->loaded.to_device("grad.acc." + n, HostTensor(DType::f32, I.params.at(n).shape())));
+    }
+  }
+
+  Mailbox mail;
+  std::vector<double> losses(static_cast<std::size_t>(M), 0.0);
+  PipelineStepReport rep;
+  rep.busy_s.assign(static_cast<std::size_t>(I.P), 0.0);
+  rep.peak_in_flight.assign(static_cast<std::size_t>(I.P), 0);
+  std::vector<double> first(static_cast<std::size_t>(I.P), 0.0), last(static_cast<std::size_t>(I.P), 0.0);
+  std::mutex err_mu;
+  std::string error;
+
+  auto run_stage = [&](int64_t s) {
+    // Stash: each (virtual stage, micro-batch)'s forward inputs until its backward.
+    std::map<std::pair<int64_t, int64_t>, Arrays> stash;
+    int64_t in_flight = 0;
+    const PipeOp* at = nullptr;
+    try {
+      bool started = false;
+      for (const PipeOp& op : I.schedule.order[static_cast<std::size_t>(s)]) {
+        at = &op;
+        const int64_t vs = op.chunk * I.P + s, m = op.micro;
+        const auto u = static_cast<std::size_t>(vs);
+        const PipelineStage& st = I.stages[u];
+        Hosts recv;
+        if (op.forward && vs > 0) recv = mail.take(0, vs, m);
+        if (!op.forward && vs + 1 < I.V) recv = mail.take(1, vs, m);
+        const double t0 = now_s();
+        if (!started) first[static_cast<std::size_t>(s)] = t0;
+        started = true;
+        if (op.forward) {
+          LoadedExecutable& f = I.fwd[u]->loaded;
+          Arrays in = fparams[u];
+          Arrays keep;
+          for (const std::string& n : st.data) keep.emplace(n, f.to_device(n, micro_batches[static_cast<std::size_t>(m)].at(n)));
+          for (const std::string& n : st.recv) keep.emplace(n, f.to_device(n, recv.at(n)));
+          in.insert(keep.begin(), keep.end());
+          RunResult r = f.run_named(in);
+          Hosts out;
+          for (const std::string& n : st.send) out.emplace(n, f.to_host(f.output(r, n)));
+          if (!st.loss.empty()) losses[static_cast<std::size_t>(m)] = f.to_host(f.output(r, st.loss)).get(0);
+          stash.emplace(std::make_pair(vs, m), std::move(keep));
+          rep.peak_in_flight[static_cast<std::size_t>(s)] =
+              std::max(rep.peak_in_flight[static_cast<std::size_t>(s)], ++in_flight);
+          if (vs + 1 < I.V) mail.put(0, vs + 1, m, std::move(out));
+        } else {
+          LoadedExecutable& b = I.bwd[u]->loaded;
+          Arrays in = bparams[u];
+          // The backward's own copies of the forward inputs (its layouts may differ).
+          auto kept = stash.find({vs, m});
+          for (auto& [n, arr] : kept->second) {
+            const HostTensor h = I.fwd[u]->loaded.to_host(arr);
+            in.emplace(n, b.to_device(n, h));
+          }
+          stash.erase(kept);
+          --in_flight;
+          for (const std::string& n : st.send) in.emplace("grad." + n, b.to_device("grad." + n, recv.at("grad." + n)));
+          for (auto& [n, arr] : acc[u]) in.emplace(n, arr);
+          RunResult r = b.run_named(in);
+          for (const std::string& n : st.params) acc[u].at("grad.acc." + n) = b.output(r, "next.grad.acc." + n);
+          if (vs > 0) {
+            Hosts out;
+            for (const std::string& n : st.recv)
+              if (st.backward.find("grad." + n) >= 0)
+                out.emplace("grad." + n, b.to_host(b.output(r, "grad." + n)));
+            mail.put(1, vs - 1, m, std::move(out));
+          }
+        }
+        const double t1 = now_s();
+        rep.busy_s[static_cast<std::size_t>(s)] += t1 - t0;
+        last[static_cast<std::size_t>(s)] = t1;
+      }
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> l(err_mu);
+        if (error.empty() || error.find("another stage failed") != std::string::npos)
+          error = at ? fmt::format("pipeline stage {}, the {} of micro-batch {} (chunk {}): {}", s,
+                                   at->forward ? "forward" : "backward", at->micro, at->chunk, e.what())
+                     : fmt::format("pipeline stage {}: {}", s, e.what());
+      }
+      mail.fail();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int64_t s = 0; s < I.P; ++s) threads.emplace_back(run_stage, s);
+  for (std::thread& th : threads) th.join();
+  if (!error.empty()) throw Error(error);
+  rep.span_s = *std::max_element(last.begin(), last.end()) - *std::min_element(first.begin(), first.end());
+  double busy = 0;
+  for (double b : rep.busy_s) busy += b;
+  rep.bubble = rep.span_s > 0 ? 1.0 - busy / (static_cast<double>(I.P) * rep.span_s) : 0.0;
+  for (double l : losses) rep.loss += l / static_cast<double>(M);
+
+  // The update: a tied parameter's gradients summed into its owner's, one global norm, AdamW.
+  const double t_up = now_s();
+  std::map<std::string, HostTensor> shared_sum;  // parameter -> the sum of its holders' accumulators
+  std::map<std::string, int> holders;
+  for (int64_t vs = 0; vs < I.V; ++vs)
+    for (const std::string& n : I.stages[static_cast<std::size_t>(vs)].params) ++holders[n];
+  for (int64_t vs = 0; vs < I.V; ++vs) {
+    const auto u = static_cast<std::size_t>(vs);
+    for (const std::string& n : I.stages[u].params) {
+      if (holders.at(n) < 2) continue;
+      const HostTensor h = I.bwd[u]->loaded.to_host(acc[u].at("grad.acc." + n));
+      auto it = shared_sum.find(n);
+      if (it == shared_sum.end()) {
+        shared_sum.emplace(n, h);
+      } else {
+        for (int64_t i = 0; i < h.numel(); ++i) it->second.set(i, it->second.get(i) + h.get(i));
+      }
+    }
+  }
+  const HostTensor mean = [&] {
+    HostTensor x(DType::f32, {});
+    x.set(0, 1.0 / static_cast<double>(M));
+    return x;
+  }();
+  std::vector<Arrays> upd_acc(static_cast<std::size_t>(I.V));
+  double sumsq = 0;
+  for (int64_t vs = 0; vs < I.V; ++vs) {
+    const auto u = static_cast<std::size_t>(vs);
+    if (!I.sumsq[u]) continue;
+    LoadedExecutable& q = I.sumsq[u]->loaded;
+    LoadedExecutable& up = I.update[u]->loaded;
+    Arrays in;
+    in.emplace("mean", q.to_device("mean", mean));
+    for (const std::string& n : I.owned[u]) {
+      const HostTensor h = shared_sum.count(n) ? shared_sum.at(n) : I.bwd[u]->loaded.to_host(acc[u].at("grad.acc." + n));
+      in.emplace("grad.acc." + n, q.to_device("grad.acc." + n, h));
+      upd_acc[u].emplace("grad.acc." + n, up.to_device("grad.acc." + n, h));
+    }
+    sumsq += q.to_host(q.output(q.run_named(in), "sumsq")).get(0);
+  }
+  rep.grad_norm = std::sqrt(sumsq);
+  const AdamWConfig& a = I.o.adamw;
+  double clip = 1.0;
+  if (a.clip_norm > 0 && rep.grad_norm > a.clip_norm) clip = a.clip_norm / (rep.grad_norm + 1e-6);
+  auto scalar = [](double v) {
+    HostTensor x(DType::f32, {});
+    x.set(0, v);
+    return x;
+  };
+  for (int64_t vs = 0; vs < I.V; ++vs) {
+    const auto u = static_cast<std::size_t>(vs);
+    if (!I.update[u]) continue;
+    LoadedExecutable& up = I.update[u]->loaded;
+    Arrays in = upd_acc[u];
+    in.emplace("adam.lr", up.to_device("adam.lr", scalar(lr)));
+    in.emplace("adam.bc1", up.to_device("adam.bc1", scalar(1.0 / (1.0 - std::pow(a.beta1, static_cast<double>(t))))));
+    in.emplace("adam.bc2", up.to_device("adam.bc2", scalar(1.0 / (1.0 - std::pow(a.beta2, static_cast<double>(t))))));
+    in.emplace("gscale", up.to_device("gscale", scalar(clip / static_cast<double>(M))));
+    for (const std::string& n : I.owned[u]) in.emplace(n, up.to_device(n, I.params.at(n)));
+    for (auto& [n, arr] : I.state_of[u]) in.emplace(n, arr);
+    RunResult r = up.run_named(in);
+    for (const std::string& n : I.owned[u]) {
+      I.params.at(n) = up.to_host(up.output(r, "next." + n));
+      I.state_of[u].at("adam.m." + n) = up.output(r, "next.adam.m." + n);
+      I.state_of[u].at("adam.v." + n) = up.output(r, "next.adam.v." + n);
+    }
+  }
+  rep.update_s = now_s() - t_up;
+  return rep;
+}
+
+}  // namespace tessel

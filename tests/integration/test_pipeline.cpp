@@ -1,0 +1,216 @@
+// Pipeline-parallel training (pipeline/stages.hpp, pipeline/runner.hpp): a GPT cut into stages
+// at its residual stream, each stage on its own runtime and sub-mesh, run by GPipe, 1F1B and
+// interleaved 1F1B over micro-batches, against one device's step over the whole batch (the
+// reference executor): every step's loss and gradient norm within 1e-5 and the parameters after
+// each step within the Adam tolerance of test_train.cpp; the bubble and the activations in
+// flight as each schedule says; bad cuts refused naming the value.
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+#include "../unit/test_util.hpp"
+#include "tessel/models/gpt.hpp"
+#include "tessel/pipeline/runner.hpp"
+#include "tessel/pipeline/stages.hpp"
+#include "tessel/runtime/compare.hpp"
+#include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "tessel/runtime/reference.hpp"
+#include "tessel/train/train_step.hpp"
+
+using namespace tessel;
+
+namespace {
+
+GptConfig small_gpt(int64_t batch) {
+  GptConfig c;
+  c.batch = batch;
+  c.seq = 8;
+  c.d_model = 16;
+  c.heads = 2;
+  c.layers = 4;
+  c.vocab = 32;
+  return c;
+}
+
+HostTensor scalar(double v) {
+  HostTensor h(DType::f32, {});
+  h.set(0, v);
+  return h;
+}
+
+// Rows [r0, r0 + n) of a [B, S] tensor.
+HostTensor rows(const HostTensor& t, int64_t r0, int64_t n) {
+  const int64_t S = t.shape()[1];
+  HostTensor out(t.dtype(), {n, S});
+  for (int64_t i = 0; i < n * S; ++i) out.set(i, t.get(r0 * S + i));
+  return out;
+}
+
+// One device's steps over the whole batch (the reference executor), from `init` (weights by
+// name): per step the loss, the gradient norm and the parameters after it.
+struct RefStep {
+  double loss = 0, grad_norm = 0;
+  std::map<std::string, HostTensor> params;
+};
+std::vector<RefStep> reference_steps(const GptConfig& cfg, const std::map<std::string, HostTensor>& init,
+                                     const HostTensor& tokens, const HostTensor& labels, const AdamWConfig& a,
+                                     double lr, int steps) {
+  GptGraph m = build_gpt(cfg);
+  TrainOptions o;
+  o.adamw = a;
+  add_train_step(m.graph, m.loss, m.weights, Mesh::parse("data=1"), o);
+  Graph& g = m.graph;
+  std::vector<HostTensor> host(g.inputs.size());
+  std::map<std::string, std::size_t> at;
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) {
+    const Value& v = g.values[static_cast<std::size_t>(g.inputs[i])];
+    at[v.name] = i;
+    host[i] = init.count(v.name) ? init.at(v.name) : HostTensor(v.dtype, v.shape);  // moments: zeros
+  }
+  host[at.at("tokens")] = tokens;
+  host[at.at("labels")] = labels;
+  std::vector<RefStep> out;
+  for (int t = 1; t <= steps; ++t) {
+    host[at.at("adam.lr")] = scalar(lr);
+    host[at.at("adam.bc1")] = scalar(1 / (1 - std::pow(a.beta1, t)));
+    host[at.at("adam.bc2")] = scalar(1 / (1 - std::pow(a.beta2, t)));
+    const std::vector<HostTensor> r = run_reference(g, host);
+    RefStep s;
+    for (std::size_t i = 0; i < g.outputs.size(); ++i) {
+      const std::string& n = g.values[static_cast<std::size_t>(g.outputs[i])].name;
+      if (static_cast<int>(g.outputs[i]) == m.loss.id) s.loss = r[i].get(0);
+      if (n == "grad_norm") s.grad_norm = r[i].get(0);
+      if (n.rfind("next.", 0) == 0) {
+        host[at.at(n.substr(5))] = r[i];
+        if (n.rfind("next.adam.", 0) != 0) s.params[n.substr(5)] = r[i];
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::map<std::string, HostTensor> gpt_weights(const GptConfig& cfg, uint64_t seed) {
+  GptGraph m = build_gpt(cfg);
+  std::vector<HostTensor> in = random_inputs(m.graph, seed);
+  gpt_init(m.graph, in);
+  std::map<std::string, HostTensor> w;
+  for (const Tensor& t : m.weights)
+    for (std::size_t i = 0; i < m.graph.inputs.size(); ++i)
+      if (m.graph.inputs[i] == t.id) w[t.name()] = in[i];
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved",
+          "[pipeline][integration]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("pipeline training against one device", seed, 1);
+  const int64_t B = 8;
+  const GptConfig full = small_gpt(B);
+  const auto init = gpt_weights(full, seed);
+  std::mt19937_64 rng(seed);
+  HostTensor tokens(DType::i32, {B, full.seq}), labels(DType::i32, {B, full.seq});
+  for (int64_t i = 0; i < B * full.seq; ++i) {
+    tokens.set(i, static_cast<double>(rng() % static_cast<uint64_t>(full.vocab)));
+    labels.set(i, static_cast<double>(rng() % static_cast<uint64_t>(full.vocab)));
+  }
+  AdamWConfig a;
+  a.eps = 1e-6;  // as test_train.cpp: an Adam step amplifies summation-order noise by lr / eps
+  const double lr = 1e-2;
+  const std::vector<RefStep> ref = reference_steps(full, init, tokens, labels, a, lr, 2);
+
+  struct Run {
+    const char* stage_mesh;
+    int64_t stages, micro, chunks;
+    ScheduleKind kind;
+  };
+  const std::vector<Run> runs = {
+      {"data=1", 2, 4, 1, ScheduleKind::GPipe},       {"data=1", 2, 4, 1, ScheduleKind::OneFOneB},
+      {"data=1", 4, 4, 1, ScheduleKind::OneFOneB},    {"data=2", 2, 4, 1, ScheduleKind::OneFOneB},
+      {"model=2", 2, 2, 1, ScheduleKind::GPipe},      {"data=1", 2, 4, 2, ScheduleKind::Interleaved}};
+  for (const Run& run : runs) {
+    INFO("pipe=" << run.stages << " x " << run.stage_mesh << ", " << schedule_kind_name(run.kind) << ", micro "
+                 << run.micro << ", chunks " << run.chunks);
+    GptConfig c = small_gpt(B / run.micro);
+    const Mesh mesh = gpt_mesh(Mesh::parse(run.stage_mesh), c);
+    GptGraph m = build_gpt(c);
+    // Cut the residual stream evenly: checkpoints are x0, then each block's output.
+    const int64_t pieces = run.stages * run.chunks;
+    std::vector<Tensor> cuts;
+    for (int64_t k = 1; k < pieces; ++k) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(k * c.layers / pieces)));
+    std::vector<PipelineStage> st = split_stages(m.graph, m.loss, m.weights, cuts);
+    REQUIRE(static_cast<int64_t>(st.size()) == pieces);
+    CHECK(st.front().recv.empty());
+    CHECK(st.back().send.empty());
+    CHECK(st.back().loss == m.loss.name());
+    std::vector<std::unique_ptr<ThreadRuntime>> rts;
+    std::vector<Runtime*> rp;
+    for (int64_t s = 0; s < run.stages; ++s) {
+      rts.push_back(std::make_unique<ThreadRuntime>(mesh.num_devices()));
+      rp.push_back(rts.back().get());
+    }
+    PipelineOptions o;
+    o.schedule = run.kind;
+    o.micro = run.micro;
+    o.chunks = run.chunks;
+    o.adamw = a;
+    PipelineTrainer tr(std::move(st), mesh, rp, init, o);
+    std::vector<std::map<std::string, HostTensor>> micro;
+    const int64_t b = B / run.micro;
+    for (int64_t k = 0; k < run.micro; ++k)
+      micro.push_back({{"tokens", rows(tokens, k * b, b)}, {"labels", rows(labels, k * b, b)}});
+    for (int t = 1; t <= 2; ++t) {
+      INFO("step " << t);
+      const PipelineStepReport r = tr.step(micro, lr, t);
+      const RefStep& want = ref[static_cast<std::size_t>(t - 1)];
+      CHECK(r.loss == Approx(want.loss).epsilon(1e-5));
+      CHECK(r.grad_norm == Approx(want.grad_norm).epsilon(1e-5));
+      const auto got = tr.params();
+      REQUIRE(got.size() == want.params.size());
+      for (const auto& [name, p] : want.params) {
+        const CompareResult cmp = compare(got.at(name), p, 1.0);
+        INFO(name << ": " << cmp.to_string());
+        CHECK(cmp.max_rel_err <= 2e-4);
+      }
+      // 1F1B keeps at most P - s micro-batches in flight on stage s; GPipe all M.
+      for (int64_t s = 0; s < run.stages; ++s) {
+        const int64_t want_peak = run.kind == ScheduleKind::GPipe ? run.micro
+                                  : run.kind == ScheduleKind::OneFOneB ? std::min(run.micro, run.stages - s)
+                                                                       : -1;
+        if (want_peak > 0) CHECK(r.peak_in_flight[static_cast<std::size_t>(s)] == want_peak);
+      }
+      CHECK(r.bubble >= 0);
+      CHECK(r.bubble < 1);
+    }
+  }
+}
+
+TEST_CASE("split_stages refuses a cut out of order or at an input and a value that skips a stage and a loss before the last cut",
+          "[pipeline]") {
+  GptConfig c = small_gpt(2);
+  GptGraph m = build_gpt(c);
+  const std::string out_of_order = tessel_test::error_of(
+      [&] { split_stages(m.graph, m.loss, m.weights, {m.checkpoints.at(3), m.checkpoints.at(1)}); });
+  CHECK(tessel_test::contains(out_of_order, "give the cuts in the order the graph makes them"));
+  const std::string input_cut =
+      tessel_test::error_of([&] { split_stages(m.graph, m.loss, m.weights, {m.tokens}); });
+  CHECK(tessel_test::contains(input_cut, "is a graph input"));
+  const std::string after_loss =
+      tessel_test::error_of([&] { split_stages(m.graph, m.checkpoints.at(2), m.weights, {m.checkpoints.at(3)}); });
+  CHECK(tessel_test::contains(after_loss, "not the last"));
+  // x0 (the embedding) used again two stages later: a value that skips a stage.
+  Graph g;
+  Tensor x = input(g, "x", DType::f32, {4});
+  Tensor a = exp(x).named("a");
+  Tensor b2 = exp(a).named("b");
+  Tensor d = add(exp(b2), a).named("d");  // a, made by stage 0, used by stage 2
+  Tensor l = reduce_sum(d, {0}).named("l");
+  const std::string skip = tessel_test::error_of([&] { split_stages(g, l, {x}, {a, b2}); });
+  CHECK(tessel_test::contains(skip, "%a"));
+  CHECK(tessel_test::contains(skip, "neighbours only"));
+}
