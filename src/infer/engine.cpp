@@ -28,16 +28,6 @@ struct InferEngine::Programs {
 
 namespace {
 
-Sharding input_layout(const Executable& exe, const std::string& name, const char* who) {
-  const Graph& g = exe.graph();
-  for (std::size_t i = 0; i < g.inputs.size(); ++i)
-    if (g.values[static_cast<std::size_t>(g.inputs[i])].name == name) {
-      const Program& p = exe.program();
-      return p.values[static_cast<std::size_t>(p.inputs[i])].sharding;
-    }
-  throw Error(fmt::format("{}: a generation program has no input '{}'", who, name));
-}
-
 HostTensor i32_tensor(Shape shape, const std::vector<int32_t>& values) {
   HostTensor t(DType::i32, std::move(shape));
   for (std::size_t i = 0; i < values.size(); ++i) t.set(static_cast<int64_t>(i), values[i]);
@@ -95,15 +85,15 @@ InferEngine::InferEngine(const GptConfig& cfg, const Mesh& mesh, Runtime& runtim
   for (const std::string& n : graphs_.weights) {
     const ShardedArray& a = p_->prefill_weights.emplace(n, p_->prefill.to_device(n, weights.at(n))).first->second;
     p_->decode_weights.emplace(
-        n, a.sharding() == input_layout(p_->decode_exe, n, who_) ? a : p_->decode.to_device(n, weights.at(n)));
+        n, a.sharding() == p_->decode.input_sharding(n) ? a : p_->decode.to_device(n, weights.at(n)));
     if (admit_batch > 0)
       p_->admit_weights.emplace(
-          n, a.sharding() == input_layout(*p_->admit_exe, n, who_) ? a : p_->admit->to_device(n, weights.at(n)));
+          n, a.sharding() == p_->admit->input_sharding(n) ? a : p_->admit->to_device(n, weights.at(n)));
   }
   std::vector<int32_t> pos(static_cast<std::size_t>(cfg_.seq));
   std::iota(pos.begin(), pos.end(), 0);
   p_->positions = p_->decode.to_device("positions", i32_tensor({cfg_.seq}, pos));
-  for (const std::string& c : graphs_.caches) p_->cache_layout.emplace(c, input_layout(p_->decode_exe, c, who_));
+  for (const std::string& c : graphs_.caches) p_->cache_layout.emplace(c, p_->decode.input_sharding(c));
 }
 
 InferEngine::~InferEngine() = default;

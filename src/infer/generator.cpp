@@ -27,7 +27,7 @@ const GptInferGraphs& GptGenerator::graphs() const { return engine_->graphs(); }
 
 std::vector<std::vector<int32_t>> GptGenerator::generate(const std::vector<std::vector<int32_t>>& prompts,
                                                          const GenerateOptions& o) {
-  const int64_t B = cfg_.batch, T = cfg_.seq, V = cfg_.vocab;
+  const int64_t B = cfg_.batch, T = cfg_.seq;
   const int64_t P = engine_->prompt_len();
   if (prompts.empty() || static_cast<int64_t>(prompts.size()) > B)
     throw Error(fmt::format("GptGenerator: {} prompts for a cache of {} sequences (give 1 to {})", prompts.size(), B,

@@ -76,6 +76,13 @@ StageProgram load_program(const Graph& g, const Mesh& mesh, Runtime& rt, const L
   return StageProgram{std::move(exe), std::move(l)};
 }
 
+// `a`, an array of `from`, as input `name` of `to` (the same runtime and mesh): the array itself
+// when `to` lays the input out alike, else through the host.
+ShardedArray carry(const LoadedExecutable& from, const ShardedArray& a, const LoadedExecutable& to,
+                   const std::string& name) {
+  return a.sharding() == to.input_sharding(name) ? a : to.to_device(name, from.to_host(a));
+}
+
 }  // namespace
 
 struct PipelineTrainer::Impl {
@@ -221,8 +228,8 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   for (int64_t vs = 0; vs < I.V; ++vs) {
     const auto u = static_cast<std::size_t>(vs);
     for (const std::string& n : I.stages[u].params) {
-      fparams[u].emplace(n, I.fwd[u]->loaded.to_device(n, I.params.at(n)));
-      bparams[u].emplace(n, I.bwd[u]->loaded.to_device(n, I.params.at(n)));
+      const ShardedArray& f = fparams[u].emplace(n, I.fwd[u]->loaded.to_device(n, I.params.at(n))).first->second;
+      bparams[u].emplace(n, carry(I.fwd[u]->loaded, f, I.bwd[u]->loaded, n));
       acc[u].emplace("grad.acc." + n,
                      I.bwd[u]->loaded.to_device("grad.acc." + n, HostTensor(DType::f32, I.params.at(n).shape())));
     }
@@ -273,12 +280,10 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
         } else {
           LoadedExecutable& b = I.bwd[u]->loaded;
           Arrays in = bparams[u];
-          // The backward's own copies of the forward inputs (its layouts may differ).
+          // The forward's inputs, kept on the devices (copied only where the backward lays one
+          // out otherwise).
           auto kept = stash.find({vs, m});
-          for (auto& [n, arr] : kept->second) {
-            const HostTensor h = I.fwd[u]->loaded.to_host(arr);
-            in.emplace(n, b.to_device(n, h));
-          }
+          for (auto& [n, arr] : kept->second) in.emplace(n, carry(I.fwd[u]->loaded, arr, b, n));
           stash.erase(kept);
           --in_flight;
           for (const std::string& n : st.send) in.emplace("grad." + n, b.to_device("grad." + n, recv.at("grad." + n)));
@@ -352,9 +357,14 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
     Arrays in;
     in.emplace("mean", q.to_device("mean", mean));
     for (const std::string& n : I.owned[u]) {
-      const HostTensor h = shared_sum.count(n) ? shared_sum.at(n) : I.bwd[u]->loaded.to_host(acc[u].at("grad.acc." + n));
-      in.emplace("grad.acc." + n, q.to_device("grad.acc." + n, h));
-      upd_acc[u].emplace("grad.acc." + n, up.to_device("grad.acc." + n, h));
+      const std::string a = "grad.acc." + n;
+      if (shared_sum.count(n)) {  // a tied parameter: its holders' sum, from the host
+        in.emplace(a, q.to_device(a, shared_sum.at(n)));
+        upd_acc[u].emplace(a, up.to_device(a, shared_sum.at(n)));
+      } else {
+        in.emplace(a, carry(I.bwd[u]->loaded, acc[u].at(a), q, a));
+        upd_acc[u].emplace(a, carry(I.bwd[u]->loaded, acc[u].at(a), up, a));
+      }
     }
     sumsq += q.to_host(q.output(q.run_named(in), "sumsq")).get(0);
   }

@@ -33,8 +33,8 @@ Tensor sum_all(Tensor t) {
 // Builds one stage's forward graph from the global graph's ops of that stage.
 class StageCopier {
  public:
-  StageCopier(const Graph& g, const std::vector<int>& made, int stage, const std::set<int>& params)
-      : g_(g), made_(made), stage_(stage), params_(params) {}
+  StageCopier(const Graph& g, const std::vector<int>& made, const std::set<int>& params)
+      : g_(g), made_(made), params_(params) {}
 
   // The stage's value for global value v.
   int get(int v, PipelineStage& out) {
@@ -89,7 +89,6 @@ class StageCopier {
 
   const Graph& g_;
   const std::vector<int>& made_;
-  int stage_;
   const std::set<int>& params_;
   Graph sg_;
   std::map<int, int> map_;
@@ -164,7 +163,7 @@ std::vector<PipelineStage> split_stages(const Graph& g, Tensor loss, const std::
   std::vector<PipelineStage> out(static_cast<std::size_t>(P));
   for (int s = 0; s < P; ++s) {
     PipelineStage& st = out[static_cast<std::size_t>(s)];
-    StageCopier c(g, made, s, param_ids);
+    StageCopier c(g, made, param_ids);
     for (std::size_t o = 0; o < g.ops.size(); ++o)
       if (op_stage[o] == s) c.copy_op(static_cast<int>(o), st);
     // Sent: what this stage makes and the next one uses.

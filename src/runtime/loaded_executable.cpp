@@ -368,6 +368,10 @@ std::size_t LoadedExecutable::input_index(const std::string& name) const {
 std::size_t LoadedExecutable::output_index(const std::string& name) const {
   return index_of(impl_->output_names, name, "output");
 }
+const Sharding& LoadedExecutable::input_sharding(const std::string& name) const {
+  const Program& p = impl_->program;
+  return p.values[static_cast<std::size_t>(p.inputs.at(input_index(name)))].sharding;
+}
 
 ProgramPassOptions lowering_for(Runtime& rt, ProgramPassOptions lowering) {
   DeviceThreads& lr = rt.local();

@@ -138,6 +138,10 @@ class LoadedExecutable {
   // The same for output `output`: an output of an uneven layout stays padded on the devices
   // (so it can be donated back to a padded input); to_host trims it to this shape.
   Shape output_shape(std::size_t output) const;
+  // The layout input `name` has on the devices (what to_device gives it): an array of another
+  // program on the same runtime and mesh in this layout may be passed to run() as it is, without
+  // a copy through the host. Throws RuntimeError naming an unknown input.
+  const Sharding& input_sharding(const std::string& name) const;
   // Throws RuntimeError naming the unknown name and the known ones.
   std::size_t input_index(const std::string& name) const;
   std::size_t output_index(const std::string& name) const;
