@@ -106,7 +106,7 @@ std::map<std::string, HostTensor> gpt_weights(const GptConfig& cfg, uint64_t see
 
 }  // namespace
 
-TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved",
+TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved in both stream modes",
           "[pipeline][integration]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("pipeline training against one device", seed, 1);
@@ -128,14 +128,16 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
     const char* stage_mesh;
     int64_t stages, micro, chunks;
     ScheduleKind kind;
+    int streams = 0;  // 0: the runtime's defaults; 1: async stream workers; 2: eager (StreamMode)
   };
   const std::vector<Run> runs = {
       {"data=1", 2, 4, 1, ScheduleKind::GPipe},       {"data=1", 2, 4, 1, ScheduleKind::OneFOneB},
       {"data=1", 4, 4, 1, ScheduleKind::OneFOneB},    {"data=2", 2, 4, 1, ScheduleKind::OneFOneB},
-      {"model=2", 2, 2, 1, ScheduleKind::GPipe},      {"data=1", 2, 4, 2, ScheduleKind::Interleaved}};
+      {"model=2", 2, 2, 1, ScheduleKind::GPipe},      {"data=1", 2, 4, 2, ScheduleKind::Interleaved},
+      {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 1}, {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 2}};
   for (const Run& run : runs) {
     INFO("pipe=" << run.stages << " x " << run.stage_mesh << ", " << schedule_kind_name(run.kind) << ", micro "
-                 << run.micro << ", chunks " << run.chunks);
+                 << run.micro << ", chunks " << run.chunks << ", streams " << run.streams);
     GptConfig c = small_gpt(B / run.micro);
     const Mesh mesh = gpt_mesh(Mesh::parse(run.stage_mesh), c);
     GptGraph m = build_gpt(c);
@@ -151,7 +153,10 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
     std::vector<std::unique_ptr<ThreadRuntime>> rts;
     std::vector<Runtime*> rp;
     for (int64_t s = 0; s < run.stages; ++s) {
-      rts.push_back(std::make_unique<ThreadRuntime>(mesh.num_devices()));
+      rts.push_back(run.streams == 0 ? std::make_unique<ThreadRuntime>(mesh.num_devices())
+                                     : std::make_unique<ThreadRuntime>(
+                                           mesh.num_devices(), tessel_test::stream_options<ThreadRuntimeOptions>(
+                                                                   run.streams == 1 ? StreamMode::Async : StreamMode::Eager)));
       rp.push_back(rts.back().get());
     }
     PipelineOptions o;

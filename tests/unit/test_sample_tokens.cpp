@@ -158,7 +158,7 @@ TEST_CASE("sample_tokens: the draws follow the softmax at the temperature", "[op
   }
 }
 
-TEST_CASE("sample_tokens: rows split and the vocabulary gathered match one device", "[ops][partition][sample]") {
+TEST_CASE("sample_tokens: rows split and the vocabulary gathered match one device in both stream modes", "[ops][partition][sample]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("sample_tokens partitioned", seed, 1);
   Graph g;
@@ -175,6 +175,17 @@ TEST_CASE("sample_tokens: rows split and the vocabulary gathered match one devic
   INFO(text);
   CHECK(tessel_test::contains(text, "all-gather"));  // the vocabulary, whole before the draw
   tessel_test::check_matches(g, mesh, seed, 0);
+  // And on each stream mode's runtime (outputs poisoned first).
+  Executable exe = compile(g, mesh);
+  const std::vector<HostTensor> in = random_inputs(g, seed);
+  const HostTensor want = run_reference(g, in).at(0);
+  for (StreamMode mode : {StreamMode::Async, StreamMode::Eager}) {
+    INFO(stream_mode_name(mode));
+    RunOptions ro = tessel_test::stream_options<RunOptions>(mode);
+    ro.poison = true;
+    const HostTensor got = exe.run(in, ro).at(0);
+    for (int64_t i = 0; i < want.numel(); ++i) CHECK(got.get(i) == want.get(i));
+  }
 }
 
 TEST_CASE("sample_tokens refuses operands of the wrong shape or dtype naming them", "[ops][sample]") {
