@@ -54,6 +54,13 @@
 // draws the same batches from rank 0's seed (agree_on_seed), and only rank 0 prints. A RANK/
 // WORLD_SIZE launcher without MPI is an error saying so (make_runtime, runtime/make_runtime.hpp).
 //
+// A mesh with a pipe axis (--mesh pipe=2,data=2) trains with pipeline parallelism
+// (pipeline/runner.hpp): the model cut at its residual stream into pipe stages of equal layers
+// (x --chunks V with --schedule interleaved), each on the mesh's other axes, run at once by
+// --schedule gpipe|1f1b|interleaved over --microbatches M micro-batches, each step checked
+// against one device from the same state (docs/pipeline.md). ZeRO, --auto, accumulation, mixed
+// precision, rematerialisation, checkpoints, CUDA and mpirun are refused there for now.
+//
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
 // device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
 // on the GPUs; under mpirun or a RANK/WORLD_SIZE launcher, one NCCL world over the processes.
@@ -88,6 +95,7 @@
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
+#include "tessel/pipeline/runner.hpp"
 #include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/make_runtime.hpp"
@@ -108,6 +116,7 @@ const char* kUsage =
     "                 [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
     "                 [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]] [--resume-or-start]\n"
     "                 [--auto] [--memory-budget BYTES] [--links SPEC|@FILE] [--write-graph FILE] [--all-warnings]\n"
+    "                 [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--chunks V]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --warmup N: the learning rate rises linearly\n"
     "over N steps, then falls along a cosine to 0 at --steps (default: constant). --accumulate K:\n"
@@ -141,7 +150,12 @@ const char* kUsage =
     "the hand layouts'. Not with --zero.\n"
     "--write-graph FILE: write the training step's graph with its layouts (text form, for\n"
     "tessel-explain FILE) and exit.\n"
-    "--all-warnings: print each compiler warning (default: a kind with more than 2 becomes one line).\n";
+    "--all-warnings: print each compiler warning (default: a kind with more than 2 becomes one line).\n"
+    "Pipeline parallelism: a mesh with a pipe axis (--mesh pipe=2,data=2) cuts the model into pipe\n"
+    "stages of equal layers (x --chunks V for the interleaved schedule), each on the mesh's other\n"
+    "axes, run at once by --schedule (default 1f1b) over --microbatches M (default 4) micro-batches\n"
+    "of batch/M rows (docs/pipeline.md). Not yet with --zero, --auto, --accumulate, --mixed, --remat,\n"
+    "--offload, --check-finite, checkpoints, --write-graph, --backend cuda or under mpirun.\n";
 
 using json = nlohmann::json;
 
@@ -250,6 +264,145 @@ StepPrediction predict_step(const tessel::Executable& exe, const tessel::CostMod
   return {low.compute_seconds(cost), low.comm_seconds(cost)};
 }
 
+struct PipeFlags {
+  tessel::ScheduleKind kind = tessel::ScheduleKind::OneFOneB;
+  int64_t micro = 4, chunks = 1;
+};
+struct PipeRun {
+  tessel::GptConfig cfg;  // the whole batch's
+  tessel::Mesh mesh;      // with its pipe axis
+  const std::string& corpus;
+  PipeFlags flags;
+  uint64_t seed;
+  int steps, threads;
+  double lr;
+  int warmup;
+  double tolerance;
+  bool reference;
+  std::string out_prefix;
+};
+
+// gpt_train on a mesh with a pipe axis: the model cut at its residual stream into pipe x chunks
+// stages of equal layers, each on the mesh's other axes, trained by a PipelineTrainer, each step
+// checked against one device's step from the same state (Trainer::reference_step).
+int run_pipeline(const PipeRun& a) {
+  const int64_t P = a.mesh.axis_size("pipe"), M = a.flags.micro, V = a.flags.chunks;
+  std::vector<tessel::MeshAxis> axes;
+  for (const tessel::MeshAxis& x : a.mesh.axes())
+    if (x.name != "pipe") axes.push_back(x);
+  const tessel::Mesh stage_mesh(axes);
+  if (a.cfg.batch % M != 0)
+    throw tessel::UsageError(fmt::format("--microbatches {}: the batch of {} rows does not split into {} equal "
+                                         "micro-batches",
+                                         M, a.cfg.batch, M));
+  if (V > 1 && a.flags.kind != tessel::ScheduleKind::Interleaved)
+    throw tessel::UsageError(fmt::format("--chunks {} needs --schedule interleaved", V));
+  if (a.cfg.layers < P * V)
+    throw tessel::UsageError(fmt::format("--layers {}: too few for {} stages{} (each needs a layer)", a.cfg.layers,
+                                         P * V, V > 1 ? fmt::format(" ({} pipe x {} chunks)", P, V) : ""));
+  tessel::GptConfig c = a.cfg;
+  c.batch /= M;  // the stages see one micro-batch
+  tessel::GptGraph m = tessel::build_gpt(c);
+  std::vector<tessel::Tensor> cuts;
+  for (int64_t k = 1; k < P * V; ++k) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(k * c.layers / (P * V))));
+  std::vector<tessel::PipelineStage> stages = tessel::split_stages(m.graph, m.loss, m.weights, cuts);
+  // Initial values as the single-program run draws them: GPT-2 scale weights, gains 1, biases 0.
+  std::vector<tessel::HostTensor> host = tessel::random_inputs(m.graph, a.seed);
+  tessel::gpt_init(m.graph, host);
+  std::map<std::string, tessel::HostTensor> init;
+  for (const tessel::Tensor& w : m.weights)
+    for (std::size_t i = 0; i < m.graph.inputs.size(); ++i)
+      if (m.graph.inputs[i] == w.id) init[w.name()] = host[i];
+  std::vector<std::unique_ptr<tessel::Runtime>> rts;
+  std::vector<tessel::Runtime*> rp;
+  for (int64_t s = 0; s < P; ++s) {
+    rts.push_back(tessel::make_runtime({"cpu", stage_mesh, a.threads}));
+    if (rts.back()->process_count() > 1)
+      throw tessel::UsageError("a pipe axis in --mesh is not yet supported under mpirun: run it as one process");
+    rp.push_back(rts.back().get());
+  }
+  tessel::TrainerOptions o;
+  o.lr = a.warmup > 0 ? tessel::LrSchedule::warmup_cosine(a.lr, a.warmup, a.steps) : tessel::LrSchedule::constant(a.lr);
+  tessel::PipelineOptions po;
+  po.schedule = a.flags.kind;
+  po.micro = M;
+  po.chunks = V;
+  po.adamw = o.train.adamw;
+  const auto t0 = std::chrono::steady_clock::now();
+  tessel::PipelineTrainer trainer(std::move(stages), stage_mesh, rp, init, po);
+  // The oracle: the same step on one device (the reference executor) from the pipeline's state.
+  std::optional<tessel::ThreadRuntime> one_rt;
+  std::optional<tessel::Trainer> one;
+  if (a.reference) {
+    one_rt.emplace(1);
+    one.emplace(m.graph, m.loss, m.weights, tessel::gpt_mesh(tessel::Mesh::parse("data=1"), c), *one_rt, o);
+  }
+  const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("gpt_train: batch={} ({} micro-batches of {}) seq={} d_model={} heads={} layers={} vocab={} corpus={} "
+             "bytes\n",
+             a.cfg.batch, M, c.batch, c.seq, c.d_model, c.heads, c.layers, c.vocab, a.corpus.size());
+  fmt::print("pipeline: {} stages{} of mesh {} ({} CPU devices in all), schedule {}, lr {}, seed {}\n", P,
+             V > 1 ? fmt::format(" x {} chunks", V) : "", stage_mesh.to_string(), P * stage_mesh.num_devices(),
+             tessel::schedule_kind_name(a.flags.kind), o.lr.to_string(), a.seed);
+  fmt::print("{}compile + load: {:.1f} ms\n", trainer.schedule().to_string(), compile_ms);
+
+  BatchStream batches(a.corpus, a.seed, a.cfg.batch, c.seq, 0);
+  std::vector<double> losses;
+  double worst = 0, bubble_sum = 0;
+  std::vector<int64_t> peak(static_cast<std::size_t>(P), 0);
+  std::string csv = "step,loss,one_device,grad_norm,lr,seconds,bubble\n";
+  for (int t = 1; t <= a.steps; ++t) {
+    const std::vector<std::vector<tessel::HostTensor>> micro = batches.next(static_cast<int>(M));
+    std::vector<std::map<std::string, tessel::HostTensor>> named;
+    for (const auto& b : micro) named.push_back({{"tokens", b[0]}, {"labels", b[1]}});
+    double ref = 0;
+    std::string ref_text;
+    if (one) ref = one->reference_step(tessel::TrainState{t - 1, trainer.state()}, micro, a.threads).loss;
+    const double lr_t = o.lr.at(t);
+    const auto s0 = std::chrono::steady_clock::now();
+    const tessel::PipelineStepReport r = trainer.step(named, lr_t, t);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    losses.push_back(r.loss);
+    bubble_sum += r.bubble;
+    for (int64_t s = 0; s < P; ++s)
+      peak[static_cast<std::size_t>(s)] = std::max(peak[static_cast<std::size_t>(s)], r.peak_in_flight[static_cast<std::size_t>(s)]);
+    if (one) {
+      const double rel = std::fabs(r.loss - ref) / std::max(std::fabs(ref), 1e-30);
+      worst = std::max(worst, rel);
+      ref_text = fmt::format("  one device {:.6f}  rel {:.2e}", ref, rel);
+    }
+    fmt::print("step {:4d}/{}  loss {:.6f}{}  grad_norm {:.4f}  lr {:.2e}  {:.1f} ms  bubble {:.2f}\n", t, a.steps,
+               r.loss, ref_text, r.grad_norm, lr_t, sec * 1e3, r.bubble);
+    csv += fmt::format("{},{},{},{},{},{},{}\n", t, r.loss, one ? fmt::format("{}", ref) : "", r.grad_norm, lr_t, sec,
+                       r.bubble);
+  }
+  if (!a.out_prefix.empty()) {
+    std::ofstream f(a.out_prefix + ".csv");
+    f << csv;
+    if (!f.flush()) throw tessel::Error(fmt::format("cannot write {}.csv (--out)", a.out_prefix));
+    fmt::print("loss curve: {}.csv\n", a.out_prefix);
+  }
+  const std::size_t n = losses.size(), w = std::max<std::size_t>(1, std::min<std::size_t>(5, n / 2));
+  double first = 0, last = 0;
+  for (std::size_t i = 0; i < w; ++i) {
+    first += losses[i] / static_cast<double>(w);
+    last += losses[n - 1 - i] / static_cast<double>(w);
+  }
+  fmt::print("loss: mean of the first {} steps {:.4f}, of the last {} steps {:.4f} ({})\n", w, first, w, last,
+             n >= 2 && last < first ? "falling" : "NOT falling");
+  if (one)
+    fmt::print("largest relative difference from one device: {:.2e} ({})\n", worst,
+               worst <= a.tolerance ? fmt::format("ok, <= {}", a.tolerance) : fmt::format("FAILED, > {}", a.tolerance));
+  std::vector<std::string> peaks;
+  for (int64_t p : peak) peaks.push_back(std::to_string(p));
+  fmt::print("bubble: {:.3f} measured (mean over the steps; the schedule's with equal stages and free transfers: "
+             "{:.3f}); micro-batches in flight at the peak per stage: {}\n",
+             bubble_sum / static_cast<double>(n), tessel::simulate(trainer.schedule(), 1, 2).bubble,
+             fmt::format("{}", fmt::join(peaks, ", ")));
+  const bool ok = (!one || worst <= a.tolerance) && (n < 2 || last < first) && std::isfinite(last);
+  return ok ? 0 : 1;
+}
+
 int run(int argc, char** argv) {
   tessel::GptConfig cfg;
   cfg.batch = 8;
@@ -277,6 +430,7 @@ int run(int argc, char** argv) {
   bool auto_layouts = false, zero_given = false;
   int64_t memory_budget = 0;
   std::string links, write_graph;
+  PipeFlags pipe;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return tessel::cli::next_value(i, argc, argv); };
@@ -323,6 +477,9 @@ int run(int argc, char** argv) {
       tolerance_given = true;
     }
     else if (a == "--no-reference") reference = false;
+    else if (a == "--schedule") pipe.kind = tessel::parse_schedule_kind(next());
+    else if (a == "--microbatches") pipe.micro = tessel::cli::parse_i64(a, next(), 1, 4096);
+    else if (a == "--chunks") pipe.chunks = tessel::cli::parse_i64(a, next(), 1, 64);
     else if (a == "--remat") to.remat = tessel::parse_remat_policy(next());
     else if (a == "--offload") offload = true;
     else if (a == "--backend") cuda = tessel::cli::parse_backend_is_cuda(a, next());
@@ -428,6 +585,20 @@ int run(int argc, char** argv) {
                                          memory_budget > 0 ? "--memory-budget" : "--links"));
   if (auto_layouts && zero_given)
     throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
+  if (mesh.axis_index("pipe") >= 0) {
+    for (const char* flag : {"--zero", "--auto", "--accumulate", "--mixed", "--remat", "--offload", "--check-finite",
+                             "--save-dir", "--resume", "--resume-or-start", "--write-graph"})
+      if (given.count(flag))
+        throw tessel::UsageError(fmt::format("{} is not yet supported with a pipe axis in --mesh (pipeline stages run "
+                                             "ZeRO 0, f32, without checkpoints: docs/pipeline.md)",
+                                             flag));
+    if (cuda) throw tessel::UsageError("--backend cuda is not yet supported with a pipe axis in --mesh");
+    PipeRun run{cfg, mesh, corpus, pipe, seed, steps, threads, lr, warmup, tolerance, reference, out_prefix};
+    return run_pipeline(run);
+  }
+  for (const char* flag : {"--schedule", "--microbatches", "--chunks"})
+    if (given.count(flag))
+      throw tessel::UsageError(fmt::format("{} applies to a mesh with a pipe axis (e.g. --mesh pipe=2,data=2)", flag));
 
   // What a checkpoint keeps besides the state, and what a resumed run must share with it.
   json meta = {{"tool", "gpt_train"},

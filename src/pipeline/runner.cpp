@@ -208,6 +208,15 @@ const Schedule& PipelineTrainer::schedule() const { return p_->schedule; }
 
 std::map<std::string, HostTensor> PipelineTrainer::params() const { return p_->params; }
 
+std::map<std::string, HostTensor> PipelineTrainer::state() const {
+  std::map<std::string, HostTensor> out = p_->params;
+  for (int64_t vs = 0; vs < p_->V; ++vs) {
+    const auto u = static_cast<std::size_t>(vs);
+    for (const auto& [n, arr] : p_->state_of[u]) out[n] = p_->update[u]->loaded.to_host(arr);
+  }
+  return out;
+}
+
 PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string, HostTensor>>& micro_batches,
                                          double lr, int64_t t) {
   Impl& I = *p_;

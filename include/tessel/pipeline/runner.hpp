@@ -76,6 +76,9 @@ class PipelineTrainer {
 
   // The parameters now, by name (each once).
   std::map<std::string, HostTensor> params() const;
+  // The training state as Trainer::state's values (train/trainer.hpp): each parameter and its
+  // AdamW moments "adam.m.<p>", "adam.v.<p>", by name; Trainer::reference_step takes it.
+  std::map<std::string, HostTensor> state() const;
   const Schedule& schedule() const;
 
  private:
