@@ -58,8 +58,9 @@
 // (pipeline/runner.hpp): the model cut at its residual stream into pipe stages of equal layers
 // (x --chunks V with --schedule interleaved), each on the mesh's other axes, run at once by
 // --schedule gpipe|1f1b|interleaved over --microbatches M micro-batches, each step checked
-// against one device from the same state (docs/pipeline.md). ZeRO, --auto, accumulation, mixed
-// precision, rematerialisation, checkpoints, CUDA and mpirun are refused there for now.
+// against one device from the same state (docs/pipeline.md); its checkpoints (the state gathered,
+// the same metadata) resume on any mesh, and it resumes any mesh's. ZeRO, --auto, accumulation,
+// mixed precision, rematerialisation, CUDA and mpirun are refused there for now.
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
 // device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
@@ -154,8 +155,9 @@ const char* kUsage =
     "Pipeline parallelism: a mesh with a pipe axis (--mesh pipe=2,data=2) cuts the model into pipe\n"
     "stages of equal layers (x --chunks V for the interleaved schedule), each on the mesh's other\n"
     "axes, run at once by --schedule (default 1f1b) over --microbatches M (default 4) micro-batches\n"
-    "of batch/M rows (docs/pipeline.md). Not yet with --zero, --auto, --accumulate, --mixed, --remat,\n"
-    "--offload, --check-finite, checkpoints, --write-graph, --backend cuda or under mpirun.\n";
+    "of batch/M rows (docs/pipeline.md); checkpoints move between pipelined and other meshes. Not yet\n"
+    "with --zero, --auto, --accumulate, --mixed, --remat, --offload, --check-finite, --write-graph,\n"
+    "--backend cuda or under mpirun.\n";
 
 using json = nlohmann::json;
 
@@ -280,6 +282,11 @@ struct PipeRun {
   double tolerance;
   bool reference;
   std::string out_prefix;
+  tessel::CheckpointDir* ckpt;  // --save-dir, else null
+  int64_t start;                // the step resumed from (0: a fresh start)
+  const json& saved;            // the resumed step's metadata
+  json meta;                    // what a checkpoint keeps besides the state (the model, data settings)
+  int save_every, keep;
 };
 
 // gpt_train on a mesh with a pipe axis: the model cut at its residual stream into pipe x chunks
@@ -346,12 +353,38 @@ int run_pipeline(const PipeRun& a) {
              tessel::schedule_kind_name(a.flags.kind), o.lr.to_string(), a.seed);
   fmt::print("{}compile + load: {:.1f} ms\n", trainer.schedule().to_string(), compile_ms);
 
-  BatchStream batches(a.corpus, a.seed, a.cfg.batch, c.seq, 0);
+  // A resumed run: the state of the step (saved on any mesh, pipelined or not) and its data position.
+  std::vector<double> first_losses;
+  int64_t position = 0;
+  if (a.start > 0) {
+    trainer.set_state(a.ckpt->read_all(a.start));
+    first_losses = a.saved.at("first_losses").get<std::vector<double>>();
+    position = a.saved.at("data_position").get<int64_t>();
+    fmt::print("resumed from step {} (saved on {}, zero {})\n", a.start, a.saved.value("mesh", std::string("?")),
+               a.saved.value("zero", -1));
+  }
+  if (a.start >= a.steps) {
+    fmt::print("step {} is already at --steps {}: nothing to train\n", a.start, a.steps);
+    return 0;
+  }
+  json meta = a.meta;
+  meta["seed"] = a.seed;
+  meta["zero"] = 0;
+  meta["auto_shard"] = false;
+  meta["mesh"] = mesh_flag(a.mesh);
+  meta["remat"] = "none";
+  meta["accumulate"] = 1;
+  meta["steps"] = a.steps;
+  meta["rows_per_batch"] = a.cfg.batch;
+  meta["pipeline"] = {{"schedule", tessel::schedule_kind_name(a.flags.kind)}, {"microbatches", M}, {"chunks", V}};
+
+  BatchStream batches(a.corpus, a.seed, a.cfg.batch, c.seq, position);
   std::vector<double> losses;
   double worst = 0, bubble_sum = 0;
   std::vector<int64_t> peak(static_cast<std::size_t>(P), 0);
-  std::string csv = "step,loss,one_device,grad_norm,lr,seconds,bubble\n";
-  for (int t = 1; t <= a.steps; ++t) {
+  // The loss curve in Trainer::write_history_csv's columns, and the step's measured bubble.
+  std::string csv = "step,loss,grad_norm,lr,seconds,tokens_per_s,micro_batches,skipped,bubble\n";
+  for (int t = static_cast<int>(a.start) + 1; t <= a.steps; ++t) {
     const std::vector<std::vector<tessel::HostTensor>> micro = batches.next(static_cast<int>(M));
     std::vector<std::map<std::string, tessel::HostTensor>> named;
     for (const auto& b : micro) named.push_back({{"tokens", b[0]}, {"labels", b[1]}});
@@ -363,6 +396,7 @@ int run_pipeline(const PipeRun& a) {
     const tessel::PipelineStepReport r = trainer.step(named, lr_t, t);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
     losses.push_back(r.loss);
+    if (first_losses.size() < 5) first_losses.push_back(r.loss);
     bubble_sum += r.bubble;
     for (int64_t s = 0; s < P; ++s)
       peak[static_cast<std::size_t>(s)] = std::max(peak[static_cast<std::size_t>(s)], r.peak_in_flight[static_cast<std::size_t>(s)]);
@@ -373,8 +407,18 @@ int run_pipeline(const PipeRun& a) {
     }
     fmt::print("step {:4d}/{}  loss {:.6f}{}  grad_norm {:.4f}  lr {:.2e}  {:.1f} ms  bubble {:.2f}\n", t, a.steps,
                r.loss, ref_text, r.grad_norm, lr_t, sec * 1e3, r.bubble);
-    csv += fmt::format("{},{},{},{},{},{},{}\n", t, r.loss, one ? fmt::format("{}", ref) : "", r.grad_norm, lr_t, sec,
-                       r.bubble);
+    csv += fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},0,{:.4f}\n", t, r.loss, r.grad_norm, lr_t, sec,
+                       static_cast<double>(a.cfg.batch * c.seq) / sec, M, r.bubble);
+    if (a.ckpt && (t == a.steps || (a.save_every > 0 && t % a.save_every == 0))) {
+      // The state gathered to the host and saved as one block per array: any mesh restores it.
+      tessel::SaveOptions so;
+      meta["data_position"] = batches.drawn();
+      meta["first_losses"] = first_losses;
+      so.metadata_json = meta.dump();
+      a.ckpt->save(t, trainer.state(), stage_mesh, {}, so);
+      if (a.keep > 0) a.ckpt->keep_last(a.keep);
+      fmt::print("saved step {} to {}\n", t, a.ckpt->step_path(t));
+    }
   }
   if (!a.out_prefix.empty()) {
     std::ofstream f(a.out_prefix + ".csv");
@@ -382,13 +426,13 @@ int run_pipeline(const PipeRun& a) {
     if (!f.flush()) throw tessel::Error(fmt::format("cannot write {}.csv (--out)", a.out_prefix));
     fmt::print("loss curve: {}.csv\n", a.out_prefix);
   }
-  const std::size_t n = losses.size(), w = std::max<std::size_t>(1, std::min<std::size_t>(5, n / 2));
+  // Over the whole run (a resumed run has its first steps' losses from the checkpoint).
+  const std::size_t n = static_cast<std::size_t>(a.steps), w = std::max<std::size_t>(1, std::min<std::size_t>(5, n / 2));
+  const std::size_t wl = std::min(w, losses.size());
   double first = 0, last = 0;
-  for (std::size_t i = 0; i < w; ++i) {
-    first += losses[i] / static_cast<double>(w);
-    last += losses[n - 1 - i] / static_cast<double>(w);
-  }
-  fmt::print("loss: mean of the first {} steps {:.4f}, of the last {} steps {:.4f} ({})\n", w, first, w, last,
+  for (std::size_t i = 0; i < w && i < first_losses.size(); ++i) first += first_losses[i] / static_cast<double>(w);
+  for (std::size_t i = 0; i < wl; ++i) last += losses[losses.size() - 1 - i] / static_cast<double>(wl);
+  fmt::print("loss: mean of the first {} steps {:.4f}, of the last {} steps {:.4f} ({})\n", w, first, wl, last,
              n >= 2 && last < first ? "falling" : "NOT falling");
   if (one)
     fmt::print("largest relative difference from one device: {:.2e} ({})\n", worst,
@@ -397,7 +441,7 @@ int run_pipeline(const PipeRun& a) {
   for (int64_t p : peak) peaks.push_back(std::to_string(p));
   fmt::print("bubble: {:.3f} measured (mean over the steps; the schedule's with equal stages and free transfers: "
              "{:.3f}); micro-batches in flight at the peak per stage: {}\n",
-             bubble_sum / static_cast<double>(n), tessel::simulate(trainer.schedule(), 1, 2).bubble,
+             bubble_sum / static_cast<double>(losses.size()), tessel::simulate(trainer.schedule(), 1, 2).bubble,
              fmt::format("{}", fmt::join(peaks, ", ")));
   const bool ok = (!one || worst <= a.tolerance) && (n < 2 || last < first) && std::isfinite(last);
   return ok ? 0 : 1;
@@ -585,20 +629,20 @@ int run(int argc, char** argv) {
                                          memory_budget > 0 ? "--memory-budget" : "--links"));
   if (auto_layouts && zero_given)
     throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
-  if (mesh.axis_index("pipe") >= 0) {
+  const bool piped = mesh.axis_index("pipe") >= 0;
+  if (piped) {
     for (const char* flag : {"--zero", "--auto", "--accumulate", "--mixed", "--remat", "--offload", "--check-finite",
-                             "--save-dir", "--resume", "--resume-or-start", "--write-graph"})
+                             "--write-graph"})
       if (given.count(flag))
         throw tessel::UsageError(fmt::format("{} is not yet supported with a pipe axis in --mesh (pipeline stages run "
-                                             "ZeRO 0, f32, without checkpoints: docs/pipeline.md)",
+                                             "ZeRO 0 in f32: docs/pipeline.md)",
                                              flag));
     if (cuda) throw tessel::UsageError("--backend cuda is not yet supported with a pipe axis in --mesh");
-    PipeRun run{cfg, mesh, corpus, pipe, seed, steps, threads, lr, warmup, tolerance, reference, out_prefix};
-    return run_pipeline(run);
+  } else {
+    for (const char* flag : {"--schedule", "--microbatches", "--chunks"})
+      if (given.count(flag))
+        throw tessel::UsageError(fmt::format("{} applies to a mesh with a pipe axis (e.g. --mesh pipe=2,data=2)", flag));
   }
-  for (const char* flag : {"--schedule", "--microbatches", "--chunks"})
-    if (given.count(flag))
-      throw tessel::UsageError(fmt::format("{} applies to a mesh with a pipe axis (e.g. --mesh pipe=2,data=2)", flag));
 
   // What a checkpoint keeps besides the state, and what a resumed run must share with it.
   json meta = {{"tool", "gpt_train"},
@@ -645,6 +689,15 @@ int run(int argc, char** argv) {
                                         "resume from the latest step or remove the later ones",
                                         resume_at >= 0 ? fmt::format("--resume {}", resume_at) : std::string(resume_flag),
                                         c, save_dir, join_steps(committed)));
+  }
+  if (piped) {
+    if (cfg.compute != cfg.dtype)
+      throw tessel::UsageError(fmt::format("{}: step {} was saved with mixed precision, not yet supported with a pipe "
+                                           "axis in --mesh",
+                                           resume_flag, start));
+    PipeRun run{cfg,  mesh,   corpus,    pipe,      seed,   steps,      threads,          lr,   warmup, tolerance,
+                reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep};
+    return run_pipeline(run);
   }
   cfg.batch /= accumulate;  // the model sees one micro-batch
   cfg.annotate = !auto_layouts;

@@ -217,6 +217,40 @@ std::map<std::string, HostTensor> PipelineTrainer::state() const {
   return out;
 }
 
+void PipelineTrainer::set_state(const std::map<std::string, HostTensor>& values) {
+  Impl& I = *p_;
+  std::map<std::string, HostTensor> params;
+  std::vector<Arrays> state(static_cast<std::size_t>(I.V));
+  std::size_t used = 0;
+  auto take = [&](const std::string& name, DType dt, const Shape& shape) -> const HostTensor& {
+    auto it = values.find(name);
+    if (it == values.end()) throw Error(fmt::format("PipelineTrainer::set_state: the state has no '{}'", name));
+    if (it->second.dtype() != dt || it->second.shape() != shape)
+      throw Error(fmt::format("PipelineTrainer::set_state: '{}' is {}; the model's is {}", name,
+                              type_str(it->second.dtype(), it->second.shape()), type_str(dt, shape)));
+    ++used;
+    return it->second;
+  };
+  for (int64_t vs = 0; vs < I.V; ++vs) {
+    const auto u = static_cast<std::size_t>(vs);
+    for (const std::string& n : I.owned[u]) {
+      const HostTensor& now = I.params.at(n);
+      params[n] = take(n, now.dtype(), now.shape());
+      LoadedExecutable& up = I.update[u]->loaded;
+      for (const std::string& mv : {"adam.m." + n, "adam.v." + n})
+        state[u].emplace(mv, up.to_device(mv, take(mv, DType::f32, now.shape())));
+    }
+  }
+  if (used != values.size())
+    for (const auto& [name, v] : values)
+      if (!params.count(name) && name.rfind("adam.", 0) != 0)
+        throw Error(fmt::format("PipelineTrainer::set_state: '{}' is not part of the training state", name));
+  if (used != values.size())
+    throw Error(fmt::format("PipelineTrainer::set_state: {} values given, the state has {}", values.size(), used));
+  I.params = std::move(params);
+  I.state_of = std::move(state);
+}
+
 PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string, HostTensor>>& micro_batches,
                                          double lr, int64_t t) {
   Impl& I = *p_;

@@ -219,3 +219,31 @@ TEST_CASE("split_stages refuses a cut out of order or at an input and a value th
   CHECK(tessel_test::contains(skip, "%a"));
   CHECK(tessel_test::contains(skip, "neighbours only"));
 }
+
+TEST_CASE("the pipeline trainer's state round-trips and a bad state is refused naming the value", "[pipeline]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("pipeline state", seed, 1);
+  GptConfig c = small_gpt(2);
+  const Mesh mesh = gpt_mesh(Mesh::parse("data=1"), c);
+  GptGraph m = build_gpt(c);
+  ThreadRuntime r0(1), r1(1);
+  PipelineOptions o;
+  o.micro = 2;
+  PipelineTrainer tr(split_stages(m.graph, m.loss, m.weights, {m.checkpoints.at(2)}), mesh, {&r0, &r1},
+                     gpt_weights(small_gpt(4), seed), o);
+  std::map<std::string, HostTensor> st = tr.state();
+  CHECK(st.size() == 3 * m.weights.size());  // each parameter and its two moments
+  CHECK(st.count("adam.m.wte") == 1);
+  st.at("adam.v.wte").set(0, 0.25);
+  tr.set_state(st);
+  CHECK(tr.state().at("adam.v.wte").get(0) == 0.25);
+  auto missing = st;
+  missing.erase("adam.m.l0_wq");
+  CHECK(tessel_test::contains(tessel_test::error_of([&] { tr.set_state(missing); }), "the state has no 'adam.m.l0_wq'"));
+  auto wrong = st;
+  wrong["wte"] = HostTensor(DType::f32, {3});
+  CHECK(tessel_test::contains(tessel_test::error_of([&] { tr.set_state(wrong); }), "'wte' is f32[3]"));
+  auto extra = st;
+  extra["stray"] = HostTensor(DType::f32, {1});
+  CHECK(tessel_test::contains(tessel_test::error_of([&] { tr.set_state(extra); }), "'stray' is not part of the training state"));
+}

@@ -79,6 +79,10 @@ class PipelineTrainer {
   // The training state as Trainer::state's values (train/trainer.hpp): each parameter and its
   // AdamW moments "adam.m.<p>", "adam.v.<p>", by name; Trainer::reference_step takes it.
   std::map<std::string, HostTensor> state() const;
+  // Sets the state from such values (a checkpoint's, saved on any mesh, pipelined or not). Throws
+  // Error naming a value that is missing or of another dtype or shape than the model's, or one
+  // that is not part of the state.
+  void set_state(const std::map<std::string, HostTensor>& values);
   const Schedule& schedule() const;
 
  private:
