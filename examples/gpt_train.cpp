@@ -58,9 +58,10 @@
 // (pipeline/runner.hpp): the model cut at its residual stream into pipe stages of equal layers
 // (x --chunks V with --schedule interleaved), each on the mesh's other axes, run at once by
 // --schedule gpipe|1f1b|interleaved over --microbatches M micro-batches, each step checked
-// against one device from the same state (docs/pipeline.md); its checkpoints (the state gathered,
-// the same metadata) resume on any mesh, and it resumes any mesh's. ZeRO, --auto, accumulation,
-// mixed precision, rematerialisation, CUDA and mpirun are refused there for now.
+// against one device from the same state (docs/pipeline.md), --zero 0..2 within each stage; its
+// checkpoints (the state gathered, the same metadata) resume on any mesh, and it resumes any
+// mesh's. ZeRO-3, --auto, accumulation, mixed precision, rematerialisation, CUDA and mpirun are
+// refused there for now.
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
 // device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
@@ -155,9 +156,9 @@ const char* kUsage =
     "Pipeline parallelism: a mesh with a pipe axis (--mesh pipe=2,data=2) cuts the model into pipe\n"
     "stages of equal layers (x --chunks V for the interleaved schedule), each on the mesh's other\n"
     "axes, run at once by --schedule (default 1f1b) over --microbatches M (default 4) micro-batches\n"
-    "of batch/M rows (docs/pipeline.md); checkpoints move between pipelined and other meshes. Not yet\n"
-    "with --zero, --auto, --accumulate, --mixed, --remat, --offload, --check-finite, --write-graph,\n"
-    "--backend cuda or under mpirun.\n";
+    "of batch/M rows (docs/pipeline.md), --zero 0..2 within each stage; checkpoints move between\n"
+    "pipelined and other meshes. Not yet with --zero 3, --auto, --accumulate, --mixed, --remat,\n"
+    "--offload, --check-finite, --write-graph, --backend cuda or under mpirun.\n";
 
 using json = nlohmann::json;
 
@@ -287,6 +288,7 @@ struct PipeRun {
   const json& saved;            // the resumed step's metadata
   json meta;                    // what a checkpoint keeps besides the state (the model, data settings)
   int save_every, keep;
+  int zero;  // within each stage
 };
 
 // gpt_train on a mesh with a pipe axis: the model cut at its residual stream into pipe x chunks
@@ -335,6 +337,7 @@ int run_pipeline(const PipeRun& a) {
   po.micro = M;
   po.chunks = V;
   po.adamw = o.train.adamw;
+  po.zero = a.zero;
   const auto t0 = std::chrono::steady_clock::now();
   tessel::PipelineTrainer trainer(std::move(stages), stage_mesh, rp, init, po);
   // The oracle: the same step on one device (the reference executor) from the pipeline's state.
@@ -348,9 +351,9 @@ int run_pipeline(const PipeRun& a) {
   fmt::print("gpt_train: batch={} ({} micro-batches of {}) seq={} d_model={} heads={} layers={} vocab={} corpus={} "
              "bytes\n",
              a.cfg.batch, M, c.batch, c.seq, c.d_model, c.heads, c.layers, c.vocab, a.corpus.size());
-  fmt::print("pipeline: {} stages{} of mesh {} ({} CPU devices in all), schedule {}, lr {}, seed {}\n", P,
+  fmt::print("pipeline: {} stages{} of mesh {} ({} CPU devices in all), schedule {}, zero={}, lr {}, seed {}\n", P,
              V > 1 ? fmt::format(" x {} chunks", V) : "", stage_mesh.to_string(), P * stage_mesh.num_devices(),
-             tessel::schedule_kind_name(a.flags.kind), o.lr.to_string(), a.seed);
+             tessel::schedule_kind_name(a.flags.kind), a.zero, o.lr.to_string(), a.seed);
   fmt::print("{}compile + load: {:.1f} ms\n", trainer.schedule().to_string(), compile_ms);
 
   // A resumed run: the state of the step (saved on any mesh, pipelined or not) and its data position.
@@ -369,7 +372,7 @@ int run_pipeline(const PipeRun& a) {
   }
   json meta = a.meta;
   meta["seed"] = a.seed;
-  meta["zero"] = 0;
+  meta["zero"] = a.zero;
   meta["auto_shard"] = false;
   meta["mesh"] = mesh_flag(a.mesh);
   meta["remat"] = "none";
@@ -631,12 +634,16 @@ int run(int argc, char** argv) {
     throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
   const bool piped = mesh.axis_index("pipe") >= 0;
   if (piped) {
-    for (const char* flag : {"--zero", "--auto", "--accumulate", "--mixed", "--remat", "--offload", "--check-finite",
+    for (const char* flag : {"--auto", "--accumulate", "--mixed", "--remat", "--offload", "--check-finite",
                              "--write-graph"})
       if (given.count(flag))
         throw tessel::UsageError(fmt::format("{} is not yet supported with a pipe axis in --mesh (pipeline stages run "
-                                             "ZeRO 0 in f32: docs/pipeline.md)",
+                                             "in f32 with ZeRO 0 to 2: docs/pipeline.md)",
                                              flag));
+    if (to.zero > 2)
+      throw tessel::UsageError(fmt::format("--zero {} is not yet supported with a pipe axis in --mesh (ZeRO 0 to 2 "
+                                           "within each stage)",
+                                           to.zero));
     if (cuda) throw tessel::UsageError("--backend cuda is not yet supported with a pipe axis in --mesh");
   } else {
     for (const char* flag : {"--schedule", "--microbatches", "--chunks"})
@@ -696,7 +703,7 @@ int run(int argc, char** argv) {
                                            "axis in --mesh",
                                            resume_flag, start));
     PipeRun run{cfg,  mesh,   corpus,    pipe,      seed,   steps,      threads,          lr,   warmup, tolerance,
-                reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep};
+                reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep, to.zero};
     return run_pipeline(run);
   }
   cfg.batch /= accumulate;  // the model sees one micro-batch

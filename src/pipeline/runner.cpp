@@ -116,6 +116,10 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& 
   for (int64_t s = 0; s < I.P; ++s)
     if (!I.runtimes[static_cast<std::size_t>(s)]) throw Error(fmt::format("PipelineTrainer: stage {}'s runtime is null", s));
   I.schedule = make_schedule(I.o.schedule, I.P, I.o.micro, I.o.chunks);
+  if (I.o.zero < 0 || I.o.zero > 2)
+    throw Error(fmt::format("PipelineTrainer: zero={} is not supported within pipeline stages (0, 1 or 2; ZeRO-3 not "
+                            "yet)",
+                            I.o.zero));
   const AdamWConfig& a = I.o.adamw;
 
   // Every parameter given, of the graphs' type; each updated by the first virtual stage using it.
@@ -146,6 +150,24 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& 
     st.forward.mesh = stage_mesh;
     st.backward.mesh = stage_mesh;
     I.fwd[static_cast<std::size_t>(vs)].emplace(load_program(st.forward, stage_mesh, rt));
+    // Each parameter's layouts: its own (the forward's annotation, else replicated) and ZeRO's
+    // (split over data where a dim divides).
+    std::map<std::string, std::pair<Sharding, Sharding>> layouts;
+    for (const std::string& n : st.params) {
+      const int id = st.forward.find(n);
+      auto ann = st.forward.annotations.find(id);
+      const Shape& shape = st.forward.values[static_cast<std::size_t>(id)].shape;
+      Sharding base = ann != st.forward.annotations.end() ? ann->second.sharding.closed_copy()
+                                                          : Sharding::replicated(static_cast<int>(shape.size()));
+      Sharding zl = I.o.zero >= 1 ? zero_layout(base, shape, stage_mesh, I.o.data_axis) : base;
+      layouts.emplace(n, std::make_pair(std::move(base), std::move(zl)));
+    }
+    if (I.o.zero >= 2)  // ZeRO-2: the accumulators split like the moments
+      for (const std::string& n : st.params) {
+        const Sharding& zl = layouts.at(n).second;
+        st.backward.annotate(st.backward.find("grad.acc." + n), zl);
+        st.backward.annotate(st.backward.find("next.grad.acc." + n), zl);
+      }
     LoadOptions donate;
     for (const std::string& n : st.params) donate.donate.emplace_back("grad.acc." + n, "next.grad.acc." + n);
     I.bwd[static_cast<std::size_t>(vs)].emplace(load_program(st.backward, stage_mesh, rt, donate));
@@ -166,7 +188,8 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& 
     std::vector<Tensor> outs;
     for (const std::string& n : own) {
       const Value& v = st.forward.values[static_cast<std::size_t>(st.forward.find(n))];
-      auto ann = st.forward.annotations.find(st.forward.find(n));
+      const Sharding& base = layouts.at(n).first;
+      const Sharding& zl = layouts.at(n).second;
       Tensor acc = input(sq, "grad.acc." + n, DType::f32, v.shape);
       Tensor gm = mul(acc, mean);
       std::vector<int64_t> all;
@@ -177,11 +200,22 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& 
       Tensor g = input(up, "grad.acc." + n, DType::f32, v.shape);
       Tensor m = input(up, "adam.m." + n, DType::f32, v.shape);
       Tensor vv = input(up, "adam.v." + n, DType::f32, v.shape);
-      if (ann != st.forward.annotations.end())
-        for (Tensor t : {acc, p, g, m, vv}) t.graph()->annotate(t, ann->second.sharding);
+      const Sharding& acc_layout = I.o.zero >= 2 ? zl : base;
+      sq.annotate(acc, acc_layout);
+      up.annotate(g, acc_layout);
+      up.annotate(p, base);
+      up.annotate(m, zl);
+      up.annotate(vv, zl);
       AdamWResults r = adamw(p, g, m, vv, lr, bc1, bc2, gscale, a.beta1, a.beta2, a.eps,
                              v.shape.size() >= 2 ? a.weight_decay : 0.0);
-      outs.push_back(r.param.named("next." + n));
+      Tensor p2 = r.param.named("next." + n);
+      up.annotate(p2, base);
+      // ZeRO 1-2: each device updates its block (as the moments') and the blocks are all-gathered
+      // into the stored parameter, by design.
+      if (I.o.zero >= 1) up.expect_gathers(p2);
+      up.annotate(r.m, zl);
+      up.annotate(r.v, zl);
+      outs.push_back(p2);
       outs.push_back(r.m.named("next.adam.m." + n));
       outs.push_back(r.v.named("next.adam.v." + n));
       upd.donate.emplace_back("adam.m." + n, "next.adam.m." + n);
@@ -213,6 +247,17 @@ std::map<std::string, HostTensor> PipelineTrainer::state() const {
   for (int64_t vs = 0; vs < p_->V; ++vs) {
     const auto u = static_cast<std::size_t>(vs);
     for (const auto& [n, arr] : p_->state_of[u]) out[n] = p_->update[u]->loaded.to_host(arr);
+  }
+  return out;
+}
+
+std::map<std::string, Sharding> PipelineTrainer::state_shardings() const {
+  std::map<std::string, Sharding> out;
+  for (int64_t vs = 0; vs < p_->V; ++vs) {
+    const auto u = static_cast<std::size_t>(vs);
+    for (const std::string& n : p_->owned[u])
+      for (const std::string& name : {n, "adam.m." + n, "adam.v." + n})
+        out.emplace(name, p_->update[u]->loaded.input_sharding(name));
   }
   return out;
 }

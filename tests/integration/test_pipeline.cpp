@@ -106,7 +106,7 @@ std::map<std::string, HostTensor> gpt_weights(const GptConfig& cfg, uint64_t see
 
 }  // namespace
 
-TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved in both stream modes",
+TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved in both stream modes and ZeRO 1 and 2 within stages",
           "[pipeline][integration]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("pipeline training against one device", seed, 1);
@@ -129,15 +129,17 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
     int64_t stages, micro, chunks;
     ScheduleKind kind;
     int streams = 0;  // 0: the runtime's defaults; 1: async stream workers; 2: eager (StreamMode)
+    int zero = 0;     // ZeRO within each stage
   };
   const std::vector<Run> runs = {
       {"data=1", 2, 4, 1, ScheduleKind::GPipe},       {"data=1", 2, 4, 1, ScheduleKind::OneFOneB},
       {"data=1", 4, 4, 1, ScheduleKind::OneFOneB},    {"data=2", 2, 4, 1, ScheduleKind::OneFOneB},
       {"model=2", 2, 2, 1, ScheduleKind::GPipe},      {"data=1", 2, 4, 2, ScheduleKind::Interleaved},
-      {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 1}, {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 2}};
+      {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 1}, {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 2},
+      {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 0, 1}, {"data=2,model=2", 2, 2, 1, ScheduleKind::GPipe, 0, 2}};
   for (const Run& run : runs) {
     INFO("pipe=" << run.stages << " x " << run.stage_mesh << ", " << schedule_kind_name(run.kind) << ", micro "
-                 << run.micro << ", chunks " << run.chunks << ", streams " << run.streams);
+                 << run.micro << ", chunks " << run.chunks << ", streams " << run.streams << ", zero " << run.zero);
     GptConfig c = small_gpt(B / run.micro);
     const Mesh mesh = gpt_mesh(Mesh::parse(run.stage_mesh), c);
     GptGraph m = build_gpt(c);
@@ -164,7 +166,13 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
     o.micro = run.micro;
     o.chunks = run.chunks;
     o.adamw = a;
+    o.zero = run.zero;
     PipelineTrainer tr(std::move(st), mesh, rp, init, o);
+    // ZeRO splits the moments over data within each stage (and the parameters stay as they are).
+    const auto lay = tr.state_shardings();
+    CHECK(lay.at("adam.m.l0_w1").uses_axis("data") == (run.zero >= 1 && mesh.axis_size("data") > 1));
+    CHECK(lay.at("adam.v.l3_w2").uses_axis("data") == (run.zero >= 1 && mesh.axis_size("data") > 1));
+    CHECK_FALSE(lay.at("l0_w1").uses_axis("data"));
     std::vector<std::map<std::string, HostTensor>> micro;
     const int64_t b = B / run.micro;
     for (int64_t k = 0; k < run.micro; ++k)

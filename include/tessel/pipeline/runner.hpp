@@ -15,7 +15,7 @@
 // its program's layouts: so two stages may lay a value out differently) and keeps its inputs
 // until its backward, which recomputes the forward and adds this micro-batch's gradients into
 // the stage's accumulators (donated buffers) and sends the gradients of its inputs back.
-// The step is then the single-program step's (train_step.hpp, ZeRO 0): the mean gradient over
+// The step is then the single-program step's (train_step.hpp): the mean gradient over
 // the micro-batches, one global norm over every stage (each stage's sum of squares, summed),
 // clipping, AdamW with decay on parameters of rank >= 2. A parameter used by several stages (a
 // tied embedding) is updated once with the sum of their gradients. With v chunks per stage the
@@ -42,6 +42,11 @@ struct PipelineOptions {
   int64_t micro = 4;   // micro-batches per step
   int64_t chunks = 1;  // model chunks per stage (Interleaved)
   AdamWConfig adamw;
+  // ZeRO within each stage, over `data_axis` of the stage mesh (train_step.hpp's zero_layout):
+  // 1 splits the AdamW moments, 2 also the gradient accumulators (each micro-batch's partial
+  // gradients reduce-scattered into them). 3 is not supported yet (Error).
+  int zero = 0;
+  std::string data_axis = "data";
 };
 
 struct PipelineStepReport {
@@ -60,7 +65,8 @@ class PipelineTrainer {
   // pipeline mesh without its pipe axis). `runtimes`: one per stage (P), each of
   // stage_mesh.num_devices() devices. `params`: every stage parameter's initial value by name.
   // Compiles and loads every program. Throws Error naming what does not fit: a stage count that
-  // is not runtimes.size() · chunks, a missing runtime, a missing or mistyped parameter,
+  // is not runtimes.size() · chunks, a missing runtime, a missing or mistyped parameter, a ZeRO
+  // stage outside 0..2,
   // a schedule that cannot be built (micro-batches not a multiple of P for Interleaved).
   PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& stage_mesh, std::vector<Runtime*> runtimes,
                   const std::map<std::string, HostTensor>& params, PipelineOptions options);
@@ -83,6 +89,9 @@ class PipelineTrainer {
   // Error naming a value that is missing or of another dtype or shape than the model's, or one
   // that is not part of the state.
   void set_state(const std::map<std::string, HostTensor>& values);
+  // Each state value's layout on its stage's mesh (as Trainer::state_shardings): the parameter's
+  // and its moments' in the update program of the stage that owns it.
+  std::map<std::string, Sharding> state_shardings() const;
   const Schedule& schedule() const;
 
  private:
