@@ -328,6 +328,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   PipelineStepReport rep;
   rep.busy_s.assign(static_cast<std::size_t>(I.P), 0.0);
   rep.peak_in_flight.assign(static_cast<std::size_t>(I.P), 0);
+  rep.peak_kept_bytes.assign(static_cast<std::size_t>(I.P), 0);
   std::vector<double> first(static_cast<std::size_t>(I.P), 0.0), last(static_cast<std::size_t>(I.P), 0.0);
   std::mutex err_mu;
   std::string error;
@@ -335,7 +336,12 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   auto run_stage = [&](int64_t s) {
     // Stash: each (virtual stage, micro-batch)'s forward inputs until its backward.
     std::map<std::pair<int64_t, int64_t>, Arrays> stash;
-    int64_t in_flight = 0;
+    int64_t in_flight = 0, kept_bytes = 0;
+    auto bytes_of = [](const Arrays& arrays) {  // per device
+      int64_t b = 0;
+      for (const auto& [n, arr] : arrays) b += num_elements(arr.local_shape()) * static_cast<int64_t>(dtype_size(arr.dtype()));
+      return b;
+    };
     const PipeOp* at = nullptr;
     try {
       bool started = false;
@@ -361,9 +367,12 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
           Hosts out;
           for (const std::string& n : st.send) out.emplace(n, f.to_host(f.output(r, n)));
           if (!st.loss.empty()) losses[static_cast<std::size_t>(m)] = f.to_host(f.output(r, st.loss)).get(0);
+          kept_bytes += bytes_of(keep);
           stash.emplace(std::make_pair(vs, m), std::move(keep));
           rep.peak_in_flight[static_cast<std::size_t>(s)] =
               std::max(rep.peak_in_flight[static_cast<std::size_t>(s)], ++in_flight);
+          rep.peak_kept_bytes[static_cast<std::size_t>(s)] =
+              std::max(rep.peak_kept_bytes[static_cast<std::size_t>(s)], kept_bytes);
           if (vs + 1 < I.V) mail.put(0, vs + 1, m, std::move(out));
         } else {
           LoadedExecutable& b = I.bwd[u]->loaded;
@@ -372,6 +381,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
           // out otherwise).
           auto kept = stash.find({vs, m});
           for (auto& [n, arr] : kept->second) in.emplace(n, carry(I.fwd[u]->loaded, arr, b, n));
+          kept_bytes -= bytes_of(kept->second);
           stash.erase(kept);
           --in_flight;
           for (const std::string& n : st.send) in.emplace("grad." + n, b.to_device("grad." + n, recv.at("grad." + n)));

@@ -196,6 +196,10 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
                                   : run.kind == ScheduleKind::OneFOneB ? std::min(run.micro, run.stages - s)
                                                                        : -1;
         if (want_peak > 0) CHECK(r.peak_in_flight[static_cast<std::size_t>(s)] == want_peak);
+        // The kept bytes are the in-flight micro-batches' inputs: equal micro-batches, so a multiple.
+        const int64_t kept = r.peak_kept_bytes[static_cast<std::size_t>(s)];
+        CHECK(kept > 0);
+        if (run.chunks == 1) CHECK(kept % r.peak_in_flight[static_cast<std::size_t>(s)] == 0);
       }
       CHECK(r.bubble >= 0);
       CHECK(r.bubble < 1);

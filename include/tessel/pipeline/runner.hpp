@@ -56,6 +56,10 @@ struct PipelineStepReport {
   std::vector<double> busy_s;           // per stage: seconds in its ops (programs and transfers)
   double bubble = 0;                    // 1 - sum(busy_s) / (stages · span_s)
   std::vector<int64_t> peak_in_flight;  // per stage: most micro-batch chunks forwarded, not yet backwarded
+  // Per stage: the most bytes per device of forward inputs kept for their backwards at once
+  // (the activations a stage holds between a micro-batch's forward and backward: with the
+  // backward recomputing the forward, its inputs are all it keeps).
+  std::vector<int64_t> peak_kept_bytes;
   double update_s = 0;                  // wall seconds of the update after the schedule
 };
 
