@@ -10,17 +10,51 @@
 //   in_flight_s0/1  each stage's most micro-batches forwarded and not yet backwarded;
 //   kept_bytes_s0/1 each stage's most bytes per device of forward inputs kept for the
 //                   backwards at once (the activations a stage holds).
+// BM_PipelineCut/auto:<a>: one 1F1B step over 8 micro-batches of a GPT whose LM head outweighs a
+// block (d_model 64, 4 heads, 8 layers, vocab 8192, 32 positions, 2 rows a micro-batch) on two
+// stages of one device, cut into equal layers (auto 0) or by the cost model with this machine's
+// figures (auto 1: choose_stage_cuts, pipeline/auto_stages.hpp). Counters: the cut's predicted
+// step (predicted_us) and its last stage's pieces (last_stage_pieces).
+// BM_AutoStagesSearch/layers:<L>: the time choose_stage_cuts takes for a GPT of L layers (d_model
+// 64, 4 heads, vocab 512, 32 positions) into 4 stages: every piece compiled and priced, then the
+// dynamic program.
 #include <benchmark/benchmark.h>
 
 #include <memory>
 #include <random>
 
 #include "tessel/models/gpt.hpp"
+#include "tessel/pipeline/auto_stages.hpp"
 #include "tessel/pipeline/runner.hpp"
+#include "tessel/runtime/calibrate.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/runtime/reference.hpp"
 
 namespace {
+
+std::map<std::string, tessel::HostTensor> weights_of(const tessel::GptGraph& m) {
+  std::vector<tessel::HostTensor> in = tessel::random_inputs(m.graph, 2026);
+  tessel::gpt_init(m.graph, in);
+  std::map<std::string, tessel::HostTensor> init;
+  for (const tessel::Tensor& w : m.weights)
+    for (std::size_t i = 0; i < m.graph.inputs.size(); ++i)
+      if (m.graph.inputs[i] == w.id) init[w.name()] = in[i];
+  return init;
+}
+
+std::vector<std::map<std::string, tessel::HostTensor>> batches_of(const tessel::GptConfig& c, int64_t M) {
+  std::mt19937_64 rng(7);
+  std::vector<std::map<std::string, tessel::HostTensor>> micro;
+  for (int64_t k = 0; k < M; ++k) {
+    tessel::HostTensor tokens(tessel::DType::i32, {c.batch, c.seq}), labels(tessel::DType::i32, {c.batch, c.seq});
+    for (int64_t i = 0; i < c.batch * c.seq; ++i) {
+      tokens.set(i, static_cast<double>(rng() % static_cast<uint64_t>(c.vocab)));
+      labels.set(i, static_cast<double>(rng() % static_cast<uint64_t>(c.vocab)));
+    }
+    micro.push_back({{"tokens", tokens}, {"labels", labels}});
+  }
+  return micro;
+}
 
 void BM_Pipeline(benchmark::State& state) {
   const auto kind = static_cast<tessel::ScheduleKind>(state.range(0));
@@ -34,12 +68,7 @@ void BM_Pipeline(benchmark::State& state) {
   c.vocab = 256;
   const tessel::Mesh mesh = tessel::gpt_mesh(tessel::Mesh::parse("data=1"), c);
   tessel::GptGraph m = tessel::build_gpt(c);
-  std::vector<tessel::HostTensor> in = tessel::random_inputs(m.graph, 2026);
-  tessel::gpt_init(m.graph, in);
-  std::map<std::string, tessel::HostTensor> init;
-  for (const tessel::Tensor& w : m.weights)
-    for (std::size_t i = 0; i < m.graph.inputs.size(); ++i)
-      if (m.graph.inputs[i] == w.id) init[w.name()] = in[i];
+  const auto init = weights_of(m);
   std::vector<tessel::Tensor> cuts;
   for (int64_t k = 1; k < P * chunks; ++k) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(k * c.layers / (P * chunks))));
   tessel::ThreadRuntime r0(1), r1(1);
@@ -48,16 +77,7 @@ void BM_Pipeline(benchmark::State& state) {
   o.micro = M;
   o.chunks = chunks;
   tessel::PipelineTrainer trainer(tessel::split_stages(m.graph, m.loss, m.weights, cuts), mesh, {&r0, &r1}, init, o);
-  std::mt19937_64 rng(7);
-  std::vector<std::map<std::string, tessel::HostTensor>> micro;
-  for (int64_t k = 0; k < M; ++k) {
-    tessel::HostTensor tokens(tessel::DType::i32, {c.batch, c.seq}), labels(tessel::DType::i32, {c.batch, c.seq});
-    for (int64_t i = 0; i < c.batch * c.seq; ++i) {
-      tokens.set(i, static_cast<double>(rng() % 256));
-      labels.set(i, static_cast<double>(rng() % 256));
-    }
-    micro.push_back({{"tokens", tokens}, {"labels", labels}});
-  }
+  const auto micro = batches_of(c, M);
   int64_t t = 1;
   trainer.step(micro, 1e-4, t++);  // warm-up
   double bubble = 0;
@@ -81,5 +101,54 @@ BENCHMARK(BM_Pipeline)
     ->Iterations(5)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+void BM_PipelineCut(benchmark::State& state) {
+  const bool automatic = state.range(0) == 1;
+  const int64_t M = 8, P = 2;
+  tessel::GptConfig c;
+  c.batch = 2;
+  c.seq = 32;
+  c.d_model = 64;
+  c.heads = 4;
+  c.layers = 8;
+  c.vocab = 8192;
+  const tessel::Mesh mesh = tessel::gpt_mesh(tessel::Mesh::parse("data=1"), c);
+  tessel::GptGraph m = tessel::build_gpt(c);
+  const auto init = weights_of(m);
+  tessel::ThreadRuntime r0(1), r1(1);
+  const std::vector<tessel::Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
+  const tessel::StageCut sc = tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P, M, mesh,
+                                                        tessel::measured_cost_model(r0, mesh));
+  const std::vector<tessel::Tensor> cuts =
+      automatic ? sc.cuts : std::vector<tessel::Tensor>{m.checkpoints.at(static_cast<std::size_t>(c.layers / 2))};
+  tessel::PipelineOptions o;
+  o.schedule = tessel::ScheduleKind::OneFOneB;
+  o.micro = M;
+  tessel::PipelineTrainer trainer(tessel::split_stages(m.graph, m.loss, m.weights, cuts), mesh, {&r0, &r1}, init, o);
+  const auto micro = batches_of(c, M);
+  int64_t t = 1;
+  trainer.step(micro, 1e-4, t++);  // warm-up
+  for (auto _ : state) trainer.step(micro, 1e-4, t++);
+  state.counters["predicted_us"] = (automatic ? sc.step_s : sc.equal_step_s) * 1e6;
+  state.counters["last_stage_pieces"] = static_cast<double>(automatic ? sc.pieces.back() : sc.equal_pieces.back());
+}
+BENCHMARK(BM_PipelineCut)->ArgNames({"auto"})->DenseRange(0, 1)->Iterations(10)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_AutoStagesSearch(benchmark::State& state) {
+  tessel::GptConfig c;
+  c.batch = 2;
+  c.seq = 32;
+  c.d_model = 64;
+  c.heads = 4;
+  c.layers = state.range(0);
+  c.vocab = 512;
+  const tessel::Mesh mesh = tessel::gpt_mesh(tessel::Mesh::parse("data=1"), c);
+  tessel::GptGraph m = tessel::build_gpt(c);
+  const std::vector<tessel::Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
+  for (auto _ : state)
+    benchmark::DoNotOptimize(
+        tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 4, 16, mesh, tessel::CostModel{}).step_s);
+}
+BENCHMARK(BM_AutoStagesSearch)->ArgNames({"layers"})->Arg(24)->Arg(96)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
 
 }  // namespace

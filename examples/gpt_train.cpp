@@ -60,8 +60,9 @@
 // --schedule gpipe|1f1b|interleaved over --microbatches M micro-batches, each step checked
 // against one device from the same state (docs/pipeline.md), --zero 0..2 within each stage; its
 // checkpoints (the state gathered, the same metadata) resume on any mesh, and it resumes any
-// mesh's. ZeRO-3, --auto, accumulation, mixed precision, rematerialisation, CUDA and mpirun are
-// refused there for now.
+// mesh's; --auto chooses the stage boundaries by this machine's cost model
+// (pipeline/auto_stages.hpp). ZeRO-3, accumulation, mixed precision, rematerialisation, CUDA and
+// mpirun are refused there for now.
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
 // device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
@@ -97,6 +98,7 @@
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
+#include "tessel/pipeline/auto_stages.hpp"
 #include "tessel/pipeline/runner.hpp"
 #include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
@@ -156,9 +158,10 @@ const char* kUsage =
     "Pipeline parallelism: a mesh with a pipe axis (--mesh pipe=2,data=2) cuts the model into pipe\n"
     "stages of equal layers (x --chunks V for the interleaved schedule), each on the mesh's other\n"
     "axes, run at once by --schedule (default 1f1b) over --microbatches M (default 4) micro-batches\n"
-    "of batch/M rows (docs/pipeline.md), --zero 0..2 within each stage; checkpoints move between\n"
-    "pipelined and other meshes. Not yet with --zero 3, --auto, --accumulate, --mixed, --remat,\n"
-    "--offload, --check-finite, --write-graph, --backend cuda or under mpirun.\n";
+    "of batch/M rows (docs/pipeline.md), --zero 0..2 within each stage; --auto chooses the stage\n"
+    "boundaries by the cost model instead (the stages keep their layouts); checkpoints move between\n"
+    "pipelined and other meshes. Not yet with --zero 3, --accumulate, --mixed, --remat, --offload,\n"
+    "--check-finite, --write-graph, --backend cuda or under mpirun.\n";
 
 using json = nlohmann::json;
 
@@ -289,6 +292,7 @@ struct PipeRun {
   json meta;                    // what a checkpoint keeps besides the state (the model, data settings)
   int save_every, keep;
   int zero;  // within each stage
+  bool auto_stages;  // --auto: the stage boundaries by the cost model (choose_stage_cuts)
 };
 
 // gpt_train on a mesh with a pipe axis: the model cut at its residual stream into pipe x chunks
@@ -312,16 +316,6 @@ int run_pipeline(const PipeRun& a) {
   tessel::GptConfig c = a.cfg;
   c.batch /= M;  // the stages see one micro-batch
   tessel::GptGraph m = tessel::build_gpt(c);
-  std::vector<tessel::Tensor> cuts;
-  for (int64_t k = 1; k < P * V; ++k) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(k * c.layers / (P * V))));
-  std::vector<tessel::PipelineStage> stages = tessel::split_stages(m.graph, m.loss, m.weights, cuts);
-  // Initial values as the single-program run draws them: GPT-2 scale weights, gains 1, biases 0.
-  std::vector<tessel::HostTensor> host = tessel::random_inputs(m.graph, a.seed);
-  tessel::gpt_init(m.graph, host);
-  std::map<std::string, tessel::HostTensor> init;
-  for (const tessel::Tensor& w : m.weights)
-    for (std::size_t i = 0; i < m.graph.inputs.size(); ++i)
-      if (m.graph.inputs[i] == w.id) init[w.name()] = host[i];
   std::vector<std::unique_ptr<tessel::Runtime>> rts;
   std::vector<tessel::Runtime*> rp;
   for (int64_t s = 0; s < P; ++s) {
@@ -330,6 +324,26 @@ int run_pipeline(const PipeRun& a) {
       throw tessel::UsageError("a pipe axis in --mesh is not yet supported under mpirun: run it as one process");
     rp.push_back(rts.back().get());
   }
+  // The cuts: equal layers per stage, or (--auto) the cost model's (this machine's figures).
+  std::vector<tessel::Tensor> cuts;
+  if (a.auto_stages) {
+    const std::vector<tessel::Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
+    const tessel::StageCut sc = tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P * V, M, stage_mesh,
+                                                          tessel::measured_cost_model(*rts[0], stage_mesh));
+    cuts = sc.cuts;
+    fmt::print("stages by the cost model (pieces: the embedding, then a layer each, the last with the head): {}\n",
+               sc.why);
+  } else {
+    for (int64_t k = 1; k < P * V; ++k) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(k * c.layers / (P * V))));
+  }
+  std::vector<tessel::PipelineStage> stages = tessel::split_stages(m.graph, m.loss, m.weights, cuts);
+  // Initial values as the single-program run draws them: GPT-2 scale weights, gains 1, biases 0.
+  std::vector<tessel::HostTensor> host = tessel::random_inputs(m.graph, a.seed);
+  tessel::gpt_init(m.graph, host);
+  std::map<std::string, tessel::HostTensor> init;
+  for (const tessel::Tensor& w : m.weights)
+    for (std::size_t i = 0; i < m.graph.inputs.size(); ++i)
+      if (m.graph.inputs[i] == w.id) init[w.name()] = host[i];
   tessel::TrainerOptions o;
   o.lr = a.warmup > 0 ? tessel::LrSchedule::warmup_cosine(a.lr, a.warmup, a.steps) : tessel::LrSchedule::constant(a.lr);
   tessel::PipelineOptions po;
@@ -379,7 +393,10 @@ int run_pipeline(const PipeRun& a) {
   meta["accumulate"] = 1;
   meta["steps"] = a.steps;
   meta["rows_per_batch"] = a.cfg.batch;
-  meta["pipeline"] = {{"schedule", tessel::schedule_kind_name(a.flags.kind)}, {"microbatches", M}, {"chunks", V}};
+  meta["pipeline"] = {{"schedule", tessel::schedule_kind_name(a.flags.kind)},
+                      {"microbatches", M},
+                      {"chunks", V},
+                      {"auto_stages", a.auto_stages}};
 
   BatchStream batches(a.corpus, a.seed, a.cfg.batch, c.seq, position);
   std::vector<double> losses;
@@ -634,8 +651,8 @@ int run(int argc, char** argv) {
     throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
   const bool piped = mesh.axis_index("pipe") >= 0;
   if (piped) {
-    for (const char* flag : {"--auto", "--accumulate", "--mixed", "--remat", "--offload", "--check-finite",
-                             "--write-graph"})
+    for (const char* flag : {"--accumulate", "--mixed", "--remat", "--offload", "--check-finite", "--write-graph",
+                             "--memory-budget", "--links"})
       if (given.count(flag))
         throw tessel::UsageError(fmt::format("{} is not yet supported with a pipe axis in --mesh (pipeline stages run "
                                              "in f32 with ZeRO 0 to 2: docs/pipeline.md)",
@@ -703,7 +720,7 @@ int run(int argc, char** argv) {
                                            "axis in --mesh",
                                            resume_flag, start));
     PipeRun run{cfg,  mesh,   corpus,    pipe,      seed,   steps,      threads,          lr,   warmup, tolerance,
-                reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep, to.zero};
+                reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep, to.zero, auto_layouts};
     return run_pipeline(run);
   }
   cfg.batch /= accumulate;  // the model sees one micro-batch

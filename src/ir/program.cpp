@@ -64,6 +64,15 @@ double Program::compute_seconds(const CostModel& cost) const {
   return t;
 }
 
+double Program::dispatch_seconds(const CostModel& cost) const {
+  double t = 0;
+  for (const Instr& in : instrs)
+    if (in.kind == InstrKind::Kernel || in.kind == InstrKind::Copy || in.kind == InstrKind::Collective ||
+        in.kind == InstrKind::CollectiveStart)
+      t += cost.dispatch_seconds();
+  return t;
+}
+
 namespace {
 int64_t ring_index(int64_t index, int64_t shift, int64_t modulus) {
   if (modulus <= 0) return index;

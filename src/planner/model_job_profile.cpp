@@ -82,14 +82,9 @@ double price(const ModelJob& job, const Pool& pool, const ProfileOptions& o, Can
   // kernels' roofline time and every collective at the options' link figures.
   c.predicted_compute_s = low.compute_seconds(cost);
   c.predicted_comm_s = low.comm_seconds(cost);
-  c.predicted_dispatch_s = 0;
-  for (const Instr& in : low.instrs) {
-    // What a step of many small instructions pays beyond their roofline (a launch, a hand-off):
-    // ZeRO's per-parameter gathers and slices, a tiny model's many kernels.
-    if (in.kind == InstrKind::Kernel || in.kind == InstrKind::Copy || in.kind == InstrKind::Collective ||
-        in.kind == InstrKind::CollectiveStart)
-      c.predicted_dispatch_s += cost.dispatch_seconds();
-  }
+  // What a step of many small instructions pays beyond their roofline (a launch, a hand-off):
+  // ZeRO's per-parameter gathers and slices, a tiny model's many kernels.
+  c.predicted_dispatch_s = low.dispatch_seconds(cost);
   // Memory: its plan with each output written into its donor (the parameters and moments
   // updated in place) counted once, as the Trainer loads it.
   plan_donations(low, cs.exe.graph(), cs.donations);

@@ -13,6 +13,7 @@
 
 #include "../unit/test_util.hpp"
 #include "tessel/models/gpt.hpp"
+#include "tessel/pipeline/auto_stages.hpp"
 #include "tessel/pipeline/runner.hpp"
 #include "tessel/pipeline/stages.hpp"
 #include "tessel/runtime/compare.hpp"
@@ -258,4 +259,47 @@ TEST_CASE("the pipeline trainer's state round-trips and a bad state is refused n
   auto extra = st;
   extra["stray"] = HostTensor(DType::f32, {1});
   CHECK(tessel_test::contains(tessel_test::error_of([&] { tr.set_state(extra); }), "'stray' is not part of the training state"));
+}
+
+TEST_CASE("automatic stage cuts give the stage with the LM head fewer layers and predict no more than the equal cut",
+          "[pipeline]") {
+  // A GPT whose vocabulary dwarfs its blocks: the last stage's LM head and loss cost more than
+  // a layer, so the cost model's cut moves layers off the last stage.
+  GptConfig c;
+  c.batch = 2;
+  c.seq = 16;
+  c.d_model = 32;
+  c.heads = 2;
+  c.layers = 8;
+  c.vocab = 4096;
+  GptGraph m = build_gpt(c);
+  const Mesh mesh = gpt_mesh(Mesh::parse("data=1"), c);
+  const std::vector<Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);  // x0, l0_x_out .. l6_x_out
+  REQUIRE(candidates.size() == 8);
+  // A CPU core's figures (rather than the default H100's, where this model is all dispatch).
+  CostModel cpu;
+  cpu.flops_per_s = 1e11;
+  cpu.memory_bandwidth = 2e10;
+  cpu.dispatch_s = 5e-6;
+  const StageCut cut = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 8, mesh, cpu);
+  INFO(cut.why);
+  REQUIRE(cut.cuts.size() == 1);
+  REQUIRE(cut.pieces.size() == 2);
+  CHECK(cut.pieces[0] + cut.pieces[1] == 9);
+  CHECK(cut.equal_pieces == std::vector<int64_t>{5, 4});  // the embedding and 4 layers, then 4 layers and the head
+  CHECK(cut.pieces[1] < cut.equal_pieces[1]);
+  CHECK(cut.step_s <= cut.equal_step_s);
+  // Its step time is the closed form of its stage times, and no other cut predicts less.
+  CHECK(cut.step_s == Approx(cut.stage_s[0] + cut.stage_s[1] + 7 * std::max(cut.stage_s[0], cut.stage_s[1])));
+  for (int64_t b = 1; b < 9; ++b) {
+    double t0 = 0, t1 = 0;
+    for (int64_t i = 0; i < 9; ++i) (i < b ? t0 : t1) += cut.piece_s[static_cast<std::size_t>(i)];
+    CHECK(cut.step_s <= t0 + t1 + 7 * std::max(t0, t1) + 1e-15);
+  }
+  // The chosen cut is a valid split.
+  CHECK(split_stages(m.graph, m.loss, m.weights, cut.cuts).size() == 2);
+  CHECK(tessel_test::contains(tessel_test::error_of([&] {
+                                choose_stage_cuts(m.graph, m.loss, m.weights, {candidates[0]}, 3, 8, mesh, cpu);
+                              }),
+                              "fewer than the 3 stages"));
 }

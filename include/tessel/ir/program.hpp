@@ -170,6 +170,10 @@ struct Program {
   // Every collective priced again by `cost` (e.g. a machine's measured links) on this mesh.
   double comm_seconds(const CostModel& cost) const;
   double compute_seconds(const CostModel& cost) const;
+  // What running many small instructions pays beyond their roofline (a launch, a hand-off to a
+  // stream): cost.dispatch_seconds() per kernel, copy and collective. Meaningful on a lowered
+  // program (fused kernels, combined collectives: what load() runs).
+  double dispatch_seconds(const CostModel& cost) const;
   // Index of the last instruction reading each value (-1: never read); outputs count as
   // read at the end. The runtime frees a buffer after its last use.
   std::vector<int> last_use() const;
