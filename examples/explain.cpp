@@ -6,6 +6,13 @@
 //                       [--dump-after=parse|propagate|partition]
 //                       [--run [--seed N] [--tolerance X] [--trace FILE]]
 //                       [--auto [--memory-budget BYTES] [--auto-seconds S]]
+//                       [--stages P [--microbatches M]]
+//
+// --stages P cuts the graph (one micro-batch's forward with a scalar loss as its one output)
+// into P pipeline stages by the cost model (pipeline/auto_stages.hpp): the candidates are the
+// values nothing else crosses (single_value_cuts), each piece between them is priced, and the
+// least max stage time is chosen; prints each stage's cut value, pieces and predicted time, the
+// pipeline's step and the equal cut's, then exits.
 //
 // --auto chooses the layout of every value the file does not annotate (automatic sharding,
 // tessel/autoshard/auto_shard.hpp), prints them as annotations with the predicted cost, the
@@ -55,6 +62,7 @@
 #include "tessel/compiler/propagate.hpp"
 #include "tessel/compiler/uneven.hpp"
 #include "tessel/ir/graph_text.hpp"
+#include "tessel/pipeline/auto_stages.hpp"
 #include "tessel/compiler/visualize.hpp"
 
 namespace {
@@ -131,6 +139,41 @@ std::vector<std::string> why_lines(const tessel::Graph& g, const std::vector<tes
   return out;
 }
 
+// --stages P: the pipeline's stage cuts by the cost model, in words.
+int explain_stages(tessel::Graph& g, const tessel::Mesh& mesh, const tessel::CostModel& cost, int64_t stages,
+                   int64_t micro, const std::string& file) {
+  if (g.outputs.size() != 1 || !g.values[static_cast<std::size_t>(g.outputs[0])].shape.empty() ||
+      g.values[static_cast<std::size_t>(g.outputs[0])].dtype == tessel::DType::i32)
+    throw tessel::Error(fmt::format("--stages: {} must have one output, a float scalar (the loss of one "
+                                    "micro-batch); it has {} outputs",
+                                    file, g.outputs.size()));
+  std::vector<tessel::Tensor> params;
+  for (int v : g.inputs)
+    if (g.values[static_cast<std::size_t>(v)].dtype != tessel::DType::i32) params.push_back(g.tensor(v));
+  const tessel::Tensor loss = g.tensor(g.outputs[0]);
+  std::vector<tessel::Tensor> candidates = tessel::single_value_cuts(g, params);
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [&](const tessel::Tensor& t) { return t.id == loss.id; }),
+                   candidates.end());
+  const tessel::StageCut c = tessel::choose_stage_cuts(g, loss, params, candidates, stages, micro, mesh, cost);
+  fmt::print("== pipeline stages: {} of mesh {}, {} micro-batches; {} candidate cuts (values nothing else "
+             "crosses), {} pieces\n",
+             stages, mesh.to_string(), micro, candidates.size(), candidates.size() + 1);
+  int64_t first = 0;
+  for (int64_t s = 0; s < stages; ++s) {
+    const int64_t n = c.pieces[static_cast<std::size_t>(s)];
+    fmt::print("stage {}: pieces {}..{}{} predicted {:.6g} s per micro-batch (forward and backward)\n", s, first,
+               first + n - 1,
+               s + 1 < stages ? fmt::format(", sends %{},", c.cuts[static_cast<std::size_t>(s)].name()) : std::string(","),
+               c.stage_s[static_cast<std::size_t>(s)]);
+    first += n;
+  }
+  fmt::print("predicted step: {:.6g} s = sum + ({} - 1) x max of the stage times; equal numbers of pieces ({}): "
+             "{:.6g} s\n",
+             c.step_s, micro, fmt::join(c.equal_pieces, "/"), c.equal_step_s);
+  return 0;
+}
+
 int run(int argc, char** argv) {
   // Argument parsing lives in the library (tessel/cli.hpp) so it is tested and fuzzed.
   const tessel::cli::ExplainOptions opt =
@@ -179,6 +222,7 @@ int run(int argc, char** argv) {
     std::fputs(tessel::print_graph(g).c_str(), stdout);
     return 0;
   }
+  if (opt.stages > 0) return explain_stages(g, mesh, popts.cost, opt.stages, opt.microbatches, file);
   std::optional<tessel::AutoShardResult> auto_result;  // --auto: the plan, for its predictions below
   int64_t auto_ops = 0;
   if (opt.auto_shard) {

@@ -95,6 +95,12 @@ std::string usage_explain() {
          "                      [--collective-matmul auto|on|off] [--ring auto|uni|bi]\n"
          "                      [--run [--seed N] [--tolerance X] [--trace FILE]]\n"
          "                      [--auto [--memory-budget BYTES] [--auto-seconds S]]\n"
+         "                      [--stages P [--microbatches M]]\n"
+         "  --stages P     cut the graph (one micro-batch's forward ending in its one output, a\n"
+         "                 float scalar loss; its float inputs the parameters) into P pipeline\n"
+         "                 stages on the mesh by the cost model (docs/pipeline.md): prints each\n"
+         "                 stage's values and predicted time, the step, and the equal cut's\n"
+         "  --microbatches M  --stages: the micro-batches of a step (default 8)\n"
          "  --auto         choose every layout the file does not annotate (automatic sharding,\n"
          "                 docs/auto-sharding.md): prints the chosen layouts as annotations, the\n"
          "                 predicted cost and memory, and why, then explains the program as usual\n"
@@ -141,6 +147,8 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     else if (a == "--auto") o.auto_shard = true;
     else if (is("--memory-budget")) pending.push_back({"--memory-budget", value("--memory-budget")});
     else if (is("--auto-seconds")) pending.push_back({"--auto-seconds", value("--auto-seconds")});
+    else if (is("--stages")) pending.push_back({"--stages", value("--stages")});
+    else if (is("--microbatches")) pending.push_back({"--microbatches", value("--microbatches")});
     else if (a == "--no-fusion") o.fusion = false;
     else if (a == "-h" || a == "--help") o.help = true;
     else if (is("--seed")) pending.push_back({"--seed", value("--seed")});
@@ -173,6 +181,10 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
       o.memory_budget = parse_i64(p.flag, p.text, 0, INT64_MAX);
     } else if (p.flag == "--auto-seconds") {
       o.auto_seconds = parse_double(p.flag, p.text, 0, 3600);
+    } else if (p.flag == "--stages") {
+      o.stages = parse_i64(p.flag, p.text, 1, 4096);
+    } else if (p.flag == "--microbatches") {
+      o.microbatches = parse_i64(p.flag, p.text, 1, 1 << 20);
     } else if (p.flag == "--device") {
       o.device = parse_i64(p.flag, p.text, 0, INT64_MAX);
     } else if (p.flag == "--links") {
@@ -211,6 +223,9 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     for (const Pending& p : pending)
       if (p.flag == "--memory-budget" || p.flag == "--auto-seconds")
         throw UsageError(fmt::format("{} needs --auto (it sets the automatic sharding's search)", p.flag));
+  if (o.stages == 0)
+    for (const Pending& p : pending)
+      if (p.flag == "--microbatches") throw UsageError("--microbatches needs --stages P (the pipeline's stage cuts)");
   if (o.file.empty()) throw UsageError("no FILE given (a graph in the text form, docs/ir.md)");
   return o;
 }

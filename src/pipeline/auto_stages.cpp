@@ -57,6 +57,36 @@ std::string describe(const std::vector<int64_t>& pieces, const std::vector<doubl
 
 }  // namespace
 
+std::vector<Tensor> single_value_cuts(Graph& g, const std::vector<Tensor>& params) {
+  const std::size_t n = g.values.size();
+  std::vector<int> last_use(n, -1);
+  std::vector<bool> free(n, false);  // made from the parameters and constants alone
+  for (const Tensor& p : params) free.at(static_cast<std::size_t>(p.id)) = true;
+  for (std::size_t o = 0; o < g.ops.size(); ++o) {
+    const Op& op = g.ops[o];
+    bool f = true;
+    for (int v : op.inputs) {
+      last_use[static_cast<std::size_t>(v)] = static_cast<int>(o);
+      f = f && free[static_cast<std::size_t>(v)];
+    }
+    if (op.kind != OpKind::Input)
+      for (int v : op.results()) free[static_cast<std::size_t>(v)] = f;
+  }
+  std::vector<Tensor> out;
+  std::vector<int> live;  // values made so far (not free) that a later op reads
+  for (std::size_t o = 0; o < g.ops.size(); ++o) {
+    const Op& op = g.ops[o];
+    if (op.kind == OpKind::Input) continue;  // a graph input: each stage reads its own
+    for (int v : op.results())
+      if (!free[static_cast<std::size_t>(v)]) live.push_back(v);
+    live.erase(std::remove_if(live.begin(), live.end(),
+                              [&](int v) { return last_use[static_cast<std::size_t>(v)] <= static_cast<int>(o); }),
+               live.end());
+    if (op.num_results() == 1 && live.size() == 1 && live[0] == op.output) out.push_back(g.tensor(op.output));
+  }
+  return out;
+}
+
 StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
                            const std::vector<Tensor>& candidates, int64_t stages, int64_t micro,
                            const Mesh& stage_mesh, const CostModel& cost) {

@@ -2,7 +2,8 @@
 # Runs the commands of docs/pipeline.md (every indented `build/bin/...` line) exactly as written,
 # in order, from a scratch folder where build/bin points at this build's binaries. Each
 # gpt_train run must pass its one-device check, print a falling loss and the schedule's table,
-# and report the micro-batches in flight; an --auto run must print the cost model's cut.
+# and report the micro-batches in flight (an --auto run the cost model's cut too); a
+# tessel-explain --stages run must print its stages and the predicted step.
 set -euo pipefail
 bin_dir=$1 src=$2 work=$3
 rm -rf "$work"
@@ -10,17 +11,21 @@ mkdir -p "$work/build"
 ln -s "$bin_dir" "$work/build/bin"
 cd "$work"
 mapfile -t cmds < <(grep -E '^    build/bin/' "$src/docs/pipeline.md" | sed 's/^    //')
-[ ${#cmds[@]} -ge 5 ] || { echo "found ${#cmds[@]} commands in docs/pipeline.md, expected 5"; exit 1; }
+[ ${#cmds[@]} -ge 7 ] || { echo "found ${#cmds[@]} commands in docs/pipeline.md, expected 7"; exit 1; }
 for c in "${cmds[@]}"; do
   echo "\$ $c"
   out=$(bash -c "$c" 2>&1) || { echo "$out"; echo "FAILED: $c"; exit 1; }
   echo "$out" | tail -4
-  for want in '^largest relative difference from one device: .* \(ok, <= ' '\(falling\)$' '^schedule ' \
-              '^bubble: .* micro-batches in flight at the peak per stage: '; do
+  wants=()
+  if [[ $c == *gpt_train* ]]; then
+    wants=('^largest relative difference from one device: .* \(ok, <= ' '\(falling\)$' '^schedule '
+           '^bubble: .* micro-batches in flight at the peak per stage: ')
+    [[ $c == *--auto* ]] && wants+=('^stages by the cost model .*chosen .*equal cut')
+  elif [[ $c == *tessel-explain*--stages* ]]; then
+    wants=('^== pipeline stages: ' '^stage 0: pieces 0\.\.[0-9]+, sends %' '^predicted step: ')
+  fi
+  for want in "${wants[@]}"; do
     grep -Eq "$want" <<<"$out" || { echo "FAILED: no line matching '$want' from: $c"; exit 1; }
   done
-  if [[ $c == *--auto* ]]; then
-    grep -Eq '^stages by the cost model .*chosen .*equal cut' <<<"$out" || { echo "FAILED: no cut from: $c"; exit 1; }
-  fi
 done
 echo "ran ${#cmds[@]} commands of docs/pipeline.md"

@@ -303,3 +303,23 @@ TEST_CASE("automatic stage cuts give the stage with the LM head fewer layers and
                               }),
                               "fewer than the 3 stages"));
 }
+
+TEST_CASE("single_value_cuts finds the GPT's residual stream and what only the head crosses", "[pipeline]") {
+  GptConfig c = small_gpt(2);
+  c.layers = 2;
+  GptGraph m = build_gpt(c);
+  std::vector<std::string> names;
+  for (const Tensor& t : single_value_cuts(m.graph, m.weights)) names.push_back(t.name());
+  INFO(fmt::format("{}", fmt::join(names, ", ")));
+  // The embedding's outputs (before and after the position table: it is a parameter), each
+  // block's residual after attention and after the MLP, then the head's values up to the loss;
+  // none inside a block (the residual crosses its ops there).
+  REQUIRE(names.size() >= 5);
+  CHECK(std::find(names.begin(), names.end(), m.checkpoints[0].name()) != names.end());
+  CHECK(std::find(names.begin(), names.end(), m.checkpoints[1].name()) != names.end());
+  CHECK(std::find(names.begin(), names.end(), m.checkpoints[2].name()) != names.end());
+  CHECK(std::find(names.begin(), names.end(), "l0_h") == names.end());
+  // Every candidate is a valid cut.
+  for (const Tensor& t : single_value_cuts(m.graph, m.weights))
+    if (t.id != m.loss.id) CHECK(split_stages(m.graph, m.loss, m.weights, {t}).size() == 2);
+}

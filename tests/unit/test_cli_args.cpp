@@ -44,6 +44,12 @@ TEST_CASE("cli args: every flag of tessel-explain", "[cli]") {
   CHECK(parse_explain_args({"--help"}).help);
   CHECK(parse_explain_args({"-h", "--seed", "x"}).help);  // --help wins
   CHECK_FALSE(parse_explain_args({"f"}).seed_given);
+  const cli::ExplainOptions st = parse_explain_args({"g.tsl", "--stages", "4", "--microbatches=16"});
+  CHECK(st.stages == 4);
+  CHECK(st.microbatches == 16);
+  CHECK(parse_explain_args({"g.tsl"}).stages == 0);
+  CHECK(usage_error({"g.tsl", "--microbatches", "8"}).find("--microbatches needs --stages P") != std::string::npos);
+  CHECK(usage_error({"g.tsl", "--stages", "0"}).find("--stages") != std::string::npos);
 }
 
 TEST_CASE("cli args: a bad number names the flag and what it expects", "[cli]") {

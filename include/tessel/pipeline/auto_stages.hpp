@@ -43,6 +43,13 @@ struct StageCut {
   std::string why;                    // both, in words
 };
 
+// The values a graph can be cut at with nothing else crossing: v such that every value an op
+// made up to v's op and an op after it reads is v itself (or made from `params` and constants
+// alone: a weight's cast, copied into each stage that uses it), and an op after it reads v. In
+// op order. For a GPT: the embedding's output, the residual stream between and within blocks
+// (after the attention's residual add), the final layer norm's output, the logits.
+std::vector<Tensor> single_value_cuts(Graph& g, const std::vector<Tensor>& params);
+
 // Throws Error naming what is wrong: fewer than `stages` pieces, stages or micro < 1, or what
 // split_stages throws for the candidates.
 StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
