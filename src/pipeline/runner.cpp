@@ -87,7 +87,6 @@ ShardedArray carry(const LoadedExecutable& from, const ShardedArray& a, const Lo
 
 struct PipelineTrainer::Impl {
   std::vector<PipelineStage> stages;
-  Mesh mesh;
   std::vector<Runtime*> runtimes;
   PipelineOptions o;
   Schedule schedule;
@@ -104,7 +103,6 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& 
     : p_(std::make_unique<Impl>()) {
   Impl& I = *p_;
   I.stages = std::move(stages);
-  I.mesh = stage_mesh;
   I.runtimes = std::move(runtimes);
   I.o = options;
   I.P = static_cast<int64_t>(I.runtimes.size());
