@@ -160,8 +160,9 @@ const char* kUsage =
     "axes, run at once by --schedule (default 1f1b) over --microbatches M (default 4) micro-batches\n"
     "of batch/M rows (docs/pipeline.md), --zero 0..2 within each stage; --auto chooses the stage\n"
     "boundaries by the cost model instead (the stages keep their layouts); checkpoints move between\n"
-    "pipelined and other meshes. Not yet with --zero 3, --accumulate, --mixed, --remat, --offload,\n"
-    "--check-finite, --write-graph, --backend cuda or under mpirun.\n";
+    "pipelined and other meshes. Under mpirun -np N each stage runs on N/pipe processes (values\n"
+    "between stages as host messages). Not yet with --zero 3, --accumulate, --mixed, --remat,\n"
+    "--offload, --check-finite, --write-graph or --backend cuda.\n";
 
 using json = nlohmann::json;
 
@@ -293,6 +294,7 @@ struct PipeRun {
   int save_every, keep;
   int zero;  // within each stage
   bool auto_stages;  // --auto: the stage boundaries by the cost model (choose_stage_cuts)
+  double timeout_s;  // --timeout: under mpirun, a stage waiting longer for another fails (< 0: 300 s)
 };
 
 // gpt_train on a mesh with a pipe axis: the model cut at its residual stream into pipe x chunks
@@ -316,13 +318,49 @@ int run_pipeline(const PipeRun& a) {
   tessel::GptConfig c = a.cfg;
   c.batch /= M;  // the stages see one micro-batch
   tessel::GptGraph m = tessel::build_gpt(c);
+  // One process: every stage a runtime of its own (CPU threads). Under mpirun: N processes, N/P
+  // per stage; this process makes its stage's runtime only (an MPI runtime over those processes).
+  std::shared_ptr<tessel::ProcessGroup> pg = tessel::process_group_from_env();
+  if (pg && pg->name() != "mpi")
+    throw tessel::UsageError(fmt::format("a pipe axis in --mesh across processes needs mpirun (this process was "
+                                         "started as rank {} of {} by a launcher without MPI)",
+                                         pg->rank(), pg->size()));
   std::vector<std::unique_ptr<tessel::Runtime>> rts;
-  std::vector<tessel::Runtime*> rp;
-  for (int64_t s = 0; s < P; ++s) {
-    rts.push_back(tessel::make_runtime({"cpu", stage_mesh, a.threads}));
-    if (rts.back()->process_count() > 1)
-      throw tessel::UsageError("a pipe axis in --mesh is not yet supported under mpirun: run it as one process");
-    rp.push_back(rts.back().get());
+  std::vector<tessel::Runtime*> rp(static_cast<std::size_t>(P), nullptr);
+  if (pg) {
+    const int N = pg->size();
+    if (N % P != 0 || stage_mesh.num_devices() % (N / P) != 0)
+      throw tessel::UsageError(fmt::format(
+          "mpirun -np {} with --mesh {}: each of the {} stages needs the same number of processes, each holding the "
+          "same number of the stage's {} devices (run a multiple of {} processes that divides {})",
+          N, mesh_flag(a.mesh), P, stage_mesh.num_devices(), P, P * stage_mesh.num_devices()));
+    const int64_t mine = pg->rank() / (N / P);
+    tessel::RuntimeRequest rq("cpu", stage_mesh, a.threads, a.timeout_s);
+    rq.mpi_ranks = tessel::pipeline_stage_ranks(N, P, mine);
+    rts.push_back(tessel::make_runtime(rq));
+    rp[static_cast<std::size_t>(mine)] = rts.back().get();
+  } else {
+    for (int64_t s = 0; s < P; ++s) {
+      rts.push_back(tessel::make_runtime({"threads", stage_mesh, a.threads}));
+      rp[static_cast<std::size_t>(s)] = rts.back().get();
+    }
+  }
+  const bool printer = !pg || pg->rank() == 0;
+  auto say = [&](auto&&... args) {
+    if (printer) fmt::print(std::forward<decltype(args)>(args)...);
+  };
+  // Rank 0's choice, on every process (the seed, the cut).
+  auto agree = [&](std::vector<double> mine) {
+    if (!pg) return mine;
+    const std::string b = pg->allgather(std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double)))[0];
+    std::vector<double> out(b.size() / sizeof(double));
+    std::memcpy(out.data(), b.data(), b.size());
+    return out;
+  };
+  uint64_t seed = a.seed;
+  if (pg) {
+    const std::string b = pg->allgather(std::string(reinterpret_cast<const char*>(&seed), sizeof seed))[0];
+    std::memcpy(&seed, b.data(), sizeof seed);
   }
   // The cuts: equal layers per stage, or (--auto) the cost model's (this machine's figures).
   std::vector<tessel::Tensor> cuts;
@@ -330,15 +368,20 @@ int run_pipeline(const PipeRun& a) {
     const std::vector<tessel::Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
     const tessel::StageCut sc = tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P * V, M, stage_mesh,
                                                           tessel::measured_cost_model(*rts[0], stage_mesh));
-    cuts = sc.cuts;
-    fmt::print("stages by the cost model (pieces: the embedding, then a layer each, the last with the head): {}\n",
+    // Each process priced with its own measurements: every process takes rank 0's cut.
+    std::vector<double> at;
+    for (const tessel::Tensor& t : sc.cuts)
+      for (std::size_t i = 0; i < m.checkpoints.size(); ++i)
+        if (m.checkpoints[i].id == t.id) at.push_back(static_cast<double>(i));
+    for (double i : agree(at)) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(i)));
+    say("stages by the cost model (pieces: the embedding, then a layer each, the last with the head): {}\n",
                sc.why);
   } else {
     for (int64_t k = 1; k < P * V; ++k) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(k * c.layers / (P * V))));
   }
   std::vector<tessel::PipelineStage> stages = tessel::split_stages(m.graph, m.loss, m.weights, cuts);
   // Initial values as the single-program run draws them: GPT-2 scale weights, gains 1, biases 0.
-  std::vector<tessel::HostTensor> host = tessel::random_inputs(m.graph, a.seed);
+  std::vector<tessel::HostTensor> host = tessel::random_inputs(m.graph, seed);
   tessel::gpt_init(m.graph, host);
   std::map<std::string, tessel::HostTensor> init;
   for (const tessel::Tensor& w : m.weights)
@@ -352,23 +395,26 @@ int run_pipeline(const PipeRun& a) {
   po.chunks = V;
   po.adamw = o.train.adamw;
   po.zero = a.zero;
+  po.processes = pg;
+  if (a.timeout_s > 0) po.timeout_s = a.timeout_s;
   const auto t0 = std::chrono::steady_clock::now();
   tessel::PipelineTrainer trainer(std::move(stages), stage_mesh, rp, init, po);
   // The oracle: the same step on one device (the reference executor) from the pipeline's state.
   std::optional<tessel::ThreadRuntime> one_rt;
   std::optional<tessel::Trainer> one;
-  if (a.reference) {
+  if (a.reference && printer) {  // under mpirun rank 0 checks
     one_rt.emplace(1);
     one.emplace(m.graph, m.loss, m.weights, tessel::gpt_mesh(tessel::Mesh::parse("data=1"), c), *one_rt, o);
   }
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("gpt_train: batch={} ({} micro-batches of {}) seq={} d_model={} heads={} layers={} vocab={} corpus={} "
+  say("gpt_train: batch={} ({} micro-batches of {}) seq={} d_model={} heads={} layers={} vocab={} corpus={} "
              "bytes\n",
              a.cfg.batch, M, c.batch, c.seq, c.d_model, c.heads, c.layers, c.vocab, a.corpus.size());
-  fmt::print("pipeline: {} stages{} of mesh {} ({} CPU devices in all), schedule {}, zero={}, lr {}, seed {}\n", P,
-             V > 1 ? fmt::format(" x {} chunks", V) : "", stage_mesh.to_string(), P * stage_mesh.num_devices(),
-             tessel::schedule_kind_name(a.flags.kind), a.zero, o.lr.to_string(), a.seed);
-  fmt::print("{}compile + load: {:.1f} ms\n", trainer.schedule().to_string(), compile_ms);
+  say("pipeline: {} stages{} of mesh {} ({} CPU devices in all{}), schedule {}, zero={}, lr {}, seed {}\n", P,
+      V > 1 ? fmt::format(" x {} chunks", V) : "", stage_mesh.to_string(), P * stage_mesh.num_devices(),
+      pg ? fmt::format(", {} processes, {} per stage", pg->size(), pg->size() / P) : std::string(),
+      tessel::schedule_kind_name(a.flags.kind), a.zero, o.lr.to_string(), seed);
+  say("{}compile + load: {:.1f} ms\n", trainer.schedule().to_string(), compile_ms);
 
   // A resumed run: the state of the step (saved on any mesh, pipelined or not) and its data position.
   std::vector<double> first_losses;
@@ -377,15 +423,15 @@ int run_pipeline(const PipeRun& a) {
     trainer.set_state(a.ckpt->read_all(a.start));
     first_losses = a.saved.at("first_losses").get<std::vector<double>>();
     position = a.saved.at("data_position").get<int64_t>();
-    fmt::print("resumed from step {} (saved on {}, zero {})\n", a.start, a.saved.value("mesh", std::string("?")),
+    say("resumed from step {} (saved on {}, zero {})\n", a.start, a.saved.value("mesh", std::string("?")),
                a.saved.value("zero", -1));
   }
   if (a.start >= a.steps) {
-    fmt::print("step {} is already at --steps {}: nothing to train\n", a.start, a.steps);
+    say("step {} is already at --steps {}: nothing to train\n", a.start, a.steps);
     return 0;
   }
   json meta = a.meta;
-  meta["seed"] = a.seed;
+  meta["seed"] = seed;
   meta["zero"] = a.zero;
   meta["auto_shard"] = false;
   meta["mesh"] = mesh_flag(a.mesh);
@@ -398,7 +444,7 @@ int run_pipeline(const PipeRun& a) {
                       {"chunks", V},
                       {"auto_stages", a.auto_stages}};
 
-  BatchStream batches(a.corpus, a.seed, a.cfg.batch, c.seq, position);
+  BatchStream batches(a.corpus, seed, a.cfg.batch, c.seq, position);
   std::vector<double> losses;
   double worst = 0, bubble_sum = 0;
   std::vector<int64_t> peak(static_cast<std::size_t>(P), 0);
@@ -410,7 +456,10 @@ int run_pipeline(const PipeRun& a) {
     for (const auto& b : micro) named.push_back({{"tokens", b[0]}, {"labels", b[1]}});
     double ref = 0;
     std::string ref_text;
-    if (one) ref = one->reference_step(tessel::TrainState{t - 1, trainer.state()}, micro, a.threads).loss;
+    if (a.reference) {  // the state is gathered by every process (collective), checked by rank 0
+      std::map<std::string, tessel::HostTensor> state = trainer.state();
+      if (one) ref = one->reference_step(tessel::TrainState{t - 1, std::move(state)}, micro, a.threads).loss;
+    }
     const double lr_t = o.lr.at(t);
     const auto s0 = std::chrono::steady_clock::now();
     const tessel::PipelineStepReport r = trainer.step(named, lr_t, t);
@@ -425,7 +474,7 @@ int run_pipeline(const PipeRun& a) {
       worst = std::max(worst, rel);
       ref_text = fmt::format("  one device {:.6f}  rel {:.2e}", ref, rel);
     }
-    fmt::print("step {:4d}/{}  loss {:.6f}{}  grad_norm {:.4f}  lr {:.2e}  {:.1f} ms  bubble {:.2f}\n", t, a.steps,
+    say("step {:4d}/{}  loss {:.6f}{}  grad_norm {:.4f}  lr {:.2e}  {:.1f} ms  bubble {:.2f}\n", t, a.steps,
                r.loss, ref_text, r.grad_norm, lr_t, sec * 1e3, r.bubble);
     csv += fmt::format("{},{:.9g},{:.9g},{:.9g},{:.6f},{:.1f},{},0,{:.4f}\n", t, r.loss, r.grad_norm, lr_t, sec,
                        static_cast<double>(a.cfg.batch * c.seq) / sec, M, r.bubble);
@@ -435,16 +484,20 @@ int run_pipeline(const PipeRun& a) {
       meta["data_position"] = batches.drawn();
       meta["first_losses"] = first_losses;
       so.metadata_json = meta.dump();
-      a.ckpt->save(t, trainer.state(), stage_mesh, {}, so);
-      if (a.keep > 0) a.ckpt->keep_last(a.keep);
-      fmt::print("saved step {} to {}\n", t, a.ckpt->step_path(t));
+      std::map<std::string, tessel::HostTensor> state = trainer.state();  // collective
+      if (printer) {  // under mpirun rank 0 writes it; the others wait until it is committed
+        a.ckpt->save(t, state, stage_mesh, {}, so);
+        if (a.keep > 0) a.ckpt->keep_last(a.keep);
+      }
+      if (pg) pg->allgather(std::string());
+      say("saved step {} to {}\n", t, a.ckpt->step_path(t));
     }
   }
-  if (!a.out_prefix.empty()) {
+  if (!a.out_prefix.empty() && printer) {
     std::ofstream f(a.out_prefix + ".csv");
     f << csv;
     if (!f.flush()) throw tessel::Error(fmt::format("cannot write {}.csv (--out)", a.out_prefix));
-    fmt::print("loss curve: {}.csv\n", a.out_prefix);
+    say("loss curve: {}.csv\n", a.out_prefix);
   }
   // Over the whole run (a resumed run has its first steps' losses from the checkpoint).
   const std::size_t n = static_cast<std::size_t>(a.steps), w = std::max<std::size_t>(1, std::min<std::size_t>(5, n / 2));
@@ -452,14 +505,14 @@ int run_pipeline(const PipeRun& a) {
   double first = 0, last = 0;
   for (std::size_t i = 0; i < w && i < first_losses.size(); ++i) first += first_losses[i] / static_cast<double>(w);
   for (std::size_t i = 0; i < wl; ++i) last += losses[losses.size() - 1 - i] / static_cast<double>(wl);
-  fmt::print("loss: mean of the first {} steps {:.4f}, of the last {} steps {:.4f} ({})\n", w, first, wl, last,
+  say("loss: mean of the first {} steps {:.4f}, of the last {} steps {:.4f} ({})\n", w, first, wl, last,
              n >= 2 && last < first ? "falling" : "NOT falling");
   if (one)
-    fmt::print("largest relative difference from one device: {:.2e} ({})\n", worst,
+    say("largest relative difference from one device: {:.2e} ({})\n", worst,
                worst <= a.tolerance ? fmt::format("ok, <= {}", a.tolerance) : fmt::format("FAILED, > {}", a.tolerance));
   std::vector<std::string> peaks;
   for (int64_t p : peak) peaks.push_back(std::to_string(p));
-  fmt::print("bubble: {:.3f} measured (mean over the steps; the schedule's with equal stages and free transfers: "
+  say("bubble: {:.3f} measured (mean over the steps; the schedule's with equal stages and free transfers: "
              "{:.3f}); micro-batches in flight at the peak per stage: {}\n",
              bubble_sum / static_cast<double>(losses.size()), tessel::simulate(trainer.schedule(), 1, 2).bubble,
              fmt::format("{}", fmt::join(peaks, ", ")));
@@ -720,7 +773,8 @@ int run(int argc, char** argv) {
                                            "axis in --mesh",
                                            resume_flag, start));
     PipeRun run{cfg,  mesh,   corpus,    pipe,      seed,   steps,      threads,          lr,   warmup, tolerance,
-                reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep, to.zero, auto_layouts};
+                reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep, to.zero, auto_layouts,
+                timeout_s};
     return run_pipeline(run);
   }
   cfg.batch /= accumulate;  // the model sees one micro-batch

@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -18,52 +17,18 @@
 #include "tessel/executable.hpp"
 #include "tessel/ops/builders.hpp"
 #include "tessel/runtime/loaded_executable.hpp"
+#include "stage_links.hpp"
 
 namespace tessel {
 
 namespace {
 
 using Arrays = std::map<std::string, ShardedArray>;
-using Hosts = std::map<std::string, HostTensor>;
+using detail::Hosts;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// Values passed between the stage threads: (0 forward / 1 backward, receiving virtual stage,
-// micro-batch) -> the values by name. A failure anywhere wakes every waiter.
-class Mailbox {
- public:
-  void put(int kind, int64_t vs, int64_t m, Hosts values) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      box_[{kind, vs, m}] = std::move(values);
-    }
-    cv_.notify_all();
-  }
-  Hosts take(int kind, int64_t vs, int64_t m) {
-    std::unique_lock<std::mutex> l(mu_);
-    const auto key = std::make_tuple(kind, vs, m);
-    cv_.wait(l, [&] { return failed_ || box_.count(key); });
-    if (failed_) throw Error("pipeline: stopped: another stage failed");
-    Hosts v = std::move(box_.at(key));
-    box_.erase(key);
-    return v;
-  }
-  void fail() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      failed_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::tuple<int, int64_t, int64_t>, Hosts> box_;
-  bool failed_ = false;
-};
 
 struct StageProgram {
   Executable exe;
@@ -95,7 +60,42 @@ struct PipelineTrainer::Impl {
   std::vector<std::vector<std::string>> owned;  // per virtual stage: the parameters it updates
   Hosts params;                                 // the master values, by name
   std::vector<Arrays> state_of;                 // per virtual stage: its adam.m/v arrays (the update's layout)
+  detail::StagePlacement where;                 // which stages run in this process
+  std::unique_ptr<detail::StageLinks> links;
+  int64_t steps_run = 0;
+  bool local(int64_t vs) const { return where.local(vs % P); }
+  // The values of the parameters this process's stages own (with `moments`, their AdamW
+  // moments too), gathered from every process: each stage's once.
+  Hosts gather_owned(bool moments) const;
 };
+
+std::vector<int> pipeline_stage_ranks(int processes, int64_t stages, int64_t stage) {
+  if (stages < 1 || processes < 1 || processes % stages != 0)
+    throw Error(fmt::format("pipeline: {} processes for {} stages: every stage needs as many processes (run a "
+                            "multiple of {} processes)",
+                            processes, stages, stages));
+  if (stage < 0 || stage >= stages) throw Error(fmt::format("pipeline: no stage {} of {}", stage, stages));
+  const int k = processes / static_cast<int>(stages);
+  std::vector<int> r;
+  for (int i = 0; i < k; ++i) r.push_back(static_cast<int>(stage) * k + i);
+  return r;
+}
+
+Hosts PipelineTrainer::Impl::gather_owned(bool moments) const {
+  Hosts mine;
+  for (int64_t vs = 0; vs < V; ++vs) {
+    if (!local(vs)) continue;
+    const auto u = static_cast<std::size_t>(vs);
+    for (const std::string& n : owned[u]) mine[n] = params.at(n);
+    if (moments)
+      for (const auto& [n, arr] : state_of[u]) mine[n] = update[u]->loaded.to_host(arr);
+  }
+  if (!where.processes) return mine;
+  Hosts all;
+  for (const std::string& b : where.gather(where.leader() ? detail::pack_hosts(mine) : std::string()))
+    for (auto& [n, t] : detail::unpack_hosts(b, "pipeline: the gathered state")) all[n] = std::move(t);
+  return all;
+}
 
 PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& stage_mesh,
                                  std::vector<Runtime*> runtimes, const std::map<std::string, HostTensor>& params,
@@ -111,8 +111,36 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& 
     throw Error(fmt::format("PipelineTrainer: {} virtual stages for {} runtimes of {} chunks each (give stages x "
                             "chunks of them)",
                             I.V, I.P, I.o.chunks));
-  for (int64_t s = 0; s < I.P; ++s)
-    if (!I.runtimes[static_cast<std::size_t>(s)]) throw Error(fmt::format("PipelineTrainer: stage {}'s runtime is null", s));
+  I.where.stages = I.P;
+  if (I.o.processes) {
+    const int N = I.o.processes->size();
+    const std::vector<int> mine = pipeline_stage_ranks(N, I.P, 0);
+    I.where.processes = I.o.processes;
+    I.where.per_stage = static_cast<int>(mine.size());
+    I.where.my_stage = I.o.processes->rank() / I.where.per_stage;
+    I.where.index = I.o.processes->rank() % I.where.per_stage;
+  }
+  for (int64_t s = 0; s < I.P; ++s) {
+    Runtime* rt = I.runtimes[static_cast<std::size_t>(s)];
+    if (I.where.local(s) && !rt)
+      throw Error(I.o.processes ? fmt::format("PipelineTrainer: process {} runs stage {}, whose runtime is null",
+                                              I.o.processes->rank(), s)
+                                : fmt::format("PipelineTrainer: stage {}'s runtime is null", s));
+    if (!I.where.local(s) && rt)
+      throw Error(fmt::format("PipelineTrainer: process {} runs stage {} only; give null for stage {}'s runtime (its "
+                              "processes give theirs)",
+                              I.o.processes->rank(), I.where.my_stage, s));
+    if (rt && rt->process_count() != I.where.per_stage)
+      throw Error(I.o.processes
+                      ? fmt::format("PipelineTrainer: stage {}'s runtime spans {} processes; the stage has {} ({} "
+                                    "processes for {} stages)",
+                                    s, rt->process_count(), I.where.per_stage, I.o.processes->size(), I.P)
+                      : fmt::format("PipelineTrainer: stage {}'s runtime spans {} processes: give "
+                                    "PipelineOptions::processes (the pipeline's processes) and each process its "
+                                    "stage's runtime",
+                                    s, rt->process_count()));
+  }
+  I.links = std::make_unique<detail::StageLinks>(I.where, I.V, I.o.timeout_s);
   I.schedule = make_schedule(I.o.schedule, I.P, I.o.micro, I.o.chunks);
   if (I.o.zero < 0 || I.o.zero > 2)
     throw Error(fmt::format("PipelineTrainer: zero={} is not supported within pipeline stages (0, 1 or 2; ZeRO-3 not "
@@ -143,6 +171,7 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& 
   I.update.resize(static_cast<std::size_t>(I.V));
   I.state_of.resize(static_cast<std::size_t>(I.V));
   for (int64_t vs = 0; vs < I.V; ++vs) {
+    if (!I.local(vs)) continue;
     PipelineStage& st = I.stages[static_cast<std::size_t>(vs)];
     Runtime& rt = *I.runtimes[static_cast<std::size_t>(vs % I.P)];
     st.forward.mesh = stage_mesh;
@@ -238,21 +267,15 @@ PipelineTrainer::~PipelineTrainer() = default;
 
 const Schedule& PipelineTrainer::schedule() const { return p_->schedule; }
 
-std::map<std::string, HostTensor> PipelineTrainer::params() const { return p_->params; }
+std::map<std::string, HostTensor> PipelineTrainer::params() const { return p_->gather_owned(false); }
 
-std::map<std::string, HostTensor> PipelineTrainer::state() const {
-  std::map<std::string, HostTensor> out = p_->params;
-  for (int64_t vs = 0; vs < p_->V; ++vs) {
-    const auto u = static_cast<std::size_t>(vs);
-    for (const auto& [n, arr] : p_->state_of[u]) out[n] = p_->update[u]->loaded.to_host(arr);
-  }
-  return out;
-}
+std::map<std::string, HostTensor> PipelineTrainer::state() const { return p_->gather_owned(true); }
 
 std::map<std::string, Sharding> PipelineTrainer::state_shardings() const {
   std::map<std::string, Sharding> out;
   for (int64_t vs = 0; vs < p_->V; ++vs) {
     const auto u = static_cast<std::size_t>(vs);
+    if (!p_->local(vs)) continue;
     for (const std::string& n : p_->owned[u])
       for (const std::string& name : {n, "adam.m." + n, "adam.v." + n})
         out.emplace(name, p_->update[u]->loaded.input_sharding(name));
@@ -279,9 +302,10 @@ void PipelineTrainer::set_state(const std::map<std::string, HostTensor>& values)
     for (const std::string& n : I.owned[u]) {
       const HostTensor& now = I.params.at(n);
       params[n] = take(n, now.dtype(), now.shape());
-      LoadedExecutable& up = I.update[u]->loaded;
-      for (const std::string& mv : {"adam.m." + n, "adam.v." + n})
-        state[u].emplace(mv, up.to_device(mv, take(mv, DType::f32, now.shape())));
+      for (const std::string& mv : {"adam.m." + n, "adam.v." + n}) {
+        const HostTensor& h = take(mv, DType::f32, now.shape());
+        if (I.local(vs)) state[u].emplace(mv, I.update[u]->loaded.to_device(mv, h));
+      }
     }
   }
   if (used != values.size())
@@ -312,6 +336,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   std::vector<Arrays> fparams(static_cast<std::size_t>(I.V)), bparams(static_cast<std::size_t>(I.V)),
       acc(static_cast<std::size_t>(I.V));
   for (int64_t vs = 0; vs < I.V; ++vs) {
+    if (!I.local(vs)) continue;
     const auto u = static_cast<std::size_t>(vs);
     for (const std::string& n : I.stages[u].params) {
       const ShardedArray& f = fparams[u].emplace(n, I.fwd[u]->loaded.to_device(n, I.params.at(n))).first->second;
@@ -321,13 +346,14 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
     }
   }
 
-  Mailbox mail;
+  detail::StageLinks& mail = *I.links;
+  mail.begin_step(++I.steps_run);
   std::vector<double> losses(static_cast<std::size_t>(M), 0.0);
   PipelineStepReport rep;
   rep.busy_s.assign(static_cast<std::size_t>(I.P), 0.0);
   rep.peak_in_flight.assign(static_cast<std::size_t>(I.P), 0);
   rep.peak_kept_bytes.assign(static_cast<std::size_t>(I.P), 0);
-  std::vector<double> first(static_cast<std::size_t>(I.P), 0.0), last(static_cast<std::size_t>(I.P), 0.0);
+  std::vector<double> last(static_cast<std::size_t>(I.P), 0.0);
   std::mutex err_mu;
   std::string error;
 
@@ -342,7 +368,6 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
     };
     const PipeOp* at = nullptr;
     try {
-      bool started = false;
       for (const PipeOp& op : I.schedule.order[static_cast<std::size_t>(s)]) {
         at = &op;
         const int64_t vs = op.chunk * I.P + s, m = op.micro;
@@ -352,8 +377,6 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
         if (op.forward && vs > 0) recv = mail.take(0, vs, m);
         if (!op.forward && vs + 1 < I.V) recv = mail.take(1, vs, m);
         const double t0 = now_s();
-        if (!started) first[static_cast<std::size_t>(s)] = t0;
-        started = true;
         if (op.forward) {
           LoadedExecutable& f = I.fwd[u]->loaded;
           Arrays in = fparams[u];
@@ -399,21 +422,62 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
         last[static_cast<std::size_t>(s)] = t1;
       }
     } catch (const std::exception& e) {
+      std::string what;
       {
         std::lock_guard<std::mutex> l(err_mu);
-        if (error.empty() || error.find("another stage failed") != std::string::npos)
-          error = at ? fmt::format("pipeline stage {}, the {} of micro-batch {} (chunk {}): {}", s,
-                                   at->forward ? "forward" : "backward", at->micro, at->chunk, e.what())
-                     : fmt::format("pipeline stage {}: {}", s, e.what());
+        what = at ? fmt::format("pipeline stage {}, the {} of micro-batch {} (chunk {}): {}", s,
+                                at->forward ? "forward" : "backward", at->micro, at->chunk, e.what())
+                  : fmt::format("pipeline stage {}: {}", s, e.what());
+        if (error.empty() || error.find("another stage failed") != std::string::npos) error = what;
       }
-      mail.fail();
+      mail.fail(what);
     }
   };
+  // Every process starts the schedule together (each measures its stages' span from here).
+  I.where.gather(std::string());
+  const double t_start = now_s();
   std::vector<std::thread> threads;
-  for (int64_t s = 0; s < I.P; ++s) threads.emplace_back(run_stage, s);
+  for (int64_t s = 0; s < I.P; ++s)
+    if (I.where.local(s)) threads.emplace_back(run_stage, s);
   for (std::thread& th : threads) th.join();
-  if (!error.empty()) throw Error(error);
-  rep.span_s = *std::max_element(last.begin(), last.end()) - *std::min_element(first.begin(), first.end());
+  // Across processes every process learns whether any stage failed, and rethrows the cause (not
+  // a stage that stopped for another's failure).
+  {
+    std::string cause;
+    for (const std::string& e : I.where.gather(error))
+      if (!e.empty() && (cause.empty() || cause.find("another stage failed") != std::string::npos)) cause = e;
+    if (!cause.empty()) throw Error(cause);
+  }
+  // The report: each stage's figures (the losses from the last), gathered from its process.
+  {
+    std::vector<double> mine;  // per local stage: s, busy, in flight, kept bytes, end, then the losses
+    for (int64_t s = 0; s < I.P; ++s) {
+      if (!I.where.local(s)) continue;
+      const auto u = static_cast<std::size_t>(s);
+      mine.insert(mine.end(), {static_cast<double>(s), rep.busy_s[u], static_cast<double>(rep.peak_in_flight[u]),
+                               static_cast<double>(rep.peak_kept_bytes[u]), last[u] - t_start});
+      if (s == I.P - 1) mine.insert(mine.end(), losses.begin(), losses.end());
+    }
+    for (const std::string& b : I.where.gather(I.where.leader() ? detail::pack_doubles(mine) : std::string())) {
+      const std::vector<double> v = detail::unpack_doubles(b, "pipeline: the gathered step report");
+      for (std::size_t i = 0; i + 5 <= v.size();) {
+        const int64_t s = static_cast<int64_t>(v[i]);
+        const auto u = static_cast<std::size_t>(s);
+        rep.busy_s[u] = v[i + 1];
+        rep.peak_in_flight[u] = static_cast<int64_t>(v[i + 2]);
+        rep.peak_kept_bytes[u] = static_cast<int64_t>(v[i + 3]);
+        rep.span_s = std::max(rep.span_s, v[i + 4]);
+        i += 5;
+        if (s == I.P - 1) {
+          if (v.size() < i + static_cast<std::size_t>(M))
+            throw Error("pipeline: the gathered step report lacks the last stage's losses");
+          std::copy(v.begin() + static_cast<std::ptrdiff_t>(i), v.begin() + static_cast<std::ptrdiff_t>(i) + M,
+                    losses.begin());
+          i += static_cast<std::size_t>(M);
+        }
+      }
+    }
+  }
   double busy = 0;
   for (double b : rep.busy_s) busy += b;
   rep.bubble = rep.span_s > 0 ? 1.0 - busy / (static_cast<double>(I.P) * rep.span_s) : 0.0;
@@ -421,21 +485,41 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
 
   // The update: a tied parameter's gradients summed into its owner's, one global norm, AdamW.
   const double t_up = now_s();
-  std::map<std::string, HostTensor> shared_sum;  // parameter -> the sum of its holders' accumulators
   std::map<std::string, int> holders;
   for (int64_t vs = 0; vs < I.V; ++vs)
     for (const std::string& n : I.stages[static_cast<std::size_t>(vs)].params) ++holders[n];
-  for (int64_t vs = 0; vs < I.V; ++vs) {
-    const auto u = static_cast<std::size_t>(vs);
-    for (const std::string& n : I.stages[u].params) {
-      if (holders.at(n) < 2) continue;
-      const HostTensor h = I.bwd[u]->loaded.to_host(acc[u].at("grad.acc." + n));
-      auto it = shared_sum.find(n);
-      if (it == shared_sum.end()) {
-        shared_sum.emplace(n, h);
-      } else {
-        for (int64_t i = 0; i < h.numel(); ++i) it->second.set(i, it->second.get(i) + h.get(i));
+  Hosts shared_sum;  // parameter -> the sum of its holders' accumulators (every process's)
+  {
+    Hosts mine;
+    for (int64_t vs = 0; vs < I.V; ++vs) {
+      if (!I.local(vs)) continue;
+      const auto u = static_cast<std::size_t>(vs);
+      for (const std::string& n : I.stages[u].params) {
+        if (holders.at(n) < 2) continue;
+        HostTensor h = I.bwd[u]->loaded.to_host(acc[u].at("grad.acc." + n));
+        auto it = mine.find(n);
+        if (it == mine.end()) {
+          mine.emplace(n, std::move(h));
+        } else {
+          for (int64_t i = 0; i < h.numel(); ++i) it->second.set(i, it->second.get(i) + h.get(i));
+        }
       }
+    }
+    if (!I.where.processes) {
+      shared_sum = std::move(mine);
+    } else {
+      bool any = false;
+      for (const auto& [n, k] : holders) any = any || k >= 2;
+      if (any)
+        for (const std::string& b : I.where.gather(I.where.leader() ? detail::pack_hosts(mine) : std::string()))
+          for (auto& [n, h] : detail::unpack_hosts(b, "pipeline: the gathered tied gradients")) {
+            auto it = shared_sum.find(n);
+            if (it == shared_sum.end()) {
+              shared_sum.emplace(n, std::move(h));
+            } else {
+              for (int64_t i = 0; i < h.numel(); ++i) it->second.set(i, it->second.get(i) + h.get(i));
+            }
+          }
     }
   }
   const HostTensor mean = [&] {
@@ -447,7 +531,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   double sumsq = 0;
   for (int64_t vs = 0; vs < I.V; ++vs) {
     const auto u = static_cast<std::size_t>(vs);
-    if (!I.sumsq[u]) continue;
+    if (!I.local(vs) || !I.sumsq[u]) continue;
     LoadedExecutable& q = I.sumsq[u]->loaded;
     LoadedExecutable& up = I.update[u]->loaded;
     Arrays in;
@@ -464,6 +548,12 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
     }
     sumsq += q.to_host(q.output(q.run_named(in), "sumsq")).get(0);
   }
+  if (I.where.processes) {  // the global norm: every stage's share, summed
+    double total = 0;
+    for (const std::string& b : I.where.gather(I.where.leader() ? detail::pack_doubles({sumsq}) : std::string()))
+      for (double x : detail::unpack_doubles(b, "pipeline: the gathered sums of squares")) total += x;
+    sumsq = total;
+  }
   rep.grad_norm = std::sqrt(sumsq);
   const AdamWConfig& a = I.o.adamw;
   double clip = 1.0;
@@ -475,7 +565,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   };
   for (int64_t vs = 0; vs < I.V; ++vs) {
     const auto u = static_cast<std::size_t>(vs);
-    if (!I.update[u]) continue;
+    if (!I.local(vs) || !I.update[u]) continue;
     LoadedExecutable& up = I.update[u]->loaded;
     Arrays in = upd_acc[u];
     in.emplace("adam.lr", up.to_device("adam.lr", scalar(lr)));
@@ -490,6 +580,16 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
       I.state_of[u].at("adam.m." + n) = up.output(r, "next.adam.m." + n);
       I.state_of[u].at("adam.v." + n) = up.output(r, "next.adam.v." + n);
     }
+  }
+  if (I.where.processes && !shared_sum.empty()) {
+    // A tied parameter's new value, from its owner's process to the other holders'.
+    Hosts mine;
+    for (int64_t vs = 0; vs < I.V; ++vs)
+      if (I.local(vs))
+        for (const std::string& n : I.owned[static_cast<std::size_t>(vs)])
+          if (shared_sum.count(n)) mine.emplace(n, I.params.at(n));
+    for (const std::string& b : I.where.gather(I.where.leader() ? detail::pack_hosts(mine) : std::string()))
+      for (auto& [n, h] : detail::unpack_hosts(b, "pipeline: the gathered tied parameters")) I.params.at(n) = std::move(h);
   }
   rep.update_s = now_s() - t_up;
   return rep;

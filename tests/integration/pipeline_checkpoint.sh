@@ -2,13 +2,15 @@
 # Issue 39: a checkpoint saved by a pipelined gpt_train run (pipe=2,data=2) resumes on data=4
 # with the uninterrupted run's losses, and one saved on data=4 resumes on pipe=2,data=2 with
 # them too. Losses compared from the runs' --out CSVs (column 2), steps 3 and 4, within 1e-5
-# relative; every run also passes its own one-device check (exit status).
+# relative; every run also passes its own one-device check (exit status). A third argument is a
+# launcher every run starts under (e.g. "mpirun -np 4": the pipelined runs' stages on processes
+# of their own, the data=4 runs one device per process).
 set -euo pipefail
-bin=$1 work=$2
+bin=$1 work=$2 launch=${3:-}
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
-run() { echo "\$ gpt_train $*"; "$bin/gpt_train" "$@" | grep -E '^(step|resumed|saved|largest)'; }
+run() { echo "\$ $launch gpt_train $*"; $launch "$bin/gpt_train" "$@" | grep -E '^(step|resumed|saved|largest|pipeline:)'; }
 run --mesh pipe=2,data=2 --seed 7 --steps 4 --out whole_pipe
 run --mesh data=4 --seed 7 --steps 4 --out whole_data
 run --mesh pipe=2,data=2 --seed 7 --steps 2 --save-dir from_pipe --out ""

@@ -125,6 +125,34 @@ if(TARGET tessel_example_plan AND TESSEL_MPIRUN)
            COMMAND bash -c "out=$(${TESSEL_MPIRUN} --allow-run-as-root --oversubscribe -np 8 $<TARGET_FILE:tessel_example_plan> ${PROJECT_SOURCE_DIR}/examples/planner/gpt_jobs.json --pool ${PROJECT_SOURCE_DIR}/examples/planner/cpu_pool.json --run --backend cuda --no-pictures 2>&1); rc=$?; echo \"$out\" | tail -5; test $rc -ne 0 && echo \"$out\" | grep -Eq \"job '[a-z-]+' failed: process [0-9]+ of devices [0-9,]+: CudaRuntime: no CUDA GPU is visible|built without CUDA\"")
   list(APPEND _mpi_doc_tests "mpi: tessel-plan --run --backend cuda without a GPU names the job and the missing GPU")
 endif()
+# Issue 39: gpt_train with a pipe axis under mpirun -np 4 (each stage on its own processes, the
+# values between stages as host messages): every step equal to one device within 1e-5 for every
+# schedule, on pipe=2 x data=2, pipe=4, pipe=2 x model=2 and interleaved pipe=2 x data=2 with 2
+# chunks; a checkpoint saved by the mpirun pipeline resumes on data=4 with the uninterrupted
+# losses (pipeline_checkpoint.sh with a launcher).
+if(TARGET tessel_example_gpt_train AND TESSEL_MPIRUN)
+  foreach(cfg "pipe=2,data=2|gpipe|" "pipe=2,data=2|1f1b|" "pipe=4|gpipe|--layers 4" "pipe=4|1f1b|--layers 4"
+              "pipe=2,model=2|gpipe|" "pipe=2,model=2|1f1b|" "pipe=2,data=2|interleaved|--chunks 2 --layers 4")
+    string(REPLACE "|" ";" _parts "${cfg}")
+    list(GET _parts 0 _mesh)
+    list(GET _parts 1 _sched)
+    list(GET _parts 2 _more)
+    separate_arguments(_more)
+    string(REPLACE "," " x " _label "${_mesh}")
+    set(_name "mpi: mpirun -np 4 gpt_train --mesh ${_label} --schedule ${_sched} equals one device within 1e-5")
+    add_test(NAME "${_name}"
+             COMMAND ${_mpirun_doc} -np 4 $<TARGET_FILE:tessel_example_gpt_train> --mesh ${_mesh} --schedule ${_sched}
+                     ${_more} --steps 3 --tolerance 1e-5 --out "")
+    set_tests_properties("${_name}" PROPERTIES PASS_REGULAR_EXPRESSION
+                         "4 processes, [12] per stage.*largest relative difference from one device: .* [(]ok, <= 1e-05[)]")
+    list(APPEND _mpi_doc_tests "${_name}")
+  endforeach()
+  add_test(NAME "mpi: mpirun -np 4 gpt_train pipe=2 x data=2 checkpoints resume on data=4 with the uninterrupted losses"
+           COMMAND bash ${PROJECT_SOURCE_DIR}/tests/integration/pipeline_checkpoint.sh
+                   $<TARGET_FILE_DIR:tessel_example_gpt_train> ${CMAKE_BINARY_DIR}/tests/pipeline-checkpoint-mpi
+                   "${TESSEL_MPIRUN} --allow-run-as-root --oversubscribe -np 4")
+  list(APPEND _mpi_doc_tests "mpi: mpirun -np 4 gpt_train pipe=2 x data=2 checkpoints resume on data=4 with the uninterrupted losses")
+endif()
 if(_mpi_doc_tests)
   set_tests_properties(${_mpi_doc_tests} PROPERTIES LABELS mpi TIMEOUT 300 RUN_SERIAL TRUE)
 endif()

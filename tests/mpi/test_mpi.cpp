@@ -29,6 +29,9 @@
 #include "tessel/runtime/reference.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/ir/graph_text.hpp"
+#include "tessel/models/gpt.hpp"
+#include "tessel/pipeline/runner.hpp"
+#include "tessel/pipeline/stages.hpp"
 
 using namespace tessel;
 
@@ -476,4 +479,76 @@ output %y
   CHECK_THROWS_WITH(ck.save(3, arrays, le), Catch::Contains("step 3 is already committed"));
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// Issue 39: a pipeline whose stages run on processes of their own (PipelineOptions::processes,
+// each stage an MpiRuntime over its processes, the values between stages as host messages)
+// computes what the same stages compute in one process (thread runtimes); a stage failing on its
+// processes stops every process, each rethrowing the failing stage's error.
+TEST_CASE("mpi: pipeline stages on processes of their own equal the stages in one process and a failing stage stops every process",
+          "[mpi][pipeline]") {
+  std::shared_ptr<ProcessGroup> pg = mpi_process_group();
+  const int N = pg->size(), k = N / 2;  // two stages of N/2 processes
+  const uint64_t seed = bcast(std::random_device{}());
+  INFO("seed " << seed);
+  GptConfig c;
+  c.batch = 2 * k;  // one micro-batch's rows, split over the stage's data axis
+  c.seq = 8;
+  c.d_model = 16;
+  c.heads = 2;
+  c.layers = 2;
+  c.vocab = 32;
+  const Mesh stage_mesh = gpt_mesh(Mesh::parse(fmt::format("data={}", k)), c);
+  GptGraph m = build_gpt(c);
+  std::vector<HostTensor> in = random_inputs(m.graph, seed);
+  gpt_init(m.graph, in);
+  std::map<std::string, HostTensor> init;
+  for (const Tensor& t : m.weights)
+    for (std::size_t i = 0; i < m.graph.inputs.size(); ++i)
+      if (m.graph.inputs[i] == t.id) init[t.name()] = in[i];
+  std::mt19937_64 rng(seed);
+  std::vector<std::map<std::string, HostTensor>> micro(4);
+  for (auto& mb : micro)
+    for (const char* n : {"tokens", "labels"}) {
+      HostTensor t(DType::i32, {c.batch, c.seq});
+      for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(rng() % static_cast<uint64_t>(c.vocab)));
+      mb.emplace(n, t);
+    }
+  PipelineOptions o;
+  o.schedule = ScheduleKind::OneFOneB;
+  o.micro = 4;
+
+  // In this process: two thread runtimes.
+  ThreadRuntime t0(stage_mesh.num_devices()), t1(stage_mesh.num_devices());
+  PipelineTrainer one(split_stages(m.graph, m.loss, m.weights, {m.checkpoints.at(1)}), stage_mesh, {&t0, &t1}, init,
+                      o);
+  // Across processes: this process's stage only.
+  const int64_t mine = pg->rank() / k;
+  MpiRuntimeOptions mo = test_options();
+  mo.ranks = pipeline_stage_ranks(N, 2, mine);
+  MpiRuntime rt(mo);
+  std::vector<Runtime*> rts = {nullptr, nullptr};
+  rts[static_cast<std::size_t>(mine)] = &rt;
+  o.processes = pg;
+  o.timeout_s = 60;
+  PipelineTrainer many(split_stages(m.graph, m.loss, m.weights, {m.checkpoints.at(1)}), stage_mesh, rts, init, o);
+  for (int t = 1; t <= 2; ++t) {
+    const PipelineStepReport a = one.step(micro, 1e-2, t), b = many.step(micro, 1e-2, t);
+    CHECK(std::fabs(a.loss - b.loss) <= 1e-5 * std::fabs(a.loss));
+    CHECK(std::fabs(a.grad_norm - b.grad_norm) <= 1e-5 * a.grad_norm);
+    CHECK(b.peak_in_flight == std::vector<int64_t>{2, 1});
+  }
+  const std::map<std::string, HostTensor> pa = one.state(), pb = many.state();
+  REQUIRE(pa.size() == pb.size());
+  for (const auto& [n, v] : pa) {
+    INFO(n);
+    CHECK(compare(pb.at(n), v).max_rel_err <= 1e-5);
+  }
+  // Stage 0's processes fail (tokens of another shape than the program's): every process throws
+  // its error, stage 1's too (it was waiting for stage 0's activations).
+  micro[0]["tokens"] = HostTensor(DType::i32, {c.batch + 1, c.seq});
+  CHECK_THROWS_WITH(many.step(micro, 1e-2, 3),
+                    Catch::Contains("pipeline stage 0, the forward of micro-batch 0") && Catch::Contains("tokens"));
+  // The stage pattern that does not fit: a process count the stages do not split.
+  CHECK_THROWS_WITH(pipeline_stage_ranks(3, 2, 0), Catch::Contains("3 processes for 2 stages"));
 }

@@ -31,6 +31,7 @@
 #include "tessel/core/mesh.hpp"
 #include "tessel/pipeline/schedule.hpp"
 #include "tessel/pipeline/stages.hpp"
+#include "tessel/runtime/process_group.hpp"
 #include "tessel/runtime/runtime.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "tessel/train/train_step.hpp"
@@ -47,7 +48,21 @@ struct PipelineOptions {
   // gradients reduce-scattered into them). 3 is not supported yet (Error).
   int zero = 0;
   std::string data_axis = "data";
+  // Stages over the processes of an mpirun job: the processes of the whole pipeline, P·k of them
+  // for P stages, stage s on processes [s·k, (s+1)·k) (pipeline_stage_ranks). Each process gives
+  // its own stage's runtime (over that stage's k processes: RuntimeRequest::mpi_ranks) as
+  // runtimes[s] and null for the others; values between stages travel as host messages between
+  // the processes of equal index within their stages. Null: every stage runs in this process.
+  std::shared_ptr<ProcessGroup> processes;
+  // Across processes: a stage waiting longer than this for another stage's values fails (a dead
+  // or stuck process) instead of waiting forever. <= 0: no limit.
+  double timeout_s = 300;
 };
+
+// The ranks (of PipelineOptions::processes) of stage `stage` when `processes` processes run
+// `stages` stages: processes / stages of them, in a block. Throws Error when the stages do not
+// split the processes evenly, naming both counts.
+std::vector<int> pipeline_stage_ranks(int processes, int64_t stages, int64_t stage);
 
 struct PipelineStepReport {
   double loss = 0;       // the mean of the micro-batches' losses (the batch's mean loss)
@@ -67,11 +82,14 @@ class PipelineTrainer {
  public:
   // `stages`: P·chunks virtual stages (split_stages). `stage_mesh`: the mesh of every stage (the
   // pipeline mesh without its pipe axis). `runtimes`: one per stage (P), each of
-  // stage_mesh.num_devices() devices. `params`: every stage parameter's initial value by name.
-  // Compiles and loads every program. Throws Error naming what does not fit: a stage count that
-  // is not runtimes.size() · chunks, a missing runtime, a missing or mistyped parameter, a ZeRO
-  // stage outside 0..2,
-  // a schedule that cannot be built (micro-batches not a multiple of P for Interleaved).
+  // stage_mesh.num_devices() devices (across processes: this process's stage's only, the others
+  // null). `params`: every stage parameter's initial value by name. Compiles and loads every
+  // program of this process's stages. Throws Error naming what does not fit: a stage count that
+  // is not runtimes.size() · chunks, a missing runtime (or, across processes, one given for
+  // another process's stage, or spanning other processes than its stage's), a runtime spanning
+  // processes without PipelineOptions::processes, a missing or mistyped parameter, a ZeRO stage
+  // outside 0..2, a schedule that cannot be built (micro-batches not a multiple of P for
+  // Interleaved).
   PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& stage_mesh, std::vector<Runtime*> runtimes,
                   const std::map<std::string, HostTensor>& params, PipelineOptions options);
   ~PipelineTrainer();
@@ -81,10 +99,14 @@ class PipelineTrainer {
   // One step: `micro_batches[m]` holds micro-batch m's data inputs by name (every stage's
   // `data`: tokens, labels). `lr` the learning rate, `t` the step from 1 (the bias corrections).
   // Throws Error naming a missing data input or a wrong count of micro-batches; an error in a
-  // stage's run stops every stage and is rethrown naming the stage and op.
+  // stage's run stops every stage and is rethrown naming the stage and op. Across processes
+  // every process calls it with the same arguments and gets the same report; an error in one
+  // process's stage is rethrown by every process, and the trainer is not to be used again.
   PipelineStepReport step(const std::vector<std::map<std::string, HostTensor>>& micro_batches, double lr, int64_t t);
 
-  // The parameters now, by name (each once).
+  // The parameters now, by name (each once). Across processes params() and state() are
+  // collective (every process calls them; each gets every stage's values) and set_state takes
+  // the same values on every process.
   std::map<std::string, HostTensor> params() const;
   // The training state as Trainer::state's values (train/trainer.hpp): each parameter and its
   // AdamW moments "adam.m.<p>", "adam.v.<p>", by name; Trainer::reference_step takes it.
@@ -94,7 +116,8 @@ class PipelineTrainer {
   // that is not part of the state.
   void set_state(const std::map<std::string, HostTensor>& values);
   // Each state value's layout on its stage's mesh (as Trainer::state_shardings): the parameter's
-  // and its moments' in the update program of the stage that owns it.
+  // and its moments' in the update program of the stage that owns it (across processes: of this
+  // process's stage's values only).
   std::map<std::string, Sharding> state_shardings() const;
   const Schedule& schedule() const;
 
