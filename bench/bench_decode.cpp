@@ -2,8 +2,9 @@
 // (bench/jax/run_decode_side_by_side.sh; gpt_jax.py decode): one decode step of
 // build_gpt_infer's decode program (infer/generate.hpp) on one device with one kernel thread,
 // the weights on the device, the KV cache donated to each step and fed back; each step's
-// tokens and positions come from the host and its logits go back to it (what GptGenerator
-// does per token). config 0: the gpt example's model, 1: the GPT-2-small-sized block
+// tokens and positions come from the host and its logits go back to it, as the JAX step's do
+// (GptGenerator itself brings back only the next tokens, drawn on the device: the step here
+// draws them too, greedily, and brings both back, so it does a little more than JAX's). config 0: the gpt example's model, 1: the GPT-2-small-sized block
 // (side_by_side.hpp); every sequence at position T/2 (the program attends over all T
 // positions, masked). Counters: tokens/s (B per step), weight_bytes (the weights a step reads,
 // f32), read_GBps (this core's streaming read bandwidth, measured once: the best of 5 XOR
@@ -79,6 +80,16 @@ void BM_DecodeSide(benchmark::State& state) {
   tessel::HostTensor positions(tessel::DType::i32, {T});
   for (int64_t t = 0; t < T; ++t) positions.set(t, static_cast<double>(t));
   in.emplace("positions", prog.to_device("positions", positions));
+  // The draw on the devices (gpt_infer.hpp): greedy rows, as the JAX step's argmax of the
+  // logits; put once (they do not change from step to step here).
+  const tessel::HostTensor keys(tessel::DType::i32, {cfg.batch}), temperature(tessel::DType::f32, {cfg.batch}),
+      top_k(tessel::DType::i32, {cfg.batch});
+  tessel::HostTensor top_p(tessel::DType::f32, {cfg.batch});
+  for (int64_t b = 0; b < cfg.batch; ++b) top_p.set(b, 1.0);
+  in.emplace("sample_keys", prog.to_device("sample_keys", keys));
+  in.emplace("temperature", prog.to_device("temperature", temperature));
+  in.emplace("top_k", prog.to_device("top_k", top_k));
+  in.emplace("top_p", prog.to_device("top_p", top_p));
   tessel::HostTensor token(tessel::DType::i32, {cfg.batch}), pos(tessel::DType::i32, {cfg.batch});
   for (int64_t b = 0; b < cfg.batch; ++b) {
     token.set(b, static_cast<double>((b * 7919) % cfg.vocab));
@@ -90,7 +101,9 @@ void BM_DecodeSide(benchmark::State& state) {
     tessel::RunResult r = prog.run_named(in);
     for (const std::string& c : g.caches) in.insert_or_assign(c, prog.output(r, c + ".next"));
     tessel::HostTensor logits = prog.to_host(prog.output(r, "logits"));
+    tessel::HostTensor next = prog.to_host(prog.output(r, "next_token"));
     benchmark::DoNotOptimize(logits);
+    benchmark::DoNotOptimize(next);
   };
   step();  // warm-up
   for (auto _ : state) step();
