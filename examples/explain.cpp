@@ -63,6 +63,7 @@
 #include "tessel/compiler/uneven.hpp"
 #include "tessel/ir/graph_text.hpp"
 #include "tessel/pipeline/auto_stages.hpp"
+#include "tessel/pipeline/stages.hpp"
 #include "tessel/compiler/visualize.hpp"
 
 namespace {
@@ -139,9 +140,11 @@ std::vector<std::string> why_lines(const tessel::Graph& g, const std::vector<tes
   return out;
 }
 
-// --stages P: the pipeline's stage cuts by the cost model, in words.
+// --stages P: the pipeline's stage cuts by the cost model, in words. With --auto each stage's
+// shape is chosen too (every shape of the mesh's devices over its axes) within --memory-budget
+// per device.
 int explain_stages(tessel::Graph& g, const tessel::Mesh& mesh, const tessel::CostModel& cost, int64_t stages,
-                   int64_t micro, const std::string& file) {
+                   int64_t micro, bool shapes, int64_t budget, const std::string& file) {
   if (g.outputs.size() != 1 || !g.values[static_cast<std::size_t>(g.outputs[0])].shape.empty() ||
       g.values[static_cast<std::size_t>(g.outputs[0])].dtype == tessel::DType::i32)
     throw tessel::Error(fmt::format("--stages: {} must have one output, a float scalar (the loss of one "
@@ -155,22 +158,50 @@ int explain_stages(tessel::Graph& g, const tessel::Mesh& mesh, const tessel::Cos
   candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
                                   [&](const tessel::Tensor& t) { return t.id == loss.id; }),
                    candidates.end());
-  const tessel::StageCut c = tessel::choose_stage_cuts(g, loss, params, candidates, stages, micro, mesh, cost);
+  tessel::StageCutOptions so;
+  std::vector<std::string> axes;
+  for (const tessel::MeshAxis& a : mesh.axes()) axes.push_back(a.name);
+  so.meshes = shapes ? tessel::mesh_shapes(mesh, axes) : std::vector<tessel::Mesh>{mesh};
+  so.memory_budget_bytes = budget;
+  const tessel::StageCut c = tessel::choose_stage_cuts(g, loss, params, candidates, stages, micro, so, cost);
   fmt::print("== pipeline stages: {} of mesh {}, {} micro-batches; {} candidate cuts (values nothing else "
-             "crosses), {} pieces\n",
-             stages, mesh.to_string(), micro, candidates.size(), candidates.size() + 1);
+             "crosses), {} pieces{}\n",
+             stages, mesh.to_string(), micro, candidates.size(), candidates.size() + 1,
+             shapes ? fmt::format("; each stage's shape among {}{}", so.meshes.size(),
+                                  budget > 0 ? fmt::format(", within {} bytes per device", budget) : std::string())
+                    : std::string());
+  // Each stage's program on its shape: the layout of the value it sends.
+  std::vector<tessel::PipelineStage> parts = tessel::split_stages(g, loss, params, c.cuts);
   int64_t first = 0;
+  double sum = 0, mx = 0;
   for (int64_t s = 0; s < stages; ++s) {
-    const int64_t n = c.pieces[static_cast<std::size_t>(s)];
-    fmt::print("stage {}: pieces {}..{}{} predicted {:.6g} s per micro-batch (forward and backward)\n", s, first,
-               first + n - 1,
-               s + 1 < stages ? fmt::format(", sends %{},", c.cuts[static_cast<std::size_t>(s)].name()) : std::string(","),
-               c.stage_s[static_cast<std::size_t>(s)]);
+    const auto u = static_cast<std::size_t>(s);
+    const int64_t n = c.pieces[u];
+    std::string sends = ",";
+    if (s + 1 < stages) {
+      tessel::Graph& fwd = parts[u].forward;
+      fwd.mesh = c.stage_meshes[u];
+      const tessel::Executable exe = tessel::compile(fwd, c.stage_meshes[u]);
+      const tessel::Program& prog = exe.program();
+      std::string layout = "?";
+      for (std::size_t o = 0; o < fwd.outputs.size(); ++o)
+        if (fwd.outputs[o] == fwd.find(c.cuts[u].name()))
+          layout = prog.values[static_cast<std::size_t>(prog.outputs[o])].sharding.to_string();
+      sends = fmt::format(", sends %{} as {},", c.cuts[u].name(), layout);
+    }
+    fmt::print("stage {}: pieces {}..{} on {}{} predicted {:.6g} s per micro-batch (forward and backward), {} bytes "
+               "per device\n",
+               s, first, first + n - 1, c.stage_meshes[u].to_string(), sends, c.stage_s[u], c.stage_bytes[u]);
     first += n;
+    sum += c.stage_s[u];
+    mx = std::max(mx, c.stage_s[u]);
   }
   fmt::print("predicted step: {:.6g} s = sum + ({} - 1) x max of the stage times; equal numbers of pieces ({}): "
              "{:.6g} s\n",
              c.step_s, micro, fmt::join(c.equal_pieces, "/"), c.equal_step_s);
+  // The idle share of the step: each stage busy M times its time of the P stages' M·max + sum - max.
+  fmt::print("predicted bubble: {:.4f} (1 - M x sum / (P x step))\n",
+             c.step_s > 0 ? 1.0 - static_cast<double>(micro) * sum / (static_cast<double>(stages) * c.step_s) : 0.0);
   return 0;
 }
 
@@ -222,7 +253,8 @@ int run(int argc, char** argv) {
     std::fputs(tessel::print_graph(g).c_str(), stdout);
     return 0;
   }
-  if (opt.stages > 0) return explain_stages(g, mesh, popts.cost, opt.stages, opt.microbatches, file);
+  if (opt.stages > 0)
+    return explain_stages(g, mesh, popts.cost, opt.stages, opt.microbatches, opt.auto_shard, opt.memory_budget, file);
   std::optional<tessel::AutoShardResult> auto_result;  // --auto: the plan, for its predictions below
   int64_t auto_ops = 0;
   if (opt.auto_shard) {

@@ -159,7 +159,8 @@ const char* kUsage =
     "stages of equal layers (x --chunks V for the interleaved schedule), each on the mesh's other\n"
     "axes, run at once by --schedule (default 1f1b) over --microbatches M (default 4) micro-batches\n"
     "of batch/M rows (docs/pipeline.md), --zero 0..2 within each stage; --auto chooses the stage\n"
-    "boundaries by the cost model instead (the stages keep their layouts); checkpoints move between\n"
+    "boundaries and each stage's shape over data and model by the cost model instead (the stages keep\n"
+    "the model's layouts), within --memory-budget BYTES per device if given; checkpoints move between\n"
     "pipelined and other meshes. Under mpirun -np N each stage runs on N/pipe processes (values\n"
     "between stages as host messages). Not yet with --zero 3, --accumulate, --mixed, --remat,\n"
     "--offload, --check-finite, --write-graph or --backend cuda.\n";
@@ -294,6 +295,7 @@ struct PipeRun {
   int save_every, keep;
   int zero;  // within each stage
   bool auto_stages;  // --auto: the stage boundaries by the cost model (choose_stage_cuts)
+  int64_t memory_budget;  // --memory-budget with --auto: bytes per device a stage may hold (0: none)
   double timeout_s;  // --timeout: under mpirun, a stage waiting longer for another fails (< 0: 300 s)
 };
 
@@ -364,18 +366,38 @@ int run_pipeline(const PipeRun& a) {
   }
   // The cuts: equal layers per stage, or (--auto) the cost model's (this machine's figures).
   std::vector<tessel::Tensor> cuts;
+  std::vector<tessel::Mesh> meshes(static_cast<std::size_t>(P), stage_mesh);  // per stage
   if (a.auto_stages) {
     const std::vector<tessel::Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
-    const tessel::StageCut sc = tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P * V, M, stage_mesh,
+    // Each stage's shape among those of its devices over data and model (one shape for all
+    // with chunks: a stage's chunks share its runtime), within --memory-budget.
+    tessel::StageCutOptions so;
+    so.meshes = V > 1 ? std::vector<tessel::Mesh>{stage_mesh} : tessel::mesh_shapes(stage_mesh, {"data", "model"});
+    so.memory_budget_bytes = a.memory_budget;
+    so.schedule = a.flags.kind;
+    const tessel::StageCut sc = tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P * V, M, so,
                                                           tessel::measured_cost_model(*rts[0], stage_mesh));
-    // Each process priced with its own measurements: every process takes rank 0's cut.
+    // Each process priced with its own measurements: every process takes rank 0's cut and shapes.
     std::vector<double> at;
     for (const tessel::Tensor& t : sc.cuts)
       for (std::size_t i = 0; i < m.checkpoints.size(); ++i)
         if (m.checkpoints[i].id == t.id) at.push_back(static_cast<double>(i));
-    for (double i : agree(at)) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(i)));
+    for (const tessel::Mesh& x : sc.stage_meshes)
+      for (std::size_t i = 0; i < so.meshes.size(); ++i)
+        if (so.meshes[i].to_string() == x.to_string()) at.push_back(static_cast<double>(i));
+    const std::vector<double> agreed = agree(at);
+    for (int64_t k = 0; k + 1 < P * V; ++k)
+      cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(agreed.at(static_cast<std::size_t>(k)))));
+    if (V == 1)
+      for (int64_t s = 0; s < P; ++s)
+        meshes[static_cast<std::size_t>(s)] =
+            so.meshes.at(static_cast<std::size_t>(agreed.at(static_cast<std::size_t>(P - 1 + s))));
     say("stages by the cost model (pieces: the embedding, then a layer each, the last with the head): {}\n",
-               sc.why);
+        sc.why);
+    std::vector<std::string> bytes;
+    for (int64_t b : sc.stage_bytes) bytes.push_back(std::to_string(b));
+    say("predicted peak bytes per device by stage: {}{}\n", fmt::join(bytes, ", "),
+        a.memory_budget > 0 ? fmt::format(" (budget {})", a.memory_budget) : std::string());
   } else {
     for (int64_t k = 1; k < P * V; ++k) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(k * c.layers / (P * V))));
   }
@@ -398,7 +420,7 @@ int run_pipeline(const PipeRun& a) {
   po.processes = pg;
   if (a.timeout_s > 0) po.timeout_s = a.timeout_s;
   const auto t0 = std::chrono::steady_clock::now();
-  tessel::PipelineTrainer trainer(std::move(stages), stage_mesh, rp, init, po);
+  tessel::PipelineTrainer trainer(std::move(stages), meshes, rp, init, po);
   // The oracle: the same step on one device (the reference executor) from the pipeline's state.
   std::optional<tessel::ThreadRuntime> one_rt;
   std::optional<tessel::Trainer> one;
@@ -410,8 +432,12 @@ int run_pipeline(const PipeRun& a) {
   say("gpt_train: batch={} ({} micro-batches of {}) seq={} d_model={} heads={} layers={} vocab={} corpus={} "
              "bytes\n",
              a.cfg.batch, M, c.batch, c.seq, c.d_model, c.heads, c.layers, c.vocab, a.corpus.size());
-  say("pipeline: {} stages{} of mesh {} ({} CPU devices in all{}), schedule {}, zero={}, lr {}, seed {}\n", P,
-      V > 1 ? fmt::format(" x {} chunks", V) : "", stage_mesh.to_string(), P * stage_mesh.num_devices(),
+  std::vector<std::string> shapes;
+  for (const tessel::Mesh& x : meshes) shapes.push_back(x.to_string());
+  const bool alike = std::all_of(shapes.begin(), shapes.end(), [&](const std::string& x) { return x == shapes[0]; });
+  say("pipeline: {} stages{} of {} ({} CPU devices in all{}), schedule {}, zero={}, lr {}, seed {}\n", P,
+      V > 1 ? fmt::format(" x {} chunks", V) : "",
+      alike ? "mesh " + shapes[0] : fmt::format("meshes {}", fmt::join(shapes, ", ")), P * stage_mesh.num_devices(),
       pg ? fmt::format(", {} processes, {} per stage", pg->size(), pg->size() / P) : std::string(),
       tessel::schedule_kind_name(a.flags.kind), a.zero, o.lr.to_string(), seed);
   say("{}compile + load: {:.1f} ms\n", trainer.schedule().to_string(), compile_ms);
@@ -700,12 +726,13 @@ int run(int argc, char** argv) {
   if (!auto_layouts && (memory_budget > 0 || !links.empty()))
     throw tessel::UsageError(fmt::format("{} applies to --auto (automatic sharding) only",
                                          memory_budget > 0 ? "--memory-budget" : "--links"));
-  if (auto_layouts && zero_given)
-    throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
   const bool piped = mesh.axis_index("pipe") >= 0;
+  // With a pipe axis --auto chooses the stages (their cuts and shapes), not the layouts: --zero applies.
+  if (auto_layouts && zero_given && !piped)
+    throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
   if (piped) {
     for (const char* flag : {"--accumulate", "--mixed", "--remat", "--offload", "--check-finite", "--write-graph",
-                             "--memory-budget", "--links"})
+                             "--links"})
       if (given.count(flag))
         throw tessel::UsageError(fmt::format("{} is not yet supported with a pipe axis in --mesh (pipeline stages run "
                                              "in f32 with ZeRO 0 to 2: docs/pipeline.md)",
@@ -774,7 +801,7 @@ int run(int argc, char** argv) {
                                            resume_flag, start));
     PipeRun run{cfg,  mesh,   corpus,    pipe,      seed,   steps,      threads,          lr,   warmup, tolerance,
                 reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep, to.zero, auto_layouts,
-                timeout_s};
+                memory_budget, timeout_s};
     return run_pipeline(run);
   }
   cfg.batch /= accumulate;  // the model sees one micro-batch

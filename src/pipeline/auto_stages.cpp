@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 #include "tessel/executable.hpp"
 #include "tessel/passes/program_passes.hpp"
@@ -14,14 +15,6 @@
 namespace tessel {
 
 namespace {
-
-// A piece's program as load() runs it (lowered: fused kernels, combined collectives), priced as
-// the planner prices a step: roofline compute, collectives, and a dispatch per instruction.
-double predicted_seconds(const Graph& g, const Mesh& mesh, const CostModel& cost) {
-  const Executable exe = compile(g, mesh);
-  const Program low = lower_program(exe.program());
-  return low.compute_seconds(cost) + low.comm_seconds(cost) + low.dispatch_seconds(cost);
-}
 
 // The stage times of the cut that gives stage s pieces [bounds[s], bounds[s + 1]).
 std::vector<double> stage_times(const std::vector<double>& piece_s, const std::vector<int64_t>& bounds) {
@@ -87,59 +80,193 @@ std::vector<Tensor> single_value_cuts(Graph& g, const std::vector<Tensor>& param
   return out;
 }
 
+std::vector<Mesh> mesh_shapes(const Mesh& mesh, const std::vector<std::string>& axes) {
+  std::vector<int> at;
+  int64_t total = 1;
+  for (const std::string& a : axes) {
+    at.push_back(mesh.axis_index(a));
+    if (at.back() < 0) throw Error(fmt::format("mesh_shapes: the mesh {} has no axis '{}'", mesh.to_string(), a));
+    total *= mesh.axis_size(a);
+  }
+  std::vector<Mesh> out = {mesh};
+  // Every assignment of divisors of `total` to the axes whose product is `total`.
+  std::vector<int64_t> sizes(axes.size(), 1);
+  auto rec = [&](auto&& self, std::size_t k, int64_t left) -> void {
+    if (k + 1 >= axes.size()) {
+      if (!axes.empty()) sizes[k] = left;
+      std::vector<MeshAxis> ax = mesh.axes();
+      for (std::size_t i = 0; i < axes.size(); ++i) ax[static_cast<std::size_t>(at[i])].size = sizes[i];
+      Mesh m(ax);
+      if (m.to_string() != mesh.to_string()) out.push_back(std::move(m));
+      return;
+    }
+    for (int64_t d = 1; d <= left; ++d)
+      if (left % d == 0) {
+        sizes[k] = d;
+        self(self, k + 1, left / d);
+      }
+  };
+  if (!axes.empty()) rec(rec, 0, total);
+  return out;
+}
+
 StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
                            const std::vector<Tensor>& candidates, int64_t stages, int64_t micro,
                            const Mesh& stage_mesh, const CostModel& cost) {
+  StageCutOptions o;
+  o.meshes = {stage_mesh};
+  return choose_stage_cuts(g, loss, params, candidates, stages, micro, o, cost);
+}
+
+namespace {
+
+// A piece on one mesh: its predicted seconds and its memory per device.
+struct PiecePrice {
+  double seconds = 0;
+  int64_t state_bytes = 0;  // its parameters', gradient accumulators' and AdamW moments' (f32)
+  int64_t kept_bytes = 0;   // one micro-batch's kept inputs (what its forward reads besides parameters)
+  int64_t work_bytes = 0;   // its backward's working memory (the planned arena)
+};
+
+PiecePrice price_piece(PipelineStage& p, const Mesh& mesh, const CostModel& cost) {
+  PiecePrice out;
+  p.forward.mesh = mesh;
+  p.backward.mesh = mesh;
+  const Executable f = compile(p.forward, mesh), b = compile(p.backward, mesh);
+  for (const Executable* e : {&f, &b}) {
+    const Program low = lower_program(e->program());
+    out.seconds += low.compute_seconds(cost) + low.comm_seconds(cost) + low.dispatch_seconds(cost);
+    if (e == &b) out.work_bytes = low.memory.arena_bytes;
+  }
+  const std::set<std::string> ps(p.params.begin(), p.params.end());
+  const Program& fp = f.program();
+  for (int v : fp.inputs) {
+    const LocalValue& lv = fp.values[static_cast<std::size_t>(v)];
+    if (ps.count(lv.name)) {
+      // The parameter, its accumulator and two moments in f32 (each in the parameter's layout).
+      out.state_bytes += lv.bytes() + 3 * num_bytes(lv.shape, DType::f32);
+    } else {
+      out.kept_bytes += lv.bytes();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
+                           const std::vector<Tensor>& candidates, int64_t stages, int64_t micro,
+                           const StageCutOptions& options, const CostModel& cost) {
   const int64_t n = static_cast<int64_t>(candidates.size()) + 1;  // pieces
   if (stages < 1 || micro < 1)
     throw Error(fmt::format("choose_stage_cuts: {} stages and {} micro-batches (give at least 1 of each)", stages, micro));
   if (n < stages)
     throw Error(fmt::format("choose_stage_cuts: {} candidate cuts make {} pieces, fewer than the {} stages", n - 1, n,
                             stages));
+  if (options.meshes.empty()) throw Error("choose_stage_cuts: no stage mesh given (StageCutOptions::meshes)");
+  for (const Mesh& m : options.meshes)
+    if (m.num_devices() != options.meshes[0].num_devices())
+      throw Error(fmt::format("choose_stage_cuts: the stage meshes {} and {} have different device counts (a stage's "
+                              "shapes must share its devices)",
+                              options.meshes[0].to_string(), m.to_string()));
+  const std::size_t K = options.meshes.size();
   StageCut out;
   std::vector<PipelineStage> pieces = split_stages(g, loss, params, candidates);
-  for (PipelineStage& p : pieces) {
-    p.forward.mesh = stage_mesh;
-    p.backward.mesh = stage_mesh;
-    out.piece_s.push_back(predicted_seconds(p.forward, stage_mesh, cost) + predicted_seconds(p.backward, stage_mesh, cost));
-  }
-  // best[k][j]: the least max stage time of pieces [0, j) in k stages; from[k][j]: where its last
-  // stage starts.
-  std::vector<double> prefix(static_cast<std::size_t>(n) + 1, 0.0);
-  for (int64_t i = 0; i < n; ++i) prefix[static_cast<std::size_t>(i) + 1] = prefix[static_cast<std::size_t>(i)] + out.piece_s[static_cast<std::size_t>(i)];
+  // price[k][i]: piece i on mesh k.
+  std::vector<std::vector<PiecePrice>> price(K);
+  for (std::size_t k = 0; k < K; ++k)
+    for (PipelineStage& p : pieces) price[k].push_back(price_piece(p, options.meshes[k], cost));
+  for (const PiecePrice& pp : price[0]) out.piece_s.push_back(pp.seconds);
+
+  // A stage of pieces [i, j) as the s-th (0-based) of the pipeline: its best mesh (least time
+  // among those within the budget), its time and bytes; time infinite when none fits.
   const double inf = std::numeric_limits<double>::infinity();
+  auto in_flight = [&](int64_t s) {
+    return options.schedule == ScheduleKind::GPipe ? micro : std::min(micro, stages - s);
+  };
+  struct Choice {
+    double seconds = std::numeric_limits<double>::infinity();
+    int64_t bytes = 0;
+    std::size_t mesh = 0;
+  };
+  int64_t least_bytes = std::numeric_limits<int64_t>::max();
+  auto stage_on = [&](std::size_t k, int64_t i, int64_t j, int64_t s) {
+    Choice c;
+    c.mesh = k;
+    int64_t state = 0, kept = 0, work = 0;
+    double t = 0;
+    for (int64_t q = i; q < j; ++q) {
+      const PiecePrice& pp = price[k][static_cast<std::size_t>(q)];
+      t += pp.seconds;
+      state += pp.state_bytes;
+      kept += pp.kept_bytes;
+      work = std::max(work, pp.work_bytes);
+    }
+    c.bytes = state + in_flight(s) * kept + work;
+    c.seconds = t;
+    return c;
+  };
+  auto best_stage = [&](int64_t i, int64_t j, int64_t s) {
+    Choice best;
+    for (std::size_t k = 0; k < K; ++k) {
+      const Choice c = stage_on(k, i, j, s);
+      least_bytes = std::min(least_bytes, c.bytes);
+      if (options.memory_budget_bytes > 0 && c.bytes > options.memory_budget_bytes) continue;
+      if (c.seconds < best.seconds) best = c;
+    }
+    return best;
+  };
+  // best[s][j]: the least max stage time of pieces [0, j) in s stages; from[s][j]: where its
+  // last stage starts.
   std::vector<std::vector<double>> best(static_cast<std::size_t>(stages) + 1,
                                         std::vector<double>(static_cast<std::size_t>(n) + 1, inf));
   std::vector<std::vector<int64_t>> from(best.size(), std::vector<int64_t>(static_cast<std::size_t>(n) + 1, -1));
   best[0][0] = 0;
-  for (int64_t k = 1; k <= stages; ++k)
-    for (int64_t j = k; j <= n; ++j)
-      for (int64_t i = k - 1; i < j; ++i) {
-        const double prev = best[static_cast<std::size_t>(k - 1)][static_cast<std::size_t>(i)];
+  for (int64_t s = 1; s <= stages; ++s)
+    for (int64_t j = s; j <= n; ++j)
+      for (int64_t i = s - 1; i < j; ++i) {
+        const double prev = best[static_cast<std::size_t>(s - 1)][static_cast<std::size_t>(i)];
         if (prev == inf) continue;
-        const double v = std::max(prev, prefix[static_cast<std::size_t>(j)] - prefix[static_cast<std::size_t>(i)]);
-        if (v < best[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)]) {
-          best[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)] = v;
-          from[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)] = i;
+        const double v = std::max(prev, best_stage(i, j, s - 1).seconds);
+        if (v < best[static_cast<std::size_t>(s)][static_cast<std::size_t>(j)]) {
+          best[static_cast<std::size_t>(s)][static_cast<std::size_t>(j)] = v;
+          from[static_cast<std::size_t>(s)][static_cast<std::size_t>(j)] = i;
         }
       }
+  if (best[static_cast<std::size_t>(stages)][static_cast<std::size_t>(n)] == inf)
+    throw Error(fmt::format("choose_stage_cuts: no cut into {} stages fits the memory budget of {} bytes per device "
+                            "(the least a stage needed: {} bytes, on {} mesh shapes); raise the budget or use more "
+                            "stages",
+                            stages, options.memory_budget_bytes, least_bytes, K));
   std::vector<int64_t> bounds(static_cast<std::size_t>(stages) + 1);
   bounds.back() = n;
-  for (int64_t k = stages; k >= 1; --k)
-    bounds[static_cast<std::size_t>(k - 1)] = from[static_cast<std::size_t>(k)][static_cast<std::size_t>(bounds[static_cast<std::size_t>(k)])];
-  for (int64_t k = 1; k < stages; ++k) out.cuts.push_back(candidates[static_cast<std::size_t>(bounds[static_cast<std::size_t>(k)] - 1)]);
+  for (int64_t s = stages; s >= 1; --s)
+    bounds[static_cast<std::size_t>(s - 1)] = from[static_cast<std::size_t>(s)][static_cast<std::size_t>(bounds[static_cast<std::size_t>(s)])];
+  for (int64_t s = 1; s < stages; ++s) out.cuts.push_back(candidates[static_cast<std::size_t>(bounds[static_cast<std::size_t>(s)] - 1)]);
   out.pieces = counts(bounds);
-  out.stage_s = stage_times(out.piece_s, bounds);
+  for (int64_t s = 0; s < stages; ++s) {
+    const Choice c = best_stage(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1], s);
+    out.stage_s.push_back(c.seconds);
+    out.stage_bytes.push_back(c.bytes);
+    out.stage_meshes.push_back(options.meshes[c.mesh]);
+  }
   out.step_s = step_of(out.stage_s, micro);
-  // The equal cut: at candidate s·(n - 1)/stages (a transformer's equal-layers cut when the
-  // candidates are x0 and every block's output but the last).
+  // The equal cut on the first mesh: at candidate s·(n - 1)/stages (a transformer's
+  // equal-layers cut when the candidates are x0 and every block's output but the last).
   std::vector<int64_t> eq(static_cast<std::size_t>(stages) + 1, n);
   eq[0] = 0;
   for (int64_t s = 1; s < stages; ++s) eq[static_cast<std::size_t>(s)] = s * (n - 1) / stages + 1;
   out.equal_pieces = counts(eq);
   out.equal_step_s = step_of(stage_times(out.piece_s, eq), micro);
-  out.why = fmt::format("chosen {}; equal cut {}", describe(out.pieces, out.stage_s, out.step_s),
-                        describe(out.equal_pieces, stage_times(out.piece_s, eq), out.equal_step_s));
+  std::string shapes;
+  if (K > 1) {
+    std::vector<std::string> ms;
+    for (const Mesh& m : out.stage_meshes) ms.push_back(m.to_string());
+    shapes = fmt::format(" on {}", fmt::join(ms, ", "));
+  }
+  out.why = fmt::format("chosen {}{}; equal cut {}{}", describe(out.pieces, out.stage_s, out.step_s), shapes,
+                        describe(out.equal_pieces, stage_times(out.piece_s, eq), out.equal_step_s),
+                        K > 1 ? " on " + options.meshes[0].to_string() : std::string());
   return out;
 }
 

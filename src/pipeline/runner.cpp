@@ -100,6 +100,12 @@ Hosts PipelineTrainer::Impl::gather_owned(bool moments) const {
 PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& stage_mesh,
                                  std::vector<Runtime*> runtimes, const std::map<std::string, HostTensor>& params,
                                  PipelineOptions options)
+    : PipelineTrainer(std::move(stages), std::vector<Mesh>(runtimes.size(), stage_mesh), runtimes, params,
+                      std::move(options)) {}
+
+PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::vector<Mesh>& stage_meshes,
+                                 std::vector<Runtime*> runtimes, const std::map<std::string, HostTensor>& params,
+                                 PipelineOptions options)
     : p_(std::make_unique<Impl>()) {
   Impl& I = *p_;
   I.stages = std::move(stages);
@@ -111,6 +117,9 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& 
     throw Error(fmt::format("PipelineTrainer: {} virtual stages for {} runtimes of {} chunks each (give stages x "
                             "chunks of them)",
                             I.V, I.P, I.o.chunks));
+  if (static_cast<int64_t>(stage_meshes.size()) != I.P)
+    throw Error(fmt::format("PipelineTrainer: {} stage meshes for {} stages (give one per stage)", stage_meshes.size(),
+                            I.P));
   I.where.stages = I.P;
   if (I.o.processes) {
     const int N = I.o.processes->size();
@@ -174,6 +183,7 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& 
     if (!I.local(vs)) continue;
     PipelineStage& st = I.stages[static_cast<std::size_t>(vs)];
     Runtime& rt = *I.runtimes[static_cast<std::size_t>(vs % I.P)];
+    const Mesh& stage_mesh = stage_meshes[static_cast<std::size_t>(vs % I.P)];
     st.forward.mesh = stage_mesh;
     st.backward.mesh = stage_mesh;
     I.fwd[static_cast<std::size_t>(vs)].emplace(load_program(st.forward, stage_mesh, rt));

@@ -12,7 +12,7 @@ mkdir -p "$work/build"
 ln -s "$bin_dir" "$work/build/bin"
 cd "$work"
 mapfile -t cmds < <(grep -E '^    (build/bin/|mpirun )' "$src/docs/pipeline.md" | sed 's/^    //')
-[ ${#cmds[@]} -ge 9 ] || { echo "found ${#cmds[@]} commands in docs/pipeline.md, expected 9"; exit 1; }
+[ ${#cmds[@]} -ge 10 ] || { echo "found ${#cmds[@]} commands in docs/pipeline.md, expected 10"; exit 1; }
 for c in "${cmds[@]}"; do
   if [[ $c == mpirun* && -n ${TESSEL_DOC_SKIP_MPIRUN:-} ]]; then
     echo "(skipped: $c)"
@@ -27,7 +27,8 @@ for c in "${cmds[@]}"; do
            '^bubble: .* micro-batches in flight at the peak per stage: ')
     [[ $c == *--auto* ]] && wants+=('^stages by the cost model .*chosen .*equal cut')
   elif [[ $c == *tessel-explain*--stages* ]]; then
-    wants=('^== pipeline stages: ' '^stage 0: pieces 0\.\.[0-9]+, sends %' '^predicted step: ')
+    wants=('^== pipeline stages: ' '^stage 0: pieces 0\.\.[0-9]+ on \{.*\}, sends %[a-z0-9_]+ as \[' '^predicted step: '
+           '^predicted bubble: ')
   fi
   for want in "${wants[@]}"; do
     grep -Eq "$want" <<<"$out" || { echo "FAILED: no line matching '$want' from: $c"; exit 1; }

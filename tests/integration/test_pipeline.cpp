@@ -107,7 +107,7 @@ std::map<std::string, HostTensor> gpt_weights(const GptConfig& cfg, uint64_t see
 
 }  // namespace
 
-TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved in both stream modes and ZeRO 1 and 2 within stages",
+TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved in both stream modes and ZeRO 1 and 2 within stages and stages of different shapes",
           "[pipeline][integration]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("pipeline training against one device", seed, 1);
@@ -131,15 +131,19 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
     ScheduleKind kind;
     int streams = 0;  // 0: the runtime's defaults; 1: async stream workers; 2: eager (StreamMode)
     int zero = 0;     // ZeRO within each stage
+    const char* last_mesh = nullptr;  // the last stage's own shape (PipelineTrainer's mesh per stage)
   };
   const std::vector<Run> runs = {
       {"data=1", 2, 4, 1, ScheduleKind::GPipe},       {"data=1", 2, 4, 1, ScheduleKind::OneFOneB},
       {"data=1", 4, 4, 1, ScheduleKind::OneFOneB},    {"data=2", 2, 4, 1, ScheduleKind::OneFOneB},
       {"model=2", 2, 2, 1, ScheduleKind::GPipe},      {"data=1", 2, 4, 2, ScheduleKind::Interleaved},
       {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 1}, {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 2},
-      {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 0, 1}, {"data=2,model=2", 2, 2, 1, ScheduleKind::GPipe, 0, 2}};
+      {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 0, 1}, {"data=2,model=2", 2, 2, 1, ScheduleKind::GPipe, 0, 2},
+      {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 0, 0, "model=2"}};
   for (const Run& run : runs) {
-    INFO("pipe=" << run.stages << " x " << run.stage_mesh << ", " << schedule_kind_name(run.kind) << ", micro "
+    INFO("pipe=" << run.stages << " x " << run.stage_mesh << (run.last_mesh ? " (the last stage " : "")
+                 << (run.last_mesh ? run.last_mesh : "") << (run.last_mesh ? ")" : "") << ", "
+                 << schedule_kind_name(run.kind) << ", micro "
                  << run.micro << ", chunks " << run.chunks << ", streams " << run.streams << ", zero " << run.zero);
     GptConfig c = small_gpt(B / run.micro);
     const Mesh mesh = gpt_mesh(Mesh::parse(run.stage_mesh), c);
@@ -168,7 +172,10 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
     o.chunks = run.chunks;
     o.adamw = a;
     o.zero = run.zero;
-    PipelineTrainer tr(std::move(st), mesh, rp, init, o);
+    std::vector<Mesh> meshes(static_cast<std::size_t>(run.stages), mesh);
+    if (run.last_mesh) meshes.back() = gpt_mesh(Mesh::parse(run.last_mesh), c);
+    PipelineTrainer tr(std::move(st), meshes, rp, init, o);
+    if (run.last_mesh) CHECK(tr.state_shardings().at("lnf_g").to_string() != "");
     // ZeRO splits the moments over data within each stage (and the parameters stay as they are).
     const auto lay = tr.state_shardings();
     CHECK(lay.at("adam.m.l0_w1").uses_axis("data") == (run.zero >= 1 && mesh.axis_size("data") > 1));
@@ -322,4 +329,74 @@ TEST_CASE("single_value_cuts finds the GPT's residual stream and what only the h
   // Every candidate is a valid cut.
   for (const Tensor& t : single_value_cuts(m.graph, m.weights))
     if (t.id != m.loss.id) CHECK(split_stages(m.graph, m.loss, m.weights, {t}).size() == 2);
+}
+
+TEST_CASE("automatic stages choose each stage's shape and keep every stage within the memory budget", "[pipeline]") {
+  // mesh_shapes: every shape of the devices over the named axes, the mesh itself first.
+  const std::vector<Mesh> shapes = mesh_shapes(Mesh::parse("data=2,model=2"), {"data", "model"});
+  REQUIRE(shapes.size() == 3);
+  CHECK(shapes[0].to_string() == Mesh::parse("data=2,model=2").to_string());
+  CHECK(shapes[1].to_string() == Mesh::parse("data=1,model=4").to_string());
+  CHECK(shapes[2].to_string() == Mesh::parse("data=4,model=1").to_string());
+  CHECK(mesh_shapes(Mesh::parse("pipe=2,data=3"), {"data"}).size() == 1);
+  CHECK(tessel_test::contains(tessel_test::error_of([] { mesh_shapes(Mesh::parse("data=2"), {"model"}); }),
+                              "has no axis 'model'"));
+
+  GptConfig c;
+  c.batch = 4;
+  c.seq = 16;
+  c.d_model = 32;
+  c.heads = 4;
+  c.layers = 6;
+  c.vocab = 2048;
+  GptGraph m = build_gpt(c);
+  const std::vector<Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
+  CostModel cpu;
+  cpu.flops_per_s = 1e11;
+  cpu.memory_bandwidth = 2e10;
+  cpu.dispatch_s = 5e-6;
+  StageCutOptions o;
+  o.meshes = mesh_shapes(gpt_mesh(Mesh::parse("data=2,model=2"), c), {"data", "model"});
+  const StageCut free = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, o, cpu);
+  INFO(free.why);
+  REQUIRE(free.stage_meshes.size() == 2);
+  REQUIRE(free.stage_bytes.size() == 2);
+  // Each stage's shape is the fastest for its pieces: no single shape for the same cut is faster.
+  for (const Mesh& one : o.meshes) {
+    StageCutOptions single;
+    single.meshes = {one};
+    const StageCut s = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, single, cpu);
+    CHECK(free.step_s <= s.step_s * (1 + 1e-12));
+  }
+  // A budget below what the chosen cut needs moves to a cut (or shapes) that fit, predicted no
+  // faster; one below every stage's need is an error naming the budget.
+  const int64_t need = std::max(free.stage_bytes[0], free.stage_bytes[1]);
+  o.memory_budget_bytes = need;
+  CHECK(choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, o, cpu).step_s == Approx(free.step_s));
+  o.memory_budget_bytes = need - 1;
+  try {
+    const StageCut tight = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, o, cpu);
+    INFO(tight.why);
+    for (int64_t b : tight.stage_bytes) CHECK(b <= need - 1);
+    CHECK(tight.step_s >= free.step_s * (1 - 1e-12));
+  } catch (const Error& e) {
+    CHECK(tessel_test::contains(e.what(), "memory budget"));
+  }
+  o.memory_budget_bytes = 1000;
+  CHECK(tessel_test::contains(
+      tessel_test::error_of([&] { choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, o, cpu); }),
+      "no cut into 2 stages fits the memory budget of 1000 bytes per device"));
+  // GPipe holds all M micro-batches' inputs on the first stage, 1F1B P of them: more bytes.
+  o.memory_budget_bytes = 0;
+  o.meshes = {gpt_mesh(Mesh::parse("data=2,model=2"), c)};
+  const StageCut one_f = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 8, o, cpu);
+  o.schedule = ScheduleKind::GPipe;
+  const StageCut gpipe = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 8, o, cpu);
+  REQUIRE(one_f.pieces == gpipe.pieces);
+  CHECK(gpipe.stage_bytes[0] > one_f.stage_bytes[0]);
+  // Shapes of different device counts are refused.
+  o.meshes = {Mesh::parse("data=2,model=2"), Mesh::parse("data=2,model=1")};
+  CHECK(tessel_test::contains(
+      tessel_test::error_of([&] { choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, o, cpu); }),
+      "different device counts"));
 }

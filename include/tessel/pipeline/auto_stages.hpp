@@ -15,9 +15,15 @@
 //
 // A GPT's first stage carries the embedding and its last the final layer norm, the LM head and
 // the loss: with a large vocabulary the equal-layers cut overloads the last stage, and the
-// chosen cut gives it fewer layers. What it does not do yet: choose each stage's sub-mesh
-// shape, plan each stage's layouts by automatic sharding (the stages keep the graph's own), or
-// bound a stage's memory.
+// chosen cut gives it fewer layers.
+//
+// With StageCutOptions, each stage also gets its own sub-mesh shape (Alpa's per-stage submesh,
+// among shapes of the same device count: data=4 / data=2,model=2 / model=4), the one of least
+// time for its pieces, and a stage must fit a memory budget per device: its parameters,
+// gradient accumulators and AdamW moments, the kept inputs of the micro-batches the schedule
+// holds in flight on it (1F1B: P - s on stage s; GPipe: all M), and its largest piece's working
+// memory (the backward's planned arena). What it does not do yet: plan each stage's layouts by
+// automatic sharding (the stages keep the graph's own annotations, on the chosen shape).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +33,7 @@
 #include "tessel/core/cost.hpp"
 #include "tessel/core/mesh.hpp"
 #include "tessel/ir/graph.hpp"
+#include "tessel/pipeline/schedule.hpp"
 
 namespace tessel {
 
@@ -41,6 +48,20 @@ struct StageCut {
   double equal_step_s = 0;
   std::vector<int64_t> equal_pieces;
   std::string why;                    // both, in words
+  std::vector<Mesh> stage_meshes;     // per stage: its sub-mesh shape (StageCutOptions::meshes)
+  std::vector<int64_t> stage_bytes;   // per stage: its predicted peak bytes per device (see above)
+};
+
+struct StageCutOptions {
+  // The shapes a stage's devices may take, each of the same device count (the first is the
+  // shape of the equal cut it is compared with). Empty: the stage mesh alone.
+  std::vector<Mesh> meshes;
+  // The most bytes per device a stage may hold (0: no bound). No cut fitting it is an Error
+  // naming the budget and the least a stage needed.
+  int64_t memory_budget_bytes = 0;
+  // How many micro-batches' kept inputs stage s holds: GPipe all M, 1F1B and interleaved P - s
+  // (at most M).
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
 };
 
 // The values a graph can be cut at with nothing else crossing: v such that every value an op
@@ -55,5 +76,15 @@ std::vector<Tensor> single_value_cuts(Graph& g, const std::vector<Tensor>& param
 StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
                            const std::vector<Tensor>& candidates, int64_t stages, int64_t micro,
                            const Mesh& stage_mesh, const CostModel& cost);
+// The same with each stage's sub-mesh shape chosen among options.meshes and a memory budget.
+// Also an Error: meshes of different device counts, or none fitting the budget.
+StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
+                           const std::vector<Tensor>& candidates, int64_t stages, int64_t micro,
+                           const StageCutOptions& options, const CostModel& cost);
+
+// The shapes of `mesh`'s devices over its axes of `axes` (the other axes kept): every way to
+// write the product of those axes' sizes as a product of sizes in that order (data=2,model=2
+// gives data=4,model=1; data=2,model=2; data=1,model=4). `mesh` itself first.
+std::vector<Mesh> mesh_shapes(const Mesh& mesh, const std::vector<std::string>& axes);
 
 }  // namespace tessel

@@ -92,6 +92,11 @@ class PipelineTrainer {
   // Interleaved).
   PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& stage_mesh, std::vector<Runtime*> runtimes,
                   const std::map<std::string, HostTensor>& params, PipelineOptions options);
+  // The same with a mesh per stage (stage_meshes[s] for stage s and its chunks: e.g. the shapes
+  // choose_stage_cuts chose, StageCut::stage_meshes). Also an Error: not one mesh per stage.
+  PipelineTrainer(std::vector<PipelineStage> stages, const std::vector<Mesh>& stage_meshes,
+                  std::vector<Runtime*> runtimes, const std::map<std::string, HostTensor>& params,
+                  PipelineOptions options);
   ~PipelineTrainer();
   PipelineTrainer(const PipelineTrainer&) = delete;
   PipelineTrainer& operator=(const PipelineTrainer&) = delete;
