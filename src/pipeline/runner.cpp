@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -363,7 +364,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   rep.busy_s.assign(static_cast<std::size_t>(I.P), 0.0);
   rep.peak_in_flight.assign(static_cast<std::size_t>(I.P), 0);
   rep.peak_kept_bytes.assign(static_cast<std::size_t>(I.P), 0);
-  std::vector<double> last(static_cast<std::size_t>(I.P), 0.0);
+  std::vector<double> first(static_cast<std::size_t>(I.P), 0.0), last(static_cast<std::size_t>(I.P), 0.0);
   std::mutex err_mu;
   std::string error;
 
@@ -378,6 +379,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
     };
     const PipeOp* at = nullptr;
     try {
+      bool started = false;
       for (const PipeOp& op : I.schedule.order[static_cast<std::size_t>(s)]) {
         at = &op;
         const int64_t vs = op.chunk * I.P + s, m = op.micro;
@@ -387,6 +389,8 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
         if (op.forward && vs > 0) recv = mail.take(0, vs, m);
         if (!op.forward && vs + 1 < I.V) recv = mail.take(1, vs, m);
         const double t0 = now_s();
+        if (!started) first[static_cast<std::size_t>(s)] = t0;
+        started = true;
         if (op.forward) {
           LoadedExecutable& f = I.fwd[u]->loaded;
           Arrays in = fparams[u];
@@ -443,7 +447,8 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
       mail.fail(what);
     }
   };
-  // Every process starts the schedule together (each measures its stages' span from here).
+  // Every process starts the schedule together: each measures its stages' first and last op from
+  // here, and the span is from the earliest first to the latest last.
   I.where.gather(std::string());
   const double t_start = now_s();
   std::vector<std::thread> threads;
@@ -459,25 +464,27 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
     if (!cause.empty()) throw Error(cause);
   }
   // The report: each stage's figures (the losses from the last), gathered from its process.
+  double begin = std::numeric_limits<double>::infinity(), end = 0;
   {
-    std::vector<double> mine;  // per local stage: s, busy, in flight, kept bytes, end, then the losses
+    std::vector<double> mine;  // per local stage: s, busy, in flight, kept bytes, start, end, then the losses
     for (int64_t s = 0; s < I.P; ++s) {
       if (!I.where.local(s)) continue;
       const auto u = static_cast<std::size_t>(s);
       mine.insert(mine.end(), {static_cast<double>(s), rep.busy_s[u], static_cast<double>(rep.peak_in_flight[u]),
-                               static_cast<double>(rep.peak_kept_bytes[u]), last[u] - t_start});
+                               static_cast<double>(rep.peak_kept_bytes[u]), first[u] - t_start, last[u] - t_start});
       if (s == I.P - 1) mine.insert(mine.end(), losses.begin(), losses.end());
     }
     for (const std::string& b : I.where.gather(I.where.leader() ? detail::pack_doubles(mine) : std::string())) {
       const std::vector<double> v = detail::unpack_doubles(b, "pipeline: the gathered step report");
-      for (std::size_t i = 0; i + 5 <= v.size();) {
+      for (std::size_t i = 0; i + 6 <= v.size();) {
         const int64_t s = static_cast<int64_t>(v[i]);
         const auto u = static_cast<std::size_t>(s);
         rep.busy_s[u] = v[i + 1];
         rep.peak_in_flight[u] = static_cast<int64_t>(v[i + 2]);
         rep.peak_kept_bytes[u] = static_cast<int64_t>(v[i + 3]);
-        rep.span_s = std::max(rep.span_s, v[i + 4]);
-        i += 5;
+        begin = std::min(begin, v[i + 4]);
+        end = std::max(end, v[i + 5]);
+        i += 6;
         if (s == I.P - 1) {
           if (v.size() < i + static_cast<std::size_t>(M))
             throw Error("pipeline: the gathered step report lacks the last stage's losses");
@@ -488,6 +495,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
       }
     }
   }
+  rep.span_s = end > begin ? end - begin : 0.0;
   double busy = 0;
   for (double b : rep.busy_s) busy += b;
   rep.bubble = rep.span_s > 0 ? 1.0 - busy / (static_cast<double>(I.P) * rep.span_s) : 0.0;
