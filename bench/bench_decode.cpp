@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <numeric>
 #include <vector>
 
@@ -116,6 +118,64 @@ void BM_DecodeSide(benchmark::State& state) {
   state.counters["read_GBps"] = bw / 1e9;
   state.counters["bound_tokens_per_s"] = bound;
 }
+// BM_PrefillVsForward/config:<c>/mode:<m>: issue 38's "prefill at the forward's rate": mode 0
+// runs the model's forward over a batch of whole sequences (build_gpt's graph, its loss the
+// output, as a training step's forward), mode 1 the prefill program of the same model over the
+// same tokens as prompts of the whole length (its caches written, the last position's logits and
+// its greedy token out). One device, one kernel thread; tokens/s counts B x T tokens a run.
+void BM_PrefillVsForward(benchmark::State& state) {
+  tessel::GptConfig cfg = tessel_bench::side_config(state.range(0));
+  cfg.batch = 4;
+  const int64_t B = cfg.batch, T = cfg.seq;
+  const tessel::Mesh mesh = tessel::gpt_mesh(tessel::Mesh::parse("data=1,model=1"), cfg);
+  tessel::ThreadRuntimeOptions ro;
+  ro.kernel_threads = 1;
+  tessel::ThreadRuntime rt(1, ro);
+  tessel::GptGraph m = tessel::build_gpt(cfg);
+  std::vector<tessel::HostTensor> init = tessel::random_inputs(m.graph, 1234);
+  tessel::gpt_init(m.graph, init);
+  tessel::Graph g;
+  if (state.range(1) == 0) {
+    g = m.graph.clone();
+  } else {
+    g = tessel::build_gpt_infer(cfg, T).prefill;
+  }
+  g.mesh = mesh;
+  const tessel::Executable exe = tessel::compile(g, mesh);
+  tessel::LoadedExecutable prog = tessel::load(exe, rt);
+  std::map<std::string, tessel::ShardedArray> in;
+  for (std::size_t i = 0; i < m.graph.inputs.size(); ++i) {
+    const std::string& n = m.graph.values[static_cast<std::size_t>(m.graph.inputs[i])].name;
+    if (g.find(n) >= 0 && n != "tokens") in.emplace(n, prog.to_device(n, init[i]));
+  }
+  tessel::HostTensor tokens(tessel::DType::i32, {B, T}), last(tessel::DType::i32, {B});
+  for (int64_t i = 0; i < B * T; ++i) tokens.set(i, static_cast<double>((i * 7919) % cfg.vocab));
+  for (int64_t b = 0; b < B; ++b) last.set(b, static_cast<double>(T - 1));
+  in.emplace("tokens", prog.to_device("tokens", tokens));
+  if (state.range(1) == 1) {
+    in.emplace("last", prog.to_device("last", last));
+    tessel::HostTensor top_p(tessel::DType::f32, {B});
+    for (int64_t b = 0; b < B; ++b) top_p.set(b, 1.0);
+    in.emplace("sample_keys", prog.to_device("sample_keys", tessel::HostTensor(tessel::DType::i32, {B})));
+    in.emplace("temperature", prog.to_device("temperature", tessel::HostTensor(tessel::DType::f32, {B})));
+    in.emplace("top_k", prog.to_device("top_k", tessel::HostTensor(tessel::DType::i32, {B})));
+    in.emplace("top_p", prog.to_device("top_p", top_p));
+  }
+  auto run = [&] {
+    tessel::RunResult r = prog.run_named(in);
+    benchmark::DoNotOptimize(prog.to_host(r.outputs[0]));
+  };
+  run();  // warm-up
+  for (auto _ : state) run();
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(B * T), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_PrefillVsForward)
+    ->ArgNames({"config", "mode"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 BENCHMARK(BM_DecodeSide)
     ->ArgNames({"config", "batch"})
     ->ArgsProduct({{0, 1}, {1, 16}})

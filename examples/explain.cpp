@@ -39,6 +39,7 @@
 #include <fmt/format.h>
 
 #include "tessel/autoshard/auto_shard.hpp"
+#include "tessel/autoshard/problem.hpp"
 
 #include <cstdio>
 #include <algorithm>
@@ -264,6 +265,17 @@ int run(int argc, char** argv) {
     ao.cost = popts.cost;
     ao.memory_budget_bytes = opt.memory_budget;
     ao.time_limit_s = opt.auto_seconds;
+    if (!opt.write_problem.empty()) {  // the formulation alone, for tessel-iopddl and the benchmarks
+      tessel::AutoShardProblem ap = tessel::formulate_auto_shard(g, mesh, ao);
+      ap.problem.name = fmt::format("{} on {}{}", file, mesh.to_string(),
+                                    opt.memory_budget > 0 ? fmt::format(", budget {} bytes", opt.memory_budget) : "");
+      tessel::autoshard::write_iopddl(ap.problem, opt.write_problem);
+      fmt::print("wrote the automatic-sharding problem of {} on {} ({} nodes, {} edges{}) to {}\n", file,
+                 mesh.to_string(), ap.problem.nodes.size(), ap.problem.edges.size(),
+                 ap.problem.usage_limit ? fmt::format(", usage limit {}", *ap.problem.usage_limit) : "",
+                 opt.write_problem);
+      return 0;
+    }
     const tessel::AutoShardResult r = tessel::auto_shard(g, mesh, ao);
     fmt::print("== auto-sharding: {} nodes, {} strategies, {} edges; formulated in {:.3f} s, solved in {:.3f} s by {}\n",
                r.nodes, r.strategies, r.edges, r.formulate_s, r.solve_s, r.solver);

@@ -130,7 +130,14 @@ int main(int argc, char** argv) {
     SolveResult exact_result;
     std::atomic<bool> stop{false};
     std::thread exact_thread;
-    const bool race = !exact && !anytime_only && exact_program_size(problem) <= options.exact_max_variables;
+    const int64_t program_size = exact_program_size(problem);
+    const bool race = !exact && !anytime_only && program_size <= options.exact_max_variables;
+    std::fprintf(stderr, "tessel-iopddl: the exact program (over the coarsened problem) has %lld variables: %s\n",
+                 static_cast<long long>(program_size),
+                 exact ? "CBC alone (--exact)"
+                 : anytime_only ? "the anytime search alone (--anytime)"
+                 : race ? "CBC beside the anytime search"
+                        : fmt::format("above {}, the anytime search alone", options.exact_max_variables).c_str());
     options.stop = &stop;  // before the thread copies the options
     if (race) {
       exact_thread = std::thread([&] {

@@ -107,6 +107,8 @@ std::string usage_explain() {
          "                 docs/auto-sharding.md): prints the chosen layouts as annotations, the\n"
          "                 predicted cost and memory, and why, then explains the program as usual\n"
          "  --memory-budget BYTES  --auto: the most bytes per device a plan may use (0: no limit)\n"
+         "  --write-problem FILE  --auto: write the strategy-selection problem in the IOPDDL\n"
+         "                 contest's JSON form (tessel-iopddl FILE SECONDS solves it) and exit\n"
          "  --auto-seconds S  --auto: the whole search's time limit (formulation, solves and\n"
          "                 budget checks; default 0: the solver gets 0.5 s or 0.15 ms per node of\n"
          "                 the problem, whichever is longer, after the formulation)\n"
@@ -149,6 +151,7 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     else if (a == "--auto") o.auto_shard = true;
     else if (is("--memory-budget")) pending.push_back({"--memory-budget", value("--memory-budget")});
     else if (is("--auto-seconds")) pending.push_back({"--auto-seconds", value("--auto-seconds")});
+    else if (is("--write-problem")) pending.push_back({"--write-problem", value("--write-problem")});
     else if (is("--stages")) pending.push_back({"--stages", value("--stages")});
     else if (is("--microbatches")) pending.push_back({"--microbatches", value("--microbatches")});
     else if (a == "--no-fusion") o.fusion = false;
@@ -183,6 +186,9 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
       o.memory_budget = parse_i64(p.flag, p.text, 0, INT64_MAX);
     } else if (p.flag == "--auto-seconds") {
       o.auto_seconds = parse_double(p.flag, p.text, 0, 3600);
+    } else if (p.flag == "--write-problem") {
+      if (p.text.empty()) throw UsageError("--write-problem needs a file name");
+      o.write_problem = p.text;
     } else if (p.flag == "--stages") {
       o.stages = parse_i64(p.flag, p.text, 1, 4096);
     } else if (p.flag == "--microbatches") {
@@ -223,7 +229,7 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
   }
   if (!o.auto_shard)
     for (const Pending& p : pending)
-      if (p.flag == "--memory-budget" || p.flag == "--auto-seconds")
+      if (p.flag == "--memory-budget" || p.flag == "--auto-seconds" || p.flag == "--write-problem")
         throw UsageError(fmt::format("{} needs --auto (it sets the automatic sharding's search)", p.flag));
   if (o.stages == 0)
     for (const Pending& p : pending)

@@ -58,6 +58,7 @@ struct ExplainOptions {
   bool auto_shard = false;          // --auto: tessel chooses the layouts (autoshard/auto_shard.hpp)
   int64_t memory_budget = 0;        // --memory-budget BYTES per device (with --auto; 0: none)
   double auto_seconds = 0;          // --auto-seconds S: the solver's time limit (0: AutoShardOptions' automatic one)
+  std::string write_problem;        // --write-problem FILE (with --auto): the formulation in the IOPDDL contest's JSON
   int64_t stages = 0;               // --stages P: pipeline stage cuts by the cost model (pipeline/auto_stages.hpp)
   int64_t microbatches = 8;         // --microbatches M (with --stages): the step's micro-batches
   bool help = false;       // -h / --help: print usage_explain() and exit 0

@@ -572,7 +572,34 @@ class Formulation {
 
 }  // namespace
 
+namespace {
+
+// What auto_shard and formulate_auto_shard refuse before formulating.
+void check_auto_shard_input(const Graph& g, const Mesh& mesh, const AutoShardOptions& options) {
+  options.cost.validate();
+  // The search plans even layouts (compile pads an uneven one, but the reshard planner and so
+  // the prices assume even blocks): an annotation that splits a dim unevenly is refused here
+  // rather than priced as unreachable (issue 37 D10: the plan printed "1e+06 s" and left the
+  // rest replicated).
+  for (const auto& [v, a] : g.annotations) {
+    const Value& val = g.values[static_cast<std::size_t>(v)];
+    for (std::size_t d = 0; d < a.sharding.dims.size() && d < val.shape.size(); ++d) {
+      const int64_t n = mesh.axes_size(a.sharding.dims[d].axes);
+      if (n > 1 && val.shape[d] % n != 0)
+        throw Error(fmt::format("auto_shard: the annotation of %{} ({}) splits dim {} ({}) over {{{}}} ({} devices) "
+                                "unevenly; automatic sharding plans even layouts only: give that dim a size the "
+                                "axes divide (pad the batch), or annotate it over axes whose sizes divide {}, or "
+                                "compile without auto_shard (compile pads uneven layouts)",
+                                val.name, a.sharding.to_string(), d, val.shape[d], join(a.sharding.dims[d].axes, ", "),
+                                n, val.shape[d]));
+    }
+  }
+}
+
+}  // namespace
+
 AutoShardProblem formulate_auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options) {
+  check_auto_shard_input(g, mesh, options);
   std::vector<std::vector<Strategy>> strategies;
   Formulation f(g, mesh, options);
   return f.run(strategies);
@@ -827,24 +854,7 @@ void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& option
 }  // namespace
 
 AutoShardResult auto_shard(const Graph& g, const Mesh& mesh, const AutoShardOptions& options) {
-  options.cost.validate();
-  // The search plans even layouts (compile pads an uneven one, but the reshard planner and so
-  // the prices assume even blocks): an annotation that splits a dim unevenly is refused here
-  // rather than priced as unreachable (issue 37 D10: the plan printed "1e+06 s" and left the
-  // rest replicated).
-  for (const auto& [v, a] : g.annotations) {
-    const Value& val = g.values[static_cast<std::size_t>(v)];
-    for (std::size_t d = 0; d < a.sharding.dims.size() && d < val.shape.size(); ++d) {
-      const int64_t n = mesh.axes_size(a.sharding.dims[d].axes);
-      if (n > 1 && val.shape[d] % n != 0)
-        throw Error(fmt::format("auto_shard: the annotation of %{} ({}) splits dim {} ({}) over {{{}}} ({} devices) "
-                                "unevenly; automatic sharding plans even layouts only: give that dim a size the "
-                                "axes divide (pad the batch), or annotate it over axes whose sizes divide {}, or "
-                                "compile without auto_shard (compile pads uneven layouts)",
-                                val.name, a.sharding.to_string(), d, val.shape[d], join(a.sharding.dims[d].axes, ", "),
-                                n, val.shape[d]));
-    }
-  }
+  check_auto_shard_input(g, mesh, options);
   SolveLimit clock;
   clock.start = SolveLimit::Clock::now();
   clock.limit_s = options.time_limit_s;

@@ -83,6 +83,16 @@ struct Coarse {
 
 Coarse build_coarse(const Problem& problem, const Model& model);
 
+// Removes dominated group strategies (dominance.cpp): strategy s of a group goes when another
+// strategy s' of the same group costs no more, uses no more memory in any member (with a usage
+// limit), and costs no more in every row of every pair matrix the group is in (exact ties:
+// the lower index stays). Any plan choosing s is then matched by one choosing s', no worse in
+// cost or in usage at any time, so an optimal plan survives. Repeated until nothing changes
+// (removing a strategy shrinks the neighbours' matrices, which can make more dominated).
+// Returns, per group, each original strategy's index after pruning (a removed one: its
+// dominator's), for mapping plans onto the pruned problem; coarse.adj stays valid.
+std::vector<std::vector<int32_t>> prune_dominated(const Problem& problem, Coarse& coarse);
+
 }  // namespace tessel::autoshard::detail
 
 namespace tessel::autoshard::detail {

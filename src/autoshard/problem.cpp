@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <fstream>
+
 namespace tessel::autoshard {
 
 void Problem::validate(const std::string& where) const {
@@ -98,6 +100,64 @@ std::string format_plan(const Plan& plan) {
     out += std::to_string(plan[i]);
   }
   return out + "]";
+}
+
+std::string format_iopddl(const Problem& problem) {
+  std::string out;
+  auto list = [&](const std::vector<int64_t>& v) {
+    out += '[';
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) out += ',';
+      out += std::to_string(v[i]);
+    }
+    out += ']';
+  };
+  std::string name;  // a JSON string: quotes, backslashes and control characters escaped
+  for (char ch : problem.name) {
+    if (ch == '"' || ch == '\\') {
+      name += '\\';
+      name += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      name += fmt::format("\\u{:04x}", static_cast<int>(ch));
+    } else {
+      name += ch;
+    }
+  }
+  out += "{\"problem\": {\"name\": \"" + name + "\",\n\"nodes\": {\"intervals\": [";
+  for (std::size_t i = 0; i < problem.nodes.size(); ++i) {
+    if (i) out += ',';
+    list({problem.nodes[i].live.start, problem.nodes[i].live.end});
+  }
+  out += "],\n\"costs\": [";
+  for (std::size_t i = 0; i < problem.nodes.size(); ++i) {
+    if (i) out += ',';
+    list(problem.nodes[i].cost);
+  }
+  out += "],\n\"usages\": [";
+  for (std::size_t i = 0; i < problem.nodes.size(); ++i) {
+    if (i) out += ',';
+    list(problem.nodes[i].usage);
+  }
+  out += "]},\n\"edges\": {\"nodes\": [";
+  for (std::size_t k = 0; k < problem.edges.size(); ++k) {
+    if (k) out += ',';
+    list({problem.edges[k].a, problem.edges[k].b});
+  }
+  out += "],\n\"costs\": [";
+  for (std::size_t k = 0; k < problem.edges.size(); ++k) {
+    if (k) out += ',';
+    list(problem.edges[k].cost);
+  }
+  out += "]}";
+  if (problem.usage_limit) out += ",\n\"usage_limit\": " + std::to_string(*problem.usage_limit);
+  out += "}}\n";
+  return out;
+}
+
+void write_iopddl(const Problem& problem, const std::string& path) {
+  std::ofstream f(path, std::ios::binary);
+  f << format_iopddl(problem);
+  if (!f.flush()) throw ProblemError(fmt::format("cannot write the problem to '{}'", path));
 }
 
 std::string cost_str(TotalCost cost) {

@@ -33,7 +33,8 @@ struct CbcDeleter {
 
 int64_t exact_program_size(const Problem& problem) {
   const detail::Model m = detail::build_model(problem);
-  const detail::Coarse c = detail::build_coarse(problem, m);
+  detail::Coarse c = detail::build_coarse(problem, m);
+  detail::prune_dominated(problem, c);
   int64_t n = 0;
   for (const detail::Group& g : c.groups) n += g.num_strategies > 1 ? g.num_strategies : 0;
   for (const detail::PairEdge& p : c.pairs) n += static_cast<int64_t>(p.cost.size());
@@ -46,8 +47,28 @@ SolveResult solve_exact(const Problem& problem, const SolveOptions& options) {
   // through a functional edge are one variable group, which loses no plan of finite cost and
   // makes the program several times smaller on XLA's graphs.
   const detail::Model m = detail::build_model(problem);
-  const detail::Coarse coarse = detail::build_coarse(problem, m);
+  detail::Coarse coarse = detail::build_coarse(problem, m);
+  // The warm start's group strategies, read before pruning (the members' strategies as the
+  // coarsening assigns them), then mapped onto the pruned groups.
   const int32_t ng = static_cast<int32_t>(coarse.groups.size());
+  std::vector<int32_t> warm_group;
+  if (!options.warm_start.empty() && options.warm_start.size() == problem.nodes.size() &&
+      evaluate(problem, options.warm_start).feasible()) {
+    warm_group.assign(static_cast<std::size_t>(ng), 0);
+    bool consistent = true;
+    for (int32_t g = 0; g < ng && consistent; ++g) {
+      const detail::Group& grp = coarse.groups[g];
+      const std::size_t k = grp.members.size();
+      warm_group[g] = options.warm_start[grp.members[0]];
+      for (std::size_t i = 0; i < k; ++i)
+        consistent &= options.warm_start[grp.members[i]] == grp.assign[warm_group[g] * k + i];
+    }
+    if (!consistent) warm_group.clear();
+  }
+  // Strategies no optimal plan needs are dropped (dominance.cpp); the warm start moves to the
+  // strategies that replaced them (no worse in cost or memory).
+  const std::vector<std::vector<int32_t>> kept_as = detail::prune_dominated(problem, coarse);
+  for (int32_t g = 0; g < static_cast<int32_t>(warm_group.size()); ++g) warm_group[g] = kept_as[g][warm_group[g]];
 
   // Columns: x[g][s] first (x_col[g] + s; groups of one strategy have none), then y of each
   // pair (y_col[p] + s*S(b) + t).
@@ -186,29 +207,18 @@ SolveResult solve_exact(const Problem& problem, const SolveOptions& options) {
         for (int32_t s = 0; s < coarse.groups[g].num_strategies; ++s) Cbc_setInteger(model.get(), x_col[g] + s);
     // A warm start: the columns of a feasible plan whose group strategies are consistent
     // (every member follows its group's root as the coarsening says).
-    if (!options.warm_start.empty() && options.warm_start.size() == problem.nodes.size() &&
-        evaluate(problem, options.warm_start).feasible()) {
-      std::vector<int32_t> gs(ng, 0);
-      bool consistent = true;
-      for (int32_t g = 0; g < ng && consistent; ++g) {
-        const detail::Group& grp = coarse.groups[g];
-        const std::size_t k = grp.members.size();
-        gs[g] = options.warm_start[grp.members[0]];
-        for (std::size_t i = 0; i < k; ++i)
-          consistent &= options.warm_start[grp.members[i]] == grp.assign[gs[g] * k + i];
+    if (!warm_group.empty()) {
+      const std::vector<int32_t>& gs = warm_group;
+      std::vector<double> start_value(num_cols, 0.0);
+      for (int32_t g = 0; g < ng; ++g)
+        if (x_col[g] >= 0) start_value[x_col[g] + gs[g]] = 1.0;
+      for (std::size_t p = 0; p < coarse.pairs.size(); ++p) {
+        const detail::PairEdge& e = coarse.pairs[p];
+        start_value[y_col[p] + gs[e.a] * coarse.groups[e.b].num_strategies + gs[e.b]] = 1.0;
       }
-      if (consistent) {
-        std::vector<double> start_value(num_cols, 0.0);
-        for (int32_t g = 0; g < ng; ++g)
-          if (x_col[g] >= 0) start_value[x_col[g] + gs[g]] = 1.0;
-        for (std::size_t p = 0; p < coarse.pairs.size(); ++p) {
-          const detail::PairEdge& e = coarse.pairs[p];
-          start_value[y_col[p] + gs[e.a] * coarse.groups[e.b].num_strategies + gs[e.b]] = 1.0;
-        }
-        std::vector<int> cols(num_cols);
-        for (int c = 0; c < num_cols; ++c) cols[c] = c;
-        Cbc_setMIPStartI(model.get(), num_cols, cols.data(), start_value.data());
-      }
+      std::vector<int> cols(num_cols);
+      for (int c = 0; c < num_cols; ++c) cols[c] = c;
+      Cbc_setMIPStartI(model.get(), num_cols, cols.data(), start_value.data());
     }
     Cbc_setLogLevel(model.get(), 0);
     // Costs are integers: a gap below 1 proves optimality; no relative gap is allowed.

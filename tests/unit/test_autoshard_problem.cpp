@@ -128,3 +128,36 @@ TEST_CASE("autoshard: bad IOPDDL input gets an error naming the file and the ite
   CHECK_THROWS_WITH(read_iopddl(cut), Catch::Contains(cut));
   std::remove(cut.c_str());
 }
+
+TEST_CASE("autoshard: a problem written in the contest's form reads back equal, with and without a usage limit",
+          "[autoshard]") {
+  Problem p = parse_iopddl(kExample, "inline");
+  p.name = "a \"quoted\" name\\ with\ta tab";
+  auto same = [](const Problem& a, const Problem& b) {
+    REQUIRE(a.nodes.size() == b.nodes.size());
+    REQUIRE(a.edges.size() == b.edges.size());
+    CHECK(a.name == b.name);
+    CHECK(a.usage_limit == b.usage_limit);
+    for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+      CHECK(a.nodes[i].live.start == b.nodes[i].live.start);
+      CHECK(a.nodes[i].live.end == b.nodes[i].live.end);
+      CHECK(a.nodes[i].cost == b.nodes[i].cost);
+      CHECK(a.nodes[i].usage == b.nodes[i].usage);
+    }
+    for (std::size_t k = 0; k < a.edges.size(); ++k) {
+      CHECK(a.edges[k].a == b.edges[k].a);
+      CHECK(a.edges[k].b == b.edges[k].b);
+      CHECK(a.edges[k].cost == b.edges[k].cost);
+    }
+  };
+  same(parse_iopddl(format_iopddl(p), "formatted"), p);
+  p.usage_limit.reset();
+  p.nodes[2].cost[1] = kInfiniteCost;  // the sentinel survives
+  p.edges.push_back(p.edges[0]);       // a parallel edge stays one of two
+  const std::string path = std::string(TESSEL_BINARY_DIR) + "/written_problem.json";
+  write_iopddl(p, path);
+  same(read_iopddl(path), p);
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH(write_iopddl(p, std::string(TESSEL_BINARY_DIR) + "/no/such/dir/p.json"),
+                    Catch::Contains("cannot write the problem to"));
+}

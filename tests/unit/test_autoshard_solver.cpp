@@ -313,3 +313,78 @@ TEST_CASE("autoshard: finite costs that sum past the infinite sentinel stay fini
     CHECK(r.evaluation.cost >= static_cast<TotalCost>(1'200'000'000'000'000'000));
   }
 }
+
+TEST_CASE("autoshard: dominated and duplicated strategies are pruned from the exact program and its optimum is kept",
+          "[autoshard]") {
+  const uint64_t seed = tessel_test::seed();
+  const int n_cases = tessel_test::cases(40);
+  tessel_test::announce("autoshard: dominance pruning keeps the optimum", seed, n_cases);
+  std::mt19937_64 rng(seed);
+  auto uni = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  int64_t removed = 0;
+  for (int c = 0; c < n_cases; ++c) {
+    Shape shape;
+    shape.tree = c % 3 == 0;
+    shape.limit = c % 2 == 0;
+    shape.infinite = c % 5 == 0;
+    const Problem p = random_problem(rng, 2 + c % 5, 3, shape);
+    // Each node gains a copy of one of its strategies, no better anywhere (cost, usage, every
+    // entry of its edges), an exact copy one time in three: an optimal plan never needs it.
+    Problem q = p;
+    std::vector<int32_t> copied(q.nodes.size());
+    for (std::size_t v = 0; v < q.nodes.size(); ++v) {
+      Node& node = q.nodes[v];
+      const int32_t s = static_cast<int32_t>(uni(0, node.num_strategies() - 1));
+      const bool exact = uni(0, 2) == 0;
+      copied[v] = s;
+      node.cost.push_back(node.cost[static_cast<std::size_t>(s)] >= kInfiniteCost
+                              ? kInfiniteCost
+                              : node.cost[static_cast<std::size_t>(s)] + (exact ? 0 : uni(0, 5)));
+      node.usage.push_back(node.usage[static_cast<std::size_t>(s)] + (exact ? 0 : uni(0, 3)));
+    }
+    for (std::size_t k = 0; k < q.edges.size(); ++k) {
+      Edge& e = q.edges[k];
+      const Edge& old = p.edges[k];
+      const int32_t sa = p.nodes[static_cast<std::size_t>(e.a)].num_strategies();
+      const int32_t sb = p.nodes[static_cast<std::size_t>(e.b)].num_strategies();
+      auto at = [&](int32_t i, int32_t j) {  // the old matrix, the copies reading their originals
+        const int32_t oi = i == sa ? copied[static_cast<std::size_t>(e.a)] : i;
+        const int32_t oj = j == sb ? copied[static_cast<std::size_t>(e.b)] : j;
+        const int64_t x = old.cost[static_cast<std::size_t>(oi) * sb + static_cast<std::size_t>(oj)];
+        return x >= kInfiniteCost || (i < sa && j < sb) ? x : x + uni(0, 2);
+      };
+      e.cost.clear();
+      for (int32_t i = 0; i <= sa; ++i)
+        for (int32_t j = 0; j <= sb; ++j) e.cost.push_back(at(i, j));
+    }
+    INFO("seed " << seed << " case " << c);
+    const TotalCost want = brute_force(p);
+    CHECK(cost_str(brute_force(q)) == cost_str(want));
+    const SolveResult r = solve_exact(q, budget(-1, seed));
+    if (want < 0) {
+      CHECK_FALSE(r.evaluation.feasible());
+    } else {
+      REQUIRE(r.status == SolveStatus::optimal);
+      CHECK(cost_str(r.evaluation.cost) == cost_str(want));
+    }
+    // The pruning itself: every strategy maps to a kept one, and no pair is left to a group
+    // without a choice.
+    const detail::Model m = detail::build_model(q);
+    detail::Coarse coarse = detail::build_coarse(q, m);
+    const std::vector<detail::Group> before = coarse.groups;
+    const std::vector<std::vector<int32_t>> now = detail::prune_dominated(q, coarse);
+    for (std::size_t g = 0; g < before.size(); ++g) {
+      removed += before[g].num_strategies - coarse.groups[g].num_strategies;
+      for (int32_t s = 0; s < before[g].num_strategies; ++s) {
+        const int32_t t = now[g][static_cast<std::size_t>(s)];
+        REQUIRE(t >= 0);
+        REQUIRE(t < coarse.groups[g].num_strategies);
+      }
+    }
+    for (const detail::PairEdge& e : coarse.pairs) {
+      CHECK(coarse.groups[static_cast<std::size_t>(e.a)].num_strategies > 1);
+      CHECK(coarse.groups[static_cast<std::size_t>(e.b)].num_strategies > 1);
+    }
+  }
+  CHECK(removed >= n_cases);  // the copies, at least one a case on the whole
+}

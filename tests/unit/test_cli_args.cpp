@@ -50,6 +50,10 @@ TEST_CASE("cli args: every flag of tessel-explain", "[cli]") {
   CHECK(parse_explain_args({"g.tsl"}).stages == 0);
   CHECK(usage_error({"g.tsl", "--microbatches", "8"}).find("--microbatches needs --stages P") != std::string::npos);
   CHECK(usage_error({"g.tsl", "--stages", "0"}).find("--stages") != std::string::npos);
+  CHECK(parse_explain_args({"g.tsl", "--auto", "--write-problem", "p.json"}).write_problem == "p.json");
+  CHECK(usage_error({"g.tsl", "--write-problem", "p.json"}).find("--write-problem needs --auto") != std::string::npos);
+  CHECK(usage_error({"g.tsl", "--auto", "--write-problem="}).find("--write-problem needs a file name") !=
+        std::string::npos);
 }
 
 TEST_CASE("cli args: a bad number names the flag and what it expects", "[cli]") {

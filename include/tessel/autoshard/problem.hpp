@@ -104,4 +104,13 @@ Problem read_iopddl(const std::string& path);
 // The same from text in memory; `where` names it in errors.
 Problem parse_iopddl(std::string_view json, const std::string& where);
 
+// The problem in the contest's JSON form ({"problem": {"name", "nodes": {"intervals", "costs",
+// "usages"}, "edges": {"nodes", "costs"}, "usage_limit"}}, usage_limit only when there is one):
+// what read_iopddl reads back to an equal problem. Every edge is written as it is (parallel
+// edges stay parallel).
+std::string format_iopddl(const Problem& problem);
+// format_iopddl into `path` (plain JSON). Throws ProblemError naming the path when it cannot be
+// written.
+void write_iopddl(const Problem& problem, const std::string& path);
+
 }  // namespace tessel::autoshard
