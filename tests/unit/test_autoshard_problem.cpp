@@ -129,7 +129,7 @@ TEST_CASE("autoshard: bad IOPDDL input gets an error naming the file and the ite
   std::remove(cut.c_str());
 }
 
-TEST_CASE("autoshard: a problem written in the contest's form reads back equal, with and without a usage limit",
+TEST_CASE("autoshard: a problem written in the contest's form reads back equal with and without a usage limit",
           "[autoshard]") {
   Problem p = parse_iopddl(kExample, "inline");
   p.name = "a \"quoted\" name\\ with\ta tab";
