@@ -103,6 +103,8 @@ std::vector<JobProfile> load_jobs(const PlanArgs& a, const Pool& pool, double& t
   }
   ProfileOptions po;
   po.measure = a.measure;
+  // Pipelines run in the threads pool only yet: not planned for GPUs or one process per device.
+  po.pipeline = a.backend != "cuda" && !tessel::launched_by_mpi();
   // On GPUs (--backend cuda) each device computes on its own; on CPU virtual devices the trials'
   // threads share this machine's cores.
   po.shared_cores = a.backend == "cuda" ? 0 : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));

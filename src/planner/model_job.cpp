@@ -161,24 +161,34 @@ ModelJob parse_model_job(const std::string& json_text, const std::string& origin
 std::string Layout::mesh_spec() const { return fmt::format("data={},model={}", data, model); }
 
 std::string Layout::to_string() const {
-  return fmt::format("{} zero={} remat={}{}", mesh_spec(), zero, remat_policy_name(remat), offload ? " offload" : "");
+  return fmt::format("{}{} zero={} remat={}{}", pipe > 1 ? fmt::format("pipe={} micro={} ", pipe, micro) : "",
+                     mesh_spec(), zero, remat_policy_name(remat), offload ? " offload" : "");
 }
 
 bool Layout::operator==(const Layout& o) const {
-  return data == o.data && model == o.model && zero == o.zero && remat == o.remat && offload == o.offload;
+  return data == o.data && model == o.model && zero == o.zero && remat == o.remat && offload == o.offload &&
+         pipe == o.pipe && micro == o.micro;
 }
 
 Layout Layout::parse(const std::string& text) {
   const auto bad = [&](const std::string& part, const char* want) {
     return PlanError(fmt::format("layout '{}': cannot read '{}' ({}; the form is 'data=2,model=2 zero=1 remat=none' "
-                                 "with ' offload' optional)",
+                                 "with ' offload' optional, a pipeline's after 'pipe=P micro=M ')",
                                  text, part, want));
   };
   std::istringstream in(text);
   std::vector<std::string> parts;
   for (std::string p; in >> p;) parts.push_back(p);
-  if (parts.size() < 3 || parts.size() > 4) throw bad(text, "three or four parts");
   Layout l;
+  const bool piped = !parts.empty() && parts[0].rfind("pipe=", 0) == 0;
+  std::string pipe_part, micro_part;
+  if (piped) {
+    if (parts.size() < 2 || parts[1].rfind("micro=", 0) != 0) throw bad(parts[0], "want 'pipe=P micro=M' first");
+    pipe_part = parts[0];
+    micro_part = parts[1];
+    parts.erase(parts.begin(), parts.begin() + 2);
+  }
+  if (parts.size() < 3 || parts.size() > 4) throw bad(text, "three or four parts");
   const auto number = [&](const std::string& part, const std::string& digits, int64_t least, int64_t most) {
     std::size_t used = 0;
     int64_t v = -1;
@@ -207,12 +217,36 @@ Layout Layout::parse(const std::string& text) {
     if (parts[3] != "offload") throw bad(parts[3], "want offload");
     l.offload = true;
   }
+  if (piped) {
+    l.pipe = static_cast<int32_t>(number(pipe_part, pipe_part.substr(5), 2, 4096));
+    l.micro = static_cast<int32_t>(number(micro_part, micro_part.substr(6), 1, 1 << 20));
+    if (l.zero > 2) throw bad(text, "a pipeline takes ZeRO 0 to 2");
+    if (l.remat != RematPolicy::none || l.offload) throw bad(text, "a pipeline takes remat=none without offload");
+  }
   return l;
 }
 
-std::vector<Layout> enumerate_layouts(const GptConfig& gpt, int32_t devices, const std::vector<RematPolicy>& remat) {
+std::vector<Layout> enumerate_layouts(const GptConfig& gpt, int32_t devices, const std::vector<RematPolicy>& remat,
+                                      bool pipeline) {
   std::vector<Layout> out;
   if (devices < 1) return out;
+  if (pipeline)
+    for (int32_t pipe = 2; pipe <= devices && pipe <= gpt.layers; ++pipe) {
+      if (devices % pipe != 0) continue;
+      const int32_t stage = devices / pipe;
+      int32_t micro = 0;
+      for (int32_t m : {2 * pipe, pipe})
+        if (micro == 0 && divides(gpt.batch, m)) micro = m;
+      if (micro == 0) continue;
+      GptConfig one = gpt;
+      one.batch = gpt.batch / micro;
+      for (Layout l : enumerate_layouts(one, stage, {RematPolicy::none})) {
+        if (l.zero > 2) continue;
+        l.pipe = pipe;
+        l.micro = micro;
+        out.push_back(l);
+      }
+    }
   // data = devices first (no tensor parallelism: the usual best on fast compute), down to data = 1.
   for (int32_t data = devices; data >= 1; --data) {
     if (devices % data != 0) continue;
@@ -260,6 +294,15 @@ ModelJobStep build_model_step(const ModelJob& job, const Layout& layout) {
   ModelJobStep s;
   GptConfig cfg = job.gpt;
   cfg.annotate = true;
+  if (layout.pipe > 1) {
+    if (layout.micro < 1 || cfg.batch % layout.micro != 0)
+      throw PlanError(fmt::format("job '{}': layout {}: the batch of {} rows does not split into {} micro-batches",
+                                  job.name, layout.to_string(), cfg.batch, layout.micro));
+    if (layout.pipe > cfg.layers)
+      throw PlanError(fmt::format("job '{}': layout {}: {} stages for {} layers", job.name, layout.to_string(),
+                                  layout.pipe, cfg.layers));
+    cfg.batch /= layout.micro;  // a stage sees one micro-batch
+  }
   s.model = build_gpt(cfg);
   s.mesh = Mesh::parse(layout.mesh_spec());
   s.options.train.zero = layout.zero;

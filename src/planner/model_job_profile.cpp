@@ -13,7 +13,9 @@
 #include "tessel/executable.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/planner/model_job.hpp"
+#include "tessel/pipeline/auto_stages.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
+#include "job_runner.hpp"
 
 namespace tessel::planner {
 
@@ -65,6 +67,31 @@ double price(const ModelJob& job, const Pool& pool, const ProfileOptions& o, Can
   const int32_t g = c.layout.devices();
   const CostModel cost = cost_for(o, pool, g);
   const ModelJobStep s = build_model_step(job, c.layout);
+  if (c.layout.pipe > 1) {
+    // A pipeline: its stages (equal layers, as JobRunner cuts them) priced as the automatic
+    // stage cut prices them: each stage's forward and backward per micro-batch on the stage
+    // mesh, the step sum(t) + (M - 1) max(t) under 1F1B, the peak the largest stage's bytes
+    // (parameters, accumulators, moments, the micro-batches' kept inputs in flight, the
+    // backward's working memory). The update after the schedule is not priced.
+    const int64_t P = c.layout.pipe, L = job.gpt.layers;
+    std::vector<Tensor> cuts;
+    for (int64_t k = 1; k < P; ++k) cuts.push_back(s.model.checkpoints.at(static_cast<std::size_t>(k * L / P)));
+    StageCutOptions so;
+    so.meshes = {s.mesh};
+    so.schedule = ScheduleKind::OneFOneB;
+    const StageCut sc = choose_stage_cuts(s.model.graph, s.model.loss, s.model.weights, cuts, P, c.layout.micro, so,
+                                          cost_for(o, pool, s.mesh.num_devices()));
+    c.predicted_compute_s = sc.step_s;
+    c.predicted_comm_s = 0;
+    c.predicted_dispatch_s = 0;
+    c.predicted_step_s = sc.step_s;
+    c.peak_bytes = static_cast<double>(*std::max_element(sc.stage_bytes.begin(), sc.stage_bytes.end()));
+    c.fits = !(pool.memory_bytes > 0) || c.peak_bytes <= pool.memory_bytes;
+    c.note = fmt::format("pipeline: stages of {} s per micro-batch{}", fmt::join(sc.stage_s, ", "),
+                         c.fits ? "" : fmt::format("; peak {:.4g} bytes > the pool's memory {:.4g} bytes per device",
+                                                   c.peak_bytes, pool.memory_bytes));
+    return 0;
+  }
   std::optional<CompiledStep> compiled;
   try {
     compiled = compile_step(s);
@@ -110,16 +137,12 @@ double price(const ModelJob& job, const Pool& pool, const ProfileOptions& o, Can
 void trial(const ModelJob& job, const ProfileOptions& o, Candidate& c) {
   const auto t0 = Clock::now();
   try {
-    ModelJobStep s = build_model_step(job, c.layout);
-    // Outlives the trainer (declared first).
-    const std::unique_ptr<Runtime> runtime = make_cpu_runtime({"threads", s.mesh, o.kernel_threads});
-    Runtime& rt = *runtime;
-    Trainer tr(s.model.graph, s.model.loss, s.model.weights, s.mesh, rt, s.options);
-    tr.init(initial_params(job, s.model));
+    detail::JobRunner tr(job, c.layout, o.kernel_threads);
+    tr.init();
     std::vector<double> times;
     double peak = 0;
     for (int k = 1; k <= o.warmup_steps + o.timed_steps; ++k) {
-      const StepRecord r = tr.step(model_job_batch(job, k));
+      const StepRecord r = tr.step(k);
       peak = std::max(peak, static_cast<double>(r.measured_peak_bytes));
       if (k > o.warmup_steps) times.push_back(r.seconds);
     }
@@ -152,7 +175,7 @@ std::vector<std::size_t> pick_trials(const std::vector<Candidate>& cands, const 
     const bool same = std::any_of(out.begin(), out.end(), [&](std::size_t k) {
       const Layout& t = cands[k].layout;
       const bool plain = t.remat == RematPolicy::none && !t.offload;
-      return (plain && t.data == c.layout.data && t.zero == c.layout.zero) ||
+      return (plain && t.data == c.layout.data && t.zero == c.layout.zero && t.pipe == c.layout.pipe) ||
              (cands[k].predicted_step_s == c.predicted_step_s && cands[k].peak_bytes == c.peak_bytes);
     });
     if (!same) out.push_back(i);
@@ -258,7 +281,7 @@ void price_model_job(const ModelJob& job, const Pool& pool, const ProfileOptions
   for (int32_t g : layable_counts(job, pool, options.remat, r.notes)) {
     const std::size_t first = r.candidates.size();
     const auto t0 = Clock::now();
-    for (const Layout& l : enumerate_layouts(job.gpt, g, options.remat)) {
+    for (const Layout& l : enumerate_layouts(job.gpt, g, options.remat, options.pipeline)) {
       Candidate c;
       c.layout = l;
       price(job, pool, options, c);

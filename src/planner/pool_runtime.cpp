@@ -17,6 +17,8 @@
 
 #include <fmt/format.h>
 
+#include "job_runner.hpp"
+
 #include "pool_protocol.hpp"
 #include "tessel/checkpoint/checkpoint.hpp"
 #include "tessel/core/common.hpp"
@@ -210,17 +212,14 @@ class PoolRun {
     std::exception_ptr error;
     bool moved = false;
     try {
-      ModelJobStep s = build_model_step(job, Layout::parse(layout));
-      // Outlives the trainer (declared first).
-      const std::unique_ptr<Runtime> runtime = make_cpu_runtime({"threads", s.mesh, o_.kernel_threads});
-      Runtime& rt = *runtime;
-      Trainer tr(s.model.graph, s.model.loss, s.model.weights, s.mesh, rt, s.options);
+      // The Trainer, or a PipelineTrainer for a pipeline layout (job_runner.hpp).
+      detail::JobRunner tr(job, Layout::parse(layout), o_.kernel_threads);
       std::unique_ptr<CheckpointDir> ck;
       if (!o_.checkpoint_dir.empty()) ck = std::make_unique<CheckpointDir>(o_.checkpoint_dir + "/" + job.name);
       if (resume_step > 0) {
-        tr.restore_checkpoint(*ck, resume_step);
+        tr.restore(*ck, resume_step);
       } else {
-        tr.init(initial_params(job, s.model));
+        tr.init();
       }
       for (int64_t k = tr.steps_done() + 1; k <= job.steps; ++k) {
         bool move = false;
@@ -244,13 +243,13 @@ class PoolRun {
         if (move) {
           // Checkpoint from the devices; the next segment restores it onto its own layout.
           const int64_t at = tr.steps_done();
-          tr.save_checkpoint(*ck);
+          tr.save(*ck);
           std::lock_guard<std::mutex> g(mu_);
           state_[j].checkpoint_step = at;
           moved = true;
           break;
         }
-        const StepRecord r = tr.step(model_job_batch(job, k));
+        const StepRecord r = tr.step(k);
         std::lock_guard<std::mutex> g(mu_);
         JobState& st = state_[j];
         st.steps_done = k;

@@ -65,7 +65,12 @@ void run_segment(const std::vector<ModelJob>& jobs, ProcessGroup& pg, const Pool
     const ModelJob& job = jobs[o.job];
     // The step first: a layout that does not build fails on every process of the segment alike,
     // before any MPI communicator exists (no process is left waiting, none marked failed).
-    ModelJobStep s = build_model_step(job, Layout::parse(o.layout));
+    const Layout layout = Layout::parse(o.layout);
+    if (layout.pipe > 1)
+      throw PlanError(fmt::format("pool worker: job '{}' has the pipeline layout '{}', which the pool runs on CPU "
+                                  "threads of one process only yet (plan without pipelines: ProfileOptions::pipeline)",
+                                  job.name, o.layout));
+    ModelJobStep s = build_model_step(job, layout);
     const std::vector<int> ranks(o.devices.begin(), o.devices.end());
     std::unique_ptr<Runtime> runtime;  // waits until every process of the segment is here; outlives the trainer
     if (opt.make_runtime) {

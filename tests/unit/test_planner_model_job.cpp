@@ -200,6 +200,68 @@ TEST_CASE("model job: a layout's text reads back", "[planner]") {
                           "data=2,model=2 zero=0 remat=none swap", "data=0,model=2 zero=0 remat=none"})
     CHECK_THROWS_AS(Layout::parse(bad), PlanError);
   CHECK_THROWS_WITH(Layout::parse("data=2,model=2 zero=9 remat=none"), Catch::Contains("zero=9"));
+  // A pipeline: pipe stages of data x model devices over micro micro-batches.
+  Layout p;
+  p.pipe = 2;
+  p.micro = 4;
+  p.data = 2;
+  p.zero = 1;
+  CHECK(p.to_string() == "pipe=2 micro=4 data=2,model=1 zero=1 remat=none");
+  CHECK(Layout::parse(p.to_string()) == p);
+  CHECK(p.devices() == 4);
+  CHECK(p.mesh_spec() == "data=2,model=1");
+  for (const char* bad : {"pipe=2 data=2,model=1 zero=0 remat=none", "pipe=1 micro=2 data=1,model=1 zero=0 remat=none",
+                          "pipe=2 micro=0 data=1,model=1 zero=0 remat=none",
+                          "pipe=2 micro=2 data=2,model=1 zero=3 remat=none",
+                          "pipe=2 micro=2 data=1,model=1 zero=0 remat=all"})
+    CHECK_THROWS_AS(Layout::parse(bad), PlanError);
+  CHECK_THROWS_WITH(Layout::parse("pipe=2 micro=2 data=2,model=1 zero=3 remat=none"),
+                    Catch::Contains("a pipeline takes ZeRO 0 to 2"));
+}
+
+TEST_CASE("model job: pipeline layouts among the candidates", "[planner]") {
+  ModelJob j = tiny_job();
+  j.gpt.layers = 4;
+  j.gpt.batch = 8;
+  std::set<std::string> seen;
+  for (const Layout& l : enumerate_layouts(j.gpt, 4, {RematPolicy::none}, true)) {
+    CHECK(l.devices() == 4);
+    if (l.pipe == 1) continue;
+    seen.insert(l.to_string());
+    CHECK(l.pipe <= j.gpt.layers);
+    CHECK(j.gpt.batch % l.micro == 0);
+    CHECK((j.gpt.batch / l.micro) % l.data == 0);
+    CHECK(l.zero <= 2);
+    CHECK(l.remat == RematPolicy::none);
+  }
+  CHECK(seen.count("pipe=2 micro=4 data=2,model=1 zero=0 remat=none"));
+  CHECK(seen.count("pipe=2 micro=4 data=1,model=2 zero=0 remat=none"));
+  CHECK(seen.count("pipe=4 micro=8 data=1,model=1 zero=0 remat=none"));
+  for (const Layout& l : enumerate_layouts(j.gpt, 4)) CHECK(l.pipe == 1);  // only when asked
+  j.gpt.layers = 1;
+  for (const Layout& l : enumerate_layouts(j.gpt, 4, {RematPolicy::none}, true)) CHECK(l.pipe == 1);
+  // Priced: a pipeline's prediction is its stages', its peak the largest stage's; where the pool's
+  // memory is below every other layout's peak on 4 devices the profile picks a pipeline.
+  j.gpt.layers = 4;
+  j.device_counts = {4};
+  ProfileOptions po;
+  po.measure = false;
+  ModelJobReport rep;
+  price_model_job(j, pool_of(4), po, rep);
+  double least_plain = 1e300, least_pipe = 1e300;
+  for (const Candidate& c : rep.candidates) {
+    CHECK(c.predicted_step_s > 0);
+    CHECK(c.peak_bytes > 0);
+    (c.layout.pipe > 1 ? least_pipe : least_plain) =
+        std::min(c.layout.pipe > 1 ? least_pipe : least_plain, c.peak_bytes);
+  }
+  REQUIRE(least_pipe < least_plain);
+  Pool tight = pool_of(4);
+  tight.memory_bytes = 0.5 * (least_pipe + least_plain);
+  const JobProfile prof = profile_model_job(j, tight, po);
+  CHECK(Layout::parse(prof.plan.at(4)).pipe > 1);
+  po.pipeline = false;
+  CHECK_THROWS_AS(profile_model_job(j, tight, po), PlanError);  // nothing else fits
 }
 
 TEST_CASE("model job: candidate layouts per device count", "[planner]") {

@@ -194,3 +194,37 @@ TEST_CASE("pool runtime: the re-planner moves a running job onto idle devices an
   }
   std::filesystem::remove_all(o.checkpoint_dir);
 }
+
+TEST_CASE("pool runtime: a pipeline layout runs as a PipelineTrainer equal to one device and moves to a plain layout through a checkpoint",
+          "[planner]") {
+  ModelJob j = job_of("p", 8, 16, 5);
+  j.gpt.layers = 2;
+  j.device_counts = {1, 2};
+  Pool pool;
+  pool.nodes = 1;
+  pool.devices_per_node = 2;
+  ProfileOptions po;
+  po.measure = false;
+  JobProfile prof = profile_model_job(j, pool, po);
+  prof.plan[2] = "pipe=2 micro=2 data=1,model=1 zero=0 remat=none";  // the pipeline on 2 devices
+  Schedule plan = plan_fast({prof}, pool);
+  plan.jobs[0].num_devices = 2;
+  plan.jobs[0].devices = {0, 1};
+  PoolRunOptions o;
+  o.progress_interval_s = 0;
+  o.checkpoint_dir = temp_dir("pipe");
+  o.moves.push_back({"p", 4, {0}});  // after step 4, onto one device: the Trainer resumes the pipeline's state
+  const PoolRunReport r = run_pool({j}, {prof}, plan, pool, o);
+  const JobRunRecord& a = r.jobs[0];
+  REQUIRE(a.segments.size() == 2);
+  CHECK(a.segments[0].layout == "pipe=2 micro=2 data=1,model=1 zero=0 remat=none");
+  CHECK(a.segments[0].last_step == 4);
+  CHECK(a.segments[1].devices == std::vector<int32_t>{0});
+  const std::vector<double> solo = solo_losses(j, "data=1,model=1 zero=0 remat=none", j.steps);
+  REQUIRE(a.losses.size() == solo.size());
+  for (std::size_t k = 0; k < solo.size(); ++k) {
+    INFO("step " << k + 1);
+    CHECK(a.losses[k] == Approx(solo[k]).epsilon(1e-4));
+  }
+  std::filesystem::remove_all(o.checkpoint_dir);
+}

@@ -73,15 +73,20 @@ ModelJob parse_model_job(const std::string& json_text, const std::string& origin
 // (counted from 1). read_job_file checks every model entry so.
 ModelJob parse_model_job(const std::string& json_text, const std::string& origin, std::size_t index);
 
-// A layout of the training step: mesh data x model, ZeRO stage, rematerialisation, offload.
-// Text form (JobProfile::plan): "data=2,model=2 zero=1 remat=none", " offload" appended when on.
+// A layout of the training step: mesh data x model, ZeRO stage, rematerialisation, offload; or
+// a pipeline of `pipe` stages of data x model devices each over `micro` micro-batches (1F1B,
+// the model cut into equal layers: pipeline/runner.hpp).
+// Text form (JobProfile::plan): "data=2,model=2 zero=1 remat=none", " offload" appended when on;
+// a pipeline's begins "pipe=2 micro=4 " (its data x model is one stage's).
 struct Layout {
   int32_t data = 1, model = 1;
   int zero = 0;
   RematPolicy remat = RematPolicy::none;
   bool offload = false;
-  int32_t devices() const { return data * model; }
-  std::string mesh_spec() const;        // "data=2,model=2" (Mesh::parse reads it)
+  int32_t pipe = 1;   // stages (1: no pipeline)
+  int32_t micro = 1;  // micro-batches of a pipeline step
+  int32_t devices() const { return pipe * data * model; }
+  std::string mesh_spec() const;        // "data=2,model=2" (Mesh::parse reads it): a stage's with pipe > 1
   std::string to_string() const;
   // Reads to_string()'s form; PlanError naming the text and the part it could not read.
   static Layout parse(const std::string& text);
@@ -91,8 +96,13 @@ struct Layout {
 // The layouts profile_model_job prices on `devices` devices (step 1 above, without offload
 // variants), in a fixed order: meshes by data size descending, then ZeRO stage, then remat.
 // `remat` lists the policies to try. Empty when nothing divides (e.g. batch 3 on 2 devices).
+// With `pipeline`, then the pipelines: every pipe = P >= 2 dividing the devices with P <= the
+// layers, each stage's data x model as above over the micro-batch (micro = 2P, else P, micro-
+// batches of batch / micro rows that data divides), ZeRO 0..2 (0 without data), no remat (a
+// stage's backward recomputes its forward).
 std::vector<Layout> enumerate_layouts(const GptConfig& gpt, int32_t devices,
-                                      const std::vector<RematPolicy>& remat = {RematPolicy::none, RematPolicy::all});
+                                      const std::vector<RematPolicy>& remat = {RematPolicy::none, RematPolicy::all},
+                                      bool pipeline = false);
 
 struct Candidate {
   Layout layout;
@@ -140,6 +150,11 @@ struct ProfileOptions {
   int warmup_steps = 1;
   int timed_steps = 3;
   int kernel_threads = 1;               // ThreadRuntimeOptions::kernel_threads of the trials
+  // Pipelines among the candidates (enumerate_layouts' pipeline layouts), priced by the stage
+  // cut's prediction (pipeline/auto_stages.hpp: sum(t) + (M - 1) max(t) of the stages' forward
+  // and backward, the peak the largest stage's bytes) and timed through a PipelineTrainer.
+  // tessel-plan sets it off under mpirun and on CUDA, where the pool does not run them yet.
+  bool pipeline = true;
 };
 
 // The profile of `job` on `pool` (steps 1-3 above): name, steps, step_time_s, peak_bytes and
@@ -175,8 +190,8 @@ std::vector<int32_t> candidate_counts(const ModelJob& job, const Pool& pool);
 // Any layout of the same job takes the state of another (Trainer::state / set_state, or a
 // checkpoint): the parameters and their names are the same.
 struct ModelJobStep {
-  GptGraph model;            // the forward graph and its handles (the checkpoints remat needs)
-  Mesh mesh;                 // data x model
+  GptGraph model;            // the forward graph and its handles (the checkpoints remat needs); a pipeline's: of one micro-batch
+  Mesh mesh;                 // data x model (a pipeline's: one stage's)
   TrainerOptions options;    // the layout's ZeRO stage, remat and offload; the job's learning rate
 };
 ModelJobStep build_model_step(const ModelJob& job, const Layout& layout);
