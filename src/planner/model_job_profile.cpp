@@ -87,7 +87,7 @@ double price(const ModelJob& job, const Pool& pool, const ProfileOptions& o, Can
     c.predicted_step_s = sc.step_s;
     c.peak_bytes = static_cast<double>(*std::max_element(sc.stage_bytes.begin(), sc.stage_bytes.end()));
     c.fits = !(pool.memory_bytes > 0) || c.peak_bytes <= pool.memory_bytes;
-    c.note = fmt::format("pipeline: stages of {} s per micro-batch{}", fmt::join(sc.stage_s, ", "),
+    c.note = fmt::format("pipeline: stages of {:.4g} s per micro-batch{}", fmt::join(sc.stage_s, ", "),
                          c.fits ? "" : fmt::format("; peak {:.4g} bytes > the pool's memory {:.4g} bytes per device",
                                                    c.peak_bytes, pool.memory_bytes));
     return 0;
@@ -210,10 +210,10 @@ void check_options(const ModelJob& job, const ProfileOptions& o) {
 std::string ModelJobReport::table() const {
   std::string out = fmt::format("job '{}': {} candidates priced in {:.2f} s, {} trials in {:.2f} s\n", job,
                                 candidates.size(), predict_seconds, trials, trial_seconds);
-  out += fmt::format("{:>7}  {:<40} {:>11} {:>11} {:>11} {:>11} {:>12}  {:<4} {:>11}\n", "devices", "layout",
+  out += fmt::format("{:>7}  {:<50} {:>11} {:>11} {:>11} {:>11} {:>12}  {:<4} {:>11}\n", "devices", "layout",
                      "predicted", "compute", "comm", "dispatch", "peak bytes", "fits", "measured");
   for (const Candidate& c : candidates) {
-    out += fmt::format("{:>7}  {:<40} {:>9.4g} s {:>9.4g} s {:>9.4g} s {:>9.4g} s {:>12.4g}  {:<4} {:>11}{}{}\n",
+    out += fmt::format("{:>7}  {:<50} {:>9.4g} s {:>9.4g} s {:>9.4g} s {:>9.4g} s {:>12.4g}  {:<4} {:>11}{}{}\n",
                        c.layout.devices(), c.layout.to_string(), c.predicted_step_s, c.predicted_compute_s,
                        c.predicted_comm_s, c.predicted_dispatch_s, c.peak_bytes, c.fits ? "yes" : "no",
                        c.measured_step_s >= 0 ? fmt::format("{:.4g} s", c.measured_step_s) : std::string("-"),
