@@ -37,13 +37,15 @@
 namespace {
 
 const char* kUsage =
-    "usage: tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact | --anytime] [--trace PATH]\n"
+    "usage: tessel-iopddl FILE SECONDS [--seed N] [--iterations N] [--exact | --anytime | --wcsp] [--trace PATH]\n"
     "  FILE        an IOPDDL problem (.json or .json.gz)\n"
     "  SECONDS     the time limit; the answer is printed within it\n"
     "  --seed N    the search's seed (default 1)\n"
     "  --iterations N  stop after N improvement steps (deterministic plan)\n"
     "  --exact     only the integer program on CBC (small problems)\n"
-    "  --anytime   only the anytime search (default: anytime, then CBC when small)\n"
+    "  --anytime   only the anytime search (default: anytime, and beside it CBC when the program is\n"
+    "              small, or the Lagrangian relaxation on toulbar2 when only the groups are few)\n"
+    "  --wcsp      only the Lagrangian relaxation with toulbar2 for the priced problem (a lower bound)\n"
     "  --trace PATH  write every better plan's time (s since start) and cost to PATH\n";
 
 int usage(const char* msg) {
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
   if (!parse_number(argv[2], seconds) || seconds <= 0)
     return usage(fmt::format("SECONDS must be a positive number, got '{}'", argv[2]).c_str());
   SolveOptions options;
-  bool exact = false, anytime_only = false;
+  bool exact = false, anytime_only = false, wcsp_only = false;
   std::string trace_path;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
@@ -100,6 +102,8 @@ int main(int argc, char** argv) {
       exact = true;
     } else if (a == "--anytime") {
       anytime_only = true;
+    } else if (a == "--wcsp") {
+      wcsp_only = true;
     } else {
       return usage(fmt::format("unknown argument '{}'", a).c_str());
     }
@@ -130,12 +134,25 @@ int main(int argc, char** argv) {
     SolveResult exact_result;
     std::atomic<bool> stop{false};
     std::thread exact_thread;
+    if (static_cast<int>(exact) + static_cast<int>(anytime_only) + static_cast<int>(wcsp_only) > 1)
+      return usage("give one of --exact, --anytime and --wcsp");
     const int64_t program_size = exact_program_size(problem);
-    const bool race = !exact && !anytime_only && program_size <= options.exact_max_variables;
-    std::fprintf(stderr, "tessel-iopddl: the exact program (over the coarsened problem) has %lld variables: %s\n",
-                 static_cast<long long>(program_size),
-                 exact ? "CBC alone (--exact)"
+    // Too large for CBC but of few groups (V: 339 groups, 1.1 million variables): the Lagrangian
+    // relaxation on toulbar2 beside the search instead, when toulbar2 is installed.
+    const int64_t groups = coarse_groups_with_choice(problem);
+    const bool use_wcsp = wcsp_only || (!exact && !anytime_only && program_size > options.exact_max_variables &&
+                                        groups <= 2000 && wcsp_available());
+    const bool race = !exact && !anytime_only && !wcsp_only &&
+                      (program_size <= options.exact_max_variables || use_wcsp);
+    std::fprintf(stderr,
+                 "tessel-iopddl: the exact program (over the coarsened problem: %lld groups with a choice) has %lld "
+                 "variables: %s\n",
+                 static_cast<long long>(groups), static_cast<long long>(program_size),
+                 exact          ? "CBC alone (--exact)"
                  : anytime_only ? "the anytime search alone (--anytime)"
+                 : wcsp_only    ? "the Lagrangian relaxation on toulbar2 alone (--wcsp)"
+                 : race && use_wcsp
+                     ? "too large for CBC; the Lagrangian relaxation on toulbar2 beside the anytime search"
                  : race ? "CBC beside the anytime search"
                         : fmt::format("above {}, the anytime search alone", options.exact_max_variables).c_str());
     options.stop = &stop;  // before the thread copies the options
@@ -154,7 +171,7 @@ int main(int argc, char** argv) {
         // 80% of the time: CBC overran its limit by up to 45 s, and an incumbent it returns
         // after the deadline is lost (the search's plan is printed then).
         eo.time_limit_s = std::max(0.1, 0.8 * options.time_limit_s - std::chrono::duration<double>(Clock::now() - w0).count());
-        SolveResult er = solve_exact(problem, eo);
+        SolveResult er = use_wcsp ? solve_wcsp(problem, eo) : solve_exact(problem, eo);
         er.seconds = std::chrono::duration<double>(Clock::now() - t0).count() - read_s;  // since the solve began
         std::lock_guard<std::mutex> lock(mu);
         exact_result = std::move(er);
@@ -185,7 +202,8 @@ int main(int argc, char** argv) {
           }
         }
       });
-    SolveResult r = exact ? solve_exact(problem, options) : solve_anytime(problem, options);
+    SolveResult r = exact ? solve_exact(problem, options) : wcsp_only ? solve_wcsp(problem, options)
+                                                                       : solve_anytime(problem, options);
     search_done = true;
     if (monitor.joinable()) monitor.join();
     if (race) {
@@ -201,12 +219,15 @@ int main(int argc, char** argv) {
         const double first = r.first_feasible_s >= 0 ? std::min(r.first_feasible_s, tp.seconds) : tp.seconds;
         const int64_t steps = r.iterations;
         r = exact_result;
-        r.method = "exact (CBC) beside anytime";
+        r.method = use_wcsp ? "Lagrangian + WCSP (toulbar2) beside anytime" : "exact (CBC) beside anytime";
         r.trace = std::move(trace);
         r.first_feasible_s = first;
         r.iterations = steps;
       } else {
-        r.method = exact_done ? "anytime beside exact (CBC), which found nothing better" : "anytime (CBC still running)";
+        r.method = exact_done ? (use_wcsp ? "anytime beside Lagrangian + WCSP (toulbar2), which found nothing better"
+                                          : "anytime beside exact (CBC), which found nothing better")
+                              : (use_wcsp ? "anytime (toulbar2 still running)" : "anytime (CBC still running)");
+        if (exact_done && exact_result.lower_bound >= 0) r.lower_bound = exact_result.lower_bound;
       }
     }
     const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -216,6 +237,9 @@ int main(int argc, char** argv) {
                  r.method.c_str(), status_name(r.status), cost_str(r.evaluation.cost).c_str(),
                  static_cast<long long>(r.evaluation.peak_usage), static_cast<long long>(r.evaluation.peak_time),
                  static_cast<long long>(r.iterations), r.first_feasible_s + read_s, total_s);
+    if (r.lower_bound >= 0 && r.evaluation.feasible())
+      std::fprintf(stderr, "tessel-iopddl: lower bound %.0f: the plan costs at most %.4fx the optimum\n", r.lower_bound,
+                   r.lower_bound > 0 ? static_cast<double>(r.evaluation.cost) / r.lower_bound : 1.0);
     if (r.status == SolveStatus::infeasible)
       std::fprintf(stderr, "tessel-iopddl: %s: no plan fits the usage limit%s; printing the plan of least memory\n",
                    path.c_str(), r.evaluation.uses_infinite ? " without an infinite cost" : "");

@@ -41,6 +41,15 @@ int64_t exact_program_size(const Problem& problem) {
   return n;
 }
 
+int64_t coarse_groups_with_choice(const Problem& problem) {
+  const detail::Model m = detail::build_model(problem);
+  detail::Coarse c = detail::build_coarse(problem, m);
+  detail::prune_dominated(problem, c);
+  int64_t n = 0;
+  for (const detail::Group& g : c.groups) n += g.num_strategies > 1 ? 1 : 0;
+  return n;
+}
+
 SolveResult solve_exact(const Problem& problem, const SolveOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   // The program is written over the coarsened problem (model.hpp): nodes that follow another

@@ -388,3 +388,47 @@ TEST_CASE("autoshard: dominated and duplicated strategies are pruned from the ex
   }
   CHECK(removed >= n_cases);  // the copies, at least one a case on the whole
 }
+
+TEST_CASE("autoshard: the Lagrangian relaxation on toulbar2 is exact without a limit and bounds the optimum with one",
+          "[autoshard]") {
+  REQUIRE(wcsp_available());  // scripts/deps installs Debian's toulbar2
+  const uint64_t seed = tessel_test::seed();
+  const int n_cases = tessel_test::cases(24);
+  tessel_test::announce("autoshard: solve_wcsp against brute force", seed, n_cases);
+  std::mt19937_64 rng(seed);
+  int bounded = 0;
+  for (int c = 0; c < n_cases; ++c) {
+    Shape shape;
+    shape.tree = c % 3 == 0;
+    shape.limit = c % 2 == 1;
+    shape.infinite = c % 5 == 0;
+    const Problem p = random_problem(rng, 3 + c % 5, 4, shape);
+    INFO("seed " << seed << " case " << c);
+    const TotalCost want = brute_force(p);
+    SolveOptions o = budget(40, seed);  // at most 40 priced solves
+    o.time_limit_s = 60;
+    const SolveResult r = solve_wcsp(p, o);
+    if (!p.usage_limit) {
+      // No limit: one priced solve is the problem itself, solved to optimality.
+      if (want < 0) {
+        CHECK_FALSE(r.evaluation.feasible());
+      } else {
+        REQUIRE(r.status == SolveStatus::optimal);
+        CHECK(cost_str(r.evaluation.cost) == cost_str(want));
+        CHECK(r.lower_bound == Approx(static_cast<double>(want)));
+      }
+      continue;
+    }
+    // A limit: the bound never exceeds the optimum, a plan returned fits and costs no less, and
+    // "optimal" is said only of the optimum.
+    if (want >= 0) {
+      CHECK(r.lower_bound <= static_cast<double>(want) + 1e-6);
+      ++bounded;
+      if (r.evaluation.feasible()) CHECK(r.evaluation.cost >= want);
+      if (r.status == SolveStatus::optimal) CHECK(cost_str(r.evaluation.cost) == cost_str(want));
+    } else {
+      CHECK_FALSE(r.evaluation.feasible());
+    }
+  }
+  CHECK(bounded > 0);
+}

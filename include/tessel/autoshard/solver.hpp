@@ -74,15 +74,32 @@ struct SolveResult {
   double first_feasible_s = -1;  // when the first feasible plan was known (-1: never)
   int64_t iterations = 0;        // anytime: block moves made; exact: 0
   std::vector<TracePoint> trace;  // anytime: every recorded improvement, in order
+  // A lower bound on the optimum the method proved (solve_wcsp: the Lagrangian dual's best
+  // value; its cost when optimal); -1: none.
+  double lower_bound = -1;
 };
 
 SolveResult solve_exact(const Problem& problem, const SolveOptions& options);
 SolveResult solve_anytime(const Problem& problem, const SolveOptions& options);
 SolveResult solve(const Problem& problem, const SolveOptions& options);
 
+// The Lagrangian relaxation of the usage limit with an exact weighted-constraint solver for the
+// priced problem (toulbar2, Debian's package, run as a program): prices per time segment moved
+// by subgradient steps; each priced optimum gives a lower bound on the optimum (the dual's
+// value, result.lower_bound) and a plan, kept when it fits. Optimal when the bound reaches the
+// best plan's cost (always without a usage limit, when toulbar2 finishes). For problems with
+// few groups but many strategies, whose integer program is too large for CBC (IOPDDL V).
+// Reads options.time_limit_s, max_iterations (priced solves), warm_start (the first best plan),
+// stop and on_improvement. Throws Error when toulbar2 is not installed (wcsp_available()).
+// $TESSEL_WCSP_LOG set: a line per priced solve on stderr (its optimum, the bound, the plan).
+SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options);
+bool wcsp_available();  // toulbar2 on PATH, or $TESSEL_TOULBAR2
+
 // Variables of the exact integer program over the coarsened problem (strategies of groups
 // that have a choice + entries of their pairs' edge matrices): what solve() compares with
 // exact_max_variables.
 int64_t exact_program_size(const Problem& problem);
+// Groups of the coarsened, pruned problem that have a choice (the exact program's x groups).
+int64_t coarse_groups_with_choice(const Problem& problem);
 
 }  // namespace tessel::autoshard
