@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tessel/autoshard/problem.hpp"
+#include "tessel/autoshard/solver.hpp"
 
 namespace tessel::autoshard::detail {
 
@@ -92,6 +93,12 @@ Coarse build_coarse(const Problem& problem, const Model& model);
 // Returns, per group, each original strategy's index after pruning (a removed one: its
 // dominator's), for mapping plans onto the pruned problem; coarse.adj stays valid.
 std::vector<std::vector<int32_t>> prune_dominated(const Problem& problem, Coarse& coarse);
+
+// The anytime method's block moves (solver_anytime.cpp) from `group_plan` (a strategy per group
+// of `coarse`, which build_coarse made from `problem`; it may exceed the limit: the moves then
+// repair it first), for options.time_limit_s or options.max_iterations.
+SolveResult search_from(const Problem& problem, const SolveOptions& options, const Model& model, const Coarse& coarse,
+                        const Plan& group_plan);
 
 }  // namespace tessel::autoshard::detail
 

@@ -549,6 +549,15 @@ const char* status_name(SolveStatus s) {
   return "?";
 }
 
+namespace detail {
+
+SolveResult search_from(const Problem& problem, const SolveOptions& options, const Model& model, const Coarse& coarse,
+                        const Plan& group_plan) {
+  return AnytimeSearch(problem, options, Clock::now(), model, coarse, true, group_plan).run();
+}
+
+}  // namespace detail
+
 SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
   const auto t0 = Clock::now();
   if (problem.nodes.empty()) {

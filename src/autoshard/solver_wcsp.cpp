@@ -96,8 +96,9 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
   SolveResult result;
   result.method = "Lagrangian + WCSP (toulbar2)";
   const detail::Model m = detail::build_model(problem);
-  detail::Coarse c = detail::build_coarse(problem, m);
-  detail::prune_dominated(problem, c);
+  // Not pruned: the block moves that repair the priced plans search this same coarse problem
+  // (pruning removes little where this method is used: V's program loses 0.01%).
+  const detail::Coarse c = detail::build_coarse(problem, m);
   const std::size_t ng = c.groups.size();
   const int32_t T = m.num_segments;
   const bool limited = problem.usage_limit.has_value() && T > 0;
@@ -223,6 +224,19 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
       if (a.values[g] < 0 || a.values[g] >= c.groups[g].num_strategies) throw Error("solve_wcsp: toulbar2's solution is out of range");
     const Plan plan = expand(a.values);
     consider(plan);
+    // A priced plan over the limit: the block moves repair it into the limit and polish it,
+    // briefly (a tenth of what is left, at most 5 s); a better plan that fits is kept.
+    if (limited && !evaluate(problem, plan).within_memory) {
+      SolveOptions po = options;
+      po.time_limit_s = std::min(5.0, 0.1 * (options.time_limit_s - elapsed()));
+      po.max_iterations = options.max_iterations < 0 ? -1 : 2000;
+      po.on_improvement = nullptr;
+      po.warm_start.clear();
+      if (po.time_limit_s > 0.2 || po.max_iterations > 0) {
+        const SolveResult rep = detail::search_from(problem, po, m, c, a.values);
+        if (rep.evaluation.feasible()) consider(rep.plan);
+      }
+    }
     if (std::getenv("TESSEL_WCSP_LOG") != nullptr) {
       const Evaluation ev = evaluate(problem, plan);
       std::fprintf(stderr, "wcsp %lld: priced %lld%s, bound %.0f (best %.0f), plan %s peak %lld (limit %.0f) beta %g\n",
