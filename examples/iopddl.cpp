@@ -136,10 +136,15 @@ int main(int argc, char** argv) {
     std::thread exact_thread;
     if (static_cast<int>(exact) + static_cast<int>(anytime_only) + static_cast<int>(wcsp_only) > 1)
       return usage("give one of --exact, --anytime and --wcsp");
-    const int64_t program_size = exact_program_size(problem);
+    const ExactProgramShape shape = exact_program_shape(problem);
+    const int64_t program_size = shape.variables, groups = shape.groups;
+    // The coarsening and pruning took time from the limit: the solvers get what is left.
+    {
+      const double spent = std::chrono::duration<double>(Clock::now() - t0).count();
+      options.time_limit_s = std::max(0.05, seconds - spent - std::min(2.5, 0.04 * seconds));
+    }
     // Too large for CBC but of few groups (V: 339 groups, 1.1 million variables): the Lagrangian
     // relaxation on toulbar2 beside the search instead, when toulbar2 is installed.
-    const int64_t groups = coarse_groups_with_choice(problem);
     const bool use_wcsp = wcsp_only || (!exact && !anytime_only && program_size > options.exact_max_variables &&
                                         groups <= 2000 && wcsp_available());
     const bool race = !exact && !anytime_only && !wcsp_only &&

@@ -31,24 +31,22 @@ struct CbcDeleter {
 
 }  // namespace
 
-int64_t exact_program_size(const Problem& problem) {
+ExactProgramShape exact_program_shape(const Problem& problem) {
+  // Before the dominance pruning (solve_exact prunes; it removes little on the contest's graphs
+  // and takes time on groups of many strategies, which a decision should not spend).
   const detail::Model m = detail::build_model(problem);
-  detail::Coarse c = detail::build_coarse(problem, m);
-  detail::prune_dominated(problem, c);
-  int64_t n = 0;
-  for (const detail::Group& g : c.groups) n += g.num_strategies > 1 ? g.num_strategies : 0;
-  for (const detail::PairEdge& p : c.pairs) n += static_cast<int64_t>(p.cost.size());
-  return n;
+  const detail::Coarse c = detail::build_coarse(problem, m);
+  ExactProgramShape out;
+  for (const detail::Group& g : c.groups)
+    if (g.num_strategies > 1) {
+      out.variables += g.num_strategies;
+      ++out.groups;
+    }
+  for (const detail::PairEdge& p : c.pairs) out.variables += static_cast<int64_t>(p.cost.size());
+  return out;
 }
 
-int64_t coarse_groups_with_choice(const Problem& problem) {
-  const detail::Model m = detail::build_model(problem);
-  detail::Coarse c = detail::build_coarse(problem, m);
-  detail::prune_dominated(problem, c);
-  int64_t n = 0;
-  for (const detail::Group& g : c.groups) n += g.num_strategies > 1 ? 1 : 0;
-  return n;
-}
+int64_t exact_program_size(const Problem& problem) { return exact_program_shape(problem).variables; }
 
 SolveResult solve_exact(const Problem& problem, const SolveOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();

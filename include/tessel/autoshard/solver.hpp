@@ -99,7 +99,12 @@ bool wcsp_available();  // toulbar2 on PATH, or $TESSEL_TOULBAR2
 // that have a choice + entries of their pairs' edge matrices): what solve() compares with
 // exact_max_variables.
 int64_t exact_program_size(const Problem& problem);
-// Groups of the coarsened, pruned problem that have a choice (the exact program's x groups).
-int64_t coarse_groups_with_choice(const Problem& problem);
+// The same with the groups of the coarsened problem that have a choice, in one pass (both
+// counted before solve_exact's dominance pruning, which removes little on the contest's graphs).
+struct ExactProgramShape {
+  int64_t variables = 0;
+  int64_t groups = 0;
+};
+ExactProgramShape exact_program_shape(const Problem& problem);
 
 }  // namespace tessel::autoshard
