@@ -18,7 +18,7 @@ Families:
   perturbed  IOPDDL B and G with every cost scaled by a seeded factor in [0.5, 2], and with the
              usage limit tightened to 95% of the best plan's peak; the contest's limits
 """
-import argparse, gzip, json, os, random, re, statistics, subprocess, sys, time
+import argparse, gzip, json, os, random, re, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -185,11 +185,15 @@ def main():
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--instances-dir", default=os.path.join(ROOT, "..", "shared", "benchmarks", "iopddl"))
     ap.add_argument("--seeds", default="1")
+    ap.add_argument("--work", default="", help="where the problems are written (default: a fresh temporary folder)")
     ap.add_argument("--perturb", default="B,G", help="the shared instances the perturbed family copies")
     a = ap.parse_args()
     fams = set(a.families.split(","))
     os.makedirs(a.out, exist_ok=True)
-    work = os.path.abspath(os.path.join(a.out, "instances"))
+    # The problems (hundreds of MB for the 3-D meshes) go to a scratch folder, not the results:
+    # the script rebuilds them.
+    work = a.work or tempfile.mkdtemp(prefix="tessel-autoshard-families-")
+    print(f"instances in {work}", flush=True)
     os.makedirs(work, exist_ok=True)
     insts = []
     if "own" in fams or "budget" in fams:
