@@ -399,7 +399,7 @@ int run_pipeline(const PipeRun& a) {
     say("predicted peak bytes per device by stage: {}{}\n", fmt::join(bytes, ", "),
         a.memory_budget > 0 ? fmt::format(" (budget {})", a.memory_budget) : std::string());
   } else {
-    for (int64_t k = 1; k < P * V; ++k) cuts.push_back(m.checkpoints.at(static_cast<std::size_t>(k * c.layers / (P * V))));
+    cuts = tessel::equal_layer_cuts(m.checkpoints, c.layers, P * V);
   }
   std::vector<tessel::PipelineStage> stages = tessel::split_stages(m.graph, m.loss, m.weights, cuts);
   // Initial values as the single-program run draws them: GPT-2 scale weights, gains 1, biases 0.

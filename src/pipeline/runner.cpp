@@ -150,7 +150,7 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
                                     "stage's runtime",
                                     s, rt->process_count()));
   }
-  I.links = std::make_unique<detail::StageLinks>(I.where, I.V, I.o.timeout_s);
+  I.links = std::make_unique<detail::StageLinks>(I.where, I.o.timeout_s);
   I.schedule = make_schedule(I.o.schedule, I.P, I.o.micro, I.o.chunks);
   if (I.o.zero < 0 || I.o.zero > 2)
     throw Error(fmt::format("PipelineTrainer: zero={} is not supported within pipeline stages (0, 1 or 2; ZeRO-3 not "

@@ -105,8 +105,7 @@ std::vector<std::string> StagePlacement::gather(const std::string& mine) const {
   return processes->allgather(mine);
 }
 
-StageLinks::StageLinks(StagePlacement where, int64_t virtual_stages, double timeout_s)
-    : where_(std::move(where)), V_(virtual_stages), timeout_s_(timeout_s) {}
+StageLinks::StageLinks(StagePlacement where, double timeout_s) : where_(std::move(where)), timeout_s_(timeout_s) {}
 
 void StageLinks::begin_step(int64_t step) {
   std::lock_guard<std::mutex> l(mu_);

@@ -49,7 +49,7 @@ struct StagePlacement {
 // failure anywhere wakes every waiter here and, across processes, every process's.
 class StageLinks {
  public:
-  StageLinks(StagePlacement where, int64_t virtual_stages, double timeout_s);
+  StageLinks(StagePlacement where, double timeout_s);
   // A new step: forgets a failure and every value of earlier steps.
   void begin_step(int64_t step);
   void put(int kind, int64_t vs, int64_t m, Hosts values);
@@ -62,7 +62,6 @@ class StageLinks {
   using Key = std::tuple<int64_t, int, int64_t, int64_t>;  // step, kind, vs, micro-batch
   void poll_locked();                                       // moves arrived messages into the box
   StagePlacement where_;
-  int64_t V_;
   double timeout_s_;
   int64_t step_ = 0;
   std::mutex mu_;

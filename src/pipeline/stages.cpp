@@ -229,4 +229,17 @@ std::vector<PipelineStage> split_stages(const Graph& g, Tensor loss, const std::
   return out;
 }
 
+std::vector<Tensor> equal_layer_cuts(const std::vector<Tensor>& checkpoints, int64_t layers, int64_t pieces) {
+  if (pieces < 1 || pieces > layers)
+    throw Error(fmt::format("equal_layer_cuts: {} stages of {} layers (each stage needs a layer)", pieces, layers));
+  std::vector<Tensor> cuts;
+  for (int64_t k = 1; k < pieces; ++k) {
+    const int64_t at = k * layers / pieces;
+    if (at >= static_cast<int64_t>(checkpoints.size()))
+      throw Error(fmt::format("equal_layer_cuts: no checkpoint {} ({} given for {} layers)", at, checkpoints.size(), layers));
+    cuts.push_back(checkpoints[static_cast<std::size_t>(at)]);
+  }
+  return cuts;
+}
+
 }  // namespace tessel

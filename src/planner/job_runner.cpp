@@ -34,9 +34,8 @@ JobRunner::JobRunner(const ModelJob& job, const Layout& layout, int kernel_threa
     return;
   }
   // Equal layers per stage, cut at the residual stream (gpt_train's pipeline).
-  const int64_t P = layout.pipe, L = job.gpt.layers;
-  std::vector<Tensor> cuts;
-  for (int64_t k = 1; k < P; ++k) cuts.push_back(I.s.model.checkpoints.at(static_cast<std::size_t>(k * L / P)));
+  const int64_t P = layout.pipe;
+  const std::vector<Tensor> cuts = equal_layer_cuts(I.s.model.checkpoints, job.gpt.layers, P);
   std::vector<Runtime*> rp;
   for (int64_t st = 0; st < P; ++st) {
     I.runtimes.push_back(make_cpu_runtime({"threads", I.s.mesh, kernel_threads}));

@@ -14,6 +14,7 @@
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/planner/model_job.hpp"
 #include "tessel/pipeline/auto_stages.hpp"
+#include "tessel/pipeline/stages.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "job_runner.hpp"
 
@@ -73,9 +74,8 @@ double price(const ModelJob& job, const Pool& pool, const ProfileOptions& o, Can
     // mesh, the step sum(t) + (M - 1) max(t) under 1F1B, the peak the largest stage's bytes
     // (parameters, accumulators, moments, the micro-batches' kept inputs in flight, the
     // backward's working memory). The update after the schedule is not priced.
-    const int64_t P = c.layout.pipe, L = job.gpt.layers;
-    std::vector<Tensor> cuts;
-    for (int64_t k = 1; k < P; ++k) cuts.push_back(s.model.checkpoints.at(static_cast<std::size_t>(k * L / P)));
+    const int64_t P = c.layout.pipe;
+    const std::vector<Tensor> cuts = equal_layer_cuts(s.model.checkpoints, job.gpt.layers, P);
     StageCutOptions so;
     so.meshes = {s.mesh};
     so.schedule = ScheduleKind::OneFOneB;

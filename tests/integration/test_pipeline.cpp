@@ -219,6 +219,13 @@ TEST_CASE("split_stages refuses a cut out of order or at an input and a value th
           "[pipeline]") {
   GptConfig c = small_gpt(2);
   GptGraph m = build_gpt(c);
+  // Equal layers: cut k at checkpoint k * layers / stages; more stages than layers refused.
+  const std::vector<Tensor> eq = equal_layer_cuts(m.checkpoints, c.layers, 2);
+  REQUIRE(eq.size() == 1);
+  CHECK(eq[0].id == m.checkpoints.at(static_cast<std::size_t>(c.layers / 2)).id);
+  CHECK(equal_layer_cuts(m.checkpoints, c.layers, 1).empty());
+  CHECK(tessel_test::contains(tessel_test::error_of([&] { equal_layer_cuts(m.checkpoints, c.layers, c.layers + 1); }),
+                              "each stage needs a layer"));
   const std::string out_of_order = tessel_test::error_of(
       [&] { split_stages(m.graph, m.loss, m.weights, {m.checkpoints.at(3), m.checkpoints.at(1)}); });
   CHECK(tessel_test::contains(out_of_order, "give the cuts in the order the graph makes them"));

@@ -51,4 +51,10 @@ struct PipelineStage {
 std::vector<PipelineStage> split_stages(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
                                         const std::vector<Tensor>& cuts);
 
+// The cuts of a transformer into `pieces` stages of equal layers: `checkpoints` are its residual
+// stream (x0, then each of its `layers` blocks' output: GptGraph::checkpoints), and cut k (1 <=
+// k < pieces) is checkpoints[k * layers / pieces]. Throws Error when pieces is not in 1..layers
+// or a checkpoint is missing.
+std::vector<Tensor> equal_layer_cuts(const std::vector<Tensor>& checkpoints, int64_t layers, int64_t pieces);
+
 }  // namespace tessel
