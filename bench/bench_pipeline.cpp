@@ -1,7 +1,8 @@
 // BM_Pipeline/schedule:<k>/micro:<M>: one training step of a GPT cut into two pipeline stages
 // of one CPU device each (pipeline/runner.hpp), by GPipe (0), 1F1B (1) or interleaved 1F1B with
 // 2 chunks per stage (2), over M micro-batches of 2 rows. The model: d_model 128, 4 heads,
-// 4 layers (equal stages: 2 layers each, or 1 per chunk), vocab 256, 64 positions; random
+// 4 layers (equal stages: 2 layers each, or 1 per chunk), vocab 64 (the head and the embedding
+// small beside a layer, so the stages are equal), 64 positions; random
 // weights and tokens (seeded). One untimed step first, then the timed ones. Counters:
 //   bubble          the measured idle share of the stages over the schedule's span,
 //                   1 - sum(busy) / (stages x span), the mean over the timed steps;
@@ -12,9 +13,12 @@
 //                   backwards at once (the activations a stage holds).
 // BM_PipelineCut/auto:<a>: one 1F1B step over 8 micro-batches of a GPT whose LM head outweighs a
 // block (d_model 64, 4 heads, 8 layers, vocab 8192, 32 positions, 2 rows a micro-batch) on two
-// stages of one device, cut into equal layers (auto 0) or by the cost model with this machine's
-// figures (auto 1: choose_stage_cuts, pipeline/auto_stages.hpp). Counters: the cut's predicted
-// step (predicted_us) and its last stage's pieces (last_stage_pieces).
+// stages of one device, cut into equal layers (auto 0) or by choose_stage_cuts
+// (pipeline/auto_stages.hpp) at the blocks' boundaries with the pieces priced by the cost model
+// at this machine's figures (auto 1) or timed on the device (auto 2), or at every value the
+// graph can be cut at (single_value_cuts), timed (auto 3). Counters: the cut's predicted step
+// (predicted_us: from the pieces' prices or times) and its last stage's pieces
+// (last_stage_pieces).
 // BM_AutoStagesSearch/layers:<L>: the time choose_stage_cuts takes for a GPT of L layers (d_model
 // 64, 4 heads, vocab 512, 32 positions) into 4 stages: every piece compiled and priced, then the
 // dynamic program.
@@ -65,7 +69,7 @@ void BM_Pipeline(benchmark::State& state) {
   c.d_model = 128;
   c.heads = 4;
   c.layers = 4;
-  c.vocab = 256;
+  c.vocab = 64;
   const tessel::Mesh mesh = tessel::gpt_mesh(tessel::Mesh::parse("data=1"), c);
   tessel::GptGraph m = tessel::build_gpt(c);
   const auto init = weights_of(m);
@@ -103,7 +107,7 @@ BENCHMARK(BM_Pipeline)
     ->UseRealTime();
 
 void BM_PipelineCut(benchmark::State& state) {
-  const bool automatic = state.range(0) == 1;
+  const int64_t how = state.range(0);
   const int64_t M = 8, P = 2;
   tessel::GptConfig c;
   c.batch = 2;
@@ -116,11 +120,18 @@ void BM_PipelineCut(benchmark::State& state) {
   tessel::GptGraph m = tessel::build_gpt(c);
   const auto init = weights_of(m);
   tessel::ThreadRuntime r0(1), r1(1);
-  const std::vector<tessel::Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
-  const tessel::StageCut sc = tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P, M, mesh,
-                                                        tessel::measured_cost_model(r0, mesh));
+  // Candidates: the blocks' boundaries (auto 1, 2), or every value the graph can be cut at
+  // (auto 3: also within blocks, the final layer norm's output and the logits).
+  const std::vector<tessel::Tensor> candidates =
+      how == 3 ? tessel::single_value_cuts(m.graph, m.weights)
+               : std::vector<tessel::Tensor>(m.checkpoints.begin(), m.checkpoints.end() - 1);
+  tessel::StageCutOptions so;
+  so.meshes = {mesh};
+  if (how >= 2) so.runtime = &r0;  // timed on the device, not priced
+  const tessel::StageCut sc =
+      tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P, M, so, tessel::measured_cost_model(r0, mesh));
   const std::vector<tessel::Tensor> cuts =
-      automatic ? sc.cuts : std::vector<tessel::Tensor>{m.checkpoints.at(static_cast<std::size_t>(c.layers / 2))};
+      how >= 1 ? sc.cuts : std::vector<tessel::Tensor>{m.checkpoints.at(static_cast<std::size_t>(c.layers / 2))};
   tessel::PipelineOptions o;
   o.schedule = tessel::ScheduleKind::OneFOneB;
   o.micro = M;
@@ -128,11 +139,27 @@ void BM_PipelineCut(benchmark::State& state) {
   const auto micro = batches_of(c, M);
   int64_t t = 1;
   trainer.step(micro, 1e-4, t++);  // warm-up
-  for (auto _ : state) trainer.step(micro, 1e-4, t++);
-  state.counters["predicted_us"] = (automatic ? sc.step_s : sc.equal_step_s) * 1e6;
-  state.counters["last_stage_pieces"] = static_cast<double>(automatic ? sc.pieces.back() : sc.equal_pieces.back());
+  double span = 0, update = 0;
+  std::vector<double> busy(P, 0.0);
+  for (auto _ : state) {
+    const tessel::PipelineStepReport r = trainer.step(micro, 1e-4, t++);
+    span += r.span_s;
+    update += r.update_s;
+    for (int64_t s = 0; s < P; ++s) busy[static_cast<std::size_t>(s)] += r.busy_s[static_cast<std::size_t>(s)];
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["span_us"] = span / n * 1e6;
+  state.counters["update_us"] = update / n * 1e6;
+  for (int64_t s = 0; s < P; ++s) state.counters["busy_us_s" + std::to_string(s)] = busy[static_cast<std::size_t>(s)] / n * 1e6;
+  if (how != 3) {  // the equal cut is over the blocks' boundaries
+    state.counters["predicted_us"] = (how >= 1 ? sc.step_s : sc.equal_step_s) * 1e6;
+    state.counters["last_stage_pieces"] = static_cast<double>(how >= 1 ? sc.pieces.back() : sc.equal_pieces.back());
+  } else {
+    state.counters["predicted_us"] = sc.step_s * 1e6;
+    state.counters["last_stage_pieces"] = static_cast<double>(sc.pieces.back());
+  }
 }
-BENCHMARK(BM_PipelineCut)->ArgNames({"auto"})->DenseRange(0, 1)->Iterations(10)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_PipelineCut)->ArgNames({"auto"})->DenseRange(0, 3)->Iterations(10)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_AutoStagesSearch(benchmark::State& state) {
   tessel::GptConfig c;

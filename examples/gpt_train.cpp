@@ -159,8 +159,9 @@ const char* kUsage =
     "stages of equal layers (x --chunks V for the interleaved schedule), each on the mesh's other\n"
     "axes, run at once by --schedule (default 1f1b) over --microbatches M (default 4) micro-batches\n"
     "of batch/M rows (docs/pipeline.md), --zero 0..2 within each stage; --auto chooses the stage\n"
-    "boundaries and each stage's shape over data and model by the cost model instead (the stages keep\n"
-    "the model's layouts), within --memory-budget BYTES per device if given; checkpoints move between\n"
+    "boundaries and each stage's shape over data and model instead, from each layer's forward and\n"
+    "backward timed on the devices (the stages keep the model's layouts), within --memory-budget BYTES\n"
+    "per device if given; checkpoints move between\n"
     "pipelined and other meshes. Under mpirun -np N each stage runs on N/pipe processes (values\n"
     "between stages as host messages). Not yet with --zero 3, --accumulate, --mixed, --remat,\n"
     "--offload, --check-finite, --write-graph or --backend cuda.\n";
@@ -294,7 +295,7 @@ struct PipeRun {
   json meta;                    // what a checkpoint keeps besides the state (the model, data settings)
   int save_every, keep;
   int zero;  // within each stage
-  bool auto_stages;  // --auto: the stage boundaries by the cost model (choose_stage_cuts)
+  bool auto_stages;  // --auto: the stage boundaries from the pieces' times (choose_stage_cuts)
   int64_t memory_budget;  // --memory-budget with --auto: bytes per device a stage may hold (0: none)
   double timeout_s;  // --timeout: under mpirun, a stage waiting longer for another fails (< 0: 300 s)
 };
@@ -375,8 +376,11 @@ int run_pipeline(const PipeRun& a) {
     so.meshes = V > 1 ? std::vector<tessel::Mesh>{stage_mesh} : tessel::mesh_shapes(stage_mesh, {"data", "model"});
     so.memory_budget_bytes = a.memory_budget;
     so.schedule = a.flags.kind;
-    const tessel::StageCut sc = tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P * V, M, so,
-                                                          tessel::measured_cost_model(*rts[0], stage_mesh));
+    // Each piece timed on this stage's devices (the runtime of stage 0, or under mpirun this
+    // process's stage's, whose processes all time alike): the machine's own rates, not the roofline's.
+    so.runtime = rts[0].get();
+    const tessel::StageCut sc =
+        tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P * V, M, so, tessel::CostModel{});
     // Each process priced with its own measurements: every process takes rank 0's cut and shapes.
     std::vector<double> at;
     for (const tessel::Tensor& t : sc.cuts)
@@ -392,7 +396,7 @@ int run_pipeline(const PipeRun& a) {
       for (int64_t s = 0; s < P; ++s)
         meshes[static_cast<std::size_t>(s)] =
             so.meshes.at(static_cast<std::size_t>(agreed.at(static_cast<std::size_t>(P - 1 + s))));
-    say("stages by the cost model (pieces: the embedding, then a layer each, the last with the head): {}\n",
+    say("stages by the pieces' times (pieces: the embedding, then a layer each, the last with the head): {}\n",
         sc.why);
     std::vector<std::string> bytes;
     for (int64_t b : sc.stage_bytes) bytes.push_back(std::to_string(b));

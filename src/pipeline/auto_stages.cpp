@@ -5,12 +5,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <set>
 
 #include "tessel/executable.hpp"
 #include "tessel/passes/program_passes.hpp"
 #include "tessel/pipeline/stages.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
+#include "tessel/runtime/reference.hpp"
 
 namespace tessel {
 
@@ -128,16 +131,40 @@ struct PiecePrice {
   int64_t work_bytes = 0;   // its backward's working memory (the planned arena)
 };
 
-PiecePrice price_piece(PipelineStage& p, const Mesh& mesh, const CostModel& cost) {
+// The median over `runs` of the forward's and the backward's run times on `rt`, on seeded random
+// inputs (in range where they feed an embedding or a loss: random_inputs), after one warm-up.
+double measure_piece(const Executable& f, const Executable& b, const PipelineStage& p, Runtime& rt, int runs) {
+  std::vector<LoadedExecutable> loaded;
+  std::vector<std::vector<ShardedArray>> inputs;
+  for (const Executable* e : {&f, &b}) {
+    loaded.push_back(load(*e, rt));
+    inputs.push_back(loaded.back().to_device(random_inputs(e == &f ? p.forward : p.backward, 2027)));
+  }
+  std::vector<double> t;
+  for (int r = 0; r <= runs; ++r) {
+    double s = 0;
+    for (std::size_t k = 0; k < loaded.size(); ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      loaded[k].run(inputs[k]);
+      s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (r > 0) t.push_back(s);  // run 0 warms up
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+PiecePrice price_piece(PipelineStage& p, const Mesh& mesh, const CostModel& cost, Runtime* rt, int runs) {
   PiecePrice out;
   p.forward.mesh = mesh;
   p.backward.mesh = mesh;
   const Executable f = compile(p.forward, mesh), b = compile(p.backward, mesh);
   for (const Executable* e : {&f, &b}) {
     const Program low = lower_program(e->program());
-    out.seconds += low.compute_seconds(cost) + low.comm_seconds(cost) + low.dispatch_seconds(cost);
+    if (!rt) out.seconds += low.compute_seconds(cost) + low.comm_seconds(cost) + low.dispatch_seconds(cost);
     if (e == &b) out.work_bytes = low.memory.arena_bytes;
   }
+  if (rt) out.seconds = measure_piece(f, b, p, *rt, runs);
   const std::set<std::string> ps(p.params.begin(), p.params.end());
   const Program& fp = f.program();
   for (int v : fp.inputs) {
@@ -164,6 +191,9 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
     throw Error(fmt::format("choose_stage_cuts: {} candidate cuts make {} pieces, fewer than the {} stages", n - 1, n,
                             stages));
   if (options.meshes.empty()) throw Error("choose_stage_cuts: no stage mesh given (StageCutOptions::meshes)");
+  if (options.runtime && options.measure_runs < 1)
+    throw Error(fmt::format("choose_stage_cuts: measure_runs {} (give at least 1 timed run per piece)",
+                            options.measure_runs));
   for (const Mesh& m : options.meshes)
     if (m.num_devices() != options.meshes[0].num_devices())
       throw Error(fmt::format("choose_stage_cuts: the stage meshes {} and {} have different device counts (a stage's "
@@ -175,7 +205,8 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
   // price[k][i]: piece i on mesh k.
   std::vector<std::vector<PiecePrice>> price(K);
   for (std::size_t k = 0; k < K; ++k)
-    for (PipelineStage& p : pieces) price[k].push_back(price_piece(p, options.meshes[k], cost));
+    for (PipelineStage& p : pieces)
+      price[k].push_back(price_piece(p, options.meshes[k], cost, options.runtime, options.measure_runs));
   for (const PiecePrice& pp : price[0]) out.piece_s.push_back(pp.seconds);
 
   // A stage of pieces [i, j) as the s-th (0-based) of the pipeline: its best mesh (least time
@@ -267,6 +298,8 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
   out.why = fmt::format("chosen {}{}; equal cut {}{}", describe(out.pieces, out.stage_s, out.step_s), shapes,
                         describe(out.equal_pieces, stage_times(out.piece_s, eq), out.equal_step_s),
                         K > 1 ? " on " + options.meshes[0].to_string() : std::string());
+  if (options.runtime)
+    out.why += fmt::format(" (each piece timed on the devices: the median of {} runs)", options.measure_runs);
   return out;
 }
 

@@ -49,6 +49,18 @@ ShardedArray carry(const LoadedExecutable& from, const ShardedArray& a, const Lo
   return a.sharding() == to.input_sharding(name) ? a : to.to_device(name, from.to_host(a));
 }
 
+// acc += h, element by element (the sum of a tied parameter's gradient accumulators, which are
+// f32: a plain loop over the floats; another type goes through HostTensor::get/set).
+void add_into(HostTensor& acc, const HostTensor& h) {
+  if (acc.dtype() == DType::f32 && h.dtype() == DType::f32 && acc.numel() == h.numel()) {
+    float* a = acc.as<float>();
+    const float* b = h.as<float>();
+    for (int64_t i = 0; i < h.numel(); ++i) a[i] += b[i];
+    return;
+  }
+  for (int64_t i = 0; i < h.numel(); ++i) acc.set(i, acc.get(i) + h.get(i));
+}
+
 }  // namespace
 
 struct PipelineTrainer::Impl {
@@ -519,7 +531,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
         if (it == mine.end()) {
           mine.emplace(n, std::move(h));
         } else {
-          for (int64_t i = 0; i < h.numel(); ++i) it->second.set(i, it->second.get(i) + h.get(i));
+          add_into(it->second, h);
         }
       }
     }
@@ -535,7 +547,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
             if (it == shared_sum.end()) {
               shared_sum.emplace(n, std::move(h));
             } else {
-              for (int64_t i = 0; i < h.numel(); ++i) it->second.set(i, it->second.get(i) + h.get(i));
+              add_into(it->second, h);
             }
           }
     }

@@ -25,7 +25,7 @@ for c in "${cmds[@]}"; do
   if [[ $c == *gpt_train* ]]; then
     wants=('^largest relative difference from one device: .* \(ok, <= ' '\(falling\)$' '^schedule '
            '^bubble: .* micro-batches in flight at the peak per stage: ')
-    [[ $c == *--auto* ]] && wants+=('^stages by the cost model .*chosen .*equal cut')
+    [[ $c == *--auto* ]] && wants+=('^stages by the pieces.* times .*chosen .*equal cut')
   elif [[ $c == *tessel-explain*--stages* ]]; then
     wants=('^== pipeline stages: ' '^stage 0: pieces 0\.\.[0-9]+ on \{.*\}, sends %[a-z0-9_]+ as \[' '^predicted step: '
            '^predicted bubble: ')

@@ -275,10 +275,9 @@ TEST_CASE("the pipeline trainer's state round-trips and a bad state is refused n
   CHECK(tessel_test::contains(tessel_test::error_of([&] { tr.set_state(extra); }), "'stray' is not part of the training state"));
 }
 
-TEST_CASE("automatic stage cuts give the stage with the LM head fewer layers and predict no more than the equal cut",
-          "[pipeline]") {
-  // A GPT whose vocabulary dwarfs its blocks: the last stage's LM head and loss cost more than
-  // a layer, so the cost model's cut moves layers off the last stage.
+namespace {
+// A GPT whose vocabulary dwarfs its blocks (8 layers of d_model 32, vocab 4096).
+GptConfig head_heavy_gpt() {
   GptConfig c;
   c.batch = 2;
   c.seq = 16;
@@ -286,6 +285,15 @@ TEST_CASE("automatic stage cuts give the stage with the LM head fewer layers and
   c.heads = 2;
   c.layers = 8;
   c.vocab = 4096;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("automatic stage cuts give the stage with the LM head fewer layers and predict no more than the equal cut",
+          "[pipeline]") {
+  // A GPT whose vocabulary dwarfs its blocks: the last stage's LM head and loss cost more than
+  // a layer, so the cost model's cut moves layers off the last stage.
+  const GptConfig c = head_heavy_gpt();
   GptGraph m = build_gpt(c);
   const Mesh mesh = gpt_mesh(Mesh::parse("data=1"), c);
   const std::vector<Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);  // x0, l0_x_out .. l6_x_out
@@ -316,6 +324,36 @@ TEST_CASE("automatic stage cuts give the stage with the LM head fewer layers and
                                 choose_stage_cuts(m.graph, m.loss, m.weights, {candidates[0]}, 3, 8, mesh, cpu);
                               }),
                               "fewer than the 3 stages"));
+}
+
+TEST_CASE("automatic stage cuts timed on the devices (StageCutOptions::runtime) move layers off the LM head's stage",
+          "[pipeline]") {
+  // The same GPT as above, its pieces run on a CPU device instead of priced: the times are the
+  // machine's, and the head (4096 x 32 per row, with its loss) still outweighs a layer there.
+  const GptConfig c = head_heavy_gpt();
+  GptGraph m = build_gpt(c);
+  const Mesh mesh = gpt_mesh(Mesh::parse("data=1"), c);
+  const std::vector<Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
+  ThreadRuntime rt(1);
+  StageCutOptions o;
+  o.meshes = {mesh};
+  o.runtime = &rt;
+  o.measure_runs = 3;
+  const StageCut cut = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 8, o, CostModel{});
+  INFO(cut.why);
+  REQUIRE(cut.piece_s.size() == 9);
+  for (double t : cut.piece_s) CHECK(t > 0);
+  // The default (H100) figures would price every piece in microseconds of dispatch; the times
+  // are the CPU's: the head's piece is the dearest.
+  CHECK(cut.piece_s.back() == *std::max_element(cut.piece_s.begin(), cut.piece_s.end()));
+  CHECK(cut.pieces[1] < cut.equal_pieces[1]);
+  CHECK(cut.step_s <= cut.equal_step_s);
+  CHECK(split_stages(m.graph, m.loss, m.weights, cut.cuts).size() == 2);
+  o.measure_runs = 0;
+  CHECK(tessel_test::contains(tessel_test::error_of([&] {
+                                choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 8, o, CostModel{});
+                              }),
+                              "measure_runs 0"));
 }
 
 TEST_CASE("single_value_cuts finds the GPT's residual stream and what only the head crosses", "[pipeline]") {

@@ -24,6 +24,10 @@
 // holds in flight on it (1F1B: P - s on stage s; GPipe: all M), and its largest piece's working
 // memory (the backward's planned arena). What it does not do yet: plan each stage's layouts by
 // automatic sharding (the stages keep the graph's own annotations, on the chosen shape).
+// With StageCutOptions::runtime the pieces are timed on the devices instead of priced: the cost
+// model's roofline misses the kernels' real rates at small shapes, and a cut between two close
+// candidates is then chosen by what the machine does (bench/results: the measured cut is the
+// faster one where the modelled cut was not).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +38,7 @@
 #include "tessel/core/mesh.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/pipeline/schedule.hpp"
+#include "tessel/runtime/runtime.hpp"
 
 namespace tessel {
 
@@ -62,6 +67,15 @@ struct StageCutOptions {
   // How many micro-batches' kept inputs stage s holds: GPipe all M, 1F1B and interleaved P - s
   // (at most M).
   ScheduleKind schedule = ScheduleKind::OneFOneB;
+  // Measure instead of model (Alpa profiles its stage candidates the same way): when set, each
+  // piece's forward and backward are loaded on this runtime and run on random inputs (a
+  // warm-up, then `measure_runs` timed runs of each; the median of their sums is the piece's
+  // seconds). The runtime must run the stage meshes (a ThreadRuntime of their device count, or
+  // an MpiRuntime every process of which calls choose_stage_cuts alike). What the cost model
+  // leaves out, the kernels' real rates at the piece's shapes and the runtime's overhead per
+  // instruction and per run, is then in the times. Null: priced by the cost model.
+  Runtime* runtime = nullptr;
+  int measure_runs = 5;
 };
 
 // The values a graph can be cut at with nothing else crossing: v such that every value an op
