@@ -39,6 +39,7 @@
 
 #include "tessel/compiler/checks.hpp"
 #include "tessel/runtime/backend_cost.hpp"
+#include "tessel/runtime/calibrate.hpp"
 #include "tessel/cli.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/ir/graph_text.hpp"
@@ -158,6 +159,7 @@ int run(int argc, char** argv) {
 
   auto t0 = std::chrono::steady_clock::now();
   std::optional<tessel::Graph> auto_graph;  // --layouts auto: m.graph with the chosen layouts
+  tessel::CostModel auto_cost;               // --layouts auto: the figures it planned with
   if (layouts == "auto") {
     // Under mpirun every process adopts rank 0's plan.
     // Priced with the figures of the machine it runs on (measured once per machine for CPU
@@ -165,6 +167,7 @@ int run(int argc, char** argv) {
     tessel::AutoShardOptions ao;
     const tessel::BackendCost bc = tessel::backend_cost_model(*rt, mesh);
     ao.cost = bc.cost;
+    auto_cost = bc.cost;
     const tessel::AutoShardResult r = tessel::agree_on_plan(rt, tessel::auto_shard(m.graph, mesh, ao), m.graph);
     print(fmt::format("auto_shard: {} ({:.2f} s): predicted {:.4g} ms compute + {:.4g} ms collectives per device, "
                       "priced with {}\n",
@@ -172,6 +175,34 @@ int run(int argc, char** argv) {
     auto_graph.emplace(r.annotated(m.graph));
   }
   tessel::Executable exe = tessel::compile(auto_graph ? *auto_graph : m.graph, mesh);
+  // --layouts auto: the plan's program and the Megatron layouts' priced alike (on CPU devices
+  // their kernels timed here, as the local devices run them); the faster one runs (rank 0's
+  // choice on every process).
+  double predicted_s = 0;
+  if (auto_graph) {
+    tessel::GptConfig hand_cfg = cfg;
+    hand_cfg.annotate = true;
+    const tessel::GptGraph hand = build_batch_annotated(hand_cfg, mesh);
+    tessel::Executable hand_exe = tessel::compile(hand.graph, mesh);
+    const tessel::ProgramPassOptions lowering = tessel::lowering_for(*rt, tessel::LoadOptions{}.lowering);
+    const tessel::CostModel& cost = auto_cost;
+    const tessel::ProgramPrediction pa =
+        tessel::predict_on(tessel::lower_program(exe.program(), false, lowering), cost, *rt);
+    const tessel::ProgramPrediction ph =
+        tessel::predict_on(tessel::lower_program(hand_exe.program(), false, lowering), cost, *rt);
+    print(fmt::format("auto_shard: predicted per forward{}: {}; the Megatron layouts: {}; auto / Megatron {:.2f}\n",
+                      cuda ? "" : " (kernels timed here)", pa.to_string(), ph.to_string(), pa.total() / ph.total()));
+    const std::string mine = ph.total() < pa.total() ? "hand" : "auto";
+    const std::vector<std::string> all = rt->allgather_host(mine);
+    predicted_s = pa.total();
+    if ((all.empty() ? mine : all[0]) == "hand") {
+      print(fmt::format("auto_shard: the Megatron layouts are predicted faster ({:.3f} ms against {:.3f} ms): the "
+                        "forward runs with them\n",
+                        ph.total() * 1e3, pa.total() * 1e3));
+      exe = std::move(hand_exe);
+      predicted_s = ph.total();
+    }
+  }
   double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (print_program) print(exe.program().to_string(0));
   // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
@@ -218,6 +249,10 @@ int run(int argc, char** argv) {
   fmt::print("loss (reference, 1 device)    = {:.7f}\n", ref_loss);
   fmt::print("relative difference = {:.3g} ({})\n", rel, rel <= 1e-5 ? "ok, <= 1e-5" : "FAILED, > 1e-5");
   fmt::print("forward: {:.2f} ms, {:.0f} tokens/s (best of {})\n", best * 1e3, tokens / best, iters);
+  if (predicted_s > 0)
+    fmt::print("forward against the prediction: {:.2f} ms measured (best of {}), {:.2f} ms predicted (measured / "
+               "predicted {:.2f})\n",
+               best * 1e3, iters, predicted_s * 1e3, best / predicted_s);
   fmt::print("peak bytes per device = {} ({:.2f} MiB) measured (allocator high-water), {} planned\n", peak,
              static_cast<double>(peak) / (1 << 20), planned);
   if (!trace.empty())

@@ -261,18 +261,6 @@ std::string read_corpus(const std::string& path) {
   return ss.str();
 }
 
-// The compiler's prediction of a step (tessel-explain's compute_s + comm_s): the program load()
-// runs, lowered as it lowers it, its kernels' roofline time and its collectives at `cost`.
-struct StepPrediction {
-  double compute_s = 0, comm_s = 0;
-  double total() const { return compute_s + comm_s; }
-};
-StepPrediction predict_step(const tessel::Executable& exe, const tessel::CostModel& cost,
-                            const tessel::ProgramPassOptions& lowering) {
-  const tessel::Program low = tessel::lower_program(exe.program(), false, lowering);
-  return {low.compute_seconds(cost), low.comm_seconds(cost)};
-}
-
 struct PipeFlags {
   tessel::ScheduleKind kind = tessel::ScheduleKind::OneFOneB;
   int64_t micro = 4, chunks = 1;
@@ -852,7 +840,12 @@ int run(int argc, char** argv) {
     o.auto_shard = ao;
   }
   tessel::Trainer trainer(g, m.loss, m.weights, mesh, *rt, o);
-  const tessel::Executable& exe = trainer.executable();
+  const tessel::Executable* exe_p = &trainer.executable();
+  // --auto: the hand layouts (Megatron annotations, --zero 0) of the same model, priced beside
+  // the plan; the step trains with whichever is predicted faster.
+  tessel::GptConfig hand_cfg = cfg;
+  hand_cfg.annotate = true;
+  tessel::GptGraph hand = tessel::build_gpt(hand_cfg);
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   print(fmt::format("gpt_train: batch={}{} seq={} d_model={} heads={} layers={} vocab={} params={} corpus={} bytes\n",
                     batch_rows, accumulate > 1 ? fmt::format(" ({} micro-batches of {})", accumulate, cfg.batch) : "",
@@ -869,29 +862,56 @@ int run(int argc, char** argv) {
                       memory_budget > 0 ? fmt::format("program peak {} bytes per device (within the budget of {})",
                                                       ar->program_peak_bytes, memory_budget)
                                         : fmt::format("peak about {} bytes per device", ar->peak_bytes)));
+  double predicted_step = 0;  // --auto: the plan's predicted step (printed beside the measured one)
   if (const tessel::AutoShardResult* ar = trainer.auto_shard_result()) {
     // What was chosen, in words; what it is predicted to cost against the hand layouts (the
     // Megatron annotations, --zero 0) at the same figures; and where to see every layout.
     print(fmt::format("auto_shard: strategy: {}\n", trainer.strategy_in_words()));
     print(fmt::format("auto_shard: priced with {}\n", ar->cost_source.empty() ? "the figures given" : ar->cost_source));
     const tessel::CostModel& cost = ar->cost;
-    tessel::GptConfig hand_cfg = cfg;
-    hand_cfg.annotate = true;
-    tessel::GptGraph hand = tessel::build_gpt(hand_cfg);
     tessel::TrainOptions hand_to = to;
     hand_to.zero = 0;
     hand_to.checkpoints = hand.checkpoints;
-    tessel::add_train_step(hand.graph, hand.loss, hand.weights, mesh, hand_to);
-    const tessel::Executable hand_exe = tessel::compile(hand.graph, mesh);
-    const StepPrediction pa = predict_step(exe, cost, o.load.lowering), ph = predict_step(hand_exe, cost, o.load.lowering);
-    print(fmt::format("auto_shard: predicted per step at those figures: {:.3f} ms (compute {:.3f} + collectives {:.3f}); "
-                      "the hand layouts (Megatron, --zero 0): {:.3f} ms (compute {:.3f} + collectives {:.3f}); auto / "
-                      "hand {:.2f}\n",
-                      pa.total() * 1e3, pa.compute_s * 1e3, pa.comm_s * 1e3, ph.total() * 1e3, ph.compute_s * 1e3,
-                      ph.comm_s * 1e3, pa.total() / ph.total()));
+    tessel::Graph hand_step = hand.graph.clone();
+    tessel::add_train_step(hand_step, hand_step.tensor(hand.loss.id), [&] {
+      std::vector<tessel::Tensor> w;
+      for (const tessel::Tensor& t : hand.weights) w.push_back(hand_step.tensor(t.id));
+      return w;
+    }(), mesh, [&] {
+      tessel::TrainOptions x = hand_to;
+      for (tessel::Tensor& c : x.checkpoints) c = hand_step.tensor(c.id);
+      return x;
+    }());
+    const tessel::Executable hand_exe = tessel::compile(hand_step, mesh);
+    const tessel::Program hand_low =
+        tessel::lower_program(hand_exe.program(), false, tessel::lowering_for(*rt, o.load.lowering));
+    // Each program's kernels timed here as the local devices run them (CPU), else the roofline.
+    const tessel::ProgramPrediction pa = tessel::predict_on(trainer.program().program(), cost, *rt),
+                                    ph = tessel::predict_on(hand_low, cost, *rt);
+    predicted_step = pa.total();
+    print(fmt::format("auto_shard: predicted per step at those figures{}: {}; the hand layouts (Megatron, --zero 0): {}; "
+                      "auto / hand {:.2f}\n",
+                      cuda ? "" : " (kernels timed here)", pa.to_string(), ph.to_string(), pa.total() / ph.total()));
+    // The plan must beat the hand layouts by the same prediction, else the hand layouts train
+    // (rank 0's choice on every process: the kernels' times differ from process to process).
+    // With --accumulate the step runs other programs too: the plan is kept.
+    const std::string mine = accumulate == 1 && ph.total() < pa.total() ? "hand" : "auto";
+    const std::vector<std::string> all = rt->allgather_host(mine);
+    if ((all.empty() ? mine : all[0]) == "hand") {
+      tessel::TrainerOptions ho = o;
+      ho.auto_shard.reset();
+      ho.train = hand_to;
+      trainer = tessel::Trainer(hand.graph, hand.loss, hand.weights, mesh, *rt, ho);
+      exe_p = &trainer.executable();
+      predicted_step = ph.total();
+      print(fmt::format("auto_shard: the hand layouts are predicted faster ({:.3f} ms against {:.3f} ms): the step "
+                        "trains with them\n",
+                        ph.total() * 1e3, pa.total() * 1e3));
+    }
     print("auto_shard: every layout: add --write-graph FILE (the step's graph with its layouts, for tessel-explain "
           "FILE)\n");
   }
+  const tessel::Executable& exe = *exe_p;
   if (!write_graph.empty()) {
     tessel::Graph step_graph = exe.graph().clone();
     step_graph.mesh = mesh;  // so tessel-explain FILE needs no --mesh
@@ -1018,10 +1038,15 @@ int run(int argc, char** argv) {
   if (reference)
     fmt::print("largest relative difference from one device: {:.2e} ({})\n", worst,
                worst <= tolerance ? fmt::format("ok, <= {}", tolerance) : fmt::format("FAILED, > {}", tolerance));
-  if (steps - start > 1)
-    fmt::print("step time: {:.2f} ms mean over steps {}..{} ({:.0f} tokens/s)\n",
-               total_s * 1e3 / static_cast<double>(steps - start - 1), start + 2, steps,
+  if (steps - start > 1) {
+    const double mean_s = total_s / static_cast<double>(steps - start - 1);
+    fmt::print("step time: {:.2f} ms mean over steps {}..{} ({:.0f} tokens/s)\n", mean_s * 1e3, start + 2, steps,
                static_cast<double>(batch_rows * cfg.seq * (steps - start - 1)) / total_s);
+    if (predicted_step > 0)
+      fmt::print("step time against the prediction: {:.2f} ms measured, {:.2f} ms predicted (measured / predicted "
+                 "{:.2f})\n",
+                 mean_s * 1e3, predicted_step * 1e3, mean_s / predicted_step);
+  }
   fmt::print("peak bytes per device: {} measured (allocator high-water), {} planned (arena {} + inputs {} + outputs {} "
              "- written into donated inputs {}){}\n",
              peak, trainer.planned_peak_bytes(), mem.arena_bytes, mem.input_bytes, mem.output_bytes, mem.donated_bytes,

@@ -54,6 +54,8 @@ void CostModel::validate() const {
   positive("memory_bandwidth", memory_bandwidth);
   if (!std::isfinite(dispatch_s) || dispatch_s < 0)
     throw Error(fmt::format("cost model: dispatch_s must be a finite number >= 0 seconds, got {}", dispatch_s));
+  if (!std::isfinite(run_s) || run_s < 0)
+    throw Error(fmt::format("cost model: run_s must be a finite number >= 0 seconds, got {}", run_s));
   if (!std::isfinite(compute_sharing) || compute_sharing < 1)
     throw Error(fmt::format("cost model: compute_sharing must be a finite number >= 1 (device programs per "
                             "device's worth of compute), got {}", compute_sharing));
@@ -157,7 +159,7 @@ bool operator==(const LinkSpec& a, const LinkSpec& b) { return a.alpha_s == b.al
 
 bool operator==(const CostModel& a, const CostModel& b) {
   return a.flops_per_s == b.flops_per_s && a.memory_bandwidth == b.memory_bandwidth &&
-         a.default_link == b.default_link && a.links == b.links && a.dispatch_s == b.dispatch_s &&
+         a.default_link == b.default_link && a.links == b.links && a.dispatch_s == b.dispatch_s && a.run_s == b.run_s &&
          a.compute_sharing == b.compute_sharing;
 }
 

@@ -5,14 +5,24 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <exception>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "tessel/compiler/compiled_program.hpp"
+#include "tessel/ops/builders.hpp"
+#include "tessel/ops/registry.hpp"
 #include "tessel/runtime/backend.hpp"
 #include "tessel/runtime/cpu/cpu_kernels.hpp"
+#include "tessel/runtime/kernels.hpp"
+#include "tessel/runtime/loaded_executable.hpp"
 #include "tessel/runtime/tensor.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 
@@ -196,6 +206,229 @@ ComputeCalibration calibrate_compute(const CalibrationOptions& o) {
   return c;
 }
 
+DispatchCalibration calibrate_dispatch(Runtime& rt, const Mesh& mesh, const CalibrationOptions& o) {
+  if (o.iterations < 1 || o.warmup < 0)
+    throw RuntimeError(fmt::format("calibrate_dispatch: iterations ({}) must be >= 1 and warmup ({}) >= 0",
+                                   o.iterations, o.warmup));
+  DispatchCalibration c;
+  // A chain of n kernels on 16 floats, replicated (every device runs all of it), unfused.
+  auto time_chain = [&](int64_t n) {
+    Graph g;
+    Tensor x = input(g, "x", DType::f32, {16});
+    Tensor y = x;
+    for (int64_t k = 0; k < n; ++k) y = k % 2 ? add(y, x) : mul(y, x);
+    g.mark_output(y);
+    LoadOptions lo;
+    lo.lowering.fuse_elementwise = false;
+    LoadedExecutable le = load(compile_program(g, mesh), rt, lo);
+    HostTensor ones(DType::f32, {16});
+    for (int64_t i = 0; i < 16; ++i) ones.as<float>()[i] = 1.0f;
+    const std::vector<ShardedArray> in = le.to_device(std::vector<HostTensor>{ones});
+    std::vector<double> t;
+    for (int k = 0; k < o.warmup + o.iterations; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      le.run(in);
+      if (k >= o.warmup) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return median(std::move(t));
+  };
+  c.short_seconds = time_chain(c.short_chain);
+  c.long_seconds = time_chain(c.long_chain);
+  c.per_instruction_s =
+      std::max(0.0, (c.long_seconds - c.short_seconds) / static_cast<double>(c.long_chain - c.short_chain));
+  c.per_run_s = std::max(0.0, c.short_seconds - static_cast<double>(c.short_chain) * c.per_instruction_s);
+  return c;
+}
+
+namespace {
+
+// A made-up operand: floats in [0.5, 1) (no log or square root of a negative, no denormal),
+// integers 0 (an index in range of any table).
+HostTensor made_up(DType dtype, const Shape& shape, uint64_t seed) {
+  HostTensor t(dtype, shape);
+  const bool is_float = dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    t.set(i, is_float ? 0.5 + 0.5 * static_cast<double>(x >> 11) / static_cast<double>(1ull << 53) : 0.0);
+  }
+  return t;
+}
+
+}  // namespace
+
+KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const CalibrationOptions& o) {
+  if (o.iterations < 1 || o.warmup < 0)
+    throw RuntimeError(fmt::format("time_kernels: iterations ({}) must be >= 1 and warmup ({}) >= 0", o.iterations,
+                                   o.warmup));
+  if (devices_at_once < 1)
+    throw RuntimeError(fmt::format("time_kernels: devices_at_once {} (give at least 1)", devices_at_once));
+  KernelTimes out;
+  out.devices = devices_at_once;
+  out.seconds.assign(p.instrs.size(), 0.0);
+  out.timed.assign(p.instrs.size(), false);
+  const std::size_t nv = p.values.size();
+  // One device's memory: the arena and host pool of the plan, a buffer of its own for every
+  // value outside them (inputs, outputs), the inputs made up; each kernel's arguments over it.
+  struct Device {
+    std::vector<char> arena, host_pool;
+    std::deque<HostTensor> own;
+    std::vector<void*> at;
+    std::vector<std::pair<std::size_t, KernelArgs>> kernels;  // (instruction, args)
+  };
+  std::vector<Device> devs(static_cast<std::size_t>(devices_at_once));
+  for (Device& d : devs) {
+    d.arena.assign(static_cast<std::size_t>(std::max<int64_t>(p.memory.arena_bytes, 1)), 0);
+    d.host_pool.assign(static_cast<std::size_t>(std::max<int64_t>(p.memory.host_bytes, 1)), 0);
+    d.at.assign(nv, nullptr);
+    for (std::size_t v = 0; v < nv; ++v) {
+      const LocalValue& lv = p.values[v];
+      // Integer values (token ids, labels, indices) keep a buffer of zeros of their own: the
+      // copies and collectives that would write them into the arena do not run, and a kernel's
+      // floats there are no index.
+      if (v < p.memory.offset.size() && p.memory.offset[v] >= 0 && lv.dtype != DType::i32) {
+        d.at[v] = (lv.host ? d.host_pool.data() : d.arena.data()) + p.memory.offset[v];
+      } else {
+        d.own.push_back(made_up(lv.dtype, lv.shape, v + 1));
+        d.at[v] = d.own.back().data();
+      }
+    }
+    for (std::size_t i = 0; i < p.instrs.size(); ++i) {
+      const Instr& in = p.instrs[i];
+      if (in.kind != InstrKind::Kernel) continue;
+      KernelArgs a = kernel_args_of(p, i, 0);
+      for (std::size_t k = 0; k < in.in.size(); ++k) a.in[k] = d.at[static_cast<std::size_t>(in.in[k])];
+      a.out = d.at[static_cast<std::size_t>(in.out)];
+      for (std::size_t k = 0; k < in.extra_out.size(); ++k) a.extra_out[k] = d.at[static_cast<std::size_t>(in.extra_out[k])];
+      a.num_threads = 1;
+      d.kernels.emplace_back(i, std::move(a));
+    }
+  }
+  // What fails on made-up values is left out (named): found in a first pass on device 0
+  // alone, or later on any device (a value a kernel made from made-up ones).
+  std::unique_ptr<std::atomic<bool>[]> runs(new std::atomic<bool>[p.instrs.size()]);
+  for (std::size_t i = 0; i < p.instrs.size(); ++i) runs[i] = false;
+  std::mutex fail_mu;
+  auto failed = [&](std::size_t i, const char* why) {
+    std::lock_guard<std::mutex> l(fail_mu);
+    if (runs[i].exchange(false) || std::none_of(out.untimed.begin(), out.untimed.end(), [&](const std::string& u) {
+          return u.rfind(fmt::format("instruction #{} ", i), 0) == 0;
+        }))
+      out.untimed.push_back(fmt::format("instruction #{} ({}): {}", i, op_name(p.instrs[i].op), why));
+  };
+  for (const auto& [i, a] : devs[0].kernels) {
+    ++out.kernels;
+    try {
+      run_cpu_kernel(a);
+      runs[i] = true;
+    } catch (const std::exception& e) {
+      failed(i, e.what());
+    }
+  }
+  // The passes: every device's thread runs its kernels in program order, all starting together.
+  const int passes = o.warmup + o.iterations;
+  std::vector<std::vector<double>> pass_s(devs.size(), std::vector<double>(static_cast<std::size_t>(passes), 0.0));
+  std::vector<std::vector<double>> instr_s(p.instrs.size());
+  std::mutex mu;
+  std::condition_variable cv;
+  int ready = 0, generation = 0;
+  auto body = [&](std::size_t t) {
+    Device& d = devs[t];
+    for (int r = 0; r < passes; ++r) {
+      {
+        std::unique_lock<std::mutex> l(mu);
+        if (++ready == static_cast<int>(devs.size())) {
+          ready = 0;
+          ++generation;
+          cv.notify_all();
+        } else {
+          const int g = generation;
+          cv.wait(l, [&] { return generation != g; });
+        }
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const auto& [i, a] : d.kernels) {
+        if (!runs[i]) continue;
+        const auto k0 = std::chrono::steady_clock::now();
+        try {
+          run_cpu_kernel(a);
+        } catch (const std::exception& e) {
+          failed(i, e.what());
+          continue;
+        }
+        if (t == 0 && r >= o.warmup)
+          instr_s[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - k0).count());
+      }
+      pass_s[t][static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t t = 1; t < devs.size(); ++t) threads.emplace_back(body, t);
+  body(0);
+  for (std::thread& th : threads) th.join();
+  std::vector<double> worst;
+  for (int r = o.warmup; r < passes; ++r) {
+    double w = 0;
+    for (const auto& ps : pass_s) w = std::max(w, ps[static_cast<std::size_t>(r)]);
+    worst.push_back(w);
+  }
+  out.sequence_s = median(std::move(worst));
+  for (std::size_t i = 0; i < p.instrs.size(); ++i)
+    if (runs[i] && instr_s[i].size() == static_cast<std::size_t>(o.iterations)) {
+      out.seconds[i] = median(instr_s[i]);
+      out.timed[i] = true;
+    }
+  return out;
+}
+
+std::string ProgramPrediction::to_string() const {
+  return fmt::format("{:.3f} ms (compute {:.3f}{} + collectives {:.3f} + dispatch {:.3f} + run {:.3f})", total() * 1e3,
+                     compute_s * 1e3,
+                     !timed ? " [roofline]"
+                            : untimed.empty() ? " [timed kernels]"
+                                              : fmt::format(" [timed kernels; {} of {} by the roofline: they do not run on "
+                                                            "made-up inputs]",
+                                                            untimed.size(), kernels),
+                     comm_s * 1e3, dispatch_s * 1e3, run_s * 1e3);
+}
+
+ProgramPrediction predict_program(const Program& p, const CostModel& cost, const KernelTimes* timed) {
+  if (timed && timed->seconds.size() != p.instrs.size())
+    throw Error(fmt::format("predict_program: kernel times for {} instructions, the program has {} (time the program "
+                            "itself: time_kernels)",
+                            timed->seconds.size(), p.instrs.size()));
+  ProgramPrediction out;
+  out.timed = timed != nullptr;
+  // Timed: the pass over the kernels as the devices ran it together (the cores' sharing in it),
+  // and the roofline of the kernels it could not run and of the copies; else the roofline of all.
+  if (timed) out.compute_s = timed->sequence_s;
+  for (std::size_t i = 0; i < p.instrs.size(); ++i) {
+    const Instr& in = p.instrs[i];
+    if (in.kind != InstrKind::Kernel && in.kind != InstrKind::Copy) continue;
+    if (timed && in.kind == InstrKind::Kernel && timed->timed[i]) continue;
+    double bytes = 0;
+    for (int v : in.defs()) bytes += static_cast<double>(p.values[static_cast<std::size_t>(v)].bytes());
+    for (int v : in.in) bytes += static_cast<double>(p.values[static_cast<std::size_t>(v)].bytes());
+    out.compute_s += cost.op_seconds(in.kind == InstrKind::Kernel ? in.flops : 0.0, bytes);
+  }
+  out.comm_s = p.comm_seconds(cost);
+  out.dispatch_s = p.dispatch_seconds(cost);
+  out.run_s = cost.run_s;
+  return out;
+}
+
+ProgramPrediction predict_on(const Program& lowered, const CostModel& cost, Runtime& runtime) {
+  const std::string name = runtime.name();
+  if (name != "threads" && name != "mpi") return predict_program(lowered, cost);
+  const KernelTimes kt = time_kernels(lowered, static_cast<int64_t>(runtime.devices_for(lowered.mesh).size()));
+  ProgramPrediction out = predict_program(lowered, cost, &kt);
+  out.untimed = kt.untimed;
+  out.kernels = kt.kernels;
+  return out;
+}
+
 CostModel measured_cost_model(Runtime& runtime, const Mesh& mesh, const CalibrationOptions& options) {
   CostModel cost;
   cost.links = calibrate_links(runtime, mesh, options).links();
@@ -204,7 +437,11 @@ CostModel measured_cost_model(Runtime& runtime, const Mesh& mesh, const Calibrat
   cost.memory_bandwidth = c.memory_bandwidth;
   const int64_t local = mesh.num_devices() / std::max(1, runtime.process_count());
   cost.compute_sharing = compute_sharing(local, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  const DispatchCalibration d = calibrate_dispatch(runtime, mesh, options);
+  cost.dispatch_s = d.per_instruction_s / cost.compute_sharing;
+  cost.run_s = d.per_run_s;
   return cost;
 }
 
 }  // namespace tessel
+

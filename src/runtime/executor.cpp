@@ -22,6 +22,45 @@
 #include "tessel/passes/program_passes.hpp"
 
 namespace tessel {
+
+KernelArgs kernel_args_of(const Program& p, std::size_t i, int64_t pos) {
+  const Instr& in = p.instrs.at(i);
+  if (in.kind != InstrKind::Kernel)
+    throw Error(fmt::format("kernel_args_of: instruction #{} ({}) is not a kernel", i, op_name(in.op)));
+  KernelArgs a;
+  a.kind = in.op;
+  a.attrs = &in.attrs;
+  // Kernels that read positions (OpDef::needs_offsets) get their blocks' global offsets and the
+  // global shapes.
+  const bool needs_offsets = op_def(in.op).needs_offsets;
+  for (int v : in.in) {
+    const LocalValue& lv = p.values[static_cast<std::size_t>(v)];
+    a.in.push_back(nullptr);
+    a.in_shapes.push_back(lv.shape);
+    a.in_dtypes.push_back(lv.dtype);
+    if (needs_offsets) {
+      a.in_offsets.push_back(lv.sharding.local_offset(p.mesh, lv.global_shape, pos));
+      a.in_global_shapes.push_back(lv.global_shape);
+    } else {
+      a.in_offsets.emplace_back();
+    }
+  }
+  const LocalValue& o = p.values[static_cast<std::size_t>(in.out)];
+  a.out_shape = o.shape;
+  a.out_dtype = o.dtype;
+  for (int e : in.extra_out) {
+    const LocalValue& ev = p.values[static_cast<std::size_t>(e)];
+    a.extra_out.push_back(nullptr);
+    a.extra_out_shapes.push_back(ev.shape);
+    a.extra_out_dtypes.push_back(ev.dtype);
+  }
+  if (needs_offsets) {
+    a.out_offset = o.sharding.local_offset(p.mesh, o.global_shape, pos);
+    a.out_global_shape = o.global_shape;
+  }
+  return a;
+}
+
 namespace {
 
 // Product of the dims before `d`: 1 means the dim is "leading" and its blocks are
@@ -244,36 +283,7 @@ DeviceExecutor::DeviceExecutor(const Program& program, int64_t position, DeviceC
     switch (in.kind) {
       case InstrKind::Kernel: {
         KernelArgs& a = kernel_args_[i];
-        a.kind = in.op;
-        a.attrs = &in.attrs;
-        // Kernels that read positions (OpDef::needs_offsets) get their blocks' global offsets
-        // and the global shapes.
-        const bool needs_offsets = op_def(in.op).needs_offsets;
-        for (int v : in.in) {
-          const LocalValue& lv = p_.values[static_cast<std::size_t>(v)];
-          a.in.push_back(nullptr);
-          a.in_shapes.push_back(lv.shape);
-          a.in_dtypes.push_back(lv.dtype);
-          if (needs_offsets) {
-            a.in_offsets.push_back(lv.sharding.local_offset(p_.mesh, lv.global_shape, pos_));
-            a.in_global_shapes.push_back(lv.global_shape);
-          } else {
-            a.in_offsets.emplace_back();
-          }
-        }
-        const LocalValue& o = p_.values[static_cast<std::size_t>(in.out)];
-        a.out_shape = o.shape;
-        a.out_dtype = o.dtype;
-        for (int e : in.extra_out) {
-          const LocalValue& ev = p_.values[static_cast<std::size_t>(e)];
-          a.extra_out.push_back(nullptr);
-          a.extra_out_shapes.push_back(ev.shape);
-          a.extra_out_dtypes.push_back(ev.dtype);
-        }
-        if (needs_offsets) {
-          a.out_offset = o.sharding.local_offset(p_.mesh, o.global_shape, pos_);
-          a.out_global_shape = o.global_shape;
-        }
+        a = kernel_args_of(p_, i, pos_);
         // Load does the expensive once-per-shape work now (the CPU backend: oneDNN
         // primitives), not the first run.
         try {

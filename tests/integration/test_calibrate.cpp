@@ -10,12 +10,17 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "tessel/compiler/compiled_program.hpp"
 #include "tessel/core/cost.hpp"
+#include "tessel/ops/builders.hpp"
+#include "tessel/passes/program_passes.hpp"
 #include "tessel/runtime/backend_cost.hpp"
 #include "tessel/runtime/calibrate.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
@@ -124,6 +129,9 @@ TEST_CASE("calibrate_compute and measured_cost_model: this host's figures in the
   CHECK(cm.flops_per_s > 0);
   CHECK(cm.memory_bandwidth > 0);
   CHECK(cm.compute_sharing == Approx(compute_sharing(4, static_cast<int64_t>(std::thread::hardware_concurrency()))));
+  CHECK(cm.dispatch_s >= 0);  // calibrate_dispatch's, per instruction over the sharing
+  CHECK(cm.run_s > 0);
+  CHECK_NOTHROW(cm.validate());
   o.iterations = 0;
   CHECK_THROWS_WITH(calibrate_compute(o), Catch::Contains("iterations"));
 }
@@ -163,6 +171,23 @@ TEST_CASE("backend_cost_model: CPU devices are measured once and then read from 
   const Mesh other = Mesh::parse("data=4");
   CHECK(backend_cost_model(rt, other, o).measured_now);
   // A damaged file is measured again and replaced.
+  // The figures a plan prices dispatch and runs with are kept too.
+  CHECK(second.cost.dispatch_s == first.cost.dispatch_s);
+  CHECK(second.cost.run_s == first.cost.run_s);
+  CHECK(first.cost.run_s > 0);
+  // A file of the first format (no dispatch_s, run_s) is measured again.
+  {
+    std::ifstream in(first.cache_file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string old;
+    std::istringstream lines(text);
+    for (std::string l; std::getline(lines, l);)
+      if (l.rfind("dispatch_s=", 0) != 0 && l.rfind("run_s=", 0) != 0) old += l + "\n";
+    std::ofstream(first.cache_file) << old;
+  }
+  const BackendCost refreshed = backend_cost_model(rt, mesh, o);
+  CHECK(refreshed.measured_now);
+  CHECK_THAT(refreshed.source, Catch::Contains("dispatch_s or run_s is missing"));
   { std::ofstream(first.cache_file) << "# tessel cost model v1\nflops_per_s=banana\n"; }
   const BackendCost third = backend_cost_model(rt, mesh, o);
   CHECK(third.measured_now);
@@ -201,4 +226,71 @@ TEST_CASE("backend_cost_model: the cache directory follows TESSEL_CACHE_DIR then
   for (std::size_t i = 0; i < 3; ++i)
     if (saved[i]) ::setenv(keep[i], saved[i]->c_str(), 1);
   CHECK_THAT(machine_description(), Catch::Contains("hardware threads, host "));
+}
+
+TEST_CASE("calibrate_dispatch: the runtime's cost per instruction and per run", "[calibrate][runtime]") {
+  const Mesh mesh = Mesh::parse("data=2");
+  ThreadRuntime rt(mesh.num_devices());
+  CalibrationOptions o;
+  o.iterations = 5;
+  o.warmup = 1;
+  const DispatchCalibration d = calibrate_dispatch(rt, mesh, o);
+  CHECK(d.short_seconds > 0);
+  CHECK(d.long_seconds > 0);
+  CHECK(d.per_instruction_s >= 0);
+  CHECK(d.per_run_s >= 0);
+  // The fit: the short chain's time is its run plus its instructions (when the long one took longer).
+  if (d.long_seconds > d.short_seconds)
+    CHECK(d.per_run_s + static_cast<double>(d.short_chain) * d.per_instruction_s == Approx(d.short_seconds));
+  o.iterations = 0;
+  CHECK_THROWS_WITH(calibrate_dispatch(rt, mesh, o), Catch::Contains("iterations"));
+}
+
+TEST_CASE("time_kernels and predict_program: a program's kernels timed as its devices run them", "[calibrate][runtime]") {
+  // A small MLP step on data=2: products, a gelu, a loss; every kernel runs on made-up inputs.
+  Graph g;
+  Tensor x = input(g, "x", DType::f32, {32, 64});
+  Tensor w1 = input(g, "w1", DType::f32, {64, 256});
+  Tensor w2 = input(g, "w2", DType::f32, {256, 64});
+  Tensor y = einsum("bf,fd->bd", gelu(einsum("bd,df->bf", x, w1)), w2);
+  g.mark_output(reduce_sum(mul(y, y), {0, 1}));
+  g.annotate(x, Sharding::parse("[{data}, {}]"));
+  const Mesh mesh = Mesh::parse("data=2");
+  const Program low = lower_program(compile_program(g, mesh).program);
+  CalibrationOptions o;
+  o.iterations = 5;
+  o.warmup = 1;
+  const KernelTimes one = time_kernels(low, 1, o), two = time_kernels(low, 2, o);
+  int64_t kernels = 0;
+  for (const Instr& in : low.instrs) kernels += in.kind == InstrKind::Kernel;
+  CHECK(one.kernels == kernels);
+  CHECK(one.untimed.empty());
+  CHECK(one.sequence_s > 0);
+  CHECK(two.devices == 2);
+  for (std::size_t i = 0; i < low.instrs.size(); ++i) {
+    CHECK(one.timed[i] == (low.instrs[i].kind == InstrKind::Kernel));
+    if (one.timed[i]) CHECK(one.seconds[i] > 0);
+  }
+  // The prediction adds the terms; timed, its compute is the devices' pass over the kernels.
+  CostModel cost;
+  cost.run_s = 1e-4;
+  const ProgramPrediction p = predict_program(low, cost, &one);
+  CHECK(p.timed);
+  CHECK(p.compute_s >= one.sequence_s);
+  CHECK(p.comm_s == Approx(low.comm_seconds(cost)));
+  CHECK(p.dispatch_s == Approx(low.dispatch_seconds(cost)));
+  CHECK(p.run_s == 1e-4);
+  CHECK(p.total() == Approx(p.compute_s + p.comm_s + p.dispatch_s + p.run_s));
+  CHECK_THAT(p.to_string(), Catch::Contains("[timed kernels]"));
+  const ProgramPrediction roof = predict_program(low, cost);
+  CHECK(!roof.timed);
+  CHECK_THAT(roof.to_string(), Catch::Contains("[roofline]"));
+  // predict_on a thread runtime times the kernels on its local devices.
+  ThreadRuntime rt(2);
+  CHECK(predict_on(low, cost, rt).timed);
+  // Kernel times of another program are refused.
+  KernelTimes wrong = one;
+  wrong.seconds.pop_back();
+  CHECK_THROWS_WITH(predict_program(low, cost, &wrong), Catch::Contains("time the program itself"));
+  CHECK_THROWS_WITH(time_kernels(low, 0, o), Catch::Contains("devices_at_once 0"));
 }

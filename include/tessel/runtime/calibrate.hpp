@@ -76,9 +76,72 @@ struct ComputeCalibration {
 };
 ComputeCalibration calibrate_compute(const CalibrationOptions& options = {});
 
+// What a runtime pays per instruction and per run beyond the kernels' own time, measured by
+// running programs on every device at once: a chain of `long_chain` tiny f32 kernels (no
+// fusion) against one of `short_chain`, each run `iterations` times after `warmup` (medians).
+//   per_instruction_s = (t_long - t_short) / (long_chain - short_chain): the hand-off, the
+//                       events, the kernel's own call on a few floats — with every local
+//                       device's thread sharing the cores, as a step has them;
+//   per_run_s         = t_short - short_chain · per_instruction_s: a run's start and end (the
+//                       inputs' bookkeeping, the devices' start and join).
+// CostModel::dispatch_s is per_instruction_s over the mesh's compute_sharing (dispatch_seconds()
+// multiplies it back), CostModel::run_s is per_run_s. Collective over an MpiRuntime's processes.
+struct DispatchCalibration {
+  int64_t short_chain = 8, long_chain = 136;
+  double short_seconds = 0, long_seconds = 0;
+  double per_instruction_s = 0, per_run_s = 0;
+};
+DispatchCalibration calibrate_dispatch(Runtime& runtime, const Mesh& mesh, const CalibrationOptions& options = {});
+
+// The kernels of a lowered program (what load() runs) timed as the devices run them, on this
+// host's CPU kernels: `devices_at_once` threads (the local devices of the mesh) each run every
+// kernel instruction in program order over a memory laid out by the program's plan (its arena
+// and host pool; inputs, outputs and integer values apart, made up: floats in [0.5, 1),
+// integers 0), all
+// starting together, `warmup` untimed passes then `iterations` timed ones. The kernels' real
+// rates at the program's local shapes (which the cost model's roofline does not know: a small
+// product, a layer norm's backward, an attention at a short sequence run far below the machine's
+// peak), their caches as the program leaves them, and the cores' sharing between devices are
+// then in the times. Collectives and copies are not run (their outputs keep made-up values). A
+// kernel that fails on made-up values is left out and named in `untimed` (predict_program
+// prices it by its roofline).
+struct KernelTimes {
+  int64_t devices = 1;               // threads that ran the kernels at once
+  std::vector<double> seconds;       // per instruction: device 0's median seconds in the passes (0: not timed)
+  std::vector<bool> timed;           // per instruction: a kernel that was timed
+  double sequence_s = 0;             // the median over the passes of the slowest device's pass
+  int64_t kernels = 0;               // kernel instructions
+  std::vector<std::string> untimed;  // "instruction #i (op): why" per kernel that could not run
+};
+KernelTimes time_kernels(const Program& program, int64_t devices_at_once = 1, const CalibrationOptions& options = {});
+
+// One device's step time of a lowered program, term by term, at `cost`:
+//   compute   the kernels: timed (KernelTimes::sequence_s, when given: the sharing of cores
+//             is in it) or their roofline (times cost.compute_sharing), and the copies' roofline;
+//   comm      every collective at the links (Program::comm_seconds(cost));
+//   dispatch  cost.dispatch_seconds() per kernel, copy and collective;
+//   run       cost.run_s, once.
+// Terms add: the collectives are counted as if none overlapped (the CPU runtime runs a program's
+// small collectives on the device thread itself).
+struct ProgramPrediction {
+  double compute_s = 0, comm_s = 0, dispatch_s = 0, run_s = 0;
+  bool timed = false;  // compute from timed kernels
+  std::vector<std::string> untimed;  // predict_on: the kernels priced by the roofline (KernelTimes::untimed)
+  int64_t kernels = 0;               // predict_on: the kernel instructions
+  double total() const { return compute_s + comm_s + dispatch_s + run_s; }
+  // "4.12 ms (compute 3.01 [timed kernels] + collectives 0.55 + dispatch 0.31 + run 0.25)"
+  std::string to_string() const;
+};
+ProgramPrediction predict_program(const Program& lowered, const CostModel& cost, const KernelTimes* timed = nullptr);
+// predict_program on the machine at hand: on a CPU runtime ("threads", "mpi") the kernels timed
+// as its local devices run them (time_kernels over runtime.devices_for(lowered.mesh)), else (CUDA)
+// their roofline at `cost`. Not collective: each process times its own (a plan every process
+// must agree on takes one process's figures).
+ProgramPrediction predict_on(const Program& lowered, const CostModel& cost, Runtime& runtime);
+
 // A cost model of `mesh` on `runtime` as measured here: calibrate_links for the links,
-// calibrate_compute for the compute (on CPU runtimes), and compute_sharing for the mesh's
-// local devices on this host's hardware threads. What automatic sharding should plan with on
+// calibrate_compute for the compute (on CPU runtimes), compute_sharing for the mesh's local
+// devices on this host's hardware threads, and calibrate_dispatch for dispatch_s and run_s. What automatic sharding should plan with on
 // CPU devices, where the default (H100) figures price compute and collectives in other ratios
 // (docs/auto-sharding.md).
 CostModel measured_cost_model(Runtime& runtime, const Mesh& mesh, const CalibrationOptions& options = {});

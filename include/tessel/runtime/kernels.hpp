@@ -14,6 +14,7 @@
 
 #include "tessel/core/common.hpp"
 #include "tessel/ir/graph.hpp"
+#include "tessel/ir/program.hpp"
 #include "tessel/runtime/kernel_table.hpp"
 
 namespace tessel {
@@ -53,5 +54,12 @@ struct KernelArgs {
 // does not fit the args.
 KernelArgs fused_einsum_product_args(const KernelArgs& a);
 KernelArgs fused_einsum_epilogue_args(const KernelArgs& a, OpAttrs& attrs);
+
+// The arguments of kernel instruction `instr` of `program` as the device at mesh `position` runs
+// it: kind, attrs (pointing into the program), local shapes and dtypes, and for ops that read
+// positions (OpDef::needs_offsets) the blocks' global offsets and shapes. The data pointers are
+// null (the executor and the kernel timer fill them). Throws Error when the instruction is not a
+// kernel.
+KernelArgs kernel_args_of(const Program& program, std::size_t instr, int64_t position);
 
 }  // namespace tessel

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Automatic layouts against the hand layouts on CPU devices, measured side by side (issue 40 item 4).
+
+For each mesh, `rounds` rounds, each running in turn (so both see the same load):
+  build/bin/gpt_train --mesh M --steps S --no-reference --out ''           (hand: Megatron, --zero 0)
+  build/bin/gpt_train --mesh M --auto --steps S --no-reference --out ''    (auto; prints its prediction)
+  build/bin/gpt --mesh M --layouts megatron --iters I
+  build/bin/gpt --mesh M --layouts auto --iters I                          (prints its prediction)
+Every command's whole output goes to OUT/raw/<tool>-<mesh>-<layouts>-r<k>.txt; OUT/runs.csv has one
+row per run: tool, mesh, layouts, round, measured_ms (gpt_train's "step time" mean, gpt's best
+forward), predicted_ms and the layouts that ran (auto's "hand layouts are predicted faster" line
+says the hand ones did), each with the raw file. OUT/summary.csv has per tool and mesh the medians
+of auto and hand over the rounds, auto/hand, and the median measured/predicted of the auto runs.
+
+usage: bench/autoshard/auto_vs_hand.py OUT [--rounds 5] [--steps 30] [--iters 20] [--meshes data=2,model=2 data=4 model=4]
+"""
+import argparse
+import csv
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run(cmd, path):
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    with open(path, "w") as f:
+        f.write("$ " + " ".join(cmd if all(c for c in cmd) else [c if c else "''" for c in cmd]) + "\n")
+        f.write(p.stdout)
+        f.write(p.stderr)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}); see {path}")
+    return p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--meshes", nargs="+", default=["data=2,model=2", "data=4", "model=4"])
+    a = ap.parse_args()
+    raw = os.path.join(a.out, "raw")
+    os.makedirs(raw, exist_ok=True)
+    rows = []
+    for mesh in a.meshes:
+        for k in range(1, a.rounds + 1):
+            for tool, layouts in (("gpt_train", "hand"), ("gpt_train", "auto"), ("gpt", "megatron"), ("gpt", "auto")):
+                if tool == "gpt_train":
+                    cmd = ["build/bin/gpt_train", "--mesh", mesh] + (["--auto"] if layouts == "auto" else []) + [
+                        "--steps", str(a.steps), "--no-reference", "--out", ""]
+                else:
+                    cmd = ["build/bin/gpt", "--mesh", mesh, "--layouts", layouts, "--iters", str(a.iters)]
+                name = f"{tool}-{mesh.replace(',', '_')}-{layouts}-r{k}.txt"
+                text = run(cmd, os.path.join(raw, name))
+                if tool == "gpt_train":
+                    measured = float(re.search(r"^step time: ([0-9.]+) ms", text, re.M).group(1))
+                else:
+                    measured = float(re.search(r"^forward: ([0-9.]+) ms", text, re.M).group(1))
+                m = re.search(r"([0-9.]+) ms predicted", text)
+                predicted = float(m.group(1)) if m else ""
+                ran = layouts
+                if layouts == "auto" and re.search(r"layouts are predicted faster", text):
+                    ran = "hand (predicted faster)"
+                rows.append(dict(tool=tool, mesh=mesh, layouts=layouts, round=k, measured_ms=measured,
+                                 predicted_ms=predicted, ran=ran, raw="raw/" + name))
+    with open(os.path.join(a.out, "runs.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    with open(os.path.join(a.out, "summary.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["tool", "mesh", "auto_median_ms", "hand_median_ms", "auto_over_hand", "auto_measured_over_predicted",
+                    "auto_ran_hand_rounds"])
+        for tool in ("gpt_train", "gpt"):
+            for mesh in a.meshes:
+                auto = [r for r in rows if r["tool"] == tool and r["mesh"] == mesh and r["layouts"] == "auto"]
+                hand = [r for r in rows if r["tool"] == tool and r["mesh"] == mesh and r["layouts"] != "auto"]
+                am = statistics.median(r["measured_ms"] for r in auto)
+                hm = statistics.median(r["measured_ms"] for r in hand)
+                ratio = statistics.median(r["measured_ms"] / r["predicted_ms"] for r in auto)
+                w.writerow([tool, mesh, f"{am:.3f}", f"{hm:.3f}", f"{am / hm:.3f}", f"{ratio:.3f}",
+                            sum(1 for r in auto if r["ran"] != "auto")])
+    print(open(os.path.join(a.out, "summary.csv")).read(), end="")
+
+
+if __name__ == "__main__":
+    main()
