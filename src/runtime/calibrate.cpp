@@ -327,9 +327,13 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
       failed(i, e.what());
     }
   }
-  // The passes: every device's thread runs its kernels in program order, all starting together.
+  // The passes: every device's thread runs its kernels in program order, all released together;
+  // a pass lasts from the release to the last device's end (a device the cores do not take at
+  // once starts late: its wait is in the pass, as in a step).
   const int passes = o.warmup + o.iterations;
-  std::vector<std::vector<double>> pass_s(devs.size(), std::vector<double>(static_cast<std::size_t>(passes), 0.0));
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> released(static_cast<std::size_t>(passes));
+  std::vector<std::vector<Clock::time_point>> ended(devs.size(), std::vector<Clock::time_point>(static_cast<std::size_t>(passes)));
   std::vector<std::vector<double>> instr_s(p.instrs.size());
   std::mutex mu;
   std::condition_variable cv;
@@ -342,26 +346,25 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
         if (++ready == static_cast<int>(devs.size())) {
           ready = 0;
           ++generation;
+          released[static_cast<std::size_t>(r)] = Clock::now();
           cv.notify_all();
         } else {
           const int g = generation;
           cv.wait(l, [&] { return generation != g; });
         }
       }
-      const auto t0 = std::chrono::steady_clock::now();
       for (const auto& [i, a] : d.kernels) {
         if (!runs[i]) continue;
-        const auto k0 = std::chrono::steady_clock::now();
+        const auto k0 = Clock::now();
         try {
           run_cpu_kernel(a);
         } catch (const std::exception& e) {
           failed(i, e.what());
           continue;
         }
-        if (t == 0 && r >= o.warmup)
-          instr_s[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - k0).count());
+        if (t == 0 && r >= o.warmup) instr_s[i].push_back(std::chrono::duration<double>(Clock::now() - k0).count());
       }
-      pass_s[t][static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ended[t][static_cast<std::size_t>(r)] = Clock::now();
     }
   };
   std::vector<std::thread> threads;
@@ -370,9 +373,9 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
   for (std::thread& th : threads) th.join();
   std::vector<double> worst;
   for (int r = o.warmup; r < passes; ++r) {
-    double w = 0;
-    for (const auto& ps : pass_s) w = std::max(w, ps[static_cast<std::size_t>(r)]);
-    worst.push_back(w);
+    Clock::time_point last = released[static_cast<std::size_t>(r)];
+    for (const auto& e : ended) last = std::max(last, e[static_cast<std::size_t>(r)]);
+    worst.push_back(std::chrono::duration<double>(last - released[static_cast<std::size_t>(r)]).count());
   }
   out.sequence_s = median(std::move(worst));
   for (std::size_t i = 0; i < p.instrs.size(); ++i)

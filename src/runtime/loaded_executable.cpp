@@ -544,6 +544,18 @@ std::vector<ShardedArray> LoadedExecutable::to_device(const std::vector<HostTens
   return out;
 }
 
+std::map<std::string, ShardedArray> LoadedExecutable::to_device(const std::map<std::string, HostTensor>& named) const {
+  Impl::Call call(*impl_, "to_device");
+  std::vector<std::size_t> index;
+  for (const auto& [name, t] : named) index.push_back(input_index(name));  // every name checked first
+  std::deque<HostTensor> staged;
+  std::map<std::string, ShardedArray> out;
+  std::size_t k = 0;
+  for (const auto& [name, t] : named) out.emplace(name, enqueue_to_device(index[k++], t, staged));
+  for (int64_t d = 0; d < impl_->local->num_devices(); ++d) impl_->local->transfer_stream(d).synchronize();
+  return out;
+}
+
 ShardedArray LoadedExecutable::to_device(const std::string& input, const HostTensor& global) const {
   return to_device(input_index(input), global);
 }

@@ -247,9 +247,12 @@ struct Trainer::Impl {
                               what));
   }
   // The arrays of one run of `p`: the state and `extra` by name, the batch sent to the devices.
+  // `host`: more inputs to send with the batch (a step's scalars), all in one transfer.
   std::map<std::string, ShardedArray> inputs(Loaded& p, const std::vector<HostTensor>& b,
-                                             std::map<std::string, ShardedArray> extra, bool with_moments) const {
-    for (std::size_t i = 0; i < batch.size(); ++i) extra[batch[i]] = p.le.to_device(batch[i], b[i]);
+                                             std::map<std::string, ShardedArray> extra, bool with_moments,
+                                             std::map<std::string, HostTensor> host = {}) const {
+    for (std::size_t i = 0; i < batch.size(); ++i) host[batch[i]] = b[i];
+    for (auto& [name, arr] : p.le.to_device(host)) extra[name] = std::move(arr);
     for (const std::string& name : params) {
       extra[name] = state.at(name);
       if (with_moments) {
@@ -527,10 +530,12 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
   std::map<std::string, ShardedArray> acc;  // accumulated gradients by input name
   if (k > 1) {
     Loaded& mp = im.micro_program();
+    std::map<std::string, HostTensor> zeros;  // the accumulators, sent in one transfer
     for (const std::string& name : im.params) {
       const Value& pv = im.model.values[static_cast<std::size_t>(im.model.find(name))];
-      acc["grad.acc." + name] = mp.le.to_device("grad.acc." + name, HostTensor(DType::f32, pv.shape));
+      zeros["grad.acc." + name] = HostTensor(DType::f32, pv.shape);
     }
+    acc = mp.le.to_device(zeros);
     for (int i = 0; i + 1 < k; ++i) {
       RunResult r = mp.le.run_named(im.inputs(mp, micro_batches[static_cast<std::size_t>(i)], acc, false), im.o.run);
       add_memory(rec, r.stats);
@@ -544,12 +549,12 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
   Loaded& up = k > 1 ? im.update_acc_program() : *im.update;
   double norm = std::nan("");
   if (finite) {  // a non-finite micro-batch loss: the update is not run at all
-    std::map<std::string, ShardedArray> extra = acc;
-    extra["adam.lr"] = up.le.to_device("adam.lr", scalar(rec.lr));
-    extra["adam.bc1"] = up.le.to_device("adam.bc1", scalar(1.0 / (1.0 - std::pow(a.beta1, rec.step))));
-    extra["adam.bc2"] = up.le.to_device("adam.bc2", scalar(1.0 / (1.0 - std::pow(a.beta2, rec.step))));
-    if (k > 1) extra["grad.scale"] = up.le.to_device("grad.scale", scalar(1.0 / k));
-    RunResult r = up.le.run_named(im.inputs(up, micro_batches.back(), std::move(extra), true), im.o.run);
+    std::map<std::string, HostTensor> scalars;  // sent with the batch, one transfer for all
+    scalars["adam.lr"] = scalar(rec.lr);
+    scalars["adam.bc1"] = scalar(1.0 / (1.0 - std::pow(a.beta1, rec.step)));
+    scalars["adam.bc2"] = scalar(1.0 / (1.0 - std::pow(a.beta2, rec.step)));
+    if (k > 1) scalars["grad.scale"] = scalar(1.0 / k);
+    RunResult r = up.le.run_named(im.inputs(up, micro_batches.back(), acc, true, std::move(scalars)), im.o.run);
     add_memory(rec, r.stats);
     // The parameters and moments were donated: their next values are the state (unchanged
     // values when the step was not finite, TrainOptions::guard_non_finite).

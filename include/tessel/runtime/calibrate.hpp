@@ -97,8 +97,9 @@ DispatchCalibration calibrate_dispatch(Runtime& runtime, const Mesh& mesh, const
 // host's CPU kernels: `devices_at_once` threads (the local devices of the mesh) each run every
 // kernel instruction in program order over a memory laid out by the program's plan (its arena
 // and host pool; inputs, outputs and integer values apart, made up: floats in [0.5, 1),
-// integers 0), all
-// starting together, `warmup` untimed passes then `iterations` timed ones. The kernels' real
+// integers 0), all released together (a pass ends when the last device ends: a device the cores
+// do not take at once waits, as in a step), `warmup` untimed passes then `iterations` timed
+// ones. The kernels' real
 // rates at the program's local shapes (which the cost model's roofline does not know: a small
 // product, a layer norm's backward, an attention at a short sequence run far below the machine's
 // peak), their caches as the program leaves them, and the cores' sharing between devices are
@@ -109,7 +110,7 @@ struct KernelTimes {
   int64_t devices = 1;               // threads that ran the kernels at once
   std::vector<double> seconds;       // per instruction: device 0's median seconds in the passes (0: not timed)
   std::vector<bool> timed;           // per instruction: a kernel that was timed
-  double sequence_s = 0;             // the median over the passes of the slowest device's pass
+  double sequence_s = 0;             // the median over the passes of the release to the last device's end
   int64_t kernels = 0;               // kernel instructions
   std::vector<std::string> untimed;  // "instruction #i (op): why" per kernel that could not run
 };

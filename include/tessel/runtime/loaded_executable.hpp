@@ -153,6 +153,9 @@ class LoadedExecutable {
   // Every input at once (graph input order): the copies are enqueued together and waited for
   // once per device, not once per input.
   std::vector<ShardedArray> to_device(const std::vector<HostTensor>& globals) const;
+  // Some inputs by name, at once in the same way (a step's batch and its scalars: one wait per
+  // device for all). Throws RuntimeError naming an unknown input or a mistyped tensor.
+  std::map<std::string, ShardedArray> to_device(const std::map<std::string, HostTensor>& named) const;
   // Host -> devices from per-device shards (checked against the local type).
   ShardedArray shards_to_device(std::size_t input, const std::vector<HostTensor>& shards) const;
   // Host -> devices in parts, for inputs too large to stage on the host at once (a checkpoint
