@@ -40,8 +40,9 @@ struct CostModel {
   // gate charges it per instruction of a ring step. Default: a CUDA kernel launch with its
   // event wait on a busy stream (~2 us). CPU device threads: docs/collective-matmul.md ("The gate").
   double dispatch_s = 2e-6;
-  // Fixed seconds per program run, beyond its instructions: starting the devices on it, the
-  // inputs' and outputs' bookkeeping, waiting for the last device. 0 (the default): not priced.
+  // Fixed seconds per step, beyond its program's instructions: sending its inputs, starting the
+  // devices on the program, waiting for the last one, reading a result back. 0 (the default):
+  // not priced.
   // calibrate_dispatch measures it for a runtime (runtime/calibrate.hpp).
   double run_s = 0;
   // How many device programs share one device's worth of compute (>= 1): 1 where each device

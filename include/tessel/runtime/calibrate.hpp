@@ -78,12 +78,15 @@ ComputeCalibration calibrate_compute(const CalibrationOptions& options = {});
 
 // What a runtime pays per instruction and per run beyond the kernels' own time, measured by
 // running programs on every device at once: a chain of `long_chain` tiny f32 kernels (no
-// fusion) against one of `short_chain`, each run `iterations` times after `warmup` (medians).
+// fusion) against one of `short_chain`, each run `iterations` times after `warmup` (medians),
+// each time as a caller runs a step: its input sent (to_device), the run, its result read back
+// (to_host).
 //   per_instruction_s = (t_long - t_short) / (long_chain - short_chain): the hand-off, the
 //                       events, the kernel's own call on a few floats — with every local
 //                       device's thread sharing the cores, as a step has them;
-//   per_run_s         = t_short - short_chain · per_instruction_s: a run's start and end (the
-//                       inputs' bookkeeping, the devices' start and join).
+//   per_run_s         = t_short - short_chain · per_instruction_s: a step's sending of its
+//                       inputs, the run's start and end (the devices' start and join) and the
+//                       reading of a result.
 // CostModel::dispatch_s is per_instruction_s over the mesh's compute_sharing (dispatch_seconds()
 // multiplies it back), CostModel::run_s is per_run_s. Collective over an MpiRuntime's processes.
 struct DispatchCalibration {
