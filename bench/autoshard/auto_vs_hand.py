@@ -65,7 +65,7 @@ def main():
                 predicted = float(m.group(1)) if m else ""
                 ran = layouts
                 if layouts == "auto" and re.search(r"is not predicted at least", text):
-                    ran = "hand (predicted faster)"
+                    ran = "hand (auto not predicted 10% faster)"
                 rows.append(dict(tool=tool, mesh=mesh, layouts=layouts, round=k, measured_ms=measured,
                                  predicted_ms=predicted, ran=ran, raw="raw/" + name))
     with open(os.path.join(a.out, "runs.csv"), "w", newline="") as f:
