@@ -71,7 +71,14 @@ struct PipelineTrainer::Impl {
   int64_t P = 1, V = 1;  // stages, virtual stages
   std::vector<std::optional<StageProgram>> fwd, bwd, sumsq, update;
   std::vector<std::vector<std::string>> owned;  // per virtual stage: the parameters it updates
-  Hosts params;                                 // the master values, by name
+  // The master values, by name. A parameter of this process's stages that only its owner uses
+  // lives on the owner's devices (param_dev, the update's layout) between steps; its host value
+  // here is then `stale` and read back only when asked for (host_param). A tied parameter (used
+  // by several virtual stages) is read back after every update: the other holders take it from here.
+  mutable Hosts params;
+  mutable std::set<std::string> stale;
+  std::set<std::string> tied;
+  std::vector<Arrays> param_dev;                // per virtual stage: its owned parameters on its devices
   std::vector<Arrays> state_of;                 // per virtual stage: its adam.m/v arrays (the update's layout)
   detail::StagePlacement where;                 // which stages run in this process
   std::unique_ptr<detail::StageLinks> links;
@@ -80,6 +87,21 @@ struct PipelineTrainer::Impl {
   // The values of the parameters this process's stages own (with `moments`, their AdamW
   // moments too), gathered from every process: each stage's once.
   Hosts gather_owned(bool moments) const;
+  // Parameter `n`'s host value, read back from its owner's devices when stale.
+  const HostTensor& host_param(const std::string& n) const {
+    if (stale.count(n)) {
+      for (int64_t vs = 0; vs < V; ++vs) {
+        const auto u = static_cast<std::size_t>(vs);
+        auto it = param_dev[u].find(n);
+        if (local(vs) && it != param_dev[u].end()) {
+          params.at(n) = update[u]->loaded.to_host(it->second);
+          break;
+        }
+      }
+      stale.erase(n);
+    }
+    return params.at(n);
+  }
 };
 
 std::vector<int> pipeline_stage_ranks(int processes, int64_t stages, int64_t stage) {
@@ -99,7 +121,7 @@ Hosts PipelineTrainer::Impl::gather_owned(bool moments) const {
   for (int64_t vs = 0; vs < V; ++vs) {
     if (!local(vs)) continue;
     const auto u = static_cast<std::size_t>(vs);
-    for (const std::string& n : owned[u]) mine[n] = params.at(n);
+    for (const std::string& n : owned[u]) mine[n] = host_param(n);
     if (moments)
       for (const auto& [n, arr] : state_of[u]) mine[n] = update[u]->loaded.to_host(arr);
   }
@@ -184,6 +206,7 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
                                 type_str(it->second.dtype(), it->second.shape()), vs, type_str(v.dtype, v.shape)));
       I.params[n] = it->second;
       if (seen.insert(n).second) I.owned[static_cast<std::size_t>(vs)].push_back(n);
+      else I.tied.insert(n);
     }
   }
 
@@ -192,6 +215,7 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
   I.sumsq.resize(static_cast<std::size_t>(I.V));
   I.update.resize(static_cast<std::size_t>(I.V));
   I.state_of.resize(static_cast<std::size_t>(I.V));
+  I.param_dev.resize(static_cast<std::size_t>(I.V));
   for (int64_t vs = 0; vs < I.V; ++vs) {
     if (!I.local(vs)) continue;
     PipelineStage& st = I.stages[static_cast<std::size_t>(vs)];
@@ -323,7 +347,7 @@ void PipelineTrainer::set_state(const std::map<std::string, HostTensor>& values)
   for (int64_t vs = 0; vs < I.V; ++vs) {
     const auto u = static_cast<std::size_t>(vs);
     for (const std::string& n : I.owned[u]) {
-      const HostTensor& now = I.params.at(n);
+      const HostTensor& now = I.params.at(n);  // (its type: a stale value has the same)
       params[n] = take(n, now.dtype(), now.shape());
       for (const std::string& mv : {"adam.m." + n, "adam.v." + n}) {
         const HostTensor& h = take(mv, DType::f32, now.shape());
@@ -338,6 +362,8 @@ void PipelineTrainer::set_state(const std::map<std::string, HostTensor>& values)
   if (used != values.size())
     throw Error(fmt::format("PipelineTrainer::set_state: {} values given, the state has {}", values.size(), used));
   I.params = std::move(params);
+  I.stale.clear();
+  for (Arrays& a : I.param_dev) a.clear();  // the next step sends the new values
   I.state_of = std::move(state);
 }
 
@@ -358,15 +384,22 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   // Per virtual stage: the parameters on its forward's and backward's devices, zero accumulators.
   std::vector<Arrays> fparams(static_cast<std::size_t>(I.V)), bparams(static_cast<std::size_t>(I.V)),
       acc(static_cast<std::size_t>(I.V));
+  // A parameter the stage owns is on its devices already (the last update's result); the others
+  // (a tied parameter another stage owns, or the first step's values) come from the host, with
+  // the zero accumulators, in one transfer per program.
   for (int64_t vs = 0; vs < I.V; ++vs) {
     if (!I.local(vs)) continue;
     const auto u = static_cast<std::size_t>(vs);
+    std::map<std::string, HostTensor> send, zeros;
     for (const std::string& n : I.stages[u].params) {
-      const ShardedArray& f = fparams[u].emplace(n, I.fwd[u]->loaded.to_device(n, I.params.at(n))).first->second;
-      bparams[u].emplace(n, carry(I.fwd[u]->loaded, f, I.bwd[u]->loaded, n));
-      acc[u].emplace("grad.acc." + n,
-                     I.bwd[u]->loaded.to_device("grad.acc." + n, HostTensor(DType::f32, I.params.at(n).shape())));
+      auto it = I.param_dev[u].find(n);
+      if (it != I.param_dev[u].end()) fparams[u].emplace(n, carry(I.update[u]->loaded, it->second, I.fwd[u]->loaded, n));
+      else send.emplace(n, I.host_param(n));
+      zeros.emplace("grad.acc." + n, HostTensor(DType::f32, I.params.at(n).shape()));
     }
+    for (auto& [n, arr] : I.fwd[u]->loaded.to_device(send)) fparams[u].emplace(n, std::move(arr));
+    for (const auto& [n, f] : fparams[u]) bparams[u].emplace(n, carry(I.fwd[u]->loaded, f, I.bwd[u]->loaded, n));
+    acc[u] = I.bwd[u]->loaded.to_device(zeros);
   }
 
   detail::StageLinks& mail = *I.links;
@@ -598,15 +631,23 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
     if (!I.local(vs) || !I.update[u]) continue;
     LoadedExecutable& up = I.update[u]->loaded;
     Arrays in = upd_acc[u];
-    in.emplace("adam.lr", up.to_device("adam.lr", scalar(lr)));
-    in.emplace("adam.bc1", up.to_device("adam.bc1", scalar(1.0 / (1.0 - std::pow(a.beta1, static_cast<double>(t))))));
-    in.emplace("adam.bc2", up.to_device("adam.bc2", scalar(1.0 / (1.0 - std::pow(a.beta2, static_cast<double>(t))))));
-    in.emplace("gscale", up.to_device("gscale", scalar(clip / static_cast<double>(M))));
-    for (const std::string& n : I.owned[u]) in.emplace(n, up.to_device(n, I.params.at(n)));
+    std::map<std::string, HostTensor> send;  // the scalars and the parameters not on the devices, at once
+    send.emplace("adam.lr", scalar(lr));
+    send.emplace("adam.bc1", scalar(1.0 / (1.0 - std::pow(a.beta1, static_cast<double>(t)))));
+    send.emplace("adam.bc2", scalar(1.0 / (1.0 - std::pow(a.beta2, static_cast<double>(t)))));
+    send.emplace("gscale", scalar(clip / static_cast<double>(M)));
+    for (const std::string& n : I.owned[u]) {
+      auto it = I.param_dev[u].find(n);
+      if (it != I.param_dev[u].end()) in.emplace(n, it->second);
+      else send.emplace(n, I.host_param(n));
+    }
+    for (auto& [n, arr] : up.to_device(send)) in.emplace(n, std::move(arr));
     for (auto& [n, arr] : I.state_of[u]) in.emplace(n, arr);
     RunResult r = up.run_named(in);
     for (const std::string& n : I.owned[u]) {
-      I.params.at(n) = up.to_host(up.output(r, "next." + n));
+      I.param_dev[u][n] = up.output(r, "next." + n);
+      if (I.tied.count(n)) I.params.at(n) = up.to_host(I.param_dev[u][n]);  // the other holders read it
+      else I.stale.insert(n);
       I.state_of[u].at("adam.m." + n) = up.output(r, "next.adam.m." + n);
       I.state_of[u].at("adam.v." + n) = up.output(r, "next.adam.v." + n);
     }
