@@ -1,6 +1,6 @@
 // BM_Pipeline/schedule:<k>/micro:<M>: one training step of a GPT cut into two pipeline stages
 // of one CPU device each (pipeline/runner.hpp), by GPipe (0), 1F1B (1) or interleaved 1F1B with
-// 2 chunks per stage (2), over M micro-batches of 2 rows. The model: d_model 128, 4 heads,
+// 2 chunks per stage (2), over M micro-batches of 2 rows, 20 timed steps. The model: d_model 128, 4 heads,
 // 4 layers (equal stages: 2 layers each, or 1 per chunk), vocab 64 (the head and the embedding
 // small beside a layer, so the stages are equal), 64 positions; random
 // weights and tokens (seeded). One untimed step first, then the timed ones. Counters:
@@ -102,7 +102,7 @@ void BM_Pipeline(benchmark::State& state) {
 BENCHMARK(BM_Pipeline)
     ->ArgNames({"schedule", "micro"})
     ->ArgsProduct({{0, 1, 2}, {4, 8, 16}})
-    ->Iterations(5)
+    ->Iterations(20)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -439,9 +439,10 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
         if (op.forward) {
           LoadedExecutable& f = I.fwd[u]->loaded;
           Arrays in = fparams[u];
-          Arrays keep;
-          for (const std::string& n : st.data) keep.emplace(n, f.to_device(n, micro_batches[static_cast<std::size_t>(m)].at(n)));
-          for (const std::string& n : st.recv) keep.emplace(n, f.to_device(n, recv.at(n)));
+          std::map<std::string, HostTensor> send;  // the micro-batch's data and the received values, at once
+          for (const std::string& n : st.data) send.emplace(n, micro_batches[static_cast<std::size_t>(m)].at(n));
+          for (const std::string& n : st.recv) send.emplace(n, recv.at(n));
+          Arrays keep = f.to_device(send);
           in.insert(keep.begin(), keep.end());
           RunResult r = f.run_named(in);
           Hosts out;
@@ -464,7 +465,9 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
           kept_bytes -= bytes_of(kept->second);
           stash.erase(kept);
           --in_flight;
-          for (const std::string& n : st.send) in.emplace("grad." + n, b.to_device("grad." + n, recv.at("grad." + n)));
+          std::map<std::string, HostTensor> grads;
+          for (const std::string& n : st.send) grads.emplace("grad." + n, recv.at("grad." + n));
+          for (auto& [n, arr] : b.to_device(grads)) in.emplace(n, std::move(arr));
           for (auto& [n, arr] : acc[u]) in.emplace(n, arr);
           RunResult r = b.run_named(in);
           for (const std::string& n : st.params) acc[u].at("grad.acc." + n) = b.output(r, "next.grad.acc." + n);
