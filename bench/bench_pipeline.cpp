@@ -19,9 +19,9 @@
 // graph can be cut at (single_value_cuts), timed (auto 3). Counters: the cut's predicted step
 // (predicted_us: from the pieces' prices or times) and its last stage's pieces
 // (last_stage_pieces).
-// BM_AutoStagesSearch/layers:<L>: the time choose_stage_cuts takes for a GPT of L layers (d_model
-// 64, 4 heads, vocab 512, 32 positions) into 4 stages: every piece compiled and priced, then the
-// dynamic program.
+// BM_AutoStagesSearch/layers:<L>/timed:<t>: the time choose_stage_cuts takes for a GPT of L layers
+// (d_model 64, 4 heads, vocab 512, 32 positions) into 4 stages: every piece compiled and priced
+// (timed 0) or run on a CPU device (timed 1: StageCutOptions::runtime), then the dynamic program.
 #include <benchmark/benchmark.h>
 
 #include <memory>
@@ -169,13 +169,23 @@ void BM_AutoStagesSearch(benchmark::State& state) {
   c.heads = 4;
   c.layers = state.range(0);
   c.vocab = 512;
+  const bool timed = state.range(1) == 1;
   const tessel::Mesh mesh = tessel::gpt_mesh(tessel::Mesh::parse("data=1"), c);
   tessel::GptGraph m = tessel::build_gpt(c);
   const std::vector<tessel::Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
+  tessel::ThreadRuntime rt(1);
+  tessel::StageCutOptions so;
+  so.meshes = {mesh};
+  if (timed) so.runtime = &rt;  // every piece run on the device (5 timed runs each)
   for (auto _ : state)
     benchmark::DoNotOptimize(
-        tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 4, 16, mesh, tessel::CostModel{}).step_s);
+        tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 4, 16, so, tessel::CostModel{}).step_s);
 }
-BENCHMARK(BM_AutoStagesSearch)->ArgNames({"layers"})->Arg(24)->Arg(96)->Iterations(1)->Unit(benchmark::kSecond)->UseRealTime();
+BENCHMARK(BM_AutoStagesSearch)
+    ->ArgNames({"layers", "timed"})
+    ->ArgsProduct({{24, 96}, {0, 1}})
+    ->Iterations(1)
+    ->Unit(benchmark::kSecond)
+    ->UseRealTime();
 
 }  // namespace
