@@ -99,6 +99,7 @@
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
 #include "tessel/pipeline/auto_stages.hpp"
+#include "tessel/runtime/backend_cost.hpp"
 #include "tessel/pipeline/runner.hpp"
 #include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
@@ -163,7 +164,8 @@ const char* kUsage =
     "axes, run at once by --schedule (default 1f1b) over --microbatches M (default 4) micro-batches\n"
     "of batch/M rows (docs/pipeline.md), --zero 0..2 within each stage; --auto chooses the stage\n"
     "boundaries and each stage's shape over data and model instead, from each layer's forward and\n"
-    "backward timed on the devices (the stages keep the model's layouts), within --memory-budget BYTES\n"
+    "backward timed on the devices, and each stage's layouts by automatic sharding for its shape (only\n"
+    "the batch placed; under mpirun the stages keep the model's layouts), within --memory-budget BYTES\n"
     "per device if given; checkpoints move between\n"
     "pipelined and other meshes. Under mpirun -np N each stage runs on N/pipe processes (values\n"
     "between stages as host messages). Not yet with --zero 3, --accumulate, --mixed, --remat,\n"
@@ -311,7 +313,16 @@ int run_pipeline(const PipeRun& a) {
                                          P * V, V > 1 ? fmt::format(" ({} pipe x {} chunks)", P, V) : ""));
   tessel::GptConfig c = a.cfg;
   c.batch /= M;  // the stages see one micro-batch
+  // --auto in one process: only the batch placed (on data), each stage's layouts chosen by
+  // automatic sharding for its shape. Under mpirun the stages keep the model's layouts (each
+  // process would plan on its own figures, and a stage's processes must run one program).
+  const bool auto_within = a.auto_stages && !tessel::process_group_from_env();
+  if (auto_within) c.annotate = false;
   tessel::GptGraph m = tessel::build_gpt(c);
+  if (auto_within) {
+    m.graph.annotate(m.tokens, tessel::Sharding::of({{c.data_axis}, {}}));
+    m.graph.annotate(m.labels, tessel::Sharding::of({{c.data_axis}, {}}));
+  }
   // One process: every stage a runtime of its own (CPU threads). Under mpirun: N processes, N/P
   // per stage; this process makes its stage's runtime only (an MPI runtime over those processes).
   std::shared_ptr<tessel::ProcessGroup> pg = tessel::process_group_from_env();
@@ -359,6 +370,7 @@ int run_pipeline(const PipeRun& a) {
   // The cuts: equal layers per stage, or (--auto) the cost model's (this machine's figures).
   std::vector<tessel::Tensor> cuts;
   std::vector<tessel::Mesh> meshes(static_cast<std::size_t>(P), stage_mesh);  // per stage
+  tessel::StageCut sc;  // --auto: the search's answer
   if (a.auto_stages) {
     const std::vector<tessel::Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
     // Each stage's shape among those of its devices over data and model (one shape for all
@@ -370,8 +382,12 @@ int run_pipeline(const PipeRun& a) {
     // Each piece timed on this stage's devices (the runtime of stage 0, or under mpirun this
     // process's stage's, whose processes all time alike): the machine's own rates, not the roofline's.
     so.runtime = rts[0].get();
-    const tessel::StageCut sc =
-        tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P * V, M, so, tessel::CostModel{});
+    if (auto_within) {  // priced with this machine's figures (measured once per shape, cached)
+      so.auto_shard = tessel::AutoShardOptions{};
+      so.auto_shard->cost = tessel::backend_cost_model(*rts[0], stage_mesh).cost;
+      so.auto_shard->cost_figures = tessel::AutoShardOptions::CostFigures::Given;
+    }
+    sc = tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P * V, M, so, tessel::CostModel{});
     // Each process priced with its own measurements: every process takes rank 0's cut and shapes.
     std::vector<double> at;
     for (const tessel::Tensor& t : sc.cuts)
@@ -396,7 +412,10 @@ int run_pipeline(const PipeRun& a) {
   } else {
     cuts = tessel::equal_layer_cuts(m.checkpoints, c.layers, P * V);
   }
-  std::vector<tessel::PipelineStage> stages = tessel::split_stages(m.graph, m.loss, m.weights, cuts);
+  // With automatic sharding within the stages (one process: the cut is this process's own),
+  // each stage in the layouts planned for its shape.
+  std::vector<tessel::PipelineStage> stages = auto_within ? tessel::stages_with_layouts(m.graph, m.loss, m.weights, sc)
+                                                          : tessel::split_stages(m.graph, m.loss, m.weights, cuts);
   // Initial values as the single-program run draws them: GPT-2 scale weights, gains 1, biases 0.
   std::vector<tessel::HostTensor> host = tessel::random_inputs(m.graph, seed);
   tessel::gpt_init(m.graph, host);

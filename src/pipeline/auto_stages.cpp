@@ -123,6 +123,31 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
 
 namespace {
 
+// `g` with every value named in `layouts` annotated so (the user's own annotations among them:
+// auto_shard keeps them).
+Graph laid_out(const Graph& g, const std::map<std::string, Sharding>& layouts) {
+  Graph out = g.clone();
+  for (std::size_t v = 0; v < out.values.size(); ++v) {
+    auto it = layouts.find(out.values[v].name);
+    if (it != layouts.end()) out.annotate(static_cast<int>(v), it->second);
+  }
+  return out;
+}
+
+// Each piece's forward planned by auto_shard on `mesh`: the layout of every value, by name (a
+// value two pieces hold, the one they pass or a tied parameter, keeps the first piece's).
+std::map<std::string, Sharding> plan_pieces(std::vector<PipelineStage>& pieces, const Mesh& mesh,
+                                            const AutoShardOptions& ao) {
+  std::map<std::string, Sharding> out;
+  for (PipelineStage& p : pieces) {
+    p.forward.mesh = mesh;
+    const AutoShardResult r = auto_shard(p.forward, mesh, ao);
+    for (std::size_t v = 0; v < p.forward.values.size() && v < r.shardings.size(); ++v)
+      out.emplace(p.forward.values[v].name, r.shardings[v]);
+  }
+  return out;
+}
+
 // A piece on one mesh: its predicted seconds and its memory per device.
 struct PiecePrice {
   double seconds = 0;
@@ -202,11 +227,26 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
   const std::size_t K = options.meshes.size();
   StageCut out;
   std::vector<PipelineStage> pieces = split_stages(g, loss, params, candidates);
-  // price[k][i]: piece i on mesh k.
+  // price[k][i]: piece i on mesh k (with auto_shard: in the layouts planned for mesh k).
   std::vector<std::vector<PiecePrice>> price(K);
-  for (std::size_t k = 0; k < K; ++k)
-    for (PipelineStage& p : pieces)
+  std::vector<std::map<std::string, Sharding>> planned(K);
+  auto handles = [](Graph& to, const std::vector<Tensor>& ts) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : ts) out.push_back(to.tensor(t.id));
+    return out;
+  };
+  for (std::size_t k = 0; k < K; ++k) {
+    std::vector<PipelineStage> mine;
+    if (options.auto_shard) {
+      std::vector<PipelineStage> fresh = split_stages(g, loss, params, candidates);
+      planned[k] = plan_pieces(fresh, options.meshes[k], *options.auto_shard);
+      Graph gk = laid_out(g, planned[k]);
+      mine = split_stages(gk, gk.tensor(loss.id), handles(gk, params), handles(gk, candidates));
+    }
+    std::vector<PipelineStage>& ps = options.auto_shard ? mine : pieces;
+    for (PipelineStage& p : ps)
       price[k].push_back(price_piece(p, options.meshes[k], cost, options.runtime, options.measure_runs));
+  }
   for (const PiecePrice& pp : price[0]) out.piece_s.push_back(pp.seconds);
 
   // A stage of pieces [i, j) as the s-th (0-based) of the pipeline: its best mesh (least time
@@ -280,6 +320,7 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
     out.stage_s.push_back(c.seconds);
     out.stage_bytes.push_back(c.bytes);
     out.stage_meshes.push_back(options.meshes[c.mesh]);
+    if (options.auto_shard) out.stage_layouts.push_back(planned[c.mesh]);
   }
   out.step_s = step_of(out.stage_s, micro);
   // The equal cut on the first mesh: at candidate s·(n - 1)/stages (a transformer's
@@ -300,6 +341,25 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
                         K > 1 ? " on " + options.meshes[0].to_string() : std::string());
   if (options.runtime)
     out.why += fmt::format(" (each piece timed on the devices: the median of {} runs)", options.measure_runs);
+  if (options.auto_shard) out.why += "; each stage's layouts by automatic sharding for its shape";
+  return out;
+}
+
+std::vector<PipelineStage> stages_with_layouts(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
+                                               const StageCut& cut) {
+  if (cut.stage_layouts.empty()) return split_stages(g, loss, params, cut.cuts);
+  if (cut.stage_layouts.size() != cut.cuts.size() + 1)
+    throw Error(fmt::format("stages_with_layouts: {} stages' layouts for {} cuts (the StageCut of another graph?)",
+                            cut.stage_layouts.size(), cut.cuts.size()));
+  std::vector<PipelineStage> out;
+  for (std::size_t s = 0; s < cut.stage_layouts.size(); ++s) {
+    Graph gs = laid_out(g, cut.stage_layouts[s]);
+    std::vector<Tensor> ps, cs;
+    for (const Tensor& t : params) ps.push_back(gs.tensor(t.id));
+    for (const Tensor& t : cut.cuts) cs.push_back(gs.tensor(t.id));
+    std::vector<PipelineStage> all = split_stages(gs, gs.tensor(loss.id), ps, cs);
+    out.push_back(std::move(all.at(s)));
+  }
   return out;
 }
 

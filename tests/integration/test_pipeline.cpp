@@ -105,6 +105,51 @@ std::map<std::string, HostTensor> gpt_weights(const GptConfig& cfg, uint64_t see
   return w;
 }
 
+// The whole batch's two steps on one device (the oracle), from seeded weights and tokens.
+struct OneDeviceRun {
+  std::map<std::string, HostTensor> init;
+  HostTensor tokens, labels;
+  AdamWConfig adamw;
+  double lr = 1e-2;
+  std::vector<RefStep> ref;
+};
+OneDeviceRun one_device_run(int64_t B, uint64_t seed) {
+  OneDeviceRun r;
+  const GptConfig full = small_gpt(B);
+  r.init = gpt_weights(full, seed);
+  std::mt19937_64 rng(seed);
+  r.tokens = HostTensor(DType::i32, {B, full.seq});
+  r.labels = HostTensor(DType::i32, {B, full.seq});
+  for (int64_t i = 0; i < B * full.seq; ++i) {
+    r.tokens.set(i, static_cast<double>(rng() % static_cast<uint64_t>(full.vocab)));
+    r.labels.set(i, static_cast<double>(rng() % static_cast<uint64_t>(full.vocab)));
+  }
+  r.adamw.eps = 1e-6;  // as test_train.cpp: an Adam step amplifies summation-order noise by lr / eps
+  r.ref = reference_steps(full, r.init, r.tokens, r.labels, r.adamw, r.lr, 2);
+  return r;
+}
+
+// Step t of `tr` over M micro-batches of the oracle's batch: loss, norm and every parameter as
+// the oracle's step t.
+PipelineStepReport check_step(PipelineTrainer& tr, const OneDeviceRun& one, int64_t M, int t) {
+  const int64_t b = one.tokens.shape()[0] / M;
+  std::vector<std::map<std::string, HostTensor>> micro;
+  for (int64_t k = 0; k < M; ++k)
+    micro.push_back({{"tokens", rows(one.tokens, k * b, b)}, {"labels", rows(one.labels, k * b, b)}});
+  const PipelineStepReport r = tr.step(micro, one.lr, t);
+  const RefStep& want = one.ref[static_cast<std::size_t>(t - 1)];
+  CHECK(r.loss == Approx(want.loss).epsilon(1e-5));
+  CHECK(r.grad_norm == Approx(want.grad_norm).epsilon(1e-5));
+  const auto got = tr.params();
+  REQUIRE(got.size() == want.params.size());
+  for (const auto& [name, p] : want.params) {
+    const CompareResult cmp = compare(got.at(name), p, 1.0);
+    INFO(name << ": " << cmp.to_string());
+    CHECK(cmp.max_rel_err <= 2e-4);
+  }
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved in both stream modes and ZeRO 1 and 2 within stages and stages of different shapes",
@@ -112,18 +157,8 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("pipeline training against one device", seed, 1);
   const int64_t B = 8;
-  const GptConfig full = small_gpt(B);
-  const auto init = gpt_weights(full, seed);
-  std::mt19937_64 rng(seed);
-  HostTensor tokens(DType::i32, {B, full.seq}), labels(DType::i32, {B, full.seq});
-  for (int64_t i = 0; i < B * full.seq; ++i) {
-    tokens.set(i, static_cast<double>(rng() % static_cast<uint64_t>(full.vocab)));
-    labels.set(i, static_cast<double>(rng() % static_cast<uint64_t>(full.vocab)));
-  }
-  AdamWConfig a;
-  a.eps = 1e-6;  // as test_train.cpp: an Adam step amplifies summation-order noise by lr / eps
-  const double lr = 1e-2;
-  const std::vector<RefStep> ref = reference_steps(full, init, tokens, labels, a, lr, 2);
+  const OneDeviceRun one = one_device_run(B, seed);
+  const auto& [init, tokens, labels, a, lr, ref] = one;
 
   struct Run {
     const char* stage_mesh;
@@ -181,23 +216,9 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
     CHECK(lay.at("adam.m.l0_w1").uses_axis("data") == (run.zero >= 1 && mesh.axis_size("data") > 1));
     CHECK(lay.at("adam.v.l3_w2").uses_axis("data") == (run.zero >= 1 && mesh.axis_size("data") > 1));
     CHECK_FALSE(lay.at("l0_w1").uses_axis("data"));
-    std::vector<std::map<std::string, HostTensor>> micro;
-    const int64_t b = B / run.micro;
-    for (int64_t k = 0; k < run.micro; ++k)
-      micro.push_back({{"tokens", rows(tokens, k * b, b)}, {"labels", rows(labels, k * b, b)}});
     for (int t = 1; t <= 2; ++t) {
       INFO("step " << t);
-      const PipelineStepReport r = tr.step(micro, lr, t);
-      const RefStep& want = ref[static_cast<std::size_t>(t - 1)];
-      CHECK(r.loss == Approx(want.loss).epsilon(1e-5));
-      CHECK(r.grad_norm == Approx(want.grad_norm).epsilon(1e-5));
-      const auto got = tr.params();
-      REQUIRE(got.size() == want.params.size());
-      for (const auto& [name, p] : want.params) {
-        const CompareResult cmp = compare(got.at(name), p, 1.0);
-        INFO(name << ": " << cmp.to_string());
-        CHECK(cmp.max_rel_err <= 2e-4);
-      }
+      const PipelineStepReport r = check_step(tr, one, run.micro, t);
       // 1F1B keeps at most P - s micro-batches in flight on stage s; GPipe all M.
       for (int64_t s = 0; s < run.stages; ++s) {
         const int64_t want_peak = run.kind == ScheduleKind::GPipe ? run.micro
@@ -354,6 +375,76 @@ TEST_CASE("automatic stage cuts timed on the devices (StageCutOptions::runtime) 
                                 choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 8, o, CostModel{});
                               }),
                               "measure_runs 0"));
+}
+
+TEST_CASE("automatic sharding within each stage: each stage's layouts planned for its shape, trained equal to one device",
+          "[pipeline][integration]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("pipeline stages planned by automatic sharding against one device", seed, 1);
+  const int64_t B = 8, M = 2;
+  const OneDeviceRun one = one_device_run(B, seed);
+  const auto& [init, tokens, labels, a, lr, ref] = one;
+  // The model without its layouts but the batch's (on data): automatic sharding lays out the rest.
+  GptConfig c = small_gpt(B / M);
+  c.annotate = false;
+  GptGraph m = build_gpt(c);
+  m.graph.annotate(m.tokens, Sharding::parse("[{data}, {}]"));
+  m.graph.annotate(m.labels, Sharding::parse("[{data}, {}]"));
+  const std::vector<Tensor> candidates(m.checkpoints.begin(), m.checkpoints.end() - 1);
+  CostModel cpu;
+  cpu.flops_per_s = 1e11;
+  cpu.memory_bandwidth = 2e10;
+  cpu.dispatch_s = 5e-6;
+  StageCut cut;
+  // Two searches: each stage's shape among model=2 and data=2; and model=2 alone, where the plan
+  // must split the work over model (the batch's axis has one device).
+  for (const char* shapes : {"both", "model=2"}) {
+  INFO("stage shapes: " << shapes);
+  StageCutOptions so;
+  so.meshes = std::string(shapes) == "both" ? mesh_shapes(Mesh::parse("data=1,model=2"), {"data", "model"})
+                                            : std::vector<Mesh>{Mesh::parse("data=1,model=2")};
+  so.auto_shard = AutoShardOptions{};
+  so.auto_shard->cost = cpu;
+  so.auto_shard->cost_figures = AutoShardOptions::CostFigures::Given;
+  cut = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, M, so, cpu);
+  INFO(cut.why);
+  REQUIRE(cut.stage_layouts.size() == 2);
+  CHECK(tessel_test::contains(cut.why, "each stage's layouts by automatic sharding"));
+  // Each stage's plan covers its parameters, for its own shape (an axis its mesh has).
+  std::vector<PipelineStage> st = stages_with_layouts(m.graph, m.loss, m.weights, cut);
+  REQUIRE(st.size() == 2);
+  bool over_model = false;
+  for (std::size_t s = 0; s < 2; ++s) {
+    for (const std::string& p : st[s].params) {
+      REQUIRE(cut.stage_layouts[s].count(p));
+      const Sharding& sh = cut.stage_layouts[s].at(p);
+      for (const MeshAxis& ax : Mesh::parse("data=2,model=2").axes())
+        if (sh.uses_axis(ax.name)) CHECK(cut.stage_meshes[s].axis_size(ax.name) > 1);
+    }
+    for (const auto& [n, sh] : cut.stage_layouts[s]) over_model = over_model || sh.uses_axis("model");
+  }
+  if (std::string(shapes) == "model=2") CHECK(over_model);
+  std::vector<std::unique_ptr<ThreadRuntime>> rts;
+  std::vector<Runtime*> rp;
+  for (std::size_t s = 0; s < 2; ++s) {
+    rts.push_back(std::make_unique<ThreadRuntime>(cut.stage_meshes[s].num_devices()));
+    rp.push_back(rts.back().get());
+  }
+  PipelineOptions o;
+  o.schedule = ScheduleKind::OneFOneB;
+  o.micro = M;
+  o.adamw = a;
+  PipelineTrainer tr(std::move(st), cut.stage_meshes, rp, init, o);
+  for (int t = 1; t <= 2; ++t) {
+    INFO("step " << t);
+    check_step(tr, one, M, t);
+  }
+  }
+  // Layouts for other cuts are refused.
+  StageCut wrong = cut;
+  wrong.stage_layouts.pop_back();
+  CHECK(tessel_test::contains(tessel_test::error_of([&] { stages_with_layouts(m.graph, m.loss, m.weights, wrong); }),
+                              "stages' layouts for"));
 }
 
 TEST_CASE("single_value_cuts finds the GPT's residual stream and what only the head crosses", "[pipeline]") {

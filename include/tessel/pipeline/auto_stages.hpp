@@ -22,8 +22,8 @@
 // time for its pieces, and a stage must fit a memory budget per device: its parameters,
 // gradient accumulators and AdamW moments, the kept inputs of the micro-batches the schedule
 // holds in flight on it (1F1B: P - s on stage s; GPipe: all M), and its largest piece's working
-// memory (the backward's planned arena). What it does not do yet: plan each stage's layouts by
-// automatic sharding (the stages keep the graph's own annotations, on the chosen shape).
+// memory (the backward's planned arena). With StageCutOptions::auto_shard each piece is planned by
+// automatic sharding on each shape, and a stage takes the plans of its shape.
 // With StageCutOptions::runtime the pieces are timed on the devices instead of priced: the cost
 // model's roofline misses the kernels' real rates at small shapes, and a cut between two close
 // candidates is then chosen by what the machine does (bench/results: the measured cut is the
@@ -34,10 +34,16 @@
 #include <string>
 #include <vector>
 
+#include <map>
+#include <optional>
+
+#include "tessel/autoshard/auto_shard.hpp"
 #include "tessel/core/cost.hpp"
+#include "tessel/core/sharding.hpp"
 #include "tessel/core/mesh.hpp"
 #include "tessel/ir/graph.hpp"
 #include "tessel/pipeline/schedule.hpp"
+#include "tessel/pipeline/stages.hpp"
 #include "tessel/runtime/runtime.hpp"
 
 namespace tessel {
@@ -55,6 +61,10 @@ struct StageCut {
   std::string why;                    // both, in words
   std::vector<Mesh> stage_meshes;     // per stage: its sub-mesh shape (StageCutOptions::meshes)
   std::vector<int64_t> stage_bytes;   // per stage: its predicted peak bytes per device (see above)
+  // With StageCutOptions::auto_shard: per stage, the layout of every value its pieces hold (by
+  // the graph's value names), chosen by automatic sharding for its mesh shape. Empty otherwise.
+  // stages_with_layouts() builds the stages with them.
+  std::vector<std::map<std::string, Sharding>> stage_layouts;
 };
 
 struct StageCutOptions {
@@ -76,6 +86,12 @@ struct StageCutOptions {
   // instruction and per run, is then in the times. Null: priced by the cost model.
   Runtime* runtime = nullptr;
   int measure_runs = 5;
+  // Automatic sharding within each stage (Alpa's intra-operator pass per stage): each piece's
+  // forward is planned by auto_shard on every mesh shape (these options: their cost figures,
+  // time limit, ...; the graph's own annotations are kept), the whole graph laid out by the
+  // pieces' plans, and the pieces priced (or timed) in those layouts. Each stage then takes the
+  // plans of its mesh shape (StageCut::stage_layouts). Unset: the graph's own layouts.
+  std::optional<AutoShardOptions> auto_shard;
 };
 
 // The values a graph can be cut at with nothing else crossing: v such that every value an op
@@ -95,6 +111,12 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
 StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
                            const std::vector<Tensor>& candidates, int64_t stages, int64_t micro,
                            const StageCutOptions& options, const CostModel& cost);
+
+// The stages of `g` cut at `cut.cuts` (split_stages), each in the layouts automatic sharding chose
+// for its mesh shape (cut.stage_layouts; with none, the graph's own: split_stages itself). A
+// value's gradient takes its layout, as split_stages gives it.
+std::vector<PipelineStage> stages_with_layouts(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
+                                               const StageCut& cut);
 
 // The shapes of `mesh`'s devices over its axes of `axes` (the other axes kept): every way to
 // write the product of those axes' sizes as a product of sizes in that order (data=2,model=2
