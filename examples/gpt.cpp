@@ -178,36 +178,6 @@ int run(int argc, char** argv) {
     auto_graph.emplace(r.annotated(m.graph));
   }
   tessel::Executable exe = tessel::compile(auto_graph ? *auto_graph : m.graph, mesh);
-  // --layouts auto: the plan's program and the Megatron layouts' priced alike (on CPU devices
-  // their kernels timed here, as the local devices run them); the faster one runs (rank 0's
-  // choice on every process).
-  double predicted_s = 0;
-  if (auto_graph) {
-    tessel::GptConfig hand_cfg = cfg;
-    hand_cfg.annotate = true;
-    const tessel::GptGraph hand = build_batch_annotated(hand_cfg, mesh);
-    tessel::Executable hand_exe = tessel::compile(hand.graph, mesh);
-    const tessel::ProgramPassOptions lowering = tessel::lowering_for(*rt, tessel::LoadOptions{}.lowering);
-    const tessel::CostModel& cost = auto_cost;
-    const tessel::ProgramPrediction pa =
-        tessel::predict_on(tessel::lower_program(exe.program(), false, lowering), cost, *rt);
-    const tessel::ProgramPrediction ph =
-        tessel::predict_on(tessel::lower_program(hand_exe.program(), false, lowering), cost, *rt);
-    print(fmt::format("auto_shard: predicted per forward{}: {}; the Megatron layouts: {}; auto / Megatron {:.2f}\n",
-                      cuda ? "" : " (kernels timed here)", pa.to_string(), ph.to_string(), pa.total() / ph.total()));
-    // The plan replaces the Megatron layouts only when predicted at least 10% faster (kAutoMargin):
-    // the prediction errs by up to ~30% on CPU devices sharing cores (bench/results/*auto-vs-hand).
-    const std::string mine = pa.total() > kAutoMargin * ph.total() ? "hand" : "auto";
-    const std::vector<std::string> all = rt->allgather_host(mine);
-    predicted_s = pa.total();
-    if ((all.empty() ? mine : all[0]) == "hand") {
-      print(fmt::format("auto_shard: the plan is not predicted at least {:.0f}% faster than the Megatron layouts ({:.3f} "
-                        "ms against {:.3f} ms): the forward runs with the Megatron layouts\n",
-                        (1 - kAutoMargin) * 100, pa.total() * 1e3, ph.total() * 1e3));
-      exe = std::move(hand_exe);
-      predicted_s = ph.total();
-    }
-  }
   double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (print_program) print(exe.program().to_string(0));
   // The compiler's warnings (e.g. a mesh axis that only repeats work) are the user's to see.
@@ -228,6 +198,38 @@ int run(int argc, char** argv) {
   // A hung GPU collective fails instead of waiting forever; on MPI, 0 is the runtime's timeout.
   lo.collective_timeout_s = cuda ? (timeout_s >= 0 ? timeout_s : 300) : 0;
   tessel::LoadedExecutable prog = tessel::load(exe, *rt, lo);
+  // --layouts auto: the plan's program and the Megatron layouts' priced alike (on CPU devices
+  // their kernels timed here, as the local devices run them); the faster one runs (rank 0's
+  // choice on every process).
+  double predicted_s = 0;
+  if (auto_graph) {
+    tessel::GptConfig hand_cfg = cfg;
+    hand_cfg.annotate = true;
+    const tessel::GptGraph hand = build_batch_annotated(hand_cfg, mesh);
+    tessel::Executable hand_exe = tessel::compile(hand.graph, mesh);
+    // (after the plan's program is loaded: under mpirun the runtime knows its devices then)
+    const tessel::ProgramPassOptions lowering = tessel::lowering_for(*rt, lo.lowering);
+    const tessel::CostModel& cost = auto_cost;
+    const tessel::ProgramPrediction pa = tessel::predict_on(prog.program(), cost, *rt);
+    const tessel::ProgramPrediction ph =
+        tessel::predict_on(tessel::lower_program(hand_exe.program(), false, lowering), cost, *rt);
+    print(fmt::format("auto_shard: predicted per forward{}: {}; the Megatron layouts: {}; auto / Megatron {:.2f}\n",
+                      cuda ? "" : " (kernels timed here)", pa.to_string(), ph.to_string(), pa.total() / ph.total()));
+    // The plan replaces the Megatron layouts only when predicted at least 10% faster (kAutoMargin):
+    // the prediction errs by up to ~30% on CPU devices sharing cores (bench/results/*auto-vs-hand).
+    const std::string mine = pa.total() > kAutoMargin * ph.total() ? "hand" : "auto";
+    const std::vector<std::string> all = rt->allgather_host(mine);
+    predicted_s = pa.total();
+    if ((all.empty() ? mine : all[0]) == "hand") {
+      print(fmt::format("auto_shard: the plan is not predicted at least {:.0f}% faster than the Megatron layouts ({:.3f} "
+                        "ms against {:.3f} ms): the forward runs with the Megatron layouts\n",
+                        (1 - kAutoMargin) * 100, pa.total() * 1e3, ph.total() * 1e3));
+      exe = std::move(hand_exe);
+      prog = tessel::load(exe, *rt, lo);
+      predicted_s = ph.total();
+    }
+  }
+
   const std::vector<tessel::ShardedArray> args = prog.to_device(inputs);
   tessel::RunResult r;
   for (int it = 0; it < iters; ++it) {

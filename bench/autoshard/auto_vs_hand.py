@@ -12,7 +12,10 @@ forward), predicted_ms and the layouts that ran (auto's "is not predicted at lea
 says the hand ones did: the plan was not predicted 10% faster), each with the raw file. OUT/summary.csv has per tool and mesh the medians
 of auto and hand over the rounds, auto/hand, and the median measured/predicted of the auto runs.
 
+--launcher "mpirun -np 2": every command run under that launcher (each process a block of the devices).
+
 usage: bench/autoshard/auto_vs_hand.py OUT [--rounds 5] [--steps 100] [--iters 50] [--meshes data=2,model=2 data=4 model=4]
+                                           [--launcher CMD]
 """
 import argparse
 import csv
@@ -43,6 +46,7 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--meshes", nargs="+", default=["data=2,model=2", "data=4", "model=4"])
+    ap.add_argument("--launcher", default="")
     a = ap.parse_args()
     raw = os.path.join(a.out, "raw")
     os.makedirs(raw, exist_ok=True)
@@ -55,6 +59,7 @@ def main():
                         "--steps", str(a.steps), "--no-reference", "--out", ""]
                 else:
                     cmd = ["build/bin/gpt", "--mesh", mesh, "--layouts", layouts, "--iters", str(a.iters)]
+                cmd = a.launcher.split() + cmd
                 name = f"{tool}-{mesh.replace(',', '_')}-{layouts}-r{k}.txt"
                 text = run(cmd, os.path.join(raw, name))
                 if tool == "gpt_train":

@@ -427,7 +427,11 @@ ProgramPrediction predict_program(const Program& p, const CostModel& cost, const
 ProgramPrediction predict_on(const Program& lowered, const CostModel& cost, Runtime& runtime) {
   const std::string name = runtime.name();
   if (name != "threads" && name != "mpi") return predict_program(lowered, cost);
-  const KernelTimes kt = time_kernels(lowered, static_cast<int64_t>(runtime.devices_for(lowered.mesh).size()));
+  // This process's devices: all of them on threads; a block of mesh / processes under MPI (known
+  // before any program is loaded).
+  const int64_t local = name == "mpi" ? std::max<int64_t>(1, lowered.mesh.num_devices() / std::max(1, runtime.process_count()))
+                                      : static_cast<int64_t>(runtime.devices_for(lowered.mesh).size());
+  const KernelTimes kt = time_kernels(lowered, local);
   ProgramPrediction out = predict_program(lowered, cost, &kt);
   out.untimed = kt.untimed;
   out.kernels = kt.kernels;

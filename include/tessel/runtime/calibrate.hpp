@@ -138,7 +138,8 @@ struct ProgramPrediction {
 };
 ProgramPrediction predict_program(const Program& lowered, const CostModel& cost, const KernelTimes* timed = nullptr);
 // predict_program on the machine at hand: on a CPU runtime ("threads", "mpi") the kernels timed
-// as its local devices run them (time_kernels over runtime.devices_for(lowered.mesh)), else (CUDA)
+// as its local devices run them (time_kernels over this process's devices: all of them on threads,
+// mesh / processes under MPI), else (CUDA)
 // their roofline at `cost`. Not collective: each process times its own (a plan every process
 // must agree on takes one process's figures).
 ProgramPrediction predict_on(const Program& lowered, const CostModel& cost, Runtime& runtime);
