@@ -143,7 +143,7 @@ std::vector<std::string> why_lines(const tessel::Graph& g, const std::vector<tes
 
 // --stages P: the pipeline's stage cuts by the cost model, in words. With --auto each stage's
 // shape is chosen too (every shape of the mesh's devices over its axes) within --memory-budget
-// per device.
+// per device, and each stage's layouts by automatic sharding for its shape (the file's own kept).
 int explain_stages(tessel::Graph& g, const tessel::Mesh& mesh, const tessel::CostModel& cost, int64_t stages,
                    int64_t micro, bool shapes, int64_t budget, const std::string& file) {
   if (g.outputs.size() != 1 || !g.values[static_cast<std::size_t>(g.outputs[0])].shape.empty() ||
@@ -164,6 +164,11 @@ int explain_stages(tessel::Graph& g, const tessel::Mesh& mesh, const tessel::Cos
   for (const tessel::MeshAxis& a : mesh.axes()) axes.push_back(a.name);
   so.meshes = shapes ? tessel::mesh_shapes(mesh, axes) : std::vector<tessel::Mesh>{mesh};
   so.memory_budget_bytes = budget;
+  if (shapes) {  // --auto: each stage's layouts too, by automatic sharding for its shape (the file's kept)
+    so.auto_shard = tessel::AutoShardOptions{};
+    so.auto_shard->cost = cost;
+    so.auto_shard->cost_figures = tessel::AutoShardOptions::CostFigures::Given;
+  }
   const tessel::StageCut c = tessel::choose_stage_cuts(g, loss, params, candidates, stages, micro, so, cost);
   fmt::print("== pipeline stages: {} of mesh {}, {} micro-batches; {} candidate cuts (values nothing else "
              "crosses), {} pieces{}\n",
@@ -172,7 +177,7 @@ int explain_stages(tessel::Graph& g, const tessel::Mesh& mesh, const tessel::Cos
                                   budget > 0 ? fmt::format(", within {} bytes per device", budget) : std::string())
                     : std::string());
   // Each stage's program on its shape: the layout of the value it sends.
-  std::vector<tessel::PipelineStage> parts = tessel::split_stages(g, loss, params, c.cuts);
+  std::vector<tessel::PipelineStage> parts = tessel::stages_with_layouts(g, loss, params, c);
   int64_t first = 0;
   double sum = 0, mx = 0;
   for (int64_t s = 0; s < stages; ++s) {
@@ -190,9 +195,22 @@ int explain_stages(tessel::Graph& g, const tessel::Mesh& mesh, const tessel::Cos
           layout = prog.values[static_cast<std::size_t>(prog.outputs[o])].sharding.to_string();
       sends = fmt::format(", sends %{} as {},", c.cuts[u].name(), layout);
     }
+    std::string planned;  // --auto: how many of the stage's values its plan lays out over an axis
+    if (!c.stage_layouts.empty() && c.stage_layouts[u].empty()) {
+      planned = " (the file's own layouts: they price lower here than automatic sharding's, or it could not plan this shape)";
+    } else if (!c.stage_layouts.empty()) {
+      int64_t split = 0, all = 0;
+      for (const auto& v : parts[u].forward.values) {
+        auto it = c.stage_layouts[u].find(v.name);
+        if (it == c.stage_layouts[u].end()) continue;
+        ++all;
+        split += it->second.is_replicated() ? 0 : 1;
+      }
+      planned = fmt::format(" (layouts by automatic sharding: {} of its {} forward values split over an axis)", split, all);
+    }
     fmt::print("stage {}: pieces {}..{} on {}{} predicted {:.6g} s per micro-batch (forward and backward), {} bytes "
-               "per device\n",
-               s, first, first + n - 1, c.stage_meshes[u].to_string(), sends, c.stage_s[u], c.stage_bytes[u]);
+               "per device{}\n",
+               s, first, first + n - 1, c.stage_meshes[u].to_string(), sends, c.stage_s[u], c.stage_bytes[u], planned);
     first += n;
     sum += c.stage_s[u];
     mx = std::max(mx, c.stage_s[u]);

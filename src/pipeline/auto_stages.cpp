@@ -224,12 +224,32 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
       throw Error(fmt::format("choose_stage_cuts: the stage meshes {} and {} have different device counts (a stage's "
                               "shapes must share its devices)",
                               options.meshes[0].to_string(), m.to_string()));
-  const std::size_t K = options.meshes.size();
   StageCut out;
   std::vector<PipelineStage> pieces = split_stages(g, loss, params, candidates);
-  // price[k][i]: piece i on mesh k (with auto_shard: in the layouts planned for mesh k).
+  // The configurations a stage may take: each mesh shape in the graph's own layouts and, with
+  // auto_shard, each shape in the layouts planned for it (both are priced, and each stage takes
+  // the faster: a plan made piece by piece may price worse than the propagated layouts).
+  // price[k][i]: piece i in configuration k.
+  std::vector<std::size_t> cfg_mesh;                      // per configuration: its shape
+  std::vector<std::map<std::string, Sharding>> planned;   // per configuration: its plan (empty: own)
+  std::vector<std::string> unplanned;  // shapes automatic sharding could not plan, and why
+  for (std::size_t m = 0; m < options.meshes.size(); ++m) {
+    cfg_mesh.push_back(m);
+    planned.emplace_back();
+    if (!options.auto_shard) continue;
+    std::vector<PipelineStage> fresh = split_stages(g, loss, params, candidates);
+    // A shape automatic sharding cannot plan (e.g. the graph's own annotation splits a dim
+    // unevenly there, which only the partitioner's padding handles) keeps the graph's layouts.
+    try {
+      std::map<std::string, Sharding> plan = plan_pieces(fresh, options.meshes[m], *options.auto_shard);
+      cfg_mesh.push_back(m);
+      planned.push_back(std::move(plan));
+    } catch (const Error& e) {
+      unplanned.push_back(fmt::format("{} (the graph's own layouts: {})", options.meshes[m].to_string(), e.what()));
+    }
+  }
+  const std::size_t K = cfg_mesh.size();
   std::vector<std::vector<PiecePrice>> price(K);
-  std::vector<std::map<std::string, Sharding>> planned(K);
   auto handles = [](Graph& to, const std::vector<Tensor>& ts) {
     std::vector<Tensor> out;
     for (const Tensor& t : ts) out.push_back(to.tensor(t.id));
@@ -237,15 +257,13 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
   };
   for (std::size_t k = 0; k < K; ++k) {
     std::vector<PipelineStage> mine;
-    if (options.auto_shard) {
-      std::vector<PipelineStage> fresh = split_stages(g, loss, params, candidates);
-      planned[k] = plan_pieces(fresh, options.meshes[k], *options.auto_shard);
+    if (!planned[k].empty()) {
       Graph gk = laid_out(g, planned[k]);
       mine = split_stages(gk, gk.tensor(loss.id), handles(gk, params), handles(gk, candidates));
     }
-    std::vector<PipelineStage>& ps = options.auto_shard ? mine : pieces;
+    std::vector<PipelineStage>& ps = planned[k].empty() ? pieces : mine;
     for (PipelineStage& p : ps)
-      price[k].push_back(price_piece(p, options.meshes[k], cost, options.runtime, options.measure_runs));
+      price[k].push_back(price_piece(p, options.meshes[cfg_mesh[k]], cost, options.runtime, options.measure_runs));
   }
   for (const PiecePrice& pp : price[0]) out.piece_s.push_back(pp.seconds);
 
@@ -308,7 +326,7 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
     throw Error(fmt::format("choose_stage_cuts: no cut into {} stages fits the memory budget of {} bytes per device "
                             "(the least a stage needed: {} bytes, on {} mesh shapes); raise the budget or use more "
                             "stages",
-                            stages, options.memory_budget_bytes, least_bytes, K));
+                            stages, options.memory_budget_bytes, least_bytes, options.meshes.size()));
   std::vector<int64_t> bounds(static_cast<std::size_t>(stages) + 1);
   bounds.back() = n;
   for (int64_t s = stages; s >= 1; --s)
@@ -319,7 +337,7 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
     const Choice c = best_stage(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1], s);
     out.stage_s.push_back(c.seconds);
     out.stage_bytes.push_back(c.bytes);
-    out.stage_meshes.push_back(options.meshes[c.mesh]);
+    out.stage_meshes.push_back(options.meshes[cfg_mesh[c.mesh]]);
     if (options.auto_shard) out.stage_layouts.push_back(planned[c.mesh]);
   }
   out.step_s = step_of(out.stage_s, micro);
@@ -331,17 +349,26 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
   out.equal_pieces = counts(eq);
   out.equal_step_s = step_of(stage_times(out.piece_s, eq), micro);
   std::string shapes;
-  if (K > 1) {
+  const bool several = options.meshes.size() > 1;
+  if (several) {
     std::vector<std::string> ms;
     for (const Mesh& m : out.stage_meshes) ms.push_back(m.to_string());
     shapes = fmt::format(" on {}", fmt::join(ms, ", "));
   }
   out.why = fmt::format("chosen {}{}; equal cut {}{}", describe(out.pieces, out.stage_s, out.step_s), shapes,
                         describe(out.equal_pieces, stage_times(out.piece_s, eq), out.equal_step_s),
-                        K > 1 ? " on " + options.meshes[0].to_string() : std::string());
+                        several ? " on " + options.meshes[0].to_string() : std::string());
   if (options.runtime)
     out.why += fmt::format(" (each piece timed on the devices: the median of {} runs)", options.measure_runs);
-  if (options.auto_shard) out.why += "; each stage's layouts by automatic sharding for its shape";
+  if (options.auto_shard) {
+    // Per stage: its plan, or the graph's own layouts where they priced lower (or no plan was made).
+    std::vector<std::string> which;
+    for (const auto& l : out.stage_layouts) which.push_back(l.empty() ? "the graph's own" : "planned");
+    out.why += fmt::format("; each stage's layouts by automatic sharding for its shape where they price lower than "
+                           "the graph's own: {}",
+                           fmt::join(which, ", "));
+    if (!unplanned.empty()) out.why += fmt::format("; not planned on {}", fmt::join(unplanned, "; "));
+  }
   return out;
 }
 
@@ -353,7 +380,7 @@ std::vector<PipelineStage> stages_with_layouts(const Graph& g, Tensor loss, cons
                             cut.stage_layouts.size(), cut.cuts.size()));
   std::vector<PipelineStage> out;
   for (std::size_t s = 0; s < cut.stage_layouts.size(); ++s) {
-    Graph gs = laid_out(g, cut.stage_layouts[s]);
+    Graph gs = laid_out(g, cut.stage_layouts[s]);  // an empty plan: the graph's own layouts
     std::vector<Tensor> ps, cs;
     for (const Tensor& t : params) ps.push_back(gs.tensor(t.id));
     for (const Tensor& t : cut.cuts) cs.push_back(gs.tensor(t.id));

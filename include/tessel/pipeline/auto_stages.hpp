@@ -62,8 +62,9 @@ struct StageCut {
   std::vector<Mesh> stage_meshes;     // per stage: its sub-mesh shape (StageCutOptions::meshes)
   std::vector<int64_t> stage_bytes;   // per stage: its predicted peak bytes per device (see above)
   // With StageCutOptions::auto_shard: per stage, the layout of every value its pieces hold (by
-  // the graph's value names), chosen by automatic sharding for its mesh shape. Empty otherwise.
-  // stages_with_layouts() builds the stages with them.
+  // the graph's value names), chosen by automatic sharding for its mesh shape, or an empty map
+  // where the graph's own layouts priced lower. Empty without auto_shard. stages_with_layouts()
+  // builds the stages with them.
   std::vector<std::map<std::string, Sharding>> stage_layouts;
 };
 
@@ -89,8 +90,11 @@ struct StageCutOptions {
   // Automatic sharding within each stage (Alpa's intra-operator pass per stage): each piece's
   // forward is planned by auto_shard on every mesh shape (these options: their cost figures,
   // time limit, ...; the graph's own annotations are kept), the whole graph laid out by the
-  // pieces' plans, and the pieces priced (or timed) in those layouts. Each stage then takes the
-  // plans of its mesh shape (StageCut::stage_layouts). Unset: the graph's own layouts.
+  // pieces' plans, and the pieces priced (or timed) in those layouts beside the graph's own: a
+  // stage takes a shape in its plan or in the graph's own layouts, whichever is faster
+  // (StageCut::stage_layouts; an empty map: the graph's own). A shape auto_shard refuses (the
+  // graph's own annotation uneven there) keeps the graph's layouts; StageCut::why says which.
+  // Unset: the graph's own layouts.
   std::optional<AutoShardOptions> auto_shard;
 };
 
