@@ -377,7 +377,7 @@ TEST_CASE("automatic stage cuts timed on the devices (StageCutOptions::runtime) 
                               "measure_runs 0"));
 }
 
-TEST_CASE("automatic sharding within each stage: each stage's layouts planned for its shape, trained equal to one device",
+TEST_CASE("automatic sharding within each stage: each stage's layouts planned for its shape and trained equal to one device",
           "[pipeline][integration]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("pipeline stages planned by automatic sharding against one device", seed, 1);
