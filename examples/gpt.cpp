@@ -14,7 +14,9 @@
 // --layouts: megatron (the default) annotates the Megatron layout; batch places only the batch
 // (tokens and labels) on `data` and leaves the rest to propagation; auto places only the batch
 // and lets automatic sharding choose every other layout (autoshard/auto_shard.hpp; under mpirun
-// every process adopts rank 0's plan). --write-graph FILE writes the model's graph in the text
+// every process adopts rank 0's plan); the plan runs only when predicted at least 10% faster than
+// the Megatron layouts on this machine (predict_on), and the measured forward is printed beside the
+// prediction. --write-graph FILE writes the model's graph in the text
 // form (graph_text.hpp: the mesh, the layouts of --layouts megatron or batch) to FILE and exits
 // without running, e.g. for `tessel-explain FILE --auto` (docs/auto-sharding.md).
 //
@@ -75,7 +77,9 @@ const char* kUsage =
     "           [--layouts megatron|batch|auto] [--write-graph FILE] [--all-warnings]\n"
     "A GPT-2-style decoder on N virtual CPU (or CUDA) devices, checked against one device.\n"
     "--layouts: megatron (default: the Megatron annotations), batch (only the batch on data, the\n"
-    "rest propagated), auto (only the batch on data, the rest chosen by automatic sharding).\n"
+    "rest propagated), auto (only the batch on data, the rest chosen by automatic sharding; the plan\n"
+    "and the Megatron layouts are both priced on this machine, the plan runs only when predicted at\n"
+    "least 10% faster, and the measured forward is printed beside the prediction).\n"
     "--write-graph FILE: write the graph (mesh and layouts) in the text form and exit, e.g. for\n"
     "tessel-explain FILE --auto.\n"
     "--all-warnings: print each compiler warning (default: a kind with more than 2 becomes one line).\n"

@@ -30,8 +30,10 @@
 // the GPU's for CUDA); --links gives link figures instead (docs/links.md; e.g. the file
 // tessel-bench --calibrate-links writes), `--links measured` measures now without the cache, and
 // `--links default` plans with the cost model's H100 figures. It prints the chosen strategy in
-// words, its predicted step time against the hand layouts' at the same figures, and how to see
-// every layout (--write-graph FILE). --zero does not apply: auto_shard picks ZeRO-like layouts
+// words, the predicted step of the plan and of the hand layouts (predict_on: on CPU devices each
+// program's kernels timed here), trains with the plan only when it is predicted at least 10%
+// faster (else with the hand layouts), prints the measured step beside the prediction, and how to
+// see every layout (--write-graph FILE). --zero does not apply: auto_shard picks ZeRO-like layouts
 // itself.
 //
 // Checkpoints (tessel/checkpoint/checkpoint.hpp): with --save-dir DIR the training state (the
@@ -154,8 +156,10 @@ const char* kUsage =
     "(CPU devices: this machine's links, compute and memory rates, measured once and cached in\n"
     "$TESSEL_CACHE_DIR or ~/.cache/tessel; CUDA: the GPU's). --links SPEC|@FILE: these link figures\n"
     "instead (docs/links.md); --links measured: measured now, not cached; --links default: the cost\n"
-    "model's own (H100) figures. It prints the strategy in words and its predicted step time against\n"
-    "the hand layouts'. Not with --zero.\n"
+    "model's own (H100) figures. It prints the strategy in words and the predicted step of the plan\n"
+    "and of the hand layouts (on CPU devices each program's kernels timed here as its devices run\n"
+    "them), trains with the plan only when it is predicted at least 10% faster (else with the hand\n"
+    "layouts, saying so), and prints the measured step beside the prediction. Not with --zero.\n"
     "--write-graph FILE: write the training step's graph with its layouts (text form, for\n"
     "tessel-explain FILE) and exit.\n"
     "--all-warnings: print each compiler warning (default: a kind with more than 2 becomes one line).\n"
