@@ -55,8 +55,6 @@
 
 namespace {
 
-// --auto: how much faster than the hand layouts the plan must be predicted to be used.
-constexpr double kAutoMargin = 0.9;
 
 // The model with the layouts of cfg.annotate (Megatron) or, without them, only the batch on the
 // data axis; the mesh set, so its text form declares it.
@@ -219,15 +217,13 @@ int run(int argc, char** argv) {
         tessel::predict_on(tessel::lower_program(hand_exe.program(), false, lowering), cost, *rt);
     print(fmt::format("auto_shard: predicted per forward{}: {}; the Megatron layouts: {}; auto / Megatron {:.2f}\n",
                       cuda ? "" : " (kernels timed here)", pa.to_string(), ph.to_string(), pa.total() / ph.total()));
-    // The plan replaces the Megatron layouts only when predicted at least 10% faster (kAutoMargin):
-    // the prediction errs by up to ~30% on CPU devices sharing cores (bench/results/*auto-vs-hand).
-    const std::string mine = pa.total() > kAutoMargin * ph.total() ? "hand" : "auto";
-    const std::vector<std::string> all = rt->allgather_host(mine);
+    // The plan replaces the Megatron layouts only when predicted at least 10% faster
+    // (plan_predicted_faster: rank 0's choice on every process).
     predicted_s = pa.total();
-    if ((all.empty() ? mine : all[0]) == "hand") {
+    if (!tessel::plan_predicted_faster(pa, ph, *rt)) {
       print(fmt::format("auto_shard: the plan is not predicted at least {:.0f}% faster than the Megatron layouts ({:.3f} "
                         "ms against {:.3f} ms): the forward runs with the Megatron layouts\n",
-                        (1 - kAutoMargin) * 100, pa.total() * 1e3, ph.total() * 1e3));
+                        (1 - tessel::kPlanMargin) * 100, pa.total() * 1e3, ph.total() * 1e3));
       exe = std::move(hand_exe);
       prog = tessel::load(exe, *rt, lo);
       predicted_s = ph.total();

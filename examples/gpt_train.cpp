@@ -114,8 +114,6 @@
 
 namespace {
 
-// --auto: how much faster than the hand layouts the plan must be predicted to be used.
-constexpr double kAutoMargin = 0.9;
 
 const char* kUsage =
     "usage: gpt_train [--mesh data=2,model=2] [--zero 0..3] [--steps 20] [--lr 1.5e-3] [--warmup N]\n"
@@ -868,7 +866,7 @@ int run(int argc, char** argv) {
   tessel::Trainer trainer(g, m.loss, m.weights, mesh, *rt, o);
   const tessel::Executable* exe_p = &trainer.executable();
   // --auto: the hand layouts (Megatron annotations, --zero 0) of the same model, priced beside
-  // the plan; the step trains with whichever is predicted faster.
+  // the plan; the step trains with the plan only when it is predicted 10% faster.
   tessel::GptConfig hand_cfg = cfg;
   hand_cfg.annotate = true;
   tessel::GptGraph hand = tessel::build_gpt(hand_cfg);
@@ -918,14 +916,11 @@ int run(int argc, char** argv) {
     print(fmt::format("auto_shard: predicted per step at those figures{}: {}; the hand layouts (Megatron, --zero 0): {}; "
                       "auto / hand {:.2f}\n",
                       cuda ? "" : " (kernels timed here)", pa.to_string(), ph.to_string(), pa.total() / ph.total()));
-    // The plan must beat the hand layouts by the same prediction, else the hand layouts train
-    // (rank 0's choice on every process: the kernels' times differ from process to process).
-    // With --accumulate the step runs other programs too: the plan is kept.
-    // The plan replaces the hand layouts only when predicted at least 10% faster (kAutoMargin): the
-    // prediction errs by up to ~30% on CPU devices sharing cores (bench/results/*auto-vs-hand).
-    const std::string mine = accumulate == 1 && pa.total() > kAutoMargin * ph.total() ? "hand" : "auto";
-    const std::vector<std::string> all = rt->allgather_host(mine);
-    if ((all.empty() ? mine : all[0]) == "hand") {
+    // The plan must beat the hand layouts by the same prediction with a margin, else the hand
+    // layouts train (rank 0's choice on every process). With --accumulate the step runs other
+    // programs too: the plan is kept.
+    const bool keep_plan = tessel::plan_predicted_faster(pa, ph, *rt) || accumulate > 1;
+    if (!keep_plan) {
       tessel::TrainerOptions ho = o;
       ho.auto_shard.reset();
       ho.train = hand_to;
@@ -934,7 +929,7 @@ int run(int argc, char** argv) {
       predicted_step = ph.total();
       print(fmt::format("auto_shard: the plan is not predicted at least {:.0f}% faster than the hand layouts ({:.3f} ms "
                         "against {:.3f} ms): the step trains with the hand layouts\n",
-                        (1 - kAutoMargin) * 100, pa.total() * 1e3, ph.total() * 1e3));
+                        (1 - tessel::kPlanMargin) * 100, pa.total() * 1e3, ph.total() * 1e3));
     }
     print("auto_shard: every layout: add --write-graph FILE (the step's graph with its layouts, for tessel-explain "
           "FILE)\n");

@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -313,11 +314,11 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
   std::unique_ptr<std::atomic<bool>[]> runs(new std::atomic<bool>[p.instrs.size()]);
   for (std::size_t i = 0; i < p.instrs.size(); ++i) runs[i] = false;
   std::mutex fail_mu;
+  std::set<std::size_t> reported;
   auto failed = [&](std::size_t i, const char* why) {
+    runs[i] = false;
     std::lock_guard<std::mutex> l(fail_mu);
-    if (runs[i].exchange(false) || std::none_of(out.untimed.begin(), out.untimed.end(), [&](const std::string& u) {
-          return u.rfind(fmt::format("instruction #{} ", i), 0) == 0;
-        }))
+    if (reported.insert(i).second)
       out.untimed.push_back(fmt::format("instruction #{} ({}): {}", i, op_name(p.instrs[i].op), why));
   };
   for (const auto& [i, a] : devs[0].kernels) {
@@ -436,6 +437,14 @@ ProgramPrediction predict_on(const Program& lowered, const CostModel& cost, Runt
   out.untimed = kt.untimed;
   out.kernels = kt.kernels;
   return out;
+}
+
+bool plan_predicted_faster(const ProgramPrediction& plan, const ProgramPrediction& other, Runtime& runtime,
+                           double margin) {
+  if (!(margin > 0)) throw Error(fmt::format("plan_predicted_faster: margin {} (give a number > 0)", margin));
+  const std::string mine = plan.total() <= margin * other.total() ? "plan" : "other";
+  const std::vector<std::string> all = runtime.allgather_host(mine);
+  return (all.empty() ? mine : all[0]) == "plan";
 }
 
 CostModel measured_cost_model(Runtime& runtime, const Mesh& mesh, const CalibrationOptions& options) {

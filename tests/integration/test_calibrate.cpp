@@ -288,6 +288,14 @@ TEST_CASE("time_kernels and predict_program: a program's kernels timed as its de
   // predict_on a thread runtime times the kernels on its local devices.
   ThreadRuntime rt(2);
   CHECK(predict_on(low, cost, rt).timed);
+  // The plan replaces other layouts only when predicted at least 10% faster (one process: its own answer).
+  ProgramPrediction fast = p, slow = p;
+  slow.run_s = p.run_s + p.total();  // twice the time
+  CHECK(plan_predicted_faster(fast, slow, rt));
+  CHECK_FALSE(plan_predicted_faster(slow, fast, rt));
+  CHECK_FALSE(plan_predicted_faster(p, p, rt));  // equal: not 10% faster
+  CHECK(plan_predicted_faster(p, p, rt, 1.0));
+  CHECK_THROWS_WITH(plan_predicted_faster(p, p, rt, 0), Catch::Contains("margin 0"));
   // Kernel times of another program are refused.
   KernelTimes wrong = one;
   wrong.seconds.pop_back();

@@ -144,6 +144,16 @@ ProgramPrediction predict_program(const Program& lowered, const CostModel& cost,
 // must agree on takes one process's figures).
 ProgramPrediction predict_on(const Program& lowered, const CostModel& cost, Runtime& runtime);
 
+// Whether an automatic plan should replace other layouts (the user's, the hand ones): its
+// prediction at most `margin` times theirs. The margin is what the prediction may err by on
+// this machine: 0.9 (the plan at least 10% faster) covers CPU devices sharing cores, where
+// measured/predicted ran 0.88-1.24 (bench/results/2026-12-03T2310-2core-xeon-auto-vs-hand).
+// Collective over the runtime's processes: every process takes rank 0's answer (the kernels'
+// times differ from process to process). Throws Error when margin is not > 0.
+constexpr double kPlanMargin = 0.9;
+bool plan_predicted_faster(const ProgramPrediction& plan, const ProgramPrediction& other, Runtime& runtime,
+                           double margin = kPlanMargin);
+
 // A cost model of `mesh` on `runtime` as measured here: calibrate_links for the links,
 // calibrate_compute for the compute (on CPU runtimes), compute_sharing for the mesh's local
 // devices on this host's hardware threads, and calibrate_dispatch for dispatch_s and run_s. What automatic sharding should plan with on
