@@ -56,15 +56,15 @@
 // draws the same batches from rank 0's seed (agree_on_seed), and only rank 0 prints. A RANK/
 // WORLD_SIZE launcher without MPI is an error saying so (make_runtime, runtime/make_runtime.hpp).
 //
-// A mesh with a pipe axis (--mesh pipe=2,data=2) trains with pipeline parallelism
-// (pipeline/runner.hpp): the model cut at its residual stream into pipe stages of equal layers
+// A mesh with a pipe axis (--mesh pipe=2,data=2) trains with pipeline parallelism (a Trainer
+// over a PipelineTrainer's stages: pipeline/trainer.hpp, runner.hpp): the model cut at its residual stream into pipe stages of equal layers
 // (x --chunks V with --schedule interleaved), each on the mesh's other axes, run at once by
 // --schedule gpipe|1f1b|interleaved over --microbatches M micro-batches, each step checked
 // against one device from the same state (docs/pipeline.md), --zero 0..2 within each stage; its
 // checkpoints (the state gathered, the same metadata) resume on any mesh, and it resumes any
 // mesh's; --auto chooses the stage boundaries by this machine's cost model
-// (pipeline/auto_stages.hpp). ZeRO-3, accumulation, mixed precision, rematerialisation, CUDA and
-// mpirun are refused there for now.
+// (pipeline/auto_stages.hpp). Under mpirun -np N each stage runs on N/pipe processes. ZeRO-3,
+// accumulation, mixed precision, rematerialisation and CUDA are refused there for now.
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
 // device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
@@ -103,6 +103,7 @@
 #include "tessel/pipeline/auto_stages.hpp"
 #include "tessel/runtime/backend_cost.hpp"
 #include "tessel/pipeline/runner.hpp"
+#include "tessel/pipeline/trainer.hpp"
 #include "tessel/runtime/cuda/cuda.hpp"
 #include "tessel/runtime/launch.hpp"
 #include "tessel/runtime/make_runtime.hpp"
@@ -427,23 +428,19 @@ int run_pipeline(const PipeRun& a) {
       if (m.graph.inputs[i] == w.id) init[w.name()] = host[i];
   tessel::TrainerOptions o;
   o.lr = a.warmup > 0 ? tessel::LrSchedule::warmup_cosine(a.lr, a.warmup, a.steps) : tessel::LrSchedule::constant(a.lr);
+  o.train.zero = a.zero;
   tessel::PipelineOptions po;
   po.schedule = a.flags.kind;
   po.micro = M;
   po.chunks = V;
-  po.adamw = o.train.adamw;
-  po.zero = a.zero;
   po.processes = pg;
   if (a.timeout_s > 0) po.timeout_s = a.timeout_s;
   const auto t0 = std::chrono::steady_clock::now();
-  tessel::PipelineTrainer trainer(std::move(stages), meshes, rp, init, po);
-  // The oracle: the same step on one device (the reference executor) from the pipeline's state.
-  std::optional<tessel::ThreadRuntime> one_rt;
-  std::optional<tessel::Trainer> one;
-  if (a.reference && printer) {  // under mpirun rank 0 checks
-    one_rt.emplace(1);
-    one.emplace(m.graph, m.loss, m.weights, tessel::gpt_mesh(tessel::Mesh::parse("data=1"), c), *one_rt, o);
-  }
+  // The Trainer's loop over the stages (pipeline/trainer.hpp): its steps, state, checkpoints and
+  // reference step (the oracle: the same step on one device, the reference executor).
+  tessel::Trainer trainer = tessel::pipeline_trainer(m.graph, m.loss, m.weights, std::move(stages), meshes, rp, o, po);
+  trainer.init(init);
+  const bool check = a.reference && printer;  // under mpirun rank 0 checks
   const double compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   say("gpt_train: batch={} ({} micro-batches of {}) seq={} d_model={} heads={} layers={} vocab={} corpus={} "
              "bytes\n",
@@ -456,13 +453,14 @@ int run_pipeline(const PipeRun& a) {
       alike ? "mesh " + shapes[0] : fmt::format("meshes {}", fmt::join(shapes, ", ")), P * stage_mesh.num_devices(),
       pg ? fmt::format(", {} processes, {} per stage", pg->size(), pg->size() / P) : std::string(),
       tessel::schedule_kind_name(a.flags.kind), a.zero, o.lr.to_string(), seed);
-  say("{}compile + load: {:.1f} ms\n", trainer.schedule().to_string(), compile_ms);
+  const tessel::Schedule schedule = tessel::make_schedule(a.flags.kind, P, M, V);
+  say("{}compile + load: {:.1f} ms\n", schedule.to_string(), compile_ms);
 
   // A resumed run: the state of the step (saved on any mesh, pipelined or not) and its data position.
   std::vector<double> first_losses;
   int64_t position = 0;
   if (a.start > 0) {
-    trainer.set_state(a.ckpt->read_all(a.start));
+    trainer.restore_checkpoint(*a.ckpt, a.start);
     first_losses = a.saved.at("first_losses").get<std::vector<double>>();
     position = a.saved.at("data_position").get<int64_t>();
     say("resumed from step {} (saved on {}, zero {})\n", a.start, a.saved.value("mesh", std::string("?")),
@@ -494,24 +492,21 @@ int run_pipeline(const PipeRun& a) {
   std::string csv = "step,loss,grad_norm,lr,seconds,tokens_per_s,micro_batches,skipped,bubble\n";
   for (int t = static_cast<int>(a.start) + 1; t <= a.steps; ++t) {
     const std::vector<std::vector<tessel::HostTensor>> micro = batches.next(static_cast<int>(M));
-    std::vector<std::map<std::string, tessel::HostTensor>> named;
-    for (const auto& b : micro) named.push_back({{"tokens", b[0]}, {"labels", b[1]}});
     double ref = 0;
     std::string ref_text;
     if (a.reference) {  // the state is gathered by every process (collective), checked by rank 0
-      std::map<std::string, tessel::HostTensor> state = trainer.state();
-      if (one) ref = one->reference_step(tessel::TrainState{t - 1, std::move(state)}, micro, a.threads).loss;
+      tessel::TrainState state = trainer.state();
+      if (check) ref = trainer.reference_step(state, micro, a.threads).loss;
     }
     const double lr_t = o.lr.at(t);
-    const auto s0 = std::chrono::steady_clock::now();
-    const tessel::PipelineStepReport r = trainer.step(named, lr_t, t);
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+    const tessel::StepRecord r = trainer.step(micro);
+    const double sec = r.seconds;
     losses.push_back(r.loss);
     if (first_losses.size() < 5) first_losses.push_back(r.loss);
     bubble_sum += r.bubble;
     for (int64_t s = 0; s < P; ++s)
       peak[static_cast<std::size_t>(s)] = std::max(peak[static_cast<std::size_t>(s)], r.peak_in_flight[static_cast<std::size_t>(s)]);
-    if (one) {
+    if (check) {
       const double rel = std::fabs(r.loss - ref) / std::max(std::fabs(ref), 1e-30);
       worst = std::max(worst, rel);
       ref_text = fmt::format("  one device {:.6f}  rel {:.2e}", ref, rel);
@@ -526,11 +521,8 @@ int run_pipeline(const PipeRun& a) {
       meta["data_position"] = batches.drawn();
       meta["first_losses"] = first_losses;
       so.metadata_json = meta.dump();
-      std::map<std::string, tessel::HostTensor> state = trainer.state();  // collective
-      if (printer) {  // under mpirun rank 0 writes it; the others wait until it is committed
-        a.ckpt->save(t, state, stage_mesh, {}, so);
-        if (a.keep > 0) a.ckpt->keep_last(a.keep);
-      }
+      trainer.save_checkpoint(*a.ckpt, so);  // collective: rank 0 writes, the others wait until it is committed
+      if (printer && a.keep > 0) a.ckpt->keep_last(a.keep);
       if (pg) pg->allgather(std::string());
       say("saved step {} to {}\n", t, a.ckpt->step_path(t));
     }
@@ -549,16 +541,16 @@ int run_pipeline(const PipeRun& a) {
   for (std::size_t i = 0; i < wl; ++i) last += losses[losses.size() - 1 - i] / static_cast<double>(wl);
   say("loss: mean of the first {} steps {:.4f}, of the last {} steps {:.4f} ({})\n", w, first, wl, last,
              n >= 2 && last < first ? "falling" : "NOT falling");
-  if (one)
+  if (check)
     say("largest relative difference from one device: {:.2e} ({})\n", worst,
                worst <= a.tolerance ? fmt::format("ok, <= {}", a.tolerance) : fmt::format("FAILED, > {}", a.tolerance));
   std::vector<std::string> peaks;
   for (int64_t p : peak) peaks.push_back(std::to_string(p));
   say("bubble: {:.3f} measured (mean over the steps; the schedule's with equal stages and free transfers: "
              "{:.3f}); micro-batches in flight at the peak per stage: {}\n",
-             bubble_sum / static_cast<double>(losses.size()), tessel::simulate(trainer.schedule(), 1, 2).bubble,
+             bubble_sum / static_cast<double>(losses.size()), tessel::simulate(schedule, 1, 2).bubble,
              fmt::format("{}", fmt::join(peaks, ", ")));
-  const bool ok = (!one || worst <= a.tolerance) && (n < 2 || last < first) && std::isfinite(last);
+  const bool ok = (!check || worst <= a.tolerance) && (n < 2 || last < first) && std::isfinite(last);
   return ok ? 0 : 1;
 }
 

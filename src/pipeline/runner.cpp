@@ -88,6 +88,21 @@ struct PipelineTrainer::Impl {
   // moments too), gathered from every process: each stage's once.
   Hosts gather_owned(bool moments) const;
   // Parameter `n`'s host value, read back from its owner's devices when stale.
+  // Virtual stage vs's parameters on its forward's devices: an owned one carried from the last
+  // update's result, the others (a tied parameter another stage owns, or the first step's
+  // values) sent from the host in one transfer.
+  Arrays forward_params(int64_t vs) const {
+    const auto u = static_cast<std::size_t>(vs);
+    Arrays out;
+    std::map<std::string, HostTensor> send;
+    for (const std::string& n : stages[u].params) {
+      auto it = param_dev[u].find(n);
+      if (it != param_dev[u].end()) out.emplace(n, carry(update[u]->loaded, it->second, fwd[u]->loaded, n));
+      else send.emplace(n, host_param(n));
+    }
+    for (auto& [n, arr] : fwd[u]->loaded.to_device(send)) out.emplace(n, std::move(arr));
+    return out;
+  }
   const HostTensor& host_param(const std::string& n) const {
     if (stale.count(n)) {
       for (int64_t vs = 0; vs < V; ++vs) {
@@ -390,14 +405,10 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   for (int64_t vs = 0; vs < I.V; ++vs) {
     if (!I.local(vs)) continue;
     const auto u = static_cast<std::size_t>(vs);
-    std::map<std::string, HostTensor> send, zeros;
-    for (const std::string& n : I.stages[u].params) {
-      auto it = I.param_dev[u].find(n);
-      if (it != I.param_dev[u].end()) fparams[u].emplace(n, carry(I.update[u]->loaded, it->second, I.fwd[u]->loaded, n));
-      else send.emplace(n, I.host_param(n));
+    std::map<std::string, HostTensor> zeros;
+    for (const std::string& n : I.stages[u].params)
       zeros.emplace("grad.acc." + n, HostTensor(DType::f32, I.params.at(n).shape()));
-    }
-    for (auto& [n, arr] : I.fwd[u]->loaded.to_device(send)) fparams[u].emplace(n, std::move(arr));
+    fparams[u] = I.forward_params(vs);
     for (const auto& [n, f] : fparams[u]) bparams[u].emplace(n, carry(I.fwd[u]->loaded, f, I.bwd[u]->loaded, n));
     acc[u] = I.bwd[u]->loaded.to_device(zeros);
   }
@@ -621,6 +632,12 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
     sumsq = total;
   }
   rep.grad_norm = std::sqrt(sumsq);
+  // A non-finite loss or norm (the same on every process: both are gathered) updates nothing.
+  if (!std::isfinite(rep.loss) || !std::isfinite(rep.grad_norm)) {
+    rep.applied = false;
+    rep.update_s = now_s() - t_up;
+    return rep;
+  }
   const AdamWConfig& a = I.o.adamw;
   double clip = 1.0;
   if (a.clip_norm > 0 && rep.grad_norm > a.clip_norm) clip = a.clip_norm / (rep.grad_norm + 1e-6);
@@ -667,6 +684,54 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   }
   rep.update_s = now_s() - t_up;
   return rep;
+}
+
+double PipelineTrainer::evaluate(const std::map<std::string, HostTensor>& micro_batch) {
+  Impl& I = *p_;
+  for (int64_t vs = 0; vs < I.V; ++vs)
+    for (const std::string& n : I.stages[static_cast<std::size_t>(vs)].data)
+      if (!micro_batch.count(n))
+        throw Error(fmt::format("PipelineTrainer::evaluate: the batch has no '{}' (stage {} reads it)", n, vs));
+  detail::StageLinks& mail = *I.links;
+  mail.begin_step(++I.steps_run);
+  double loss = std::nan("");
+  std::string error;
+  // The virtual stages in order, each in its process: a stage waits for the one before it.
+  for (int64_t vs = 0; vs < I.V && error.empty(); ++vs) {
+    if (!I.local(vs)) continue;
+    const auto u = static_cast<std::size_t>(vs);
+    const PipelineStage& st = I.stages[u];
+    try {
+      Hosts recv;
+      if (vs > 0) recv = mail.take(0, vs, 0);
+      LoadedExecutable& f = I.fwd[u]->loaded;
+      Arrays in = I.forward_params(vs);
+      std::map<std::string, HostTensor> send;
+      for (const std::string& n : st.data) send.emplace(n, micro_batch.at(n));
+      for (const std::string& n : st.recv) send.emplace(n, recv.at(n));
+      for (auto& [n, arr] : f.to_device(send)) in.emplace(n, std::move(arr));
+      RunResult r = f.run_named(in);
+      if (!st.loss.empty()) loss = f.to_host(f.output(r, st.loss)).get(0);
+      if (vs + 1 < I.V) {
+        Hosts out;
+        for (const std::string& n : st.send) out.emplace(n, f.to_host(f.output(r, n)));
+        mail.put(0, vs + 1, 0, std::move(out));
+      }
+    } catch (const std::exception& e) {
+      error = fmt::format("pipeline stage {}, the forward of PipelineTrainer::evaluate (virtual stage {}): {}", vs % I.P,
+                          vs, e.what());
+      mail.fail(error);
+    }
+  }
+  std::string cause;
+  for (const std::string& e : I.where.gather(error))
+    if (!e.empty() && (cause.empty() || cause.find("another stage failed") != std::string::npos)) cause = e;
+  if (!cause.empty()) throw Error(cause);
+  // The last stage's process has the loss: every process takes it.
+  const bool last = I.local(I.V - 1);
+  for (const std::string& b : I.where.gather(last && I.where.leader() ? detail::pack_doubles({loss}) : std::string()))
+    for (double x : detail::unpack_doubles(b, "pipeline: the gathered evaluation loss")) loss = x;
+  return loss;
 }
 
 }  // namespace tessel

@@ -104,6 +104,21 @@ struct Trainer::Impl {
   std::vector<StepRecord> history;
   std::optional<AutoShardResult> auto_result;  // TrainerOptions::auto_shard's plan of the update
   std::string cost_source;                     // which figures auto_shard plans with, in words
+  std::unique_ptr<TrainerEngine> engine;       // set: the steps and the state are the engine's
+
+  // Throws Error for what only the Trainer's own single program has.
+  void single(const char* what) const {
+    if (engine)
+      throw Error(fmt::format("Trainer::{}: this trainer runs on {}, not one program of its own (use state(), "
+                              "set_state() and the checkpoints)",
+                              what, engine->describe()));
+  }
+  // A batch by input name.
+  std::map<std::string, HostTensor> named(const std::vector<HostTensor>& b) const {
+    std::map<std::string, HostTensor> out;
+    for (std::size_t i = 0; i < batch.size(); ++i) out[batch[i]] = b[i];
+    return out;
+  }
 
   // A copy of the model with only the loss as output, and handles of the loss and parameters.
   Graph copy(Tensor& loss, std::vector<Tensor>& ps) const {
@@ -116,6 +131,7 @@ struct Trainer::Impl {
   }
   TrainOptions train_options(Graph& g, bool accumulated) const {
     TrainOptions to = o.train;
+    if (engine) to.zero = 0;  // (the engine's own layouts; the graph serves the reference step)
     to.guard_non_finite = true;
     to.accumulated = accumulated;
     for (Tensor& c : to.checkpoints) c = g.tensor(c.id);  // the caller's handles are on `model`
@@ -265,6 +281,27 @@ struct Trainer::Impl {
   double host_scalar(Loaded& p, const RunResult& r, const std::string& name) const {
     return p.le.to_host(p.le.output(r, name)).get(0);
   }
+  // The model copied, its loss, parameters and batch inputs (the rest of its inputs) by name.
+  void adopt(const Graph& g, Tensor loss, const std::vector<Tensor>& ps) {
+    if (loss.graph() != &g) throw Error("Trainer: the loss must be a value of the model graph");
+    loss.value();
+    model = g.clone();
+    loss_id = loss.id;
+    loss_name = loss.name();
+    for (const Tensor& p : ps) {
+      if (p.graph() != &g) throw Error(fmt::format("Trainer: parameter %{} is not a value of the model graph", p.name()));
+      param_ids.push_back(p.id);
+      params.push_back(p.name());
+    }
+    for (int in : g.inputs)
+      if (std::find(param_ids.begin(), param_ids.end(), in) == param_ids.end())
+        batch.push_back(g.values[static_cast<std::size_t>(in)].name);
+  }
+  // The engine's step, and the record's end (timing, tokens, the non-finite policy, history).
+  StepRecord engine_step(const std::vector<std::vector<HostTensor>>& micro_batches, StepRecord rec,
+                         std::chrono::steady_clock::time_point start);
+  StepRecord finish(const std::vector<std::vector<HostTensor>>& micro_batches, StepRecord rec,
+                    std::chrono::steady_clock::time_point start, bool finite);
 };
 
 Trainer::Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh,
@@ -274,19 +311,7 @@ Trainer::Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& par
   im.rt = &runtime;
   im.mesh = mesh;
   im.o = std::move(options);
-  if (loss.graph() != &model) throw Error("Trainer: the loss must be a value of the model graph");
-  loss.value();
-  im.model = model.clone();
-  im.loss_id = loss.id;
-  im.loss_name = loss.name();
-  for (const Tensor& p : params) {
-    if (p.graph() != &model) throw Error(fmt::format("Trainer: parameter %{} is not a value of the model graph", p.name()));
-    im.param_ids.push_back(p.id);
-    im.params.push_back(p.name());
-  }
-  for (int in : model.inputs)
-    if (std::find(im.param_ids.begin(), im.param_ids.end(), in) == im.param_ids.end())
-      im.batch.push_back(model.values[static_cast<std::size_t>(in)].name);
+  im.adopt(model, loss, params);
   im.o.lr.at(1);  // a bad schedule fails here
   if (im.o.auto_shard) {  // the figures of the machine the step runs on, unless given
     AutoShardOptions& ao = *im.o.auto_shard;
@@ -300,6 +325,22 @@ Trainer::Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& par
     }
   }
   im.update = im.build_update(false);
+}
+
+Trainer::Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& params,
+                 std::unique_ptr<TrainerEngine> engine, TrainerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& im = *impl_;
+  if (!engine) throw Error("Trainer: the engine is null");
+  if (options.auto_shard)
+    throw Error(fmt::format("Trainer: TrainerOptions::auto_shard plans one program; {} takes its layouts from its "
+                            "stages (for a pipeline: StageCutOptions::auto_shard and stages_with_layouts)",
+                            engine->describe()));
+  im.engine = std::move(engine);
+  im.mesh = Mesh::parse("data=1");  // the reference step's graphs (no layouts used)
+  im.o = std::move(options);
+  im.adopt(model, loss, params);
+  im.o.lr.at(1);
 }
 
 Trainer::~Trainer() = default;
@@ -331,17 +372,45 @@ int64_t Trainer::planned_peak_bytes() const {
   return peak;
 }
 
-const Executable& Trainer::executable() const { return impl_->update->exe; }
+const Executable& Trainer::executable() const {
+  impl_->single("executable");
+  return impl_->update->exe;
+}
 const AutoShardResult* Trainer::auto_shard_result() const {
   return impl_->auto_result ? &*impl_->auto_result : nullptr;
 }
-LoadedExecutable& Trainer::program() { return impl_->update->le; }
+TrainerEngine* Trainer::engine() const { return impl_->engine.get(); }
+
+LoadedExecutable& Trainer::program() {
+  impl_->single("program");
+  return impl_->update->le;
+}
 
 void Trainer::init(const std::map<std::string, HostTensor>& values) {
   Impl& im = *impl_;
   for (const auto& [name, v] : values)
     if (std::find(im.params.begin(), im.params.end(), name) == im.params.end())
       throw Error(fmt::format("Trainer::init: '{}' is not a parameter of the training step", name));
+  if (im.engine) {  // the parameters and zero moments, as a state
+    std::map<std::string, HostTensor> st;
+    for (std::size_t i = 0; i < im.params.size(); ++i) {
+      const std::string& name = im.params[i];
+      auto it = values.find(name);
+      if (it == values.end()) throw Error(fmt::format("Trainer::init: no value for parameter '{}'", name));
+      const Value& pv = im.model.values[static_cast<std::size_t>(im.param_ids[i])];
+      if (it->second.dtype() != pv.dtype || it->second.shape() != pv.shape)
+        throw Error(fmt::format("Trainer::init: parameter '{}' is {}; the model's is {}", name,
+                                type_str(it->second.dtype(), it->second.shape()), type_str(pv.dtype, pv.shape)));
+      st[name] = it->second;
+      st["adam.m." + name] = HostTensor(DType::f32, pv.shape);
+      st["adam.v." + name] = HostTensor(DType::f32, pv.shape);
+    }
+    im.engine->set_state(st);
+    im.t = 0;
+    im.history.clear();
+    im.initialised = true;
+    return;
+  }
   LoadedExecutable& le = im.update->le;
   std::map<std::string, ShardedArray> s;
   for (std::size_t i = 0; i < im.params.size(); ++i) {
@@ -364,6 +433,10 @@ TrainState Trainer::state() const {
   impl_->check_ready("state");
   TrainState st;
   st.step = impl_->t;
+  if (impl_->engine) {
+    st.values = impl_->engine->state();
+    return st;
+  }
   for (const auto& [name, a] : impl_->state) st.values[name] = impl_->update->le.to_host(a);
   return st;
 }
@@ -371,6 +444,12 @@ TrainState Trainer::state() const {
 void Trainer::set_state(const TrainState& st) {
   Impl& im = *impl_;
   if (st.step < 0) throw Error(fmt::format("Trainer::set_state: step {} is negative", st.step));
+  if (im.engine) {
+    im.engine->set_state(st.values);
+    im.t = st.step;
+    im.initialised = true;
+    return;
+  }
   std::map<std::string, ShardedArray> s;
   for (const std::string& p : im.params)
     for (const std::string& name : {p, "adam.m." + p, "adam.v." + p}) {
@@ -386,12 +465,14 @@ void Trainer::set_state(const TrainState& st) {
 }
 
 const std::map<std::string, ShardedArray>& Trainer::device_state() const {
+  impl_->single("device_state");
   impl_->check_ready("device_state");
   return impl_->state;
 }
 
 void Trainer::set_device_state(int64_t step, std::map<std::string, ShardedArray> values) {
   Impl& im = *impl_;
+  im.single("set_device_state");
   if (step < 0) throw Error(fmt::format("Trainer::set_device_state: step {} is negative", step));
   const std::map<std::string, Sharding> want = state_shardings();
   const Program& up = im.update->exe.program();
@@ -418,6 +499,7 @@ void Trainer::set_device_state(int64_t step, std::map<std::string, ShardedArray>
 
 std::map<std::string, Sharding> Trainer::state_shardings() const {
   const Impl& im = *impl_;
+  if (im.engine) return im.engine->state_shardings();
   const Program& up = im.update->exe.program();
   std::map<std::string, Sharding> out;
   for (const std::string& p : im.params)
@@ -465,6 +547,7 @@ std::string shares(const std::vector<std::pair<int64_t, std::string>>& bytes_and
 
 std::string Trainer::strategy_in_words() const {
   const Impl& im = *impl_;
+  if (im.engine) return im.engine->describe();
   const Program& up = im.update->exe.program();
   auto layout_of = [&](const std::string& name) {
     return up.values[static_cast<std::size_t>(up.inputs[im.update->le.input_index(name)])].sharding;
@@ -524,6 +607,7 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
   rec.step = im.t + 1;
   rec.lr = im.o.lr.at(rec.step);
   rec.micro_batches = k;
+  if (im.engine) return im.engine_step(micro_batches, rec, start);
   const AdamWConfig& a = im.o.train.adamw;
   double loss_sum = 0;
   bool finite = true;
@@ -568,10 +652,35 @@ StepRecord Trainer::step(const std::vector<std::vector<HostTensor>>& micro_batch
   }
   rec.loss = loss_sum / k;
   rec.grad_norm = norm;
+  return im.finish(micro_batches, rec, start, finite);
+}
+
+StepRecord Trainer::Impl::engine_step(const std::vector<std::vector<HostTensor>>& micro_batches, StepRecord rec,
+                                      std::chrono::steady_clock::time_point start) {
+  const int64_t want = engine->micro_batches();
+  if (want > 0 && static_cast<int64_t>(micro_batches.size()) != want)
+    throw Error(fmt::format("Trainer::step: {} micro-batch{} given; {} runs {} a step (split the batch into {} of "
+                            "the model's rows each)",
+                            micro_batches.size(), micro_batches.size() == 1 ? "" : "es", engine->describe(), want,
+                            want));
+  std::vector<std::map<std::string, HostTensor>> by_name;
+  for (const auto& b : micro_batches) by_name.push_back(named(b));
+  const TrainerEngine::Step r = engine->step(by_name, rec.lr, rec.step);
+  rec.loss = r.loss;
+  rec.grad_norm = r.grad_norm;
+  rec.bubble = r.bubble;
+  rec.peak_in_flight = r.peak_in_flight;
+  return finish(micro_batches, rec, start, r.applied && std::isfinite(r.loss) && std::isfinite(r.grad_norm));
+}
+
+StepRecord Trainer::Impl::finish(const std::vector<std::vector<HostTensor>>& micro_batches, StepRecord rec,
+                                 std::chrono::steady_clock::time_point start, bool finite) {
+  Impl& im = *this;
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int64_t tokens = 0;
   for (const auto& b : micro_batches) tokens += im.tokens_of(b);
   rec.tokens_per_s = rec.seconds > 0 ? static_cast<double>(tokens) / rec.seconds : 0;
+  const double norm = rec.grad_norm;
   if (!finite) {
     rec.skipped = true;
     im.history.push_back(rec);
@@ -650,12 +759,19 @@ double Trainer::evaluate(const std::vector<HostTensor>& batch) {
   Impl& im = *impl_;
   im.check_ready("evaluate");
   im.check_batch(batch, "evaluate");
+  if (im.engine) return im.engine->evaluate(im.named(batch));
   Loaded& ev = im.eval_program();
   RunResult r = ev.le.run_named(im.inputs(ev, batch, {}, false), im.o.run);
   return im.host_scalar(ev, r, im.loss_name);
 }
 
 HostTensor Trainer::param(const std::string& name) const {
+  if (impl_->engine) {
+    impl_->check_ready("param");
+    if (std::find(impl_->params.begin(), impl_->params.end(), name) == impl_->params.end())
+      throw Error(fmt::format("Trainer::param: '{}' is not a parameter", name));
+    return impl_->engine->state().at(name);
+  }
   auto it = impl_->state.find(name);
   if (it == impl_->state.end() || std::find(impl_->params.begin(), impl_->params.end(), name) == impl_->params.end())
     throw Error(fmt::format("Trainer::param: '{}' is not a parameter{}", name,

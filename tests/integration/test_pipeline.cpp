@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "../unit/test_util.hpp"
@@ -16,10 +18,12 @@
 #include "tessel/pipeline/auto_stages.hpp"
 #include "tessel/pipeline/runner.hpp"
 #include "tessel/pipeline/stages.hpp"
+#include "tessel/pipeline/trainer.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/cpu/thread_runtime.hpp"
 #include "tessel/runtime/reference.hpp"
 #include "tessel/train/train_step.hpp"
+#include "tessel/train/trainer.hpp"
 
 using namespace tessel;
 
@@ -543,4 +547,181 @@ TEST_CASE("automatic stages choose each stage's shape and keep every stage withi
   CHECK(tessel_test::contains(
       tessel_test::error_of([&] { choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, o, cpu); }),
       "different device counts"));
+}
+
+TEST_CASE("a Trainer over a pipeline (pipeline_trainer) steps, evaluates and checkpoints as one device's Trainer accumulating the same micro-batches",
+          "[pipeline][integration]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("pipeline_trainer against one device's Trainer", seed, 1);
+  const int64_t B = 8, M = 4, b = B / M;
+  const OneDeviceRun one = one_device_run(B, seed);
+  std::vector<std::vector<HostTensor>> micro;  // batch_inputs() order: tokens, labels
+  for (int64_t k = 0; k < M; ++k) micro.push_back({rows(one.tokens, k * b, b), rows(one.labels, k * b, b)});
+  const GptConfig c = small_gpt(b);  // the model of one micro-batch
+  TrainerOptions to;
+  to.train.adamw = one.adamw;
+  to.lr = LrSchedule::constant(one.lr);
+
+  // One device, the same micro-batches accumulated (the oracle Trainer).
+  GptGraph m1 = build_gpt(c);
+  ThreadRuntime r1(1);
+  Trainer plain(m1.graph, m1.loss, m1.weights, gpt_mesh(Mesh::parse("data=1"), c), r1, to);
+  plain.init(one.init);
+
+  for (const char* kind : {"1f1b", "gpipe", "interleaved"}) {
+    INFO(kind);
+    GptGraph m = build_gpt(c);
+    ThreadRuntime s0(2), s1(2);
+    PipelineOptions po;
+    po.schedule = parse_schedule_kind(kind);
+    po.micro = M;
+    po.chunks = po.schedule == ScheduleKind::Interleaved ? 2 : 1;
+    TrainerOptions zo = to;
+    zo.train.zero = 1;  // ZeRO-1 within each stage, from TrainerOptions
+    Trainer tr = pipeline_trainer(m.graph, m.loss, m.weights, equal_layer_cuts(m.checkpoints, c.layers, 2 * po.chunks),
+                                  Mesh::parse("pipe=2,data=2,model=1"), {&s0, &s1}, zo, po);
+    REQUIRE(tr.engine() != nullptr);
+    CHECK(tessel_test::contains(tr.strategy_in_words(), "a pipeline of 2 stages"));
+    CHECK(tr.batch_inputs() == plain.batch_inputs());
+    tr.init(one.init);
+    CHECK(tr.state_shardings().at("adam.m.l0_w1").uses_axis("data"));  // ZeRO-1 reached the stages
+    // The reference step (one device, the host) and the plain Trainer's step are its oracles.
+    Trainer ref_trainer(m1.graph, m1.loss, m1.weights, gpt_mesh(Mesh::parse("data=1"), c), r1, to);
+    ref_trainer.init(one.init);
+    for (int t = 1; t <= 2; ++t) {
+      INFO("step " << t);
+      const StepRecord want = ref_trainer.step(micro);
+      const StepRecord ref = tr.reference_step(micro);
+      const StepRecord got = tr.step(micro);
+      CHECK(got.step == t);
+      CHECK(got.micro_batches == M);
+      CHECK(got.loss == Approx(want.loss).epsilon(1e-5));
+      CHECK(got.grad_norm == Approx(want.grad_norm).epsilon(1e-5));
+      CHECK(ref.loss == Approx(got.loss).epsilon(1e-5));
+      CHECK(got.loss == Approx(one.ref[static_cast<std::size_t>(t - 1)].loss).epsilon(1e-5));  // the whole batch's
+      CHECK(got.bubble >= 0);
+      CHECK(got.bubble < 1);
+      for (const std::string& n : tr.param_names()) {
+        const CompareResult cmp = compare(tr.param(n), ref_trainer.param(n), 1.0);
+        INFO(n << ": " << cmp.to_string());
+        CHECK(cmp.max_rel_err <= 2e-4);
+      }
+    }
+    CHECK(tr.steps_done() == 2);
+    CHECK(tr.history().size() == 2);
+    CHECK(tr.evaluate(micro[1]) == Approx(ref_trainer.evaluate(micro[1])).epsilon(1e-5));
+  }
+
+  SECTION("its checkpoint resumes on a Trainer without a pipe axis, and back") {
+    const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("tessel-pipe-trainer-{}", seed)).string();
+    std::filesystem::remove_all(dir);
+    GptGraph m = build_gpt(c);
+    ThreadRuntime s0(1), s1(1);
+    PipelineOptions po;
+    po.micro = M;
+    Trainer tr = pipeline_trainer(m.graph, m.loss, m.weights, equal_layer_cuts(m.checkpoints, c.layers, 2),
+                                  Mesh::parse("pipe=2,data=1,model=1"), {&s0, &s1}, to, po);
+    tr.init(one.init);
+    tr.step(micro);
+    {
+      CheckpointDir ck(dir);
+      tr.save_checkpoint(ck);
+    }
+    const StepRecord second = tr.step(micro);
+    CheckpointDir ck(dir);
+    GptGraph m2 = build_gpt(c);
+    ThreadRuntime r2(2);
+    Trainer flat(m2.graph, m2.loss, m2.weights, gpt_mesh(Mesh::parse("data=2"), c), r2, to);
+    flat.restore_checkpoint(ck, 1);
+    CHECK(flat.steps_done() == 1);
+    const StepRecord resumed = flat.step(micro);
+    CHECK(resumed.step == 2);
+    CHECK(resumed.loss == Approx(second.loss).epsilon(1e-5));
+    CHECK(resumed.grad_norm == Approx(second.grad_norm).epsilon(1e-5));
+    // ... and the flat run's step 2 saved, restored onto the pipeline.
+    flat.save_checkpoint(ck);
+    const StepRecord third = flat.step(micro);
+    tr.restore_checkpoint(ck, 2);
+    CHECK(tr.steps_done() == 2);
+    CHECK(tr.step(micro).loss == Approx(third.loss).epsilon(1e-5));
+    std::filesystem::remove_all(dir);
+  }
+
+  SECTION("a non-finite step updates nothing and stops or is skipped as TrainerOptions::non_finite says") {
+    GptGraph m = build_gpt(c);
+    ThreadRuntime s0(1), s1(1);
+    PipelineOptions po;
+    po.micro = M;
+    TrainerOptions so = to;
+    so.non_finite = NonFinite::Skip;
+    Trainer tr = pipeline_trainer(m.graph, m.loss, m.weights, equal_layer_cuts(m.checkpoints, c.layers, 2),
+                                  Mesh::parse("pipe=2,data=1,model=1"), {&s0, &s1}, so, po);
+    std::map<std::string, HostTensor> bad = one.init;
+    bad.at("l1_w1").set(3, std::nan(""));  // a weight of stage 0: every loss NaN
+    tr.init(bad);
+    const TrainState before = tr.state();
+    const StepRecord r = tr.step(micro);
+    CHECK(r.skipped);
+    CHECK(tr.steps_done() == 0);
+    const TrainState after = tr.state();
+    for (const auto& [n, h] : before.values) {
+      INFO(n);
+      CHECK(std::memcmp(h.data(), after.values.at(n).data(), h.bytes()) == 0);  // bit for bit (NaN included)
+    }
+    tr.set_schedule(LrSchedule::constant(one.lr));
+    Trainer stop = pipeline_trainer(m.graph, m.loss, m.weights, equal_layer_cuts(m.checkpoints, c.layers, 2),
+                                    Mesh::parse("pipe=2,data=1,model=1"), {&s0, &s1}, to, po);
+    stop.init(bad);
+    CHECK(tessel_test::contains(tessel_test::error_of([&] { stop.step(micro); }), "step 1 is not finite"));
+    CHECK(stop.steps_done() == 0);
+  }
+
+  SECTION("what does not fit is refused naming it") {
+    GptGraph m = build_gpt(c);
+    ThreadRuntime s0(1), s1(1);
+    PipelineOptions po;
+    po.micro = M;
+    const std::vector<Tensor> cuts = equal_layer_cuts(m.checkpoints, c.layers, 2);
+    Trainer tr = pipeline_trainer(m.graph, m.loss, m.weights, cuts, Mesh::parse("pipe=2,data=1,model=1"), {&s0, &s1}, to, po);
+    tr.init(one.init);
+    const std::string three = tessel_test::error_of([&] {
+      tr.step(std::vector<std::vector<HostTensor>>(micro.begin(), micro.begin() + 3));
+    });
+    CHECK(tessel_test::contains(three, "3 micro-batches given"));
+    CHECK(tessel_test::contains(three, "runs 4 a step"));
+    CHECK(tessel_test::contains(tessel_test::error_of([&] { tr.program(); }), "not one program of its own"));
+    CHECK(tessel_test::contains(tessel_test::error_of([&] { tr.device_state(); }), "a pipeline of 2 stages"));
+    CHECK(tessel_test::contains(tessel_test::error_of([&] {
+                                  pipeline_trainer(m.graph, m.loss, m.weights, cuts, Mesh::parse("data=2"), {&s0, &s1},
+                                                   to, po);
+                                }),
+                                "has no 'pipe' axis"));
+    CHECK(tessel_test::contains(tessel_test::error_of([&] {
+                                  pipeline_trainer(m.graph, m.loss, m.weights, {}, Mesh::parse("pipe=2,data=1,model=1"), {&s0, &s1},
+                                                   to, po);
+                                }),
+                                "0 cuts for 2 stages: give 1"));
+    CHECK(tessel_test::contains(tessel_test::error_of([&] {
+                                  pipeline_trainer(m.graph, m.loss, m.weights, cuts, Mesh::parse("pipe=4,data=1,model=1"), {&s0, &s1},
+                                                   to, po);
+                                }),
+                                "2 runtimes for pipe=4"));
+    TrainerOptions ao = to;
+    ao.auto_shard = AutoShardOptions{};
+    CHECK(tessel_test::contains(tessel_test::error_of([&] {
+                                  pipeline_trainer(m.graph, m.loss, m.weights, cuts, Mesh::parse("pipe=2,data=1,model=1"), {&s0, &s1},
+                                                   ao, po);
+                                }),
+                                "StageCutOptions::auto_shard"));
+    TrainerOptions z3 = to;
+    z3.train.zero = 3;
+    CHECK(tessel_test::contains(tessel_test::error_of([&] {
+                                  pipeline_trainer(m.graph, m.loss, m.weights, cuts, Mesh::parse("pipe=2,data=1,model=1"), {&s0, &s1},
+                                                   z3, po);
+                                }),
+                                "ZeRO-3 not yet"));
+    std::map<std::string, HostTensor> wrong = one.init;
+    wrong.at("l0_w1") = HostTensor(DType::f32, {3});
+    CHECK(tessel_test::contains(tessel_test::error_of([&] { tr.init(wrong); }), "parameter 'l0_w1' is f32[3]"));
+  }
 }

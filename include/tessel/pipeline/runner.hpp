@@ -76,6 +76,9 @@ struct PipelineStepReport {
   // backward recomputing the forward, its inputs are all it keeps).
   std::vector<int64_t> peak_kept_bytes;
   double update_s = 0;                  // wall seconds of the update after the schedule
+  // False when the loss or the gradient norm was NaN or infinite: the update was not run, every
+  // parameter and moment keeps its value from before the step (the caller stops or skips).
+  bool applied = true;
 };
 
 class PipelineTrainer {
@@ -108,6 +111,12 @@ class PipelineTrainer {
   // every process calls it with the same arguments and gets the same report; an error in one
   // process's stage is rethrown by every process, and the trainer is not to be used again.
   PipelineStepReport step(const std::vector<std::map<std::string, HostTensor>>& micro_batches, double lr, int64_t t);
+
+  // The loss of one micro-batch (every stage's `data` by name) with the current parameters: each
+  // virtual stage's forward in turn, the values between them as in a step; nothing is updated
+  // or kept. Across processes it is collective and every process gets the loss. Throws Error
+  // naming a missing data input, or the stage whose forward failed.
+  double evaluate(const std::map<std::string, HostTensor>& micro_batch);
 
   // The parameters now, by name (each once). Across processes params() and state() are
   // collective (every process calls them; each gets every stage's values) and set_state takes

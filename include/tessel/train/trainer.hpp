@@ -109,6 +109,12 @@ struct StepRecord {
   int64_t measured_peak_bytes = 0;
   int64_t planned_peak_bytes = 0;
   int64_t measured_host_peak_bytes = 0;  // host memory (offloaded activations), measured
+  // A pipelined step's bubble (TrainerEngine::Step::bubble: 1 - busy / (stages x span)); 0 for a
+  // single program.
+  double bubble = 0;
+  // A pipelined step's, per stage: the most micro-batches forwarded and not yet backwarded at
+  // once (1F1B: at most the stages; GPipe: all of them); empty for a single program.
+  std::vector<int64_t> peak_in_flight;
 };
 
 // The whole training state on the host: the step counter and, by input name, every parameter
@@ -118,12 +124,51 @@ struct TrainState {
   std::map<std::string, HostTensor> values;
 };
 
+// What a Trainer steps when it is not its own single program: a pipeline's stages
+// (pipeline/trainer.hpp: pipeline_trainer), each on its own runtime. The Trainer keeps the loop
+// (learning-rate schedule, step counter, non-finite policy, history, checkpoints, the
+// reference step); the engine runs the step over the micro-batches and holds the state.
+class TrainerEngine {
+ public:
+  virtual ~TrainerEngine() = default;
+  struct Step {
+    double loss = 0;       // the mean over the micro-batches
+    double grad_norm = 0;  // the global norm of the mean gradient, before clipping
+    bool applied = true;   // false: the loss or the norm was not finite, nothing was updated
+    double bubble = 0;     // the share of the step the devices waited (a pipeline's), else 0
+    std::vector<int64_t> peak_in_flight;  // a pipeline's, per stage: most micro-batches held at once
+  };
+  // The engine's name and its layout in words, for a tool's output and Errors.
+  virtual std::string describe() const = 0;
+  // The micro-batches the engine runs in a step (0: any number).
+  virtual int64_t micro_batches() const = 0;
+  // One update from the micro-batches (each the batch inputs by name) at learning rate `lr` and
+  // step `t` (from 1: the bias corrections). Across processes: collective, the same result on
+  // every process.
+  virtual Step step(const std::vector<std::map<std::string, HostTensor>>& micro_batches, double lr, int64_t t) = 0;
+  virtual double evaluate(const std::map<std::string, HostTensor>& batch) = 0;
+  // The state (parameters and AdamW moments by name) gathered to the host, and set from such
+  // values; state() is collective across processes, each getting every value.
+  virtual std::map<std::string, HostTensor> state() const = 0;
+  virtual void set_state(const std::map<std::string, HostTensor>& values) = 0;
+  virtual std::map<std::string, Sharding> state_shardings() const = 0;
+  // Saves the state (from state()) as step `step` of `dir`: collective, one process writes.
+  virtual SaveStats save(CheckpointDir& dir, int64_t step, const SaveOptions& options) = 0;
+};
+
 class Trainer {
  public:
   // Builds the training step of `loss` for `params` (float inputs of `model`) on a copy of
   // `model`, compiles it for `mesh` and loads it on `runtime`. Throws what add_train_step,
   // compile and load throw.
   Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& params, const Mesh& mesh, Runtime& runtime,
+          TrainerOptions options = {});
+  // A Trainer over `engine` (e.g. pipeline_trainer's stages): `model`, `loss` and `params` as
+  // above (the graph of one micro-batch), used for batch_inputs() and reference_step; the steps,
+  // the state and the checkpoints go through the engine. What only a single program has
+  // (executable(), program(), device_state(), set_device_state(), auto_shard_result()) throws
+  // Error saying so. Throws Error when options ask for what the engine does not run (auto_shard).
+  Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& params, std::unique_ptr<TrainerEngine> engine,
           TrainerOptions options = {});
   ~Trainer();
   Trainer(Trainer&&) noexcept;
@@ -210,6 +255,8 @@ class Trainer {
   // nullptr without auto_shard.
   const AutoShardResult* auto_shard_result() const;
   LoadedExecutable& program();           // ... loaded
+  // The engine the steps run on (pipeline_trainer's), or nullptr for the Trainer's own program.
+  TrainerEngine* engine() const;
 
   struct Impl;
 
