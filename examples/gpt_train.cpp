@@ -64,7 +64,8 @@
 // checkpoints (the state gathered, the same metadata) resume on any mesh, and it resumes any
 // mesh's; --auto chooses the stage boundaries by this machine's cost model
 // (pipeline/auto_stages.hpp). Under mpirun -np N each stage runs on N/pipe processes. ZeRO-3,
-// accumulation, mixed precision, rematerialisation and CUDA are refused there for now.
+// accumulation, mixed precision and rematerialisation are refused there for now; --backend cuda
+// makes each stage a CudaRuntime in one process (not under a launcher; never yet run on a GPU).
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
 // device per GPU when there are enough GPUs (at most --gpus N, 0 = all), else virtual devices
@@ -171,8 +172,9 @@ const char* kUsage =
     "the batch placed; under mpirun the stages keep the model's layouts), within --memory-budget BYTES\n"
     "per device if given; checkpoints move between\n"
     "pipelined and other meshes. Under mpirun -np N each stage runs on N/pipe processes (values\n"
-    "between stages as host messages). Not yet with --zero 3, --accumulate, --mixed, --remat,\n"
-    "--offload, --check-finite, --write-graph or --backend cuda.\n";
+    "between stages as host messages). --backend cuda: each stage a CudaRuntime of its own, in one\n"
+    "process only (never yet run on a GPU). Not yet with --zero 3, --accumulate, --mixed, --remat,\n"
+    "--offload, --check-finite or --write-graph.\n";
 
 using json = nlohmann::json;
 
@@ -294,6 +296,8 @@ struct PipeRun {
   bool auto_stages;  // --auto: the stage boundaries from the pieces' times (choose_stage_cuts)
   int64_t memory_budget;  // --memory-budget with --auto: bytes per device a stage may hold (0: none)
   double timeout_s;  // --timeout: under mpirun, a stage waiting longer for another fails (< 0: 300 s)
+  bool cuda;         // --backend cuda: each stage a CudaRuntime of its own (one process)
+  int gpus;          // --gpus
 };
 
 // gpt_train on a mesh with a pipe axis: the model cut at its residual stream into pipe x chunks
@@ -329,6 +333,11 @@ int run_pipeline(const PipeRun& a) {
   // One process: every stage a runtime of its own (CPU threads). Under mpirun: N processes, N/P
   // per stage; this process makes its stage's runtime only (an MPI runtime over those processes).
   std::shared_ptr<tessel::ProcessGroup> pg = tessel::process_group_from_env();
+  if (pg && a.cuda)
+    throw tessel::UsageError(fmt::format("--backend cuda with a pipe axis in --mesh runs in one process (each stage a "
+                                         "CudaRuntime of its own); across processes (rank {} of {} here) the stages "
+                                         "run on CPU devices for now: drop --backend cuda or the launcher",
+                                         pg->rank(), pg->size()));
   if (pg && pg->name() != "mpi")
     throw tessel::UsageError(fmt::format("a pipe axis in --mesh across processes needs mpirun (this process was "
                                          "started as rank {} of {} by a launcher without MPI)",
@@ -348,8 +357,9 @@ int run_pipeline(const PipeRun& a) {
     rts.push_back(tessel::make_runtime(rq));
     rp[static_cast<std::size_t>(mine)] = rts.back().get();
   } else {
-    for (int64_t s = 0; s < P; ++s) {
-      rts.push_back(tessel::make_runtime({"threads", stage_mesh, a.threads}));
+    for (int64_t s = 0; s < P; ++s) {  // CUDA: every stage's runtime on this process's GPUs
+      rts.push_back(a.cuda ? tessel::make_runtime({"cuda", stage_mesh, a.threads, a.timeout_s, a.gpus})
+                           : tessel::make_runtime({"threads", stage_mesh, a.threads}));
       rp[static_cast<std::size_t>(s)] = rts.back().get();
     }
   }
@@ -448,9 +458,10 @@ int run_pipeline(const PipeRun& a) {
   std::vector<std::string> shapes;
   for (const tessel::Mesh& x : meshes) shapes.push_back(x.to_string());
   const bool alike = std::all_of(shapes.begin(), shapes.end(), [&](const std::string& x) { return x == shapes[0]; });
-  say("pipeline: {} stages{} of {} ({} CPU devices in all{}), schedule {}, zero={}, lr {}, seed {}\n", P,
+  say("pipeline: {} stages{} of {} ({} {} devices in all{}), schedule {}, zero={}, lr {}, seed {}\n", P,
       V > 1 ? fmt::format(" x {} chunks", V) : "",
       alike ? "mesh " + shapes[0] : fmt::format("meshes {}", fmt::join(shapes, ", ")), P * stage_mesh.num_devices(),
+      a.cuda ? "CUDA" : "CPU",
       pg ? fmt::format(", {} processes, {} per stage", pg->size(), pg->size() / P) : std::string(),
       tessel::schedule_kind_name(a.flags.kind), a.zero, o.lr.to_string(), seed);
   const tessel::Schedule schedule = tessel::make_schedule(a.flags.kind, P, M, V);
@@ -749,7 +760,6 @@ int run(int argc, char** argv) {
       throw tessel::UsageError(fmt::format("--zero {} is not yet supported with a pipe axis in --mesh (ZeRO 0 to 2 "
                                            "within each stage)",
                                            to.zero));
-    if (cuda) throw tessel::UsageError("--backend cuda is not yet supported with a pipe axis in --mesh");
   } else {
     for (const char* flag : {"--schedule", "--microbatches", "--chunks"})
       if (given.count(flag))
@@ -809,7 +819,7 @@ int run(int argc, char** argv) {
                                            resume_flag, start));
     PipeRun run{cfg,  mesh,   corpus,    pipe,      seed,   steps,      threads,          lr,   warmup, tolerance,
                 reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep, to.zero, auto_layouts,
-                memory_budget, timeout_s};
+                memory_budget, timeout_s, cuda, gpus};
     return run_pipeline(run);
   }
   cfg.batch /= accumulate;  // the model sees one micro-batch

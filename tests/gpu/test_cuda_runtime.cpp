@@ -21,6 +21,7 @@
 #include "gpu_test_util.hpp"
 #include "tessel/executable.hpp"
 #include "tessel/models/gpt.hpp"
+#include "tessel/pipeline/trainer.hpp"
 #include "tessel/ops/registry.hpp"
 #include "tessel/runtime/compare.hpp"
 #include "tessel/runtime/cuda/cuda.hpp"
@@ -254,4 +255,56 @@ TEST_CASE("fused JIT kernels == the interpreter bit for bit on the GPT forward",
   const auto s = cuda::FusedJit::shared(0).stats();
   std::printf("fused JIT: %lld programs compiled in %.2f s, %lld launches\n", static_cast<long long>(s.compiled),
               s.compile_seconds, static_cast<long long>(s.launches));
+}
+
+TEST_CASE("a pipeline of two CudaRuntime stages (pipeline_trainer, 1F1B): every step equals one device's reference step",
+          "[gpu][pipeline]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("gpu: a pipeline of two CudaRuntime stages", seed, 1);
+  const int64_t M = 4;
+  GptConfig c;
+  c.batch = 2;  // one micro-batch's rows
+  c.seq = 16;
+  c.d_model = 32;
+  c.heads = 2;
+  c.layers = 4;
+  c.vocab = 64;
+  GptGraph m = build_gpt(c);
+  std::vector<HostTensor> host = random_inputs(m.graph, seed);
+  gpt_init(m.graph, host);
+  std::map<std::string, HostTensor> init;
+  for (const Tensor& w : m.weights)
+    for (std::size_t i = 0; i < m.graph.inputs.size(); ++i)
+      if (m.graph.inputs[i] == w.id) init[w.name()] = host[i];
+  CudaRuntime r0(2), r1(2);  // each stage data=2, both on this GPU
+  PipelineOptions po;
+  po.micro = M;
+  TrainerOptions o;
+  o.lr = LrSchedule::constant(1e-2);
+  o.train.zero = 1;
+  Trainer tr = pipeline_trainer(m.graph, m.loss, m.weights, equal_layer_cuts(m.checkpoints, c.layers, 2),
+                                Mesh::parse("pipe=2,data=2,model=1"), {&r0, &r1}, o, po);
+  tr.init(init);
+  std::mt19937_64 rng(seed);
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<std::vector<HostTensor>> micro;
+    for (int64_t k = 0; k < M; ++k) {
+      HostTensor tok(DType::i32, {c.batch, c.seq}), lab(DType::i32, {c.batch, c.seq});
+      for (int64_t i = 0; i < tok.numel(); ++i) {
+        tok.set(i, static_cast<double>(rng() % static_cast<uint64_t>(c.vocab)));
+        lab.set(i, static_cast<double>(rng() % static_cast<uint64_t>(c.vocab)));
+      }
+      micro.push_back({tok, lab});
+    }
+    const StepRecord want = tr.reference_step(micro);
+    const StepRecord got = tr.step(micro);
+    INFO("seed " << seed << " step " << step << ": loss " << got.loss << " reference " << want.loss << ", bubble "
+                 << got.bubble);
+    CHECK_FALSE(got.skipped);
+    CHECK(std::fabs(got.loss - want.loss) <= 1e-5 * std::fabs(want.loss));
+    CHECK(std::fabs(got.grad_norm - want.grad_norm) <= 1e-5 * std::fabs(want.grad_norm));
+    REQUIRE(got.peak_in_flight.size() == 2);
+    CHECK(got.peak_in_flight[0] == 2);  // 1F1B: P - s on stage s
+    CHECK(got.peak_in_flight[1] == 1);
+  }
 }
