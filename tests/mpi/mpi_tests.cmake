@@ -97,6 +97,12 @@ if(TARGET tessel_example_gpt AND TESSEL_MPIRUN)
   set_tests_properties("mpi: mlp under mpirun -np 2 refuses to run the job twice" PROPERTIES
                        PASS_REGULAR_EXPRESSION "mlp runs every device as a thread of one process, but a launcher [(]mpirun[)] started 2 processes")
   list(APPEND _mpi_doc_tests "mpi: mlp under mpirun -np 2 refuses to run the job twice")
+  # CUDA pipeline stages run in one process: under a launcher each process says so, naming its rank.
+  add_test(NAME "mpi: mpirun -np 2 gpt_train --backend cuda with a pipe axis is refused naming the rank"
+           COMMAND ${_mpirun_doc} -np 2 $<TARGET_FILE:tessel_example_gpt_train> --backend cuda --mesh pipe=2 --steps 1)
+  set_tests_properties("mpi: mpirun -np 2 gpt_train --backend cuda with a pipe axis is refused naming the rank" PROPERTIES
+                       PASS_REGULAR_EXPRESSION "with a pipe axis in --mesh runs in one process .* [(]rank [01] of 2 here[)]")
+  list(APPEND _mpi_doc_tests "mpi: mpirun -np 2 gpt_train --backend cuda with a pipe axis is refused naming the rank")
 endif()
 # gpt_train's checkpoints saved and resumed under mpirun (tests/integration/test_gpt_train_checkpoints.cpp).
 if(TARGET tessel_tests_integration AND TESSEL_MPIRUN)
