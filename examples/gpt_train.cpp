@@ -169,7 +169,7 @@ const char* kUsage =
     "of batch/M rows (docs/pipeline.md), --zero 0..2 within each stage; --auto chooses the stage\n"
     "boundaries and each stage's shape over data and model instead, from each layer's forward and\n"
     "backward timed on the devices, and each stage's layouts by automatic sharding for its shape (only\n"
-    "the batch placed; under mpirun the stages keep the model's layouts), within --memory-budget BYTES\n"
+    "the batch placed; under mpirun every process takes rank 0's), within --memory-budget BYTES\n"
     "per device if given; checkpoints move between\n"
     "pipelined and other meshes. Under mpirun -np N each stage runs on N/pipe processes (values\n"
     "between stages as host messages). --backend cuda: each stage a CudaRuntime of its own, in one\n"
@@ -320,13 +320,12 @@ int run_pipeline(const PipeRun& a) {
                                          P * V, V > 1 ? fmt::format(" ({} pipe x {} chunks)", P, V) : ""));
   tessel::GptConfig c = a.cfg;
   c.batch /= M;  // the stages see one micro-batch
-  // --auto in one process: only the batch placed (on data), each stage's layouts chosen by
-  // automatic sharding for its shape. Under mpirun the stages keep the model's layouts (each
-  // process would plan on its own figures, and a stage's processes must run one program).
-  const bool auto_within = a.auto_stages && !tessel::process_group_from_env();
-  if (auto_within) c.annotate = false;
+  // --auto: only the batch placed (on data), each stage's layouts chosen by automatic sharding
+  // for its shape. Under mpirun each stage's processes plan and time its pieces together (one
+  // plan per piece, its stage's rank 0's) and every process takes rank 0's whole answer.
+  if (a.auto_stages) c.annotate = false;
   tessel::GptGraph m = tessel::build_gpt(c);
-  if (auto_within) {
+  if (a.auto_stages) {
     m.graph.annotate(m.tokens, tessel::Sharding::of({{c.data_axis}, {}}));
     m.graph.annotate(m.labels, tessel::Sharding::of({{c.data_axis}, {}}));
   }
@@ -395,11 +394,11 @@ int run_pipeline(const PipeRun& a) {
     // Each piece timed on this stage's devices (the runtime of stage 0, or under mpirun this
     // process's stage's, whose processes all time alike): the machine's own rates, not the roofline's.
     so.runtime = rts[0].get();
-    if (auto_within) {  // priced with this machine's figures (measured once per shape, cached)
-      so.auto_shard = tessel::AutoShardOptions{};
-      so.auto_shard->cost = tessel::backend_cost_model(*rts[0], stage_mesh).cost;
-      so.auto_shard->cost_figures = tessel::AutoShardOptions::CostFigures::Given;
-    }
+    // Each stage's layouts planned for its shape, with this machine's figures (measured once per
+    // shape, cached).
+    so.auto_shard = tessel::AutoShardOptions{};
+    so.auto_shard->cost = tessel::backend_cost_model(*rts[0], stage_mesh).cost;
+    so.auto_shard->cost_figures = tessel::AutoShardOptions::CostFigures::Given;
     sc = tessel::choose_stage_cuts(m.graph, m.loss, m.weights, candidates, P * V, M, so, tessel::CostModel{});
     // Each process priced with its own measurements: every process takes rank 0's cut and shapes.
     std::vector<double> at;
@@ -416,6 +415,23 @@ int run_pipeline(const PipeRun& a) {
       for (int64_t s = 0; s < P; ++s)
         meshes[static_cast<std::size_t>(s)] =
             so.meshes.at(static_cast<std::size_t>(agreed.at(static_cast<std::size_t>(P - 1 + s))));
+    if (pg) {  // rank 0's cut, shapes and each stage's layouts (one line per value: stage, name, layout)
+      std::string text;
+      for (std::size_t s = 0; s < sc.stage_layouts.size(); ++s)
+        for (const auto& [name, sh] : sc.stage_layouts[s]) text += fmt::format("{}\t{}\t{}\n", s, name, sh.to_string());
+      text = pg->allgather(text)[0];
+      sc.cuts = cuts;
+      if (V == 1) sc.stage_meshes = meshes;
+      for (auto& l : sc.stage_layouts) l.clear();
+      std::istringstream in(text);
+      std::string line;
+      while (std::getline(in, line)) {
+        const std::size_t t1 = line.find('\t'), t2 = line.find('\t', t1 + 1);
+        const std::size_t s = std::stoul(line.substr(0, t1));
+        if (sc.stage_layouts.size() <= s) sc.stage_layouts.resize(s + 1);
+        sc.stage_layouts[s][line.substr(t1 + 1, t2 - t1 - 1)] = tessel::Sharding::parse(line.substr(t2 + 1));
+      }
+    }
     say("stages by the pieces' times (pieces: the embedding, then a layer each, the last with the head): {}\n",
         sc.why);
     std::vector<std::string> bytes;
@@ -427,7 +443,7 @@ int run_pipeline(const PipeRun& a) {
   }
   // With automatic sharding within the stages (one process: the cut is this process's own),
   // each stage in the layouts planned for its shape.
-  std::vector<tessel::PipelineStage> stages = auto_within ? tessel::stages_with_layouts(m.graph, m.loss, m.weights, sc)
+  std::vector<tessel::PipelineStage> stages = a.auto_stages ? tessel::stages_with_layouts(m.graph, m.loss, m.weights, sc)
                                                           : tessel::split_stages(m.graph, m.loss, m.weights, cuts);
   // Initial values as the single-program run draws them: GPT-2 scale weights, gains 1, biases 0.
   std::vector<tessel::HostTensor> host = tessel::random_inputs(m.graph, seed);

@@ -135,13 +135,15 @@ Graph laid_out(const Graph& g, const std::map<std::string, Sharding>& layouts) {
 }
 
 // Each piece's forward planned by auto_shard on `mesh`: the layout of every value, by name (a
-// value two pieces hold, the one they pass or a tied parameter, keeps the first piece's).
+// value two pieces hold, the one they pass or a tied parameter, keeps the first piece's). With a
+// runtime over several processes (the pieces timed on it), each plan is the runtime's rank 0's
+// (agree_on_plan): its processes must load one program.
 std::map<std::string, Sharding> plan_pieces(std::vector<PipelineStage>& pieces, const Mesh& mesh,
-                                            const AutoShardOptions& ao) {
+                                            const AutoShardOptions& ao, Runtime* rt) {
   std::map<std::string, Sharding> out;
   for (PipelineStage& p : pieces) {
     p.forward.mesh = mesh;
-    const AutoShardResult r = auto_shard(p.forward, mesh, ao);
+    const AutoShardResult r = agree_on_plan(rt, auto_shard(p.forward, mesh, ao), p.forward);
     for (std::size_t v = 0; v < p.forward.values.size() && v < r.shardings.size(); ++v)
       out.emplace(p.forward.values[v].name, r.shardings[v]);
   }
@@ -241,7 +243,7 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
     // A shape automatic sharding cannot plan (e.g. the graph's own annotation splits a dim
     // unevenly there, which only the partitioner's padding handles) keeps the graph's layouts.
     try {
-      std::map<std::string, Sharding> plan = plan_pieces(fresh, options.meshes[m], *options.auto_shard);
+      std::map<std::string, Sharding> plan = plan_pieces(fresh, options.meshes[m], *options.auto_shard, options.runtime);
       cfg_mesh.push_back(m);
       planned.push_back(std::move(plan));
     } catch (const Error& e) {
@@ -322,11 +324,30 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
           from[static_cast<std::size_t>(s)][static_cast<std::size_t>(j)] = i;
         }
       }
-  if (best[static_cast<std::size_t>(stages)][static_cast<std::size_t>(n)] == inf)
-    throw Error(fmt::format("choose_stage_cuts: no cut into {} stages fits the memory budget of {} bytes per device "
-                            "(the least a stage needed: {} bytes, on {} mesh shapes); raise the budget or use more "
-                            "stages",
-                            stages, options.memory_budget_bytes, least_bytes, options.meshes.size()));
+  if (best[static_cast<std::size_t>(stages)][static_cast<std::size_t>(n)] == inf) {
+    // The budget the least hungry cut needs: the least, over cuts and each stage's shapes, of its
+    // largest stage's bytes (the same recursion on bytes).
+    const int64_t big = std::numeric_limits<int64_t>::max();
+    std::vector<std::vector<int64_t>> need(best.size(), std::vector<int64_t>(static_cast<std::size_t>(n) + 1, big));
+    need[0][0] = 0;
+    for (int64_t s = 1; s <= stages; ++s)
+      for (int64_t j = s; j <= n; ++j)
+        for (int64_t i = s - 1; i < j; ++i) {
+          const int64_t prev = need[static_cast<std::size_t>(s - 1)][static_cast<std::size_t>(i)];
+          if (prev == big) continue;
+          int64_t b = big;
+          for (std::size_t k = 0; k < K; ++k) b = std::min(b, stage_on(k, i, j, s - 1).bytes);
+          int64_t& at = need[static_cast<std::size_t>(s)][static_cast<std::size_t>(j)];
+          at = std::min(at, std::max(prev, b));
+        }
+    throw Error(fmt::format("choose_stage_cuts: no cut into {} stages fits the memory budget of {} bytes per device: "
+                            "the least hungry cut needs {} bytes per device on its largest stage (over {} mesh "
+                            "shapes; the smallest stage of any cut needs {}); raise the budget to at least that or "
+                            "use more stages",
+                            stages, options.memory_budget_bytes,
+                            need[static_cast<std::size_t>(stages)][static_cast<std::size_t>(n)],
+                            options.meshes.size(), least_bytes));
+  }
   std::vector<int64_t> bounds(static_cast<std::size_t>(stages) + 1);
   bounds.back() = n;
   for (int64_t s = stages; s >= 1; --s)

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -531,9 +532,20 @@ TEST_CASE("automatic stages choose each stage's shape and keep every stage withi
     CHECK(tessel_test::contains(e.what(), "memory budget"));
   }
   o.memory_budget_bytes = 1000;
+  const std::string refused =
+      tessel_test::error_of([&] { choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, o, cpu); });
+  CHECK(tessel_test::contains(refused, "no cut into 2 stages fits the memory budget of 1000 bytes per device"));
+  // The budget the error names is the least that fits: it does, a byte less does not.
+  const std::size_t at = refused.find("the least hungry cut needs ");
+  REQUIRE(at != std::string::npos);
+  const int64_t named = std::stoll(refused.substr(at + std::string("the least hungry cut needs ").size()));
+  o.memory_budget_bytes = named;
+  const StageCut just = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, o, cpu);
+  CHECK(*std::max_element(just.stage_bytes.begin(), just.stage_bytes.end()) == named);
+  o.memory_budget_bytes = named - 1;
   CHECK(tessel_test::contains(
       tessel_test::error_of([&] { choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 4, o, cpu); }),
-      "no cut into 2 stages fits the memory budget of 1000 bytes per device"));
+      "fits the memory budget"));
   // GPipe holds all M micro-batches' inputs on the first stage, 1F1B P of them: more bytes.
   o.memory_budget_bytes = 0;
   o.meshes = {gpt_mesh(Mesh::parse("data=2,model=2"), c)};

@@ -153,6 +153,15 @@ if(TARGET tessel_example_gpt_train AND TESSEL_MPIRUN)
                          "4 processes, [12] per stage.*largest relative difference from one device: .* [(]ok, <= 1e-05[)]")
     list(APPEND _mpi_doc_tests "${_name}")
   endforeach()
+  # --auto under mpirun: each stage's processes plan and time its pieces together (their stage's
+  # rank 0's plans), every process takes rank 0's cut, shapes and layouts.
+  set(_name "mpi: mpirun -np 4 gpt_train --mesh pipe=2 x data=2 --auto plans each stage and equals one device within 1e-5")
+  add_test(NAME "${_name}"
+           COMMAND ${_mpirun_doc} -np 4 $<TARGET_FILE:tessel_example_gpt_train> --mesh pipe=2,data=2 --auto --steps 3
+                   --tolerance 1e-5 --out "")
+  set_tests_properties("${_name}" PROPERTIES PASS_REGULAR_EXPRESSION
+                       "each stage's layouts by automatic sharding.*4 processes, 2 per stage.*largest relative difference from one device: .* [(]ok, <= 1e-05[)]")
+  list(APPEND _mpi_doc_tests "${_name}")
   add_test(NAME "mpi: mpirun -np 4 gpt_train pipe=2 x data=2 checkpoints resume on data=4 with the uninterrupted losses"
            COMMAND bash ${PROJECT_SOURCE_DIR}/tests/integration/pipeline_checkpoint.sh
                    $<TARGET_FILE_DIR:tessel_example_gpt_train> ${CMAKE_BINARY_DIR}/tests/pipeline-checkpoint-mpi

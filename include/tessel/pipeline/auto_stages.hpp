@@ -94,7 +94,9 @@ struct StageCutOptions {
   // stage takes a shape in its plan or in the graph's own layouts, whichever is faster
   // (StageCut::stage_layouts; an empty map: the graph's own). A shape auto_shard refuses (the
   // graph's own annotation uneven there) keeps the graph's layouts; StageCut::why says which.
-  // Unset: the graph's own layouts.
+  // With `runtime` over several processes, every plan is that runtime's rank 0's
+  // (agree_on_plan), so its processes time one program; across a pipeline's stages the caller
+  // takes one process's answer (gpt_train: rank 0's). Unset: the graph's own layouts.
   std::optional<AutoShardOptions> auto_shard;
 };
 
