@@ -8,7 +8,8 @@ For each mesh, `rounds` rounds, each running in turn (so both see the same load)
   build/bin/gpt --mesh M --layouts auto --iters I                          (prints its prediction)
 Every command's whole output goes to OUT/raw/<tool>-<mesh>-<layouts>-r<k>.txt; OUT/runs.csv has one
 row per run: tool, mesh, layouts, round, measured_ms (gpt_train's "step time" mean, gpt's best
-forward), predicted_ms and the layouts that ran (auto's "is not predicted at least" line
+forward: auto against hand), measured_beside_prediction_ms (what the tool sets beside its prediction:
+gpt_train's step time, gpt's median forward), predicted_ms and the layouts that ran (auto's "is not predicted at least" line
 says the hand ones did: the plan was not predicted 10% faster), each with the raw file. OUT/summary.csv has per tool and mesh the medians
 of auto and hand over the rounds, auto/hand, and the median measured/predicted of the auto runs.
 
@@ -66,13 +67,16 @@ def main():
                     measured = float(re.search(r"^step time: ([0-9.]+) ms", text, re.M).group(1))
                 else:
                     measured = float(re.search(r"^forward: ([0-9.]+) ms", text, re.M).group(1))
-                m = re.search(r"([0-9.]+) ms predicted", text)
-                predicted = float(m.group(1)) if m else ""
+                m = re.search(r"against the prediction: ([0-9.]+) ms measured.*?([0-9.]+) ms predicted", text)
+                # What the tool set beside its prediction (gpt: the median forward; gpt_train: the
+                # step time above), and the prediction.
+                measured_vs = float(m.group(1)) if m else ""
+                predicted = float(m.group(2)) if m else ""
                 ran = layouts
                 if layouts == "auto" and re.search(r"is not predicted at least", text):
                     ran = "hand (auto not predicted 10% faster)"
                 rows.append(dict(tool=tool, mesh=mesh, layouts=layouts, round=k, measured_ms=measured,
-                                 predicted_ms=predicted, ran=ran, raw="raw/" + name))
+                                 measured_beside_prediction_ms=measured_vs, predicted_ms=predicted, ran=ran, raw="raw/" + name))
     with open(os.path.join(a.out, "runs.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
@@ -87,7 +91,7 @@ def main():
                 hand = [r for r in rows if r["tool"] == tool and r["mesh"] == mesh and r["layouts"] != "auto"]
                 am = statistics.median(r["measured_ms"] for r in auto)
                 hm = statistics.median(r["measured_ms"] for r in hand)
-                ratio = statistics.median(r["measured_ms"] / r["predicted_ms"] for r in auto)
+                ratio = statistics.median(r["measured_beside_prediction_ms"] / r["predicted_ms"] for r in auto)
                 w.writerow([tool, mesh, f"{am:.3f}", f"{hm:.3f}", f"{am / hm:.3f}", f"{ratio:.3f}",
                             sum(1 for r in auto if r["ran"] != "auto")])
     print(open(os.path.join(a.out, "summary.csv")).read(), end="")

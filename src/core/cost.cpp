@@ -56,6 +56,9 @@ void CostModel::validate() const {
     throw Error(fmt::format("cost model: dispatch_s must be a finite number >= 0 seconds, got {}", dispatch_s));
   if (!std::isfinite(run_s) || run_s < 0)
     throw Error(fmt::format("cost model: run_s must be a finite number >= 0 seconds, got {}", run_s));
+  if (!std::isfinite(launch_s) || launch_s < 0 || launch_s > run_s)
+    throw Error(fmt::format("cost model: launch_s must be a finite number of seconds in [0, run_s = {}], got {}", run_s,
+                            launch_s));
   if (!std::isfinite(compute_sharing) || compute_sharing < 1)
     throw Error(fmt::format("cost model: compute_sharing must be a finite number >= 1 (device programs per "
                             "device's worth of compute), got {}", compute_sharing));
@@ -160,7 +163,7 @@ bool operator==(const LinkSpec& a, const LinkSpec& b) { return a.alpha_s == b.al
 bool operator==(const CostModel& a, const CostModel& b) {
   return a.flops_per_s == b.flops_per_s && a.memory_bandwidth == b.memory_bandwidth &&
          a.default_link == b.default_link && a.links == b.links && a.dispatch_s == b.dispatch_s && a.run_s == b.run_s &&
-         a.compute_sharing == b.compute_sharing;
+         a.launch_s == b.launch_s && a.compute_sharing == b.compute_sharing;
 }
 
 std::string format_links(const std::map<std::string, LinkSpec>& links) {

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFormat = "tessel cost model v2";  // v2: dispatch_s and run_s
+constexpr const char* kFormat = "tessel cost model v3";  // v2: dispatch_s and run_s; v3: launch_s
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -61,8 +61,9 @@ std::string file_safe(const std::string& s) {
 
 std::string serialize(const CostModel& c, const std::string& header) {
   std::string out = fmt::format("# {}\n# {}\n", kFormat, header);
-  out += fmt::format("flops_per_s={:.17g}\nmemory_bandwidth={:.17g}\ncompute_sharing={:.17g}\ndispatch_s={:.17g}\nrun_s={:.17g}\n",
-                     c.flops_per_s, c.memory_bandwidth, c.compute_sharing, c.dispatch_s, c.run_s);
+  out += fmt::format("flops_per_s={:.17g}\nmemory_bandwidth={:.17g}\ncompute_sharing={:.17g}\ndispatch_s={:.17g}\nrun_s={:.17g}\n"
+                     "launch_s={:.17g}\n",
+                     c.flops_per_s, c.memory_bandwidth, c.compute_sharing, c.dispatch_s, c.run_s, c.launch_s);
   for (const auto& [axis, l] : c.links)
     out += fmt::format("{}=bw:{:.17g},alpha:{:.17g}\n", axis, l.bandwidth, l.alpha_s);
   return out;
@@ -73,7 +74,7 @@ CostModel parse(const std::string& text) {
   std::istringstream in(text);
   std::string line, links;
   CostModel c;
-  bool format = false, flops = false, bw = false, sharing = false, dispatch = false, run = false;
+  bool format = false, flops = false, bw = false, sharing = false, dispatch = false, run = false, launch = false;
   while (std::getline(in, line)) {
     if (line == std::string("# ") + kFormat) format = true;
     if (line.empty() || line[0] == '#') continue;
@@ -94,11 +95,12 @@ CostModel parse(const std::string& text) {
     else if (value("compute_sharing", c.compute_sharing)) sharing = true;
     else if (value("dispatch_s", c.dispatch_s)) dispatch = true;
     else if (value("run_s", c.run_s)) run = true;
+    else if (value("launch_s", c.launch_s)) launch = true;
     else links += line + "\n";
   }
   if (!format) throw Error(fmt::format("no '# {}' line", kFormat));
-  if (!flops || !bw || !sharing || !dispatch || !run)
-    throw Error("flops_per_s, memory_bandwidth, compute_sharing, dispatch_s or run_s is missing");
+  if (!flops || !bw || !sharing || !dispatch || !run || !launch)
+    throw Error("flops_per_s, memory_bandwidth, compute_sharing, dispatch_s, run_s or launch_s is missing");
   c.parse_links(links);
   c.validate();
   return c;
@@ -185,9 +187,10 @@ BackendCost backend_cost_model(Runtime& runtime, const Mesh& mesh, const Backend
   else if (!why_not_saved.empty()) where = "measured now; not cached: " + why_not_saved;
   else where = "measured now and saved in " + file + (why_not_read.empty() ? "" : "; " + why_not_read);
   out.source = fmt::format("this machine's measured figures ({}: {:.3g} GFLOP/s and {:.3g} GB/s per device, sharing {:.3g}, "
-                           "dispatch {:.3g} us per instruction, {:.3g} us per run; {})",
+                           "dispatch {:.3g} us per instruction, {:.3g} us per run ({:.3g} us of it the launch); {})",
                            machine, out.cost.flops_per_s / 1e9, out.cost.memory_bandwidth / 1e9,
-                           out.cost.compute_sharing, out.cost.dispatch_s * 1e6, out.cost.run_s * 1e6, where);
+                           out.cost.compute_sharing, out.cost.dispatch_s * 1e6, out.cost.run_s * 1e6,
+                           out.cost.launch_s * 1e6, where);
   return out;
 }
 

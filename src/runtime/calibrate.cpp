@@ -213,7 +213,7 @@ DispatchCalibration calibrate_dispatch(Runtime& rt, const Mesh& mesh, const Cali
                                    o.iterations, o.warmup));
   DispatchCalibration c;
   // A chain of n kernels on 16 floats, replicated (every device runs all of it), unfused.
-  auto time_chain = [&](int64_t n) {
+  auto time_chain = [&](int64_t n, bool resident) {
     Graph g;
     Tensor x = input(g, "x", DType::f32, {16});
     Tensor y = x;
@@ -225,21 +225,30 @@ DispatchCalibration calibrate_dispatch(Runtime& rt, const Mesh& mesh, const Cali
     HostTensor ones(DType::f32, {16});
     for (int64_t i = 0; i < 16; ++i) ones.as<float>()[i] = 1.0f;
     std::vector<double> t;
+    const std::vector<ShardedArray> kept = le.to_device(std::vector<HostTensor>{ones});
     for (int k = 0; k < o.warmup + o.iterations; ++k) {
-      // A step as a caller runs one: its input sent, the run, a result read back.
+      // A step as a caller runs one: its input sent, the run, a result read back (resident: the
+      // run alone).
       const auto t0 = std::chrono::steady_clock::now();
-      const std::vector<ShardedArray> in = le.to_device(std::vector<HostTensor>{ones});
-      const RunResult r = le.run(in);
-      le.to_host(r.outputs.at(0));
+      if (resident) {
+        le.run(kept);
+      } else {
+        const std::vector<ShardedArray> in = le.to_device(std::vector<HostTensor>{ones});
+        const RunResult r = le.run(in);
+        le.to_host(r.outputs.at(0));
+      }
       if (k >= o.warmup) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return median(std::move(t));
   };
-  c.short_seconds = time_chain(c.short_chain);
-  c.long_seconds = time_chain(c.long_chain);
+  c.short_seconds = time_chain(c.short_chain, false);
+  c.long_seconds = time_chain(c.long_chain, false);
+  c.resident_seconds = time_chain(c.short_chain, true);
   c.per_instruction_s =
       std::max(0.0, (c.long_seconds - c.short_seconds) / static_cast<double>(c.long_chain - c.short_chain));
   c.per_run_s = std::max(0.0, c.short_seconds - static_cast<double>(c.short_chain) * c.per_instruction_s);
+  c.per_launch_s = std::min(
+      c.per_run_s, std::max(0.0, c.resident_seconds - static_cast<double>(c.short_chain) * c.per_instruction_s));
   return c;
 }
 
@@ -280,6 +289,8 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
     std::deque<HostTensor> own;
     std::vector<void*> at;
     std::vector<std::pair<std::size_t, KernelArgs>> kernels;  // (instruction, args)
+    // sync[k]: a collective comes before kernel k (k == kernels.size(): after the last one).
+    std::vector<char> sync;
   };
   std::vector<Device> devs(static_cast<std::size_t>(devices_at_once));
   for (Device& d : devs) {
@@ -298,9 +309,14 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
         d.at[v] = d.own.back().data();
       }
     }
+    bool pending = false;  // a collective since the last kernel
     for (std::size_t i = 0; i < p.instrs.size(); ++i) {
       const Instr& in = p.instrs[i];
+      // Where a device needs a collective's result (its peers must have come to it too).
+      if (in.kind == InstrKind::Collective || in.kind == InstrKind::CollectiveDone) pending = true;
       if (in.kind != InstrKind::Kernel) continue;
+      d.sync.push_back(pending ? 1 : 0);
+      pending = false;
       KernelArgs a = kernel_args_of(p, i, 0);
       for (std::size_t k = 0; k < in.in.size(); ++k) a.in[k] = d.at[static_cast<std::size_t>(in.in[k])];
       a.out = d.at[static_cast<std::size_t>(in.out)];
@@ -308,6 +324,7 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
       a.num_threads = 1;
       d.kernels.emplace_back(i, std::move(a));
     }
+    d.sync.push_back(pending ? 1 : 0);
   }
   // What fails on made-up values is left out (named): found in a first pass on device 0
   // alone, or later on any device (a value a kernel made from made-up ones).
@@ -341,22 +358,28 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
   std::mutex mu;
   std::condition_variable cv;
   int ready = 0, generation = 0;
+  // Every device's thread waits here until all have come (`stamp`: the release time, set by the
+  // last to come).
+  auto barrier = [&](Clock::time_point* stamp) {
+    std::unique_lock<std::mutex> l(mu);
+    if (++ready == static_cast<int>(devs.size())) {
+      ready = 0;
+      ++generation;
+      if (stamp) *stamp = Clock::now();
+      cv.notify_all();
+    } else {
+      const int g = generation;
+      cv.wait(l, [&] { return generation != g; });
+    }
+  };
+  const bool sync = o.sync_at_collectives && devs.size() > 1;
   auto body = [&](std::size_t t) {
     Device& d = devs[t];
     for (int r = 0; r < passes; ++r) {
-      {
-        std::unique_lock<std::mutex> l(mu);
-        if (++ready == static_cast<int>(devs.size())) {
-          ready = 0;
-          ++generation;
-          released[static_cast<std::size_t>(r)] = Clock::now();
-          cv.notify_all();
-        } else {
-          const int g = generation;
-          cv.wait(l, [&] { return generation != g; });
-        }
-      }
-      for (const auto& [i, a] : d.kernels) {
+      barrier(&released[static_cast<std::size_t>(r)]);
+      for (std::size_t k = 0; k < d.kernels.size(); ++k) {
+        if (sync && d.sync[k]) barrier(nullptr);
+        const auto& [i, a] = d.kernels[k];
         if (!runs[i]) continue;
         const auto k0 = Clock::now();
         try {
@@ -422,6 +445,7 @@ ProgramPrediction predict_program(const Program& p, const CostModel& cost, const
   out.comm_s = p.comm_seconds(cost);
   out.dispatch_s = p.dispatch_seconds(cost);
   out.run_s = cost.run_s;
+  out.launch_s = cost.launch_s;
   return out;
 }
 
@@ -458,6 +482,7 @@ CostModel measured_cost_model(Runtime& runtime, const Mesh& mesh, const Calibrat
   const DispatchCalibration d = calibrate_dispatch(runtime, mesh, options);
   cost.dispatch_s = d.per_instruction_s / cost.compute_sharing;
   cost.run_s = d.per_run_s;
+  cost.launch_s = d.per_launch_s;
   return cost;
 }
 

@@ -175,19 +175,23 @@ TEST_CASE("backend_cost_model: CPU devices are measured once and then read from 
   CHECK(second.cost.dispatch_s == first.cost.dispatch_s);
   CHECK(second.cost.run_s == first.cost.run_s);
   CHECK(first.cost.run_s > 0);
-  // A file of the first format (no dispatch_s, run_s) is measured again.
+  CHECK(second.cost.launch_s == first.cost.launch_s);
+  CHECK(first.cost.launch_s > 0);
+  CHECK(first.cost.launch_s <= first.cost.run_s);
+  // A file of an earlier format (no dispatch_s, run_s, launch_s) is measured again.
   {
     std::ifstream in(first.cache_file);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::string old;
     std::istringstream lines(text);
     for (std::string l; std::getline(lines, l);)
-      if (l.rfind("dispatch_s=", 0) != 0 && l.rfind("run_s=", 0) != 0) old += l + "\n";
+      if (l.rfind("dispatch_s=", 0) != 0 && l.rfind("run_s=", 0) != 0 && l.rfind("launch_s=", 0) != 0)
+        old += l + "\n";
     std::ofstream(first.cache_file) << old;
   }
   const BackendCost refreshed = backend_cost_model(rt, mesh, o);
   CHECK(refreshed.measured_now);
-  CHECK_THAT(refreshed.source, Catch::Contains("dispatch_s or run_s is missing"));
+  CHECK_THAT(refreshed.source, Catch::Contains("dispatch_s, run_s or launch_s is missing"));
   { std::ofstream(first.cache_file) << "# tessel cost model v1\nflops_per_s=banana\n"; }
   const BackendCost third = backend_cost_model(rt, mesh, o);
   CHECK(third.measured_now);
@@ -239,6 +243,9 @@ TEST_CASE("calibrate_dispatch: the runtime's cost per instruction and per run", 
   CHECK(d.long_seconds > 0);
   CHECK(d.per_instruction_s >= 0);
   CHECK(d.per_run_s >= 0);
+  CHECK(d.resident_seconds > 0);
+  CHECK(d.per_launch_s >= 0);
+  CHECK(d.per_launch_s <= d.per_run_s);  // the run alone: no transfer
   // The fit: the short chain's time is its run plus its instructions (when the long one took longer).
   if (d.long_seconds > d.short_seconds)
     CHECK(d.per_run_s + static_cast<double>(d.short_chain) * d.per_instruction_s == Approx(d.short_seconds));
@@ -261,6 +268,25 @@ TEST_CASE("time_kernels and predict_program: a program's kernels timed as its de
   o.iterations = 5;
   o.warmup = 1;
   const KernelTimes one = time_kernels(low, 1, o), two = time_kernels(low, 2, o);
+  // Devices that wait for each other at a collective between kernels (the all-reduce of the
+  // loss's partial sums, then a kernel after it), and devices that do not.
+  {
+    Graph g2 = g.clone();
+    g2.outputs.clear();
+    const Tensor loss = g2.tensor(g.outputs.at(0));
+    g2.mark_output(mul(loss, loss));
+    const Program low2 = lower_program(compile_program(g2, mesh).program);
+    bool between = false, kernel_seen = false;
+    for (const Instr& in : low2.instrs) {
+      if (in.kind == InstrKind::Kernel) kernel_seen = true;
+      if (in.kind == InstrKind::CollectiveDone && kernel_seen) between = true;
+    }
+    CHECK(between);
+    CalibrationOptions free = o;
+    free.sync_at_collectives = false;
+    CHECK(time_kernels(low2, 2, o).sequence_s > 0);
+    CHECK(time_kernels(low2, 2, free).sequence_s > 0);
+  }
   int64_t kernels = 0;
   for (const Instr& in : low.instrs) kernels += in.kind == InstrKind::Kernel;
   CHECK(one.kernels == kernels);
@@ -282,6 +308,15 @@ TEST_CASE("time_kernels and predict_program: a program's kernels timed as its de
   CHECK(p.run_s == 1e-4);
   CHECK(p.total() == Approx(p.compute_s + p.comm_s + p.dispatch_s + p.run_s));
   CHECK_THAT(p.to_string(), Catch::Contains("[timed kernels]"));
+  // A run of resident inputs: the launch instead of the transfers.
+  cost.launch_s = 4e-5;
+  const ProgramPrediction pl = predict_program(low, cost, &one);
+  CHECK(pl.launch_s == 4e-5);
+  CHECK(pl.resident_total() == Approx(pl.compute_s + pl.comm_s + pl.dispatch_s + 4e-5));
+  CHECK(pl.resident_total() < pl.total());
+  cost.launch_s = 2e-4;  // more than run_s: refused
+  CHECK_THROWS_WITH(cost.validate(), Catch::Contains("launch_s"));
+  cost.launch_s = 0;
   const ProgramPrediction roof = predict_program(low, cost);
   CHECK(!roof.timed);
   CHECK_THAT(roof.to_string(), Catch::Contains("[roofline]"));

@@ -45,6 +45,10 @@ struct CostModel {
   // not priced.
   // calibrate_dispatch measures it for a runtime (runtime/calibrate.hpp).
   double run_s = 0;
+  // Of run_s, what a run pays with its inputs already on the devices and nothing read back (a
+  // loop of forwards over resident weights): starting the devices on the program and waiting
+  // for the last one. 0: not priced.
+  double launch_s = 0;
   // How many device programs share one device's worth of compute (>= 1): 1 where each device
   // has its own (a GPU per device, the default); on CPU device threads with more devices than
   // cores, devices / cores (compute_sharing() below). Compute (op_seconds) and dispatch times

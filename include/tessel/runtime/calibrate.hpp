@@ -35,6 +35,10 @@ struct CalibrationOptions {
   int warmup = 3;                       // untimed calls per size
   int iterations = 20;                  // timed calls per size (the median is kept)
   double timeout_s = 120;               // a member waiting longer for its peers fails
+  // time_kernels: the devices wait for each other where the program has a collective (a barrier
+  // over the devices timed at once), as a step's devices do: a device the shared cores ran late
+  // holds the others there. False: each device runs its kernels straight through.
+  bool sync_at_collectives = true;
 };
 
 struct AxisCalibration {
@@ -86,13 +90,15 @@ ComputeCalibration calibrate_compute(const CalibrationOptions& options = {});
 //                       device's thread sharing the cores, as a step has them;
 //   per_run_s         = t_short - short_chain · per_instruction_s: a step's sending of its
 //                       inputs, the run's start and end (the devices' start and join) and the
-//                       reading of a result.
+//                       reading of a result;
+//   per_launch_s      = the same from the short chain run on its resident input with nothing
+//                       read back (resident_seconds): the run's start and end alone.
 // CostModel::dispatch_s is per_instruction_s over the mesh's compute_sharing (dispatch_seconds()
-// multiplies it back), CostModel::run_s is per_run_s. Collective over an MpiRuntime's processes.
+// multiplies it back), CostModel::run_s is per_run_s, CostModel::launch_s per_launch_s. Collective over an MpiRuntime's processes.
 struct DispatchCalibration {
   int64_t short_chain = 8, long_chain = 136;
-  double short_seconds = 0, long_seconds = 0;
-  double per_instruction_s = 0, per_run_s = 0;
+  double short_seconds = 0, long_seconds = 0, resident_seconds = 0;
+  double per_instruction_s = 0, per_run_s = 0, per_launch_s = 0;
 };
 DispatchCalibration calibrate_dispatch(Runtime& runtime, const Mesh& mesh, const CalibrationOptions& options = {});
 
@@ -132,7 +138,11 @@ struct ProgramPrediction {
   bool timed = false;  // compute from timed kernels
   std::vector<std::string> untimed;  // predict_on: the kernels priced by the roofline (KernelTimes::untimed)
   int64_t kernels = 0;               // predict_on: the kernel instructions
+  double launch_s = 0;  // of run_s: the run's start and end alone (CostModel::launch_s)
   double total() const { return compute_s + comm_s + dispatch_s + run_s; }
+  // A run of resident inputs whose outputs stay on the devices (a loop of forwards): run_s's
+  // transfers left out, its launch kept.
+  double resident_total() const { return compute_s + comm_s + dispatch_s + launch_s; }
   // "4.12 ms (compute 3.01 [timed kernels] + collectives 0.55 + dispatch 0.31 + run 0.25)"
   std::string to_string() const;
 };
