@@ -1,13 +1,15 @@
 // BM_Pipeline/schedule:<k>/micro:<M>: one training step of a GPT cut into two pipeline stages
-// of one CPU device each (pipeline/runner.hpp), by GPipe (0), 1F1B (1) or interleaved 1F1B with
-// 2 chunks per stage (2), over M micro-batches of 2 rows, 20 timed steps. The model: d_model 128, 4 heads,
+// of one CPU device each (pipeline/runner.hpp), by GPipe (0), 1F1B (1), interleaved 1F1B with
+// 2 chunks per stage (2) or zero bubble ZB-H1 (3: the backward split into B and W), over M
+// micro-batches of 2 rows, 20 timed steps. The model: d_model 128, 4 heads,
 // 4 layers (equal stages: 2 layers each, or 1 per chunk), vocab 64 (the head and the embedding
 // small beside a layer, so the stages are equal), 64 positions; random
 // weights and tokens (seeded). One untimed step first, then the timed ones. Counters:
 //   bubble          the measured idle share of the stages over the schedule's span,
 //                   1 - sum(busy) / (stages x span), the mean over the timed steps;
 //   bubble_ideal    the schedule's own with equal stages, free transfers and a backward
-//                   twice the forward (pipeline/schedule.hpp simulate);
+//                   twice the forward (pipeline/schedule.hpp simulate; ZB-H1: B and W each
+//                   as long as the forward);
 //   in_flight_s0/1  each stage's most micro-batches forwarded and not yet backwarded;
 //   kept_bytes_s0/1 each stage's most bytes per device of forward inputs kept for the
 //                   backwards at once (the activations a stage holds).
@@ -101,7 +103,7 @@ void BM_Pipeline(benchmark::State& state) {
 }
 BENCHMARK(BM_Pipeline)
     ->ArgNames({"schedule", "micro"})
-    ->ArgsProduct({{0, 1, 2}, {4, 8, 16}})
+    ->ArgsProduct({{0, 1, 2, 3}, {4, 8, 16}})
     ->Iterations(20)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

@@ -59,7 +59,7 @@
 // A mesh with a pipe axis (--mesh pipe=2,data=2) trains with pipeline parallelism (a Trainer
 // over a PipelineTrainer's stages: pipeline/trainer.hpp, runner.hpp): the model cut at its residual stream into pipe stages of equal layers
 // (x --chunks V with --schedule interleaved), each on the mesh's other axes, run at once by
-// --schedule gpipe|1f1b|interleaved over --microbatches M micro-batches, each step checked
+// --schedule gpipe|1f1b|interleaved|zb-h1 over --microbatches M micro-batches, each step checked
 // against one device from the same state (docs/pipeline.md), --zero 0..2 within each stage; its
 // checkpoints (the state gathered, the same metadata) resume on any mesh, and it resumes any
 // mesh's; --auto chooses the stage boundaries by this machine's cost model
@@ -126,7 +126,7 @@ const char* kUsage =
     "                 [--backend cpu|cuda] [--gpus N] [--timeout S]\n"
     "                 [--save-dir DIR] [--save-every N] [--keep N] [--resume [STEP]] [--resume-or-start]\n"
     "                 [--auto] [--memory-budget BYTES] [--links SPEC|@FILE] [--write-graph FILE] [--all-warnings]\n"
-    "                 [--schedule gpipe|1f1b|interleaved] [--microbatches M] [--chunks V]\n"
+    "                 [--schedule gpipe|1f1b|interleaved|zb-h1] [--microbatches M] [--chunks V]\n"
     "Trains a small GPT-2-style model on a byte-level corpus on N virtual CPU devices, each step\n"
     "checked against the same step on one device. --warmup N: the learning rate rises linearly\n"
     "over N steps, then falls along a cosine to 0 at --steps (default: constant). --accumulate K:\n"

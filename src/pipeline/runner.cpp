@@ -49,6 +49,12 @@ ShardedArray carry(const LoadedExecutable& from, const ShardedArray& a, const Lo
   return a.sharding() == to.input_sharding(name) ? a : to.to_device(name, from.to_host(a));
 }
 
+// Whether `p` takes an input named `name`.
+bool takes(const LoadedExecutable& p, const std::string& name) {
+  const std::vector<std::string>& in = p.input_names();
+  return std::find(in.begin(), in.end(), name) != in.end();
+}
+
 // acc += h, element by element (the sum of a tied parameter's gradient accumulators, which are
 // f32: a plain loop over the floats; another type goes through HostTensor::get/set).
 void add_into(HostTensor& acc, const HostTensor& h) {
@@ -69,7 +75,9 @@ struct PipelineTrainer::Impl {
   PipelineOptions o;
   Schedule schedule;
   int64_t P = 1, V = 1;  // stages, virtual stages
-  std::vector<std::optional<StageProgram>> fwd, bwd, sumsq, update;
+  // bwd: the backward; with a split schedule (zb-h1) its W half, and bwd_b its B half (none
+  // where B is empty: a stage receiving no float value).
+  std::vector<std::optional<StageProgram>> fwd, bwd, bwd_b, sumsq, update;
   std::vector<std::vector<std::string>> owned;  // per virtual stage: the parameters it updates
   // The master values, by name. A parameter of this process's stages that only its owner uses
   // lives on the owner's devices (param_dev, the update's layout) between steps; its host value
@@ -227,6 +235,7 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
 
   I.fwd.resize(static_cast<std::size_t>(I.V));
   I.bwd.resize(static_cast<std::size_t>(I.V));
+  I.bwd_b.resize(static_cast<std::size_t>(I.V));
   I.sumsq.resize(static_cast<std::size_t>(I.V));
   I.update.resize(static_cast<std::size_t>(I.V));
   I.state_of.resize(static_cast<std::size_t>(I.V));
@@ -259,7 +268,16 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
       }
     LoadOptions donate;
     for (const std::string& n : st.params) donate.donate.emplace_back("grad.acc." + n, "next.grad.acc." + n);
-    I.bwd[static_cast<std::size_t>(vs)].emplace(load_program(st.backward, stage_mesh, rt, donate));
+    if (I.schedule.split_backward()) {
+      SplitBackward sb = split_backward(st);
+      sb.weight_grad.mesh = stage_mesh;
+      sb.input_grad.mesh = stage_mesh;
+      I.bwd[static_cast<std::size_t>(vs)].emplace(load_program(sb.weight_grad, stage_mesh, rt, donate));
+      if (!sb.input_grad.outputs.empty())
+        I.bwd_b[static_cast<std::size_t>(vs)].emplace(load_program(sb.input_grad, stage_mesh, rt));
+    } else {
+      I.bwd[static_cast<std::size_t>(vs)].emplace(load_program(st.backward, stage_mesh, rt, donate));
+    }
 
     // The sum of squares of the stage's mean gradients (its share of the global norm), and the
     // update of the parameters it owns: AdamW on grad.acc scaled by gscale (1/M times the
@@ -398,7 +416,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
 
   // Per virtual stage: the parameters on its forward's and backward's devices, zero accumulators.
   std::vector<Arrays> fparams(static_cast<std::size_t>(I.V)), bparams(static_cast<std::size_t>(I.V)),
-      acc(static_cast<std::size_t>(I.V));
+      bbparams(static_cast<std::size_t>(I.V)), acc(static_cast<std::size_t>(I.V));
   // A parameter the stage owns is on its devices already (the last update's result); the others
   // (a tied parameter another stage owns, or the first step's values) come from the host, with
   // the zero accumulators, in one transfer per program.
@@ -409,7 +427,11 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
     for (const std::string& n : I.stages[u].params)
       zeros.emplace("grad.acc." + n, HostTensor(DType::f32, I.params.at(n).shape()));
     fparams[u] = I.forward_params(vs);
-    for (const auto& [n, f] : fparams[u]) bparams[u].emplace(n, carry(I.fwd[u]->loaded, f, I.bwd[u]->loaded, n));
+    for (const auto& [n, f] : fparams[u]) {
+      if (takes(I.bwd[u]->loaded, n)) bparams[u].emplace(n, carry(I.fwd[u]->loaded, f, I.bwd[u]->loaded, n));
+      if (I.bwd_b[u] && takes(I.bwd_b[u]->loaded, n))
+        bbparams[u].emplace(n, carry(I.fwd[u]->loaded, f, I.bwd_b[u]->loaded, n));
+    }
     acc[u] = I.bwd[u]->loaded.to_device(zeros);
   }
 
@@ -425,8 +447,16 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
   std::string error;
 
   auto run_stage = [&](int64_t s) {
-    // Stash: each (virtual stage, micro-batch)'s forward inputs until its backward.
+    // Stash: each (virtual stage, micro-batch)'s forward inputs until its backward (a split
+    // schedule: until its W).
     std::map<std::pair<int64_t, int64_t>, Arrays> stash;
+    // A split schedule's B results W reads (B's arrays by name) and the gradients it received
+    // (on the host), from its B to its W.
+    struct ForW {
+      Arrays from_b;
+      Hosts grads;
+    };
+    std::map<std::pair<int64_t, int64_t>, ForW> for_w;
     int64_t in_flight = 0, kept_bytes = 0;
     auto bytes_of = [](const Arrays& arrays) {  // per device
       int64_t b = 0;
@@ -443,7 +473,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
         const PipelineStage& st = I.stages[u];
         Hosts recv;
         if (op.forward && vs > 0) recv = mail.take(0, vs, m);
-        if (!op.forward && vs + 1 < I.V) recv = mail.take(1, vs, m);
+        if (!op.forward && !op.weight && vs + 1 < I.V) recv = mail.take(1, vs, m);
         const double t0 = now_s();
         if (!started) first[static_cast<std::size_t>(s)] = t0;
         started = true;
@@ -466,6 +496,51 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
           rep.peak_kept_bytes[static_cast<std::size_t>(s)] =
               std::max(rep.peak_kept_bytes[static_cast<std::size_t>(s)], kept_bytes);
           if (vs + 1 < I.V) mail.put(0, vs + 1, m, std::move(out));
+        } else if (I.schedule.split_backward() && !op.weight) {
+          // B: the gradients of the received values, sent back at once; what W needs kept.
+          ForW keep_w;
+          for (const std::string& n : st.send) keep_w.grads.emplace("grad." + n, recv.at("grad." + n));
+          Hosts out;
+          if (I.bwd_b[u]) {
+            LoadedExecutable& b = I.bwd_b[u]->loaded;
+            Arrays in = bbparams[u];
+            for (auto& [n, arr] : stash.at({vs, m}))
+              if (takes(b, n)) in.emplace(n, carry(I.fwd[u]->loaded, arr, b, n));
+            std::map<std::string, HostTensor> grads;
+            for (const auto& [n, h] : keep_w.grads)
+              if (takes(b, n)) grads.emplace(n, h);
+            for (auto& [n, arr] : b.to_device(grads)) in.emplace(n, std::move(arr));
+            RunResult r = b.run_named(in);
+            for (const std::string& n : st.recv)
+              if (st.backward.find("grad." + n) >= 0) out.emplace("grad." + n, b.to_host(b.output(r, "grad." + n)));
+            for (const std::string& n : b.output_names())
+              if (n.rfind("grad.", 0) != 0) keep_w.from_b.emplace(n, b.output(r, n));
+            kept_bytes += bytes_of(keep_w.from_b);
+            rep.peak_kept_bytes[static_cast<std::size_t>(s)] =
+                std::max(rep.peak_kept_bytes[static_cast<std::size_t>(s)], kept_bytes);
+          }
+          for_w.emplace(std::make_pair(vs, m), std::move(keep_w));
+          --in_flight;
+          if (vs > 0) mail.put(1, vs - 1, m, std::move(out));
+        } else if (op.weight) {
+          // W: the weights' gradients into the accumulators, from what B kept and the forward's inputs.
+          LoadedExecutable& w = I.bwd[u]->loaded;
+          auto kept = stash.find({vs, m});
+          auto fw = for_w.find({vs, m});
+          Arrays in = bparams[u];
+          for (auto& [n, arr] : kept->second)
+            if (takes(w, n)) in.emplace(n, carry(I.fwd[u]->loaded, arr, w, n));
+          for (auto& [n, arr] : fw->second.from_b) in.emplace(n, carry(I.bwd_b[u]->loaded, arr, w, n));
+          std::map<std::string, HostTensor> grads;
+          for (const auto& [n, h] : fw->second.grads)
+            if (takes(w, n)) grads.emplace(n, h);
+          for (auto& [n, arr] : w.to_device(grads)) in.emplace(n, std::move(arr));
+          for (auto& [n, arr] : acc[u]) in.emplace(n, arr);
+          RunResult r = w.run_named(in);
+          for (const std::string& n : st.params) acc[u].at("grad.acc." + n) = w.output(r, "next.grad.acc." + n);
+          kept_bytes -= bytes_of(kept->second) + bytes_of(fw->second.from_b);
+          stash.erase(kept);
+          for_w.erase(fw);
         } else {
           LoadedExecutable& b = I.bwd[u]->loaded;
           Arrays in = bparams[u];

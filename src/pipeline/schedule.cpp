@@ -15,8 +15,10 @@ namespace tessel {
 
 namespace {
 
+char op_letter(const PipeOp& o) { return o.forward ? 'F' : o.weight ? 'W' : 'B'; }
+
 std::string op_text(const PipeOp& o, int64_t chunks) {
-  return fmt::format("{}{}{}", o.forward ? 'F' : 'B', o.micro, chunks > 1 ? fmt::format(".{}", o.chunk) : "");
+  return fmt::format("{}{}{}", op_letter(o), o.micro, chunks > 1 ? fmt::format(".{}", o.chunk) : "");
 }
 
 // The event-driven pass both validate() and simulate() use: each stage runs its ops in order,
@@ -29,7 +31,7 @@ struct Pass {
   std::vector<int64_t> peak;
 };
 
-Pass run_pass(const Schedule& s, double f_op, double b_op) {
+Pass run_pass(const Schedule& s, double f_op, double b_op, double w_op) {
   const int64_t P = s.stages, V = s.chunks, M = s.micro;
   const int64_t VS = P * V;
   // end time of forward/backward of (virtual stage, micro); < 0: not yet run.
@@ -59,6 +61,8 @@ Pass run_pass(const Schedule& s, double f_op, double b_op) {
       };
       if (o.forward) {
         if (vs > 0) need(fend[at(vs - 1, o.micro)]);
+      } else if (o.weight) {
+        need(bend[at(vs, o.micro)]);  // its own B
       } else {
         need(fend[at(vs, o.micro)]);
         if (vs < VS - 1) need(bend[at(vs + 1, o.micro)]);
@@ -79,13 +83,13 @@ Pass run_pass(const Schedule& s, double f_op, double b_op) {
     }
     const std::size_t bs = static_cast<std::size_t>(best);
     const PipeOp& o = s.order[bs][next[bs]];
-    const double d = o.forward ? f_op : b_op;
+    const double d = o.forward ? f_op : o.weight ? w_op : b_op;
     p.start[bs].push_back(best_t);
     free_at[bs] = best_t + d;
     p.busy += d;
     p.end = std::max(p.end, free_at[bs]);
-    (o.forward ? fend : bend)[at(o.chunk * P + best, o.micro)] = free_at[bs];
-    in_flight[bs] += o.forward ? 1 : -1;
+    if (!o.weight) (o.forward ? fend : bend)[at(o.chunk * P + best, o.micro)] = free_at[bs];
+    if (!o.weight) in_flight[bs] += o.forward ? 1 : -1;
     p.peak[bs] = std::max(p.peak[bs], in_flight[bs]);
     ++next[bs];
     --left;
@@ -100,14 +104,16 @@ const char* schedule_kind_name(ScheduleKind k) {
     case ScheduleKind::GPipe: return "gpipe";
     case ScheduleKind::OneFOneB: return "1f1b";
     case ScheduleKind::Interleaved: return "interleaved";
+    case ScheduleKind::ZeroBubbleH1: return "zb-h1";
   }
   return "?";
 }
 
 ScheduleKind parse_schedule_kind(const std::string& text) {
-  for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved})
+  for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved,
+                         ScheduleKind::ZeroBubbleH1})
     if (text == schedule_kind_name(k)) return k;
-  throw Error(fmt::format("unknown pipeline schedule '{}' (gpipe, 1f1b or interleaved)", text));
+  throw Error(fmt::format("unknown pipeline schedule '{}' (gpipe, 1f1b, interleaved or zb-h1)", text));
 }
 
 void Schedule::validate() const {
@@ -117,22 +123,36 @@ void Schedule::validate() const {
   if (static_cast<int64_t>(order.size()) != stages)
     throw Error(fmt::format("schedule {}: {} stage orders for {} stages", schedule_kind_name(kind), order.size(), stages));
   for (int64_t st = 0; st < stages; ++st) {
+    // (0 B, 1 F, 2 W; chunk, micro) -> runs
     std::map<std::pair<int, std::pair<int64_t, int64_t>>, int> seen;
     for (const PipeOp& o : order[static_cast<std::size_t>(st)]) {
       if (o.chunk < 0 || o.chunk >= chunks || o.micro < 0 || o.micro >= micro)
         throw Error(fmt::format("schedule {}: stage {} runs {}, outside {} micro-batches and {} chunks",
                                 schedule_kind_name(kind), st, op_text(o, chunks), micro, chunks));
-      if (++seen[{o.forward ? 1 : 0, {o.chunk, o.micro}}] > 1)
+      if (o.forward && o.weight)
+        throw Error(fmt::format("schedule {}: stage {} has an op that is both a forward and a weight backward",
+                                schedule_kind_name(kind), st));
+      if (o.weight && !split_backward())
+        throw Error(fmt::format("schedule {}: stage {} runs {}, a weight backward (W), which only a split schedule "
+                                "(zb-h1) has",
+                                schedule_kind_name(kind), st, op_text(o, chunks)));
+      if (++seen[{o.forward ? 1 : o.weight ? 2 : 0, {o.chunk, o.micro}}] > 1)
         throw Error(fmt::format("schedule {}: stage {} runs {} twice", schedule_kind_name(kind), st, op_text(o, chunks)));
     }
-    for (int f = 0; f < 2; ++f)
+    for (int f = 0; f < (split_backward() ? 3 : 2); ++f)
       for (int64_t c = 0; c < chunks; ++c)
         for (int64_t m = 0; m < micro; ++m)
-          if (!seen.count({f, {c, m}}))
+          if (!seen.count({f, {c, m}})) {
+            PipeOp o;
+            o.forward = f == 1;
+            o.weight = f == 2;
+            o.chunk = c;
+            o.micro = m;
             throw Error(fmt::format("schedule {}: stage {} never runs {}", schedule_kind_name(kind), st,
-                                    op_text(PipeOp{f == 1, c, m}, chunks)));
+                                    op_text(o, chunks)));
+          }
   }
-  run_pass(*this, 1, 1);  // every op can run: no cycle between the orders
+  run_pass(*this, 1, 1, 1);  // every op can run: no cycle between the orders
 }
 
 Schedule make_schedule(ScheduleKind kind, int64_t P, int64_t M, int64_t V) {
@@ -157,6 +177,16 @@ Schedule make_schedule(ScheduleKind kind, int64_t P, int64_t M, int64_t V) {
     if (kind == ScheduleKind::GPipe) {
       for (int64_t m = 0; m < M; ++m) o.push_back({true, 0, m});
       for (int64_t m = M - 1; m >= 0; --m) o.push_back({false, 0, m});
+      continue;
+    }
+    if (kind == ScheduleKind::ZeroBubbleH1) {
+      // Triples (F_x, B_(x-(P-1-st)), W_(x-(P-1))), each op where its micro-batch exists.
+      for (int64_t x = 0; x < M + P - 1; ++x) {
+        if (x < M) o.push_back({true, 0, x});
+        const int64_t b = x - (P - 1 - st), w = x - (P - 1);
+        if (b >= 0 && b < M) o.push_back({false, 0, b});
+        if (w >= 0 && w < M) o.push_back({false, 0, w, true});
+      }
       continue;
     }
     // 1F1B (V = 1) and interleaved: the k-th forward and backward of the stage's M·V.
@@ -193,7 +223,7 @@ std::string Schedule::to_string() const {
 }
 
 std::string Schedule::to_timeline() const {
-  const Pass p = run_pass(*this, 1, 1);
+  const Pass p = run_pass(*this, 1, 1, 1);
   const int64_t slots = static_cast<int64_t>(p.end + 0.5);
   std::size_t width = 1;
   for (const auto& o : order)
@@ -268,9 +298,11 @@ Schedule parse_schedule(const std::string& text) {
     std::vector<PipeOp> ops;
     std::string tok;
     while (ls >> tok) {
-      if (tok.size() < 2 || (tok[0] != 'F' && tok[0] != 'B')) fail(fmt::format("'{}' is not F<micro>[.chunk] or B<micro>[.chunk]", tok));
+      if (tok.size() < 2 || (tok[0] != 'F' && tok[0] != 'B' && tok[0] != 'W'))
+        fail(fmt::format("'{}' is not F<micro>[.chunk], B<micro>[.chunk] or W<micro>[.chunk]", tok));
       PipeOp o;
       o.forward = tok[0] == 'F';
+      o.weight = tok[0] == 'W';
       const std::string rest = tok.substr(1);
       const auto dot = rest.find('.');
       try {
@@ -282,7 +314,7 @@ Schedule parse_schedule(const std::string& text) {
           if (used != rest.size() - dot - 1) throw std::invalid_argument("trailing");
         }
       } catch (const std::exception&) {
-        fail(fmt::format("'{}' is not F<micro>[.chunk] or B<micro>[.chunk]", tok));
+        fail(fmt::format("'{}' is not F<micro>[.chunk], B<micro>[.chunk] or W<micro>[.chunk]", tok));
       }
       ops.push_back(o);
     }
@@ -294,10 +326,16 @@ Schedule parse_schedule(const std::string& text) {
 }
 
 ScheduleTiming simulate(const Schedule& s, double forward_s, double backward_s) {
-  if (!(forward_s >= 0) || !(backward_s >= 0))
-    throw Error(fmt::format("simulate: forward {} s and backward {} s must be >= 0", forward_s, backward_s));
+  if (!s.split_backward()) return simulate(s, forward_s, backward_s, 0);
+  return simulate(s, forward_s, backward_s / 2, backward_s / 2);
+}
+
+ScheduleTiming simulate(const Schedule& s, double forward_s, double backward_s, double weight_s) {
+  if (!(forward_s >= 0) || !(backward_s >= 0) || !(weight_s >= 0))
+    throw Error(fmt::format("simulate: forward {} s, backward {} s and weight backward {} s must be >= 0", forward_s,
+                            backward_s, weight_s));
   const double v = static_cast<double>(s.chunks);
-  const Pass p = run_pass(s, forward_s / v, backward_s / v);
+  const Pass p = run_pass(s, forward_s / v, backward_s / v, weight_s / v);
   ScheduleTiming t;
   t.step_s = p.end;
   t.bubble = p.end > 0 ? 1 - p.busy / (static_cast<double>(s.stages) * p.end) : 0;

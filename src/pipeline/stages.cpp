@@ -229,6 +229,97 @@ std::vector<PipelineStage> split_stages(const Graph& g, Tensor loss, const std::
   return out;
 }
 
+namespace {
+
+// The ops of `g` that `want` (value ids) need, transitively: take[o].
+std::vector<char> needed_ops(const Graph& g, const std::vector<int>& want) {
+  std::vector<char> take(g.ops.size(), 0), seen(g.values.size(), 0);
+  std::vector<int> stack(want.begin(), want.end());
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
+    if (seen[static_cast<std::size_t>(v)]) continue;
+    seen[static_cast<std::size_t>(v)] = 1;
+    const int p = g.values[static_cast<std::size_t>(v)].producer;
+    if (p < 0 || g.ops[static_cast<std::size_t>(p)].kind == OpKind::Input || take[static_cast<std::size_t>(p)]) continue;
+    take[static_cast<std::size_t>(p)] = 1;
+    for (int in : g.ops[static_cast<std::size_t>(p)].inputs) stack.push_back(in);
+  }
+  return take;
+}
+
+// A graph of the ops of `g` in `take` (in order): a value they read that no taken op makes is
+// an input of the same name, type and annotation; `outputs` (value ids of g) marked in order.
+Graph extract(const Graph& g, const std::vector<char>& take, const std::vector<int>& outputs) {
+  Graph out;
+  std::map<int, int> map;
+  auto annotate = [&](int v, int id) {
+    auto a = g.annotations.find(v);
+    if (a != g.annotations.end()) out.annotations[id] = a->second;
+  };
+  auto get = [&](int v) {
+    auto it = map.find(v);
+    if (it != map.end()) return it->second;
+    const Value& val = g.values[static_cast<std::size_t>(v)];
+    const int id = out.add_input(val.name, val.dtype, val.shape).id;
+    annotate(v, id);
+    map[v] = id;
+    return id;
+  };
+  for (std::size_t o = 0; o < g.ops.size(); ++o) {
+    if (!take[o]) continue;
+    const Op& op = g.ops[o];
+    std::vector<int> ins;
+    for (int v : op.inputs) ins.push_back(get(v));
+    std::vector<std::string> names;
+    for (int v : op.results()) names.push_back(g.values[static_cast<std::size_t>(v)].name);
+    const std::vector<Tensor> res = out.add_op_results(op.kind, ins, op.attrs, names);
+    for (std::size_t i = 0; i < res.size(); ++i) {
+      map[op.results()[i]] = res[i].id;
+      annotate(op.results()[i], res[i].id);
+    }
+  }
+  for (int v : outputs) out.mark_output(out.tensor(get(v)));
+  out.mesh = g.mesh;
+  return out;
+}
+
+}  // namespace
+
+SplitBackward split_backward(const PipelineStage& stage) {
+  const Graph& g = stage.backward;
+  std::vector<int> grads, accs;  // the outputs: gradients of received values, accumulators
+  for (int v : g.outputs) {
+    const std::string& n = g.values[static_cast<std::size_t>(v)].name;
+    (n.rfind("next.grad.acc.", 0) == 0 ? accs : grads).push_back(v);
+  }
+  const std::vector<char> in_b = needed_ops(g, grads), for_w = needed_ops(g, accs);
+  std::vector<char> in_w(g.ops.size(), 0);
+  for (std::size_t o = 0; o < g.ops.size(); ++o) in_w[o] = for_w[o] && !in_b[o];
+  // B's values W reads (in value order): the stash.
+  std::vector<int> stash;
+  std::vector<char> stashed(g.values.size(), 0);
+  auto stash_if_b = [&](int v) {
+    const int p = g.values[static_cast<std::size_t>(v)].producer;
+    if (p >= 0 && in_b[static_cast<std::size_t>(p)] && !stashed[static_cast<std::size_t>(v)]) {
+      stashed[static_cast<std::size_t>(v)] = 1;
+      stash.push_back(v);
+    }
+  };
+  for (std::size_t o = 0; o < g.ops.size(); ++o)
+    if (in_w[o])
+      for (int v : g.ops[o].inputs) stash_if_b(v);
+  for (int v : accs) stash_if_b(v);  // (an accumulator B makes itself: W passes it on)
+  std::sort(stash.begin(), stash.end());
+  SplitBackward out;
+  std::vector<int> b_outputs = grads;
+  b_outputs.insert(b_outputs.end(), stash.begin(), stash.end());
+  out.input_grad = extract(g, in_b, b_outputs);
+  out.weight_grad = extract(g, in_w, accs);
+  for (int v : stash) out.stash.push_back(g.values[static_cast<std::size_t>(v)].name);
+  return out;
+}
+
 std::vector<Tensor> equal_layer_cuts(const std::vector<Tensor>& checkpoints, int64_t layers, int64_t pieces) {
   if (pieces < 1 || pieces > layers)
     throw Error(fmt::format("equal_layer_cuts: {} stages of {} layers (each stage needs a layer)", pieces, layers));

@@ -157,7 +157,7 @@ PipelineStepReport check_step(PipelineTrainer& tr, const OneDeviceRun& one, int6
 
 }  // namespace
 
-TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved in both stream modes and ZeRO 1 and 2 within stages and stages of different shapes",
+TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved and zero bubble in both stream modes and ZeRO 1 and 2 within stages and stages of different shapes",
           "[pipeline][integration]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("pipeline training against one device", seed, 1);
@@ -179,7 +179,9 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
       {"model=2", 2, 2, 1, ScheduleKind::GPipe},      {"data=1", 2, 4, 2, ScheduleKind::Interleaved},
       {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 1}, {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 2},
       {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 0, 1}, {"data=2,model=2", 2, 2, 1, ScheduleKind::GPipe, 0, 2},
-      {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 0, 0, "model=2"}};
+      {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 0, 0, "model=2"},
+      {"data=1", 2, 4, 1, ScheduleKind::ZeroBubbleH1},  {"data=1", 4, 4, 1, ScheduleKind::ZeroBubbleH1},
+      {"data=2", 2, 4, 1, ScheduleKind::ZeroBubbleH1, 0, 1}, {"model=2", 2, 2, 1, ScheduleKind::ZeroBubbleH1, 0, 2}};
   for (const Run& run : runs) {
     INFO("pipe=" << run.stages << " x " << run.stage_mesh << (run.last_mesh ? " (the last stage " : "")
                  << (run.last_mesh ? run.last_mesh : "") << (run.last_mesh ? ")" : "") << ", "
@@ -227,13 +229,16 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
       // 1F1B keeps at most P - s micro-batches in flight on stage s; GPipe all M.
       for (int64_t s = 0; s < run.stages; ++s) {
         const int64_t want_peak = run.kind == ScheduleKind::GPipe ? run.micro
-                                  : run.kind == ScheduleKind::OneFOneB ? std::min(run.micro, run.stages - s)
-                                                                       : -1;
+                                  : run.kind == ScheduleKind::OneFOneB || run.kind == ScheduleKind::ZeroBubbleH1
+                                      ? std::min(run.micro, run.stages - s)
+                                      : -1;
         if (want_peak > 0) CHECK(r.peak_in_flight[static_cast<std::size_t>(s)] == want_peak);
         // The kept bytes are the in-flight micro-batches' inputs: equal micro-batches, so a multiple.
         const int64_t kept = r.peak_kept_bytes[static_cast<std::size_t>(s)];
         CHECK(kept > 0);
-        if (run.chunks == 1) CHECK(kept % r.peak_in_flight[static_cast<std::size_t>(s)] == 0);
+        // (zero bubble: B's values kept for W come on top)
+        if (run.chunks == 1 && run.kind != ScheduleKind::ZeroBubbleH1)
+          CHECK(kept % r.peak_in_flight[static_cast<std::size_t>(s)] == 0);
       }
       CHECK(r.bubble >= 0);
       CHECK(r.bubble < 1);
@@ -271,6 +276,55 @@ TEST_CASE("split_stages refuses a cut out of order or at an input and a value th
   const std::string skip = tessel_test::error_of([&] { split_stages(g, l, {x}, {a, b2}); });
   CHECK(tessel_test::contains(skip, "%a"));
   CHECK(tessel_test::contains(skip, "neighbours only"));
+}
+
+TEST_CASE("split_backward: B makes the received values' gradients, W the weights' from B's kept values, and together they equal the backward",
+          "[pipeline]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("split_backward against the whole backward", seed, 1);
+  GptConfig c = small_gpt(2);
+  GptGraph m = build_gpt(c);
+  const std::vector<PipelineStage> st = split_stages(m.graph, m.loss, m.weights, {m.checkpoints.at(2)});
+  for (std::size_t k = 0; k < st.size(); ++k) {
+    INFO("stage " << k);
+    const SplitBackward sb = split_backward(st[k]);
+    const Graph& full = st[k].backward;
+    // B: the gradients of what the stage received (none for the first: its tokens are integers).
+    std::vector<std::string> b_out, w_out;
+    for (int v : sb.input_grad.outputs) b_out.push_back(sb.input_grad.values[static_cast<std::size_t>(v)].name);
+    for (int v : sb.weight_grad.outputs) w_out.push_back(sb.weight_grad.values[static_cast<std::size_t>(v)].name);
+    CHECK(b_out.size() == (k == 0 ? 0 : 1 + sb.stash.size()));
+    CHECK(w_out.size() == st[k].params.size());
+    for (const std::string& n : w_out) CHECK(n.rfind("next.grad.acc.", 0) == 0);
+    if (k == 0) CHECK(sb.stash.empty());
+    // Each op once: B and W share none; W reads the stash.
+    CHECK(sb.input_grad.ops.size() - sb.input_grad.inputs.size() + sb.weight_grad.ops.size() -
+              sb.weight_grad.inputs.size() <= full.ops.size() - full.inputs.size());
+    for (const std::string& n : sb.stash) CHECK(sb.weight_grad.find(n) >= 0);
+    // Run on the same random inputs: B then W give the whole backward's outputs.
+    const std::vector<HostTensor> in = random_inputs(full, seed + k);
+    std::map<std::string, HostTensor> by;
+    for (std::size_t i = 0; i < full.inputs.size(); ++i) by[full.values[static_cast<std::size_t>(full.inputs[i])].name] = in[i];
+    auto run = [&](const Graph& g) {
+      std::vector<HostTensor> args;
+      for (int v : g.inputs) args.push_back(by.at(g.values[static_cast<std::size_t>(v)].name));
+      const std::vector<HostTensor> out = run_reference(g, args);
+      std::map<std::string, HostTensor> named;
+      for (std::size_t o = 0; o < g.outputs.size(); ++o) named[g.values[static_cast<std::size_t>(g.outputs[o])].name] = out[o];
+      return named;
+    };
+    const auto want = run(full);
+    if (!sb.input_grad.outputs.empty())
+      for (auto& [n, h] : run(sb.input_grad)) by[n] = h;  // the stash, for W
+    auto got = run(sb.weight_grad);
+    if (!sb.input_grad.outputs.empty())
+      for (auto& [n, h] : run(sb.input_grad)) got[n] = h;
+    for (const auto& [n, h] : want) {
+      INFO(n);
+      REQUIRE(got.count(n));
+      CHECK(compare(got.at(n), h, 1.0).max_rel_err <= 1e-6);
+    }
+  }
 }
 
 TEST_CASE("the pipeline trainer's state round-trips and a bad state is refused naming the value", "[pipeline]") {

@@ -138,7 +138,8 @@ endif()
 # losses (pipeline_checkpoint.sh with a launcher).
 if(TARGET tessel_example_gpt_train AND TESSEL_MPIRUN)
   foreach(cfg "pipe=2,data=2|gpipe|" "pipe=2,data=2|1f1b|" "pipe=4|gpipe|--layers 4" "pipe=4|1f1b|--layers 4"
-              "pipe=2,model=2|gpipe|" "pipe=2,model=2|1f1b|" "pipe=2,data=2|interleaved|--chunks 2 --layers 4")
+              "pipe=2,model=2|gpipe|" "pipe=2,model=2|1f1b|" "pipe=2,data=2|interleaved|--chunks 2 --layers 4"
+              "pipe=2,data=2|zb-h1|" "pipe=4|zb-h1|--layers 4")
     string(REPLACE "|" ";" _parts "${cfg}")
     list(GET _parts 0 _mesh)
     list(GET _parts 1 _sched)

@@ -49,7 +49,8 @@ TEST_CASE("pipeline schedules: interleaved 1F1B shrinks the bubble by its chunks
 
 TEST_CASE("pipeline schedules print and parse back and bad ones are refused naming the stage and op", "[pipeline]") {
   for (auto [k, P, M, v] : std::vector<std::tuple<ScheduleKind, int64_t, int64_t, int64_t>>{
-           {ScheduleKind::GPipe, 3, 4, 1}, {ScheduleKind::OneFOneB, 4, 8, 1}, {ScheduleKind::Interleaved, 2, 4, 2}}) {
+           {ScheduleKind::GPipe, 3, 4, 1}, {ScheduleKind::OneFOneB, 4, 8, 1}, {ScheduleKind::Interleaved, 2, 4, 2},
+           {ScheduleKind::ZeroBubbleH1, 4, 8, 1}}) {
     const Schedule s = make_schedule(k, P, M, v);
     const Schedule back = parse_schedule(s.to_string());
     CHECK(back.to_string() == s.to_string());
@@ -65,10 +66,46 @@ TEST_CASE("pipeline schedules print and parse back and bad ones are refused nami
   CHECK_THROWS_WITH(parse_schedule("schedule gpipe stages=1 micro=2 chunks=1\nstage 0: F0 F1 B1\n"),
                     Catch::Contains("stage 0 never runs B0"));
   CHECK_THROWS_WITH(parse_schedule("schedule zb stages=1 micro=1 chunks=1\n"),
-                    Catch::Contains("unknown pipeline schedule 'zb' (gpipe, 1f1b or interleaved)"));
+                    Catch::Contains("unknown pipeline schedule 'zb' (gpipe, 1f1b, interleaved or zb-h1)"));
   CHECK_THROWS_WITH(parse_schedule("schedule gpipe stages=1 micro=1 chunks=1\nstage 0: F0 X0\n"),
                     Catch::Contains("line 2") && Catch::Contains("'X0' is not F<micro>[.chunk]"));
   CHECK_THROWS_WITH(make_schedule(ScheduleKind::Interleaved, 4, 6, 2), Catch::Contains("give a multiple of 4"));
   CHECK_THROWS_WITH(make_schedule(ScheduleKind::OneFOneB, 2, 4, 2), Catch::Contains("only the interleaved schedule"));
   CHECK_THROWS_WITH(make_schedule(ScheduleKind::GPipe, 0, 4), Catch::Contains("stages 0"));
+  CHECK_THROWS_WITH(make_schedule(ScheduleKind::ZeroBubbleH1, 2, 4, 2), Catch::Contains("only the interleaved schedule"));
+  // W ops: only in a split schedule, each after its own B, none missing.
+  CHECK_THROWS_WITH(parse_schedule("schedule 1f1b stages=1 micro=1 chunks=1\nstage 0: F0 B0 W0\n"),
+                    Catch::Contains("stage 0 runs W0, a weight backward (W), which only a split schedule"));
+  CHECK_THROWS_WITH(parse_schedule("schedule zb-h1 stages=1 micro=1 chunks=1\nstage 0: F0 B0\n"),
+                    Catch::Contains("stage 0 never runs W0"));
+  CHECK_THROWS_WITH(parse_schedule("schedule zb-h1 stages=1 micro=1 chunks=1\nstage 0: F0 W0 B0\n"),
+                    Catch::Contains("stage 0 cannot run W0"));
+}
+
+TEST_CASE("pipeline schedules: zero bubble (ZB-H1) splits the backward and leaves a third of 1F1B's idle time",
+          "[pipeline]") {
+  // Qi et al. 2024: with equal F, B and W times ZB-H1's bubble is (P - 1) of them per stage where
+  // 1F1B's (whose backward is B and W) is 3 (P - 1); its activations in flight are 1F1B's.
+  const Schedule z = make_schedule(ScheduleKind::ZeroBubbleH1, 2, 3);
+  CHECK(z.split_backward());
+  CHECK(z.to_string() ==
+        "schedule zb-h1 stages=2 micro=3 chunks=1\nstage 0: F0 F1 B0 W0 F2 B1 W1 B2 W2\nstage 1: F0 B0 F1 B1 W0 F2 B2 W1 W2\n");
+  for (int64_t P : {1, 2, 4, 8})
+    for (int64_t M : {1, 3, 8, 16}) {
+      INFO("stages " << P << ", micro-batches " << M);
+      const Schedule s = make_schedule(ScheduleKind::ZeroBubbleH1, P, M);
+      const ScheduleTiming t = simulate(s, 1, 1, 1);
+      const ScheduleTiming one = simulate(make_schedule(ScheduleKind::OneFOneB, P, M), 1, 2);
+      const double busy = 3.0 * static_cast<double>(M);  // per stage
+      if (M >= P) {  // (with fewer micro-batches than stages the warm-up is cut short)
+        CHECK(t.step_s == Approx(busy + static_cast<double>(P - 1)));
+        CHECK(one.step_s - busy == Approx(3.0 * static_cast<double>(P - 1)));
+      }
+      CHECK(t.step_s <= one.step_s);
+      CHECK(t.bubble == Approx(1 - busy / t.step_s).margin(1e-12));
+      for (int64_t st = 0; st < P; ++st)
+        CHECK(t.peak_in_flight[static_cast<std::size_t>(st)] == std::min(M, P - st));
+      // The two-argument form splits the backward time evenly between B and W.
+      CHECK(simulate(s, 1, 2).step_s == Approx(t.step_s));
+    }
 }

@@ -51,6 +51,20 @@ struct PipelineStage {
 std::vector<PipelineStage> split_stages(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
                                         const std::vector<Tensor>& cuts);
 
+// A stage's backward in two programs, for a schedule that splits it (ScheduleKind::ZeroBubbleH1):
+// B, the ops its "grad.<v>" outputs (the gradients of the received values, which the stage before
+// waits for) need, and W, the ops only its "next.grad.acc.<p>" outputs (the weights' gradients)
+// need. W reads B's values it needs (`stash`, outputs of B after its gradients) and whichever of
+// the backward's inputs it uses (parameters, data, received values, "grad.<sent>",
+// "grad.acc.<p>"), by name; B reads the backward's inputs it uses. A stage that receives no float
+// value (the first) has an empty B (no op, no output): its W is the whole backward.
+struct SplitBackward {
+  Graph input_grad;                // B
+  Graph weight_grad;               // W
+  std::vector<std::string> stash;  // B's outputs after its gradients, W's inputs
+};
+SplitBackward split_backward(const PipelineStage& stage);
+
 // The cuts of a transformer into `pieces` stages of equal layers: `checkpoints` are its residual
 // stream (x0, then each of its `layers` blocks' output: GptGraph::checkpoints), and cut k (1 <=
 // k < pieces) is checkpoints[k * layers / pieces]. Throws Error when pieces is not in 1..layers
