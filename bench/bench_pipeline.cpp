@@ -1,7 +1,8 @@
-// BM_Pipeline/schedule:<k>/micro:<M>: one training step of a GPT cut into two pipeline stages
+// BM_Pipeline/schedule:<k>/micro:<M>/keep:<a>: one training step of a GPT cut into two pipeline stages
 // of one CPU device each (pipeline/runner.hpp), by GPipe (0), 1F1B (1), interleaved 1F1B with
 // 2 chunks per stage (2) or zero bubble ZB-H1 (3: the backward split into B and W), over M
-// micro-batches of 2 rows, 20 timed steps. The model: d_model 128, 4 heads,
+// micro-batches of 2 rows, 20 timed steps; keep 0: each stage's backward recomputes its forward
+// (PipelineOptions::remat all, the default), keep 1: the stages keep their activations (none). The model: d_model 128, 4 heads,
 // 4 layers (equal stages: 2 layers each, or 1 per chunk), vocab 64 (the head and the embedding
 // small beside a layer, so the stages are equal), 64 positions; random
 // weights and tokens (seeded). One untimed step first, then the timed ones. Counters:
@@ -11,8 +12,9 @@
 //                   twice the forward (pipeline/schedule.hpp simulate; ZB-H1: B and W each
 //                   as long as the forward);
 //   in_flight_s0/1  each stage's most micro-batches forwarded and not yet backwarded;
-//   kept_bytes_s0/1 each stage's most bytes per device of forward inputs kept for the
-//                   backwards at once (the activations a stage holds).
+//   kept_bytes_s0/1 each stage's most bytes per device kept for the backwards at once (the
+//                   forward's inputs, and with keep 1 its saved activations, with ZB-H1 B's
+//                   values W reads).
 // BM_PipelineCut/auto:<a>: one 1F1B step over 8 micro-batches of a GPT whose LM head outweighs a
 // block (d_model 64, 4 heads, 8 layers, vocab 8192, 32 positions, 2 rows a micro-batch) on two
 // stages of one device, cut into equal layers (auto 0) or by choose_stage_cuts
@@ -82,6 +84,7 @@ void BM_Pipeline(benchmark::State& state) {
   o.schedule = kind;
   o.micro = M;
   o.chunks = chunks;
+  o.remat = state.range(2) ? tessel::RematPolicy::none : tessel::RematPolicy::all;
   tessel::PipelineTrainer trainer(tessel::split_stages(m.graph, m.loss, m.weights, cuts), mesh, {&r0, &r1}, init, o);
   const auto micro = batches_of(c, M);
   int64_t t = 1;
@@ -102,8 +105,8 @@ void BM_Pipeline(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Pipeline)
-    ->ArgNames({"schedule", "micro"})
-    ->ArgsProduct({{0, 1, 2, 3}, {4, 8, 16}})
+    ->ArgNames({"schedule", "micro", "keep"})
+    ->ArgsProduct({{0, 1, 2, 3}, {4, 8, 16}, {0, 1}})
     ->Iterations(20)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

@@ -63,8 +63,9 @@
 // against one device from the same state (docs/pipeline.md), --zero 0..2 within each stage; its
 // checkpoints (the state gathered, the same metadata) resume on any mesh, and it resumes any
 // mesh's; --auto chooses the stage boundaries by this machine's cost model
-// (pipeline/auto_stages.hpp). Under mpirun -np N each stage runs on N/pipe processes. ZeRO-3,
-// accumulation, mixed precision and rematerialisation are refused there for now; --backend cuda
+// (pipeline/auto_stages.hpp). Under mpirun -np N each stage runs on N/pipe processes. --remat none
+// (default) keeps each stage's activations, all recomputes each stage's forward. ZeRO-3,
+// accumulation, mixed precision and --remat einsums are refused there for now; --backend cuda
 // makes each stage a CudaRuntime in one process (not under a launcher; never yet run on a GPU).
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
@@ -173,8 +174,9 @@ const char* kUsage =
     "per device if given; checkpoints move between\n"
     "pipelined and other meshes. Under mpirun -np N each stage runs on N/pipe processes (values\n"
     "between stages as host messages). --backend cuda: each stage a CudaRuntime of its own, in one\n"
-    "process only (never yet run on a GPU). Not yet with --zero 3, --accumulate, --mixed, --remat,\n"
-    "--offload, --check-finite or --write-graph.\n";
+    "process only (never yet run on a GPU). --remat none (the default: each stage keeps the\n"
+    "activations its backward reads) or all (each stage's backward recomputes its forward). Not yet\n"
+    "with --zero 3, --accumulate, --mixed, --remat einsums, --offload, --check-finite or --write-graph.\n";
 
 using json = nlohmann::json;
 
@@ -296,6 +298,7 @@ struct PipeRun {
   bool auto_stages;  // --auto: the stage boundaries from the pieces' times (choose_stage_cuts)
   int64_t memory_budget;  // --memory-budget with --auto: bytes per device a stage may hold (0: none)
   double timeout_s;  // --timeout: under mpirun, a stage waiting longer for another fails (< 0: 300 s)
+  tessel::RematPolicy remat;  // --remat none (activations kept) or all (each stage's forward recomputed)
   bool cuda;         // --backend cuda: each stage a CudaRuntime of its own (one process)
   int gpus;          // --gpus
 };
@@ -455,6 +458,7 @@ int run_pipeline(const PipeRun& a) {
   tessel::TrainerOptions o;
   o.lr = a.warmup > 0 ? tessel::LrSchedule::warmup_cosine(a.lr, a.warmup, a.steps) : tessel::LrSchedule::constant(a.lr);
   o.train.zero = a.zero;
+  o.train.remat = a.remat;
   tessel::PipelineOptions po;
   po.schedule = a.flags.kind;
   po.micro = M;
@@ -474,12 +478,12 @@ int run_pipeline(const PipeRun& a) {
   std::vector<std::string> shapes;
   for (const tessel::Mesh& x : meshes) shapes.push_back(x.to_string());
   const bool alike = std::all_of(shapes.begin(), shapes.end(), [&](const std::string& x) { return x == shapes[0]; });
-  say("pipeline: {} stages{} of {} ({} {} devices in all{}), schedule {}, zero={}, lr {}, seed {}\n", P,
+  say("pipeline: {} stages{} of {} ({} {} devices in all{}), schedule {}, zero={}, remat={}, lr {}, seed {}\n", P,
       V > 1 ? fmt::format(" x {} chunks", V) : "",
       alike ? "mesh " + shapes[0] : fmt::format("meshes {}", fmt::join(shapes, ", ")), P * stage_mesh.num_devices(),
       a.cuda ? "CUDA" : "CPU",
       pg ? fmt::format(", {} processes, {} per stage", pg->size(), pg->size() / P) : std::string(),
-      tessel::schedule_kind_name(a.flags.kind), a.zero, o.lr.to_string(), seed);
+      tessel::schedule_kind_name(a.flags.kind), a.zero, tessel::remat_policy_name(a.remat), o.lr.to_string(), seed);
   const tessel::Schedule schedule = tessel::make_schedule(a.flags.kind, P, M, V);
   say("{}compile + load: {:.1f} ms\n", schedule.to_string(), compile_ms);
 
@@ -502,7 +506,7 @@ int run_pipeline(const PipeRun& a) {
   meta["zero"] = a.zero;
   meta["auto_shard"] = false;
   meta["mesh"] = mesh_flag(a.mesh);
-  meta["remat"] = "none";
+  meta["remat"] = tessel::remat_policy_name(a.remat);
   meta["accumulate"] = 1;
   meta["steps"] = a.steps;
   meta["rows_per_batch"] = a.cfg.batch;
@@ -766,8 +770,7 @@ int run(int argc, char** argv) {
   if (auto_layouts && zero_given && !piped)
     throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
   if (piped) {
-    for (const char* flag : {"--accumulate", "--mixed", "--remat", "--offload", "--check-finite", "--write-graph",
-                             "--links"})
+    for (const char* flag : {"--accumulate", "--mixed", "--offload", "--check-finite", "--write-graph", "--links"})
       if (given.count(flag))
         throw tessel::UsageError(fmt::format("{} is not yet supported with a pipe axis in --mesh (pipeline stages run "
                                              "in f32 with ZeRO 0 to 2: docs/pipeline.md)",
@@ -776,6 +779,9 @@ int run(int argc, char** argv) {
       throw tessel::UsageError(fmt::format("--zero {} is not yet supported with a pipe axis in --mesh (ZeRO 0 to 2 "
                                            "within each stage)",
                                            to.zero));
+    if (to.remat == tessel::RematPolicy::einsums)
+      throw tessel::UsageError("--remat einsums is not supported with a pipe axis in --mesh (none: each stage keeps the "
+                               "activations its backward reads; all: each stage's backward recomputes its forward)");
   } else {
     for (const char* flag : {"--schedule", "--microbatches", "--chunks"})
       if (given.count(flag))
@@ -835,7 +841,7 @@ int run(int argc, char** argv) {
                                            resume_flag, start));
     PipeRun run{cfg,  mesh,   corpus,    pipe,      seed,   steps,      threads,          lr,   warmup, tolerance,
                 reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep, to.zero, auto_layouts,
-                memory_budget, timeout_s, cuda, gpus};
+                memory_budget, timeout_s, to.remat, cuda, gpus};
     return run_pipeline(run);
   }
   cfg.batch /= accumulate;  // the model sees one micro-batch

@@ -214,6 +214,11 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
                             "yet)",
                             I.o.zero));
   const AdamWConfig& a = I.o.adamw;
+  if (I.o.remat == RematPolicy::einsums)
+    throw Error("PipelineTrainer: remat=einsums is not supported within pipeline stages (all: recompute the stage's "
+                "forward, the default; none: keep its activations)");
+  if (I.o.remat == RematPolicy::none)
+    for (PipelineStage& st : I.stages) st = keep_activations(std::move(st));
 
   // Every parameter given, of the graphs' type; each updated by the first virtual stage using it.
   std::set<std::string> seen;
@@ -486,6 +491,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
           Arrays keep = f.to_device(send);
           in.insert(keep.begin(), keep.end());
           RunResult r = f.run_named(in);
+          for (const std::string& n : st.saved) keep.emplace(n, f.output(r, n));  // kept activations
           Hosts out;
           for (const std::string& n : st.send) out.emplace(n, f.to_host(f.output(r, n)));
           if (!st.loss.empty()) losses[static_cast<std::size_t>(m)] = f.to_host(f.output(r, st.loss)).get(0);
@@ -547,7 +553,8 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
           // The forward's inputs, kept on the devices (copied only where the backward lays one
           // out otherwise).
           auto kept = stash.find({vs, m});
-          for (auto& [n, arr] : kept->second) in.emplace(n, carry(I.fwd[u]->loaded, arr, b, n));
+          for (auto& [n, arr] : kept->second)
+            if (takes(b, n)) in.emplace(n, carry(I.fwd[u]->loaded, arr, b, n));
           kept_bytes -= bytes_of(kept->second);
           stash.erase(kept);
           --in_flight;

@@ -286,6 +286,43 @@ Graph extract(const Graph& g, const std::vector<char>& take, const std::vector<i
 
 }  // namespace
 
+PipelineStage keep_activations(PipelineStage stage) {
+  if (!stage.saved.empty()) return stage;
+  const Graph& bg = stage.backward;  // the forward's ops first (a clone), then the gradient's
+  const std::size_t n_fwd = stage.forward.ops.size();
+  std::vector<char> fwd_ops(bg.ops.size(), 0), grad_ops(bg.ops.size(), 0);
+  for (std::size_t o = 0; o < bg.ops.size(); ++o) {
+    if (bg.ops[o].kind == OpKind::Input) continue;
+    (o < n_fwd ? fwd_ops : grad_ops)[o] = 1;
+  }
+  // The forward's values a gradient op reads (not inputs of the graph), in value order.
+  std::vector<char> read(bg.values.size(), 0);
+  for (std::size_t o = 0; o < bg.ops.size(); ++o)
+    if (grad_ops[o])
+      for (int v : bg.ops[o].inputs) {
+        const int p = bg.values[static_cast<std::size_t>(v)].producer;
+        if (p >= 0 && fwd_ops[static_cast<std::size_t>(p)]) read[static_cast<std::size_t>(v)] = 1;
+      }
+  std::vector<std::string> saved;
+  std::vector<int> f_outputs;
+  std::vector<char> listed(bg.values.size(), 0);
+  for (int v : stage.forward.outputs) {  // the sends and the loss, by name, as the forward has them
+    const int id = bg.find(stage.forward.values[static_cast<std::size_t>(v)].name);
+    f_outputs.push_back(id);
+    listed[static_cast<std::size_t>(id)] = 1;
+  }
+  for (std::size_t v = 0; v < bg.values.size(); ++v)
+    if (read[v]) {
+      saved.push_back(bg.values[v].name);
+      if (!listed[v]) f_outputs.push_back(static_cast<int>(v));
+    }
+  Graph f = extract(bg, fwd_ops, f_outputs), b = extract(bg, grad_ops, bg.outputs);
+  stage.forward = std::move(f);
+  stage.backward = std::move(b);
+  stage.saved = std::move(saved);
+  return stage;
+}
+
 SplitBackward split_backward(const PipelineStage& stage) {
   const Graph& g = stage.backward;
   std::vector<int> grads, accs;  // the outputs: gradients of received values, accumulators

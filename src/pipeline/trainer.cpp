@@ -81,9 +81,9 @@ PipelineOptions merged(const TrainerOptions& t, PipelineOptions p) {
     throw Error("pipeline_trainer: TrainerOptions::auto_shard plans one program; plan the stages with "
                 "StageCutOptions::auto_shard (choose_stage_cuts), make them with stages_with_layouts and give them to "
                 "pipeline_trainer's overload taking stages");
-  if (t.train.remat != RematPolicy::none)
-    throw Error("pipeline_trainer: TrainOptions::remat is not supported within pipeline stages (each stage's backward "
-                "recomputes its forward from the stage's inputs already)");
+  if (t.train.remat == RematPolicy::einsums)
+    throw Error("pipeline_trainer: TrainOptions::remat = einsums is not supported within pipeline stages (none: each "
+                "stage keeps the activations its backward reads; all: each stage's backward recomputes its forward)");
   if (t.train.zero < 0 || t.train.zero > 2)
     throw Error(fmt::format("pipeline_trainer: TrainOptions::zero = {}: ZeRO 0, 1 or 2 within each stage (ZeRO-3 not "
                             "yet)",
@@ -91,6 +91,7 @@ PipelineOptions merged(const TrainerOptions& t, PipelineOptions p) {
   p.adamw = t.train.adamw;
   p.zero = t.train.zero;
   p.data_axis = t.train.data_axis;
+  p.remat = t.train.remat;
   return p;
 }
 

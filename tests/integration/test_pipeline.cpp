@@ -155,6 +155,24 @@ PipelineStepReport check_step(PipelineTrainer& tr, const OneDeviceRun& one, int6
   return r;
 }
 
+// `g` run by the reference executor on the values of its inputs' names; its outputs by name.
+std::map<std::string, HostTensor> run_by_name(const Graph& g, const std::map<std::string, HostTensor>& by) {
+  std::vector<HostTensor> args;
+  for (int v : g.inputs) args.push_back(by.at(g.values[static_cast<std::size_t>(v)].name));
+  const std::vector<HostTensor> out = run_reference(g, args);
+  std::map<std::string, HostTensor> named;
+  for (std::size_t o = 0; o < g.outputs.size(); ++o) named[g.values[static_cast<std::size_t>(g.outputs[o])].name] = out[o];
+  return named;
+}
+
+// Seeded random values of `g`'s inputs, by name.
+std::map<std::string, HostTensor> random_inputs_by_name(const Graph& g, uint64_t seed) {
+  const std::vector<HostTensor> in = random_inputs(g, seed);
+  std::map<std::string, HostTensor> by;
+  for (std::size_t i = 0; i < g.inputs.size(); ++i) by[g.values[static_cast<std::size_t>(g.inputs[i])].name] = in[i];
+  return by;
+}
+
 }  // namespace
 
 TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and pipe=4 and pipe=2 x data=2 or model=2 and interleaved and zero bubble in both stream modes and ZeRO 1 and 2 within stages and stages of different shapes",
@@ -172,6 +190,7 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
     int streams = 0;  // 0: the runtime's defaults; 1: async stream workers; 2: eager (StreamMode)
     int zero = 0;     // ZeRO within each stage
     const char* last_mesh = nullptr;  // the last stage's own shape (PipelineTrainer's mesh per stage)
+    bool keep = false;                // activations kept (PipelineOptions::remat none), not recomputed
   };
   const std::vector<Run> runs = {
       {"data=1", 2, 4, 1, ScheduleKind::GPipe},       {"data=1", 2, 4, 1, ScheduleKind::OneFOneB},
@@ -181,12 +200,16 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
       {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 0, 1}, {"data=2,model=2", 2, 2, 1, ScheduleKind::GPipe, 0, 2},
       {"data=2", 2, 4, 1, ScheduleKind::OneFOneB, 0, 0, "model=2"},
       {"data=1", 2, 4, 1, ScheduleKind::ZeroBubbleH1},  {"data=1", 4, 4, 1, ScheduleKind::ZeroBubbleH1},
-      {"data=2", 2, 4, 1, ScheduleKind::ZeroBubbleH1, 0, 1}, {"model=2", 2, 2, 1, ScheduleKind::ZeroBubbleH1, 0, 2}};
+      {"data=2", 2, 4, 1, ScheduleKind::ZeroBubbleH1, 0, 1}, {"model=2", 2, 2, 1, ScheduleKind::ZeroBubbleH1, 0, 2},
+      {"data=1", 2, 4, 1, ScheduleKind::OneFOneB, 0, 0, nullptr, true}, {"data=1", 4, 4, 1, ScheduleKind::GPipe, 0, 0, nullptr, true},
+      {"data=2", 2, 4, 2, ScheduleKind::Interleaved, 0, 1, nullptr, true},
+      {"model=2", 2, 4, 1, ScheduleKind::ZeroBubbleH1, 0, 2, nullptr, true}};
   for (const Run& run : runs) {
     INFO("pipe=" << run.stages << " x " << run.stage_mesh << (run.last_mesh ? " (the last stage " : "")
                  << (run.last_mesh ? run.last_mesh : "") << (run.last_mesh ? ")" : "") << ", "
                  << schedule_kind_name(run.kind) << ", micro "
-                 << run.micro << ", chunks " << run.chunks << ", streams " << run.streams << ", zero " << run.zero);
+                 << run.micro << ", chunks " << run.chunks << ", streams " << run.streams << ", zero " << run.zero
+                 << (run.keep ? ", activations kept" : ""));
     GptConfig c = small_gpt(B / run.micro);
     const Mesh mesh = gpt_mesh(Mesh::parse(run.stage_mesh), c);
     GptGraph m = build_gpt(c);
@@ -214,6 +237,7 @@ TEST_CASE("pipeline training equals one device for every schedule on pipe=2 and 
     o.chunks = run.chunks;
     o.adamw = a;
     o.zero = run.zero;
+    if (run.keep) o.remat = RematPolicy::none;
     std::vector<Mesh> meshes(static_cast<std::size_t>(run.stages), mesh);
     if (run.last_mesh) meshes.back() = gpt_mesh(Mesh::parse(run.last_mesh), c);
     PipelineTrainer tr(std::move(st), meshes, rp, init, o);
@@ -278,6 +302,45 @@ TEST_CASE("split_stages refuses a cut out of order or at an input and a value th
   CHECK(tessel_test::contains(skip, "neighbours only"));
 }
 
+TEST_CASE("keep_activations: the forward outputs what the backward reads and the backward no longer recomputes it, with the same gradients",
+          "[pipeline]") {
+  const uint64_t seed = tessel_test::seed();
+  tessel_test::announce("keep_activations against the recomputing backward", seed, 1);
+  GptConfig c = small_gpt(2);
+  GptGraph m = build_gpt(c);
+  std::vector<PipelineStage> st = split_stages(m.graph, m.loss, m.weights, {m.checkpoints.at(2)});
+  for (std::size_t k = 0; k < st.size(); ++k) {
+    INFO("stage " << k);
+    const Graph& full = st[k].backward;
+    const std::size_t fwd_ops = st[k].forward.ops.size() - st[k].forward.inputs.size();
+    std::map<std::string, HostTensor> by = random_inputs_by_name(full, seed + k);
+    auto run = [&](const Graph& g) { return run_by_name(g, by); };
+    const auto want = run(full);
+    const std::size_t full_ops = full.ops.size() - full.inputs.size();
+    std::vector<PipelineStage> fresh = split_stages(m.graph, m.loss, m.weights, {m.checkpoints.at(2)});
+    PipelineStage kept = keep_activations(std::move(fresh[k]));
+    CHECK_FALSE(kept.saved.empty());
+    // The backward lost the forward's ops; the forward outputs its sends (and loss) then the saved values.
+    CHECK(kept.backward.ops.size() - kept.backward.inputs.size() == full_ops - fwd_ops);
+    for (const std::string& n : kept.saved) {
+      CHECK(kept.backward.find(n) >= 0);
+      bool out = false;
+      for (int v : kept.forward.outputs) out = out || kept.forward.values[static_cast<std::size_t>(v)].name == n;
+      CHECK(out);
+    }
+    for (auto& [n, h] : run(kept.forward)) by[n] = h;
+    const auto got = run(kept.backward);
+    for (const auto& [n, h] : want) {
+      INFO(n);
+      REQUIRE(got.count(n));
+      CHECK(compare(got.at(n), h, 1.0).max_rel_err <= 1e-6);
+    }
+    // Kept twice: the same stage.
+    const PipelineStage again = keep_activations(std::move(kept));
+    CHECK(again.saved.size() > 0);
+  }
+}
+
 TEST_CASE("split_backward: B makes the received values' gradients, W the weights' from B's kept values, and together they equal the backward",
           "[pipeline]") {
   const uint64_t seed = tessel_test::seed();
@@ -302,17 +365,8 @@ TEST_CASE("split_backward: B makes the received values' gradients, W the weights
               sb.weight_grad.inputs.size() <= full.ops.size() - full.inputs.size());
     for (const std::string& n : sb.stash) CHECK(sb.weight_grad.find(n) >= 0);
     // Run on the same random inputs: B then W give the whole backward's outputs.
-    const std::vector<HostTensor> in = random_inputs(full, seed + k);
-    std::map<std::string, HostTensor> by;
-    for (std::size_t i = 0; i < full.inputs.size(); ++i) by[full.values[static_cast<std::size_t>(full.inputs[i])].name] = in[i];
-    auto run = [&](const Graph& g) {
-      std::vector<HostTensor> args;
-      for (int v : g.inputs) args.push_back(by.at(g.values[static_cast<std::size_t>(v)].name));
-      const std::vector<HostTensor> out = run_reference(g, args);
-      std::map<std::string, HostTensor> named;
-      for (std::size_t o = 0; o < g.outputs.size(); ++o) named[g.values[static_cast<std::size_t>(g.outputs[o])].name] = out[o];
-      return named;
-    };
+    std::map<std::string, HostTensor> by = random_inputs_by_name(full, seed + k);
+    auto run = [&](const Graph& g) { return run_by_name(g, by); };
     const auto want = run(full);
     if (!sb.input_grad.outputs.empty())
       for (auto& [n, h] : run(sb.input_grad)) by[n] = h;  // the stash, for W

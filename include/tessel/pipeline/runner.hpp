@@ -48,6 +48,11 @@ struct PipelineOptions {
   // gradients reduce-scattered into them). 3 is not supported yet (Error).
   int zero = 0;
   std::string data_axis = "data";
+  // Activations within each stage: RematPolicy::all (the default) recomputes the stage's
+  // forward in its backward from the stage's inputs, the only values kept between a
+  // micro-batch's forward and backward; none keeps the forward's values the backward reads
+  // (keep_activations: more memory, no recomputation). einsums is not supported (Error).
+  RematPolicy remat = RematPolicy::all;
   // Stages over the processes of an mpirun job: the processes of the whole pipeline, P·k of them
   // for P stages, stage s on processes [s·k, (s+1)·k) (pipeline_stage_ranks). Each process gives
   // its own stage's runtime (over that stage's k processes: RuntimeRequest::mpi_ranks) as

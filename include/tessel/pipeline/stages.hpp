@@ -40,6 +40,10 @@ struct PipelineStage {
   std::vector<std::string> recv;    // values from the stage before (empty for the first)
   std::vector<std::string> send;    // values to the stage after (empty for the last)
   std::string loss;                 // the last stage: the loss's name; else empty
+  // keep_activations(): the forward's values the backward reads, output by the forward after
+  // its sends (and loss) and inputs of the backward, which then does not recompute the forward.
+  // Empty: the backward recomputes the forward from the stage's inputs.
+  std::vector<std::string> saved;
 };
 
 // The stages of `g` (one micro-batch's forward ending in the scalar float `loss`) cut at `cuts`
@@ -50,6 +54,12 @@ struct PipelineStage {
 // value skips a stage, or the loss is not made by the last stage.
 std::vector<PipelineStage> split_stages(const Graph& g, Tensor loss, const std::vector<Tensor>& params,
                                         const std::vector<Tensor>& cuts);
+
+// The stage with its activations kept instead of recomputed (RematPolicy::none within a
+// pipeline stage): the forward also outputs every value of its own the backward reads
+// (`saved`), and the backward takes them as inputs and keeps only its gradient ops. A stage
+// whose `saved` is set already is returned as it is.
+PipelineStage keep_activations(PipelineStage stage);
 
 // A stage's backward in two programs, for a schedule that splits it (ScheduleKind::ZeroBubbleH1):
 // B, the ops its "grad.<v>" outputs (the gradients of the received values, which the stage before

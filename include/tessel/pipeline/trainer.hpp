@@ -17,7 +17,9 @@
 // micro-batches and is the step of their mean gradient (Trainer::step's accumulation over them,
 // Trainer::reference_step its oracle). From TrainerOptions the trainer takes the learning-rate
 // schedule, the non-finite policy, tokens_per_batch and TrainOptions::adamw, zero (0 to 2 within
-// each stage) and data_axis, which replace PipelineOptions' own; TrainerOptions::load and run
+// each stage), data_axis and remat (none, the Trainer's default: each stage keeps the
+// activations its backward reads; all: each stage's backward recomputes its forward), which
+// replace PipelineOptions' own; TrainerOptions::load and run
 // are not used (each stage loads its programs itself). Checkpoints go through the host: the state
 // gathered, saved as one block per array by one process (any mesh, pipelined or not, restores
 // it), and read whole on restore. A non-finite step updates nothing (PipelineStepReport::applied)
@@ -41,7 +43,7 @@ namespace tessel {
 // or across processes this process's stage's and null for the others). Throws Error naming what
 // does not fit: no pipe axis or one of another size than the runtimes, a cut count that is not
 // pipe x chunks - 1, TrainerOptions asking for what a pipeline does not run (auto_shard: use
-// StageCutOptions::auto_shard and the overload below; rematerialisation; ZeRO-3), and what
+// StageCutOptions::auto_shard and the overload below; remat einsums; ZeRO-3), and what
 // split_stages and PipelineTrainer throw.
 Trainer pipeline_trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& params,
                          const std::vector<Tensor>& cuts, const Mesh& mesh, std::vector<Runtime*> runtimes,
