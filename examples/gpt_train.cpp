@@ -60,12 +60,12 @@
 // over a PipelineTrainer's stages: pipeline/trainer.hpp, runner.hpp): the model cut at its residual stream into pipe stages of equal layers
 // (x --chunks V with --schedule interleaved), each on the mesh's other axes, run at once by
 // --schedule gpipe|1f1b|interleaved|zb-h1 over --microbatches M micro-batches, each step checked
-// against one device from the same state (docs/pipeline.md), --zero 0..2 within each stage; its
+// against one device from the same state (docs/pipeline.md), --zero 0..3 within each stage; its
 // checkpoints (the state gathered, the same metadata) resume on any mesh, and it resumes any
 // mesh's; --auto chooses the stage boundaries by this machine's cost model
 // (pipeline/auto_stages.hpp). Under mpirun -np N each stage runs on N/pipe processes. --remat none
-// (default) keeps each stage's activations, all recomputes each stage's forward. ZeRO-3,
-// accumulation, mixed precision and --remat einsums are refused there for now; --backend cuda
+// (default) keeps each stage's activations, all recomputes each stage's forward.
+// Accumulation, mixed precision and --remat einsums are refused there for now; --backend cuda
 // makes each stage a CudaRuntime in one process (not under a launcher; never yet run on a GPU).
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
@@ -167,7 +167,7 @@ const char* kUsage =
     "Pipeline parallelism: a mesh with a pipe axis (--mesh pipe=2,data=2) cuts the model into pipe\n"
     "stages of equal layers (x --chunks V for the interleaved schedule), each on the mesh's other\n"
     "axes, run at once by --schedule (default 1f1b) over --microbatches M (default 4) micro-batches\n"
-    "of batch/M rows (docs/pipeline.md), --zero 0..2 within each stage; --auto chooses the stage\n"
+    "of batch/M rows (docs/pipeline.md), --zero 0..3 within each stage; --auto chooses the stage\n"
     "boundaries and each stage's shape over data and model instead, from each layer's forward and\n"
     "backward timed on the devices, and each stage's layouts by automatic sharding for its shape (only\n"
     "the batch placed; under mpirun every process takes rank 0's), within --memory-budget BYTES\n"
@@ -176,7 +176,7 @@ const char* kUsage =
     "between stages as host messages). --backend cuda: each stage a CudaRuntime of its own, in one\n"
     "process only (never yet run on a GPU). --remat none (the default: each stage keeps the\n"
     "activations its backward reads) or all (each stage's backward recomputes its forward). Not yet\n"
-    "with --zero 3, --accumulate, --mixed, --remat einsums, --offload, --check-finite or --write-graph.\n";
+    "with --accumulate, --mixed, --remat einsums, --offload, --check-finite or --write-graph.\n";
 
 using json = nlohmann::json;
 
@@ -773,12 +773,8 @@ int run(int argc, char** argv) {
     for (const char* flag : {"--accumulate", "--mixed", "--offload", "--check-finite", "--write-graph", "--links"})
       if (given.count(flag))
         throw tessel::UsageError(fmt::format("{} is not yet supported with a pipe axis in --mesh (pipeline stages run "
-                                             "in f32 with ZeRO 0 to 2: docs/pipeline.md)",
+                                             "in f32 with ZeRO 0 to 3: docs/pipeline.md)",
                                              flag));
-    if (to.zero > 2)
-      throw tessel::UsageError(fmt::format("--zero {} is not yet supported with a pipe axis in --mesh (ZeRO 0 to 2 "
-                                           "within each stage)",
-                                           to.zero));
     if (to.remat == tessel::RematPolicy::einsums)
       throw tessel::UsageError("--remat einsums is not supported with a pipe axis in --mesh (none: each stage keeps the "
                                "activations its backward reads; all: each stage's backward recomputes its forward)");

@@ -209,9 +209,8 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
   }
   I.links = std::make_unique<detail::StageLinks>(I.where, I.o.timeout_s);
   I.schedule = make_schedule(I.o.schedule, I.P, I.o.micro, I.o.chunks);
-  if (I.o.zero < 0 || I.o.zero > 2)
-    throw Error(fmt::format("PipelineTrainer: zero={} is not supported within pipeline stages (0, 1 or 2; ZeRO-3 not "
-                            "yet)",
+  if (I.o.zero < 0 || I.o.zero > 3)
+    throw Error(fmt::format("PipelineTrainer: zero={} is not a ZeRO stage (0 to 3 within each pipeline stage)",
                             I.o.zero));
   const AdamWConfig& a = I.o.adamw;
   if (I.o.remat == RematPolicy::einsums)
@@ -252,9 +251,8 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
     const Mesh& stage_mesh = stage_meshes[static_cast<std::size_t>(vs % I.P)];
     st.forward.mesh = stage_mesh;
     st.backward.mesh = stage_mesh;
-    I.fwd[static_cast<std::size_t>(vs)].emplace(load_program(st.forward, stage_mesh, rt));
     // Each parameter's layouts: its own (the forward's annotation, else replicated) and ZeRO's
-    // (split over data where a dim divides).
+    // (split over data where a dim divides). ZeRO-3 stores the parameter in ZeRO's layout too.
     std::map<std::string, std::pair<Sharding, Sharding>> layouts;
     for (const std::string& n : st.params) {
       const int id = st.forward.find(n);
@@ -263,8 +261,18 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
       Sharding base = ann != st.forward.annotations.end() ? ann->second.sharding.closed_copy()
                                                           : Sharding::replicated(static_cast<int>(shape.size()));
       Sharding zl = I.o.zero >= 1 ? zero_layout(base, shape, stage_mesh, I.o.data_axis) : base;
+      if (I.o.zero >= 3) base = zl;
       layouts.emplace(n, std::make_pair(std::move(base), std::move(zl)));
     }
+    if (I.o.zero >= 3)  // ZeRO-3: the forward and backward take each parameter split, gathered per use
+      for (const std::string& n : st.params)
+        for (Graph* g : {&st.forward, &st.backward}) {
+          const int id = g->find(n);
+          if (id < 0) continue;
+          g->annotate(id, layouts.at(n).first);
+          g->expect_gathers(g->tensor(id));
+        }
+    I.fwd[static_cast<std::size_t>(vs)].emplace(load_program(st.forward, stage_mesh, rt));
     if (I.o.zero >= 2)  // ZeRO-2: the accumulators split like the moments
       for (const std::string& n : st.params) {
         const Sharding& zl = layouts.at(n).second;

@@ -84,10 +84,8 @@ PipelineOptions merged(const TrainerOptions& t, PipelineOptions p) {
   if (t.train.remat == RematPolicy::einsums)
     throw Error("pipeline_trainer: TrainOptions::remat = einsums is not supported within pipeline stages (none: each "
                 "stage keeps the activations its backward reads; all: each stage's backward recomputes its forward)");
-  if (t.train.zero < 0 || t.train.zero > 2)
-    throw Error(fmt::format("pipeline_trainer: TrainOptions::zero = {}: ZeRO 0, 1 or 2 within each stage (ZeRO-3 not "
-                            "yet)",
-                            t.train.zero));
+  if (t.train.zero < 0 || t.train.zero > 3)
+    throw Error(fmt::format("pipeline_trainer: TrainOptions::zero = {}: ZeRO 0 to 3 within each stage", t.train.zero));
   p.adamw = t.train.adamw;
   p.zero = t.train.zero;
   p.data_axis = t.train.data_axis;

@@ -257,7 +257,7 @@ TEST_CASE("fused JIT kernels == the interpreter bit for bit on the GPT forward",
               s.compile_seconds, static_cast<long long>(s.launches));
 }
 
-TEST_CASE("a pipeline of two CudaRuntime stages (pipeline_trainer, 1F1B): every step equals one device's reference step",
+TEST_CASE("a pipeline of two CudaRuntime stages (pipeline_trainer and 1F1B): every step equals one device's reference step",
           "[gpu][pipeline]") {
   const uint64_t seed = tessel_test::seed();
   tessel_test::announce("gpu: a pipeline of two CudaRuntime stages", seed, 1);

@@ -45,7 +45,8 @@ struct PipelineOptions {
   AdamWConfig adamw;
   // ZeRO within each stage, over `data_axis` of the stage mesh (train_step.hpp's zero_layout):
   // 1 splits the AdamW moments, 2 also the gradient accumulators (each micro-batch's partial
-  // gradients reduce-scattered into them). 3 is not supported yet (Error).
+  // gradients reduce-scattered into them), 3 also the parameters (stored split, gathered for
+  // each use in the forward and backward). Outside 0..3: Error.
   int zero = 0;
   std::string data_axis = "data";
   // Activations within each stage: RematPolicy::all (the default) recomputes the stage's
@@ -96,7 +97,7 @@ class PipelineTrainer {
   // is not runtimes.size() · chunks, a missing runtime (or, across processes, one given for
   // another process's stage, or spanning other processes than its stage's), a runtime spanning
   // processes without PipelineOptions::processes, a missing or mistyped parameter, a ZeRO stage
-  // outside 0..2, a schedule that cannot be built (micro-batches not a multiple of P for
+  // outside 0..3, a schedule that cannot be built (micro-batches not a multiple of P for
   // Interleaved).
   PipelineTrainer(std::vector<PipelineStage> stages, const Mesh& stage_mesh, std::vector<Runtime*> runtimes,
                   const std::map<std::string, HostTensor>& params, PipelineOptions options);

@@ -16,7 +16,7 @@
 // The model is built for one micro-batch's rows; a step takes exactly PipelineOptions::micro
 // micro-batches and is the step of their mean gradient (Trainer::step's accumulation over them,
 // Trainer::reference_step its oracle). From TrainerOptions the trainer takes the learning-rate
-// schedule, the non-finite policy, tokens_per_batch and TrainOptions::adamw, zero (0 to 2 within
+// schedule, the non-finite policy, tokens_per_batch and TrainOptions::adamw, zero (0 to 3 within
 // each stage), data_axis and remat (none, the Trainer's default: each stage keeps the
 // activations its backward reads; all: each stage's backward recomputes its forward), which
 // replace PipelineOptions' own; TrainerOptions::load and run
@@ -43,7 +43,7 @@ namespace tessel {
 // or across processes this process's stage's and null for the others). Throws Error naming what
 // does not fit: no pipe axis or one of another size than the runtimes, a cut count that is not
 // pipe x chunks - 1, TrainerOptions asking for what a pipeline does not run (auto_shard: use
-// StageCutOptions::auto_shard and the overload below; remat einsums; ZeRO-3), and what
+// StageCutOptions::auto_shard and the overload below; remat einsums), a ZeRO stage outside 0..3, and what
 // split_stages and PipelineTrainer throw.
 Trainer pipeline_trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& params,
                          const std::vector<Tensor>& cuts, const Mesh& mesh, std::vector<Runtime*> runtimes,
