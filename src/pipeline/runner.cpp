@@ -78,6 +78,7 @@ struct PipelineTrainer::Impl {
   // bwd: the backward; with a split schedule (zb-h1) its W half, and bwd_b its B half (none
   // where B is empty: a stage receiving no float value).
   std::vector<std::optional<StageProgram>> fwd, bwd, bwd_b, sumsq, update;
+  std::vector<std::vector<std::string>> stash_names;  // per virtual stage: B's outputs W reads (split_backward)
   std::vector<std::vector<std::string>> owned;  // per virtual stage: the parameters it updates
   // The master values, by name. A parameter of this process's stages that only its owner uses
   // lives on the owner's devices (param_dev, the update's layout) between steps; its host value
@@ -95,7 +96,6 @@ struct PipelineTrainer::Impl {
   // The values of the parameters this process's stages own (with `moments`, their AdamW
   // moments too), gathered from every process: each stage's once.
   Hosts gather_owned(bool moments) const;
-  // Parameter `n`'s host value, read back from its owner's devices when stale.
   // Virtual stage vs's parameters on its forward's devices: an owned one carried from the last
   // update's result, the others (a tied parameter another stage owns, or the first step's
   // values) sent from the host in one transfer.
@@ -111,6 +111,7 @@ struct PipelineTrainer::Impl {
     for (auto& [n, arr] : fwd[u]->loaded.to_device(send)) out.emplace(n, std::move(arr));
     return out;
   }
+  // Parameter `n`'s host value, read back from its owner's devices when stale.
   const HostTensor& host_param(const std::string& n) const {
     if (stale.count(n)) {
       for (int64_t vs = 0; vs < V; ++vs) {
@@ -240,6 +241,7 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
   I.fwd.resize(static_cast<std::size_t>(I.V));
   I.bwd.resize(static_cast<std::size_t>(I.V));
   I.bwd_b.resize(static_cast<std::size_t>(I.V));
+  I.stash_names.resize(static_cast<std::size_t>(I.V));
   I.sumsq.resize(static_cast<std::size_t>(I.V));
   I.update.resize(static_cast<std::size_t>(I.V));
   I.state_of.resize(static_cast<std::size_t>(I.V));
@@ -288,6 +290,7 @@ PipelineTrainer::PipelineTrainer(std::vector<PipelineStage> stages, const std::v
       I.bwd[static_cast<std::size_t>(vs)].emplace(load_program(sb.weight_grad, stage_mesh, rt, donate));
       if (!sb.input_grad.outputs.empty())
         I.bwd_b[static_cast<std::size_t>(vs)].emplace(load_program(sb.input_grad, stage_mesh, rt));
+      I.stash_names[static_cast<std::size_t>(vs)] = std::move(sb.stash);
     } else {
       I.bwd[static_cast<std::size_t>(vs)].emplace(load_program(st.backward, stage_mesh, rt, donate));
     }
@@ -527,8 +530,7 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
             RunResult r = b.run_named(in);
             for (const std::string& n : st.recv)
               if (st.backward.find("grad." + n) >= 0) out.emplace("grad." + n, b.to_host(b.output(r, "grad." + n)));
-            for (const std::string& n : b.output_names())
-              if (n.rfind("grad.", 0) != 0) keep_w.from_b.emplace(n, b.output(r, n));
+            for (const std::string& n : I.stash_names[u]) keep_w.from_b.emplace(n, b.output(r, n));
             kept_bytes += bytes_of(keep_w.from_b);
             rep.peak_kept_bytes[static_cast<std::size_t>(s)] =
                 std::max(rep.peak_kept_bytes[static_cast<std::size_t>(s)], kept_bytes);
@@ -589,7 +591,11 @@ PipelineStepReport PipelineTrainer::step(const std::vector<std::map<std::string,
       {
         std::lock_guard<std::mutex> l(err_mu);
         what = at ? fmt::format("pipeline stage {}, the {} of micro-batch {} (chunk {}): {}", s,
-                                at->forward ? "forward" : "backward", at->micro, at->chunk, e.what())
+                                at->forward                      ? "forward"
+                                : at->weight                     ? "weight backward (W)"
+                                : I.schedule.split_backward()    ? "input backward (B)"
+                                                                 : "backward",
+                                at->micro, at->chunk, e.what())
                   : fmt::format("pipeline stage {}: {}", s, e.what());
         if (error.empty() || error.find("another stage failed") != std::string::npos) error = what;
       }

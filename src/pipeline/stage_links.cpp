@@ -138,7 +138,12 @@ void StageLinks::poll_locked() {
   while (std::optional<ProcessGroup::Message> msg = where_.processes->try_recv(kStageTag)) {
     const std::string what = fmt::format("pipeline: a message from process {}", msg->rank);
     if (!msg->bytes.empty() && msg->bytes[0] == 'A') {
-      if (!failed_) reason_ = msg->bytes.substr(1);
+      // An abort of this step (a failed earlier step's, read only now, is left behind).
+      const std::string body = msg->bytes.substr(1);
+      Reader r{body, what};
+      const int64_t step = r.i64();
+      if (step < step_) continue;
+      if (!failed_) reason_ = body.substr(r.at);
       failed_ = true;
       continue;
     }
@@ -187,17 +192,23 @@ Hosts StageLinks::take(int kind, int64_t vs, int64_t m) {
 
 void StageLinks::fail(const std::string& reason) {
   bool first = false;
+  int64_t step = 0;
   {
     std::lock_guard<std::mutex> l(mu_);
+    step = step_;
     first = !failed_;
     if (first) reason_ = reason;
     failed_ = true;
   }
   cv_.notify_all();
   if (first && where_.processes) {
-    // Every other process's stage is told (a process waiting for this one's values stops).
+    // Every other process's stage is told (a process waiting for this one's values stops), with
+    // the step, so a later step does not read it as its own.
+    std::string msg = "A";
+    put_i64(msg, step);
+    msg += reason;
     for (int r = 0; r < where_.processes->size(); ++r)
-      if (r != where_.processes->rank()) where_.processes->send(r, kStageTag, "A" + reason);
+      if (r != where_.processes->rank()) where_.processes->send(r, kStageTag, msg);
   }
 }
 

@@ -287,13 +287,17 @@ Graph extract(const Graph& g, const std::vector<char>& take, const std::vector<i
 }  // namespace
 
 PipelineStage keep_activations(PipelineStage stage) {
-  if (!stage.saved.empty()) return stage;
+  if (stage.activations_kept) return stage;
   const Graph& bg = stage.backward;  // the forward's ops first (a clone), then the gradient's
   const std::size_t n_fwd = stage.forward.ops.size();
+  // The gradient's ops its outputs need (split_stages' seed of the stage's share of the loss,
+  // sum(sent · grad.sent), is not read: autodiff seeds with a constant).
+  const std::vector<char> needed = needed_ops(bg, bg.outputs);
   std::vector<char> fwd_ops(bg.ops.size(), 0), grad_ops(bg.ops.size(), 0);
   for (std::size_t o = 0; o < bg.ops.size(); ++o) {
     if (bg.ops[o].kind == OpKind::Input) continue;
-    (o < n_fwd ? fwd_ops : grad_ops)[o] = 1;
+    if (o < n_fwd) fwd_ops[o] = 1;
+    else if (needed[o]) grad_ops[o] = 1;
   }
   // The forward's values a gradient op reads (not inputs of the graph), in value order.
   std::vector<char> read(bg.values.size(), 0);
@@ -320,6 +324,7 @@ PipelineStage keep_activations(PipelineStage stage) {
   stage.forward = std::move(f);
   stage.backward = std::move(b);
   stage.saved = std::move(saved);
+  stage.activations_kept = true;
   return stage;
 }
 
@@ -350,7 +355,8 @@ SplitBackward split_backward(const PipelineStage& stage) {
   std::sort(stash.begin(), stash.end());
   SplitBackward out;
   std::vector<int> b_outputs = grads;
-  b_outputs.insert(b_outputs.end(), stash.begin(), stash.end());
+  for (int v : stash)  // (a gradient W reads too is output once)
+    if (std::find(grads.begin(), grads.end(), v) == grads.end()) b_outputs.push_back(v);
   out.input_grad = extract(g, in_b, b_outputs);
   out.weight_grad = extract(g, in_w, accs);
   for (int v : stash) out.stash.push_back(g.values[static_cast<std::size_t>(v)].name);

@@ -42,6 +42,7 @@ class PipelineEngine final : public TrainerEngine {
   }
   double evaluate(const std::map<std::string, HostTensor>& batch) override { return tr_.evaluate(batch); }
   std::map<std::string, HostTensor> state() const override { return tr_.state(); }
+  HostTensor param(const std::string& name) const override { return tr_.params().at(name); }
   void set_state(const std::map<std::string, HostTensor>& values) override { tr_.set_state(values); }
   std::map<std::string, Sharding> state_shardings() const override { return tr_.state_shardings(); }
   SaveStats save(CheckpointDir& dir, int64_t step, const SaveOptions& options) override {

@@ -770,7 +770,7 @@ HostTensor Trainer::param(const std::string& name) const {
     impl_->check_ready("param");
     if (std::find(impl_->params.begin(), impl_->params.end(), name) == impl_->params.end())
       throw Error(fmt::format("Trainer::param: '{}' is not a parameter", name));
-    return impl_->engine->state().at(name);
+    return impl_->engine->param(name);
   }
   auto it = impl_->state.find(name);
   if (it == impl_->state.end() || std::find(impl_->params.begin(), impl_->params.end(), name) == impl_->params.end())

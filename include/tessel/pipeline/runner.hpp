@@ -13,8 +13,11 @@
 // Each stage runs on a host thread of its own, the ops of the schedule in order: a forward
 // takes the previous stage's sent values (through the host, put on this stage's devices in
 // its program's layouts: so two stages may lay a value out differently) and keeps its inputs
-// until its backward, which recomputes the forward and adds this micro-batch's gradients into
-// the stage's accumulators (donated buffers) and sends the gradients of its inputs back.
+// (with remat none also the activations its backward reads) until its backward, which
+// recomputes the forward (remat all) and adds this micro-batch's gradients into the stage's
+// accumulators (donated buffers) and sends the gradients of its inputs back. A split schedule
+// (zb-h1) runs the backward as B, which sends the gradients back, and W, which adds the weights'
+// gradients, keeping what W reads of B's values between them.
 // The step is then the single-program step's (train_step.hpp): the mean gradient over
 // the micro-batches, one global norm over every stage (each stage's sum of squares, summed),
 // clipping, AdamW with decay on parameters of rank >= 2. A parameter used by several stages (a
@@ -77,9 +80,9 @@ struct PipelineStepReport {
   std::vector<double> busy_s;           // per stage: seconds in its ops (programs and transfers)
   double bubble = 0;                    // 1 - sum(busy_s) / (stages · span_s)
   std::vector<int64_t> peak_in_flight;  // per stage: most micro-batch chunks forwarded, not yet backwarded
-  // Per stage: the most bytes per device of forward inputs kept for their backwards at once
-  // (the activations a stage holds between a micro-batch's forward and backward: with the
-  // backward recomputing the forward, its inputs are all it keeps).
+  // Per stage: the most bytes per device kept for the backwards at once: the forwards' inputs,
+  // with remat none the activations the backwards read, and with zb-h1 B's values W reads
+  // until its W.
   std::vector<int64_t> peak_kept_bytes;
   double update_s = 0;                  // wall seconds of the update after the schedule
   // False when the loss or the gradient norm was NaN or infinite: the update was not run, every

@@ -44,6 +44,7 @@ struct PipelineStage {
   // its sends (and loss) and inputs of the backward, which then does not recompute the forward.
   // Empty: the backward recomputes the forward from the stage's inputs.
   std::vector<std::string> saved;
+  bool activations_kept = false;  // keep_activations() made it (its backward has no forward ops)
 };
 
 // The stages of `g` (one micro-batch's forward ending in the scalar float `loss`) cut at `cuts`
@@ -57,8 +58,8 @@ std::vector<PipelineStage> split_stages(const Graph& g, Tensor loss, const std::
 
 // The stage with its activations kept instead of recomputed (RematPolicy::none within a
 // pipeline stage): the forward also outputs every value of its own the backward reads
-// (`saved`), and the backward takes them as inputs and keeps only its gradient ops. A stage
-// whose `saved` is set already is returned as it is.
+// (`saved`), and the backward takes them as inputs and keeps only the gradient ops its outputs
+// need. A stage it made already (`activations_kept`) is returned as it is.
 PipelineStage keep_activations(PipelineStage stage);
 
 // A stage's backward in two programs, for a schedule that splits it (ScheduleKind::ZeroBubbleH1):

@@ -151,6 +151,8 @@ class TrainerEngine {
   // values; state() is collective across processes, each getting every value.
   virtual std::map<std::string, HostTensor> state() const = 0;
   virtual void set_state(const std::map<std::string, HostTensor>& values) = 0;
+  // One parameter's value (collective as state(); the default gathers the whole state).
+  virtual HostTensor param(const std::string& name) const { return state().at(name); }
   virtual std::map<std::string, Sharding> state_shardings() const = 0;
   // Saves the state (from state()) as step `step` of `dir`: collective, one process writes.
   virtual SaveStats save(CheckpointDir& dir, int64_t step, const SaveOptions& options) = 0;
@@ -166,8 +168,9 @@ class Trainer {
   // A Trainer over `engine` (e.g. pipeline_trainer's stages): `model`, `loss` and `params` as
   // above (the graph of one micro-batch), used for batch_inputs() and reference_step; the steps,
   // the state and the checkpoints go through the engine. What only a single program has
-  // (executable(), program(), device_state(), set_device_state(), auto_shard_result()) throws
-  // Error saying so. Throws Error when options ask for what the engine does not run (auto_shard).
+  // (executable(), program(), device_state(), set_device_state()) throws Error saying so, and
+  // auto_shard_result() is nullptr. Throws Error when options ask for what the engine does not
+  // run (auto_shard).
   Trainer(const Graph& model, Tensor loss, const std::vector<Tensor>& params, std::unique_ptr<TrainerEngine> engine,
           TrainerOptions options = {});
   ~Trainer();
@@ -190,6 +193,8 @@ class Trainer {
   // The layout of every state value (the names of state().values) on the devices: its input's
   // sharding in the loaded update program (the parameter's annotation, or the ZeRO stage's
   // layout of it and of its moments). What CheckpointDir::save records as the saving layout.
+  // Over an engine: the engine's (a pipeline's: each value's layout on its stage's mesh; across
+  // processes, this process's stage's values only).
   std::map<std::string, Sharding> state_shardings() const;
   // The update's layouts in words, for a tool's output: how the batch comes in, which share of
   // the bytes of the activations (every value the step computes), of the weights and of the
@@ -214,7 +219,9 @@ class Trainer {
   // its own layout (the step may have been saved on another mesh, ZeRO stage or layout) and sets
   // the step counter to `step`; `stats` (optional) accumulates what was read. Throws Error naming
   // the folder and step when it is not committed, and the state value it lacks or holds with
-  // another dtype or shape.
+  // another dtype or shape. Over an engine both go through the host: save_checkpoint gathers the
+  // state (collective) and one process writes each value as one block; restore_checkpoint reads
+  // each value whole on every process (RestoreOptions' host budget does not apply) and sets it.
   SaveStats save_checkpoint(CheckpointDir& dir, const SaveOptions& options = {});
   void restore_checkpoint(const CheckpointDir& dir, int64_t step, const RestoreOptions& options = {},
                           ReadStats* stats = nullptr);
