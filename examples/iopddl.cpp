@@ -215,7 +215,8 @@ int main(int argc, char** argv) {
       const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
                                      read_s + options.time_limit_s));
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_until(lock, deadline, [&] { return exact_done; });
+      // (a search that proved its plan optimal does not wait for CBC)
+      if (r.status != SolveStatus::optimal) cv.wait_until(lock, deadline, [&] { return exact_done; });
       if (exact_done && exact_result.evaluation.feasible() &&
           (!r.evaluation.feasible() || exact_result.evaluation.cost <= r.evaluation.cost)) {
         const TracePoint tp{exact_result.seconds, exact_result.evaluation.cost, r.iterations};
@@ -228,7 +229,7 @@ int main(int argc, char** argv) {
         r.trace = std::move(trace);
         r.first_feasible_s = first;
         r.iterations = steps;
-      } else {
+      } else if (r.status != SolveStatus::optimal) {
         r.method = exact_done ? (use_wcsp ? "anytime beside Lagrangian + WCSP (toulbar2), which found nothing better"
                                           : "anytime beside exact (CBC), which found nothing better")
                               : (use_wcsp ? "anytime (toulbar2 still running)" : "anytime (CBC still running)");

@@ -1,5 +1,7 @@
 // Min-sum message passing (TRW-S) over the coarse graph; see model.hpp.
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <limits>
 
 #include "model.hpp"
@@ -36,6 +38,119 @@ double MinSum::decode_cost(const std::vector<std::vector<double>>& unary, const 
   for (const PairEdge& e : c_.pairs)
     cost += std::min(kCap, static_cast<double>(e.cost[static_cast<std::size_t>(x[e.a]) * c_.groups[e.b].num_strategies + x[e.b]]));
   return cost;
+}
+
+long double MinSum::lower_bound(const std::vector<std::vector<double>>& unary) const {
+  long double bound = 0;
+  const int32_t n = static_cast<int32_t>(c_.groups.size());
+  for (int32_t v = 0; v < n; ++v) {  // each group's reparametrised unary: its least entry
+    const int32_t sv = c_.groups[v].num_strategies;
+    long double lo = std::numeric_limits<long double>::infinity();
+    for (int32_t s = 0; s < sv; ++s) {
+      long double t = unary[v][s];
+      for (const Neighbor& nb : c_.adj[v]) t += msg_[2 * nb.pair + (c_.pairs[nb.pair].a == v ? 1 : 0)][s];
+      lo = std::min(lo, t);
+    }
+    bound += lo;
+  }
+  for (std::size_t k = 0; k < c_.pairs.size(); ++k) {  // each pair's matrix less both messages
+    const PairEdge& e = c_.pairs[k];
+    const int32_t sa = c_.groups[e.a].num_strategies, sb = c_.groups[e.b].num_strategies;
+    const std::vector<double>& to_b = msg_[2 * k];      // a -> b, over S(b)
+    const std::vector<double>& to_a = msg_[2 * k + 1];  // b -> a, over S(a)
+    long double lo = std::numeric_limits<long double>::infinity();
+    for (int32_t s = 0; s < sa; ++s)
+      for (int32_t t = 0; t < sb; ++t) {
+        const long double c = std::min(kCap, static_cast<double>(e.cost[static_cast<std::size_t>(s) * sb + t]));
+        lo = std::min(lo, c - static_cast<long double>(to_b[t]) - static_cast<long double>(to_a[s]));
+      }
+    bound += lo;
+  }
+  return bound;
+}
+
+long double MinSum::diffusion_bound(const std::vector<std::vector<double>>& unary, int sweeps, long double tolerance,
+                                    long double stop_at, const std::function<bool()>& out_of_time) const {
+  using LD = long double;
+  const int32_t n = static_cast<int32_t>(c_.groups.size());
+  // phi[2k] over S(a), phi[2k+1] over S(b): what pair k gave to each end's cost.
+  std::vector<std::vector<LD>> phi(c_.pairs.size() * 2);
+  for (std::size_t k = 0; k < c_.pairs.size(); ++k) {
+    phi[2 * k].assign(static_cast<std::size_t>(c_.groups[c_.pairs[k].a].num_strategies), 0);
+    phi[2 * k + 1].assign(static_cast<std::size_t>(c_.groups[c_.pairs[k].b].num_strategies), 0);
+  }
+  auto entry = [&](const PairEdge& e, int32_t s, int32_t t) {
+    return static_cast<LD>(std::min(kCap, static_cast<double>(e.cost[static_cast<std::size_t>(s) * c_.groups[e.b].num_strategies + t])));
+  };
+  auto bound = [&] {
+    LD b = 0;
+    for (int32_t v = 0; v < n; ++v) {
+      LD lo = std::numeric_limits<LD>::infinity();
+      for (int32_t s = 0; s < c_.groups[v].num_strategies; ++s) {
+        LD t = unary[v][s];
+        for (const Neighbor& nb : c_.adj[v]) t += phi[2 * nb.pair + (c_.pairs[nb.pair].a == v ? 0 : 1)][s];
+        lo = std::min(lo, t);
+      }
+      b += lo;
+    }
+    for (std::size_t k = 0; k < c_.pairs.size(); ++k) {
+      const PairEdge& e = c_.pairs[k];
+      LD lo = std::numeric_limits<LD>::infinity();
+      for (int32_t s = 0; s < c_.groups[e.a].num_strategies; ++s)
+        for (int32_t t = 0; t < c_.groups[e.b].num_strategies; ++t)
+          lo = std::min(lo, entry(e, s, t) - phi[2 * k][s] - phi[2 * k + 1][t]);
+      b += lo;
+    }
+    return b;
+  };
+  LD best = bound();
+  std::vector<LD> own, avg;
+  std::vector<std::vector<LD>> g;
+  for (int sweep = 0; sweep < sweeps && best < stop_at; ++sweep) {
+    if (out_of_time && out_of_time()) break;
+    for (int32_t v = 0; v < n; ++v) {
+      const int32_t sv = c_.groups[v].num_strategies;
+      const std::size_t deg = c_.adj[v].size();
+      if (deg == 0) continue;
+      own.assign(static_cast<std::size_t>(sv), 0);
+      for (int32_t s = 0; s < sv; ++s) {
+        own[s] = unary[v][s];
+        for (const Neighbor& nb : c_.adj[v]) own[s] += phi[2 * nb.pair + (c_.pairs[nb.pair].a == v ? 0 : 1)][s];
+      }
+      g.assign(deg, std::vector<LD>(static_cast<std::size_t>(sv), std::numeric_limits<LD>::infinity()));
+      for (std::size_t i = 0; i < deg; ++i) {  // each pair's least entry per strategy of v
+        const Neighbor& nb = c_.adj[v][i];
+        const PairEdge& e = c_.pairs[nb.pair];
+        const bool v_is_a = e.a == v;
+        const std::vector<LD>& mine = phi[2 * nb.pair + (v_is_a ? 0 : 1)];
+        const std::vector<LD>& other = phi[2 * nb.pair + (v_is_a ? 1 : 0)];
+        const int32_t sw = c_.groups[nb.node].num_strategies;
+        for (int32_t s = 0; s < sv; ++s)
+          for (int32_t t = 0; t < sw; ++t) {
+            const LD c = (v_is_a ? entry(e, s, t) : entry(e, t, s)) - mine[s] - other[t];
+            if (c < g[i][s]) g[i][s] = c;
+          }
+      }
+      avg.assign(static_cast<std::size_t>(sv), 0);
+      for (int32_t s = 0; s < sv; ++s) {
+        LD sum = own[s];
+        for (std::size_t i = 0; i < deg; ++i) sum += g[i][s];
+        avg[s] = sum / static_cast<LD>(deg + 1);
+      }
+      for (std::size_t i = 0; i < deg; ++i) {
+        const Neighbor& nb = c_.adj[v][i];
+        std::vector<LD>& mine = phi[2 * nb.pair + (c_.pairs[nb.pair].a == v ? 0 : 1)];
+        for (int32_t s = 0; s < sv; ++s)
+          if (std::isfinite(static_cast<double>(g[i][s])) && std::isfinite(static_cast<double>(avg[s])))
+            mine[s] += g[i][s] - avg[s];
+      }
+    }
+    const LD b = bound();
+    const LD gain = b - best;
+    best = std::max(best, b);
+    if (gain < tolerance) break;
+  }
+  return best;
 }
 
 Plan MinSum::run(const std::vector<std::vector<double>>& unary, int passes) {
@@ -145,6 +260,11 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
         }
       }
       const Plan x = ms.run(unary, passes);
+      long double priced_bound = coarse.clamped ? -std::numeric_limits<long double>::infinity() : ms.lower_bound(unary);
+      if (limited)
+        for (int32_t t = 0; t < segments; ++t) priced_bound -= static_cast<long double>(lambda[t]) * limit;
+      const long double before = r.lower_bound;
+      r.lower_bound = std::max(r.lower_bound, priced_bound);
       // Usage per segment (difference array over the members' spans).
       std::fill(usage.begin(), usage.end(), 0.0);
       for (int32_t g = 0; g < n; ++g) {
@@ -171,7 +291,12 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
         r.found_at = r.iterations;
         if (on_improvement) on_improvement(cost, r.iterations);
       }
-      if (!limited) break;  // nothing to price
+      if (!limited) {  // nothing to price: more passes only while they tighten the bound
+        if (r.best.empty() || r.lower_bound >= static_cast<long double>(r.best_cost) - 0.5L ||
+            r.lower_bound <= before + 1e-9L * std::fabs(static_cast<long double>(r.best_cost)))
+          break;
+        continue;
+      }
       // (a limit of 0 prices by bytes over it, not by a ratio that would divide by zero)
       const double scale = limit > 0 ? limit : 1.0;
       for (int32_t t = 0; t < segments; ++t)
@@ -179,6 +304,11 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
     }
     if (!limited) break;
   }
+  // Without a limit the relaxation's bound is the unpriced problem's: tightened by diffusion
+  // while there is a gap to the best plan.
+  if (!limited && !coarse.clamped && !r.best.empty() && r.lower_bound < static_cast<long double>(r.best_cost) - 0.5L)
+    r.lower_bound = std::max(r.lower_bound, ms.diffusion_bound(truth, 1000, 1e-9L * static_cast<long double>(r.best_cost),
+                                                               static_cast<long double>(r.best_cost), out_of_time));
   return r;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "tessel/autoshard/problem.hpp"
@@ -123,6 +124,20 @@ class MinSum {
   void reset();
   // The plan's cost by the true unary costs given to the last run (capped infinities summed).
   double cost_of(const std::vector<std::vector<double>>& unary, const Plan& x) const { return decode_cost(unary, x); }
+  // A lower bound on min over plans of (unary + pairs), from the current messages: they
+  // reparametrise the problem (each message added to its group's unary costs and taken from
+  // its pair's matrix leaves every plan's cost as it was), and the sum of each reparametrised
+  // term's least value is at most any plan's cost. The dual of the LP relaxation that
+  // message passing climbs; equal to the optimum where the relaxation is tight.
+  long double lower_bound(const std::vector<std::vector<double>>& unary) const;
+  // A tighter bound by min-sum diffusion (Kovalevsky and Koval; Werner 2007): a reparametrisation
+  // of its own, started from zero, repeatedly moved so that at each group every pair's least
+  // row entry and the group's own cost agree (block-coordinate ascent of the LP dual: the bound
+  // never falls). Up to `sweeps` sweeps over the groups, until a sweep gains less than
+  // `tolerance` or `stop_at` is reached (a plan's cost: nothing above it is needed) or
+  // out_of_time() holds. Returns the best bound.
+  long double diffusion_bound(const std::vector<std::vector<double>>& unary, int sweeps, long double tolerance,
+                              long double stop_at, const std::function<bool()>& out_of_time) const;
 
  private:
   double decode_cost(const std::vector<std::vector<double>>& unary, const Plan& x) const;
@@ -149,6 +164,11 @@ namespace tessel::autoshard::detail {
 struct LagrangianResult {
   Plan best;                  // group plan; empty when no decoded plan fitted
   double best_cost = 0;       // its cost (double)
+  // The best lower bound on the coarse problem's optimum within the usage limit: per
+  // iteration, MinSum::lower_bound of the priced problem less the prices times the limit
+  // (for any prices >= 0 a plan within the limit pays no more than its priced cost); -inf:
+  // none (a clamped cost in the coarse problem).
+  long double lower_bound = -std::numeric_limits<long double>::infinity();
   int64_t iterations = 0;     // iterations run
   int64_t found_at = -1;      // iteration that found best
 };
