@@ -260,11 +260,10 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
         }
       }
       const Plan x = ms.run(unary, passes);
-      long double priced_bound = coarse.clamped ? -std::numeric_limits<long double>::infinity() : ms.lower_bound(unary);
-      if (limited)
-        for (int32_t t = 0; t < segments; ++t) priced_bound -= static_cast<long double>(lambda[t]) * limit;
+      // Without a limit, the bound of the messages (with one it is far from the optimum at
+      // these prices and would cost a pass's time per iteration: not computed).
       const long double before = r.lower_bound;
-      r.lower_bound = std::max(r.lower_bound, priced_bound);
+      if (!limited && !coarse.clamped) r.lower_bound = std::max(r.lower_bound, ms.lower_bound(unary));
       // Usage per segment (difference array over the members' spans).
       std::fill(usage.begin(), usage.end(), 0.0);
       for (int32_t g = 0; g < n; ++g) {

@@ -164,10 +164,9 @@ namespace tessel::autoshard::detail {
 struct LagrangianResult {
   Plan best;                  // group plan; empty when no decoded plan fitted
   double best_cost = 0;       // its cost (double)
-  // The best lower bound on the coarse problem's optimum within the usage limit: per
-  // iteration, MinSum::lower_bound of the priced problem less the prices times the limit
-  // (for any prices >= 0 a plan within the limit pays no more than its priced cost); -inf:
-  // none (a clamped cost in the coarse problem).
+  // Without a usage limit, the best lower bound on the coarse problem's optimum
+  // (MinSum::lower_bound after each iteration, then diffusion_bound); -inf: none (a usage
+  // limit, or a clamped cost in the coarse problem).
   long double lower_bound = -std::numeric_limits<long double>::infinity();
   int64_t iterations = 0;     // iterations run
   int64_t found_at = -1;      // iteration that found best
