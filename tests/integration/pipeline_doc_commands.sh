@@ -12,7 +12,7 @@ mkdir -p "$work/build"
 ln -s "$bin_dir" "$work/build/bin"
 cd "$work"
 mapfile -t cmds < <(grep -E '^    (build/bin/|mpirun )' "$src/docs/pipeline.md" | sed 's/^    //')
-[ ${#cmds[@]} -ge 10 ] || { echo "found ${#cmds[@]} commands in docs/pipeline.md, expected 10"; exit 1; }
+[ ${#cmds[@]} -ge 12 ] || { echo "found ${#cmds[@]} commands in docs/pipeline.md, expected 12"; exit 1; }
 for c in "${cmds[@]}"; do
   if [[ $c == mpirun* && -n ${TESSEL_DOC_SKIP_MPIRUN:-} ]]; then
     echo "(skipped: $c)"
