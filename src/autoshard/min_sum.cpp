@@ -73,15 +73,19 @@ long double MinSum::diffusion_bound(const std::vector<std::vector<double>>& unar
                                     long double stop_at, const std::function<bool()>& out_of_time) const {
   using LD = long double;
   const int32_t n = static_cast<int32_t>(c_.groups.size());
-  // phi[2k] over S(a), phi[2k+1] over S(b): what pair k gave to each end's cost.
-  std::vector<std::vector<LD>> phi(c_.pairs.size() * 2);
-  for (std::size_t k = 0; k < c_.pairs.size(); ++k) {
-    phi[2 * k].assign(static_cast<std::size_t>(c_.groups[c_.pairs[k].a].num_strategies), 0);
-    phi[2 * k + 1].assign(static_cast<std::size_t>(c_.groups[c_.pairs[k].b].num_strategies), 0);
+  const std::size_t np = c_.pairs.size();
+  // Each pair's matrix capped, in double, and per pair what it gave to each end's costs:
+  // phi[2k] over S(a), phi[2k+1] over S(b). The moves are made in double; the bound is summed
+  // in long double from the same numbers (any phi reparametrises: the bound holds whatever
+  // rounding chose them).
+  std::vector<std::vector<double>> mat(np), phi(np * 2);
+  for (std::size_t k = 0; k < np; ++k) {
+    const PairEdge& e = c_.pairs[k];
+    mat[k].resize(e.cost.size());
+    for (std::size_t i = 0; i < e.cost.size(); ++i) mat[k][i] = std::min(kCap, static_cast<double>(e.cost[i]));
+    phi[2 * k].assign(static_cast<std::size_t>(c_.groups[e.a].num_strategies), 0.0);
+    phi[2 * k + 1].assign(static_cast<std::size_t>(c_.groups[e.b].num_strategies), 0.0);
   }
-  auto entry = [&](const PairEdge& e, int32_t s, int32_t t) {
-    return static_cast<LD>(std::min(kCap, static_cast<double>(e.cost[static_cast<std::size_t>(s) * c_.groups[e.b].num_strategies + t])));
-  };
   auto bound = [&] {
     LD b = 0;
     for (int32_t v = 0; v < n; ++v) {
@@ -93,62 +97,71 @@ long double MinSum::diffusion_bound(const std::vector<std::vector<double>>& unar
       }
       b += lo;
     }
-    for (std::size_t k = 0; k < c_.pairs.size(); ++k) {
-      const PairEdge& e = c_.pairs[k];
+    for (std::size_t k = 0; k < np; ++k) {
+      const int32_t sa = c_.groups[c_.pairs[k].a].num_strategies, sb = c_.groups[c_.pairs[k].b].num_strategies;
       LD lo = std::numeric_limits<LD>::infinity();
-      for (int32_t s = 0; s < c_.groups[e.a].num_strategies; ++s)
-        for (int32_t t = 0; t < c_.groups[e.b].num_strategies; ++t)
-          lo = std::min(lo, entry(e, s, t) - phi[2 * k][s] - phi[2 * k + 1][t]);
+      for (int32_t s = 0; s < sa; ++s)
+        for (int32_t t = 0; t < sb; ++t)
+          lo = std::min(lo, static_cast<LD>(mat[k][static_cast<std::size_t>(s) * sb + t]) - phi[2 * k][s] -
+                                phi[2 * k + 1][t]);
       b += lo;
     }
     return b;
   };
   LD best = bound();
-  std::vector<LD> own, avg;
-  std::vector<std::vector<LD>> g;
-  for (int sweep = 0; sweep < sweeps && best < stop_at; ++sweep) {
+  std::vector<double> own, avg;
+  std::vector<std::vector<double>> g;
+  constexpr int kEvery = 4;  // sweeps between bounds (a bound costs about a sweep)
+  LD last = best;
+  for (int sweep = 1; sweep <= sweeps && best < stop_at; ++sweep) {
     if (out_of_time && out_of_time()) break;
     for (int32_t v = 0; v < n; ++v) {
       const int32_t sv = c_.groups[v].num_strategies;
       const std::size_t deg = c_.adj[v].size();
       if (deg == 0) continue;
-      own.assign(static_cast<std::size_t>(sv), 0);
-      for (int32_t s = 0; s < sv; ++s) {
-        own[s] = unary[v][s];
-        for (const Neighbor& nb : c_.adj[v]) own[s] += phi[2 * nb.pair + (c_.pairs[nb.pair].a == v ? 0 : 1)][s];
+      own.assign(unary[v].begin(), unary[v].end());
+      for (const Neighbor& nb : c_.adj[v]) {
+        const std::vector<double>& mine = phi[2 * nb.pair + (c_.pairs[nb.pair].a == v ? 0 : 1)];
+        for (int32_t s = 0; s < sv; ++s) own[s] += mine[s];
       }
-      g.assign(deg, std::vector<LD>(static_cast<std::size_t>(sv), std::numeric_limits<LD>::infinity()));
+      if (g.size() < deg) g.resize(deg);
       for (std::size_t i = 0; i < deg; ++i) {  // each pair's least entry per strategy of v
         const Neighbor& nb = c_.adj[v][i];
         const PairEdge& e = c_.pairs[nb.pair];
         const bool v_is_a = e.a == v;
-        const std::vector<LD>& mine = phi[2 * nb.pair + (v_is_a ? 0 : 1)];
-        const std::vector<LD>& other = phi[2 * nb.pair + (v_is_a ? 1 : 0)];
-        const int32_t sw = c_.groups[nb.node].num_strategies;
-        for (int32_t s = 0; s < sv; ++s)
+        const std::vector<double>& mine = phi[2 * nb.pair + (v_is_a ? 0 : 1)];
+        const std::vector<double>& other = phi[2 * nb.pair + (v_is_a ? 1 : 0)];
+        const std::vector<double>& m = mat[nb.pair];
+        const int32_t sw = c_.groups[nb.node].num_strategies, sb = c_.groups[e.b].num_strategies;
+        g[i].assign(static_cast<std::size_t>(sv), std::numeric_limits<double>::infinity());
+        for (int32_t s = 0; s < sv; ++s) {
+          double lo = std::numeric_limits<double>::infinity();
           for (int32_t t = 0; t < sw; ++t) {
-            const LD c = (v_is_a ? entry(e, s, t) : entry(e, t, s)) - mine[s] - other[t];
-            if (c < g[i][s]) g[i][s] = c;
+            const double c = (v_is_a ? m[static_cast<std::size_t>(s) * sb + t] : m[static_cast<std::size_t>(t) * sb + s]) -
+                             other[t];
+            if (c < lo) lo = c;
           }
+          g[i][s] = lo - mine[s];
+        }
       }
-      avg.assign(static_cast<std::size_t>(sv), 0);
+      avg.assign(static_cast<std::size_t>(sv), 0.0);
       for (int32_t s = 0; s < sv; ++s) {
-        LD sum = own[s];
+        double sum = own[s];
         for (std::size_t i = 0; i < deg; ++i) sum += g[i][s];
-        avg[s] = sum / static_cast<LD>(deg + 1);
+        avg[s] = sum / static_cast<double>(deg + 1);
       }
       for (std::size_t i = 0; i < deg; ++i) {
         const Neighbor& nb = c_.adj[v][i];
-        std::vector<LD>& mine = phi[2 * nb.pair + (c_.pairs[nb.pair].a == v ? 0 : 1)];
+        std::vector<double>& mine = phi[2 * nb.pair + (c_.pairs[nb.pair].a == v ? 0 : 1)];
         for (int32_t s = 0; s < sv; ++s)
-          if (std::isfinite(static_cast<double>(g[i][s])) && std::isfinite(static_cast<double>(avg[s])))
-            mine[s] += g[i][s] - avg[s];
+          if (std::isfinite(g[i][s]) && std::isfinite(avg[s])) mine[s] += g[i][s] - avg[s];
       }
     }
+    if (sweep % kEvery != 0 && sweep != sweeps) continue;
     const LD b = bound();
-    const LD gain = b - best;
     best = std::max(best, b);
-    if (gain < tolerance) break;
+    if (b - last < tolerance) break;  // (over kEvery sweeps)
+    last = b;
   }
   return best;
 }
@@ -303,11 +316,6 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
     }
     if (!limited) break;
   }
-  // Without a limit the relaxation's bound is the unpriced problem's: tightened by diffusion
-  // while there is a gap to the best plan.
-  if (!limited && !coarse.clamped && !r.best.empty() && r.lower_bound < static_cast<long double>(r.best_cost) - 0.5L)
-    r.lower_bound = std::max(r.lower_bound, ms.diffusion_bound(truth, 1000, 1e-9L * static_cast<long double>(r.best_cost),
-                                                               static_cast<long double>(r.best_cost), out_of_time));
   return r;
 }
 

@@ -165,8 +165,8 @@ struct LagrangianResult {
   Plan best;                  // group plan; empty when no decoded plan fitted
   double best_cost = 0;       // its cost (double)
   // Without a usage limit, the best lower bound on the coarse problem's optimum
-  // (MinSum::lower_bound after each iteration, then diffusion_bound); -inf: none (a usage
-  // limit, or a clamped cost in the coarse problem).
+  // (MinSum::lower_bound after each iteration; solve_anytime tightens it by diffusion_bound);
+  // -inf: none (a usage limit, or a clamped cost in the coarse problem).
   long double lower_bound = -std::numeric_limits<long double>::infinity();
   int64_t iterations = 0;     // iterations run
   int64_t found_at = -1;      // iteration that found best
