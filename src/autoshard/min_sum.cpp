@@ -40,6 +40,23 @@ double MinSum::decode_cost(const std::vector<std::vector<double>>& unary, const 
   return cost;
 }
 
+std::vector<std::vector<double>> group_costs(const Coarse& coarse) {
+  std::vector<std::vector<double>> out(coarse.groups.size());
+  for (std::size_t g = 0; g < coarse.groups.size(); ++g)
+    for (int64_t c : coarse.groups[g].cost) out[g].push_back(std::min(kCap, static_cast<double>(c)));
+  return out;
+}
+
+Plan expand_groups(const Problem& problem, const Coarse& coarse, const Plan& group_plan) {
+  Plan plan(problem.nodes.size(), 0);
+  for (std::size_t g = 0; g < coarse.groups.size(); ++g) {
+    const Group& grp = coarse.groups[g];
+    const std::size_t k = grp.members.size();
+    for (std::size_t i = 0; i < k; ++i) plan[grp.members[i]] = grp.assign[group_plan[g] * k + i];
+  }
+  return plan;
+}
+
 long double MinSum::lower_bound(const std::vector<std::vector<double>>& unary) const {
   long double bound = 0;
   const int32_t n = static_cast<int32_t>(c_.groups.size());
@@ -247,9 +264,8 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
   const bool limited = problem.usage_limit.has_value();
   const double limit = limited ? static_cast<double>(*problem.usage_limit) : 0.0;
   std::vector<double> lambda(segments, 0.0), prefix(segments + 1, 0.0), usage(segments + 1, 0.0);
-  std::vector<std::vector<double>> unary(n), truth(n);
-  for (int32_t g = 0; g < n; ++g)
-    for (int64_t c : coarse.groups[g].cost) truth[g].push_back(std::min(kCap, static_cast<double>(c)));
+  std::vector<std::vector<double>> unary(n);
+  const std::vector<std::vector<double>> truth = group_costs(coarse);
   MinSum ms(coarse);
   r.best_cost = std::numeric_limits<double>::infinity();
   for (double beta : betas) {

@@ -85,6 +85,11 @@ struct Coarse {
 
 Coarse build_coarse(const Problem& problem, const Model& model);
 
+// Each group's cost per strategy in double, the infinite sentinel capped at 10^18 (what message
+// passing sums), and a plan over the groups as a plan over the original nodes.
+std::vector<std::vector<double>> group_costs(const Coarse& coarse);
+Plan expand_groups(const Problem& problem, const Coarse& coarse, const Plan& group_plan);
+
 // Removes dominated group strategies (dominance.cpp): strategy s of a group goes when another
 // strategy s' of the same group costs no more, uses no more memory in any member (with a usage
 // limit), and costs no more in every row of every pair matrix the group is in (exact ties:

@@ -291,15 +291,7 @@ class AnytimeSearch {
     }
     return d;
   }
-  Plan expand(const Plan& gx) const {
-    Plan plan(p_.nodes.size(), 0);
-    for (int32_t g = 0; g < n_; ++g) {
-      const detail::Group& grp = c_.groups[g];
-      const std::size_t k = grp.members.size();
-      for (std::size_t i = 0; i < k; ++i) plan[grp.members[i]] = grp.assign[gx[g] * k + i];
-    }
-    return plan;
-  }
+  Plan expand(const Plan& gx) const { return detail::expand_groups(p_, c_, gx); }
   double elapsed() const { return std::chrono::duration<double>(Clock::now() - t0_).count(); }
 
   void note_improvement_of(SolveResult& r, TotalCost cost, int64_t it) {
@@ -602,9 +594,7 @@ SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
         coarse_bound < static_cast<long double>(lr.best_cost) - 0.5L) {
       // Without a limit, min-sum diffusion tightens the bound while a gap is left: until 60% of
       // the time (a fixed count of sweeps with a step budget, for the same answer every run).
-      std::vector<std::vector<double>> truth(coarse.groups.size());
-      for (std::size_t g = 0; g < coarse.groups.size(); ++g)
-        for (int64_t c : coarse.groups[g].cost) truth[g].push_back(std::min(1e18, static_cast<double>(c)));
+      const std::vector<std::vector<double>> truth = detail::group_costs(coarse);
       const double diffusion_deadline = 0.6 * options.time_limit_s;
       auto diffusion_out_of_time = [&] {
         if (options.stop != nullptr && options.stop->load(std::memory_order_relaxed)) return true;
@@ -617,12 +607,7 @@ SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
                                                                diffusion_out_of_time));
     }
     if (!lr.best.empty() && std::isfinite(static_cast<double>(coarse_bound))) {
-      Plan nodes(problem.nodes.size(), 0);
-      for (std::size_t g = 0; g < coarse.groups.size(); ++g) {
-        const detail::Group& grp = coarse.groups[g];
-        const std::size_t k = grp.members.size();
-        for (std::size_t i = 0; i < k; ++i) nodes[grp.members[i]] = grp.assign[lr.best[g] * k + i];
-      }
+      Plan nodes = detail::expand_groups(problem, coarse, lr.best);
       const Evaluation e = evaluate(problem, nodes);
       const long double lb =
           coarse_bound + (static_cast<long double>(e.cost) - static_cast<long double>(lr.best_cost));

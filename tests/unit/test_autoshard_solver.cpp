@@ -238,28 +238,6 @@ TEST_CASE("autoshard: solve() ends with the exact method on small problems", "[a
   CHECK(cost_str(any.evaluation.cost) == "445");
 }
 
-namespace {
-
-// The node plan of a plan over the coarse groups.
-Plan expand(const detail::Coarse& c, std::size_t num_nodes, const Plan& gx) {
-  Plan plan(num_nodes, 0);
-  for (std::size_t g = 0; g < c.groups.size(); ++g) {
-    const detail::Group& grp = c.groups[g];
-    const std::size_t k = grp.members.size();
-    for (std::size_t i = 0; i < k; ++i) plan[grp.members[i]] = grp.assign[gx[g] * k + i];
-  }
-  return plan;
-}
-
-std::vector<std::vector<double>> group_costs(const detail::Coarse& c) {
-  std::vector<std::vector<double>> u(c.groups.size());
-  for (std::size_t g = 0; g < c.groups.size(); ++g)
-    for (int64_t v : c.groups[g].cost) u[g].push_back(static_cast<double>(v));
-  return u;
-}
-
-}  // namespace
-
 TEST_CASE("autoshard: min-sum message passing is exact on trees", "[autoshard]") {
   const uint64_t seed = tessel_test::seed();
   const int n_cases = tessel_test::cases(60);
@@ -276,9 +254,9 @@ TEST_CASE("autoshard: min-sum message passing is exact on trees", "[autoshard]")
     detail::MinSum ms(coarse);
     // TRW-S is exact on a tree once its messages have converged: 4 passes left 1 case in about
     // 3,000 one unit above the optimum (seed 1795720727051304995, case 47); 8 passed 12,000.
-    const Plan gx = ms.run(group_costs(coarse), 8);
+    const Plan gx = ms.run(detail::group_costs(coarse), 8);
     REQUIRE(gx.size() == coarse.groups.size());
-    const Evaluation ev = evaluate(p, expand(coarse, p.nodes.size(), gx));
+    const Evaluation ev = evaluate(p, detail::expand_groups(p, coarse, gx));
     CHECK(cost_str(ev.cost) == cost_str(brute_force(p)));
   }
 }
@@ -308,7 +286,7 @@ TEST_CASE("autoshard: the Lagrangian phase returns plans that fit at the cost it
     }
     ++found;
     REQUIRE(want >= 0);  // a plan fits, so the enumeration finds one
-    const Evaluation ev = evaluate(p, expand(coarse, p.nodes.size(), r.best));
+    const Evaluation ev = evaluate(p, detail::expand_groups(p, coarse, r.best));
     REQUIRE(ev.feasible());
     CHECK(ev.cost >= want);
     CHECK(cost_str(ev.cost) == cost_str(static_cast<TotalCost>(std::llround(r.best_cost))));
