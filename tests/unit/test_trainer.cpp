@@ -191,6 +191,8 @@ TEST_CASE("trainer: auto_shard chooses the step's layouts and its steps equal on
   Trainer one(m.g, m.loss, m.params, Mesh::parse("data=1,model=1"), rt1, o);
   const AutoShardResult* r = many.auto_shard_result();
   REQUIRE(r != nullptr);
+  INFO("plan: " << r->solver << "; estimate " << r->peak_bytes << " bytes, program " << r->program_peak_bytes
+                << " bytes; cost from " << r->cost_source);
   CHECK(one.auto_shard_result() == nullptr);
   // Planned with this machine's figures (CPU devices: measured, or read from the cache), not
   // the cost model's H100 defaults.
@@ -200,7 +202,7 @@ TEST_CASE("trainer: auto_shard chooses the step's layouts and its steps equal on
   CHECK_THAT(many.strategy_in_words(), Catch::Contains("the batch comes in over {data}") &&
                                            Catch::Contains("weights: ") && Catch::Contains("AdamW moments: "));
   CHECK(r->fits);
-  CHECK(r->peak_bytes <= 24000);
+  CHECK(r->program_peak_bytes <= 24000);  // the program's peak decides (the estimate may differ)
   // Every parameter and its update share a layout (they are donated), the batch stays on data.
   bool some_split = false;
   for (const auto& [name, sh] : many.state_shardings()) some_split = some_split || !sh.is_replicated();

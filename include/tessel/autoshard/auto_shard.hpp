@@ -47,7 +47,7 @@ struct AutoShardOptions {
   // Per device; 0: no limit. The solver's memory is an estimate (values live from their op to
   // their last use in graph order, before fusion): with a budget the plan is compiled and its
   // lowered program's peak decides, the solver's limit rescaled and the problem solved again
-  // (at most four solves, each with a compile) while the two disagree.
+  // (at most six solves, each with a compile) while the two disagree.
   int64_t memory_budget_bytes = 0;
   // Seconds of wall clock for the whole call (formulation, solves, and with a budget the
   // compiles that check it): each solve gets 90% of what is left, at least 5% of the limit; a
