@@ -1,11 +1,13 @@
-// BM_Pipeline/schedule:<k>/micro:<M>/keep:<a>: one training step of a GPT cut into two pipeline stages
-// of one CPU device each (pipeline/runner.hpp), by GPipe (0), 1F1B (1), interleaved 1F1B with
-// 2 chunks per stage (2) or zero bubble ZB-H1 (3: the backward split into B and W), over M
-// micro-batches of 2 rows, 20 timed steps; keep 0: each stage's backward recomputes its forward
-// (PipelineOptions::remat all, the default), keep 1: the stages keep their activations (none). The model: d_model 128, 4 heads,
-// 4 layers (equal stages: 2 layers each, or 1 per chunk), vocab 64 (the head and the embedding
-// small beside a layer, so the stages are equal), 64 positions; random
-// weights and tokens (seeded). One untimed step first, then the timed ones. Counters:
+// BM_Pipeline/schedule:<k>/micro:<M>/keep:<a>/layers:<L>: one training step of a GPT cut into two
+// pipeline stages of one CPU device each (pipeline/runner.hpp), by GPipe (0), 1F1B (1), interleaved
+// 1F1B with 2 chunks per stage (2) or zero bubble ZB-H1 (3: the backward split into B and W), over
+// M micro-batches of 2 rows, 20 timed steps; keep 0: each stage's backward recomputes its forward
+// (PipelineOptions::remat all, the default), keep 1: the stages keep their activations (none).
+// The model: d_model 128, 4 heads, L layers (4 or 8: equal stages of L/2 layers each, L/4 per
+// chunk; at 4 layers an interleaved chunk is one layer, and a transfer's and a program's fixed
+// costs weigh more beside it), vocab 64 (the head and the embedding small beside a layer, so the
+// stages are equal), 64 positions; random weights and tokens (seeded). One untimed step first,
+// then the timed ones. Counters:
 //   bubble          the measured idle share of the stages over the schedule's span,
 //                   1 - sum(busy) / (stages x span), the mean over the timed steps;
 //   bubble_ideal    the schedule's own with equal stages, free transfers and a backward
@@ -72,7 +74,7 @@ void BM_Pipeline(benchmark::State& state) {
   c.seq = 64;
   c.d_model = 128;
   c.heads = 4;
-  c.layers = 4;
+  c.layers = state.range(3);
   c.vocab = 64;
   const tessel::Mesh mesh = tessel::gpt_mesh(tessel::Mesh::parse("data=1"), c);
   tessel::GptGraph m = tessel::build_gpt(c);
@@ -105,8 +107,8 @@ void BM_Pipeline(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Pipeline)
-    ->ArgNames({"schedule", "micro", "keep"})
-    ->ArgsProduct({{0, 1, 2, 3}, {4, 8, 16}, {0, 1}})
+    ->ArgNames({"schedule", "micro", "keep", "layers"})
+    ->ArgsProduct({{0, 1, 2, 3}, {4, 8, 16}, {0, 1}, {4, 8}})
     ->Iterations(20)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
