@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <condition_variable>
 #include <deque>
@@ -275,6 +276,8 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
   if (o.iterations < 1 || o.warmup < 0)
     throw RuntimeError(fmt::format("time_kernels: iterations ({}) must be >= 1 and warmup ({}) >= 0", o.iterations,
                                    o.warmup));
+  if (!(o.warmup_s >= 0) || !std::isfinite(o.warmup_s))
+    throw RuntimeError(fmt::format("time_kernels: warmup_s ({}) must be a finite number of seconds >= 0", o.warmup_s));
   if (devices_at_once < 1)
     throw RuntimeError(fmt::format("time_kernels: devices_at_once {} (give at least 1)", devices_at_once));
   KernelTimes out;
@@ -349,36 +352,53 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
   }
   // The passes: every device's thread runs its kernels in program order, all released together;
   // a pass lasts from the release to the last device's end (a device the cores do not take at
-  // once starts late: its wait is in the pass, as in a step).
-  const int passes = o.warmup + o.iterations;
+  // once starts late: its wait is in the pass, as in a step). Untimed passes first, `warmup` of
+  // them and for at least `warmup_s`: fresh threads on cores they share run slower for tens of
+  // milliseconds (the 2-core VM, 4 devices: about 70 ms at 1.4x, in which 3 + 20 passes of a 2-ms
+  // program all fell), then `iterations` timed ones.
   using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const int passes = o.iterations;
   std::vector<Clock::time_point> released(static_cast<std::size_t>(passes));
   std::vector<std::vector<Clock::time_point>> ended(devs.size(), std::vector<Clock::time_point>(static_cast<std::size_t>(passes)));
   std::vector<std::vector<double>> instr_s(p.instrs.size());
   std::mutex mu;
   std::condition_variable cv;
   int ready = 0, generation = 0;
-  // Every device's thread waits here until all have come (`stamp`: the release time, set by the
-  // last to come).
-  auto barrier = [&](Clock::time_point* stamp) {
+  int warm_done = 0, timed_done = 0;
+  int next_pass = 0;  // set by the last to come to a pass's barrier: -1 warm-up, >= 0 the timed pass, passes: done
+  // Every device's thread waits here until all have come. At a pass's start (`pass_start`) the
+  // last to come decides the pass (next_pass) and stamps a timed pass's release.
+  auto barrier = [&](bool pass_start) {
     std::unique_lock<std::mutex> l(mu);
     if (++ready == static_cast<int>(devs.size())) {
       ready = 0;
       ++generation;
-      if (stamp) *stamp = Clock::now();
+      if (pass_start) {
+        const double warm_s = std::chrono::duration<double>(Clock::now() - start).count();
+        if (warm_done < o.warmup || warm_s < o.warmup_s) {
+          ++warm_done;
+          next_pass = -1;
+        } else {
+          next_pass = timed_done < passes ? timed_done++ : passes;
+          if (next_pass < passes) released[static_cast<std::size_t>(next_pass)] = Clock::now();
+        }
+      }
       cv.notify_all();
-    } else {
-      const int g = generation;
-      cv.wait(l, [&] { return generation != g; });
+      return next_pass;
     }
+    const int g = generation;
+    cv.wait(l, [&] { return generation != g; });
+    return next_pass;
   };
   const bool sync = o.sync_at_collectives && devs.size() > 1;
   auto body = [&](std::size_t t) {
     Device& d = devs[t];
-    for (int r = 0; r < passes; ++r) {
-      barrier(&released[static_cast<std::size_t>(r)]);
+    while (true) {
+      const int r = barrier(true);
+      if (r >= passes) break;
       for (std::size_t k = 0; k < d.kernels.size(); ++k) {
-        if (sync && d.sync[k]) barrier(nullptr);
+        if (sync && d.sync[k]) barrier(false);
         const auto& [i, a] = d.kernels[k];
         if (!runs[i]) continue;
         const auto k0 = Clock::now();
@@ -388,9 +408,9 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
           failed(i, e.what());
           continue;
         }
-        if (t == 0 && r >= o.warmup) instr_s[i].push_back(std::chrono::duration<double>(Clock::now() - k0).count());
+        if (t == 0 && r >= 0) instr_s[i].push_back(std::chrono::duration<double>(Clock::now() - k0).count());
       }
-      ended[t][static_cast<std::size_t>(r)] = Clock::now();
+      if (r >= 0) ended[t][static_cast<std::size_t>(r)] = Clock::now();
     }
   };
   std::vector<std::thread> threads;
@@ -398,7 +418,7 @@ KernelTimes time_kernels(const Program& p, int64_t devices_at_once, const Calibr
   body(0);
   for (std::thread& th : threads) th.join();
   std::vector<double> worst;
-  for (int r = o.warmup; r < passes; ++r) {
+  for (int r = 0; r < passes; ++r) {
     Clock::time_point last = released[static_cast<std::size_t>(r)];
     for (const auto& e : ended) last = std::max(last, e[static_cast<std::size_t>(r)]);
     worst.push_back(std::chrono::duration<double>(last - released[static_cast<std::size_t>(r)]).count());

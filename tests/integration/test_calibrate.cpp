@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -337,4 +338,19 @@ TEST_CASE("time_kernels and predict_program: a program's kernels timed as its de
   wrong.seconds.pop_back();
   CHECK_THROWS_WITH(predict_program(low, cost, &wrong), Catch::Contains("time the program itself"));
   CHECK_THROWS_WITH(time_kernels(low, 0, o), Catch::Contains("devices_at_once 0"));
+  // Untimed passes for at least warmup_s before the timed ones (fresh threads on shared cores
+  // run slower at first); a negative or NaN warm-up is refused naming it.
+  {
+    CalibrationOptions warm = o;
+    warm.warmup_s = 0.3;
+    const auto t0 = std::chrono::steady_clock::now();
+    const KernelTimes w = time_kernels(low, 2, warm);
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= 0.3);
+    CHECK(w.sequence_s > 0);
+    for (std::size_t i = 0; i < low.instrs.size(); ++i) CHECK(w.timed[i] == (low.instrs[i].kind == InstrKind::Kernel));
+    warm.warmup_s = -1;
+    CHECK_THROWS_WITH(time_kernels(low, 2, warm), Catch::Contains("warmup_s (-1)"));
+    warm.warmup_s = std::nan("");
+    CHECK_THROWS_WITH(time_kernels(low, 2, warm), Catch::Contains("warmup_s (nan)"));
+  }
 }

@@ -39,6 +39,10 @@ struct CalibrationOptions {
   // over the devices timed at once), as a step's devices do: a device the shared cores ran late
   // holds the others there. False: each device runs its kernels straight through.
   bool sync_at_collectives = true;
+  // time_kernels: untimed passes for at least this many seconds too (beside `warmup`): fresh
+  // threads sharing cores run slower at first (the 2-core VM: about 70 ms at 1.4x, where 3 + 20
+  // passes of a 2-ms program all fell and its prediction came out up to 18% high).
+  double warmup_s = 0.2;
 };
 
 struct AxisCalibration {
