@@ -9,7 +9,7 @@ For each mesh, `rounds` rounds, each running in turn (so both see the same load)
 Every command's whole output goes to OUT/raw/<tool>-<mesh>-<layouts>-r<k>.txt; OUT/runs.csv has one
 row per run: tool, mesh, layouts, round, measured_ms (gpt_train's "step time" mean, gpt's best
 forward: auto against hand), measured_beside_prediction_ms (what the tool sets beside its prediction:
-gpt_train's step time, gpt's median forward), predicted_ms and the layouts that ran (auto's "is not predicted at least" line
+gpt_train's median step, gpt's median forward), predicted_ms and the layouts that ran (auto's "is not predicted at least" line
 says the hand ones did: the plan was not predicted 10% faster), each with the raw file. OUT/summary.csv has per tool and mesh the medians
 of auto and hand over the rounds, auto/hand, and the median measured/predicted of the auto runs.
 
