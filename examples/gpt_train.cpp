@@ -65,7 +65,8 @@
 // mesh's; --auto chooses the stage boundaries by this machine's cost model
 // (pipeline/auto_stages.hpp). Under mpirun -np N each stage runs on N/pipe processes. --remat none
 // (default) keeps each stage's activations, all recomputes each stage's forward.
-// Accumulation, mixed precision and --remat einsums are refused there for now; --backend cuda
+// --mixed trains the stages in bf16 with f32 master weights; --accumulate does not apply (the
+// micro-batches are the accumulation) and --remat einsums is refused there; --backend cuda
 // makes each stage a CudaRuntime in one process (not under a launcher; never yet run on a GPU).
 //
 // --backend cuda trains on a CudaRuntime (runtime/cuda.hpp, make_cuda_runtime): alone, one
@@ -175,8 +176,9 @@ const char* kUsage =
     "pipelined and other meshes. Under mpirun -np N each stage runs on N/pipe processes (values\n"
     "between stages as host messages). --backend cuda: each stage a CudaRuntime of its own, in one\n"
     "process only (never yet run on a GPU). --remat none (the default: each stage keeps the\n"
-    "activations its backward reads) or all (each stage's backward recomputes its forward). Not yet\n"
-    "with --accumulate, --mixed, --remat einsums, --offload, --check-finite or --write-graph.\n";
+    "activations its backward reads) or all (each stage's backward recomputes its forward). --mixed\n"
+    "applies; --accumulate does not (the micro-batches are the accumulation); not yet with --remat\n"
+    "einsums, --offload, --check-finite or --write-graph.\n";
 
 using json = nlohmann::json;
 
@@ -478,12 +480,13 @@ int run_pipeline(const PipeRun& a) {
   std::vector<std::string> shapes;
   for (const tessel::Mesh& x : meshes) shapes.push_back(x.to_string());
   const bool alike = std::all_of(shapes.begin(), shapes.end(), [&](const std::string& x) { return x == shapes[0]; });
-  say("pipeline: {} stages{} of {} ({} {} devices in all{}), schedule {}, zero={}, remat={}, lr {}, seed {}\n", P,
+  say("pipeline: {} stages{} of {} ({} {} devices in all{}), schedule {}, zero={}, remat={}{}, lr {}, seed {}\n", P,
       V > 1 ? fmt::format(" x {} chunks", V) : "",
       alike ? "mesh " + shapes[0] : fmt::format("meshes {}", fmt::join(shapes, ", ")), P * stage_mesh.num_devices(),
       a.cuda ? "CUDA" : "CPU",
       pg ? fmt::format(", {} processes, {} per stage", pg->size(), pg->size() / P) : std::string(),
-      tessel::schedule_kind_name(a.flags.kind), a.zero, tessel::remat_policy_name(a.remat), o.lr.to_string(), seed);
+      tessel::schedule_kind_name(a.flags.kind), a.zero, tessel::remat_policy_name(a.remat),
+      a.cfg.compute != a.cfg.dtype ? ", mixed precision (bf16 compute, f32 master weights)" : "", o.lr.to_string(), seed);
   const tessel::Schedule schedule = tessel::make_schedule(a.flags.kind, P, M, V);
   say("{}compile + load: {:.1f} ms\n", schedule.to_string(), compile_ms);
 
@@ -770,10 +773,13 @@ int run(int argc, char** argv) {
   if (auto_layouts && zero_given && !piped)
     throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
   if (piped) {
-    for (const char* flag : {"--accumulate", "--mixed", "--offload", "--check-finite", "--write-graph", "--links"})
+    if (given.count("--accumulate"))
+      throw tessel::UsageError("--accumulate does not apply with a pipe axis in --mesh: the pipeline accumulates the "
+                               "gradients of its micro-batches already (give more with --microbatches M)");
+    for (const char* flag : {"--offload", "--check-finite", "--write-graph", "--links"})
       if (given.count(flag))
         throw tessel::UsageError(fmt::format("{} is not yet supported with a pipe axis in --mesh (pipeline stages run "
-                                             "in f32 with ZeRO 0 to 3: docs/pipeline.md)",
+                                             "with ZeRO 0 to 3, in f32 or --mixed: docs/pipeline.md)",
                                              flag));
     if (to.remat == tessel::RematPolicy::einsums)
       throw tessel::UsageError("--remat einsums is not supported with a pipe axis in --mesh (none: each stage keeps the "
@@ -831,10 +837,6 @@ int run(int argc, char** argv) {
                                         c, save_dir, join_steps(committed)));
   }
   if (piped) {
-    if (cfg.compute != cfg.dtype)
-      throw tessel::UsageError(fmt::format("{}: step {} was saved with mixed precision, not yet supported with a pipe "
-                                           "axis in --mesh",
-                                           resume_flag, start));
     PipeRun run{cfg,  mesh,   corpus,    pipe,      seed,   steps,      threads,          lr,   warmup, tolerance,
                 reference, out_prefix, ckpt ? &*ckpt : nullptr, start, saved, meta, save_every, keep, to.zero, auto_layouts,
                 memory_budget, timeout_s, to.remat, cuda, gpus};
