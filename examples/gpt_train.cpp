@@ -396,6 +396,7 @@ int run_pipeline(const PipeRun& a) {
     so.meshes = V > 1 ? std::vector<tessel::Mesh>{stage_mesh} : tessel::mesh_shapes(stage_mesh, {"data", "model"});
     so.memory_budget_bytes = a.memory_budget;
     so.schedule = a.flags.kind;
+    so.remat = a.remat;  // kept activations priced in each stage's bytes, or the recomputing backward timed
     // Each piece timed on this stage's devices (the runtime of stage 0, or under mpirun this
     // process's stage's, whose processes all time alike): the machine's own rates, not the roofline's.
     so.runtime = rts[0].get();

@@ -155,6 +155,7 @@ struct PiecePrice {
   double seconds = 0;
   int64_t state_bytes = 0;  // its parameters', gradient accumulators' and AdamW moments' (f32)
   int64_t kept_bytes = 0;   // one micro-batch's kept inputs (what its forward reads besides parameters)
+                            // and, with remat none, its kept activations
   int64_t work_bytes = 0;   // its backward's working memory (the planned arena)
 };
 
@@ -181,8 +182,12 @@ double measure_piece(const Executable& f, const Executable& b, const PipelineSta
   return t[t.size() / 2];
 }
 
-PiecePrice price_piece(PipelineStage& p, const Mesh& mesh, const CostModel& cost, Runtime* rt, int runs) {
+PiecePrice price_piece(PipelineStage& p, const Mesh& mesh, const CostModel& cost, Runtime* rt, int runs,
+                       RematPolicy remat) {
   PiecePrice out;
+  // As the stage will run: with remat none the forward outputs what the backward reads and the
+  // backward is the gradient ops alone.
+  if (remat == RematPolicy::none) p = keep_activations(std::move(p));
   p.forward.mesh = mesh;
   p.backward.mesh = mesh;
   const Executable f = compile(p.forward, mesh), b = compile(p.backward, mesh);
@@ -203,6 +208,11 @@ PiecePrice price_piece(PipelineStage& p, const Mesh& mesh, const CostModel& cost
       out.kept_bytes += lv.bytes();
     }
   }
+  const std::set<std::string> saved(p.saved.begin(), p.saved.end());
+  for (int v : fp.outputs) {
+    const LocalValue& lv = fp.values[static_cast<std::size_t>(v)];
+    if (saved.count(lv.name)) out.kept_bytes += lv.bytes();
+  }
   return out;
 }
 
@@ -218,6 +228,9 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
     throw Error(fmt::format("choose_stage_cuts: {} candidate cuts make {} pieces, fewer than the {} stages", n - 1, n,
                             stages));
   if (options.meshes.empty()) throw Error("choose_stage_cuts: no stage mesh given (StageCutOptions::meshes)");
+  if (options.remat == RematPolicy::einsums)
+    throw Error("choose_stage_cuts: remat einsums is not supported within pipeline stages (StageCutOptions::remat: "
+                "none keeps each stage's activations, all recomputes its forward)");
   if (options.runtime && options.measure_runs < 1)
     throw Error(fmt::format("choose_stage_cuts: measure_runs {} (give at least 1 timed run per piece)",
                             options.measure_runs));
@@ -265,7 +278,8 @@ StageCut choose_stage_cuts(const Graph& g, Tensor loss, const std::vector<Tensor
     }
     std::vector<PipelineStage>& ps = planned[k].empty() ? pieces : mine;
     for (PipelineStage& p : ps)
-      price[k].push_back(price_piece(p, options.meshes[cfg_mesh[k]], cost, options.runtime, options.measure_runs));
+      price[k].push_back(
+          price_piece(p, options.meshes[cfg_mesh[k]], cost, options.runtime, options.measure_runs, options.remat));
   }
   for (const PiecePrice& pp : price[0]) out.piece_s.push_back(pp.seconds);
 

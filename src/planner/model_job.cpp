@@ -221,7 +221,9 @@ Layout Layout::parse(const std::string& text) {
     l.pipe = static_cast<int32_t>(number(pipe_part, pipe_part.substr(5), 2, 4096));
     l.micro = static_cast<int32_t>(number(micro_part, micro_part.substr(6), 1, 1 << 20));
     if (l.zero > 2) throw bad(text, "a pipeline takes ZeRO 0 to 2");
-    if (l.remat != RematPolicy::none || l.offload) throw bad(text, "a pipeline takes remat=none without offload");
+    if (l.remat == RematPolicy::einsums || l.offload)
+      throw bad(text, "a pipeline takes remat=none (each stage keeps its activations) or remat=all (each stage's "
+                      "backward recomputes its forward), without offload");
   }
   return l;
 }
@@ -240,7 +242,12 @@ std::vector<Layout> enumerate_layouts(const GptConfig& gpt, int32_t devices, con
       if (micro == 0) continue;
       GptConfig one = gpt;
       one.batch = gpt.batch / micro;
-      for (Layout l : enumerate_layouts(one, stage, {RematPolicy::none})) {
+      // Each stage keeping its activations or recomputing its forward (remat einsums: not within
+      // a stage), as listed.
+      std::vector<RematPolicy> stage_remat;
+      for (RematPolicy r : remat)
+        if (r != RematPolicy::einsums) stage_remat.push_back(r);
+      for (Layout l : enumerate_layouts(one, stage, stage_remat)) {
         if (l.zero > 2) continue;
         l.pipe = pipe;
         l.micro = micro;

@@ -72,13 +72,14 @@ double price(const ModelJob& job, const Pool& pool, const ProfileOptions& o, Can
     // A pipeline: its stages (equal layers, as JobRunner cuts them) priced as the automatic
     // stage cut prices them: each stage's forward and backward per micro-batch on the stage
     // mesh, the step sum(t) + (M - 1) max(t) under 1F1B, the peak the largest stage's bytes
-    // (parameters, accumulators, moments, the micro-batches' kept inputs in flight, the
-    // backward's working memory). The update after the schedule is not priced.
+    // (parameters, accumulators, moments, the micro-batches' kept inputs and activations in
+    // flight, the backward's working memory). The update after the schedule is not priced.
     const int64_t P = c.layout.pipe;
     const std::vector<Tensor> cuts = equal_layer_cuts(s.model.checkpoints, job.gpt.layers, P);
     StageCutOptions so;
     so.meshes = {s.mesh};
     so.schedule = ScheduleKind::OneFOneB;
+    so.remat = c.layout.remat;  // as JobRunner runs them: remat=none keeps each stage's activations
     const StageCut sc = choose_stage_cuts(s.model.graph, s.model.loss, s.model.weights, cuts, P, c.layout.micro, so,
                                           cost_for(o, pool, s.mesh.num_devices()));
     c.predicted_compute_s = sc.step_s;

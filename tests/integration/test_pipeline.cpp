@@ -669,6 +669,29 @@ TEST_CASE("automatic stages choose each stage's shape and keep every stage withi
   const StageCut gpipe = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 8, o, cpu);
   REQUIRE(one_f.pieces == gpipe.pieces);
   CHECK(gpipe.stage_bytes[0] > one_f.stage_bytes[0]);
+  // Stages that keep their activations (remat none, as gpt_train runs them by default): every
+  // stage holds more than its recomputing cut's (the activations of its micro-batches in
+  // flight) and its pieces are priced faster (a backward recomputes nothing); einsums refused.
+  o.schedule = ScheduleKind::OneFOneB;
+  o.remat = RematPolicy::none;
+  const StageCut kept = choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 8, o, cpu);
+  REQUIRE(kept.piece_s.size() == one_f.piece_s.size());
+  double kept_s = 0, recomputed_s = 0;
+  for (std::size_t i = 0; i < kept.piece_s.size(); ++i) {
+    CHECK(kept.piece_s[i] <= one_f.piece_s[i]);
+    kept_s += kept.piece_s[i];
+    recomputed_s += one_f.piece_s[i];
+  }
+  CHECK(kept_s < recomputed_s);
+  if (kept.pieces == one_f.pieces)
+    for (std::size_t st = 0; st < 2; ++st) CHECK(kept.stage_bytes[st] > one_f.stage_bytes[st]);
+  CHECK(*std::max_element(kept.stage_bytes.begin(), kept.stage_bytes.end()) >
+        *std::max_element(one_f.stage_bytes.begin(), one_f.stage_bytes.end()));
+  o.remat = RematPolicy::einsums;
+  CHECK(tessel_test::contains(
+      tessel_test::error_of([&] { choose_stage_cuts(m.graph, m.loss, m.weights, candidates, 2, 8, o, cpu); }),
+      "remat einsums is not supported within pipeline stages"));
+  o.remat = RematPolicy::all;
   // Shapes of different device counts are refused.
   o.meshes = {Mesh::parse("data=2,model=2"), Mesh::parse("data=2,model=1")};
   CHECK(tessel_test::contains(

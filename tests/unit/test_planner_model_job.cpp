@@ -213,7 +213,8 @@ TEST_CASE("model job: a layout's text reads back", "[planner]") {
   for (const char* bad : {"pipe=2 data=2,model=1 zero=0 remat=none", "pipe=1 micro=2 data=1,model=1 zero=0 remat=none",
                           "pipe=2 micro=0 data=1,model=1 zero=0 remat=none",
                           "pipe=2 micro=2 data=2,model=1 zero=3 remat=none",
-                          "pipe=2 micro=2 data=1,model=1 zero=0 remat=all"})
+                          "pipe=2 micro=2 data=1,model=1 zero=0 remat=einsums",
+                          "pipe=2 micro=2 data=1,model=1 zero=0 remat=all offload"})
     CHECK_THROWS_AS(Layout::parse(bad), PlanError);
   CHECK_THROWS_WITH(Layout::parse("pipe=2 micro=2 data=2,model=1 zero=3 remat=none"),
                     Catch::Contains("a pipeline takes ZeRO 0 to 2"));
@@ -232,8 +233,16 @@ TEST_CASE("model job: pipeline layouts among the candidates", "[planner]") {
     CHECK(j.gpt.batch % l.micro == 0);
     CHECK((j.gpt.batch / l.micro) % l.data == 0);
     CHECK(l.zero <= 2);
-    CHECK(l.remat == RematPolicy::none);
+    CHECK(l.remat == RematPolicy::none);  // as asked
   }
+  // Both remat none and all when asked; never einsums within a stage.
+  std::set<RematPolicy> pipe_remat;
+  for (const Layout& l : enumerate_layouts(j.gpt, 4, {RematPolicy::none, RematPolicy::einsums, RematPolicy::all}, true))
+    if (l.pipe > 1) pipe_remat.insert(l.remat);
+  CHECK(pipe_remat == std::set<RematPolicy>{RematPolicy::none, RematPolicy::all});
+  CHECK(Layout::parse("pipe=2 micro=4 data=2,model=1 zero=1 remat=all").remat == RematPolicy::all);
+  CHECK_THROWS_WITH(Layout::parse("pipe=2 micro=4 data=2,model=1 zero=1 remat=einsums"),
+                    Catch::Contains("a pipeline takes remat=none (each stage keeps its activations) or remat=all"));
   CHECK(seen.count("pipe=2 micro=4 data=2,model=1 zero=0 remat=none"));
   CHECK(seen.count("pipe=2 micro=4 data=1,model=2 zero=0 remat=none"));
   CHECK(seen.count("pipe=4 micro=8 data=1,model=1 zero=0 remat=none"));

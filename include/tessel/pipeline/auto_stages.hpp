@@ -20,8 +20,9 @@
 // With StageCutOptions, each stage also gets its own sub-mesh shape (Alpa's per-stage submesh,
 // among shapes of the same device count: data=4 / data=2,model=2 / model=4), the one of least
 // time for its pieces, and a stage must fit a memory budget per device: its parameters,
-// gradient accumulators and AdamW moments, the kept inputs of the micro-batches the schedule
-// holds in flight on it (1F1B: P - s on stage s; GPipe: all M), and its largest piece's working
+// gradient accumulators and AdamW moments, the kept inputs (with StageCutOptions::remat none also
+// the kept activations) of the micro-batches the schedule holds in flight on it (1F1B: P - s on
+// stage s; GPipe: all M), and its largest piece's working
 // memory (the backward's planned arena). With StageCutOptions::auto_shard each piece is planned by
 // automatic sharding on each shape, and a stage takes the plans of its shape.
 // With StageCutOptions::runtime the pieces are timed on the devices instead of priced: the cost
@@ -45,6 +46,7 @@
 #include "tessel/pipeline/schedule.hpp"
 #include "tessel/pipeline/stages.hpp"
 #include "tessel/runtime/runtime.hpp"
+#include "tessel/train/autodiff.hpp"
 
 namespace tessel {
 
@@ -78,6 +80,11 @@ struct StageCutOptions {
   // How many micro-batches' kept inputs stage s holds: GPipe all M, 1F1B and interleaved P - s
   // (at most M).
   ScheduleKind schedule = ScheduleKind::OneFOneB;
+  // As the stages will run (PipelineOptions::remat): all, each stage's backward recomputes its
+  // forward and keeps only a micro-batch's inputs; none, the forward keeps what its backward
+  // reads (keep_activations: priced in the kept bytes of every micro-batch in flight) and the
+  // backward is the gradient ops alone. einsums is refused (a pipeline stage does not take it).
+  RematPolicy remat = RematPolicy::all;
   // Measure instead of model (Alpa profiles its stage candidates the same way): when set, each
   // piece's forward and backward are loaded on this runtime and run on random inputs (a
   // warm-up, then `measure_runs` timed runs of each; the median of their sums is the piece's

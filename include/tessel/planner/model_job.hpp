@@ -98,8 +98,9 @@ struct Layout {
 // `remat` lists the policies to try. Empty when nothing divides (e.g. batch 3 on 2 devices).
 // With `pipeline`, then the pipelines: every pipe = P >= 2 dividing the devices with P <= the
 // layers, each stage's data x model as above over the micro-batch (micro = 2P, else P, micro-
-// batches of batch / micro rows that data divides), ZeRO 0..2 (0 without data), no remat (a
-// stage's backward recomputes its forward).
+// batches of batch / micro rows that data divides), ZeRO 0..2 (0 without data), and of `remat`
+// none (each stage keeps the activations its backward reads) and all (each stage's backward
+// recomputes its forward: the least memory).
 std::vector<Layout> enumerate_layouts(const GptConfig& gpt, int32_t devices,
                                       const std::vector<RematPolicy>& remat = {RematPolicy::none, RematPolicy::all},
                                       bool pipeline = false);
