@@ -759,6 +759,9 @@ int run(int argc, char** argv) {
       throw tessel::UsageError(fmt::format("{} needs --save-dir DIR: the folder to save the checkpoints in",
                                            save_every > 0 ? "--save-every" : "--keep"));
   }
+  if (mesh.axis_index("pipe") >= 0 && given.count("--accumulate"))
+    throw tessel::UsageError("--accumulate does not apply with a pipe axis in --mesh: the pipeline accumulates the "
+                             "gradients of its micro-batches already (give more with --microbatches M)");
   if (cfg.batch % accumulate != 0)
     throw tessel::UsageError(fmt::format("--accumulate {}: the batch of {} rows does not split into {} equal micro-batches",
                                          accumulate, cfg.batch, accumulate));
@@ -774,9 +777,6 @@ int run(int argc, char** argv) {
   if (auto_layouts && zero_given && !piped)
     throw tessel::UsageError("--auto chooses the layouts of the parameters and optimizer state itself: leave out --zero");
   if (piped) {
-    if (given.count("--accumulate"))
-      throw tessel::UsageError("--accumulate does not apply with a pipe axis in --mesh: the pipeline accumulates the "
-                               "gradients of its micro-batches already (give more with --microbatches M)");
     for (const char* flag : {"--offload", "--check-finite", "--write-graph", "--links"})
       if (given.count(flag))
         throw tessel::UsageError(fmt::format("{} is not yet supported with a pipe axis in --mesh (pipeline stages run "
@@ -1099,7 +1099,8 @@ int run(int argc, char** argv) {
     if (predicted_step > 0) {
       std::vector<double> sorted = step_s;
       std::sort(sorted.begin(), sorted.end());
-      const double median_s = sorted[sorted.size() / 2];
+      const std::size_t h = sorted.size() / 2;
+      const double median_s = sorted.size() % 2 ? sorted[h] : 0.5 * (sorted[h - 1] + sorted[h]);
       fmt::print("step time against the prediction: {:.2f} ms measured (median of steps {}..{}, mean {:.2f} ms), "
                  "{:.2f} ms predicted (measured / predicted {:.2f})\n",
                  median_s * 1e3, start + 2, steps, mean_s * 1e3, predicted_step * 1e3, median_s / predicted_step);

@@ -3,6 +3,7 @@
 #include "tessel/autoshard/auto_shard.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -773,10 +774,11 @@ int64_t program_peak(const Graph& annotated, const Mesh& mesh, const AutoShardOp
 // With a budget, the formulation's memory (each value from its op to its last use in graph
 // order, before fusion and scheduling) is an estimate; the lowered program's memory plan is
 // what runs. So the plan is checked there, and while the two disagree about the budget the
-// solver's limit is rescaled by this plan's ratio of estimate to program (over the budget:
-// never up) and the problem solved again (at most five more times; with a time limit, only
-// while a solve and a check of its program still fit in what is left). Kept: the cheapest plan
-// whose program fits, else the one of least program memory.
+// solver's limit is rescaled by this plan's ratio of estimate to program (never to a limit
+// whose plan's program was over the budget) and the problem solved again (at most five more
+// times: under load a search cut short ended the gpt_train model 0.05% over 2 MB after four;
+// with a time limit, only while a solve and a check of its program still fit in what is left).
+// Kept: the cheapest plan whose program fits, else the one of least program memory.
 void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& options, AutoShardProblem& ap,
                 const std::vector<std::vector<Strategy>>& strategies, const autoshard::RepeatClasses& classes,
                 const SolveLimit& clock, AutoShardResult& res) {
@@ -787,6 +789,7 @@ void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& option
   double solve_s = 0;
   int solves = 1;
   bool out_of_time = false;
+  int64_t ceiling = std::numeric_limits<int64_t>::max();  // the least limit whose plan's program was over the budget
   // A check compiles and lowers the whole program: on large graphs it takes far longer than
   // the formulation (the 96-layer GPT-3 step on 64 devices on a 2-core Xeon: about 12x, once).
   // With a time limit a check is made only when it fits in what is left: predicted from the
@@ -834,14 +837,12 @@ void fit_budget(const Graph& g, const Mesh& mesh, const AutoShardOptions& option
     }
     const double program = static_cast<double>(std::max<int64_t>(1, cur.program_peak_bytes));
     const int64_t limit = *ap.problem.usage_limit;
-    int64_t next = static_cast<int64_t>(static_cast<double>(budget) * static_cast<double>(cur.peak_bytes) / program);
-    // Over the budget, the limit only falls, at least by the program's overshoot of the budget: the ratio
-    // of estimate to program differs from plan to plan (the gpt_train model under load: a limit 0.3%
-    // lower gave a plan whose program needed 2.5% more), so rescaling from the budget alone can
-    // step back up to a plan already over.
-    if (!fits)
-      next = std::min({next, limit - 1,
-                       static_cast<int64_t>(static_cast<double>(limit) * static_cast<double>(budget) / program)});
+    if (!fits) ceiling = std::min(ceiling, limit);
+    // Rescaled by this plan's ratio of estimate to program, but never back to a limit whose plan's
+    // program was over the budget: the ratio differs from plan to plan, and a plan whose program
+    // fits with its estimate over the limit rescales the limit up.
+    const int64_t next = std::min(
+        ceiling - 1, static_cast<int64_t>(static_cast<double>(budget) * static_cast<double>(cur.peak_bytes) / program));
     if (next == limit || next <= 0) break;
     ap.problem.usage_limit = next;
     cur = solve_formulated(g, options, ap, strategies, classes, clock.next_solve());

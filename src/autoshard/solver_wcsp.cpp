@@ -54,11 +54,12 @@ struct WcspAnswer {
 WcspAnswer run_toulbar2(const std::string& exe, const std::string& wcsp, const std::string& sol, double seconds) {
   std::remove(sol.c_str());
   const int limit = std::max(1, static_cast<int>(std::floor(seconds)));
-  // toulbar2's own limit is whole seconds of CPU time; the wall clock is bounded around it (a
-  // loaded machine) and, under a second, to `seconds` itself: a small problem is often proven
+  // toulbar2's own limit is whole seconds of CPU time (at most `seconds`); the wall clock is cut
+  // a quarter second after `seconds` (a loaded machine), and under a second at `seconds`
+  // itself: a small problem is often proven
   // in a fraction of a second (the GPT-3 layer's forward on data=2,model=4,seq=4: 36 groups,
   // 0.25 s), and a run cut there leaves the solutions it wrote.
-  const double wall = seconds < 1 ? std::max(0.05, seconds) : limit + 2;
+  const double wall = seconds < 1 ? std::max(0.05, seconds) : seconds + 0.25;
   const std::string cmd =
       fmt::format("timeout -k 1 {:.3f} '{}' '{}' -timer={} -w='{}' 2>&1", wall, exe, wcsp, limit, sol);
   FILE* f = popen(cmd.c_str(), "r");
@@ -147,11 +148,15 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
   double best_lower = -std::numeric_limits<double>::infinity();
   double beta = 1.0;
   int since_better = 0;
+  double write_s = 0;  // the last problem file's writing
   bool optimal = false;
   for (int64_t it = 0; options.max_iterations < 0 || it < options.max_iterations; ++it) {
     if (options.stop != nullptr && options.stop->load()) break;
     const double left = options.time_limit_s - elapsed();
-    if (left < 0.1) break;
+    // Another file, its reading by toulbar2 and a search: the last file's writing twice over
+    // (written, then read) and a tenth of a second (the 51-MB file of a GPT training step on
+    // data=2,model=4,seq=4 took about 0.3 s to write).
+    if (left < 0.1 + 2 * write_s) break;
     // Each member's price: the sum of the prices over its live segments.
     std::vector<double> prefix(static_cast<std::size_t>(T) + 1, 0.0);
     for (int32_t t = 0; t < T; ++t) prefix[static_cast<std::size_t>(t) + 1] = prefix[static_cast<std::size_t>(t)] + price[static_cast<std::size_t>(t)];
@@ -178,6 +183,7 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     }
     // The file's upper bound: above every plan of finite cost (each group's and pair's largest
     // finite entry, summed); an infinite entry gets it, which the solver reads as forbidden.
+    const double write_start = elapsed();
     long double sum = 1;
     for (std::size_t g = 0; g < ng; ++g) {
       long long mx = 0;
@@ -217,6 +223,7 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
       }
       if (!f.flush()) throw Error(fmt::format("solve_wcsp: cannot write {}", wcsp));
     }
+    write_s = elapsed() - write_start;
     // What is left but a margin for the answer's repair and the caller (half a second, or a
     // fifth of a short limit).
     const WcspAnswer a = run_toulbar2(exe, wcsp, sol, left - std::min(0.5, 0.2 * left));

@@ -208,11 +208,12 @@ PiecePrice price_piece(PipelineStage& p, const Mesh& mesh, const CostModel& cost
       out.kept_bytes += lv.bytes();
     }
   }
+  // The kept activations: the forward's outputs named in `saved`, by the graph's output names
+  // (the program's own value may be a reshard of it under another name).
   const std::set<std::string> saved(p.saved.begin(), p.saved.end());
-  for (int v : fp.outputs) {
-    const LocalValue& lv = fp.values[static_cast<std::size_t>(v)];
-    if (saved.count(lv.name)) out.kept_bytes += lv.bytes();
-  }
+  for (std::size_t o = 0; o < fp.outputs.size() && o < p.forward.outputs.size(); ++o)
+    if (saved.count(p.forward.values[static_cast<std::size_t>(p.forward.outputs[o])].name))
+      out.kept_bytes += fp.values[static_cast<std::size_t>(fp.outputs[o])].bytes();
   return out;
 }
 

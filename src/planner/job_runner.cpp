@@ -46,7 +46,7 @@ JobRunner::JobRunner(const ModelJob& job, const Layout& layout, int kernel_threa
   o.micro = layout.micro;
   o.adamw = I.s.options.train.adamw;
   o.zero = layout.zero;
-  o.remat = layout.remat;  // as priced (model_job_profile.cpp): the stages keep their activations
+  o.remat = layout.remat;  // as priced (model_job_profile.cpp): none keeps each stage's activations, all recomputes
   o.data_axis = I.s.options.train.data_axis;
   I.pipeline.emplace(split_stages(I.s.model.graph, I.s.model.loss, I.s.model.weights, cuts), I.s.mesh, rp,
                      initial_params(job, I.s.model), o);

@@ -286,8 +286,21 @@ TEST_CASE("time_kernels and predict_program: a program's kernels timed as its de
     CHECK(between);
     CalibrationOptions free = o;
     free.sync_at_collectives = false;
-    CHECK(time_kernels(low2, 2, o).sequence_s > 0);
-    CHECK(time_kernels(low2, 2, free).sequence_s > 0);
+    const KernelTimes waited = time_kernels(low2, 2, o), straight = time_kernels(low2, 2, free);
+    CHECK(waited.sequence_s > 0);
+    CHECK(straight.sequence_s > 0);
+    CHECK(waited.sync_points == 1);  // the kernel after the all-reduce
+    CHECK(straight.sync_points == 0);
+    // Where the pass held the devices' rendezvous the collectives are priced by their bandwidth
+    // terms alone (their α is those waits); where it did not, in full.
+    CostModel c2;
+    c2.links["data"] = LinkSpec{5e-5, 1e9};
+    CostModel no_alpha = c2;
+    no_alpha.links["data"].alpha_s = 0;
+    no_alpha.default_link.alpha_s = 0;
+    CHECK(predict_program(low2, c2, &waited).comm_s == Approx(low2.comm_seconds(no_alpha)));
+    CHECK(predict_program(low2, c2, &straight).comm_s == Approx(low2.comm_seconds(c2)));
+    CHECK(low2.comm_seconds(c2) > low2.comm_seconds(no_alpha));
   }
   int64_t kernels = 0;
   for (const Instr& in : low.instrs) kernels += in.kind == InstrKind::Kernel;

@@ -454,11 +454,11 @@ TEST_CASE("autoshard: the Lagrangian relaxation on toulbar2 is exact without a l
     const TotalCost want = brute_force(p);
     if (want < 0) continue;
     SolveOptions o = budget(40, seed);
-    o.time_limit_s = 0.5;
+    o.time_limit_s = 0.9;  // under a second, with room for a loaded machine's process start
     const auto t0 = std::chrono::steady_clock::now();
     const SolveResult r = solve_wcsp(p, o);
     INFO("seed " << seed << " short case " << c);
-    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 2.0);
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 2.5);
     CHECK(r.status == SolveStatus::optimal);
     CHECK(cost_str(r.evaluation.cost) == cost_str(want));
   }

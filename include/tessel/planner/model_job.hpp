@@ -100,7 +100,8 @@ struct Layout {
 // layers, each stage's data x model as above over the micro-batch (micro = 2P, else P, micro-
 // batches of batch / micro rows that data divides), ZeRO 0..2 (0 without data), and of `remat`
 // none (each stage keeps the activations its backward reads) and all (each stage's backward
-// recomputes its forward: the least memory).
+// recomputes its forward: the least memory); none when `remat` lists neither (einsums is not
+// taken within a stage).
 std::vector<Layout> enumerate_layouts(const GptConfig& gpt, int32_t devices,
                                       const std::vector<RematPolicy>& remat = {RematPolicy::none, RematPolicy::all},
                                       bool pipeline = false);

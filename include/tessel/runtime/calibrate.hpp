@@ -111,8 +111,8 @@ DispatchCalibration calibrate_dispatch(Runtime& runtime, const Mesh& mesh, const
 // kernel instruction in program order over a memory laid out by the program's plan (its arena
 // and host pool; inputs, outputs and integer values apart, made up: floats in [0.5, 1),
 // integers 0), all released together (a pass ends when the last device ends: a device the cores
-// do not take at once waits, as in a step), `warmup` untimed passes then `iterations` timed
-// ones. The kernels' real
+// do not take at once waits, as in a step), untimed passes (at least `warmup` of them and for
+// at least `warmup_s`) then `iterations` timed ones. The kernels' real
 // rates at the program's local shapes (which the cost model's roofline does not know: a small
 // product, a layer norm's backward, an attention at a short sequence run far below the machine's
 // peak), their caches as the program leaves them, and the cores' sharing between devices are
@@ -126,13 +126,18 @@ struct KernelTimes {
   double sequence_s = 0;             // the median over the passes of the release to the last device's end
   int64_t kernels = 0;               // kernel instructions
   std::vector<std::string> untimed;  // "instruction #i (op): why" per kernel that could not run
+  // The devices' rendezvous in a pass (sync_at_collectives, several devices): one before each
+  // kernel that needs a collective's result. 0: the devices did not wait for each other.
+  int64_t sync_points = 0;
 };
 KernelTimes time_kernels(const Program& program, int64_t devices_at_once = 1, const CalibrationOptions& options = {});
 
 // One device's step time of a lowered program, term by term, at `cost`:
 //   compute   the kernels: timed (KernelTimes::sequence_s, when given: the sharing of cores
 //             is in it) or their roofline (times cost.compute_sharing), and the copies' roofline;
-//   comm      every collective at the links (Program::comm_seconds(cost));
+//   comm      every collective at the links (Program::comm_seconds(cost)); with kernels timed
+//             with the devices' rendezvous (KernelTimes::sync_points > 0), their bandwidth
+//             terms only: the pass holds the waits, which a link's α mostly is on shared cores;
 //   dispatch  cost.dispatch_seconds() per kernel, copy and collective;
 //   run       cost.run_s, once.
 // Terms add: the collectives are counted as if none overlapped (the CPU runtime runs a program's
