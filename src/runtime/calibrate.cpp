@@ -465,18 +465,6 @@ ProgramPrediction predict_program(const Program& p, const CostModel& cost, const
     out.compute_s += cost.op_seconds(in.kind == InstrKind::Kernel ? in.flops : 0.0, bytes);
   }
   out.comm_s = p.comm_seconds(cost);
-  // Kernels timed with the devices' rendezvous where the program needs a collective's result
-  // (sync_at_collectives): the pass holds those waits, as the machine overlaps them with the
-  // other devices' work, and a collective's own latency (the links' α: a tiny collective's time
-  // alone, on CPU devices sharing cores mostly waits for the others' threads) overlaps the same
-  // way; its data (the bandwidth term) is work the pass does not hold. Counting α too
-  // predicted the model=4 and data=2,model=2 training steps 9-13% slow on the 2-core VM.
-  if (timed && timed->sync_points > 0) {
-    CostModel bw = cost;
-    bw.default_link.alpha_s = 0;
-    for (auto& [axis, link] : bw.links) link.alpha_s = 0;
-    out.comm_s = p.comm_seconds(bw);
-  }
   out.dispatch_s = p.dispatch_seconds(cost);
   out.run_s = cost.run_s;
   out.launch_s = cost.launch_s;

@@ -291,16 +291,13 @@ TEST_CASE("time_kernels and predict_program: a program's kernels timed as its de
     CHECK(straight.sequence_s > 0);
     CHECK(waited.sync_points == 1);  // the kernel after the all-reduce
     CHECK(straight.sync_points == 0);
-    // Where the pass held the devices' rendezvous the collectives are priced by their bandwidth
-    // terms alone (their α is those waits); where it did not, in full.
+    // The collectives are priced in full either way, α too (bench/results/2026-12-04T0649: priced
+    // at their bandwidth terms alone, the hand layouts' many collectives came out 18% fast and
+    // the slower layouts ran in one round of five).
     CostModel c2;
     c2.links["data"] = LinkSpec{5e-5, 1e9};
-    CostModel no_alpha = c2;
-    no_alpha.links["data"].alpha_s = 0;
-    no_alpha.default_link.alpha_s = 0;
-    CHECK(predict_program(low2, c2, &waited).comm_s == Approx(low2.comm_seconds(no_alpha)));
+    CHECK(predict_program(low2, c2, &waited).comm_s == Approx(low2.comm_seconds(c2)));
     CHECK(predict_program(low2, c2, &straight).comm_s == Approx(low2.comm_seconds(c2)));
-    CHECK(low2.comm_seconds(c2) > low2.comm_seconds(no_alpha));
   }
   int64_t kernels = 0;
   for (const Instr& in : low.instrs) kernels += in.kind == InstrKind::Kernel;

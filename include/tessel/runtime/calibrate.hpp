@@ -135,9 +135,9 @@ KernelTimes time_kernels(const Program& program, int64_t devices_at_once = 1, co
 // One device's step time of a lowered program, term by term, at `cost`:
 //   compute   the kernels: timed (KernelTimes::sequence_s, when given: the sharing of cores
 //             is in it) or their roofline (times cost.compute_sharing), and the copies' roofline;
-//   comm      every collective at the links (Program::comm_seconds(cost)); with kernels timed
-//             with the devices' rendezvous (KernelTimes::sync_points > 0), their bandwidth
-//             terms only: the pass holds the waits, which a link's α mostly is on shared cores;
+//   comm      every collective at the links (Program::comm_seconds(cost)), its α too though
+//             the pass holds the devices' rendezvous (KernelTimes::sync_points): without it the
+//             hand layouts' many collectives were predicted 18% fast on the 2-core VM;
 //   dispatch  cost.dispatch_seconds() per kernel, copy and collective;
 //   run       cost.run_s, once.
 // Terms add: the collectives are counted as if none overlapped (the CPU runtime runs a program's
