@@ -6,13 +6,15 @@
 //                       [--dump-after=parse|propagate|partition]
 //                       [--run [--seed N] [--tolerance X] [--trace FILE]]
 //                       [--auto [--memory-budget BYTES] [--auto-seconds S]]
-//                       [--stages P [--microbatches M]]
+//                       [--stages P [--microbatches M] [--remat all|none]]
 //
 // --stages P cuts the graph (one micro-batch's forward with a scalar loss as its one output)
 // into P pipeline stages by the cost model (pipeline/auto_stages.hpp): the candidates are the
 // values nothing else crosses (single_value_cuts), each piece between them is priced, and the
 // least max stage time is chosen; prints each stage's cut value, pieces and predicted time, the
-// pipeline's step and the equal cut's, then exits.
+// pipeline's step and the equal cut's, then exits. --remat none prices stages that keep their
+// activations (their bytes per micro-batch in flight, a backward without recomputation), as
+// gpt_train runs them by default; all (the default here) stages that recompute their forward.
 //
 // --auto chooses the layout of every value the file does not annotate (automatic sharding,
 // tessel/autoshard/auto_shard.hpp), prints them as annotations with the predicted cost, the
@@ -145,7 +147,7 @@ std::vector<std::string> why_lines(const tessel::Graph& g, const std::vector<tes
 // shape is chosen too (every shape of the mesh's devices over its axes) within --memory-budget
 // per device, and each stage's layouts by automatic sharding for its shape (the file's own kept).
 int explain_stages(tessel::Graph& g, const tessel::Mesh& mesh, const tessel::CostModel& cost, int64_t stages,
-                   int64_t micro, bool shapes, int64_t budget, const std::string& file) {
+                   int64_t micro, bool shapes, int64_t budget, tessel::RematPolicy remat, const std::string& file) {
   if (g.outputs.size() != 1 || !g.values[static_cast<std::size_t>(g.outputs[0])].shape.empty() ||
       g.values[static_cast<std::size_t>(g.outputs[0])].dtype == tessel::DType::i32)
     throw tessel::Error(fmt::format("--stages: {} must have one output, a float scalar (the loss of one "
@@ -164,15 +166,16 @@ int explain_stages(tessel::Graph& g, const tessel::Mesh& mesh, const tessel::Cos
   for (const tessel::MeshAxis& a : mesh.axes()) axes.push_back(a.name);
   so.meshes = shapes ? tessel::mesh_shapes(mesh, axes) : std::vector<tessel::Mesh>{mesh};
   so.memory_budget_bytes = budget;
+  so.remat = remat;
   if (shapes) {  // --auto: each stage's layouts too, by automatic sharding for its shape (the file's kept)
     so.auto_shard = tessel::AutoShardOptions{};
     so.auto_shard->cost = cost;
     so.auto_shard->cost_figures = tessel::AutoShardOptions::CostFigures::Given;
   }
   const tessel::StageCut c = tessel::choose_stage_cuts(g, loss, params, candidates, stages, micro, so, cost);
-  fmt::print("== pipeline stages: {} of mesh {}, {} micro-batches; {} candidate cuts (values nothing else "
-             "crosses), {} pieces{}\n",
-             stages, mesh.to_string(), micro, candidates.size(), candidates.size() + 1,
+  fmt::print("== pipeline stages: {} of mesh {}, {} micro-batches, remat {}; {} candidate cuts (values nothing "
+             "else crosses), {} pieces{}\n",
+             stages, mesh.to_string(), micro, tessel::remat_policy_name(remat), candidates.size(), candidates.size() + 1,
              shapes ? fmt::format("; each stage's shape among {}{}", so.meshes.size(),
                                   budget > 0 ? fmt::format(", within {} bytes per device", budget) : std::string())
                     : std::string());
@@ -273,7 +276,8 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (opt.stages > 0)
-    return explain_stages(g, mesh, popts.cost, opt.stages, opt.microbatches, opt.auto_shard, opt.memory_budget, file);
+    return explain_stages(g, mesh, popts.cost, opt.stages, opt.microbatches, opt.auto_shard, opt.memory_budget,
+                          tessel::parse_remat_policy(opt.stage_remat), file);
   std::optional<tessel::AutoShardResult> auto_result;  // --auto: the plan, for its predictions below
   int64_t auto_ops = 0;
   if (opt.auto_shard) {

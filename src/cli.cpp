@@ -95,7 +95,7 @@ std::string usage_explain() {
          "                      [--collective-matmul auto|on|off] [--ring auto|uni|bi]\n"
          "                      [--run [--seed N] [--tolerance X] [--trace FILE]]\n"
          "                      [--auto [--memory-budget BYTES] [--auto-seconds S]]\n"
-         "                      [--stages P [--microbatches M]]\n"
+         "                      [--stages P [--microbatches M] [--remat all|none]]\n"
          "  --stages P     cut the graph (one micro-batch's forward ending in its one output, a\n"
          "                 float scalar loss; its float inputs the parameters) into P pipeline\n"
          "                 stages on the mesh by the cost model (docs/pipeline.md): prints each\n"
@@ -103,6 +103,9 @@ std::string usage_explain() {
          "                 step and bubble, and the equal cut's; with --auto also each stage's\n"
          "                 shape of the mesh's devices, within --memory-budget per stage\n"
          "  --microbatches M  --stages: the micro-batches of a step (default 8)\n"
+         "  --remat all|none  --stages: each stage's backward recomputes its forward (all, the\n"
+         "                 default) or the stage keeps the activations its backward reads (none,\n"
+         "                 as gpt_train's stages do by default: their bytes counted per stage)\n"
          "  --auto         choose every layout the file does not annotate (automatic sharding,\n"
          "                 docs/auto-sharding.md): prints the chosen layouts as annotations, the\n"
          "                 predicted cost and memory, and why, then explains the program as usual\n"
@@ -154,6 +157,7 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
     else if (is("--write-problem")) pending.push_back({"--write-problem", value("--write-problem")});
     else if (is("--stages")) pending.push_back({"--stages", value("--stages")});
     else if (is("--microbatches")) pending.push_back({"--microbatches", value("--microbatches")});
+    else if (is("--remat")) pending.push_back({"--remat", value("--remat")});
     else if (a == "--no-fusion") o.fusion = false;
     else if (a == "-h" || a == "--help") o.help = true;
     else if (is("--seed")) pending.push_back({"--seed", value("--seed")});
@@ -193,6 +197,10 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
       o.stages = parse_i64(p.flag, p.text, 1, 4096);
     } else if (p.flag == "--microbatches") {
       o.microbatches = parse_i64(p.flag, p.text, 1, 1 << 20);
+    } else if (p.flag == "--remat") {
+      if (p.text != "all" && p.text != "none")
+        throw UsageError(fmt::format("--remat {}: expected all or none (a pipeline stage does not take einsums)", p.text));
+      o.stage_remat = p.text;
     } else if (p.flag == "--device") {
       o.device = parse_i64(p.flag, p.text, 0, INT64_MAX);
     } else if (p.flag == "--links") {
@@ -233,7 +241,8 @@ ExplainOptions parse_explain_args(const std::vector<std::string>& args) {
         throw UsageError(fmt::format("{} needs --auto (it sets the automatic sharding's search)", p.flag));
   if (o.stages == 0)
     for (const Pending& p : pending)
-      if (p.flag == "--microbatches") throw UsageError("--microbatches needs --stages P (the pipeline's stage cuts)");
+      if (p.flag == "--microbatches" || p.flag == "--remat")
+        throw UsageError(fmt::format("{} needs --stages P (the pipeline's stage cuts)", p.flag));
   if (o.file.empty()) throw UsageError("no FILE given (a graph in the text form, docs/ir.md)");
   return o;
 }

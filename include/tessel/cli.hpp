@@ -61,6 +61,7 @@ struct ExplainOptions {
   std::string write_problem;        // --write-problem FILE (with --auto): the formulation in the IOPDDL contest's JSON
   int64_t stages = 0;               // --stages P: pipeline stage cuts by the cost model (pipeline/auto_stages.hpp)
   int64_t microbatches = 8;         // --microbatches M (with --stages): the step's micro-batches
+  std::string stage_remat = "all";  // --remat none|all (with --stages): the stages keep or recompute their activations
   bool help = false;       // -h / --help: print usage_explain() and exit 0
   bool fusion = true;      // false: --no-fusion (the fuse-elementwise pass changes nothing)
   bool seed_given = false;

@@ -49,6 +49,11 @@ TEST_CASE("cli args: every flag of tessel-explain", "[cli]") {
   CHECK(st.microbatches == 16);
   CHECK(parse_explain_args({"g.tsl"}).stages == 0);
   CHECK(usage_error({"g.tsl", "--microbatches", "8"}).find("--microbatches needs --stages P") != std::string::npos);
+  CHECK(st.stage_remat == "all");  // stages recompute their forward unless --remat none
+  CHECK(parse_explain_args({"g.tsl", "--stages", "2", "--remat", "none"}).stage_remat == "none");
+  CHECK(usage_error({"g.tsl", "--remat", "none"}).find("--remat needs --stages P") != std::string::npos);
+  CHECK(usage_error({"g.tsl", "--stages", "2", "--remat", "einsums"}).find("--remat einsums: expected all or none") !=
+        std::string::npos);
   CHECK(usage_error({"g.tsl", "--stages", "0"}).find("--stages") != std::string::npos);
   CHECK(parse_explain_args({"g.tsl", "--auto", "--write-problem", "p.json"}).write_problem == "p.json");
   CHECK(usage_error({"g.tsl", "--write-problem", "p.json"}).find("--write-problem needs --auto") != std::string::npos);
