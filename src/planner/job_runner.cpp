@@ -1,4 +1,4 @@
-// JobRunner (job_runner.hpp): the Trainer, or a PipelineTrainer for a pipeline layout.
+// JobRunner (job_runner.hpp): the Trainer, over one program or (pipeline_trainer) a pipeline.
 #include "job_runner.hpp"
 
 #include <fmt/format.h>
@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "tessel/pipeline/runner.hpp"
+#include "tessel/pipeline/trainer.hpp"
 #include "tessel/pipeline/stages.hpp"
 #include "tessel/runtime/make_runtime.hpp"
 
@@ -17,12 +18,10 @@ struct JobRunner::Impl {
   const ModelJob& job;
   Layout layout;
   ModelJobStep s;
-  // The Trainer's runtime and trainer, or the pipeline's runtimes and trainer (runtimes first:
-  // they outlive what runs on them).
+  // The runtimes (one, or one per pipeline stage) first: they outlive the Trainer that runs on
+  // them.
   std::vector<std::unique_ptr<Runtime>> runtimes;
   std::optional<Trainer> trainer;
-  std::optional<PipelineTrainer> pipeline;
-  int64_t steps = 0;  // the pipeline's steps done
 };
 
 JobRunner::JobRunner(const ModelJob& job, const Layout& layout, int kernel_threads)
@@ -33,7 +32,9 @@ JobRunner::JobRunner(const ModelJob& job, const Layout& layout, int kernel_threa
     I.trainer.emplace(I.s.model.graph, I.s.model.loss, I.s.model.weights, I.s.mesh, *I.runtimes[0], I.s.options);
     return;
   }
-  // Equal layers per stage, cut at the residual stream (gpt_train's pipeline).
+  // A Trainer over the pipeline (pipeline_trainer): equal layers per stage, cut at the residual
+  // stream (gpt_train's pipeline), 1F1B, each stage keeping or recomputing its activations as
+  // the layout says (TrainerOptions::train.remat, as priced).
   const int64_t P = layout.pipe;
   const std::vector<Tensor> cuts = equal_layer_cuts(I.s.model.checkpoints, job.gpt.layers, P);
   std::vector<Runtime*> rp;
@@ -41,74 +42,43 @@ JobRunner::JobRunner(const ModelJob& job, const Layout& layout, int kernel_threa
     I.runtimes.push_back(make_cpu_runtime({"threads", I.s.mesh, kernel_threads}));
     rp.push_back(I.runtimes.back().get());
   }
-  PipelineOptions o;
-  o.schedule = ScheduleKind::OneFOneB;
-  o.micro = layout.micro;
-  o.adamw = I.s.options.train.adamw;
-  o.zero = layout.zero;
-  o.remat = layout.remat;  // as priced (model_job_profile.cpp): none keeps each stage's activations, all recomputes
-  o.data_axis = I.s.options.train.data_axis;
-  I.pipeline.emplace(split_stages(I.s.model.graph, I.s.model.loss, I.s.model.weights, cuts), I.s.mesh, rp,
-                     initial_params(job, I.s.model), o);
+  PipelineOptions po;
+  po.schedule = ScheduleKind::OneFOneB;
+  po.micro = layout.micro;
+  TrainerOptions to = I.s.options;
+  to.train.checkpoints.clear();                 // a stage recomputes its whole forward, or keeps it
+  to.tokens_per_batch *= layout.micro;          // the model is one micro-batch's
+  const Mesh mesh = Mesh::parse(fmt::format("pipe={},{}", P, layout.mesh_spec()));
+  I.trainer.emplace(pipeline_trainer(I.s.model.graph, I.s.model.loss, I.s.model.weights, cuts, mesh, rp, to, po));
 }
 
 JobRunner::~JobRunner() = default;
 
-void JobRunner::init() {
-  Impl& I = *p_;
-  if (I.trainer) I.trainer->init(initial_params(I.job, I.s.model));
-  // The pipeline started from them (its constructor takes the initial values).
-}
+void JobRunner::init() { p_->trainer->init(initial_params(p_->job, p_->s.model)); }
 
-void JobRunner::restore(const CheckpointDir& dir, int64_t step) {
-  Impl& I = *p_;
-  if (I.trainer) {
-    I.trainer->restore_checkpoint(dir, step);
-    return;
-  }
-  I.pipeline->set_state(dir.read_all(step));
-  I.steps = step;
-}
+void JobRunner::restore(const CheckpointDir& dir, int64_t step) { p_->trainer->restore_checkpoint(dir, step); }
 
-void JobRunner::save(CheckpointDir& dir) {
-  Impl& I = *p_;
-  if (I.trainer) {
-    I.trainer->save_checkpoint(dir);
-    return;
-  }
-  dir.save(I.steps, I.pipeline->state(), I.s.mesh);
-}
+void JobRunner::save(CheckpointDir& dir) { p_->trainer->save_checkpoint(dir); }
 
-int64_t JobRunner::steps_done() const { return p_->trainer ? p_->trainer->steps_done() : p_->steps; }
+int64_t JobRunner::steps_done() const { return p_->trainer->steps_done(); }
 
 StepRecord JobRunner::step(int64_t k) {
   Impl& I = *p_;
   const std::vector<HostTensor> batch = model_job_batch(I.job, k);
-  if (I.trainer) return I.trainer->step(batch);
-  // The batch's rows in micro-batches, in order.
+  if (I.layout.pipe <= 1) return I.trainer->step(batch);
+  // The batch's rows in micro-batches, in order (each in batch_inputs' order: tokens, labels).
   const int64_t M = I.layout.micro, rows = batch[0].shape()[0] / M, S = batch[0].shape()[1];
-  std::vector<std::map<std::string, HostTensor>> micro;
+  std::vector<std::vector<HostTensor>> micro;
   for (int64_t m = 0; m < M; ++m) {
-    std::map<std::string, HostTensor> mb;
-    const char* names[] = {"tokens", "labels"};
+    std::vector<HostTensor> mb;
     for (std::size_t i = 0; i < 2; ++i) {
       HostTensor t(batch[i].dtype(), {rows, S});
       for (int64_t e = 0; e < rows * S; ++e) t.set(e, batch[i].get(m * rows * S + e));
-      mb.emplace(names[i], std::move(t));
+      mb.push_back(std::move(t));
     }
     micro.push_back(std::move(mb));
   }
-  const int64_t t = I.steps + 1;
-  const auto t0 = std::chrono::steady_clock::now();
-  const PipelineStepReport r = I.pipeline->step(micro, I.s.options.lr.at(t), t);
-  I.steps = t;
-  StepRecord rec;
-  rec.step = t;
-  rec.loss = r.loss;
-  rec.grad_norm = r.grad_norm;
-  rec.lr = I.s.options.lr.at(t);
-  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return rec;
+  return I.trainer->step(micro);
 }
 
 }  // namespace tessel::planner::detail

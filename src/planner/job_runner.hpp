@@ -1,8 +1,9 @@
 // Internal to the planner: a model job's layout run on CPU virtual devices (threads of this
 // process), the one place the trials and the pool runtime build what runs a layout: the Trainer
-// for a data x model layout, a PipelineTrainer (pipeline/runner.hpp: pipe runtimes of a stage's
-// devices each, the model cut into equal layers, 1F1B) for a pipeline. Both save and restore the
-// same checkpoint arrays (the parameters and AdamW moments by name), so a job moves between them.
+// for a data x model layout, the Trainer over a pipeline for a pipeline layout
+// (pipeline/trainer.hpp pipeline_trainer: pipe runtimes of a stage's devices each, the model cut
+// into equal layers, 1F1B, the layout's remat). Both save and restore the same checkpoint arrays
+// (the parameters and AdamW moments by name), so a job moves between them.
 #pragma once
 
 #include <cstdint>

@@ -212,7 +212,7 @@ class PoolRun {
     std::exception_ptr error;
     bool moved = false;
     try {
-      // The Trainer, or a PipelineTrainer for a pipeline layout (job_runner.hpp).
+      // The Trainer, over one program or a pipeline (job_runner.hpp).
       detail::JobRunner tr(job, Layout::parse(layout), o_.kernel_threads);
       std::unique_ptr<CheckpointDir> ck;
       if (!o_.checkpoint_dir.empty()) ck = std::make_unique<CheckpointDir>(o_.checkpoint_dir + "/" + job.name);

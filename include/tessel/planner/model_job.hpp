@@ -154,7 +154,7 @@ struct ProfileOptions {
   int kernel_threads = 1;               // ThreadRuntimeOptions::kernel_threads of the trials
   // Pipelines among the candidates (enumerate_layouts' pipeline layouts), priced by the stage
   // cut's prediction (pipeline/auto_stages.hpp: sum(t) + (M - 1) max(t) of the stages' forward
-  // and backward, the peak the largest stage's bytes) and timed through a PipelineTrainer.
+  // and backward, the peak the largest stage's bytes) and timed through the Trainer over a pipeline (pipeline_trainer).
   // tessel-plan sets it off under mpirun and on CUDA, where the pool does not run them yet.
   bool pipeline = true;
 };
