@@ -474,6 +474,30 @@ LoadedExecutable load(const CompiledProgram& exe, Runtime& rt, const LoadOptions
 
 // Enqueues the copies of input `input` on the transfer streams; `staged` keeps the host blocks
 // alive until the caller synchronises them.
+namespace {
+
+// Runs `enqueue` (host -> device copies put on the transfer streams of `local`, reading host
+// memory the caller owns) and, when it throws, waits for the copies it had already enqueued
+// before the error leaves: the host tensors and staged blocks they read die with the caller's
+// frame (a Trainer step whose batch was mistyped freed its scalars under a copy still in flight:
+// ASan, heap-use-after-free). A transfer that itself failed is not reported over the first error.
+template <class F>
+auto settle_on_error(DeviceThreads& local, F&& enqueue) -> decltype(enqueue()) {
+  try {
+    return enqueue();
+  } catch (...) {
+    for (int64_t d = 0; d < local.num_devices(); ++d) {
+      try {
+        local.transfer_stream(d).synchronize();
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
 ShardedArray LoadedExecutable::enqueue_to_device(std::size_t input, const HostTensor& user_global,
                                                  std::deque<HostTensor>& staged) const {
   impl_->check_input(input, "to_device");
@@ -509,14 +533,20 @@ ShardedArray LoadedExecutable::enqueue_to_device(std::size_t input, const HostTe
       blocks.push_back(std::move(t));
     }
   }
-  for (int64_t d = 0; d < n; ++d) {
-    const HostTensor& src = blocks.empty() ? global : blocks[d];
-    Backend& be = lr.backend(d);
-    std::shared_ptr<Buffer> b = allocate_input(be, src.bytes(), name, lv, pos[d]);
-    be.copy_from_host(*b, src.data(), src.bytes(), lr.transfer_stream(d));
-    bufs.push_back(std::move(b));
-  }
+  // The blocks go to `staged` (the caller's, alive until its copies are done) before any copy
+  // reads them; the device buffers are held outside the copies' loop, and a failure there waits
+  // for the copies already enqueued before they are freed.
+  const std::size_t first = staged.size();
   for (HostTensor& t : blocks) staged.push_back(std::move(t));
+  bufs.reserve(static_cast<std::size_t>(n));
+  settle_on_error(lr, [&] {
+    for (int64_t d = 0; d < n; ++d) {
+      const HostTensor& src = blocks.empty() ? global : staged[first + static_cast<std::size_t>(d)];
+      Backend& be = lr.backend(d);
+      bufs.push_back(allocate_input(be, src.bytes(), name, lv, pos[d]));
+      be.copy_from_host(*bufs.back(), src.data(), src.bytes(), lr.transfer_stream(d));
+    }
+  });
   ShardedArray a(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), pos, impl_->program.mesh);
   a.set_user_shape(impl_->user_in_shape(input));
   return a;
@@ -525,7 +555,7 @@ ShardedArray LoadedExecutable::enqueue_to_device(std::size_t input, const HostTe
 ShardedArray LoadedExecutable::to_device(std::size_t input, const HostTensor& global) const {
   Impl::Call call(*impl_, "to_device");
   std::deque<HostTensor> staged;  // a deque: staged blocks never move while copies read them
-  ShardedArray a = enqueue_to_device(input, global, staged);
+  ShardedArray a = settle_on_error(*impl_->local, [&] { return enqueue_to_device(input, global, staged); });
   for (int64_t d = 0; d < impl_->local->num_devices(); ++d) impl_->local->transfer_stream(d).synchronize();
   return a;
 }
@@ -539,7 +569,9 @@ std::vector<ShardedArray> LoadedExecutable::to_device(const std::vector<HostTens
   // costs a hand-off to each transfer stream's worker and back (about 10-30 us on a shared core).
   std::deque<HostTensor> staged;  // a deque: staged blocks never move while copies read them
   std::vector<ShardedArray> out;
-  for (std::size_t i = 0; i < globals.size(); ++i) out.push_back(enqueue_to_device(i, globals[i], staged));
+  settle_on_error(*impl_->local, [&] {
+    for (std::size_t i = 0; i < globals.size(); ++i) out.push_back(enqueue_to_device(i, globals[i], staged));
+  });
   for (int64_t d = 0; d < impl_->local->num_devices(); ++d) impl_->local->transfer_stream(d).synchronize();
   return out;
 }
@@ -551,7 +583,9 @@ std::map<std::string, ShardedArray> LoadedExecutable::to_device(const std::map<s
   std::deque<HostTensor> staged;
   std::map<std::string, ShardedArray> out;
   std::size_t k = 0;
-  for (const auto& [name, t] : named) out.emplace(name, enqueue_to_device(index[k++], t, staged));
+  settle_on_error(*impl_->local, [&] {
+    for (const auto& [name, t] : named) out.emplace(name, enqueue_to_device(index[k++], t, staged));
+  });
   for (int64_t d = 0; d < impl_->local->num_devices(); ++d) impl_->local->transfer_stream(d).synchronize();
   return out;
 }
@@ -589,12 +623,14 @@ ShardedArray LoadedExecutable::shards_to_device(std::size_t input, const std::ve
                                      type_str(t.dtype(), t.shape())));
   DeviceThreads& lr = *impl_->local;
   std::vector<std::shared_ptr<Buffer>> bufs;
-  for (int64_t d = 0; d < n; ++d) {
-    Backend& be = lr.backend(d);
-    std::shared_ptr<Buffer> b = allocate_input(be, shards[d].bytes(), name, lv, impl_->positions[d]);
-    be.copy_from_host(*b, shards[d].data(), shards[d].bytes(), lr.transfer_stream(d));
-    bufs.push_back(std::move(b));
-  }
+  bufs.reserve(static_cast<std::size_t>(n));
+  settle_on_error(lr, [&] {
+    for (int64_t d = 0; d < n; ++d) {
+      Backend& be = lr.backend(d);
+      bufs.push_back(allocate_input(be, shards[d].bytes(), name, lv, impl_->positions[d]));
+      be.copy_from_host(*bufs.back(), shards[d].data(), shards[d].bytes(), lr.transfer_stream(d));
+    }
+  });
   for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
   ShardedArray a(name, lv.dtype, lv.global_shape, lv.sharding, lv.shape, std::move(bufs), impl_->positions,
                  impl_->program.mesh);
@@ -643,13 +679,15 @@ void LoadedExecutable::write_to_shards(const ShardedArray& a, const std::vector<
   c.block = box.shape();
   c.elem_bytes = dtype_size(box.dtype());
   std::vector<std::shared_ptr<Buffer>> staging;
-  for (std::size_t i : locals) {
-    const int64_t d = static_cast<int64_t>(i);
-    Backend& be = lr.backend(d);
-    staging.push_back(be.allocate_host(box.bytes()));
-    be.copy_from_host(*staging.back(), box.data(), box.bytes(), lr.transfer_stream(d));
-    be.copy_block(*held.local(i), *staging.back(), c, lr.transfer_stream(d));
-  }
+  settle_on_error(lr, [&] {
+    for (std::size_t i : locals) {
+      const int64_t d = static_cast<int64_t>(i);
+      Backend& be = lr.backend(d);
+      staging.push_back(be.allocate_host(box.bytes()));
+      be.copy_from_host(*staging.back(), box.data(), box.bytes(), lr.transfer_stream(d));
+      be.copy_block(*held.local(i), *staging.back(), c, lr.transfer_stream(d));
+    }
+  });
   for (std::size_t i : locals) lr.transfer_stream(static_cast<int64_t>(i)).synchronize();
 }
 
@@ -665,11 +703,14 @@ std::vector<HostTensor> LoadedExecutable::shards_to_host(const ShardedArray& a) 
       throw RuntimeError(fmt::format("to_host: array {} is not an array of the devices {} of mesh {} held here",
                                      a.to_string(), shape_str(pos), mesh().to_string()));
     DeviceThreads& lr = *impl_->local;
-    for (int64_t d = 0; d < n; ++d) {
-      HostTensor t(a.dtype(), a.local_shape());
-      lr.backend(d).copy_to_host(t.data(), *held.local(static_cast<std::size_t>(d)), t.bytes(), lr.transfer_stream(d));
-      out.push_back(std::move(t));
-    }
+    out.reserve(static_cast<std::size_t>(n));  // a tensor is in `out` before its copy: alive until settled
+    settle_on_error(lr, [&] {  // the copies write into `out`'s tensors
+      for (int64_t d = 0; d < n; ++d) {
+        out.emplace_back(a.dtype(), a.local_shape());
+        HostTensor& t = out.back();
+        lr.backend(d).copy_to_host(t.data(), *held.local(static_cast<std::size_t>(d)), t.bytes(), lr.transfer_stream(d));
+      }
+    });
     for (int64_t d = 0; d < n; ++d) lr.transfer_stream(d).synchronize();
   }
   return impl_->rt->allgather_shards(mesh(), std::move(out));

@@ -294,3 +294,46 @@ TEST_CASE("runtime: destroying a loaded program while another thread runs it wai
   REQUIRE(r.outputs.size() == 1);
   CHECK(same_bits(checker.to_host(r.outputs[0]), want));
 }
+
+// A transfer of several inputs that fails on one of them (a mistyped tensor) returns only after
+// the copies it had already enqueued are done: the caller's tensors die with its frame. The race
+// itself needs a busy transfer stream: ASan caught it (heap-use-after-free in
+// CpuBackend::copy_from_host, a Trainer step of a mistyped batch having freed its scalars) once
+// in 8 runs of "trainer: errors name the parameter or the batch" beside 4 busy loops, and not in
+// 40 with the fix. Here: the error, and the program taking good inputs after it.
+TEST_CASE("runtime: to_device of several inputs failing on one waits for the copies it enqueued", "[runtime]") {
+  // Three 4-MB replicated inputs (copied straight from the caller's tensors) enqueue their
+  // copies before the mistyped fourth throws.
+  const Graph g = parse_graph(R"(
+mesh data=2
+%a = input f32[1024,1024] sharding=[{}, {}]
+%c = input f32[1024,1024] sharding=[{}, {}]
+%d = input f32[1024,1024] sharding=[{}, {}]
+%e = input f32[8,16]
+%y = add(%a, %c)
+%z = add(%y, %d)
+output %z
+output %e
+)", "four_inputs.tsl");
+  const Mesh mesh = Mesh::parse("data=2");
+  ThreadRuntime rt(2);
+  LoadedExecutable prog = load(compile(g, mesh), rt);
+  auto big = [] { return HostTensor(DType::f32, {1024, 1024}); };
+  for (int i = 0; i < 5; ++i) {
+    // The map and the vector are the callee's own (by value, as Trainer's inputs() takes its
+    // scalars): freed while the error leaves.
+    auto send = [&](std::map<std::string, HostTensor> named) { return prog.to_device(named); };
+    std::map<std::string, HostTensor> named;
+    for (const char* n : {"a", "c", "d"}) named[n] = big();
+    named["e"] = HostTensor(DType::f32, {8, 15});  // mistyped
+    CHECK_THROWS_WITH(send(std::move(named)), Catch::Contains("to_device: input #3 %e expects f32[8,16] but got f32[8,15]"));
+    auto send_all = [&](std::vector<HostTensor> all) { return prog.to_device(all); };
+    CHECK_THROWS_WITH(send_all({big(), big(), big(), HostTensor(DType::i32, {8, 16})}),
+                      Catch::Contains("%e expects f32[8,16]"));
+  }
+  // The program still takes good inputs afterwards.
+  std::map<std::string, HostTensor> good;
+  for (const char* n : {"a", "c", "d"}) good[n] = big();
+  good["e"] = HostTensor(DType::f32, {8, 16});
+  CHECK(prog.to_device(good).size() == 4);
+}
