@@ -272,10 +272,7 @@ int run(int argc, char** argv) {
   fmt::print("relative difference = {:.3g} ({})\n", rel, rel <= 1e-5 ? "ok, <= 1e-5" : "FAILED, > 1e-5");
   fmt::print("forward: {:.2f} ms, {:.0f} tokens/s (best of {})\n", best * 1e3, tokens / best, iters);
   if (predicted_s > 0) {  // the median, as the prediction's timed kernels are
-    std::vector<double> sorted = times;
-    std::sort(sorted.begin(), sorted.end());
-    const std::size_t h = sorted.size() / 2;
-    const double median = sorted.size() % 2 ? sorted[h] : 0.5 * (sorted[h - 1] + sorted[h]);
+    const double median = tessel::median(times);
     fmt::print("forward against the prediction: {:.2f} ms measured (median of {}), {:.2f} ms predicted for a run of "
                "resident inputs (measured / predicted {:.2f})\n",
                median * 1e3, iters, predicted_s * 1e3, median / predicted_s);

@@ -1097,10 +1097,7 @@ int run(int argc, char** argv) {
     // unevenly between the device threads (the 2-core VM, data=4: runs of 5 to 10 steps at
     // 1.35x), which the mean keeps and the prediction does not model.
     if (predicted_step > 0) {
-      std::vector<double> sorted = step_s;
-      std::sort(sorted.begin(), sorted.end());
-      const std::size_t h = sorted.size() / 2;
-      const double median_s = sorted.size() % 2 ? sorted[h] : 0.5 * (sorted[h - 1] + sorted[h]);
+      const double median_s = tessel::median(step_s);
       fmt::print("step time against the prediction: {:.2f} ms measured (median of steps {}..{}, mean {:.2f} ms), "
                  "{:.2f} ms predicted (measured / predicted {:.2f})\n",
                  median_s * 1e3, start + 2, steps, mean_s * 1e3, predicted_step * 1e3, median_s / predicted_step);

@@ -55,10 +55,9 @@ WcspAnswer run_toulbar2(const std::string& exe, const std::string& wcsp, const s
   std::remove(sol.c_str());
   const int limit = std::max(1, static_cast<int>(std::floor(seconds)));
   // toulbar2's own limit is whole seconds of CPU time (at most `seconds`); the wall clock is cut
-  // a quarter second after `seconds` (a loaded machine), and under a second at `seconds`
-  // itself: a small problem is often proven
-  // in a fraction of a second (the GPT-3 layer's forward on data=2,model=4,seq=4: 36 groups,
-  // 0.25 s), and a run cut there leaves the solutions it wrote.
+  // a quarter second after `seconds` (a loaded machine), and under a second at `seconds` itself:
+  // a small problem is often proven in a fraction of a second (the GPT-3 layer's forward on
+  // data=2,model=4,seq=4: 36 groups, 0.25 s), and a run cut there leaves the solutions it wrote.
   const double wall = seconds < 1 ? std::max(0.05, seconds) : seconds + 0.25;
   const std::string cmd =
       fmt::format("timeout -k 1 {:.3f} '{}' '{}' -timer={} -w='{}' 2>&1", wall, exe, wcsp, limit, sol);
@@ -110,16 +109,6 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
   const bool limited = problem.usage_limit.has_value() && T > 0;
   const double limit = limited ? static_cast<double>(*problem.usage_limit) : 0.0;
 
-  auto expand = [&](const std::vector<int32_t>& gplan) {
-    Plan plan(problem.nodes.size(), 0);
-    for (std::size_t g = 0; g < ng; ++g) {
-      const detail::Group& grp = c.groups[g];
-      for (std::size_t i = 0; i < grp.members.size(); ++i)
-        plan[static_cast<std::size_t>(grp.members[i])] =
-            grp.assign[static_cast<std::size_t>(gplan[g]) * grp.members.size() + i];
-    }
-    return plan;
-  };
   // The best feasible plan so far: the warm start's, if given.
   Plan best;
   TotalCost best_cost = 0;
@@ -196,7 +185,7 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     // Without a limit the file is the problem itself: the best plan so far (the warm start's)
     // bounds it from above, and toulbar2 prunes every branch that cannot beat it (the GPT
     // training step on data=2,model=4,seq=4, 260 groups: proven 1.46 s into a 5-s limit, 1.73 s
-    // without; most of the rest is writing and reading its 51-MB file).
+    // without; about 0.3 s of it writing its 51-MB file, 0.34 s toulbar2 reading and solving it).
     if (!limited && !best.empty() && best_cost + 1 < static_cast<TotalCost>(ub)) ub = static_cast<long long>(best_cost + 1);
     {
       std::ofstream f(wcsp);
@@ -241,7 +230,7 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     if (a.values.size() != ng) break;  // no solution within the time
     for (std::size_t g = 0; g < ng; ++g)
       if (a.values[g] < 0 || a.values[g] >= c.groups[g].num_strategies) throw Error("solve_wcsp: toulbar2's solution is out of range");
-    const Plan plan = expand(a.values);
+    const Plan plan = detail::expand_groups(problem, c, a.values);
     consider(plan);
     // A priced plan over the limit: the block moves repair it into the limit and polish it,
     // briefly (a tenth of what is left, at most 5 s); a better plan that fits is kept.

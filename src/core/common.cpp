@@ -1,11 +1,21 @@
-// Basic value types: dtype names and sizes, shape printing.
+// Basic value types: dtype names and sizes, shape printing, the median of timings.
 #include "tessel/core/common.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
 
 namespace tessel {
+
+double median(std::vector<double> values) {
+  if (values.empty()) throw Error("median: no values");
+  const std::size_t n = values.size();
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n / 2), values.end());
+  const double hi = values[n / 2];
+  if (n % 2) return hi;
+  return 0.5 * (*std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n / 2)) + hi);
+}
 
 const char* dtype_name(DType t) {
   switch (t) {

@@ -55,12 +55,6 @@ struct JobState {
 
 std::string ids(const std::vector<int32_t>& d) { return format_devices(d); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 class PoolRun {
  public:
   PoolRun(const std::vector<ModelJob>& jobs, const std::vector<JobProfile>& profiles, const Schedule& plan,

@@ -30,16 +30,6 @@
 
 namespace tessel {
 
-namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
-
 std::map<std::string, LinkSpec> LinkCalibration::links() const {
   std::map<std::string, LinkSpec> out;
   for (const auto& a : axes) out[a.axis] = a.link;

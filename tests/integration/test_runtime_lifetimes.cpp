@@ -315,8 +315,10 @@ mesh data=2
 output %z
 output %e
 )", "four_inputs.tsl");
+  const StreamMode mode = GENERATE(StreamMode::Async, StreamMode::Eager);
+  INFO("streams " << stream_mode_name(mode));
   const Mesh mesh = Mesh::parse("data=2");
-  ThreadRuntime rt(2);
+  ThreadRuntime rt(2, tessel_test::stream_options<ThreadRuntimeOptions>(mode));
   LoadedExecutable prog = load(compile(g, mesh), rt);
   auto big = [] { return HostTensor(DType::f32, {1024, 1024}); };
   for (int i = 0; i < 5; ++i) {

@@ -35,6 +35,9 @@ inline constexpr int64_t kMaxValueBytes = int64_t{1} << 50;
 // num_bytes(s, t), or a ShapeError naming `what`, the type and the bytes when it is over
 // kMaxValueBytes (or overflows).
 int64_t checked_value_bytes(const Shape& s, DType t, const std::string& what);
+// The middle of `values` (the mean of the two middle ones for an even count): what timings are
+// summarised by. Throws Error for no values.
+double median(std::vector<double> values);
 // "[8,16,32]"
 std::string shape_str(const Shape& s);
 // "f32[8,16,32]"
