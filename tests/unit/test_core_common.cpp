@@ -7,7 +7,7 @@
 
 using namespace tessel;
 
-TEST_CASE("median: the middle value, or the mean of the two middle ones; none is an error", "[unit]") {
+TEST_CASE("median: the middle value or the mean of the two middle ones and none is an error", "[unit]") {
   CHECK(median({3.0}) == 3.0);
   CHECK(median({5.0, 1.0, 3.0}) == 3.0);
   CHECK(median({4.0, 1.0, 3.0, 2.0}) == 2.5);  // unsorted, even: (2 + 3) / 2
