@@ -248,9 +248,16 @@ TEST_CASE("calibrate_dispatch: the runtime's cost per instruction and per run", 
   CHECK(d.resident_seconds > 0);
   CHECK(d.per_launch_s >= 0);
   CHECK(d.per_launch_s <= d.per_run_s);  // the run alone: no transfer
-  // The fit: the short chain's time is its run plus its instructions (when the long one took longer).
-  if (d.long_seconds > d.short_seconds)
-    CHECK(d.per_run_s + static_cast<double>(d.short_chain) * d.per_instruction_s == Approx(d.short_seconds));
+  // The fit: the short chain's time is its run plus its instructions (when the long one took longer);
+  // a noisy pair whose line crosses zero clamps the per-run cost at 0, and then the instructions
+  // alone already reach past the short chain's time.
+  const double fitted = d.per_run_s + static_cast<double>(d.short_chain) * d.per_instruction_s;
+  if (d.long_seconds > d.short_seconds) {
+    if (d.per_run_s > 0)
+      CHECK(fitted == Approx(d.short_seconds));
+    else
+      CHECK(fitted >= d.short_seconds);
+  }
   o.iterations = 0;
   CHECK_THROWS_WITH(calibrate_dispatch(rt, mesh, o), Catch::Contains("iterations"));
 }
