@@ -237,12 +237,12 @@ int main(int argc, char** argv) {
       }
     }
     const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::fprintf(stderr,
-                 "tessel-iopddl: %s: %s, cost %s, peak usage %lld at t=%lld, %lld steps, first feasible at "
-                 "%.2f s, done at %.2f s\n",
+    const std::string first_feasible =
+        r.first_feasible_s >= 0 ? fmt::format("first feasible at {:.2f} s", r.first_feasible_s + read_s) : "none feasible";
+    std::fprintf(stderr, "tessel-iopddl: %s: %s, cost %s, peak usage %lld at t=%lld, %lld steps, %s, done at %.2f s\n",
                  r.method.c_str(), status_name(r.status), cost_str(r.evaluation.cost).c_str(),
                  static_cast<long long>(r.evaluation.peak_usage), static_cast<long long>(r.evaluation.peak_time),
-                 static_cast<long long>(r.iterations), r.first_feasible_s + read_s, total_s);
+                 static_cast<long long>(r.iterations), first_feasible.c_str(), total_s);
     if (r.lower_bound >= 0 && r.evaluation.feasible())
       std::fprintf(stderr, "tessel-iopddl: lower bound %.0f: the plan costs at most %.4fx the optimum\n", r.lower_bound,
                    r.lower_bound > 0 ? static_cast<double>(r.evaluation.cost) / r.lower_bound : 1.0);

@@ -268,6 +268,62 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
   const std::vector<std::vector<double>> truth = group_costs(coarse);
   MinSum ms(coarse);
   r.best_cost = std::numeric_limits<double>::infinity();
+  // The plan x's usage per segment (usage[t]); whether it fits; a candidate when it does.
+  auto take = [&](const Plan& x) {
+    std::fill(usage.begin(), usage.end(), 0.0);
+    for (int32_t g = 0; g < n; ++g) {
+      const Group& grp = coarse.groups[g];
+      const std::size_t k = grp.members.size();
+      for (std::size_t i = 0; i < k; ++i) {
+        const int32_t v = grp.members[i];
+        const double u = static_cast<double>(problem.nodes[v].usage[grp.assign[x[g] * k + i]]);
+        usage[model.seg_lo[v]] += u;
+        usage[model.seg_hi[v]] -= u;
+      }
+    }
+    bool fits = true;
+    double run = 0;
+    for (int32_t t = 0; t < segments; ++t) {
+      run += usage[t];
+      usage[t] = run;
+      if (limited && run > limit) fits = false;
+    }
+    const double cost = ms.cost_of(truth, x);
+    if (fits && cost < kCap / 2 && cost < r.best_cost) {
+      r.best_cost = cost;
+      r.best = x;
+      r.found_at = r.iterations;
+      if (on_improvement) on_improvement(cost, r.iterations);
+    }
+  };
+  // unary = each group's cost plus, per member v, weight_of(v) x (its usage - zero_of(v)).
+  auto price_unary = [&](auto&& weight_of, auto&& zero_of) {
+    for (int32_t g = 0; g < n; ++g) {
+      const Group& grp = coarse.groups[g];
+      const std::size_t k = grp.members.size();
+      unary[g] = truth[g];
+      for (std::size_t i = 0; i < k; ++i) {
+        const int32_t v = grp.members[i];
+        const double w = weight_of(v);
+        if (w == 0) continue;
+        const int64_t zero = zero_of(v);
+        for (int32_t s = 0; s < grp.num_strategies; ++s)
+          unary[g][s] += w * static_cast<double>(problem.nodes[v].usage[grp.assign[s * k + i]] - zero);
+      }
+    }
+  };
+  // First, under a limit, penalty rounds: each node's own weight on its usage above its least,
+  // searched per node by bisection (PenaltyWeights), `iterations` solves from cold messages.
+  if (limited) {
+    PenaltyWeights weights(problem, model, price_base);
+    for (int it = 0; it < iterations && weights.at_risk() > 0; ++it) {
+      if (out_of_time && out_of_time()) return r;
+      ++r.iterations;
+      price_unary([&](int32_t v) { return weights.weight(v); }, [&](int32_t v) { return weights.least(v); });
+      take(ms.run(unary, passes));
+      weights.update(usage, limit);
+    }
+  }
   for (double beta : betas) {
     std::fill(lambda.begin(), lambda.end(), 0.0);
     ms.reset();
@@ -276,49 +332,14 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
       ++r.iterations;
       prefix[0] = 0;
       for (int32_t t = 0; t < segments; ++t) prefix[t + 1] = prefix[t] + lambda[t];
-      for (int32_t g = 0; g < n; ++g) {
-        const Group& grp = coarse.groups[g];
-        const std::size_t k = grp.members.size();
-        unary[g] = truth[g];
-        for (std::size_t i = 0; i < k; ++i) {
-          const int32_t v = grp.members[i];
-          const double price = prefix[model.seg_hi[v]] - prefix[model.seg_lo[v]];
-          if (price == 0) continue;
-          for (int32_t s = 0; s < grp.num_strategies; ++s)
-            unary[g][s] += price * static_cast<double>(problem.nodes[v].usage[grp.assign[s * k + i]]);
-        }
-      }
+      price_unary([&](int32_t v) { return prefix[model.seg_hi[v]] - prefix[model.seg_lo[v]]; },
+                  [](int32_t) { return int64_t{0}; });
       const Plan x = ms.run(unary, passes);
       // Without a limit, the bound of the messages (with one it is far from the optimum at
       // these prices and would cost a pass's time per iteration: not computed).
       const long double before = r.lower_bound;
       if (!limited && !coarse.clamped) r.lower_bound = std::max(r.lower_bound, ms.lower_bound(unary));
-      // Usage per segment (difference array over the members' spans).
-      std::fill(usage.begin(), usage.end(), 0.0);
-      for (int32_t g = 0; g < n; ++g) {
-        const Group& grp = coarse.groups[g];
-        const std::size_t k = grp.members.size();
-        for (std::size_t i = 0; i < k; ++i) {
-          const int32_t v = grp.members[i];
-          const double u = static_cast<double>(problem.nodes[v].usage[grp.assign[x[g] * k + i]]);
-          usage[model.seg_lo[v]] += u;
-          usage[model.seg_hi[v]] -= u;
-        }
-      }
-      bool fits = true;
-      double run = 0;
-      for (int32_t t = 0; t < segments; ++t) {
-        run += usage[t];
-        usage[t] = run;
-        if (limited && run > limit) fits = false;
-      }
-      const double cost = ms.cost_of(truth, x);
-      if (fits && cost < kCap / 2 && cost < r.best_cost) {
-        r.best_cost = cost;
-        r.best = x;
-        r.found_at = r.iterations;
-        if (on_improvement) on_improvement(cost, r.iterations);
-      }
+      take(x);
       if (!limited) {  // nothing to price: more passes only while they tighten the bound
         if (r.best.empty() || r.lower_bound >= static_cast<long double>(r.best_cost) - 0.5L ||
             r.lower_bound <= before + 1e-9L * std::fabs(static_cast<long double>(r.best_cost)))

@@ -163,8 +163,12 @@ namespace tessel::autoshard::detail {
 // decodes a plan, and moves every price by a subgradient step:
 //   lambda_t <- max(0, lambda_t + beta * price_base * (usage_t - limit) / limit).
 // The step size that works differs by instance (IOPDDL K wants beta ~0.1, Q ~0.5), so each beta
-// of `betas` gets `iterations` iterations from zero prices and cold messages. Every decoded
-// plan that fits the limit and has no infinite cost is a candidate; the cheapest is kept.
+// of `betas` gets `iterations` iterations from zero prices and cold messages. Before them,
+// under a limit, `iterations` penalty rounds: the unary costs raised by per-node weights on the
+// usage above each node's least, searched by bisection (PenaltyWeights); on IOPDDL R they found
+// plans fitting the limit at 0.99x the best known where the prices per segment ended at 1.13x.
+// Every decoded plan that fits the limit and has no infinite cost is a candidate; the cheapest
+// is kept.
 // Deterministic (no random choices); `out_of_time` is polled once per iteration.
 struct LagrangianResult {
   Plan best;                  // group plan; empty when no decoded plan fitted
@@ -180,5 +184,51 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
                                     const std::vector<double>& betas, int iterations, int passes, double price_base,
                                     const std::function<bool()>& out_of_time,
                                     const std::function<void(double cost, int64_t iteration)>& on_improvement);
+
+}  // namespace tessel::autoshard::detail
+
+namespace tessel::autoshard::detail {
+
+// Per-node penalty weights for the usage limit (penalties.cpp), searched per node by bisection:
+// IOPDDL's first-place entry turned the limit into such penalties and solved the priced problem
+// again and again. Strategy s of node v costs w_v * (usage_v(s) - least usage of v) on top of
+// its cost. A node live only where even the largest usages of everything live fit the limit is
+// never at risk and keeps w_v = 0; the others start at `base` (a typical cost per unit of
+// usage). After each solve, update() takes the plan's usage per segment: a node live on a
+// segment over the limit had too little weight (its lower bracket rises to it), any other had
+// enough (its upper bracket falls to it); the next weight is the middle of the bracket, or
+// twice the last while there is no upper bracket. A bracket that closed on a weight still too
+// low opens again upwards. Unlike the Lagrangian prices, the weights bound nothing: they steer
+// the priced solves towards plans that fit (IOPDDL V: the optimum, where the prices per
+// segment left plans 1.17x it; docs/auto-sharding.md, "Penalty rounds").
+class PenaltyWeights {
+ public:
+  PenaltyWeights(const Problem& problem, const Model& model, double base);
+  double weight(int32_t v) const { return weight_[static_cast<std::size_t>(v)]; }
+  int64_t least(int32_t v) const { return least_[static_cast<std::size_t>(v)]; }  // least finite usage
+  // What strategy s of node v pays: weight x usage above the node's least.
+  double penalty(const Problem& problem, int32_t v, int32_t s) const {
+    const double w = weight_[static_cast<std::size_t>(v)];
+    return w == 0 ? 0.0
+                  : w * static_cast<double>(problem.nodes[static_cast<std::size_t>(v)].usage[static_cast<std::size_t>(s)] -
+                                            least_[static_cast<std::size_t>(v)]);
+  }
+  // segment_usage[t]: the solved plan's usage on segment t (num_segments entries).
+  void update(const std::vector<double>& segment_usage, double limit);
+  int64_t at_risk() const { return at_risk_count_; }  // nodes with a weight
+
+ private:
+  const Model& model_;
+  std::vector<double> weight_, lo_, hi_;  // hi_ < 0: no upper bracket yet
+  std::vector<int64_t> least_;
+  std::vector<char> at_risk_;
+  int64_t at_risk_count_ = 0;
+  double base_ = 1.0;
+};
+
+// A typical cost per unit of usage: the median over nodes of (cost spread / usage spread) among
+// finite-cost strategies; 1 when no node trades one for the other (the scale of the Lagrangian
+// prices and of the penalty weights).
+double median_price_ratio(const Problem& problem);
 
 }  // namespace tessel::autoshard::detail

@@ -1,6 +1,7 @@
 // The anytime method for large strategy-selection problems (see tessel/autoshard/solver.hpp
-// and docs/auto-sharding.md). solve_anytime first runs the Lagrangian relaxation solved by
-// message passing (min_sum.cpp) and polishes its best plan that fits with the block moves
+// and docs/auto-sharding.md). solve_anytime first runs penalty rounds and the Lagrangian
+// relaxation, each priced problem solved by message passing (min_sum.cpp, penalties.cpp), and
+// polishes its best plan that fits with the block moves
 // below; only when no such plan turns up does it fall back to the two searches from the
 // least-memory and the cheapest starts.
 //
@@ -114,26 +115,7 @@ class Rng {
 
 constexpr double kInf = static_cast<double>(kInfiniteCost);
 
-// A typical cost per unit of usage: the median over nodes of (cost spread / usage spread) among
-// finite-cost strategies; 1 when no node trades one for the other.
-double median_price_ratio(const Problem& p) {
-  std::vector<double> ratios;
-  for (const Node& node : p.nodes) {
-    int64_t cmin = std::numeric_limits<int64_t>::max(), cmax = 0, umin = std::numeric_limits<int64_t>::max(),
-            umax = std::numeric_limits<int64_t>::min();
-    for (int32_t s = 0; s < node.num_strategies(); ++s) {
-      if (node.cost[s] >= kInfiniteCost) continue;
-      cmin = std::min(cmin, node.cost[s]);
-      cmax = std::max(cmax, node.cost[s]);
-      umin = std::min(umin, node.usage[s]);
-      umax = std::max(umax, node.usage[s]);
-    }
-    if (umax > umin && cmax > cmin) ratios.push_back(static_cast<double>(cmax - cmin) / static_cast<double>(umax - umin));
-  }
-  if (ratios.empty()) return 1.0;
-  std::nth_element(ratios.begin(), ratios.begin() + ratios.size() / 2, ratios.end());
-  return ratios[ratios.size() / 2];
-}
+using detail::median_price_ratio;
 
 class AnytimeSearch {
  public:

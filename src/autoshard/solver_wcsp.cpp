@@ -117,7 +117,7 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     if (!ev.feasible() || (!best.empty() && ev.cost >= best_cost)) return false;
     best = plan;
     best_cost = ev.cost;
-    result.trace.push_back({elapsed(), ev.cost, 0});
+    result.trace.push_back({elapsed(), ev.cost, result.iterations});  // the priced solve that found it (0: the warm start)
     if (result.first_feasible_s < 0) result.first_feasible_s = elapsed();
     if (options.on_improvement) options.on_improvement(result.trace.back());
     return true;
@@ -134,6 +134,10 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     for (int64_t x : c.pairs[p].cost)
       if (x < kInfiniteCost) pair_max[p] = std::max(pair_max[p], x);
   std::vector<double> price(static_cast<std::size_t>(std::max(T, 0)), 0.0);
+  // Penalty rounds (every other priced solve under a limit): each node's own weight on its usage
+  // above its least, searched per node by bisection (detail::PenaltyWeights).
+  detail::PenaltyWeights weights(problem, m, detail::median_price_ratio(problem));
+  int64_t penalty_rounds = 0;
   double best_lower = -std::numeric_limits<double>::infinity();
   double beta = 1.0;
   int since_better = 0;
@@ -146,7 +150,11 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     // (written, then read) and a tenth of a second (the 51-MB file of a GPT training step on
     // data=2,model=4,seq=4 took about 0.3 s to write).
     if (left < 0.1 + 2 * write_s) break;
-    // Each member's price: the sum of the prices over its live segments.
+    // Round 0 is the problem without prices; then, under a limit, penalty rounds and Lagrangian
+    // rounds take turns.
+    const bool penalty_round = limited && it % 2 == 1;
+    // Each member's price: the sum of the prices over its live segments (a Lagrangian round),
+    // or its own weight on its usage above its least (a penalty round).
     std::vector<double> prefix(static_cast<std::size_t>(T) + 1, 0.0);
     for (int32_t t = 0; t < T; ++t) prefix[static_cast<std::size_t>(t) + 1] = prefix[static_cast<std::size_t>(t)] + price[static_cast<std::size_t>(t)];
     std::vector<std::vector<long long>> unary(ng);
@@ -159,10 +167,13 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
           const int32_t v = grp.members[i];
           const double lam = prefix[static_cast<std::size_t>(m.seg_hi[static_cast<std::size_t>(v)])] -
                              prefix[static_cast<std::size_t>(m.seg_lo[static_cast<std::size_t>(v)])];
-          if (lam > 0)
-            extra += static_cast<double>(problem.nodes[static_cast<std::size_t>(v)]
-                                             .usage[static_cast<std::size_t>(grp.assign[static_cast<std::size_t>(s) * k + i])]) *
-                     lam;
+          const int64_t u =
+              problem.nodes[static_cast<std::size_t>(v)].usage[static_cast<std::size_t>(grp.assign[static_cast<std::size_t>(s) * k + i])];
+          if (penalty_round) {
+            extra += std::ceil(weights.penalty(problem, v, grp.assign[static_cast<std::size_t>(s) * k + i]));
+          } else if (lam > 0) {
+            extra += static_cast<double>(u) * lam;
+          }
         }
         const int64_t base = grp.cost[static_cast<std::size_t>(s)];
         const long long u = base >= kInfiniteCost ? kInfiniteCost
@@ -219,8 +230,12 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     ++result.iterations;
     double slack_priced = 0;  // sum over segments of price x limit
     for (double p : price) slack_priced += p * limit;
-    const double lower = static_cast<double>(a.lower) - slack_priced;
-    if (lower > best_lower + 1e-9) {
+    // A penalty round's optimum bounds nothing; a Lagrangian round's, less the prices times the
+    // limit, bounds the optimum from below (weak duality).
+    const double lower = penalty_round ? -std::numeric_limits<double>::infinity() : static_cast<double>(a.lower) - slack_priced;
+    if (penalty_round) {
+      ++penalty_rounds;
+    } else if (lower > best_lower + 1e-9) {
       best_lower = lower;
       since_better = 0;
     } else if (++since_better >= 3) {
@@ -247,9 +262,13 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     }
     if (std::getenv("TESSEL_WCSP_LOG") != nullptr) {
       const Evaluation ev = evaluate(problem, plan);
-      std::fprintf(stderr, "wcsp %lld: priced %lld%s, bound %.0f (best %.0f), plan %s peak %lld (limit %.0f) beta %g\n",
-                   static_cast<long long>(it), a.lower, a.proven ? " (optimum)" : "", lower, best_lower,
-                   cost_str(ev.cost).c_str(), static_cast<long long>(ev.peak_usage), limit, beta);
+      std::fprintf(stderr,
+                   "wcsp %lld%s at %.2f s: priced %lld%s, bound %.0f (best %.0f), plan %s peak %lld (limit %.0f), best plan %s, "
+                   "beta %g\n",
+                   static_cast<long long>(it), penalty_round ? " (penalties)" : "", elapsed(), a.lower,
+                   a.proven ? " (optimum)" : "", lower, best_lower,
+                   cost_str(ev.cost).c_str(), static_cast<long long>(ev.peak_usage), limit,
+                   best.empty() ? "none" : cost_str(best_cost).c_str(), beta);
     }
     if (!best.empty() && a.proven && best_lower >= static_cast<double>(best_cost) - 0.5) {
       optimal = true;
@@ -272,6 +291,12 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
       run += usage[static_cast<std::size_t>(t)];
       grad[static_cast<std::size_t>(t)] = run - limit;
       norm += grad[static_cast<std::size_t>(t)] * grad[static_cast<std::size_t>(t)];
+    }
+    if (penalty_round) {
+      std::vector<double> seg(static_cast<std::size_t>(T));
+      for (int32_t t = 0; t < T; ++t) seg[static_cast<std::size_t>(t)] = grad[static_cast<std::size_t>(t)] + limit;
+      weights.update(seg, limit);
+      continue;
     }
     if (norm <= 0) break;
     const double target = best.empty() ? std::max(1.0, 1.5 * std::fabs(lower)) : static_cast<double>(best_cost);
