@@ -269,7 +269,7 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
   MinSum ms(coarse);
   r.best_cost = std::numeric_limits<double>::infinity();
   // The plan x's usage per segment (usage[t]); whether it fits; a candidate when it does.
-  auto take = [&](const Plan& x) {
+  auto take = [&](const Plan& x, bool penalties) {
     std::fill(usage.begin(), usage.end(), 0.0);
     for (int32_t g = 0; g < n; ++g) {
       const Group& grp = coarse.groups[g];
@@ -289,7 +289,14 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
       if (limited && run > limit) fits = false;
     }
     const double cost = ms.cost_of(truth, x);
-    if (fits && cost < kCap / 2 && cost < r.best_cost) {
+    if (!fits || cost >= kCap / 2) return;
+    Plan& kind_best = penalties ? r.penalty_best : r.price_best;
+    double& kind_cost = penalties ? r.penalty_best_cost : r.price_best_cost;
+    if (cost < kind_cost) {
+      kind_cost = cost;
+      kind_best = x;
+    }
+    if (cost < r.best_cost) {
       r.best_cost = cost;
       r.best = x;
       r.found_at = r.iterations;
@@ -313,15 +320,21 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
     }
   };
   // First, under a limit, penalty rounds: each node's own weight on its usage above its least,
-  // searched per node by bisection (PenaltyWeights), `iterations` solves from cold messages.
+  // searched per node by bisection (PenaltyWeights), up to `iterations` solves from cold
+  // messages, ended early when a fifth of them in a row found no cheaper plan that fits (on
+  // IOPDDL T the rounds after its 40th found nothing and held the prices back by 30 s).
   if (limited) {
     PenaltyWeights weights(problem, model, price_base);
-    for (int it = 0; it < iterations && weights.at_risk() > 0; ++it) {
+    const int patience = std::max(10, iterations / 5);
+    int since_better = 0;
+    for (int it = 0; it < iterations && weights.at_risk() > 0 && since_better < patience; ++it) {
       if (out_of_time && out_of_time()) return r;
       ++r.iterations;
+      const double before = r.penalty_best_cost;
       price_unary([&](int32_t v) { return weights.weight(v); }, [&](int32_t v) { return weights.least(v); });
-      take(ms.run(unary, passes));
+      take(ms.run(unary, passes), true);
       weights.update(usage, limit);
+      since_better = r.penalty_best_cost < before ? 0 : since_better + 1;
     }
   }
   for (double beta : betas) {
@@ -339,7 +352,7 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
       // these prices and would cost a pass's time per iteration: not computed).
       const long double before = r.lower_bound;
       if (!limited && !coarse.clamped) r.lower_bound = std::max(r.lower_bound, ms.lower_bound(unary));
-      take(x);
+      take(x, false);
       if (!limited) {  // nothing to price: more passes only while they tighten the bound
         if (r.best.empty() || r.lower_bound >= static_cast<long double>(r.best_cost) - 0.5L ||
             r.lower_bound <= before + 1e-9L * std::fabs(static_cast<long double>(r.best_cost)))

@@ -179,6 +179,11 @@ struct LagrangianResult {
   long double lower_bound = -std::numeric_limits<long double>::infinity();
   int64_t iterations = 0;     // iterations run
   int64_t found_at = -1;      // iteration that found best
+  // The best plan of each kind of round (empty: none fitted): the search polishes both when
+  // they differ (the cheaper start is not always the better one to polish: IOPDDL K).
+  Plan penalty_best, price_best;
+  double penalty_best_cost = std::numeric_limits<double>::infinity();
+  double price_best_cost = std::numeric_limits<double>::infinity();
 };
 LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, const Coarse& coarse,
                                     const std::vector<double>& betas, int iterations, int passes, double price_base,

@@ -463,3 +463,61 @@ TEST_CASE("autoshard: the Lagrangian relaxation on toulbar2 is exact without a l
     CHECK(cost_str(r.evaluation.cost) == cost_str(want));
   }
 }
+
+TEST_CASE("autoshard: penalty weights are searched per node by bisection, only where memory can overflow",
+          "[autoshard]") {
+  // a and b overlap on [1,2), where both at their larger usage (10 + 10) pass the limit of 15;
+  // c is alone on [5,6), where nothing can overflow.
+  Problem p;
+  p.name = "penalties";
+  auto node = [](int64_t start, int64_t end) {
+    Node n;
+    n.live = {start, end};
+    n.cost = {0, 10};
+    n.usage = {10, 2};
+    return n;
+  };
+  p.nodes = {node(0, 2), node(1, 3), node(5, 6)};
+  p.usage_limit = 15;
+  const detail::Model m = detail::build_model(p);
+  REQUIRE(m.num_segments == 5);  // [0,1) [1,2) [2,3) [3,5) [5,6)
+  const double base = detail::median_price_ratio(p);
+  CHECK(base == Approx(10.0 / 8.0));  // cost spread over usage spread, the same for all three
+  detail::PenaltyWeights w(p, m, base);
+  CHECK(w.at_risk() == 2);
+  CHECK(w.weight(0) == Approx(base));
+  CHECK(w.weight(1) == Approx(base));
+  CHECK(w.weight(2) == 0);
+  CHECK(w.penalty(p, 0, 0) == Approx(base * 8));  // usage 10 against its least 2
+  CHECK(w.penalty(p, 0, 1) == 0);
+  CHECK(w.penalty(p, 2, 0) == 0);
+  // Both at 10 on [1,2): over the limit where a and b are live; no upper bracket yet, so doubled.
+  w.update({10, 20, 10, 0, 10}, 15);
+  CHECK(w.weight(0) == Approx(2 * base));
+  CHECK(w.weight(1) == Approx(2 * base));
+  CHECK(w.weight(2) == 0);
+  // A plan that fits: the weight was enough, the middle of [base, 2 base] next.
+  w.update({10, 12, 2, 0, 10}, 15);
+  CHECK(w.weight(0) == Approx(1.5 * base));
+  CHECK(w.weight(1) == Approx(1.5 * base));
+  // Over only on [0,1), where a is live and b is not: a's bracket rises, b's falls.
+  w.update({16, 12, 2, 0, 10}, 15);
+  CHECK(w.weight(0) == Approx(1.75 * base));
+  CHECK(w.weight(1) == Approx(1.25 * base));
+  // Still too low each time: a's bracket closes below 2 base, then opens upwards and grows past it.
+  bool grew = false;
+  for (int k = 0; k < 12 && !grew; ++k) {
+    w.update({16, 12, 2, 0, 10}, 15);
+    grew = w.weight(0) > 2 * base;
+  }
+  CHECK(grew);
+  // Penalty rounds alone (no Lagrangian step sizes) find a plan that fits, at the cost they report.
+  const detail::Coarse c = detail::build_coarse(p, m);
+  const detail::LagrangianResult r =
+      detail::lagrangian_min_sum(p, m, c, {}, 20, 2, base, nullptr, nullptr);
+  REQUIRE_FALSE(r.best.empty());
+  const Evaluation e = evaluate(p, detail::expand_groups(p, c, r.best));
+  CHECK(e.within_memory);
+  CHECK(static_cast<double>(e.cost) == Approx(r.best_cost));
+  CHECK(e.cost >= 10);  // the optimum: one of a and b at its smaller usage
+}

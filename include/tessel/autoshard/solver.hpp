@@ -89,6 +89,10 @@ SolveResult solve(const Problem& problem, const SolveOptions& options);
 // value, result.lower_bound) and a plan, kept when it fits. Optimal when the bound reaches the
 // best plan's cost (always without a usage limit, when toulbar2 finishes). For problems with
 // few groups but many strategies, whose integer program is too large for CBC (IOPDDL V).
+// Under a limit every other priced solve is a penalty round instead: each node's usage above its
+// least weighted by a weight of its own, searched by bisection (no bound; its plans steer towards
+// the limit: on V they reach the optimum the prices per segment did not). The trace's iteration
+// is the priced solve that found the plan (0: the warm start).
 // Reads options.time_limit_s, max_iterations (priced solves), warm_start (the first best plan),
 // stop and on_improvement. Throws Error when toulbar2 is not installed (wcsp_available()).
 // $TESSEL_WCSP_LOG set: a line per priced solve on stderr (its optimum, the bound, the plan).
