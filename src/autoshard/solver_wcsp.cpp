@@ -152,7 +152,7 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     if (left < 0.1 + 2 * write_s) break;
     // Round 0 is the problem without prices; then, under a limit, penalty rounds and Lagrangian
     // rounds take turns.
-    const bool penalty_round = limited && it % 2 == 1;
+    const bool penalty_round = limited && it % 2 == 1 && weights.at_risk() > 0;
     // Each member's price: the sum of the prices over its live segments (a Lagrangian round),
     // or its own weight on its usage above its least (a penalty round).
     std::vector<double> prefix(static_cast<std::size_t>(T) + 1, 0.0);
