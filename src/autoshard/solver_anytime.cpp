@@ -138,16 +138,21 @@ class AnytimeSearch {
   }
 
   SolveResult run() {
-    SolveResult r;
-    r.method = "anytime";
-    const Plan least = detail::least_memory_plan(p_);
-    const Evaluation start = evaluate(p_, least);
-    if (!start.within_memory) {  // nothing fits: the least-memory plan is the least bad
-      r.plan = least;
-      r.evaluation = start;
-      r.status = SolveStatus::infeasible;
-      r.seconds = elapsed();
-      return r;
+    begin();
+    advance(o_.time_limit_s, o_.max_iterations);
+    return finish();
+  }
+
+  // run() in three parts, so that a search can be paused and resumed (solve_anytime's trials of
+  // two starts continue the better search rather than start it again).
+  void begin() {
+    r_ = SolveResult{};
+    r_.method = "anytime";
+    least_ = detail::least_memory_plan(p_);
+    least_eval_ = evaluate(p_, least_);
+    if (!least_eval_.within_memory) {  // nothing fits: the least-memory plan is the least bad
+      hopeless_ = true;
+      return;
     }
     // Start: each group's strategy of least usage x time (or least cost) among those of
     // finite cost. It may not fit (a group cannot take every member's least usage at once,
@@ -163,33 +168,48 @@ class AnytimeSearch {
     best_cost_ = kInf;
     if (fits() && cur_ < kInf / 2) {
       best_cost_ = cur_;
-      note_improvement(r, 0);
+      note_improvement(r_, 0);
     }
+  }
+  // Moves until the deadline (seconds since the solve began; with max_steps < 0) or until
+  // max_steps moves in all, or the stop flag.
+  void advance(double deadline_s, int64_t max_steps) {
+    if (hopeless_) return;
     // Block sizes, drawn at random: single nodes, small trees, and trees as large as the
     // graph allows.
     const int32_t sizes[] = {1, 2, 4, 8, 16, 64, 256, 1024, n_};
-    int64_t visited = 0;
-    int64_t it = 0;
-    for (; o_.max_iterations < 0 || it < o_.max_iterations; ++it) {
-      if ((it & 7) == 0 && o_.stop != nullptr && o_.stop->load(std::memory_order_relaxed)) break;
-      if (o_.max_iterations < 0 && (it & 7) == 0 && elapsed() >= o_.time_limit_s) break;
+    for (; max_steps < 0 || it_ < max_steps; ++it_) {
+      if ((it_ & 7) == 0 && o_.stop != nullptr && o_.stop->load(std::memory_order_relaxed)) break;
+      if (max_steps < 0 && (it_ & 7) == 0 && elapsed() >= deadline_s) break;
       const int32_t root = static_cast<int32_t>(rng_.below(static_cast<uint32_t>(n_)));
       const int32_t size = sizes[rng_.below(sizeof(sizes) / sizeof(sizes[0]))];
       const bool was_infinite = cur_ >= kInf / 2;
       // Every other move grows a loose block (see block_move).
-      visited += block_move(root, std::max<int32_t>(1, size), (it & 1) != 0);
+      visited_ += block_move(root, std::max<int32_t>(1, size), (it_ & 1) != 0);
       // Sums near 10^18 are inexact in double: recount once the plan leaves the infinite costs.
       if (was_infinite && cur_ < kInf / 2) cur_ = total_cost();
       if (!fits()) raise_price(seg_.argmax());
       if (cur_ < best_cost_ - 0.5 && cur_ < kInf / 2 && fits()) {
         best_cost_ = cur_;
         pending_ = true;
-        note_improvement(r, it + 1);
+        note_improvement(r_, it_ + 1);
       }
-      if (visited >= n_) {  // a sweep: let prices of memory that is no longer tight fade
-        visited = 0;
+      if (visited_ >= n_) {  // a sweep: let prices of memory that is no longer tight fade
+        visited_ = 0;
         decay_prices();
       }
+    }
+  }
+  double best_cost() const { return best_cost_; }  // kInf: nothing that fits yet
+  int64_t steps() const { return it_; }
+  SolveResult finish() {
+    SolveResult r = r_;
+    if (hopeless_) {
+      r.plan = least_;
+      r.evaluation = least_eval_;
+      r.status = SolveStatus::infeasible;
+      r.seconds = elapsed();
+      return r;
     }
     if (pending_) best_ = x_;
     r.plan = expand(best_);
@@ -198,12 +218,12 @@ class AnytimeSearch {
     if (!r.evaluation.feasible()) {
       // No group plan ever fitted: the node plan of least memory fits (checked above) and is
       // the answer when it has no infinite cost; otherwise the search found nothing.
-      r.plan = least;
-      r.evaluation = start;
-      r.status = start.feasible() ? SolveStatus::feasible : SolveStatus::unknown;
-      if (start.feasible()) note_improvement_of(r, start.cost, it);
+      r.plan = least_;
+      r.evaluation = least_eval_;
+      r.status = least_eval_.feasible() ? SolveStatus::feasible : SolveStatus::unknown;
+      if (least_eval_.feasible()) note_improvement_of(r, least_eval_.cost, it_);
     }
-    r.iterations = it;
+    r.iterations = it_;
     r.seconds = elapsed();
     return r;
   }
@@ -503,6 +523,11 @@ class AnytimeSearch {
   Plan x_, best_;
   double cur_ = 0, best_cost_ = 0;
   bool pending_ = false;  // x_ is better than best_ (copied lazily, before it gets worse)
+  SolveResult r_;          // the trace so far (begin .. finish)
+  Plan least_;
+  Evaluation least_eval_;
+  bool hopeless_ = false;  // not even the least-memory plan fits
+  int64_t it_ = 0, visited_ = 0;
   // The current block.
   std::vector<int32_t> block_, parent_, parent_pair_, touched_, changed_, new_x_;
   std::vector<char> in_block_;
@@ -611,9 +636,10 @@ SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
     if (!lr.best.empty()) {
       // Polish with the block moves from the relaxation's plan, for the rest of the time. When
       // the penalty rounds and the prices each found a plan that fits, and they differ, both
-      // are polished for a tenth of what is left and the better result for the rest: the
-      // cheaper start is not always the better one (on IOPDDL K the penalty rounds' plan,
-      // 3.12e9, polished to 2.32e9 in 180 s, where the prices' 3.30e9 had reached 2.23e9).
+      // are polished for a tenth of what is left and the better search goes on for the rest:
+      // the cheaper start is not always the better one (on IOPDDL K the penalty rounds' plan,
+      // 3.12e9, polished to 2.32e9 in 180 s, where the prices' 3.41e9 reaches 2.23e9), and a
+      // search started again from the winner's plan lost its state (K 2.1% higher).
       TotalCost reported = lag.trace.back().cost;
       std::vector<TracePoint> trace = lag.trace;  // and each better plan of the polishing searches
       auto polish_options = [&](double deadline_s, int64_t steps) {
@@ -638,41 +664,22 @@ SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
                           false, *starts[0])
                 .run();
       } else {
+        // Each start's search runs for a tenth of what is left (or of the steps), then the
+        // better one goes on from where it stopped for the rest.
         const int64_t trial_steps = options.max_iterations < 0 ? -1 : options.max_iterations / 10;
-        int64_t steps = 0;
-        SolveResult trial;
-        bool have_trial = false;  // (a default Evaluation reads as feasible)
-        for (const Plan* start : starts) {
-          const double deadline = elapsed() + 0.1 * std::max(0.0, options.time_limit_s - elapsed());
-          SolveResult t =
-              AnytimeSearch(problem, polish_options(deadline, trial_steps), t0, model, coarse, false, *start).run();
-          steps += t.iterations;
-          if (t.evaluation.feasible() && (!have_trial || t.evaluation.cost < trial.evaluation.cost)) {
-            trial = std::move(t);
-            have_trial = true;
-          }
-        }
-        // The better trial's plan over the groups (a group's strategies are its root's).
-        Plan group_plan = *starts[0];
-        for (std::size_t g = 0; have_trial && g < coarse.groups.size(); ++g) {
-          const detail::Group& grp = coarse.groups[g];
-          const std::size_t k = grp.members.size();
-          for (int32_t st = 0; st < grp.num_strategies; ++st)
-            if (grp.assign[static_cast<std::size_t>(st) * k] == trial.plan[static_cast<std::size_t>(grp.members[0])]) {
-              group_plan[g] = st;
-              break;
-            }
-        }
-        r = AnytimeSearch(problem,
-                          polish_options(options.time_limit_s,
-                                         options.max_iterations < 0 ? -1 : options.max_iterations - 2 * trial_steps),
-                          t0, model, coarse, false, group_plan)
-                .run();
-        r.iterations += steps;
-        if (have_trial && (!r.evaluation.feasible() || trial.evaluation.cost < r.evaluation.cost)) {
-          r.plan = trial.plan;
-          r.evaluation = trial.evaluation;
-        }
+        const SolveOptions po = polish_options(options.time_limit_s, options.max_iterations);
+        AnytimeSearch a(problem, po, t0, model, coarse, false, *starts[0]);
+        AnytimeSearch b(problem, po, t0, model, coarse, false, *starts[1]);
+        a.begin();
+        a.advance(elapsed() + 0.1 * std::max(0.0, options.time_limit_s - elapsed()), trial_steps);
+        b.begin();
+        b.advance(elapsed() + 0.1 * std::max(0.0, options.time_limit_s - elapsed()), trial_steps);
+        AnytimeSearch& better = b.best_cost() < a.best_cost() ? b : a;
+        const AnytimeSearch& other = &better == &a ? b : a;
+        better.advance(options.time_limit_s,
+                       options.max_iterations < 0 ? -1 : options.max_iterations - trial_steps);
+        r = better.finish();
+        r.iterations += other.steps();
       }
       r.trace = std::move(trace);
       r.first_feasible_s = lag.first_feasible_s;

@@ -464,7 +464,7 @@ TEST_CASE("autoshard: the Lagrangian relaxation on toulbar2 is exact without a l
   }
 }
 
-TEST_CASE("autoshard: penalty weights are searched per node by bisection, only where memory can overflow",
+TEST_CASE("autoshard: penalty weights are searched per node by bisection and only where memory can overflow",
           "[autoshard]") {
   // a and b overlap on [1,2), where both at their larger usage (10 + 10) pass the limit of 15;
   // c is alone on [5,6), where nothing can overflow.
