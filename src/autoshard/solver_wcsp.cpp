@@ -137,7 +137,6 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
   // Penalty rounds (every other priced solve under a limit): each node's own weight on its usage
   // above its least, searched per node by bisection (detail::PenaltyWeights).
   detail::PenaltyWeights weights(problem, m, detail::median_price_ratio(problem));
-  int64_t penalty_rounds = 0;
   double best_lower = -std::numeric_limits<double>::infinity();
   double beta = 1.0;
   int since_better = 0;
@@ -165,15 +164,15 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
         double extra = 0;
         for (std::size_t i = 0; i < k; ++i) {
           const int32_t v = grp.members[i];
+          const int32_t vs = grp.assign[static_cast<std::size_t>(s) * k + i];
+          if (penalty_round) {
+            extra += std::ceil(weights.penalty(problem, v, vs));
+            continue;
+          }
           const double lam = prefix[static_cast<std::size_t>(m.seg_hi[static_cast<std::size_t>(v)])] -
                              prefix[static_cast<std::size_t>(m.seg_lo[static_cast<std::size_t>(v)])];
-          const int64_t u =
-              problem.nodes[static_cast<std::size_t>(v)].usage[static_cast<std::size_t>(grp.assign[static_cast<std::size_t>(s) * k + i])];
-          if (penalty_round) {
-            extra += std::ceil(weights.penalty(problem, v, grp.assign[static_cast<std::size_t>(s) * k + i]));
-          } else if (lam > 0) {
-            extra += static_cast<double>(u) * lam;
-          }
+          if (lam > 0)
+            extra += static_cast<double>(problem.nodes[static_cast<std::size_t>(v)].usage[static_cast<std::size_t>(vs)]) * lam;
         }
         const int64_t base = grp.cost[static_cast<std::size_t>(s)];
         const long long u = base >= kInfiniteCost ? kInfiniteCost
@@ -233,12 +232,10 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
     // A penalty round's optimum bounds nothing; a Lagrangian round's, less the prices times the
     // limit, bounds the optimum from below (weak duality).
     const double lower = penalty_round ? -std::numeric_limits<double>::infinity() : static_cast<double>(a.lower) - slack_priced;
-    if (penalty_round) {
-      ++penalty_rounds;
-    } else if (lower > best_lower + 1e-9) {
+    if (!penalty_round && lower > best_lower + 1e-9) {
       best_lower = lower;
       since_better = 0;
-    } else if (++since_better >= 3) {
+    } else if (!penalty_round && ++since_better >= 3) {
       beta *= 0.5;
       since_better = 0;
     }
