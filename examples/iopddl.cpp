@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
     search_done = true;
     if (monitor.joinable()) monitor.join();
     if (race) {
+      const double search_bound = r.lower_bound;
       const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
                                      read_s + options.time_limit_s));
       std::unique_lock<std::mutex> lock(mu);
@@ -233,8 +234,9 @@ int main(int argc, char** argv) {
         r.method = exact_done ? (use_wcsp ? "anytime beside Lagrangian + WCSP (toulbar2), which found nothing better"
                                           : "anytime beside exact (CBC), which found nothing better")
                               : (use_wcsp ? "anytime (toulbar2 still running)" : "anytime (CBC still running)");
-        if (exact_done && exact_result.lower_bound >= 0) r.lower_bound = exact_result.lower_bound;
       }
+      // Each method's bound is proven: the greater holds.
+      r.lower_bound = std::max(search_bound, exact_done ? exact_result.lower_bound : -1.0);
     }
     const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
     const std::string first_feasible =
@@ -246,6 +248,9 @@ int main(int argc, char** argv) {
     if (r.lower_bound >= 0 && r.evaluation.feasible())
       std::fprintf(stderr, "tessel-iopddl: lower bound %.0f: the plan costs at most %.4fx the optimum\n", r.lower_bound,
                    r.lower_bound > 0 ? static_cast<double>(r.evaluation.cost) / r.lower_bound : 1.0);
+    else if (r.evaluation.feasible())
+      std::fprintf(stderr, "tessel-iopddl: no lower bound was proven within the limit (the gap to the optimum is "
+                           "unknown; a longer limit gives the bound's thread more time)\n");
     if (r.status == SolveStatus::infeasible)
       std::fprintf(stderr, "tessel-iopddl: %s: no plan fits the usage limit%s; printing the plan of least memory\n",
                    path.c_str(), r.evaluation.uses_infinite ? " without an infinite cost" : "");

@@ -175,7 +175,7 @@ struct LagrangianResult {
   double best_cost = 0;       // its cost (double)
   // Without a usage limit, the best lower bound on the coarse problem's optimum
   // (MinSum::lower_bound after each iteration; solve_anytime tightens it by diffusion_bound);
-  // -inf: none (a usage limit, or a clamped cost in the coarse problem).
+  // -inf: none (a usage limit: see lagrangian_bound; or a clamped cost in the coarse problem).
   long double lower_bound = -std::numeric_limits<long double>::infinity();
   int64_t iterations = 0;     // iterations run
   int64_t found_at = -1;      // iteration that found best
@@ -184,11 +184,27 @@ struct LagrangianResult {
   Plan penalty_best, price_best;
   double penalty_best_cost = std::numeric_limits<double>::infinity();
   double price_best_cost = std::numeric_limits<double>::infinity();
+  // Under a limit, the prices per segment each step size ended at (the last one's possibly cut
+  // short by the time): where lagrangian_bound looks for the dual's value.
+  std::vector<std::vector<double>> final_prices;
 };
 LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, const Coarse& coarse,
                                     const std::vector<double>& betas, int iterations, int passes, double price_base,
                                     const std::function<bool()>& out_of_time,
                                     const std::function<void(double cost, int64_t iteration)>& on_improvement);
+
+// The Lagrangian dual's value at scale x `prices` (one per time segment, each >= 0): the least cost of
+// the priced problem (each group strategy's cost plus, per member, its usage times the sum of
+// the prices over its live segments), bounded from below by min-sum diffusion from zero for up
+// to `sweeps` sweeps (fewer once 4 gain under 1e-7 of the costs) or until out_of_time(), less
+// limit x (sum of the prices), less a margin for
+// rounding. A lower bound on the coarse problem's optimum within the usage limit whatever the
+// prices (weak duality), on the coarse costs (a plan's own cost differs by a constant). -inf
+// without a limit or over clamped costs. (The messages' own bound after two passes a price,
+// MinSum::lower_bound, is useless here: -2.6e9 on IOPDDL B, whose optimum is 5.3e5.)
+long double lagrangian_bound(const Problem& problem, const Model& model, const Coarse& coarse,
+                             const std::vector<double>& prices, double scale, int sweeps,
+                             const std::function<bool()>& out_of_time);
 
 }  // namespace tessel::autoshard::detail
 

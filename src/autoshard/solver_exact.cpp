@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <tuple>
 
@@ -203,6 +204,7 @@ SolveResult solve_exact(const Problem& problem, const SolveOptions& options) {
   SolveResult result;
   result.method = "exact (CBC)";
   bool proven_infeasible = false, proven_optimal = true;
+  long double cbc_bound = -1;  // CBC's, on the problem's costs (-1: none)
   const double* sol = nullptr;
   std::unique_ptr<Cbc_Model, CbcDeleter> model;
   if (num_cols > 0) {  // else every group has one strategy: nothing to choose
@@ -245,6 +247,25 @@ SolveResult solve_exact(const Problem& problem, const SolveOptions& options) {
     // Read back whatever CBC holds unless it proved infeasibility, and keep it only when the
     // exact evaluation says it is feasible (a time limit may leave a non-integral vector).
     if (!proven_infeasible) sol = Cbc_getColSolution(model.get());
+    // CBC's best bound (its search tree's least open node; the LP's value at the root) bounds
+    // the program's optimum; the program leaves out the costs of groups without a choice (pairs
+    // with them were folded into the other side), a constant added back. Over clamped sums
+    // (add_cost) the program's objective is not the problem's: no bound then.
+    // CBC reports min(its bound, its incumbent) and starts its bound at +infinity until the root
+    // LP is solved: a value not below the incumbent proves nothing unless CBC proved optimality,
+    // and a search abandoned for numerical trouble proves nothing at all.
+    const double best_possible = Cbc_getBestPossibleObjValue(model.get());
+    const int cbc_status = Cbc_status(model.get());
+    if (!proven_infeasible && !proven_optimal && !coarse.clamped && (cbc_status == 0 || cbc_status == 1) &&
+        Cbc_isAbandoned(model.get()) == 0 && std::isfinite(best_possible) && std::fabs(best_possible) < 1e300 &&
+        best_possible < Cbc_getObjValue(model.get()) - 0.5) {
+      long double constant = 0;
+      for (int32_t g = 0; g < ng; ++g)
+        if (x_col[g] < 0) constant += static_cast<long double>(coarse.groups[g].cost[0]);
+      const long double lb = static_cast<long double>(best_possible) + constant;
+      // (costs are integers; CBC's own tolerances on the LP allow a margin)
+      cbc_bound = std::ceil(lb - 0.5L - 1e-9L * std::fabs(lb));
+    }
   }
   bool have_plan = false;
   if (sol != nullptr || num_cols == 0) {
@@ -269,6 +290,8 @@ SolveResult solve_exact(const Problem& problem, const SolveOptions& options) {
     result.evaluation = evaluate(problem, result.plan);
     result.status = proven_infeasible || fixed_infinite || num_cols == 0 ? SolveStatus::infeasible : SolveStatus::unknown;
   }
+  if (result.status == SolveStatus::optimal) result.lower_bound = static_cast<double>(result.evaluation.cost);
+  else if (cbc_bound >= 0 && !fixed_infinite) result.lower_bound = static_cast<double>(cbc_bound);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (result.evaluation.feasible()) {
     result.first_feasible_s = result.seconds;

@@ -123,6 +123,7 @@ TEST_CASE("autoshard: the exact solver's optimum equals brute force on random pr
       REQUIRE(r.status == SolveStatus::optimal);
       CHECK(r.evaluation.feasible());
       CHECK(cost_str(r.evaluation.cost) == cost_str(want));
+      CHECK(r.lower_bound == static_cast<double>(want));  // proven: the bound is the optimum
       // Started from the anytime search's plan (or from a plan that does not fit): the same
       // optimum.
       SolveOptions warm = budget(-1, seed);
@@ -180,7 +181,7 @@ TEST_CASE("autoshard: the anytime relaxation's lower bound never passes the opti
   const int n_cases = tessel_test::cases(80);
   tessel_test::announce("autoshard: anytime lower bound <= optimum", seed, n_cases);
   std::mt19937_64 rng(seed);
-  int unlimited = 0, proven = 0, bounded = 0;
+  int unlimited = 0, proven = 0, bounded = 0, bounded_limited = 0;
   for (int c = 0; c < n_cases; ++c) {
     Shape shape;
     shape.tree = c % 2 == 0;
@@ -193,6 +194,7 @@ TEST_CASE("autoshard: the anytime relaxation's lower bound never passes the opti
     if (want < 0) continue;
     if (r.lower_bound >= 0) {
       ++bounded;
+      bounded_limited += shape.limit ? 1 : 0;  // the Lagrangian dual's (lagrangian_bound)
       CHECK(r.lower_bound <= static_cast<double>(want));
     }
     if (r.status == SolveStatus::optimal) CHECK(cost_str(r.evaluation.cost) == cost_str(want));
@@ -201,9 +203,60 @@ TEST_CASE("autoshard: the anytime relaxation's lower bound never passes the opti
       if (r.status == SolveStatus::optimal) ++proven;
     }
   }
-  INFO("proven optimal on " << proven << " of " << unlimited << " without a limit; a bound on " << bounded);
+  INFO("proven optimal on " << proven << " of " << unlimited << " without a limit; a bound on " << bounded << ", "
+                              << bounded_limited << " of them under a limit");
   CHECK(bounded > 0);
+  CHECK(bounded_limited > 0);
   CHECK(proven * 10 >= unlimited * 7);
+}
+
+TEST_CASE("autoshard: the Lagrangian dual's bound under a limit never passes the optimum at any prices",
+          "[autoshard]") {
+  // detail::lagrangian_bound at random prices and scales (weak duality: any prices >= 0), on the
+  // coarse costs plus the constant a plan's own cost differs by: at most the brute-force
+  // optimum within the limit; and the prices count: on some problems a bound at prices is above
+  // the one at scale 0 (the problem without its limit).
+  const uint64_t seed = tessel_test::seed();
+  const int n_cases = tessel_test::cases(60);
+  tessel_test::announce("autoshard: Lagrangian dual bound <= optimum", seed, n_cases);
+  std::mt19937_64 rng(seed);
+  int checked = 0, priced_higher = 0;
+  for (int c = 0; c < n_cases; ++c) {
+    Shape shape;
+    shape.tree = c % 2 == 0;
+    shape.infinite = c % 5 == 4;
+    const Problem p = random_problem(rng, 3 + c % 6, 4, shape);
+    INFO("seed " << seed << " case " << c);
+    const TotalCost want = brute_force(p);
+    if (want < 0) continue;
+    const detail::Model m = detail::build_model(p);
+    const detail::Coarse coarse = detail::build_coarse(p, m);
+    if (coarse.clamped) continue;
+    // The constant: the optimal plan's own cost less its cost on the coarse problem.
+    const detail::LagrangianResult lr = detail::lagrangian_min_sum(p, m, coarse, {0.5}, 20, 2, 1.0, nullptr, nullptr);
+    if (lr.best.empty()) continue;
+    const long double constant =
+        static_cast<long double>(evaluate(p, detail::expand_groups(p, coarse, lr.best)).cost) - lr.best_cost;
+    std::vector<double> prices(static_cast<std::size_t>(m.num_segments));
+    const double top = std::uniform_real_distribution<double>(0.0, 20.0)(rng);
+    for (double& x : prices) x = std::uniform_real_distribution<double>(0.0, top)(rng);
+    const long double unpriced = detail::lagrangian_bound(p, m, coarse, prices, 0.0, 200, nullptr) + constant;
+    CHECK(unpriced <= static_cast<long double>(want) + 1e-6L);
+    for (double scale : {0.05, 0.3, 1.0}) {
+      const long double b = detail::lagrangian_bound(p, m, coarse, prices, scale, 200, nullptr) + constant;
+      INFO("scale " << scale << " bound " << static_cast<double>(b) << " optimum " << cost_str(want));
+      CHECK(b <= static_cast<long double>(want) + 1e-6L);
+      priced_higher += b > unpriced + 0.5L ? 1 : 0;
+    }
+    for (const std::vector<double>& final_prices : lr.final_prices) {  // the relaxation's own prices
+      const long double b = detail::lagrangian_bound(p, m, coarse, final_prices, 1.0, 200, nullptr) + constant;
+      CHECK(b <= static_cast<long double>(want) + 1e-6L);
+    }
+    ++checked;
+  }
+  INFO("checked " << checked << ", a bound at prices above the unpriced one " << priced_higher << " times");
+  CHECK(checked * 2 >= n_cases);
+  CHECK(priced_higher > 0);
 }
 
 TEST_CASE("autoshard: the same problem and seed and step budget give the same plan", "[autoshard]") {
@@ -225,16 +278,20 @@ TEST_CASE("autoshard: the same problem and seed and step budget give the same pl
 TEST_CASE("autoshard: solve() ends with the exact method on small problems", "[autoshard]") {
   const Problem p = read_iopddl(std::string(TESSEL_SOURCE_DIR) + "/../shared/benchmarks/iopddl/example.json");
   SolveOptions o;
-  o.time_limit_s = 2;  // 0.2 s of anytime search, then CBC
+  o.time_limit_s = 2;  // 0.2 s of anytime search, then CBC (unless the search's bound proves its plan)
   const SolveResult r = solve(p, o);
-  CHECK(r.method == "anytime, then exact (CBC)");
+  CHECK((r.method == "anytime, then exact (CBC)" ||
+         r.method == "anytime (its relaxation's bound proves the plan optimal)"));
   CHECK(r.status == SolveStatus::optimal);
   CHECK(r.plan == Plan{0, 0, 2, 1, 0});
   CHECK(cost_str(r.evaluation.cost) == "445");
   o.exact_max_variables = 0;
   o.max_iterations = 2000;
   const SolveResult any = solve(p, o);
-  CHECK(any.method == "anytime");
+  // (the step budget fixes the dual's sweeps: its bound, 445 here, proves the plan every run)
+  CHECK(any.method == "anytime (its relaxation's bound proves the plan optimal)");
+  CHECK(any.status == SolveStatus::optimal);
+  CHECK(any.lower_bound == 445.0);
   CHECK(cost_str(any.evaluation.cost) == "445");
 }
 
