@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
         // start: IOPDDL P was proven optimal in 51 s with it, 224 s without.
         SolveOptions wo = eo;
         wo.time_limit_s = std::min(10.0, 0.1 * options.time_limit_s);
+        wo.bound_under_limit = false;  // (a plan to start from; the search beside bounds the optimum)
         const auto w0 = Clock::now();
         eo.warm_start = solve_anytime(problem, wo).plan;
         // 80% of the time: CBC overran its limit by up to 45 s, and an incumbent it returns
@@ -245,12 +246,12 @@ int main(int argc, char** argv) {
                  r.method.c_str(), status_name(r.status), cost_str(r.evaluation.cost).c_str(),
                  static_cast<long long>(r.evaluation.peak_usage), static_cast<long long>(r.evaluation.peak_time),
                  static_cast<long long>(r.iterations), first_feasible.c_str(), total_s);
-    if (r.lower_bound >= 0 && r.evaluation.feasible())
+    if (r.lower_bound > 0 && r.evaluation.feasible())
       std::fprintf(stderr, "tessel-iopddl: lower bound %.0f: the plan costs at most %.4fx the optimum\n", r.lower_bound,
-                   r.lower_bound > 0 ? static_cast<double>(r.evaluation.cost) / r.lower_bound : 1.0);
+                   static_cast<double>(r.evaluation.cost) / r.lower_bound);
     else if (r.evaluation.feasible())
-      std::fprintf(stderr, "tessel-iopddl: no lower bound was proven within the limit (the gap to the optimum is "
-                           "unknown; a longer limit gives the bound's thread more time)\n");
+      std::fprintf(stderr, "tessel-iopddl: no lower bound above zero was proven within the limit (the gap to the "
+                           "optimum is unknown; a longer limit gives the bound's thread more time)\n");
     if (r.status == SolveStatus::infeasible)
       std::fprintf(stderr, "tessel-iopddl: %s: no plan fits the usage limit%s; printing the plan of least memory\n",
                    path.c_str(), r.evaluation.uses_infinite ? " without an infinite cost" : "");

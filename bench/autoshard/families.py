@@ -33,14 +33,15 @@ def run(cmd, **kw):
 
 
 def solve(bin_dir, path, seconds):
-    """tessel-iopddl FILE SECONDS: (cost, status, peak, wall seconds)."""
+    """tessel-iopddl FILE SECONDS: (cost, status, peak, wall seconds, proven lower bound or None)."""
     t0 = time.time()
     r = run([f"{bin_dir}/tessel-iopddl", path, f"{seconds:g}"])
     wall = time.time() - t0
     m = re.search(r"tessel-iopddl: [^:]+: (\w+), cost (\d+), peak usage (\d+)", r.stderr)
     if r.returncode != 0 or not m:
         raise SystemExit(f"tessel-iopddl {path} {seconds}: no answer (exit {r.returncode}):\n{r.stderr[-2000:]}")
-    return int(m.group(2)), m.group(1), int(m.group(3)), wall
+    b = re.search(r"tessel-iopddl: lower bound (\d+):", r.stderr)
+    return int(m.group(2)), m.group(1), int(m.group(3)), wall, int(b.group(1)) if b else None
 
 
 def problem_nodes(path):
@@ -201,38 +202,48 @@ def main():
     if "perturbed" in fams:
         insts += perturbed_instances(a.bin, work, a.instances_dir, [int(s) for s in a.seeds.split(",")],
                                      a.perturb.split(","))
-    runs = []  # (family, name, nodes, limit, cost@limit, status, wall, cost@scaled, status)
+    runs = []  # (family, name, nodes, limit, cost@limit, status, wall, cost@scaled, status, bound@limit, bound@scaled)
     for fam, name, path, limit in insts:
         n = problem_nodes(path)
-        c1, s1, _, w1 = solve(a.bin, path, limit)
-        c2, s2, _, _ = solve(a.bin, path, limit * a.scale)
-        runs.append((fam, name, n, limit, c1, s1, w1, c2, s2))
-        print(f"{fam},\"{name}\",{n},{limit:g},{c1},{s1},{w1:.2f},{c2},{s2}", flush=True)
+        c1, s1, _, w1, b1 = solve(a.bin, path, limit)
+        c2, s2, _, _, b2 = solve(a.bin, path, limit * a.scale)
+        runs.append((fam, name, n, limit, c1, s1, w1, c2, s2, b1, b2))
+        print(f"{fam},\"{name}\",{n},{limit:g},{c1},{s1},{w1:.2f},{c2},{s2},{b1},{b2}", flush=True)
     # The reference: the least cost any run found for the instance; an unconstrained instance
     # also takes its budgeted copy's (a plan within a limit is a plan without one).
     best = {}
-    for fam, name, n, limit, c1, s1, w1, c2, s2 in runs:
+    for fam, name, n, limit, c1, s1, w1, c2, s2, b1, b2 in runs:
         best[name] = min(c1, c2)
     rows = []
     with open(os.path.join(a.out, "runs.csv"), "w") as csv:
         csv.write("family,instance,nodes,limit_s,cost_at_limit,status_at_limit,wall_at_limit_s,"
-                  "cost_at_scaled,status_at_scaled,reference,ratio\n")
-        for fam, name, n, limit, c1, s1, w1, c2, s2 in runs:
+                  "cost_at_scaled,status_at_scaled,reference,ratio,bound_at_limit,bound_at_scaled,gap_at_limit\n")
+        for fam, name, n, limit, c1, s1, w1, c2, s2, b1, b2 in runs:
             ref = best[name]
             if fam == "own":
                 for other, v in best.items():
                     if other.startswith(name + " limit="):
                         ref = min(ref, v)
             ratio = c1 / ref if ref > 0 else 1.0
-            rows.append((fam, name, ratio, s1, s2))
-            csv.write(f"{fam},\"{name}\",{n},{limit:g},{c1},{s1},{w1:.2f},{c2},{s2},{ref},{ratio:.6f}\n")
+            # The gap the user saw at the limit: the cost over the bound printed there (a bound of
+            # this instance only: a budgeted copy's bound does not bound the instance without one).
+            gap = c1 / b1 if b1 else None
+            if b1 is not None and b1 > ref or b2 is not None and b2 > ref:
+                raise SystemExit(f"{name}: a lower bound ({b1}, {b2}) above a plan's cost ({ref}): a wrong bound")
+            rows.append((fam, name, ratio, s1, s2, gap))
+            csv.write(f"{fam},\"{name}\",{n},{limit:g},{c1},{s1},{w1:.2f},{c2},{s2},{ref},{ratio:.6f},"
+                      f"{'' if b1 is None else b1},{'' if b2 is None else b2},{'' if gap is None else f'{gap:.6f}'}\n")
     with open(os.path.join(a.out, "summary.txt"), "w") as f:
         for fam in sorted({r[0] for r in rows}):
             rs = [r[2] for r in rows if r[0] == fam]
             proven = sum(1 for r in rows if r[0] == fam and "optimal" in (r[3], r[4]))
+            at_limit = sum(1 for r in rows if r[0] == fam and r[3] == "optimal")
+            gaps = [r[5] for r in rows if r[0] == fam and r[5] is not None]
+            gap_text = (f"a bound printed at the limit on {len(gaps)}: cost / bound median {statistics.median(gaps):.4f}, "
+                        f"worst {max(gaps):.4f}" if gaps else "no bound printed at the limit")
             s = (f"{fam}: {len(rs)} instances, ratio at the limit / reference: median {statistics.median(rs):.4f}, "
                  f"worst {max(rs):.4f}; {sum(1 for x in rs if x <= 1.0 + 1e-12)} at the reference; "
-                 f"{proven} proven optimal by a run")
+                 f"{at_limit} proven optimal at the limit, {proven} by a run; {gap_text}")
             print(s)
             f.write(s + "\n")
 

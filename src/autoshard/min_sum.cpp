@@ -382,18 +382,23 @@ long double lagrangian_bound(const Problem& problem, const Model& model, const C
   const int32_t segments = model.num_segments;
   std::vector<long double> prefix(segments + 1, 0.0L);
   for (int32_t t = 0; t < segments; ++t) prefix[t + 1] = prefix[t] + std::max(0.0, scale * prices[t]);
+  if (out_of_time && out_of_time()) return -std::numeric_limits<long double>::infinity();
   std::vector<std::vector<double>> unary = group_costs(coarse);
   long double magnitude = 0;  // of the priced costs, for the margin below
+  std::vector<long double> priced_row;
   for (int32_t g = 0; g < n; ++g) {
     const Group& grp = coarse.groups[g];
     const std::size_t k = grp.members.size();
+    // Summed in long double, rounded to a double once per entry.
+    priced_row.assign(unary[g].begin(), unary[g].end());
     for (std::size_t i = 0; i < k; ++i) {
       const int32_t v = grp.members[i];
       const long double price = prefix[model.seg_hi[v]] - prefix[model.seg_lo[v]];
       if (price == 0) continue;
       for (int32_t s = 0; s < grp.num_strategies; ++s)
-        unary[g][s] += static_cast<double>(price * static_cast<long double>(problem.nodes[v].usage[grp.assign[s * k + i]]));
+        priced_row[s] += price * static_cast<long double>(problem.nodes[v].usage[grp.assign[s * k + i]]);
     }
+    for (int32_t s = 0; s < grp.num_strategies; ++s) unary[g][s] = static_cast<double>(priced_row[s]);
     long double most = 0;
     for (double u : unary[g])
       if (u < kCap / 2) most = std::max(most, static_cast<long double>(std::fabs(u)));  // (finite costs)
@@ -404,7 +409,7 @@ long double lagrangian_bound(const Problem& problem, const Model& model, const C
   // (diffusion stops when 4 sweeps gain less than 1e-7 of the costs' magnitude)
   const long double priced = ms.diffusion_bound(unary, sweeps, 1e-7L * (magnitude + paid),
                                                 std::numeric_limits<long double>::infinity(), out_of_time);
-  // Each priced cost was rounded to a double (a relative 2^-53) and the sums are in long
+  // Each priced cost was rounded to a double once (a relative 2^-53) and the sums are in long
   // double: 1e-12 of the costs' magnitude covers both.
   return priced - paid - 1e-12L * (magnitude + paid);
 }

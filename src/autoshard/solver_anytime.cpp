@@ -548,15 +548,14 @@ class AnytimeSearch {
 // The Lagrangian dual's bound under a usage limit (detail::lagrangian_bound at the prices each
 // step size of the relaxation ended at, the last first), computed beside the block moves on a
 // thread of its own, once it has a first bound at the lowest priority (nice 19 on Linux: it takes
-// a core the search leaves idle and little of a busy one). It stops at `deadline_s`; otherwise with a step budget each price gets
-// a fixed count of sweeps and finish() waits for them (the same bound every run that ends
-// them within the limit; the plan does not depend on it), without one it runs until finish().
+// a core the search leaves idle and little of a busy one). It stops at `deadline_s` or
+// finish(), after the sweep it is in. Not run with a step budget (SolveOptions::bound_under_limit).
 class BoundThread {
  public:
   BoundThread(const Problem& problem, const detail::Model& model, const detail::Coarse& coarse,
-              std::vector<std::vector<double>> prices, Clock::time_point t0, double deadline_s, bool budget,
+              std::vector<std::vector<double>> prices, Clock::time_point t0, double deadline_s,
               const std::atomic<bool>* stop)
-      : thread_([this, &problem, &model, &coarse, prices = std::move(prices), t0, deadline_s, budget, stop] {
+      : thread_([this, &problem, &model, &coarse, prices = std::move(prices), t0, deadline_s, stop] {
           // At the normal priority until it has a bound above zero, or for 10% of the limit, so
           // that a bound comes even where the search and CBC keep every core busy (IOPDDL D at 5 s
           // on 2 cores printed none in 2 runs of 3 at nice 19 throughout: a value took 1.1 s there
@@ -576,7 +575,7 @@ class BoundThread {
           };
           auto out_of_time = [&] {
             lower_priority();
-            if (done_.load(std::memory_order_relaxed) && !budget) return true;
+            if (done_.load(std::memory_order_relaxed)) return true;
             if (stop != nullptr && stop->load(std::memory_order_relaxed)) return true;
             return std::chrono::duration<double>(Clock::now() - t0).count() >= deadline_s;
           };
@@ -584,10 +583,11 @@ class BoundThread {
           // maximum, and often overshoot it (IOPDDL G: a dual of -4.2e4 at its last prices):
           // along each ray of prices the dual is concave, searched by golden section over the
           // scale in [0, 1.5] (five steps after the scale 1).
-          const int sweeps = budget ? 50 : 1 << 20;
           for (auto it = prices.rbegin(); it != prices.rend() && !out_of_time(); ++it) {
             auto dual = [&](double scale) {
-              const long double d = detail::lagrangian_bound(problem, model, coarse, *it, scale, sweeps, out_of_time);
+              // (nothing more once the search has ended: each value builds the priced problem first)
+              if (out_of_time()) return -std::numeric_limits<long double>::infinity();
+              const long double d = detail::lagrangian_bound(problem, model, coarse, *it, scale, 1 << 20, out_of_time);
               best = std::max(best, d);
               return d;
             };
@@ -614,7 +614,7 @@ class BoundThread {
   BoundThread(const BoundThread&) = delete;
   BoundThread& operator=(const BoundThread&) = delete;
   ~BoundThread() { finish(); }
-  // Stops the sweeps (unless a step budget fixes them) and returns the best bound (-inf: none).
+  // Stops the sweeps and returns the best bound (-inf: none).
   long double finish() {
     done_ = true;
     if (thread_.joinable()) thread_.join();
@@ -728,10 +728,10 @@ SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
     // Under a limit, the dual's bound, computed beside the polishing (it stops at 97% of the
     // limit, or when the polishing ends, after the sweep it is in).
     std::unique_ptr<BoundThread> dual_bound;
-    if (problem.usage_limit && !lr.best.empty() && !lr.final_prices.empty() && !coarse.clamped)
+    if (problem.usage_limit && options.bound_under_limit && options.max_iterations < 0 && !lr.best.empty() &&
+        !lr.final_prices.empty() && !coarse.clamped)
       dual_bound = std::make_unique<BoundThread>(problem, model, coarse, lr.final_prices, t0,
-                                                 0.97 * options.time_limit_s, options.max_iterations >= 0,
-                                                 options.stop);
+                                                 0.97 * options.time_limit_s, options.stop);
     if (!lr.best.empty()) {
       // Polish with the block moves from the relaxation's plan, for the rest of the time. When
       // the penalty rounds and the prices each found a plan that fits, and they differ, both
@@ -786,8 +786,8 @@ SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
         const long double coarse_dual = dual_bound->finish();
         const TotalCost cost = evaluate(problem, detail::expand_groups(problem, coarse, lr.best)).cost;
         const long double lb = coarse_dual + (static_cast<long double>(cost) - static_cast<long double>(lr.best_cost));
-        if (std::isfinite(static_cast<double>(lb)) && lb > 0)
-          bound = std::max(bound, static_cast<double>(std::ceil(lb - 0.4L - 1e-12L * std::fabs(lb))));
+        const long double rounded = std::ceil(lb - 0.4L - 1e-12L * std::fabs(lb));
+        if (std::isfinite(static_cast<double>(rounded)) && rounded > 0) bound = std::max(bound, static_cast<double>(rounded));
       }
       r.seconds = elapsed();
       if (bound >= 0) {

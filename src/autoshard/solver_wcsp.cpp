@@ -304,7 +304,8 @@ SolveResult solve_wcsp(const Problem& problem, const SolveOptions& options) {
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  result.lower_bound = std::isfinite(best_lower) ? best_lower : -1;
+  // (over clamped sums the priced problems' costs are not the problem's: no bound then)
+  result.lower_bound = std::isfinite(best_lower) && !c.clamped ? best_lower : -1;
   if (best.empty()) {
     result.plan = detail::least_memory_plan(problem);
     result.evaluation = evaluate(problem, result.plan);

@@ -194,8 +194,21 @@ TEST_CASE("autoshard: the anytime relaxation's lower bound never passes the opti
     if (want < 0) continue;
     if (r.lower_bound >= 0) {
       ++bounded;
-      bounded_limited += shape.limit ? 1 : 0;  // the Lagrangian dual's (lagrangian_bound)
       CHECK(r.lower_bound <= static_cast<double>(want));
+    }
+    if (shape.limit) {
+      // Under a limit the Lagrangian dual's bound comes only without a step budget (its thread
+      // runs until the search ends): a time limit instead.
+      CHECK(r.lower_bound < 0);
+      SolveOptions timed;
+      timed.time_limit_s = 0.2;
+      timed.seed = seed;
+      const SolveResult t = solve_anytime(p, timed);
+      if (t.lower_bound >= 0) {
+        ++bounded_limited;
+        CHECK(t.lower_bound <= static_cast<double>(want));
+      }
+      if (t.status == SolveStatus::optimal) CHECK(cost_str(t.evaluation.cost) == cost_str(want));
     }
     if (r.status == SolveStatus::optimal) CHECK(cost_str(r.evaluation.cost) == cost_str(want));
     if (!shape.limit) {
@@ -288,11 +301,15 @@ TEST_CASE("autoshard: solve() ends with the exact method on small problems", "[a
   o.exact_max_variables = 0;
   o.max_iterations = 2000;
   const SolveResult any = solve(p, o);
-  // (the step budget fixes the dual's sweeps: its bound, 445 here, proves the plan every run)
-  CHECK(any.method == "anytime (its relaxation's bound proves the plan optimal)");
-  CHECK(any.status == SolveStatus::optimal);
-  CHECK(any.lower_bound == 445.0);
+  CHECK(any.method == "anytime");  // (with a step budget no bound under a limit: the same answer every run)
+  CHECK(any.lower_bound < 0);
   CHECK(cost_str(any.evaluation.cost) == "445");
+  // Without the budget the search's bound, 445, proves its plan.
+  o.max_iterations = -1;
+  const SolveResult timed = solve(p, o);
+  CHECK(timed.method == "anytime (its relaxation's bound proves the plan optimal)");
+  CHECK(timed.status == SolveStatus::optimal);
+  CHECK(timed.lower_bound == 445.0);
 }
 
 TEST_CASE("autoshard: min-sum message passing is exact on trees", "[autoshard]") {

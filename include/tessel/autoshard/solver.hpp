@@ -59,6 +59,12 @@ struct SolveOptions {
   // The anytime method returns its best plan soon after this becomes true (e.g. set by another
   // thread whose exact method proved optimality). Not read by the exact method.
   const std::atomic<bool>* stop = nullptr;
+  // The anytime method under a usage limit, without a step budget: the Lagrangian dual's bound on
+  // a thread beside the search (SolveResult::lower_bound; docs/auto-sharding.md). Off: no bound
+  // under a limit, and no second thread (a caller that only wants a plan, e.g. a warm start).
+  // With a step budget there is never one (its work would depend on the clock, and the plan on
+  // whether it proved optimality in time).
+  bool bound_under_limit = true;
   // The exact method: a plan (one strategy per node) to start CBC from when it is feasible
   // (its cost bounds the search from the start); ignored when empty, infeasible, or not a
   // plan the coarsened program can express. Not read by the anytime method.
