@@ -125,7 +125,7 @@ def tighten(bin_dir, src, limit_s, dst, name):
     opener = gzip.open if open(src, "rb").read(2) == b"\x1f\x8b" else open
     with opener(src, "rt") as f:
         p = json.load(f)["problem"]
-    _, _, peak, _ = solve(bin_dir, src, limit_s)
+    _, _, peak, _, _ = solve(bin_dir, src, limit_s)
     least = least_memory_peak(p)
     limit = int(peak * 0.95)
     if limit < least:
