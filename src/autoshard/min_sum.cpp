@@ -87,7 +87,7 @@ long double MinSum::lower_bound(const std::vector<std::vector<double>>& unary) c
 }
 
 long double MinSum::diffusion_bound(const std::vector<std::vector<double>>& unary, int sweeps, long double tolerance,
-                                    long double stop_at, const std::function<bool()>& out_of_time) const {
+                                    long double stop_at, const std::function<bool()>& out_of_time, Plan* decoded) const {
   using LD = long double;
   const int32_t n = static_cast<int32_t>(c_.groups.size());
   const std::size_t np = c_.pairs.size();
@@ -180,7 +180,43 @@ long double MinSum::diffusion_bound(const std::vector<std::vector<double>>& unar
     if (b - last < tolerance) break;  // (over kEvery sweeps)
     last = b;
   }
+  if (decoded != nullptr) {  // each group's least strategy under the final reparametrisation
+    decoded->assign(static_cast<std::size_t>(n), 0);
+    for (int32_t v = 0; v < n; ++v) {
+      double lo = std::numeric_limits<double>::infinity();
+      for (int32_t s = 0; s < c_.groups[v].num_strategies; ++s) {
+        double t = unary[v][s];
+        for (const Neighbor& nb : c_.adj[v]) t += phi[2 * nb.pair + (c_.pairs[nb.pair].a == v ? 0 : 1)][s];
+        if (t < lo) {
+          lo = t;
+          (*decoded)[v] = s;
+        }
+      }
+    }
+  }
   return best;
+}
+
+std::vector<double> segment_usage(const Problem& problem, const Model& model, const Coarse& coarse,
+                                  const Plan& group_plan) {
+  std::vector<double> usage(static_cast<std::size_t>(model.num_segments) + 1, 0.0);
+  for (std::size_t g = 0; g < coarse.groups.size(); ++g) {
+    const Group& grp = coarse.groups[g];
+    const std::size_t k = grp.members.size();
+    for (std::size_t i = 0; i < k; ++i) {
+      const int32_t v = grp.members[i];
+      const double u = static_cast<double>(problem.nodes[v].usage[grp.assign[group_plan[g] * k + i]]);
+      usage[model.seg_lo[v]] += u;
+      usage[model.seg_hi[v]] -= u;
+    }
+  }
+  double run = 0;
+  for (int32_t t = 0; t < model.num_segments; ++t) {
+    run += usage[t];
+    usage[t] = run;
+  }
+  usage.pop_back();
+  return usage;
 }
 
 Plan MinSum::run(const std::vector<std::vector<double>>& unary, int passes) {
@@ -263,31 +299,16 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
   const int32_t segments = model.num_segments;
   const bool limited = problem.usage_limit.has_value();
   const double limit = limited ? static_cast<double>(*problem.usage_limit) : 0.0;
-  std::vector<double> lambda(segments, 0.0), prefix(segments + 1, 0.0), usage(segments + 1, 0.0);
+  std::vector<double> lambda(segments, 0.0), prefix(segments + 1, 0.0), usage(segments, 0.0);
   std::vector<std::vector<double>> unary(n);
   const std::vector<std::vector<double>> truth = group_costs(coarse);
   MinSum ms(coarse);
   r.best_cost = std::numeric_limits<double>::infinity();
   // The plan x's usage per segment (usage[t]); whether it fits; a candidate when it does.
   auto take = [&](const Plan& x, bool penalties) {
-    std::fill(usage.begin(), usage.end(), 0.0);
-    for (int32_t g = 0; g < n; ++g) {
-      const Group& grp = coarse.groups[g];
-      const std::size_t k = grp.members.size();
-      for (std::size_t i = 0; i < k; ++i) {
-        const int32_t v = grp.members[i];
-        const double u = static_cast<double>(problem.nodes[v].usage[grp.assign[x[g] * k + i]]);
-        usage[model.seg_lo[v]] += u;
-        usage[model.seg_hi[v]] -= u;
-      }
-    }
+    usage = segment_usage(problem, model, coarse, x);
     bool fits = true;
-    double run = 0;
-    for (int32_t t = 0; t < segments; ++t) {
-      run += usage[t];
-      usage[t] = run;
-      if (limited && run > limit) fits = false;
-    }
+    for (int32_t t = 0; t < segments && limited; ++t) fits &= usage[t] <= limit;
     const double cost = ms.cost_of(truth, x);
     if (!fits || cost >= kCap / 2) return;
     Plan& kind_best = penalties ? r.penalty_best : r.price_best;
@@ -376,7 +397,7 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
 
 long double lagrangian_bound(const Problem& problem, const Model& model, const Coarse& coarse,
                              const std::vector<double>& prices, double scale, int sweeps,
-                             const std::function<bool()>& out_of_time) {
+                             const std::function<bool()>& out_of_time, Plan* decoded) {
   if (!problem.usage_limit || coarse.clamped) return -std::numeric_limits<long double>::infinity();
   const int32_t n = static_cast<int32_t>(coarse.groups.size());
   const int32_t segments = model.num_segments;
@@ -408,7 +429,7 @@ long double lagrangian_bound(const Problem& problem, const Model& model, const C
   const MinSum ms(coarse);
   // (diffusion stops when 4 sweeps gain less than 1e-7 of the costs' magnitude)
   const long double priced = ms.diffusion_bound(unary, sweeps, 1e-7L * (magnitude + paid),
-                                                std::numeric_limits<long double>::infinity(), out_of_time);
+                                                std::numeric_limits<long double>::infinity(), out_of_time, decoded);
   // Each priced cost was rounded to a double once (a relative 2^-53) and the sums are in long
   // double: 1e-12 of the costs' magnitude covers both.
   return priced - paid - 1e-12L * (magnitude + paid);

@@ -140,9 +140,11 @@ class MinSum {
   // row entry and the group's own cost agree (block-coordinate ascent of the LP dual: the bound
   // never falls). Up to `sweeps` sweeps over the groups, until a sweep gains less than
   // `tolerance` or `stop_at` is reached (a plan's cost: nothing above it is needed) or
-  // out_of_time() holds. Returns the best bound.
+  // out_of_time() holds. Returns the best bound; `decoded` (when given) gets each group's least
+  // strategy under the final reparametrisation (a plan near the relaxation's optimum).
   long double diffusion_bound(const std::vector<std::vector<double>>& unary, int sweeps, long double tolerance,
-                              long double stop_at, const std::function<bool()>& out_of_time) const;
+                              long double stop_at, const std::function<bool()>& out_of_time,
+                              Plan* decoded = nullptr) const;
 
  private:
   double decode_cost(const std::vector<std::vector<double>>& unary, const Plan& x) const;
@@ -204,7 +206,11 @@ LagrangianResult lagrangian_min_sum(const Problem& problem, const Model& model, 
 // MinSum::lower_bound, is useless here: -2.6e9 on IOPDDL B, whose optimum is 5.3e5.)
 long double lagrangian_bound(const Problem& problem, const Model& model, const Coarse& coarse,
                              const std::vector<double>& prices, double scale, int sweeps,
-                             const std::function<bool()>& out_of_time);
+                             const std::function<bool()>& out_of_time, Plan* decoded = nullptr);
+
+// A group plan's usage per time segment (model.num_segments entries).
+std::vector<double> segment_usage(const Problem& problem, const Model& model, const Coarse& coarse,
+                                  const Plan& group_plan);
 
 }  // namespace tessel::autoshard::detail
 

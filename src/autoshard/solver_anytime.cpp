@@ -548,14 +548,15 @@ class AnytimeSearch {
 // The Lagrangian dual's bound under a usage limit (detail::lagrangian_bound at the prices each
 // step size of the relaxation ended at, the last first), computed beside the block moves on a
 // thread of its own, once it has a first bound at the lowest priority (nice 19 on Linux: it takes
-// a core the search leaves idle and little of a busy one). It stops at `deadline_s` or
+// a core the search leaves idle and little of a busy one). After the golden sections, the dual's
+// own subgradient ascent from the best prices, towards `upper` (a plan's coarse cost). It stops at `deadline_s` or
 // finish(), after the sweep it is in. Not run with a step budget (SolveOptions::bound_under_limit).
 class BoundThread {
  public:
   BoundThread(const Problem& problem, const detail::Model& model, const detail::Coarse& coarse,
-              std::vector<std::vector<double>> prices, Clock::time_point t0, double deadline_s,
+              std::vector<std::vector<double>> prices, double upper, Clock::time_point t0, double deadline_s,
               const std::atomic<bool>* stop)
-      : thread_([this, &problem, &model, &coarse, prices = std::move(prices), t0, deadline_s, stop] {
+      : thread_([this, &problem, &model, &coarse, prices = std::move(prices), upper, t0, deadline_s, stop] {
           // At the normal priority until it has a bound above zero, or for 10% of the limit, so
           // that a bound comes even where the search and CBC keep every core busy (IOPDDL D at 5 s
           // on 2 cores printed none in 2 runs of 3 at nice 19 throughout: a value took 1.1 s there
@@ -583,12 +584,17 @@ class BoundThread {
           // maximum, and often overshoot it (IOPDDL G: a dual of -4.2e4 at its last prices):
           // along each ray of prices the dual is concave, searched by golden section over the
           // scale in [0, 1.5] (five steps after the scale 1).
+          std::vector<double> best_prices;  // where the best value so far was found
           for (auto it = prices.rbegin(); it != prices.rend() && !out_of_time(); ++it) {
             auto dual = [&](double scale) {
               // (nothing more once the search has ended: each value builds the priced problem first)
               if (out_of_time()) return -std::numeric_limits<long double>::infinity();
               const long double d = detail::lagrangian_bound(problem, model, coarse, *it, scale, 1 << 20, out_of_time);
-              best = std::max(best, d);
+              if (d > best) {
+                best = d;
+                best_prices = *it;
+                for (double& x : best_prices) x *= scale;
+              }
               return d;
             };
             constexpr double kGolden = 0.6180339887498949;
@@ -608,6 +614,36 @@ class BoundThread {
                 f1 = dual(x1);
               }
             }
+          }
+          // Then the dual's own ascent from the best prices: a subgradient step towards each
+          // segment's usage over the limit in the plan the reparametrisation decodes, the step
+          // Polyak's (the gap to the relaxation's best plan over the subgradient's length),
+          // halved after 5 steps without a better value.
+          const double limit = static_cast<double>(*problem.usage_limit);
+          std::vector<double> lambda = best_prices;
+          double theta = 1.0;
+          int since_better = 0;
+          Plan decoded;
+          while (!lambda.empty() && theta > 1e-3 && !out_of_time()) {
+            const long double d =
+                detail::lagrangian_bound(problem, model, coarse, lambda, 1.0, 1 << 20, out_of_time, &decoded);
+            if (out_of_time() || decoded.empty()) break;
+            if (d > best) {
+              best = d;
+              since_better = 0;
+            } else if (++since_better >= 5) {
+              theta /= 2;
+              since_better = 0;
+            }
+            const std::vector<double> usage = detail::segment_usage(problem, model, coarse, decoded);
+            double norm = 0;
+            for (std::size_t t = 0; t < usage.size(); ++t) {
+              const double g = usage[t] - limit;
+              if (g > 0 || lambda[t] > 0) norm += g * g;  // (the projection drops the rest)
+            }
+            if (norm <= 0 || !(upper > static_cast<double>(d))) break;
+            const double step = theta * (upper - static_cast<double>(d)) / norm;
+            for (std::size_t t = 0; t < usage.size(); ++t) lambda[t] = std::max(0.0, lambda[t] + step * (usage[t] - limit));
           }
           best_ = best;
         }) {}
@@ -730,7 +766,7 @@ SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
     std::unique_ptr<BoundThread> dual_bound;
     if (problem.usage_limit && options.bound_under_limit && options.max_iterations < 0 && !lr.best.empty() &&
         !lr.final_prices.empty() && !coarse.clamped)
-      dual_bound = std::make_unique<BoundThread>(problem, model, coarse, lr.final_prices, t0,
+      dual_bound = std::make_unique<BoundThread>(problem, model, coarse, lr.final_prices, lr.best_cost, t0,
                                                  0.97 * options.time_limit_s, options.stop);
     if (!lr.best.empty()) {
       // Polish with the block moves from the relaxation's plan, for the rest of the time. When

@@ -262,8 +262,17 @@ TEST_CASE("autoshard: the Lagrangian dual's bound under a limit never passes the
       priced_higher += b > unpriced + 0.5L ? 1 : 0;
     }
     for (const std::vector<double>& final_prices : lr.final_prices) {  // the relaxation's own prices
-      const long double b = detail::lagrangian_bound(p, m, coarse, final_prices, 1.0, 200, nullptr) + constant;
+      Plan decoded;
+      const long double b = detail::lagrangian_bound(p, m, coarse, final_prices, 1.0, 200, nullptr, &decoded) + constant;
       CHECK(b <= static_cast<long double>(want) + 1e-6L);
+      // The decoded plan (where the dual's ascent takes its subgradient) and its usage per
+      // segment, whose largest is the plan's peak by the evaluator.
+      REQUIRE(decoded.size() == coarse.groups.size());
+      const std::vector<double> usage = detail::segment_usage(p, m, coarse, decoded);
+      REQUIRE(usage.size() == static_cast<std::size_t>(m.num_segments));
+      const double most = usage.empty() ? 0.0 : *std::max_element(usage.begin(), usage.end());
+      CHECK(static_cast<int64_t>(std::llround(std::max(0.0, most))) ==
+            evaluate(p, detail::expand_groups(p, coarse, decoded)).peak_usage);
     }
     ++checked;
   }
