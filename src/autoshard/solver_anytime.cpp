@@ -26,6 +26,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -545,6 +546,79 @@ class AnytimeSearch {
   std::vector<int32_t> table_off_, choice_off_, choice_;
 };
 
+// The dual's search for BoundThread: along each ray of `prices` (the last first) a golden section,
+// then the dual's own subgradient ascent from the best prices towards `upper` (a plan's coarse
+// cost). `best` is raised as values come (out_of_time may read it).
+void search_dual(const Problem& problem, const detail::Model& model, const detail::Coarse& coarse,
+                 const std::vector<std::vector<double>>& prices, double upper,
+                 const std::function<bool()>& out_of_time, long double& best) {
+  // The relaxation's prices steer plans towards the limit, not the dual to its
+  // maximum, and often overshoot it (IOPDDL G: a dual of -4.2e4 at its last prices):
+  // along each ray of prices the dual is concave, searched by golden section over the
+  // scale in [0, 1.5] (five steps after the scale 1).
+  std::vector<double> best_prices;  // where the best value so far was found
+  for (auto it = prices.rbegin(); it != prices.rend() && !out_of_time(); ++it) {
+    auto dual = [&](double scale) {
+      // (nothing more once the search has ended: each value builds the priced problem first)
+      if (out_of_time()) return -std::numeric_limits<long double>::infinity();
+      const long double d = detail::lagrangian_bound(problem, model, coarse, *it, scale, 1 << 20, out_of_time);
+      if (d > best) {
+        best = d;
+        best_prices = *it;
+        for (double& x : best_prices) x *= scale;
+      }
+      return d;
+    };
+    constexpr double kGolden = 0.6180339887498949;
+    dual(1.0);
+    if (it == prices.rbegin()) dual(0.0);  // the problem without its limit: a bound at once
+    double lo = 0.0, hi = 1.5;
+    double x1 = hi - kGolden * (hi - lo), x2 = lo + kGolden * (hi - lo);
+    long double f1 = dual(x1), f2 = dual(x2);
+    for (int step = 0; step < 5 && !out_of_time(); ++step) {
+      if (f1 < f2) {
+        lo = x1, x1 = x2, f1 = f2;
+        x2 = lo + kGolden * (hi - lo);
+        f2 = dual(x2);
+      } else {
+        hi = x2, x2 = x1, f2 = f1;
+        x1 = hi - kGolden * (hi - lo);
+        f1 = dual(x1);
+      }
+    }
+  }
+  // Then the dual's own ascent from the best prices: a subgradient step towards each
+  // segment's usage over the limit in the plan the reparametrisation decodes, the step
+  // Polyak's (the gap to the relaxation's best plan over the subgradient's length),
+  // halved after 5 steps without a better value.
+  const double limit = static_cast<double>(*problem.usage_limit);
+  std::vector<double> lambda = best_prices;
+  double theta = 1.0;
+  int since_better = 0;
+  Plan decoded;
+  while (!lambda.empty() && theta > 1e-3 && !out_of_time()) {
+    const long double d =
+        detail::lagrangian_bound(problem, model, coarse, lambda, 1.0, 1 << 20, out_of_time, &decoded);
+    if (out_of_time() || decoded.empty()) break;
+    if (d > best) {
+      best = d;
+      since_better = 0;
+    } else if (++since_better >= 5) {
+      theta /= 2;
+      since_better = 0;
+    }
+    const std::vector<double> usage = detail::segment_usage(problem, model, coarse, decoded);
+    double norm = 0;
+    for (std::size_t t = 0; t < usage.size(); ++t) {
+      const double g = usage[t] - limit;
+      if (g > 0 || lambda[t] > 0) norm += g * g;  // (the projection drops the rest)
+    }
+    if (norm <= 0 || !(upper > static_cast<double>(d))) break;
+    const double step = theta * (upper - static_cast<double>(d)) / norm;
+    for (std::size_t t = 0; t < usage.size(); ++t) lambda[t] = std::max(0.0, lambda[t] + step * (usage[t] - limit));
+  }
+}
+
 // The Lagrangian dual's bound under a usage limit (detail::lagrangian_bound at the prices each
 // step size of the relaxation ended at, the last first), computed beside the block moves on a
 // thread of its own, once it has a first bound at the lowest priority (nice 19 on Linux: it takes
@@ -580,71 +654,7 @@ class BoundThread {
             if (stop != nullptr && stop->load(std::memory_order_relaxed)) return true;
             return std::chrono::duration<double>(Clock::now() - t0).count() >= deadline_s;
           };
-          // The relaxation's prices steer plans towards the limit, not the dual to its
-          // maximum, and often overshoot it (IOPDDL G: a dual of -4.2e4 at its last prices):
-          // along each ray of prices the dual is concave, searched by golden section over the
-          // scale in [0, 1.5] (five steps after the scale 1).
-          std::vector<double> best_prices;  // where the best value so far was found
-          for (auto it = prices.rbegin(); it != prices.rend() && !out_of_time(); ++it) {
-            auto dual = [&](double scale) {
-              // (nothing more once the search has ended: each value builds the priced problem first)
-              if (out_of_time()) return -std::numeric_limits<long double>::infinity();
-              const long double d = detail::lagrangian_bound(problem, model, coarse, *it, scale, 1 << 20, out_of_time);
-              if (d > best) {
-                best = d;
-                best_prices = *it;
-                for (double& x : best_prices) x *= scale;
-              }
-              return d;
-            };
-            constexpr double kGolden = 0.6180339887498949;
-            dual(1.0);
-            if (it == prices.rbegin()) dual(0.0);  // the problem without its limit: a bound at once
-            double lo = 0.0, hi = 1.5;
-            double x1 = hi - kGolden * (hi - lo), x2 = lo + kGolden * (hi - lo);
-            long double f1 = dual(x1), f2 = dual(x2);
-            for (int step = 0; step < 5 && !out_of_time(); ++step) {
-              if (f1 < f2) {
-                lo = x1, x1 = x2, f1 = f2;
-                x2 = lo + kGolden * (hi - lo);
-                f2 = dual(x2);
-              } else {
-                hi = x2, x2 = x1, f2 = f1;
-                x1 = hi - kGolden * (hi - lo);
-                f1 = dual(x1);
-              }
-            }
-          }
-          // Then the dual's own ascent from the best prices: a subgradient step towards each
-          // segment's usage over the limit in the plan the reparametrisation decodes, the step
-          // Polyak's (the gap to the relaxation's best plan over the subgradient's length),
-          // halved after 5 steps without a better value.
-          const double limit = static_cast<double>(*problem.usage_limit);
-          std::vector<double> lambda = best_prices;
-          double theta = 1.0;
-          int since_better = 0;
-          Plan decoded;
-          while (!lambda.empty() && theta > 1e-3 && !out_of_time()) {
-            const long double d =
-                detail::lagrangian_bound(problem, model, coarse, lambda, 1.0, 1 << 20, out_of_time, &decoded);
-            if (out_of_time() || decoded.empty()) break;
-            if (d > best) {
-              best = d;
-              since_better = 0;
-            } else if (++since_better >= 5) {
-              theta /= 2;
-              since_better = 0;
-            }
-            const std::vector<double> usage = detail::segment_usage(problem, model, coarse, decoded);
-            double norm = 0;
-            for (std::size_t t = 0; t < usage.size(); ++t) {
-              const double g = usage[t] - limit;
-              if (g > 0 || lambda[t] > 0) norm += g * g;  // (the projection drops the rest)
-            }
-            if (norm <= 0 || !(upper > static_cast<double>(d))) break;
-            const double step = theta * (upper - static_cast<double>(d)) / norm;
-            for (std::size_t t = 0; t < usage.size(); ++t) lambda[t] = std::max(0.0, lambda[t] + step * (usage[t] - limit));
-          }
+          search_dual(problem, model, coarse, prices, upper, out_of_time, best);
           best_ = best;
         }) {}
   BoundThread(const BoundThread&) = delete;
@@ -721,8 +731,8 @@ SolveResult solve_anytime(const Problem& problem, const SolveOptions& options) {
     lag.iterations = 0;  // message passing is not counted in block moves
     // The relaxation's lower bound on the optimum, on the original costs: the coarse problem's
     // costs differ from a plan's own by a constant (what folding moved out of the groups),
-    // taken from the best plan. Its plan is optimal where the bound reaches its cost. Under a
-    // limit it is the Lagrangian dual's best value (lagrangian_min_sum).
+    // taken from the best plan. Its plan is optimal where the bound reaches its cost. (Under a
+    // limit the bound is the Lagrangian dual's, from BoundThread below.)
     double bound = -1;
     long double coarse_bound = lr.lower_bound;
     if (!problem.usage_limit && !lr.best.empty() && std::isfinite(static_cast<double>(coarse_bound)) &&
